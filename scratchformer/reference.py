@@ -1,0 +1,209 @@
+"""Plain-PyTorch reference implementations of the hot paths: the spec, and the `eager` backend.
+
+Every other backend (`torch`: PyTorch's fused ops; `triton`: our kernels in `kernels/`; the C++
+op in `csrc/`) is tested against these functions. They are written for clarity, not speed, and
+use only elementary tensor ops (no `F.scaled_dot_product_attention`, no `F.layer_norm`), so a
+test that compares a fused op with them compares two independent formulations.
+
+Conventions shared by every backend (see `scratchformer/ops.py`):
+- attention tensors are (B, H, L, D) with arbitrary strides; padding is right padding given as
+  per-sequence lengths; causal masks align bottom-right: query i sits at position Lk - Lq + i,
+  which makes incremental decoding with a KV cache (Lq < Lk) exact.
+- a query row that may attend to no key (a sequence of length 0, or a row masked out entirely
+  by causality) produces zeros, as does a query row at or beyond `query_lengths[b]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "attention_ref",
+    "attention_mask",
+    "add_layer_norm_ref",
+    "ffn_ref",
+    "embed_ref",
+    "sinusoidal_positions",
+]
+
+
+def attention_mask(
+    B: int,
+    Lq: int,
+    Lk: int,
+    *,
+    key_lengths: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    causal: bool = False,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor | None:
+    """Boolean mask (B, 1, Lq, Lk), True = attend; None when nothing is masked."""
+    if key_lengths is None and query_lengths is None and not causal:
+        return None
+    mask = torch.ones(B, 1, Lq, Lk, dtype=torch.bool, device=device)
+    if key_lengths is not None:
+        cols = torch.arange(Lk, device=device)
+        mask = mask & (cols[None, :] < key_lengths.to(device)[:, None])[:, None, None, :]
+    if query_lengths is not None:
+        rows = torch.arange(Lq, device=device)
+        mask = mask & (rows[None, :] < query_lengths.to(device)[:, None])[:, None, :, None]
+    if causal:
+        rows = torch.arange(Lq, device=device)[:, None] + (Lk - Lq)  # absolute query positions
+        cols = torch.arange(Lk, device=device)[None, :]
+        mask = mask & (cols <= rows)[None, None]
+    return mask
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    key_lengths: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    dropout_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """softmax(q kᵀ · scale) v with padding/causal masks, computed in fp32.
+
+    q (B, H, Lq, D), k and v (B, H, Lk, D); key_lengths / query_lengths (B,) integer tensors;
+    dropout_mask (B, H, Lq, Lk) bool (True = keep) replaces the random mask when given, so a
+    kernel's own dropout mask can be replayed here. Returns out (B, H, Lq, D) in q's dtype and,
+    with return_lse, the row log-sum-exp (B, H, Lq) in fp32 (-inf for rows with no key).
+    """
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
+    mask = attention_mask(
+        B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
+        device=q.device,
+    )
+    if mask is not None:
+        # A finite fill keeps fully masked rows NaN-free: they become uniform, then zeroed below.
+        s = s.masked_fill(~mask, torch.finfo(torch.float32).min)
+    m = s.amax(dim=-1, keepdim=True)
+    e = torch.exp(s - m)
+    if mask is not None:
+        e = e * mask
+    denom = e.sum(dim=-1, keepdim=True)
+    p = e / denom.clamp_min(torch.finfo(torch.float32).tiny)
+    lse = (m + torch.log(denom)).squeeze(-1)  # log(0) = -inf for empty rows
+    if dropout_mask is not None:
+        p = p * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
+        p = torch.nn.functional.dropout(p, dropout_p)
+    out = torch.matmul(p, v.float()).to(q.dtype)
+    return (out, lse) if return_lse else out
+
+
+def add_layer_norm_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
+    return_residual: bool = False,
+):
+    """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
+
+    x and residual (..., N); weight, bias (N,). With return_residual also returns the pre-norm
+    sum s = dropout(x) + residual (x's dtype), the residual stream a Pre-LN model carries on.
+    dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask.
+    """
+    xf = x.float()
+    if dropout_mask is not None:
+        xf = xf * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
+        xf = torch.nn.functional.dropout(xf, dropout_p)
+    s = xf if residual is None else xf + residual.float()
+    mean = s.mean(dim=-1, keepdim=True)
+    var = ((s - mean) ** 2).mean(dim=-1, keepdim=True)
+    y = (s - mean) * torch.rsqrt(var + eps) * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    y = y.to(x.dtype)
+    return (y, s.to(x.dtype)) if return_residual else y
+
+
+def _activation(h: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "relu":
+        return torch.clamp_min(h, 0.0)
+    if activation == "gelu":  # exact (erf) GELU
+        return 0.5 * h * (1.0 + torch.erf(h * (1.0 / math.sqrt(2.0))))
+    raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+
+
+def ffn_ref(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    *,
+    activation: str = "relu",
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Position-wise FFN: dropout(act(x W1ᵀ + b1)) W2ᵀ + b2, nn.Linear weight layout.
+
+    x (..., d_model); w1 (d_ff, d_model); b1 (d_ff,); w2 (d_model, d_ff); b2 (d_model,).
+    Matmuls accumulate in x's dtype as PyTorch's do (this is the unfused eager path).
+    """
+    h = torch.matmul(x, w1.t())
+    if b1 is not None:
+        h = h + b1
+    h = _activation(h, activation)
+    if dropout_mask is not None:
+        h = h * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
+        h = torch.nn.functional.dropout(h, dropout_p)
+    y = torch.matmul(h, w2.t())
+    if b2 is not None:
+        y = y + b2
+    return y
+
+
+def sinusoidal_positions(
+    positions: torch.Tensor, d_model: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The paper's encoding: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
+
+    positions: integer tensor of any shape; returns (*positions.shape, d_model). Built in
+    float64 so it can serve as the accuracy reference for kernels that compute it on the fly.
+    """
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model must be even for sinusoidal encoding, got {d_model}")
+    i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
+    inv_freq = torch.exp(-math.log(10000.0) * i / d_model)  # (d_model/2,)
+    angle = positions.to(torch.float64)[..., None] * inv_freq  # (..., d_model/2)
+    pe = torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).flatten(-2)
+    return pe.to(dtype)
+
+
+def embed_ref(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    scale: float,
+    pos_offset: int = 0,
+    pos_encoding: bool = True,
+) -> torch.Tensor:
+    """weight[tokens] * scale + PE(pos_offset + j) for the token at sequence index j.
+
+    tokens (B, L) integer; weight (V, d_model). Returns (B, L, d_model) in weight's dtype.
+    """
+    x = weight[tokens] * scale
+    if pos_encoding:
+        L = tokens.shape[-1]
+        pos = torch.arange(pos_offset, pos_offset + L, device=tokens.device)
+        x = x + sinusoidal_positions(pos, weight.shape[1], torch.float32).to(weight.dtype)
+    return x

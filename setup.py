@@ -1,0 +1,61 @@
+"""Build scratchformer: the Python package, the Triton kernels (kernels/ -> scratchformer.kernels)
+and the C++/CUDA extension scratchformer._C (csrc/).
+
+The extension is C++ always; its CUDA sources (csrc/cuda/) are added when the installed torch
+has CUDA and nvcc is found. Build without isolation so the installed torch is used:
+    pip install --no-build-isolation -e .
+DEBUG=1 builds with -O0 -g.
+"""
+
+import glob
+import os
+import shutil
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+here = os.path.dirname(os.path.abspath(__file__))
+debug = os.environ.get("DEBUG", "0") == "1"
+use_cuda = (
+    torch.version.cuda is not None
+    and (CUDA_HOME is not None or shutil.which("nvcc") is not None)
+    and os.environ.get("SCRATCHFORMER_NO_CUDA", "0") != "1"
+)
+
+cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
+cxx_flags += ["-std=c++17", "-fopenmp"] if os.name != "nt" else []
+sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+extra = {"cxx": cxx_flags}
+if use_cuda:
+    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    extra["nvcc"] = (["-O0", "-g", "-G"] if debug else ["-O3"]) + ["-std=c++17", "--use_fast_math"]
+Extension = CUDAExtension if use_cuda else CppExtension
+
+setup(
+    name="scratchformer",
+    version="0.1.0",
+    description="A Transformer from scratch whose hot paths run on our own Triton and CUDA kernels",
+    packages=["scratchformer", "scratchformer.kernels"],
+    package_dir={"scratchformer": "scratchformer", "scratchformer.kernels": "kernels"},
+    ext_modules=[
+        Extension(
+            "scratchformer._C",
+            sources,
+            extra_compile_args=extra,
+            extra_link_args=["-fopenmp"] if os.name != "nt" else [],
+            define_macros=[("WITH_CUDA", None)] if use_cuda else [],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4", "numpy", "tqdm", "tokenizers", "sacrebleu", "rouge-score", "matplotlib", "safetensors"],
+    extras_require={
+        "triton": ["triton"],
+        "hub": ["datasets"],
+        "test": ["pytest", "pytest-benchmark", "hypothesis"],
+    },
+    entry_points={"console_scripts": ["scratchformer-train=scratchformer.train:main"]},
+)

@@ -1,0 +1,45 @@
+"""Shared test setup.
+
+TRITON_INTERPRET must be set before any Triton kernel is defined (`triton.jit` reads it at
+decoration time), so it is set here, at collection, when no CUDA device is present: CI runs
+every kernel through Triton's CPU interpreter.
+"""
+
+import os
+
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+DEVICE = "cuda" if _HAS_CUDA else "cpu"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+requires_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (none here)")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+def report_diff(name, ours, ref):
+    """Print max/mean abs diff before asserting (flash-attention's habit): failures show scale."""
+    d = (ours.float() - ref.float()).abs()
+    print(f"{name}: max {d.max().item():.3e} mean {d.mean().item():.3e}")
+    return d.max().item()
