@@ -1,0 +1,63 @@
+"""Shared pieces of the Triton ops: interpreter detection, dtype checks, launch helpers.
+
+Nothing here knows about the model. Each op file (attention.py, add_layer_norm.py, matmul.py,
+ffn.py) imports what it needs from this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Triton's interpreter is chosen when `triton.jit` decorates a function, from this variable; it
+# is read once here so every op agrees on it.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_device(name: str, *tensors: torch.Tensor | None) -> None:
+    """All given tensors on one device; CUDA, or CPU only under the interpreter."""
+    present = [t for t in tensors if t is not None]
+    devices = {t.device for t in present}
+    if len(devices) > 1:
+        raise ValueError(f"{name}: inputs are on different devices: {sorted(map(str, devices))}")
+    dev = present[0].device
+    if dev.type == "cpu" and not INTERPRET:
+        raise ValueError(
+            f"{name}: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 set before "
+            f"import to run on CPU), got {dev}"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: unsupported device {dev}")
+
+
+def check_dtype(name: str, *tensors: torch.Tensor | None) -> torch.dtype:
+    """All given tensors share one supported floating dtype; returns it."""
+    present = [t for t in tensors if t is not None]
+    dtypes = {t.dtype for t in present}
+    if len(dtypes) > 1:
+        raise ValueError(f"{name}: dtype mismatch: {sorted(map(str, dtypes))}")
+    dtype = present[0].dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name}: dtype must be float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+def upcast_dot(dtype: torch.dtype) -> bool:
+    """Whether kernels must upcast bf16 operands to fp32 before tl.dot.
+
+    Measured 2026-11 with Triton 3.9 under TRITON_INTERPRET=1: tl.dot on bf16 operands returns
+    garbage (errors ~1e10); fp16 and fp32 are fine. On a GPU bf16 dots run natively.
+    """
+    return INTERPRET and dtype == torch.bfloat16
+
+
+def philox_seed_offset(increment: int) -> tuple[int, int]:
+    """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default generator
+    so `torch.manual_seed` makes kernel dropout reproducible. `increment` is unused by the draw
+    but documents how many random numbers the launch consumes."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
+    offset = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
+    return seed, offset
