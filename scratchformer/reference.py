@@ -19,6 +19,11 @@ import math
 
 import torch
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: fp32 for half types, float64 stays float64 (gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 __all__ = [
     "attention_ref",
     "attention_mask",
@@ -79,26 +84,27 @@ def attention_ref(
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
+    acc = _acc(q.dtype)
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
     mask = attention_mask(
         B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
         device=q.device,
     )
     if mask is not None:
         # A finite fill keeps fully masked rows NaN-free: they become uniform, then zeroed below.
-        s = s.masked_fill(~mask, torch.finfo(torch.float32).min)
+        s = s.masked_fill(~mask, torch.finfo(acc).min)
     m = s.amax(dim=-1, keepdim=True)
     e = torch.exp(s - m)
     if mask is not None:
         e = e * mask
     denom = e.sum(dim=-1, keepdim=True)
-    p = e / denom.clamp_min(torch.finfo(torch.float32).tiny)
+    p = e / denom.clamp_min(torch.finfo(acc).tiny)
     lse = (m + torch.log(denom)).squeeze(-1)  # log(0) = -inf for empty rows
     if dropout_mask is not None:
         p = p * dropout_mask / (1.0 - dropout_p)
     elif dropout_p > 0.0:
         p = torch.nn.functional.dropout(p, dropout_p)
-    out = torch.matmul(p, v.float()).to(q.dtype)
+    out = torch.matmul(p, v.to(acc)).to(q.dtype)
     return (out, lse) if return_lse else out
 
 
@@ -119,17 +125,18 @@ def add_layer_norm_ref(
     sum s = dropout(x) + residual (x's dtype), the residual stream a Pre-LN model carries on.
     dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask.
     """
-    xf = x.float()
+    acc = _acc(x.dtype)
+    xf = x.to(acc)
     if dropout_mask is not None:
         xf = xf * dropout_mask / (1.0 - dropout_p)
     elif dropout_p > 0.0:
         xf = torch.nn.functional.dropout(xf, dropout_p)
-    s = xf if residual is None else xf + residual.float()
+    s = xf if residual is None else xf + residual.to(acc)
     mean = s.mean(dim=-1, keepdim=True)
     var = ((s - mean) ** 2).mean(dim=-1, keepdim=True)
-    y = (s - mean) * torch.rsqrt(var + eps) * weight.float()
+    y = (s - mean) * torch.rsqrt(var + eps) * weight.to(acc)
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(acc)
     y = y.to(x.dtype)
     return (y, s.to(x.dtype)) if return_residual else y
 

@@ -1,0 +1,271 @@
+// CUDA kernels for scratchformer::embed_sinusoidal (formula, backward and accuracy notes in
+// csrc/embed.cpp). Only CUDA headers here, so nvcc compiles this file on a machine whose torch
+// has no CUDA; csrc/cuda/embed_cuda.cpp holds the torch side and calls the typed launchers below.
+//
+// Forward: thread (x, y) of a block owns the column pair (2i, 2i+1) and ROWS_PER_THREAD rows of
+// the flattened (B * L, d) output, blockDim.y rows apart. A warp covers 32 consecutive pairs of
+// one row (64 contiguous elements, one 2-element load/store per thread): coalesced. w_i =
+// 10000^(-2i/d) costs one double exp per thread, amortised over its rows; per element the angle
+// p * w_i and its reduction by pi/2 are a handful of double ops, then float polynomials (the
+// same scheme as the CPU kernel). Compute in fp32, one rounding on store.
+//
+// Precision: no fast-math intrinsic is used: sin/cos are explicit float polynomials on |r| <=
+// pi/4 (Cephes sinf/cosf), the range reduction is in double, so --use_fast_math would not change
+// them (setup.py no longer passes it anyway). The only CPU/CUDA difference is FMA contraction
+// (nvcc contracts a*b+c, the x86-64 baseline build does not): <= 1 float ulp. The max error vs
+// the float64 table must be measured on a GPU (tests/test_embed.py::test_cuda_pe_accuracy
+// asserts the CPU bound, 2.5e-7).
+//
+// Out-of-range token ids: device-side assert (printf of the id and its flat index, then
+// assert, compiled in regardless of NDEBUG). As with F.embedding on CUDA, the error surfaces at
+// the next synchronisation ("device-side assert triggered") and the CUDA context is lost.
+//
+// Backward, deterministic: the glue stable-sorts the flattened tokens (sorted ids + original
+// positions). One block per sorted position n; only the block where a run of equal ids starts
+// works: for each column it sums grad[pos[m], c] over the run in ascending m (= ascending
+// original position, the sort is stable) in fp32, multiplies by scale, rounds once and writes
+// grad_weight[id, c]. Rows of absent ids (and padding_idx) keep the zeros the glue allocated.
+// No atomics, so the result is bit-identical run to run and matches the CPU kernel's order.
+// Cost: one run per block, so a very frequent id serialises its run (fine for natural text;
+// padding, the most frequent id, is skipped).
+#undef NDEBUG
+#include <cassert>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace scratchformer {
+namespace cuda {
+namespace {
+
+constexpr double kLn10000 = 9.210340371976184;    // log(10000)
+constexpr double kTwoOverPi = 0.6366197723675814;  // 2 / pi
+constexpr double kPio2Hi = 1.5707963267948966;     // pi / 2 rounded to double
+constexpr double kPio2Lo = 6.123233995736766e-17;  // pi / 2 - kPio2Hi
+constexpr int kRowsPerThread = 8;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Two adjacent elements, loaded and stored as one 4/8-byte access.
+template <typename T>
+struct alignas(2 * sizeof(T)) Pair {
+  T x, y;
+};
+
+// sin and cos of angle >= 0 to float accuracy. Keep in sync with sincos_angle in csrc/embed.cpp.
+__device__ __forceinline__ void sincos_angle(double angle, float* s, float* c) {
+  const double k = rint(angle * kTwoOverPi);
+  const float r = static_cast<float>((angle - k * kPio2Hi) - k * kPio2Lo);
+  const float z = r * r;
+  const float sr = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+  const float cr =
+      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z -
+      0.5f * z + 1.0f;
+  const long long q = static_cast<long long>(k) & 3;
+  const float s0 = (q & 1) ? cr : sr;
+  const float c0 = (q & 1) ? sr : cr;
+  *s = (q & 2) ? -s0 : s0;
+  *c = ((q + 1) & 2) ? -c0 : c0;
+}
+
+// out[r, :] = src[row(r), :] * scale (+ PE(pos_offset + r % L)), row(r) = tokens[r] if GATHER
+// else r. VEC: d even, row strides even and pointers 2-element aligned (the launcher checks).
+template <typename scalar_t, typename index_t, bool GATHER, bool VEC>
+__global__ void embed_sinusoidal_fwd_kernel(
+    const index_t* __restrict__ tokens,  // (rows,) token ids; unused unless GATHER
+    const scalar_t* __restrict__ src,    // GATHER: weight (V, d); else x (rows, d)
+    scalar_t* __restrict__ out,          // (rows, d) contiguous
+    int64_t rows,                        // B * L
+    int64_t L,                           // sequence length: position of row r is pos_offset + r % L
+    int64_t d,                           // d_model
+    int64_t stride_src_row,              // elements between rows of src
+    int64_t V,                           // rows of weight (GATHER bounds check)
+    float scale, int64_t pos_offset, bool add_pe) {
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;  // column pair
+  const int64_t c = 2 * i;
+  if (c >= d) return;
+  const bool has_y = c + 1 < d;  // false only for the last column of an odd d (no PE then)
+  const double freq = add_pe ? exp((-kLn10000 * static_cast<double>(c)) / static_cast<double>(d)) : 0.0;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y * kRowsPerThread + threadIdx.y;
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int64_t r = row0 + static_cast<int64_t>(k) * blockDim.y;
+    if (r >= rows) break;
+    int64_t src_row = r;
+    if (GATHER) {
+      src_row = static_cast<int64_t>(tokens[r]);
+      if (src_row < 0 || src_row >= V) {
+        if (threadIdx.x == 0 || i == 0) {
+          printf("embed_sinusoidal: token id %lld at flat index %lld is out of range [0, %lld)\n",
+                 static_cast<long long>(src_row), static_cast<long long>(r),
+                 static_cast<long long>(V));
+        }
+        assert(src_row >= 0 && src_row < V);
+      }
+    }
+    const scalar_t* in = src + src_row * stride_src_row + c;
+    float x0, x1 = 0.0f;
+    if (VEC) {
+      const Pair<scalar_t> v = *reinterpret_cast<const Pair<scalar_t>*>(in);
+      x0 = to_float(v.x);
+      x1 = to_float(v.y);
+    } else {
+      x0 = to_float(in[0]);
+      if (has_y) x1 = to_float(in[1]);
+    }
+    x0 *= scale;
+    x1 *= scale;
+    if (add_pe) {
+      float s, co;
+      sincos_angle(static_cast<double>(pos_offset + r % L) * freq, &s, &co);
+      x0 += s;
+      x1 += co;
+    }
+    scalar_t* o = out + r * d + c;
+    if (VEC) {
+      Pair<scalar_t> v;
+      v.x = from_float<scalar_t>(x0);
+      v.y = from_float<scalar_t>(x1);
+      *reinterpret_cast<Pair<scalar_t>*>(o) = v;
+    } else {
+      o[0] = from_float<scalar_t>(x0);
+      if (has_y) o[1] = from_float<scalar_t>(x1);
+    }
+  }
+}
+
+// grad_weight[id, :] = scale * sum over the run of `id` in sorted_ids of grad[pos[m], :].
+template <typename scalar_t>
+__global__ void embed_sinusoidal_bwd_kernel(
+    const int64_t* __restrict__ sorted_ids,  // (N,) token ids, stably sorted
+    const int64_t* __restrict__ positions,   // (N,) flat (b * L + j) position of each sorted id
+    const scalar_t* __restrict__ grad,       // (N, d) contiguous
+    scalar_t* __restrict__ grad_weight,      // (V, d) contiguous, zeros
+    int64_t N, int64_t d, int64_t V, float scale, int64_t padding_idx) {
+  const int64_t n = blockIdx.x;
+  const int64_t id = sorted_ids[n];
+  if (n > 0 && sorted_ids[n - 1] == id) return;  // not the start of a run
+  if (id == padding_idx) return;
+  if (id < 0 || id >= V) {
+    if (threadIdx.x == 0) {
+      printf("embed_sinusoidal_backward: token id %lld is out of range [0, %lld)\n",
+             static_cast<long long>(id), static_cast<long long>(V));
+    }
+    assert(id >= 0 && id < V);
+  }
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t m = n; m < N && sorted_ids[m] == id; ++m) {
+      acc += to_float(grad[positions[m] * d + c]);
+    }
+    grad_weight[id * d + c] = from_float<scalar_t>(acc * scale);
+  }
+}
+
+bool aligned2(const void* p, int64_t elem_size) {
+  return reinterpret_cast<uintptr_t>(p) % (2 * elem_size) == 0;
+}
+
+template <typename scalar_t, typename index_t>
+cudaError_t launch_fwd(const index_t* tokens, const scalar_t* src, scalar_t* out, int64_t rows,
+                       int64_t L, int64_t d, int64_t stride_src_row, int64_t V, float scale,
+                       int64_t pos_offset, bool add_pe, cudaStream_t stream) {
+  if (rows == 0 || d == 0) return cudaSuccess;
+  const int64_t pairs = (d + 1) / 2;
+  // 128 threads along the pairs when the row is wide enough, down to one warp; 256 per block.
+  const unsigned tx = pairs >= 128 ? 128 : (pairs >= 64 ? 64 : 32);
+  const unsigned ty = 256 / tx;
+  const int64_t rows_per_block = static_cast<int64_t>(ty) * kRowsPerThread;
+  const int64_t grid_x = (rows + rows_per_block - 1) / rows_per_block;
+  const int64_t grid_y = (pairs + tx - 1) / tx;
+  if (grid_x > 0x7fffffffLL || grid_y > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+  const dim3 block(tx, ty);
+  const bool vec = d % 2 == 0 && stride_src_row % 2 == 0 && aligned2(src, sizeof(scalar_t)) &&
+                   aligned2(out, sizeof(scalar_t));
+  const bool gather = tokens != nullptr;
+#define SCRATCHFORMER_LAUNCH(GATHER, VEC)                                                  \
+  embed_sinusoidal_fwd_kernel<scalar_t, index_t, GATHER, VEC><<<grid, block, 0, stream>>>( \
+      tokens, src, out, rows, L, d, stride_src_row, V, scale, pos_offset, add_pe)
+  if (gather && vec) SCRATCHFORMER_LAUNCH(true, true);
+  else if (gather) SCRATCHFORMER_LAUNCH(true, false);
+  else if (vec) SCRATCHFORMER_LAUNCH(false, true);
+  else SCRATCHFORMER_LAUNCH(false, false);
+#undef SCRATCHFORMER_LAUNCH
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Typed launchers, declared again in embed_cuda.cpp. They return the launch error; the glue
+// wraps the call in C10_CUDA_CHECK and C10_CUDA_KERNEL_LAUNCH_CHECK.
+// ---------------------------------------------------------------------------------------------
+
+// out (rows, d) = weight[tokens] * scale (+ PE). tokens (rows,) with position pos_offset + r % L.
+template <typename scalar_t, typename index_t>
+cudaError_t embed_sinusoidal_fwd(const index_t* tokens, const scalar_t* weight,
+                                 int64_t stride_weight_row, int64_t V, scalar_t* out,
+                                 int64_t rows, int64_t L, int64_t d, float scale,
+                                 int64_t pos_offset, bool pos_encoding, cudaStream_t stream) {
+  return launch_fwd<scalar_t, index_t>(tokens, weight, out, rows, L, d, stride_weight_row, V,
+                                       scale, pos_offset, pos_encoding, stream);
+}
+
+// out (rows, d) = x + PE, x (rows, d) contiguous, position pos_offset + r % L.
+template <typename scalar_t>
+cudaError_t add_sinusoidal_fwd(const scalar_t* x, scalar_t* out, int64_t rows, int64_t L,
+                               int64_t d, int64_t pos_offset, cudaStream_t stream) {
+  return launch_fwd<scalar_t, int64_t>(nullptr, x, out, rows, L, d, d, 0, 1.0f, pos_offset, true,
+                                       stream);
+}
+
+// grad_weight (V, d), zero-filled by the caller, from the stably sorted ids and their positions.
+template <typename scalar_t>
+cudaError_t embed_sinusoidal_bwd(const int64_t* sorted_ids, const int64_t* positions,
+                                 const scalar_t* grad, scalar_t* grad_weight, int64_t N,
+                                 int64_t d, int64_t V, float scale, int64_t padding_idx,
+                                 cudaStream_t stream) {
+  if (N == 0 || d == 0) return cudaSuccess;
+  if (N > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  const unsigned threads = d >= 256 ? 256 : (d >= 128 ? 128 : (d >= 64 ? 64 : 32));
+  embed_sinusoidal_bwd_kernel<scalar_t><<<static_cast<unsigned>(N), threads, 0, stream>>>(
+      sorted_ids, positions, grad, grad_weight, N, d, V, scale, padding_idx);
+  return cudaGetLastError();
+}
+
+#define SCRATCHFORMER_INSTANTIATE(T)                                                           \
+  template cudaError_t embed_sinusoidal_fwd<T, int32_t>(const int32_t*, const T*, int64_t,     \
+                                                        int64_t, T*, int64_t, int64_t, int64_t, \
+                                                        float, int64_t, bool, cudaStream_t);    \
+  template cudaError_t embed_sinusoidal_fwd<T, int64_t>(const int64_t*, const T*, int64_t,     \
+                                                        int64_t, T*, int64_t, int64_t, int64_t, \
+                                                        float, int64_t, bool, cudaStream_t);    \
+  template cudaError_t add_sinusoidal_fwd<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, \
+                                             cudaStream_t);                                     \
+  template cudaError_t embed_sinusoidal_bwd<T>(const int64_t*, const int64_t*, const T*, T*,   \
+                                               int64_t, int64_t, int64_t, float, int64_t,       \
+                                               cudaStream_t);
+SCRATCHFORMER_INSTANTIATE(float)
+SCRATCHFORMER_INSTANTIATE(__half)
+SCRATCHFORMER_INSTANTIATE(__nv_bfloat16)
+#undef SCRATCHFORMER_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace scratchformer

@@ -1,0 +1,357 @@
+"""Fused (dropout +) residual add + LayerNorm, forward and backward, in Triton.
+
+Forward, per row of N features (statistics in fp32 whatever the storage dtype):
+
+    x' = dropout(x) = x · keep / (1 - p)        keep ~ Bernoulli(1 - p), in-kernel Philox
+    s  = x' + residual                          (the Pre-LN residual stream; returned on request)
+    mean = Σ s / N,   var = Σ (s - mean)² / N,   rstd = 1 / sqrt(var + eps)
+    x̂ = (s - mean) · rstd,   y = x̂ · w + b
+
+Backward (tutorial 05's derivation), with g = dy · w the gradient reaching x̂:
+
+    c1 = Σ x̂ · g / N,   c2 = Σ g / N
+    ds_total = rstd · (g - (x̂ · c1 + c2)) + ds_out    (ds_out: the gradient of the returned s)
+    dresidual = ds_total,   dx = ds_total · keep / (1 - p)
+    dw = Σ_rows dy · x̂,    db = Σ_rows dy
+
+dx (and dresidual) come from one pass over the rows; dw and db are a deterministic two-stage
+reduction: each backward program owns a block of rows and writes its partial sums to one row of
+an (n_programs, N) fp32 buffer, then the host sums that buffer over programs (no atomics).
+
+The forward saves s (in x's dtype), mean and rstd (fp32). The dropout mask is not stored: the
+backward replays it from the same Philox (seed, offset) counters, row · N + col.
+
+Limits: 1 <= N <= 16384 (a whole row lives in one program, BLOCK_N = next_power_of_2(N)); any
+number of rows and leading dims; float32/float16/bfloat16 inputs; weight and bias in x's dtype
+or float32. Rows may be strided (a row-stride argument); a last dim that is not contiguous is
+copied once by the launcher (`.contiguous()`), not rejected.
+
+References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
+Liger-Kernel `ops/layer_norm.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset
+
+MAX_N = 16384
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _add_layer_norm_fwd_kernel(
+    x_ptr,  # (M, N) input, row stride stride_x_row
+    residual_ptr,  # (M, N) residual, or a dummy when HAS_RESIDUAL is False
+    weight_ptr,  # (N,)
+    bias_ptr,  # (N,) or dummy
+    y_ptr,  # (M, N) output, contiguous
+    s_ptr,  # (M, N) pre-norm sum dropout(x) + residual, contiguous; written if STORE_S
+    mean_ptr,  # (M,) fp32
+    rstd_ptr,  # (M,) fp32
+    mask_ptr,  # (M, N) int8 keep mask, written if STORE_MASK (debug path)
+    stride_x_row,
+    stride_res_row,
+    N,  # hidden size
+    eps,
+    dropout_p,
+    seed,  # Philox seed
+    rng_offset,  # Philox counter base: element (row, col) uses rng_offset + row * N + col
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    STORE_S: tl.constexpr,
+    STORE_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # one row per program
+    cols = tl.arange(0, BLOCK_N)
+    in_row = cols < N
+    s = tl.load(x_ptr + row * stride_x_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        keep = tl.rand(seed, rng_offset + row * N + cols) >= dropout_p
+        s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
+        if STORE_MASK:
+            tl.store(mask_ptr + row * N + cols, keep.to(tl.int8), mask=in_row)
+    if HAS_RESIDUAL:
+        s += tl.load(residual_ptr + row * stride_res_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    if STORE_S:
+        tl.store(s_ptr + row * N + cols, s.to(s_ptr.dtype.element_ty), mask=in_row)
+    # y is normalised from the fp32 sum (like the reference), not from the rounded stored s.
+    mean = tl.sum(s, axis=0) / N
+    d = tl.where(in_row, s - mean, 0.0)
+    var = tl.sum(d * d, axis=0) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    w = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    y = d * rstd * w
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def _add_layer_norm_bwd_kernel(
+    dy_ptr,  # (M, N) gradient of y, row stride stride_dy_row
+    ds_out_ptr,  # (M, N) gradient of the returned s, or dummy when HAS_DS is False
+    s_ptr,  # (M, N) saved pre-norm sum, contiguous
+    weight_ptr,  # (N,)
+    mean_ptr,  # (M,) fp32
+    rstd_ptr,  # (M,) fp32
+    dx_ptr,  # (M, N) gradient of x, contiguous
+    dres_ptr,  # (M, N) gradient of residual (= ds_total), written if STORE_DRES
+    dw_partial_ptr,  # (n_programs, N) fp32 partial Σ dy · x̂ of this program's rows
+    db_partial_ptr,  # (n_programs, N) fp32 partial Σ dy, written if HAS_BIAS
+    stride_dy_row,
+    stride_ds_row,
+    M,  # rows
+    N,  # hidden size
+    rows_per_program,
+    dropout_p,
+    seed,
+    rng_offset,
+    HAS_DS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    STORE_DRES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    cols = tl.arange(0, BLOCK_N)
+    in_row = cols < N
+    w = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for row in range(row_start, row_end):
+        s = tl.load(s_ptr + row * N + cols, mask=in_row, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = tl.where(in_row, (s - mean) * rstd, 0.0)
+        dy = tl.load(dy_ptr + row * stride_dy_row + cols, mask=in_row, other=0.0).to(tl.float32)
+        g = dy * w  # dL/dx̂, zero outside the row
+        c1 = tl.sum(xhat * g, axis=0) / N
+        c2 = tl.sum(g, axis=0) / N
+        ds = (g - (xhat * c1 + c2)) * rstd
+        if HAS_DS:
+            ds += tl.load(ds_out_ptr + row * stride_ds_row + cols, mask=in_row, other=0.0).to(tl.float32)
+        if STORE_DRES:
+            tl.store(dres_ptr + row * N + cols, ds.to(dres_ptr.dtype.element_ty), mask=in_row)
+        if HAS_DROPOUT:
+            keep = tl.rand(seed, rng_offset + row * N + cols) >= dropout_p
+            ds = tl.where(keep, ds / (1.0 - dropout_p), 0.0)
+        tl.store(dx_ptr + row * N + cols, ds.to(dx_ptr.dtype.element_ty), mask=in_row)
+        dw_acc += dy * xhat
+        db_acc += dy
+    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=in_row)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=in_row)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows(t: torch.Tensor, N: int) -> torch.Tensor:
+    """(..., N) -> (M, N) with a free row stride; a non-unit last-dim stride is copied."""
+    t2 = t.reshape(-1, N)
+    return t2 if t2.stride(-1) == 1 or N == 1 else t2.contiguous()
+
+
+def _num_warps(block_n: int) -> int:
+    return min(max(block_n // 256, 1), 8)
+
+
+def _check_inputs(x, residual, weight, bias, eps, dropout_p):
+    check_device("add_layer_norm", x, residual, weight, bias)
+    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
+    N = x.shape[-1]
+    if N > MAX_N:
+        raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (one row per program), got {N}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"add_layer_norm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if p.shape != (N,):
+            raise ValueError(f"add_layer_norm: {name} must have shape ({N},) for hidden size {N}, got {tuple(p.shape)}")
+        if p.dtype not in (x.dtype, torch.float32):
+            raise ValueError(f"add_layer_norm: {name} dtype must be {x.dtype} (x's) or float32, got {p.dtype}")
+    if bias is not None and bias.dtype != weight.dtype:
+        raise ValueError(f"add_layer_norm: weight {weight.dtype} and bias {bias.dtype} dtypes differ")
+    if not eps > 0.0:
+        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def add_layer_norm_fwd(
+    x, residual, weight, bias, eps=1e-5, dropout_p=0.0, seed=0, rng_offset=0, *, store_s=True, store_mask=False
+):
+    """Launch the forward. x, residual (..., N). Returns y (x's shape and dtype), s (same; None
+    unless store_s), mean, rstd ((M,) fp32) and the int8 keep mask (None unless store_mask)."""
+    _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    N = x.shape[-1]
+    x2 = _rows(x, N)
+    res2 = _rows(residual, N) if residual is not None else x2
+    M = x2.shape[0]
+    weight, bias = weight.contiguous(), bias.contiguous() if bias is not None else None
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    s = torch.empty((M, N), dtype=x.dtype, device=x.device) if store_s else None
+    mean = torch.empty((M,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
+    has_dropout = dropout_p > 0.0
+    mask = torch.empty((M, N), dtype=torch.int8, device=x.device) if (store_mask and has_dropout) else None
+    BLOCK_N = triton.next_power_of_2(N)
+    if M > 0:
+        _add_layer_norm_fwd_kernel[(M,)](
+            x2, res2, weight, bias if bias is not None else weight, y,
+            s if s is not None else y, mean, rstd, mask if mask is not None else y,
+            x2.stride(0), res2.stride(0), N, eps, dropout_p, seed, rng_offset,
+            HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=has_dropout,
+            STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_N=BLOCK_N,
+            num_warps=_num_warps(BLOCK_N),
+        )
+    if store_mask and mask is None:  # dropout_p == 0: everything is kept
+        mask = torch.ones((M, N), dtype=torch.int8, device=x.device)
+    shape = x.shape
+    return (
+        y.view(shape),
+        s.view(shape) if s is not None else None,
+        mean,
+        rstd,
+        mask.view(shape).bool() if mask is not None else None,
+    )
+
+
+def _bwd_programs(M: int, device: torch.device) -> int:
+    """How many programs split the rows: a few per SM on a GPU, a handful in the interpreter."""
+    if device.type == "cuda":
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 4
+    return max(1, min(M, target))
+
+
+def add_layer_norm_bwd(
+    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, seed=0, rng_offset=0, store_dres=False
+):
+    """Launch the backward. dy, ds_out (None allowed), s (..., N). Returns dx, dres (None unless
+    store_dres, or when it equals dx: dropout_p == 0), dweight (weight's dtype), dbias (or None)."""
+    N = s.shape[-1]
+    s2 = s.reshape(-1, N)
+    M = s2.shape[0]
+    dy2 = _rows(dy, N)
+    ds2 = _rows(ds_out, N) if ds_out is not None else dy2
+    has_dropout = dropout_p > 0.0
+    dx = torch.empty((M, N), dtype=s.dtype, device=s.device)
+    store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
+    dres = torch.empty((M, N), dtype=s.dtype, device=s.device) if store_dres else None
+    n_programs = _bwd_programs(M, s.device)
+    rows_per_program = triton.cdiv(M, n_programs)
+    n_programs = triton.cdiv(M, rows_per_program) if M > 0 else 1
+    dw_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device)
+    db_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
+    BLOCK_N = triton.next_power_of_2(N)
+    if M > 0:
+        _add_layer_norm_bwd_kernel[(n_programs,)](
+            dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
+            dw_partial, db_partial if db_partial is not None else dw_partial,
+            dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, seed, rng_offset,
+            HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout, STORE_DRES=store_dres,
+            HAS_BIAS=has_bias, BLOCK_N=BLOCK_N, num_warps=_num_warps(BLOCK_N),
+        )
+    dw = dw_partial.sum(0).to(weight.dtype)  # second stage: a fixed-order reduction
+    db = db_partial.sum(0).to(weight.dtype) if has_bias else None
+    shape = s.shape
+    return dx.view(shape), dres.view(shape) if dres is not None else None, dw, db
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd
+# ---------------------------------------------------------------------------------------------
+
+
+class AddLayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, rng_offset, return_residual, return_mask):
+        needs_grad = any(ctx.needs_input_grad[:4])
+        y, s, mean, rstd, mask = add_layer_norm_fwd(
+            x, residual, weight, bias, eps, dropout_p, seed, rng_offset,
+            store_s=return_residual or needs_grad, store_mask=return_mask,
+        )
+        ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
+        ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        ctx.dropout = (dropout_p, seed, rng_offset)
+        if mask is not None:
+            ctx.mark_non_differentiable(mask)
+        return y, s, mask
+
+    @staticmethod
+    def backward(ctx, dy, ds, dmask):
+        s, weight, mean, rstd = ctx.saved_tensors
+        if dy is None:  # only s was used downstream
+            dy = torch.zeros_like(s)
+        dropout_p, seed, rng_offset = ctx.dropout
+        need_dres = ctx.needs_input_grad[1]
+        dx, dres, dw, db = add_layer_norm_bwd(
+            dy, ds, s, weight, mean, rstd, has_bias=ctx.has_bias, dropout_p=dropout_p, seed=seed,
+            rng_offset=rng_offset, store_dres=need_dres,
+        )
+        if need_dres and dres is None:  # no dropout: dresidual == dx
+            dres = dx
+        return dx, dres if need_dres else None, dw, db, None, None, None, None, None, None
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    dropout_p: float = 0.0,
+    return_residual: bool = False,
+    seed: int | None = None,
+    return_dropout_mask: bool = False,
+):
+    """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
+
+    x (..., N) float32/float16/bfloat16, any leading dims and row strides (last dim contiguous,
+    else copied); residual same shape and dtype as x, or None; weight (N,), bias (N,) or None, in
+    x's dtype or float32; 1 <= N <= 16384. dropout_p drops x (not the residual) with in-kernel
+    Philox; seed (int) fixes the stream, else one is drawn from torch's default generator, so
+    `torch.manual_seed` makes runs reproducible.
+
+    Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
+    in x's dtype (it takes a gradient too); with return_dropout_mask (debug), the bool keep mask
+    (x's shape) is appended: (y, mask) or (y, s, mask).
+    """
+    if dropout_p > 0.0:
+        if seed is None:
+            seed, rng_offset = philox_seed_offset(x.numel())
+        else:
+            rng_offset = 0
+    else:
+        seed, rng_offset = 0, 0
+    y, s, mask = AddLayerNormFunction.apply(
+        x, residual, weight, bias, eps, float(dropout_p), int(seed), int(rng_offset),
+        bool(return_residual), bool(return_dropout_mask),
+    )
+    out = (y, s) if return_residual else (y,)
+    if return_dropout_mask:
+        out = out + (mask,)
+    return out if len(out) > 1 else out[0]

@@ -1,0 +1,726 @@
+"""Fused multi-head attention (FlashAttention-2 style): out = softmax(Q Kᵀ · scale) V.
+
+Forward (per (batch, head) and block of BLOCK_M query rows), never materialising the Lq×Lk
+matrix: walk the visible key blocks of BLOCK_N columns keeping a running row max m and row sum
+l of exp(s - m) (the online softmax), rescale the fp32 accumulator by exp(m_old - m_new), and
+finish with out = acc / l and the row log-sum-exp lse = m + log(l). Exponentials use exp2 with
+the scale folded into qk_scale = scale · log2(e); lse is stored in natural-log units.
+
+Masks (the spec is `scratchformer.reference.attention_ref`):
+- key padding as per-sequence lengths (right padding): key blocks at or beyond key_lengths[b]
+  are outside the loop bounds (skipped, not computed and masked);
+- query rows at or beyond query_lengths[b] give zeros (and zero gradients); whole query blocks
+  past it run no key loop;
+- causal aligned bottom-right: query i sits at position Lk - Lq + i (so decoding with a KV cache,
+  Lq < Lk, is exact); key blocks wholly above the diagonal are skipped;
+- a row with no visible key (length 0, or fully causal-masked when Lq > Lk) gives zeros and
+  lse = -inf, never NaN. Only the blocks that straddle a boundary pay for masking: each loop is
+  split into an unmasked part and a masked part.
+
+Dropout on the probabilities, in-kernel: keep(b, h, i, j) = rand(seed, offset + ((b·H + h)·Lq
++ i)·Lk + j) >= p (Philox via tl.rand, 64-bit counters), kept values scaled by 1/(1 - p). The
+backward regenerates the same mask from the same counters; nothing of size Lq×Lk is stored.
+
+Backward (S = scale·Q Kᵀ, P = softmax(S) row-wise, Z the keep mask, r = 1/(1 - p), O = (P∘Z·r) V):
+    dV = (P∘Z·r)ᵀ dO
+    dPd = dO Vᵀ                    gradient w.r.t. the dropped probabilities P∘Z·r
+    dP  = dPd ∘ Z·r
+    dS  = P ∘ (dP - δ),  δ_i = Σ_j P_ij dP_ij = Σ_j (P∘Z·r)_ij (dO_i·V_j) = dO_i · O_i
+    dQ  = scale · dS K,   dK = scale · dSᵀ Q
+P is recomputed from the saved lse: P = exp(S - lse) (exp2(s·qk_scale - lse·log2 e)); rows with
+lse = -inf (no visible key, or padded query rows) use +inf instead so P = 0 there. Three kernels:
+a preprocessing pass δ = rowsum(dO∘O); one program per key block computing dK, dV (loops over
+query blocks); one per query block computing dQ (loops over key blocks). Every output element is
+written by exactly one program: deterministic, no float atomics. Extra memory: lse and δ, O(L).
+
+Limits: head_dim 16, 32, 64 or 128; fp32, fp16, bf16 (fp32 dots use input_precision="ieee":
+exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.dot on bf16
+operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 tiles to fp32
+before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
+
+References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
+attention); Dao-AILab/flash-attention `flash_attn_triton.py`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset, upcast_dot
+
+__all__ = ["attention", "attention_fwd", "attention_bwd", "AttentionFunction", "HEAD_DIMS"]
+
+HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = 1.4426950408889634
+
+
+# ---------------------------------------------------------------------------------------------
+# Autotuning: a short cartesian list pruned by keep(); one fixed small config in the interpreter
+# (16×16 tiles: fast on CPU, and lengths like 7, 33, 100 exercise partial tiles).
+# ---------------------------------------------------------------------------------------------
+
+
+def keep(config: triton.Config) -> bool:
+    """Prune configs that never win: 8 warps on small tiles; the resident block (BLOCK_M for the
+    forward and dQ, BLOCK_N for dK/dV, named RESIDENT) smaller than the streamed one."""
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    resident, streamed = (bn, bm) if config.kwargs.get("RESIDENT") == "N" else (bm, bn)
+    if resident < streamed:
+        return False
+    return not (config.num_warps == 8 and bm * bn < 128 * 64)
+
+
+def _configs(blocks_m, blocks_n, resident):
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
+    cands = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "RESIDENT": resident}, num_warps=w, num_stages=s)
+        for bm in blocks_m
+        for bn in blocks_n
+        for w in (4, 8)
+        for s in (2, 3)
+    ]
+    kept = [c for c in cands if keep(c)]
+    for c in kept:  # RESIDENT only steers keep(); the kernels don't take it
+        del c.kwargs["RESIDENT"]
+    return kept
+
+
+# Lengths are bucketed to powers of two for the key so variable-length batches don't re-tune.
+_KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL"]
+
+
+@triton.jit
+def _dropout_keep(seed, rng_base, rows, cols, Lk, dropout_p):
+    """Keep mask for score positions (rows, cols) (any broadcastable shapes): the Philox counter
+    is rng_base + row·Lk + col with rng_base = offset + (b·H + h)·Lq·Lk, all in int64."""
+    counter = rng_base + rows.to(tl.int64) * Lk + cols.to(tl.int64)
+    return tl.rand(seed, counter) >= dropout_p
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attention_fwd_inner(
+    acc, l_i, m_i, q,  # running state (BLOCK_M, D) fp32, (BLOCK_M,), (BLOCK_M,); q tile
+    k_base, v_base,  # k, v pointers at (b, h, 0, 0)
+    stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+    offs_m, offs_d, lo, hi, klen, shift, qk_scale,
+    dropout_p, seed, rng_base, Lk,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Key blocks [lo, hi): MASKED=False only where every (row, col) of the tile is visible."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
+        v_ptrs = v_base + offs_n[:, None] * stride_v_l + offs_d[None, :] * stride_v_d  # (BLOCK_N, D)
+        if MASKED:
+            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < klen, other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            v = tl.load(v_ptrs)
+        if UPCAST:
+            kT = kT.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        if MASKED:
+            visible = offs_n[None, :] < klen
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + shift)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:  # a row with nothing visible yet keeps m = -inf: subtract 0, not -inf (NaN)
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        p = tl.math.exp2(s - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)  # rescales what was accumulated so far
+        l_i = l_i * alpha + tl.sum(p, 1)  # the softmax denominator ignores dropout
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            p = tl.where(keep, p, 0.0)  # 1/(1 - p) is applied once, in the epilogue
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attention_fwd_kernel(
+    q_ptr,  # (B, H, Lq, D) queries
+    k_ptr,  # (B, H, Lk, D) keys
+    v_ptr,  # (B, H, Lk, D) values
+    o_ptr,  # (B, H, Lq, D) output, q's dtype
+    lse_ptr,  # (B, H, Lq) fp32 row log-sum-exp, contiguous
+    klen_ptr,  # (B,) int32 key lengths (read only if HAS_KLEN)
+    qlen_ptr,  # (B,) int32 query lengths (read only if HAS_QLEN)
+    stride_q_b, stride_q_h, stride_q_l, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_l, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_l, stride_v_d,
+    stride_o_b, stride_o_h, stride_o_l, stride_o_d,
+    H, Lq, Lk,  # heads, query length, key length
+    qk_scale,  # scale · log2(e)
+    dropout_p, seed, rng_offset,  # dropout probability, Philox seed and counter offset
+    LQ_KEY, LK_KEY,  # autotune keys only: next_power_of_2(Lq), next_power_of_2(Lk)
+    HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
+    HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // H
+    h = pid_bh % H
+    klen = Lk
+    if HAS_KLEN:
+        klen = tl.load(klen_ptr + b)
+    qlen = Lq
+    if HAS_QLEN:
+        qlen = tl.load(qlen_ptr + b)
+    shift = Lk - Lq  # query row i sits at key position i + shift
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = q_ptr + b * stride_q_b + h * stride_q_h + offs_m[:, None] * stride_q_l + offs_d[None, :] * stride_q_d
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    # Loop bounds: keys [0, n_end) can be visible to some row of this block; keys [0, n_full)
+    # are visible to every row (no masking needed). Blocks past query_lengths run no loop.
+    n_end = klen
+    n_full = klen
+    if IS_CAUSAL:
+        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
+        n_full = tl.minimum(n_full, start_m + 1 + shift)
+    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
+    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_base = k_ptr + b * stride_k_b + h * stride_k_h
+    v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    rng_base = rng_offset + pid_bh * Lq * Lk
+    acc, l_i, m_i = _attention_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+        offs_m, offs_d, 0, n_full, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
+        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attention_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+        offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
+        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+
+    # Epilogue: rows with no visible key (l = 0) and rows at or past qlen give 0 and lse = -inf.
+    row_ok = (offs_m < qlen) & (l_i > 0.0)
+    l_safe = tl.where(row_ok, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if HAS_DROPOUT:
+        out = out * (1.0 / (1.0 - dropout_p))
+    out = tl.where(row_ok[:, None], out, 0.0)
+    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    o_ptrs = o_ptr + b * stride_o_b + h * stride_o_h + offs_m[:, None] * stride_o_l + offs_d[None, :] * stride_o_d
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Lq)
+    tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+@triton.jit
+def _dropout_mask_kernel(
+    mask_ptr,  # (B, H, Lq, Lk) int8 keep mask, contiguous (debug path)
+    Lq, Lk, dropout_p, seed, rng_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Writes the keep mask the attention kernels use, from the same `_dropout_keep` counters."""
+    pid_bh = tl.program_id(2).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+    ptrs = mask_ptr + pid_bh * Lq * Lk + offs_m[:, None].to(tl.int64) * Lk + offs_n[None, :]
+    tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk))
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attention_bwd_preprocess_kernel(
+    o_ptr,  # (B, H, Lq, D) forward output
+    do_ptr,  # (B, H, Lq, D) gradient of the output
+    delta_ptr,  # (B, H, Lq) fp32 out: δ = rowsum(dO ∘ O), contiguous
+    stride_o_b, stride_o_h, stride_o_l, stride_o_d,
+    stride_do_b, stride_do_h, stride_do_l, stride_do_d,
+    H, Lq,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < Lq
+    o = tl.load(o_ptr + b * stride_o_b + h * stride_o_h + offs_m[:, None] * stride_o_l + offs_d[None, :] * stride_o_d, mask=rows, other=0.0)
+    do = tl.load(do_ptr + b * stride_do_b + h * stride_do_h + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d, mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_ptr + pid_bh * Lq + offs_m, delta, mask=offs_m < Lq)
+
+
+@triton.jit
+def _attention_bwd_dkdv_inner(
+    dk, dv, k, v,  # accumulators (BLOCK_N, D) fp32; resident k, v tiles (BLOCK_N, D)
+    q_base, do_base, lse_base, delta_base,  # pointers at (b, h, 0, 0) / (b, h, 0)
+    stride_q_l, stride_q_d, stride_do_l, stride_do_d,
+    offs_n, offs_d, lo, hi, klen, Lq, shift, qk_scale,
+    dropout_p, seed, rng_base, Lk,
+    BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Query blocks [lo, hi) against one key block; tiles are transposed (keys × queries)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qT_ptrs = q_base + offs_m[None, :] * stride_q_l + offs_d[:, None] * stride_q_d  # (D, BLOCK_M)
+        do_ptrs = do_base + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d  # (BLOCK_M, D)
+        if MASKED:
+            qT = tl.load(qT_ptrs, mask=offs_m[None, :] < Lq, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
+            lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
+        else:
+            qT = tl.load(qT_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        if UPCAST:
+            qT = qT.to(tl.float32)
+            do = do.to(tl.float32)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 rows
+        sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
+        pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
+        if MASKED:
+            visible = offs_n[:, None] < klen
+            if IS_CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :] + shift)
+            pT = tl.where(visible, pT, 0.0)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPdᵀ = V dOᵀ
+        if HAS_DROPOUT:
+            keepT = _dropout_keep(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, dropout_p)
+            rp = 1.0 / (1.0 - dropout_p)
+            pdT = tl.where(keepT, pT * rp, 0.0)  # (P∘Z·r)ᵀ
+            dpT = tl.where(keepT, dpT * rp, 0.0)  # dPᵀ
+        else:
+            pdT = pT
+        dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += (P∘Z·r)ᵀ dO
+        dsT = pT * (dpT - delta[None, :])  # dSᵀ
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
+    return dk, dv
+
+
+@triton.jit
+def _attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
+    do_ptr,  # (B, H, Lq, D) gradient of the output
+    lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
+    dk_ptr, dv_ptr,  # (B, H, Lk, D) outputs, k's dtype
+    klen_ptr, qlen_ptr,  # (B,) int32 lengths (read only if HAS_KLEN / HAS_QLEN)
+    stride_q_b, stride_q_h, stride_q_l, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_l, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_l, stride_v_d,
+    stride_do_b, stride_do_h, stride_do_l, stride_do_d,
+    stride_dk_b, stride_dk_h, stride_dk_l, stride_dk_d,
+    stride_dv_b, stride_dv_h, stride_dv_l, stride_dv_d,
+    H, Lq, Lk, sm_scale, qk_scale,  # sm_scale = scale; qk_scale = scale · log2(e)
+    dropout_p, seed, rng_offset,
+    LQ_KEY, LK_KEY,  # autotune keys only
+    HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
+    HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // H
+    h = pid_bh % H
+    klen = Lk
+    if HAS_KLEN:
+        klen = tl.load(klen_ptr + b)
+    qlen = Lq
+    if HAS_QLEN:
+        qlen = tl.load(qlen_ptr + b)
+    shift = Lk - Lq
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_rows = offs_n[:, None] < klen
+    k = tl.load(k_ptr + b * stride_k_b + h * stride_k_h + offs_n[:, None] * stride_k_l + offs_d[None, :] * stride_k_d, mask=kv_rows, other=0.0)
+    v = tl.load(v_ptr + b * stride_v_b + h * stride_v_h + offs_n[:, None] * stride_v_l + offs_d[None, :] * stride_v_d, mask=kv_rows, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+
+    # Query blocks [m_lo, qlen) can see this key block (none if it lies past key_lengths).
+    # Masking is needed in [m_lo, m_mid) (the causal diagonal; everything if the key block is
+    # partial) and in the tail [m_tail, qlen) (rows past Lq); [m_mid, m_tail) runs unmasked.
+    # Rows in [qlen, Lq) need no mask: their saved lse is -inf, so P = 0 there.
+    m_hi = tl.where(start_n < klen, qlen, 0)
+    m_lo = 0
+    m_mid = 0
+    if IS_CAUSAL:
+        m_lo = (tl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
+        m_mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
+    m_lo = tl.minimum(m_lo, m_hi)
+    m_mid = tl.where(start_n + BLOCK_N <= klen, m_mid, m_hi)
+    m_tail = tl.maximum((m_hi // BLOCK_M) * BLOCK_M, m_lo)
+    m_mid = tl.minimum(tl.maximum(m_mid, m_lo), m_tail)
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    q_base = q_ptr + b * stride_q_b + h * stride_q_h
+    do_base = do_ptr + b * stride_do_b + h * stride_do_h
+    lse_base = lse_ptr + pid_bh * Lq
+    delta_base = delta_ptr + pid_bh * Lq
+    rng_base = rng_offset + pid_bh * Lq * Lk
+    dk, dv = _attention_bwd_dkdv_inner(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_lo, m_mid, klen, Lq, shift, qk_scale,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    dk, dv = _attention_bwd_dkdv_inner(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_mid, m_tail, klen, Lq, shift, qk_scale,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    dk, dv = _attention_bwd_dkdv_inner(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_tail, m_hi, klen, Lq, shift, qk_scale,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    dk = dk * sm_scale
+    out_rows = offs_n[:, None] < Lk
+    tl.store(dk_ptr + b * stride_dk_b + h * stride_dk_h + offs_n[:, None] * stride_dk_l + offs_d[None, :] * stride_dk_d, dk.to(dk_ptr.dtype.element_ty), mask=out_rows)
+    tl.store(dv_ptr + b * stride_dv_b + h * stride_dv_h + offs_n[:, None] * stride_dv_l + offs_d[None, :] * stride_dv_d, dv.to(dv_ptr.dtype.element_ty), mask=out_rows)
+
+
+@triton.jit
+def _attention_bwd_dq_inner(
+    dq, q, do, lse2, delta,  # accumulator (BLOCK_M, D) fp32; resident q, dO tiles; lse·log2 e, δ
+    k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+    offs_m, offs_d, lo, hi, klen, shift, qk_scale,
+    dropout_p, seed, rng_base, Lk,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Key blocks [lo, hi) against one query block."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
+        vT_ptrs = v_base + offs_n[None, :] * stride_v_l + offs_d[:, None] * stride_v_d  # (D, BLOCK_N)
+        if MASKED:
+            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        if UPCAST:
+            kT = kT.to(tl.float32)
+            vT = vT.to(tl.float32)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])  # P
+        if MASKED:
+            visible = offs_n[None, :] < klen
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + shift)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dPd = dO Vᵀ
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)  # dP
+        ds = p * (dp - delta[:, None])  # dS
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)  # dQ += dS K
+    return dq
+
+
+@triton.jit
+def _attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
+    do_ptr,  # (B, H, Lq, D) gradient of the output
+    lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
+    dq_ptr,  # (B, H, Lq, D) output, q's dtype
+    klen_ptr, qlen_ptr,  # (B,) int32 lengths (read only if HAS_KLEN / HAS_QLEN)
+    stride_q_b, stride_q_h, stride_q_l, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_l, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_l, stride_v_d,
+    stride_do_b, stride_do_h, stride_do_l, stride_do_d,
+    stride_dq_b, stride_dq_h, stride_dq_l, stride_dq_d,
+    H, Lq, Lk, sm_scale, qk_scale,
+    dropout_p, seed, rng_offset,
+    LQ_KEY, LK_KEY,  # autotune keys only
+    HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
+    HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // H
+    h = pid_bh % H
+    klen = Lk
+    if HAS_KLEN:
+        klen = tl.load(klen_ptr + b)
+    qlen = Lq
+    if HAS_QLEN:
+        qlen = tl.load(qlen_ptr + b)
+    shift = Lk - Lq
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < Lq
+    q = tl.load(q_ptr + b * stride_q_b + h * stride_q_h + offs_m[:, None] * stride_q_l + offs_d[None, :] * stride_q_d, mask=rows, other=0.0)
+    do = tl.load(do_ptr + b * stride_do_b + h * stride_do_h + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d, mask=rows, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(lse_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.load(delta_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+
+    # Same key-block bounds as the forward.
+    n_end = klen
+    n_full = klen
+    if IS_CAUSAL:
+        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
+        n_full = tl.minimum(n_full, start_m + 1 + shift)
+    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
+    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_base = k_ptr + b * stride_k_b + h * stride_k_h
+    v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    rng_base = rng_offset + pid_bh * Lq * Lk
+    dq = _attention_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+        offs_m, offs_d, 0, n_full, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
+        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    dq = _attention_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
+        offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
+        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+    )
+    dq = dq * sm_scale
+    tl.store(dq_ptr + b * stride_dq_b + h * stride_dq_h + offs_m[:, None] * stride_dq_l + offs_d[None, :] * stride_dq_d, dq.to(dq_ptr.dtype.element_ty), mask=rows)
+
+
+_fwd = triton.autotune(_configs((64, 128), (32, 64, 128), "M"), key=_KEY)(_attention_fwd_kernel)
+_bwd_dkdv = triton.autotune(_configs((32, 64), (64, 128), "N"), key=_KEY)(_attention_bwd_dkdv_kernel)
+_bwd_dq = triton.autotune(_configs((64, 128), (32, 64), "M"), key=_KEY)(_attention_bwd_dq_kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# host launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_lengths(name, lengths, B, L, device):
+    if lengths is None:
+        return None
+    if not isinstance(lengths, torch.Tensor):
+        raise ValueError(f"attention: {name} must be a tensor, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"attention: {name} must be int32 or int64, got {lengths.dtype}")
+    if lengths.shape != (B,):
+        raise ValueError(f"attention: {name} must have shape ({B},), got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise ValueError(f"attention: {name} is on {lengths.device} but q is on {device}")
+    if B:
+        lo, hi = int(lengths.min()), int(lengths.max())  # a host sync; kernels never see bad input
+        if lo < 0 or hi > L:
+            raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
+    return lengths.to(torch.int32).contiguous()
+
+
+def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"attention: {name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be (B, H, L, D), got shape {tuple(t.shape)}")
+    B, H, Lq, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
+        raise ValueError(
+            f"attention: shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            "(need the same B, H, D and k.shape == v.shape)"
+        )
+    check_dtype("attention", q, k, v)
+    check_device("attention", q, k, v, key_lengths, query_lengths)
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {D}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    return klen, qlen
+
+
+def _flags(q, klen, qlen, causal, dropout_p):
+    up = upcast_dot(q.dtype)
+    return dict(
+        HEAD_DIM=q.shape[3], IS_CAUSAL=bool(causal), HAS_KLEN=klen is not None,
+        HAS_QLEN=qlen is not None, HAS_DROPOUT=dropout_p > 0.0, UPCAST=up,
+        DOT_PRECISION="ieee" if (q.dtype == torch.float32 or up) else "tf32",
+    )
+
+
+def _keys(Lq, Lk):
+    return triton.next_power_of_2(max(Lq, 1)), triton.next_power_of_2(max(Lk, 1))
+
+
+def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0,
+                  scale=None, seed=0, offset=0):
+    """Forward launcher. Returns out (B, H, Lq, D) in q's dtype with BLHD memory (a transposed
+    (B, Lq, H, D) tensor, so out.transpose(1, 2).reshape(B, Lq, H·D) is free) and lse (B, H, Lq)
+    fp32, contiguous. Lengths are validated and converted to int32 here."""
+    klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    dummy = lse  # never read when HAS_KLEN / HAS_QLEN is False
+    grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
+    _fwd[grid](
+        q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, Lq, Lk, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        **_flags(q, klen, qlen, causal, dropout_p),
+    )
+    return out, lse
+
+
+def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, causal=False,
+                  dropout_p=0.0, scale=None, seed=0, offset=0):
+    """Backward launcher: (dq, dk, dv) shaped like q, k, v (BLHD memory, like the output).
+    Lengths must already be int32 (as attention_fwd / AttentionFunction pass them)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dq = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+    dk = torch.empty(B, Lk, H, D, dtype=k.dtype, device=k.device).transpose(1, 2)
+    dv = torch.empty(B, Lk, H, D, dtype=v.dtype, device=v.device).transpose(1, 2)
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    if B * H == 0:
+        return dq, dk, dv
+    if Lq == 0 or Lk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty_like(lse)
+    pre_block = 16 if INTERPRET else 64
+    _attention_bwd_preprocess_kernel[(triton.cdiv(Lq, pre_block), B * H)](
+        out, do, delta, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=pre_block,
+    )
+    dummy = lse
+    klen = key_lengths
+    qlen = query_lengths
+    common = (
+        H, Lq, Lk, scale, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+    )
+    flags = _flags(q, klen, qlen, causal, dropout_p)
+    lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
+    _bwd_dkdv[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, *lens,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *common, **flags,
+    )
+    _bwd_dq[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, *lens,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *common, **flags,
+    )
+    return dq, dk, dv
+
+
+def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
+    """The keep mask (B, H, Lq, Lk) bool the kernels use for (seed, offset): the debug path."""
+    mask = torch.empty(B, H, Lq, Lk, dtype=torch.int8, device=device)
+    if mask.numel():
+        blk = 16 if INTERPRET else 64
+        grid = (triton.cdiv(Lq, blk), triton.cdiv(Lk, blk), B * H)
+        _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), int(seed), int(offset), BLOCK_M=blk, BLOCK_N=blk)
+    return mask.bool()
+
+
+class AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+        out, lse = attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+        klen = None if key_lengths is None else key_lengths.to(torch.int32).contiguous()
+        qlen = None if query_lengths is None else query_lengths.to(torch.int32).contiguous()
+        ctx.save_for_backward(q, k, v, out, lse, klen, qlen)
+        ctx.args = (causal, dropout_p, scale, seed, offset)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):  # lse is non-differentiable: dlse is ignored
+        q, k, v, out, lse, klen, qlen = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, klen, qlen, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None  # one slot per forward input
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    key_lengths: torch.Tensor | None = None,
+    query_lengths: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    return_lse: bool = False,
+    return_dropout_mask: bool = False,
+    seed: int | None = None,
+):
+    """Fused attention softmax(q kᵀ · scale) v, differentiable w.r.t. q, k, v.
+
+    q (B, H, Lq, D), k and v (B, H, Lk, D): any strides, one dtype among fp32/fp16/bf16, D in
+    {16, 32, 64, 128}, CUDA tensors (or CPU under TRITON_INTERPRET=1). key_lengths /
+    query_lengths (B,) int32/int64 in [0, L]: right padding. causal aligns bottom-right (query i
+    at key position Lk - Lq + i). scale defaults to 1/sqrt(D). dropout_p in [0, 1) drops
+    attention probabilities with an in-kernel Philox mask; seed (int) makes it reproducible,
+    otherwise it is drawn from torch's default generator.
+
+    Returns out (B, H, Lq, D) in q's dtype, laid out as a (B, Lq, H, D) tensor transposed; rows
+    with no visible key and rows at or past query_lengths are zeros. With return_lse also the
+    row log-sum-exp (B, H, Lq) fp32 (-inf where out is zeroed; not differentiable); with
+    return_dropout_mask (debug) also the keep mask (B, H, Lq, Lk) bool, True = kept:
+    out, or (out, lse), (out, mask), (out, lse, mask).
+    """
+    if dropout_p > 0.0 and 0.0 <= dropout_p < 1.0:
+        if seed is None:
+            seed, offset = philox_seed_offset(q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+        else:
+            offset = 0
+    else:
+        seed, offset = 0, 0
+    out, lse = AttentionFunction.apply(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+    extra = (lse,) if return_lse else ()
+    if return_dropout_mask:
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
+        if dropout_p > 0.0:
+            mask = dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, q.device)
+        else:
+            mask = torch.ones(B, H, Lq, Lk, dtype=torch.bool, device=q.device)
+        extra = extra + (mask,)
+    return (out, *extra) if extra else out

@@ -1,0 +1,350 @@
+"""Triton GEMM with fused epilogues: the building block of the FFN (kernels/ffn.py).
+
+    matmul:       C = epilogue(A · B)          A (M, K), B (K, N), any strides, fp32 accumulation
+                  epilogue: h = acc + bias; [store h]; a = act(h); a = dropout(a); store a
+    matmul_dact:  dH = (A · B) ⊙ act'(aux) ⊙ keep / (1 - p),   plus per-tile column sums of dH
+
+act is relu or the exact (erf) GELU:
+
+    gelu(h)  = h · Φ(h) = ½ h (1 + erf(h / √2))
+    gelu'(h) = Φ(h) + h · φ(h),   φ(h) = exp(-h² / 2) / √(2π)
+    relu'(h) = [h > 0]
+
+`matmul_dact` is the FFN backward's activation-gradient GEMM. For gelu, aux is the stored
+pre-activation h. For relu, aux is the stored *output* a = dropout(relu(h)) itself: a > 0 exactly
+where the unit was kept and h > 0, which are the only places the gradient flows, so relu needs
+neither h nor the dropout mask (then dH = [a > 0] · (A · B) / (1 - p)). For gelu with dropout the
+keep mask is replayed from the same Philox counters as the forward: row · N + col + offset.
+
+The column sums of dH (the bias gradient) are reduced deterministically: each row-tile writes
+its fp32 partial to row pid_m of an (n_row_tiles, N) buffer; the caller sums over tiles.
+
+Tiles: on a GPU, `triton.autotune` over a short cartesian list pruned by `keep(config)`, keyed on
+(M rounded up to a power of two, N, K) so a new batch size does not retune. Under the
+interpreter: one fixed 32x32x32 tile. Ragged M, N, K are handled by masks (K) and by wrapping
+out-of-range rows/columns onto valid ones for the loads (tutorial 03), masked at the store.
+
+bf16 under TRITON_INTERPRET=1: tl.dot on bf16 operands returns garbage in Triton 3.9's
+interpreter (measured 2026-11), so UPCAST (see `_common.upcast_dot`) converts the operands to fp32
+before the dot there; on a GPU bf16 dots run natively. fp32 inputs use IEEE fp32 dots unless
+`torch.backends.cuda.matmul.allow_tf32` is set, matching torch.matmul.
+
+Reference: Triton tutorial 03 (matrix multiplication).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, check_device, check_dtype, upcast_dot
+
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
+
+# ---------------------------------------------------------------------------------------------
+# configs
+# ---------------------------------------------------------------------------------------------
+
+
+def keep(config: triton.Config) -> bool:
+    """Prune the cartesian list: warps follow the tile size, stages follow BLOCK_K, and the
+    pipelined A/B tiles must fit in ~160 KiB of shared memory at 2 bytes per element."""
+    bm, bn, bk = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]
+    if (config.num_warps == 8) != (bm * bn >= 128 * 128):  # big accumulators need 8 warps
+        return False
+    if config.num_stages != (4 if bk == 32 else 3):
+        return False
+    return config.num_stages * (bm + bn) * bk * 2 <= 160 * 1024
+
+
+def _configs() -> list[triton.Config]:
+    if INTERPRET:  # one small tile: the interpreter runs every program in numpy
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=1)]
+    grid = itertools.product((64, 128), (64, 128, 256), (32, 64), (3, 4), (4, 8))
+    configs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+        for bm, bn, bk, s, w in grid
+    ]
+    return [c for c in configs if keep(c)]
+
+
+CONFIGS = _configs()
+MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS)
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering (tutorial 03): GROUP_M row-tiles share B column-tiles while in L2."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _tile_acc(
+    a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The (BLOCK_M, BLOCK_N) fp32 tile of A · B at (pid_m, pid_n)."""
+    # Out-of-range rows/cols wrap onto valid ones so the loads need no M/N mask; the caller
+    # masks them at the store (and out of any reduction).
+    offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am.to(tl.int64)[:, None] * stride_a_m + offs_k[None, :] * stride_a_k
+    b_ptrs = b_ptr + offs_k[:, None] * stride_b_k + offs_bn.to(tl.int64)[None, :] * stride_b_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST:  # interpreter-only bf16 workaround, see the module docstring
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_a_k
+        b_ptrs += BLOCK_K * stride_b_k
+    return acc
+
+
+@triton.jit
+def _gelu(h):
+    return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_grad(h):
+    cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+    pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327  # 1 / sqrt(2 pi)
+    return cdf + h * pdf
+
+
+@triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"])
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def _matmul_fwd_kernel(
+    a_ptr,  # (M, K) any strides
+    b_ptr,  # (K, N) any strides
+    c_ptr,  # (M, N) output: dropout(act(A·B + bias)), strides stride_c_*
+    bias_ptr,  # (N,) or dummy
+    pre_ptr,  # (M, N) pre-activation A·B + bias, same strides as c; written if STORE_PRE
+    mask_ptr,  # (M, N) int8 keep mask, same strides as c; written if STORE_MASK (debug)
+    M, N, K,
+    M_BUCKET,  # next_power_of_2(M): autotune key only
+    stride_a_m, stride_a_k, stride_b_k, stride_b_n, stride_c_m, stride_c_n,
+    dropout_p,
+    seed,  # Philox seed
+    rng_offset,  # Philox counter base: element (m, n) uses rng_offset + m * N + n
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # 0 none, 1 relu, 2 gelu
+    HAS_DROPOUT: tl.constexpr,
+    STORE_PRE: tl.constexpr,
+    STORE_MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _tile_acc(
+        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
+        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_offs = offs_m[:, None] * stride_c_m + offs_n[None, :] * stride_c_n
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_PRE:
+        tl.store(pre_ptr + c_offs, acc.to(pre_ptr.dtype.element_ty), mask=in_c)
+    if ACTIVATION == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == 2:
+        acc = _gelu(acc)
+    if HAS_DROPOUT:
+        keep = tl.rand(seed, rng_offset + offs_m[:, None] * N + offs_n[None, :]) >= dropout_p
+        acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
+        if STORE_MASK:
+            tl.store(mask_ptr + c_offs, keep.to(tl.int8), mask=in_c)
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+
+
+@triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"], reset_to_zero=["dbias_partial_ptr"])
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def _matmul_dact_kernel(
+    a_ptr,  # (M, K) upstream gradient, any strides
+    b_ptr,  # (K, N) any strides
+    c_ptr,  # (M, N) output dH, contiguous
+    aux_ptr,  # (M, N) contiguous: the forward's output a (relu) or pre-activation h (gelu)
+    dbias_partial_ptr,  # (>= cdiv(M, BLOCK_M), N) fp32 per-row-tile column sums of dH
+    M, N, K,
+    M_BUCKET,  # next_power_of_2(M): autotune key only
+    stride_a_m, stride_a_k, stride_b_k, stride_b_n,
+    dropout_p, seed, rng_offset,
+    ACTIVATION: tl.constexpr,  # 1 relu (aux = output), 2 gelu (aux = pre-activation)
+    HAS_DROPOUT: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _tile_acc(
+        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
+        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_offs = offs_m[:, None] * N + offs_n[None, :]
+    aux = tl.load(aux_ptr + c_offs, mask=in_c, other=0.0).to(tl.float32)
+    if ACTIVATION == 1:
+        # a = dropout(relu(h)) > 0  <=>  kept and h > 0: mask and derivative in one test.
+        acc = tl.where(aux > 0.0, acc / (1.0 - dropout_p), 0.0)
+    else:
+        acc = acc * _gelu_grad(aux)
+        if HAS_DROPOUT:
+            keep = tl.rand(seed, rng_offset + offs_m[:, None] * N + offs_n[None, :]) >= dropout_p
+            acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
+    acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+    if BIAS_GRAD:
+        tl.store(dbias_partial_ptr + pid_m * N + offs_n, tl.sum(acc, axis=0), mask=offs_n < N)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_operands(name, a, b, *others):
+    check_device(name, a, b, *others)
+    dtype = check_dtype(name, a, b, *others)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{name}: expects 2-D A (M, K) and B (K, N), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{name}: inner dims differ: A {tuple(a.shape)} @ B {tuple(b.shape)}")
+    return dtype
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not INTERPRET and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _grid(M, N):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    dropout_p: float = 0.0,
+    seed: int = 0,
+    rng_offset: int = 0,
+    store_pre: bool = False,
+    store_mask: bool = False,
+):
+    """dropout(act(a @ b + bias)) in one kernel. a (M, K), b (K, N): any strides, same dtype
+    (float32/float16/bfloat16); bias (N,). fp32 accumulation, one rounding on store.
+
+    Returns c (M, N) contiguous in a's dtype; with store_pre also the pre-activation a @ b + bias
+    (needed by the gelu backward); with store_mask also the bool keep mask (debug).
+    """
+    dtype = _check_operands("matmul", a, b, bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"matmul: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    M, K = a.shape
+    N = b.shape[1]
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"matmul: dropout_p must be in [0, 1), got {dropout_p}")
+    c = torch.empty((M, N), dtype=dtype, device=a.device)
+    pre = torch.empty_like(c) if store_pre else None
+    has_dropout = dropout_p > 0.0
+    mask = torch.empty((M, N), dtype=torch.int8, device=a.device) if (store_mask and has_dropout) else None
+    if M > 0 and N > 0:
+        _matmul_fwd_kernel[_grid(M, N)](
+            a, b, c, bias if bias is not None else c, pre if pre is not None else c,
+            mask if mask is not None else c,
+            M, N, K, triton.next_power_of_2(M),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            dropout_p, seed, rng_offset,
+            HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=has_dropout,
+            STORE_PRE=store_pre, STORE_MASK=mask is not None, UPCAST=upcast_dot(dtype),
+            INPUT_PRECISION=_input_precision(dtype),
+        )
+    if store_mask and mask is None:
+        mask = torch.ones((M, N), dtype=torch.int8, device=a.device)
+    out = (c,)
+    if store_pre:
+        out += (pre,)
+    if store_mask:
+        out += (mask.bool(),)
+    return out if len(out) > 1 else c
+
+
+def matmul_dact(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    aux: torch.Tensor,
+    *,
+    activation: str,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+    rng_offset: int = 0,
+    bias_grad: bool = False,
+):
+    """dH = (a @ b) ⊙ act'(·) ⊙ keep / (1 - p): the FFN's gradient through its activation.
+
+    a (M, K) (the upstream gradient), b (K, N), any strides; aux (M, N): for relu the forward's
+    output dropout(relu(h)), for gelu its pre-activation h. Returns dH (M, N) in a's dtype and,
+    with bias_grad, its fp32 column sums (N,) (reduced over row tiles in a fixed order), else None.
+    """
+    dtype = _check_operands("matmul_dact", a, b, aux)
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"matmul_dact: activation must be 'relu' or 'gelu', got {activation!r}")
+    M, K = a.shape
+    N = b.shape[1]
+    if aux.shape != (M, N):
+        raise ValueError(f"matmul_dact: aux must have shape ({M}, {N}), got {tuple(aux.shape)}")
+    aux = aux.contiguous()
+    dh = torch.empty((M, N), dtype=dtype, device=a.device)
+    # Sized for the smallest BLOCK_M any config may pick; unused rows stay zero.
+    partial = torch.zeros((max(triton.cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
+    if M > 0 and N > 0:
+        _matmul_dact_kernel[_grid(M, N)](
+            a, b, dh, aux, partial, M, N, K, triton.next_power_of_2(M),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            dropout_p, seed, rng_offset,
+            ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
+            UPCAST=upcast_dot(dtype), INPUT_PRECISION=_input_precision(dtype),
+        )
+    return dh, (partial.sum(0) if bias_grad else None)

@@ -1,0 +1,145 @@
+"""Checkpoints: atomic, verified, and loadable without unpickling arbitrary objects.
+
+File layout: ``MAGIC`` (8 bytes) | payload length (8 bytes, little endian) | SHA-256 of the
+payload (32 bytes) | payload, where the payload is `torch.save` of a dict of tensors, numbers,
+strings, lists and dicts. Loading checks magic, length and hash *before* reading the payload,
+then reads it with ``torch.load(weights_only=True)``, which refuses anything but plain data.
+Writing goes to ``NAME.tmp``, is fsynced, then renamed over ``NAME`` (and the folder fsynced),
+so a crash leaves either the old file or the new one, never a torn one.
+
+A training checkpoint holds: model, optimizer, scheduler and GradScaler states, RNG states
+(Python, NumPy, torch CPU and CUDA), progress (step, epoch, batch within the epoch, early
+stopping state), the model config, the training arguments, the data source and the tokenizers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAGIC = b"SFCKPT01"
+_HEADER = len(MAGIC) + 8 + 32
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that is missing, truncated, corrupt or not ours."""
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some filesystems (and Windows) cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path:
+    """Write `state` to `path` atomically (temp file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<Q", len(payload)))
+        f.write(hashlib.sha256(payload).digest())
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """Read and verify a checkpoint; raises CheckpointError naming the file and the fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    if len(data) < _HEADER or data[: len(MAGIC)] != MAGIC:
+        raise CheckpointError(f"{path} is not a scratchformer checkpoint (bad header; truncated or another format)")
+    (length,) = struct.unpack("<Q", data[len(MAGIC) : len(MAGIC) + 8])
+    digest = data[len(MAGIC) + 8 : _HEADER]
+    payload = data[_HEADER:]
+    if len(payload) != length:
+        raise CheckpointError(f"{path} is truncated: payload has {len(payload)} bytes, header says {length}")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"{path} is corrupt: SHA-256 of the payload does not match the header")
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except Exception as e:  # the hash matched, so this is a version or content problem
+        raise CheckpointError(f"{path}: cannot load payload ({e})") from None
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, keys, gauss_next = state["python"]  # lists come back as lists from torch.load
+    random.setstate((version, tuple(keys), gauss_next))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def step_checkpoints(folder: str | Path) -> list[Path]:
+    """``step_NNNNNNN.pt`` files in a folder, oldest first."""
+    folder = Path(folder)
+    found = [(int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune_checkpoints(folder: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` step checkpoints (best.pt and last.pt are separate)."""
+    if keep <= 0:
+        return
+    for p in step_checkpoints(folder)[:-keep]:
+        p.unlink(missing_ok=True)
+
+
+def find_checkpoint(path: str | Path, prefer: str = "best") -> Path:
+    """A checkpoint file, or a run folder: its best.pt (or last.pt when `prefer` is "last"),
+    falling back to the other, then to the newest step file."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint at {path}")
+    order = ["best.pt", "last.pt"] if prefer == "best" else ["last.pt", "best.pt"]
+    for name in order:
+        if (path / name).is_file():
+            return path / name
+    steps = step_checkpoints(path)
+    if steps:
+        return steps[-1]
+    raise CheckpointError(f"{path} holds no checkpoint (best.pt, last.pt or step_*.pt)")

@@ -1,0 +1,103 @@
+"""Model configuration: one dataclass and the reference presets.
+
+Presets (parameter counts are asserted in tests/test_model.py):
+- ``base``: the paper's base model; d_model 512, 6+6 layers, 8 heads, d_ff 2048, untied
+  source/target/output embeddings with an output bias, no final norms:
+  91,050,810 parameters at vocab 30,522.
+- ``small``: 256, 4+4 layers, 8 heads, d_ff 1024, with final encoder and decoder norms:
+  13,525,824 parameters at vocab 8,000.
+- ``tiny``: 256, 3+3 layers, 4 heads, d_ff 1024.
+- ``classifier``: encoder-only, 64, 2 layers, 2 heads, d_ff 128.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Special token ids shared by the tokenizers, the data pipeline and decoding.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+@dataclass
+class ModelConfig:
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int | None = None  # None: same as src_vocab_size
+    d_model: int = 512
+    n_heads: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6  # 0 with num_classes set: encoder-only classifier
+    d_ff: int = 2048
+    activation: str = "relu"  # "relu" (the paper) or "gelu"
+    dropout: float = 0.1  # on sublayer outputs before the residual add, and on embeddings + PE
+    attn_dropout: float = 0.0  # on attention probabilities (not in the paper; annotated-transformer uses it)
+    ffn_dropout: float = 0.0  # between the two FFN projections
+    norm: str = "post"  # "post": LN(x + sublayer(x)), the paper's; "pre": x + sublayer(LN(x))
+    final_norm: bool = False  # a LayerNorm after the last encoder and decoder layers (usual with "pre")
+    layer_norm_eps: float = 1e-5
+    # "none": separate src, tgt and output matrices; "decoder": tgt embedding = output projection;
+    # "all": one matrix for src, tgt and output (needs a shared vocabulary).
+    tie_embeddings: str = "none"
+    output_bias: bool = True
+    pos_encoding: bool = True  # False: the no-positional-encoding ablation
+    max_len: int = 4096  # longest sequence accepted (PE is computed on the fly; this is a guard)
+    pad_id: int = PAD_ID
+    num_classes: int | None = None  # set for the encoder-only classifier
+    kernel: str = "auto"  # backend of every hot path: auto | eager | torch | triton
+
+    def __post_init__(self):
+        if self.tgt_vocab_size is None:
+            self.tgt_vocab_size = self.src_vocab_size
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.d_model % 2 != 0:
+            raise ValueError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
+        if self.norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.tie_embeddings not in ("none", "decoder", "all"):
+            raise ValueError(f"tie_embeddings must be 'none', 'decoder' or 'all', got {self.tie_embeddings!r}")
+        if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "tie_embeddings='all' needs a shared vocabulary, but src_vocab_size "
+                f"{self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"
+            )
+        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p}")
+        if self.kernel not in ("auto", "eager", "torch", "triton"):
+            raise ValueError(f"unknown kernel backend {self.kernel!r}; choose auto, eager, torch or triton")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+PRESETS: dict[str, dict] = {
+    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
+    "small": dict(d_model=256, n_heads=8, n_encoder_layers=4, n_decoder_layers=4, d_ff=1024, final_norm=True),
+    "tiny": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024),
+    "classifier": dict(
+        d_model=64, n_heads=2, n_encoder_layers=2, n_decoder_layers=0, d_ff=128, num_classes=2, final_norm=True
+    ),
+}
+
+
+def get_config(preset: str, **overrides) -> ModelConfig:
+    """A preset with keyword overrides (vocab sizes, dropout, kernel, ...)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return ModelConfig(**{**PRESETS[preset], **overrides})

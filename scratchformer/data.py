@@ -1,0 +1,611 @@
+"""Data: the three tasks, their sources, the embedded synthetic task, encoding and batching.
+
+Every source is read into a list of `Example(src, tgt, id)`:
+- translation:    src = source sentence, tgt = target sentence;
+- summarization:  src = document,        tgt = summary;
+- classification: src = text,            tgt = integer label.
+
+Sources, in the order `load_splits` tries them:
+1. ``synthetic`` (the default): a generated, seeded corpus that needs no download; see
+   `synthetic_examples`. It is a smoke task, not a benchmark.
+2. a local folder (``--data DIR``, or a folder named like ``--dataset`` under ``$SCRATCHFORMER_DATA``,
+   ``./data`` or ``../shared/data``) of ``{train,validation,test}.{jsonl,jsonl.gz,tsv,parquet}``
+   with the field layout of ``shared/data/README.md``: translation ``{"src","tgt"}``,
+   summarization ``{"id","document","summary"}``, classification ``{"text","label"}``.
+3. a Hugging Face hub name (`HUB`), loaded lazily with ``datasets.load_dataset`` (online only).
+
+Malformed input raises `DataError` naming the file and line. Over-long sequences are truncated
+(see `encode_examples`) and counted.
+
+Batches (`Batch`) hold src (B, Ls), src_lengths (B,), tgt_in = BOS + y and tgt_out = y + EOS
+(B, Lt), tgt_lengths (B,) for seq2seq, or src + labels (B,) for classification; all int64,
+right-padded with PAD. `BucketBatchSampler` forms them by token budget or sentence count.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .config import BOS_ID, EOS_ID, PAD_ID
+
+TASKS = ("translation", "summarization", "classification")
+SPLITS = ("train", "validation", "test")
+EXTENSIONS = (".jsonl", ".jsonl.gz", ".tsv", ".parquet")
+
+# File field names per task, in (source, target) order; `id` is optional for summarization.
+FIELDS = {
+    "translation": ("src", "tgt"),
+    "summarization": ("document", "summary"),
+    "classification": ("text", "label"),
+}
+
+# Hub datasets: name -> load_dataset args and the mapping of their fields onto ours.
+HUB = {
+    "cnn_dailymail": dict(path="cnn_dailymail", name="3.0.0", task="summarization", src="article", tgt="highlights"),
+    "samsum": dict(path="knkarthick/samsum", task="summarization", src="dialogue", tgt="summary"),
+    "iwslt2017": dict(path="iwslt2017", name="iwslt2017-en-de", task="translation", translation=("en", "de")),
+    "multi30k": dict(path="bentrevett/multi30k", task="translation", src="en", tgt="de"),
+    "imdb": dict(path="imdb", task="classification", src="text", tgt="label"),
+}
+# Local folder names that differ from the hub names (shared/data uses these).
+LOCAL_NAMES = {"iwslt2017": "iwslt2017_en_de", "knkarthick/samsum": "samsum", "bentrevett/multi30k": "multi30k"}
+DEFAULT_TASK = {"synthetic": "translation", **{k: v["task"] for k, v in HUB.items()}}
+
+
+class DataError(ValueError):
+    """Malformed or missing input data; the message names the file (and line) at fault."""
+
+
+@dataclass
+class Example:
+    src: str
+    tgt: str | int
+    id: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded synthetic task
+# ---------------------------------------------------------------------------------------------
+
+EN_NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DE_NUMBERS = ("null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun")
+SYNTHETIC_SIZES = {"train": 12000, "validation": 300, "test": 300}
+
+
+def synthetic_examples(split: str, n: int | None = None, seed: int = 1234, min_len: int = 3, max_len: int = 10):
+    """The synthetic smoke task: English number words -> German number words, reversed.
+
+    "three one four" -> "vier eins drei". Deterministic given (split, n, seed); each split uses its
+    own stream, so validation and test sequences are drawn independently of train.
+    """
+    if split not in SYNTHETIC_SIZES:
+        raise DataError(f"synthetic task has splits {list(SYNTHETIC_SIZES)}, not {split!r}")
+    n = SYNTHETIC_SIZES[split] if n is None else n
+    rng = random.Random(f"{seed}-{split}")
+    out = []
+    for i in range(n):
+        digits = [rng.randrange(10) for _ in range(rng.randint(min_len, max_len))]
+        src = " ".join(EN_NUMBERS[d] for d in digits)
+        tgt = " ".join(DE_NUMBERS[d] for d in reversed(digits))
+        out.append(Example(src, tgt, f"{split}-{i}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_record(rec, task: str, where: str) -> Example:
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    src_f, tgt_f = FIELDS[task]
+    for f in (src_f, tgt_f):
+        if f not in rec or rec[f] is None:
+            have = ", ".join(sorted(map(str, rec))) or "none"
+            raise DataError(f"{where}: missing field {f!r} ({task} records need {src_f!r} and {tgt_f!r}; have {have})")
+    src, tgt = rec[src_f], rec[tgt_f]
+    if not isinstance(src, str):
+        raise DataError(f"{where}: field {src_f!r} must be a string, got {type(src).__name__}")
+    if not src.strip():
+        raise DataError(f"{where}: field {src_f!r} is empty")
+    if task == "classification":
+        if isinstance(tgt, bool) or not isinstance(tgt, int):
+            raise DataError(f"{where}: field 'label' must be an integer, got {type(tgt).__name__} {tgt!r}")
+        if tgt < 0:
+            raise DataError(f"{where}: field 'label' must be >= 0, got {tgt}")
+    else:
+        if not isinstance(tgt, str):
+            raise DataError(f"{where}: field {tgt_f!r} must be a string, got {type(tgt).__name__}")
+        if not tgt.strip():
+            raise DataError(f"{where}: field {tgt_f!r} is empty")
+    rid = rec.get("id")
+    return Example(src, tgt, None if rid is None else str(rid))
+
+
+def _read_jsonl(path: Path, task: str, limit: int | None):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    out = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+                out.append(_check_record(rec, task, f"{path}:{lineno}"))
+                if limit is not None and len(out) >= limit:
+                    break
+    except (UnicodeDecodeError, OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DataError(f"{path}: cannot read ({e})") from None
+    return out
+
+
+def _read_tsv(path: Path, task: str, limit: int | None):
+    """Two columns (source, target) or more with a header row naming the fields."""
+    fields = FIELDS[task]
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = None
+        for lineno, row in enumerate(rows, 1):
+            if not row or not any(c.strip() for c in row):
+                continue
+            if lineno == 1 and set(fields) <= set(row):
+                header = row
+                continue
+            if header is not None:
+                if len(row) != len(header):
+                    raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated columns, got {len(row)}")
+                rec = dict(zip(header, row))
+            else:
+                if len(row) != 2:
+                    raise DataError(
+                        f"{path}:{lineno}: expected 2 tab-separated columns ({fields[0]}, {fields[1]}) "
+                        f"or a header row naming them, got {len(row)} columns"
+                    )
+                rec = dict(zip(fields, row))
+            if task == "classification":
+                try:
+                    rec["label"] = int(rec["label"])
+                except ValueError:
+                    raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {rec['label']!r}") from None
+            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _read_parquet(path: Path, task: str, limit: int | None):
+    try:
+        import pyarrow.parquet as pq  # lazy: only parquet users need pyarrow
+    except ImportError as e:
+        raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from e
+    rows = pq.read_table(path).to_pylist()
+    if limit is not None:
+        rows = rows[:limit]
+    return [_check_record(r, task, f"{path}: row {i}") for i, r in enumerate(rows, 1)]
+
+
+def find_split_file(folder: Path, split: str) -> Path | None:
+    for ext in EXTENSIONS:
+        p = folder / f"{split}{ext}"
+        if p.exists():
+            return p
+    return None
+
+
+def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Example]:
+    """Read one split file (.jsonl, .jsonl.gz, .tsv or .parquet), validating every record."""
+    path = Path(path)
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    name = path.name
+    if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+        rows = _read_jsonl(path, task, limit)
+    elif name.endswith(".tsv"):
+        rows = _read_tsv(path, task, limit)
+    elif name.endswith(".parquet"):
+        rows = _read_parquet(path, task, limit)
+    else:
+        raise DataError(f"{path}: unknown format; use one of {EXTENSIONS}")
+    if not rows:
+        raise DataError(f"{path}: the split is empty (no records)")
+    return rows
+
+
+def infer_task(folder: Path) -> str:
+    """The task of a local folder: meta.json's "task", else the fields of the first train record."""
+    meta = folder / "meta.json"
+    if meta.exists():
+        try:
+            task = json.loads(meta.read_text(encoding="utf-8")).get("task")
+        except json.JSONDecodeError as e:
+            raise DataError(f"{meta}: bad JSON ({e.msg})") from None
+        if task in TASKS:
+            return task
+    for split in SPLITS:
+        p = find_split_file(folder, split)
+        if p is not None and ".jsonl" in p.name:
+            opener = gzip.open if p.name.endswith(".gz") else open
+            with opener(p, "rt", encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        try:
+                            keys = set(json.loads(line))
+                        except (json.JSONDecodeError, TypeError):
+                            break
+                        for task, fields in FIELDS.items():
+                            if set(fields) <= keys:
+                                return task
+                        break
+    raise DataError(f"{folder}: cannot tell the task (no meta.json 'task' and no recognised fields); pass --task")
+
+
+def label_names(folder: Path | None) -> dict[int, str] | None:
+    """Class names from a folder's meta.json ("labels": {"0": "negative", ...}), if any."""
+    if folder is None or not (folder / "meta.json").exists():
+        return None
+    try:
+        labels = json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("labels")
+    except json.JSONDecodeError:
+        return None
+    return {int(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else None
+
+
+def local_folder(dataset: str) -> Path | None:
+    """A local copy of a named dataset: $SCRATCHFORMER_DATA/NAME, ./data/NAME or ../shared/data/NAME."""
+    name = LOCAL_NAMES.get(dataset, dataset)
+    roots = [os.environ.get("SCRATCHFORMER_DATA"), "data", os.path.join("..", "shared", "data")]
+    for root in roots:
+        if root and (Path(root) / name).is_dir():
+            return Path(root) / name
+    return None
+
+
+def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example]:
+    """A Hugging Face hub dataset (needs `datasets` and a network), mapped to our fields."""
+    spec = HUB.get(dataset)
+    if spec is None:
+        raise DataError(f"unknown dataset {dataset!r}: not 'synthetic', not a local folder, not one of {sorted(HUB)}")
+    try:
+        import datasets  # lazy: only hub users need it
+    except ImportError as e:
+        raise DataError(
+            f"dataset {dataset!r} is not available locally and loading it from the hub needs the "
+            "'datasets' package (pip install datasets), or pass --data DIR"
+        ) from e
+    kw = {"name": spec["name"]} if "name" in spec else {}
+    try:
+        ds = datasets.load_dataset(spec["path"], split=split, **kw)
+    except ValueError as e:
+        raise DataError(f"hub dataset {spec['path']} has no split {split!r} ({e})") from None
+    out = []
+    for i, rec in enumerate(ds):
+        if "translation" in spec:
+            a, b = spec["translation"]
+            rec = {"src": rec["translation"][a], "tgt": rec["translation"][b]}
+        else:
+            rec = {FIELDS[spec["task"]][0]: rec[spec["src"]], FIELDS[spec["task"]][1]: rec[spec["tgt"]], "id": rec.get("id")}
+        out.append(_check_record(rec, spec["task"], f"{spec['path']}[{split}] row {i}"))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise DataError(f"hub dataset {spec['path']} split {split!r} is empty")
+    return out
+
+
+@dataclass
+class DataSource:
+    """Where a run's data comes from: what `resolve_source` found, stored in checkpoints."""
+
+    kind: str  # "synthetic" | "local" | "hub"
+    name: str
+    task: str
+    folder: str | None = None
+
+    def to_dict(self) -> dict:
+        return dict(kind=self.kind, name=self.name, task=self.task, folder=self.folder)
+
+
+def resolve_source(dataset: str = "synthetic", data: str | None = None, task: str | None = None) -> DataSource:
+    if task is not None and task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if data is not None:
+        folder = Path(data)
+        if not folder.is_dir():
+            raise DataError(f"--data {data}: no such folder")
+        return DataSource("local", folder.name, task or infer_task(folder), str(folder))
+    if dataset == "synthetic":
+        if task not in (None, "translation"):
+            raise DataError(f"the synthetic task is a translation task, not {task}")
+        return DataSource("synthetic", "synthetic", "translation")
+    folder = local_folder(dataset)
+    if folder is not None:
+        return DataSource("local", dataset, task or infer_task(folder), str(folder))
+    if dataset not in HUB and task is None:
+        raise DataError(f"unknown dataset {dataset!r}; use --data DIR for a local folder, or one of {sorted(HUB)}")
+    return DataSource("hub", dataset, task or HUB[dataset]["task"])
+
+
+def load_split(source: DataSource, split: str, limit: int | None = None, synthetic_seed: int = 1234) -> list[Example]:
+    if source.kind == "synthetic":
+        n = SYNTHETIC_SIZES.get(split)
+        return synthetic_examples(split, n if limit is None else min(n or limit, limit), seed=synthetic_seed)
+    if source.kind == "local":
+        folder = Path(source.folder)
+        p = find_split_file(folder, split)
+        if p is None:
+            tried = ", ".join(f"{split}{ext}" for ext in EXTENSIONS)
+            raise DataError(f"{folder}: no {split} split (looked for {tried})")
+        return read_split(p, source.task, limit)
+    return load_hub(source.name, split, limit)
+
+
+def has_split(source: DataSource, split: str) -> bool:
+    if source.kind == "synthetic":
+        return split in SYNTHETIC_SIZES
+    if source.kind == "local":
+        return find_split_file(Path(source.folder), split) is not None
+    return True  # the hub tells us when we ask
+
+
+def carve_validation(train: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Split a seeded random `fraction` of train off as validation (for IMDb, which has none)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
+    idx = list(range(len(train)))
+    random.Random(seed).shuffle(idx)
+    n_val = max(1, int(round(len(train) * fraction)))
+    val_idx = set(idx[:n_val])
+    return [e for i, e in enumerate(train) if i not in val_idx], [train[i] for i in sorted(val_idx)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+class EncodedDataset(torch.utils.data.Dataset):
+    """Token ids per example (int32 numpy arrays); item i is (i, src, tgt or label)."""
+
+    def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray] | list[int], task: str):
+        if len(src) != len(tgt):
+            raise ValueError(f"src and tgt counts differ: {len(src)} vs {len(tgt)}")
+        self.src, self.tgt, self.task = src, tgt, task
+
+    def __len__(self):
+        return len(self.src)
+
+    def __getitem__(self, i):
+        return i, self.src[i], self.tgt[i]
+
+    def lengths(self) -> np.ndarray:
+        """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens)."""
+        s = np.fromiter((len(x) for x in self.src), dtype=np.int64, count=len(self.src))
+        if self.task == "classification":
+            return s
+        t = np.fromiter((len(y) + 1 for y in self.tgt), dtype=np.int64, count=len(self.tgt))
+        return np.maximum(s, t)
+
+
+@dataclass
+class TruncationStats:
+    examples: int = 0
+    src_truncated: int = 0
+    tgt_truncated: int = 0
+
+    def __str__(self):
+        def pct(n):
+            return f"{n} ({100.0 * n / max(1, self.examples):.1f}%)"
+
+        return f"{self.examples} examples, src truncated {pct(self.src_truncated)}, tgt truncated {pct(self.tgt_truncated)}"
+
+
+def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
+                    max_tgt_len: int = 256) -> tuple[EncodedDataset, TruncationStats]:
+    """Tokenize examples. Truncation policy (counted in the returned stats):
+
+    - seq2seq source: the first ``max_src_len - 1`` tokens, then EOS (so <= max_src_len);
+    - seq2seq target y: the first ``max_tgt_len - 1`` tokens, so tgt_in = BOS + y and
+      tgt_out = y + EOS have at most ``max_tgt_len`` tokens;
+    - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]).
+    """
+    if max_src_len < 2 or (task != "classification" and max_tgt_len < 2):
+        raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
+    stats = TruncationStats(examples=len(examples))
+    src_ids = src_tok.encode_batch([e.src for e in examples])
+    src_out = []
+    for ids in src_ids:
+        if task == "classification":
+            if len(ids) > max_src_len:
+                stats.src_truncated += 1
+                ids = ids[:max_src_len]
+            if not ids:
+                ids = [EOS_ID]  # an empty text still needs one token to attend to besides [CLS]
+        else:
+            if len(ids) > max_src_len - 1:
+                stats.src_truncated += 1
+                ids = ids[: max_src_len - 1]
+            ids = ids + [EOS_ID]
+        src_out.append(np.asarray(ids, dtype=np.int32))
+    if task == "classification":
+        return EncodedDataset(src_out, [int(e.tgt) for e in examples], task), stats
+    tgt_out = []
+    for ids in (tgt_tok or src_tok).encode_batch([e.tgt for e in examples]):
+        if len(ids) > max_tgt_len - 1:
+            stats.tgt_truncated += 1
+            ids = ids[: max_tgt_len - 1]
+        tgt_out.append(np.asarray(ids, dtype=np.int32))
+    return EncodedDataset(src_out, tgt_out, task), stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One batch; all tensors int64, right-padded with PAD. tgt_* are None for classification."""
+
+    ids: torch.Tensor  # (B,) example indices in the dataset
+    src: torch.Tensor  # (B, Ls)
+    src_lengths: torch.Tensor  # (B,)
+    tgt_in: torch.Tensor | None = None  # (B, Lt) BOS + y
+    tgt_out: torch.Tensor | None = None  # (B, Lt) y + EOS
+    tgt_lengths: torch.Tensor | None = None  # (B,)
+    labels: torch.Tensor | None = None  # (B,) classification
+
+    def _map(self, fn):
+        return Batch(**{k: (None if v is None else fn(v)) for k, v in self.__dict__.items()})
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "Batch":  # DataLoader(pin_memory=True) calls this on custom types
+        return self._map(lambda t: t.pin_memory())
+
+    def __len__(self):
+        return self.src.shape[0]
+
+    @property
+    def num_tgt_tokens(self) -> int:
+        return int(self.tgt_lengths.sum()) if self.tgt_lengths is not None else len(self)
+
+
+def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int | None = None):
+    extra = (prefix is not None) + (suffix is not None)
+    lengths = torch.tensor([len(s) + extra for s in seqs], dtype=torch.int64)
+    out = torch.full((len(seqs), int(lengths.max())), PAD_ID, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        row = list(s)
+        if prefix is not None:
+            row = [prefix] + row
+        if suffix is not None:
+            row = row + [suffix]
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.int64)
+    return out, lengths
+
+
+def collate(items) -> Batch:
+    """items: [(index, src ids, tgt ids or int label)] -> Batch with dynamic (per-batch) padding."""
+    ids = torch.tensor([it[0] for it in items], dtype=torch.int64)
+    src, src_lengths = _pad([it[1] for it in items])
+    if isinstance(items[0][2], (int, np.integer)):
+        return Batch(ids, src, src_lengths, labels=torch.tensor([int(it[2]) for it in items], dtype=torch.int64))
+    tgt_in, tgt_lengths = _pad([it[2] for it in items], prefix=BOS_ID)
+    tgt_out, _ = _pad([it[2] for it in items], suffix=EOS_ID)
+    return Batch(ids, src, src_lengths, tgt_in, tgt_out, tgt_lengths)
+
+
+class BucketBatchSampler:
+    """Batches of example indices by token budget and/or sentence count, with length bucketing.
+
+    Each epoch: a seeded permutation (or the identity when not shuffling), cut into pools of
+    `pool_batches` batches' worth of examples; each pool sorted by length and cut greedily into
+    batches whose padded size ``B * max_len`` stays within `max_tokens` (an example longer than
+    the budget gets a batch of its own) and whose ``B <= batch_size``; then batch order is shuffled.
+    Every example appears exactly once per epoch. With ``num_replicas > 1`` the batch list is
+    padded by repeating its first batches up to a multiple of num_replicas (like
+    DistributedSampler) and rank r takes batches r, r + R, ...
+
+    `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
+    """
+
+    def __init__(self, lengths: Sequence[int], *, batch_size: int | None = None, max_tokens: int | None = None,
+                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0, pool_batches: int = 50):
+        if batch_size is None and max_tokens is None:
+            raise ValueError("give batch_size, max_tokens or both")
+        if batch_size is not None and batch_size < 1 or max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"batch_size and max_tokens must be positive, got {batch_size}, {max_tokens}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} must be in [0, {num_replicas})")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.shuffle, self.seed = shuffle, seed
+        self.num_replicas, self.rank, self.pool_batches = num_replicas, rank, pool_batches
+        self.epoch, self.start = 0, 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def _all_batches(self, epoch: int) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        n = len(self.lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        mean_len = max(1.0, float(self.lengths.mean())) if n else 1.0
+        per_batch = self.batch_size or max(1, int(self.max_tokens // mean_len))
+        pool = max(1, per_batch * self.pool_batches)
+        batches: list[list[int]] = []
+        for p0 in range(0, n, pool):
+            chunk = order[p0 : p0 + pool]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            cur: list[int] = []
+            cur_max = 0
+            for i in chunk.tolist():
+                L = int(self.lengths[i])
+                new_max = max(cur_max, L)
+                too_many = self.batch_size is not None and len(cur) + 1 > self.batch_size
+                too_big = self.max_tokens is not None and (len(cur) + 1) * new_max > self.max_tokens
+                if cur and (too_many or too_big):
+                    batches.append(cur)
+                    cur, new_max = [], L
+                cur.append(i)
+                cur_max = new_max
+            if cur:
+                batches.append(cur)
+        if self.shuffle:
+            perm = rng.permutation(len(batches))
+            batches = [batches[j] for j in perm]
+        if self.num_replicas > 1:
+            total = -(-len(batches) // self.num_replicas) * self.num_replicas
+            batches = batches + batches[: total - len(batches)]
+            batches = batches[self.rank :: self.num_replicas]
+        self._cache = (epoch, batches)
+        return batches
+
+    def __iter__(self):
+        yield from self._all_batches(self.epoch)[self.start :]
+
+    def __len__(self):
+        return len(self._all_batches(self.epoch)) - self.start
+
+    def batches_per_epoch(self, epoch: int = 0) -> int:
+        return len(self._all_batches(epoch))
+
+
+def make_loader(dataset: EncodedDataset, sampler: BucketBatchSampler, *, num_workers: int = 0,
+                pin_memory: bool = False) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+        pin_memory=pin_memory, persistent_workers=False,
+    )
+
+
+def texts_for_tokenizer(examples: Iterable[Example], side: str) -> Iterable[str]:
+    """The texts a tokenizer is trained on: 'src', 'tgt' or 'both' (labels are skipped)."""
+    for e in examples:
+        if side in ("src", "both"):
+            yield e.src
+        if side in ("tgt", "both") and isinstance(e.tgt, str):
+            yield e.tgt

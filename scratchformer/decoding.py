@@ -1,0 +1,120 @@
+"""Batched incremental decoding: greedy and beam search over a KV-cached decoder.
+
+Both return (B, T) int64 tokens without the leading BOS; a finished row holds its EOS and then
+PAD. The encoder runs once; decoder self-attention keys/values are cached per layer and the
+cross-attention keys/values are projected once (`Transformer.init_state`). Call `model.eval()`
+first: decoding does not switch modes for you.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import BOS_ID, EOS_ID, PAD_ID
+
+
+def _next_logits(model, last, state, bos_id, pad_id):
+    """Next-token logits with PAD and BOS ruled out: neither may be generated."""
+    logits = model.decode_step(last, state)
+    logits[:, [pad_id, bos_id]] = float("-inf")
+    return logits
+
+
+def _check(src, src_lengths, max_len):
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if src_lengths is None:
+        raise ValueError("src_lengths is required (B,) int")
+
+
+@torch.no_grad()
+def greedy_decode(model, src, src_lengths, *, max_len: int, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                  pad_id: int = PAD_ID) -> torch.Tensor:
+    """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
+    _check(src, src_lengths, max_len)
+    B = src.shape[0]
+    memory = model.encode(src, src_lengths)
+    state = model.init_state(memory, src_lengths, max_len)
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+    out = []
+    for _ in range(max_len):
+        nxt = _next_logits(model, last, state, bos_id, pad_id).argmax(-1).masked_fill(finished, pad_id)  # (B,)
+        out.append(nxt)
+        finished |= nxt == eos_id
+        if bool(finished.all()):
+            break
+        last = nxt[:, None]
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
+                bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
+    """Beam search; returns the best hypothesis per row, (B, T).
+
+    Hypotheses are ranked by sum(log p) / len**length_penalty (len counts the EOS; 0 = raw sum,
+    1 = mean log-probability). As in fairseq, an EOS candidate is finished only when it ranks
+    among the top beam_size candidates of its sentence, and a sentence stops once it holds
+    beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len,
+    unfinished beams compete as they stand.
+    """
+    _check(src, src_lengths, max_len)
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    B, K, dev = src.shape[0], beam_size, src.device
+    memory = model.encode(src, src_lengths)
+    state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len)
+
+    neg_inf = float("-inf")
+    alive_seq = torch.empty(B, K, 0, dtype=torch.long, device=dev)
+    alive_score = torch.full((B, K), neg_inf, device=dev)
+    alive_score[:, 0] = 0.0  # all beams start identical: keep one so topk does not pick duplicates
+    fin_seq = torch.full((B, K, max_len), pad_id, dtype=torch.long, device=dev)
+    fin_score = torch.full((B, K), neg_inf, device=dev)
+    n_fin = torch.zeros(B, dtype=torch.long, device=dev)
+    last = torch.full((B * K, 1), bos_id, dtype=torch.long, device=dev)
+    batch_base = torch.arange(B, device=dev)[:, None] * K
+
+    for t in range(max_len):
+        logp = torch.log_softmax(_next_logits(model, last, state, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
+        V = logp.shape[-1]
+        cand = (alive_score[:, :, None] + logp.view(B, K, V)).view(B, K * V)
+        top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
+        beam, tok = top_idx // V, top_idx % V
+        seq = torch.cat([alive_seq.gather(1, beam[..., None].expand(-1, -1, t)), tok[..., None]], dim=2)
+
+        # Finish EOS candidates that rank in the top K, for sentences still searching.
+        rank = torch.arange(top_idx.shape[1], device=dev)[None, :]
+        is_eos = tok == eos_id
+        finish = is_eos & (rank < K) & (n_fin < K)[:, None] & torch.isfinite(top_score)
+        norm = top_score / float(t + 1) ** length_penalty
+        padded = torch.full((B, seq.shape[1], max_len), pad_id, dtype=torch.long, device=dev)
+        padded[:, :, : t + 1] = seq
+        pool_score = torch.cat([fin_score, norm.masked_fill(~finish, neg_inf)], dim=1)
+        fin_score, pick = pool_score.topk(K, dim=1)
+        fin_seq = torch.cat([fin_seq, padded], dim=1).gather(1, pick[..., None].expand(-1, -1, max_len))
+        n_fin = n_fin + finish.sum(1)
+
+        # Continue with the best K candidates that did not end in EOS.
+        alive_score, pick = top_score.masked_fill(is_eos, neg_inf).topk(K, dim=1)
+        alive_seq = seq.gather(1, pick[..., None].expand(-1, -1, t + 1))
+        state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True)
+        last = alive_seq[:, :, -1].reshape(B * K, 1)
+        if bool((n_fin >= K).all()):
+            break
+
+    # Sentences that ran out of steps: their unfinished beams compete too.
+    open_ = n_fin < K
+    if bool(open_.any()):
+        L = alive_seq.shape[2]
+        norm = (alive_score / float(L) ** length_penalty).masked_fill(~open_[:, None], neg_inf)
+        padded = torch.full((B, K, max_len), pad_id, dtype=torch.long, device=dev)
+        padded[:, :, :L] = alive_seq
+        pool_score = torch.cat([fin_score, norm], dim=1)
+        fin_score, pick = pool_score.topk(K, dim=1)
+        fin_seq = torch.cat([fin_seq, padded], dim=1).gather(1, pick[..., None].expand(-1, -1, max_len))
+
+    best = fin_seq[:, 0]  # (B, max_len)
+    used = int((best != pad_id).any(0).nonzero().max()) + 1 if bool((best != pad_id).any()) else 1
+    return best[:, :used]

@@ -1,0 +1,86 @@
+"""Corpus metrics on detokenized text: BLEU and chrF (sacrebleu), ROUGE-1/2/L/Lsum (rouge-score,
+Porter stemming on), exact match, accuracy, perplexity, and the Lead-3 summarization baseline.
+
+All scores are on a 0-100 scale except perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+import sacrebleu
+from rouge_score import rouge_scorer
+
+ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not hyps:
+        raise ValueError("no hypotheses to score")
+
+
+def bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Corpus BLEU (sacrebleu defaults: 13a tokenization, exp smoothing)."""
+    _check(hyps, refs)
+    return float(sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score)
+
+
+def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    _check(hyps, refs)
+    return float(sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score)
+
+
+def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
+    """Mean F1 of ROUGE-1/2/L/Lsum with stemming. rougeLsum splits sentences on newlines, so
+    multi-sentence texts should have one sentence per line (CNN/DM highlights do)."""
+    _check(hyps, refs)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    totals = dict.fromkeys(ROUGE_KEYS, 0.0)
+    for h, r in zip(hyps, refs):
+        scores = scorer.score(r, h)  # (target, prediction)
+        for k in ROUGE_KEYS:
+            totals[k] += scores[k].fmeasure
+    return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
+
+
+def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    _check(hyps, refs)
+    return 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps)
+
+
+def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float:
+    _check(preds, labels)
+    return 100.0 * sum(int(p) == int(y) for p, y in zip(preds, labels)) / len(preds)
+
+
+def perplexity(nll_sum: float, num_tokens: int) -> float:
+    """exp(mean token NLL), capped to stay finite for an untrained model."""
+    if num_tokens <= 0:
+        raise ValueError("perplexity needs at least one token")
+    return math.exp(min(nll_sum / num_tokens, 100.0))
+
+
+def seq2seq_scores(hyps: Sequence[str], refs: Sequence[str], task: str) -> dict[str, float]:
+    """The metric set of a task: translation BLEU/chrF/exact match, summarization ROUGE (+BLEU)."""
+    out = {"bleu": bleu(hyps, refs), "chrf": chrf(hyps, refs), "exact_match": exact_match(hyps, refs)}
+    if task == "summarization":
+        out.update(rouge(hyps, refs))
+    return out
+
+
+_SENT_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """A simple sentence splitter: newlines, and whitespace after . ! or ? (fine for Lead-3 on
+    CNN/DM's tokenized text, where sentence ends are ' . ')."""
+    return [s.strip() for s in _SENT_END.split(text) if s and s.strip()]
+
+
+def lead3(document: str) -> str:
+    """The first three sentences, one per line (so rougeLsum sees sentence boundaries)."""
+    return "\n".join(split_sentences(document)[:3])

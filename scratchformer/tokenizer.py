@@ -1,0 +1,148 @@
+"""Byte-level BPE tokenizers (Hugging Face `tokenizers`), trained on the train split.
+
+Pipeline: NFC normalisation, ByteLevel pre-tokenizer (GPT-2's: every byte is in the base
+alphabet, so nothing is ever <unk>, and newlines survive), BPE model, ByteLevel decoder; decoding
+gives back the detokenized text. Special tokens have fixed ids shared with the model config:
+<pad>=0, <s>=1 (BOS), </s>=2 (EOS), <unk>=3. Encoding adds no special tokens; the data pipeline
+adds BOS/EOS where they belong.
+
+A run keeps its tokenizers beside the checkpoint: ``tokenizer.json`` when source and target
+share a vocabulary, else ``tokenizer.src.json`` and ``tokenizer.tgt.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SPECIAL_TOKENS = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID, "<unk>": UNK_ID}
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special tokens
+
+
+class BPETokenizer:
+    """A thin wrapper: fixed special ids, batch encode, decode that stops at EOS."""
+
+    def __init__(self, tok: Tokenizer):
+        for t, i in SPECIAL_TOKENS.items():
+            got = tok.token_to_id(t)
+            if got != i:
+                raise ValueError(f"tokenizer must map {t} to id {i}, got {got}")
+        self.tok = tok
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> "BPETokenizer":
+        if vocab_size < MIN_VOCAB:
+            raise ValueError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + 4 specials), got {vocab_size}")
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),  # in id order: 0, 1, 2, 3
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def from_str(cls, s: str) -> "BPETokenizer":
+        return cls(Tokenizer.from_str(s))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BPETokenizer":
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"{path}: not a valid tokenizer file ({e})") from None
+
+    def to_str(self) -> str:
+        return self.tok.to_str()
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temp file, fsync, rename)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_str())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text: stops at the first EOS, drops special tokens, strips the prefix space."""
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self.tok.decode(ids, skip_special_tokens=True).strip()
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """A readable label per token (for attention heatmaps)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            special = [t for t, j in SPECIAL_TOKENS.items() if j == i]
+            out.append(special[0] if special else self.tok.decode([i], skip_special_tokens=False))
+        return out
+
+
+class TokenizerPair:
+    """Source and target tokenizers; the same object twice when the vocabulary is shared."""
+
+    def __init__(self, src: BPETokenizer, tgt: BPETokenizer | None = None):
+        self.src = src
+        self.tgt = tgt if tgt is not None else src
+
+    @property
+    def shared(self) -> bool:
+        return self.tgt is self.src
+
+    def save(self, folder: str | Path) -> list[Path]:
+        folder = Path(folder)
+        if self.shared:
+            paths = [folder / "tokenizer.json"]
+            self.src.save(paths[0])
+        else:
+            paths = [folder / "tokenizer.src.json", folder / "tokenizer.tgt.json"]
+            self.src.save(paths[0])
+            self.tgt.save(paths[1])
+        return paths
+
+    def to_dict(self) -> dict:
+        return {"src": self.src.to_str(), "tgt": None if self.shared else self.tgt.to_str()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokenizerPair":
+        src = BPETokenizer.from_str(d["src"])
+        return cls(src, None if d.get("tgt") is None else BPETokenizer.from_str(d["tgt"]))
+
+    @classmethod
+    def load(cls, paths: Sequence[str | Path]) -> "TokenizerPair":
+        """One file (shared vocabulary) or two (source, target)."""
+        if len(paths) not in (1, 2):
+            raise ValueError(f"give one tokenizer file (shared) or two (source, target), got {len(paths)}")
+        src = BPETokenizer.load(paths[0])
+        return cls(src, BPETokenizer.load(paths[1]) if len(paths) == 2 else None)

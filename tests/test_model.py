@@ -1,0 +1,146 @@
+"""Model properties: padding invariance, causality, exact preset sizes, backends agree, errors."""
+
+import pytest
+import torch
+
+from scratchformer.config import ModelConfig, PRESETS, get_config
+from scratchformer.model import Classifier, Transformer, build_model, count_parameters
+
+V = 40
+
+
+def _cfg(**kw):
+    base = dict(src_vocab_size=V, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
+                dropout=0.0, kernel="eager")
+    return ModelConfig(**{**base, **kw})
+
+
+def _batch(B=3, Ls=9, Lt=7):
+    src = torch.randint(4, V, (B, Ls))
+    tgt = torch.randint(4, V, (B, Lt))
+    return src, torch.tensor([Ls, 5, 1])[:B], tgt, torch.tensor([Lt, 3, 6])[:B]
+
+
+@pytest.mark.parametrize("preset,vocab,expected", [("base", 30522, 91_050_810), ("small", 8000, 13_525_824)])
+def test_preset_parameter_counts(preset, vocab, expected):
+    assert count_parameters(Transformer(get_config(preset, src_vocab_size=vocab))) == expected
+
+
+def test_tiny_and_classifier_presets_build():
+    assert get_config("tiny").n_encoder_layers == 3 and get_config("tiny").n_heads == 4
+    clf = build_model(get_config("classifier", src_vocab_size=100))
+    assert isinstance(clf, Classifier) and clf.cfg.d_model == 64 and len(clf.encoder.layers) == 2
+    assert set(PRESETS) == {"base", "small", "tiny", "classifier"}
+
+
+def test_tying_shares_parameters():
+    m = Transformer(_cfg(tie_embeddings="all"))
+    assert m.generator.weight is m.encoder.embedding.weight is m.decoder.embedding.weight
+    untied = count_parameters(Transformer(_cfg()))
+    assert untied - count_parameters(m) == 2 * V * 32
+
+
+@pytest.mark.parametrize("norm,final_norm", [("post", False), ("pre", True), ("pre", False)])
+def test_padding_invariance(norm, final_norm):
+    """Extra right padding changes no output at unpadded positions, encoder or decoder."""
+    m = Transformer(_cfg(norm=norm, final_norm=final_norm)).eval()
+    src, sl, tgt, tl = _batch()
+    pad_src = torch.cat([src, torch.randint(4, V, (3, 6))], 1)  # junk, not PAD: masks must hide it
+    pad_tgt = torch.cat([tgt, torch.randint(4, V, (3, 4))], 1)
+    mem, mem_pad = m.encode(src, sl), m.encode(pad_src, sl)
+    out, out_pad = m(src, sl, tgt, tl), m(pad_src, sl, pad_tgt, tl)
+    for b in range(3):
+        torch.testing.assert_close(mem[b, : sl[b]], mem_pad[b, : sl[b]], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[b, : tl[b]], out_pad[b, : tl[b]], atol=1e-5, rtol=1e-5)
+    # and the junk in the padded tail of the source really is ignored by the decoder
+    junk = pad_src.clone()
+    junk[0, 9:] = torch.randint(4, V, (6,))
+    torch.testing.assert_close(m(junk, sl, tgt, tl), out, atol=1e-5, rtol=1e-5)
+
+
+def test_causality():
+    """Changing target token j changes no decoder output before j."""
+    m = Transformer(_cfg()).eval()
+    src, sl, tgt, _ = _batch()
+    out = m(src, sl, tgt)
+    changed = tgt.clone()
+    changed[:, 4] = (changed[:, 4] + 1 - 4) % (V - 4) + 4
+    out2 = m(src, sl, changed)
+    torch.testing.assert_close(out[:, :4], out2[:, :4])
+    assert (out[:, 4:] - out2[:, 4:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_torch_backend_matches_eager_outputs_and_grads(norm):
+    torch.manual_seed(0)
+    eager = Transformer(_cfg(norm=norm, final_norm=norm == "pre", activation="gelu"))
+    fused = Transformer(_cfg(norm=norm, final_norm=norm == "pre", activation="gelu", kernel="torch"))
+    fused.load_state_dict(eager.state_dict())
+    src, sl, tgt, tl = _batch()
+    outs, grads = [], []
+    for m in (eager, fused):
+        out = m(src, sl, tgt, tl)
+        loss = sum(out[b, : tl[b]].logsumexp(-1).sum() for b in range(3))
+        loss.backward()
+        outs.append(out)
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters()})
+    for b in range(3):
+        torch.testing.assert_close(outs[0][b, : tl[b]], outs[1][b, : tl[b]], atol=1e-4, rtol=1e-4)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_classifier_attention_and_padding():
+    torch.manual_seed(0)
+    c = Classifier(get_config("classifier", src_vocab_size=V, dropout=0.0, kernel="eager")).eval()
+    tok = torch.randint(4, V, (2, 6))
+    logits, attn = c(tok, torch.tensor([6, 3]), return_attention=True)
+    assert logits.shape == (2, 2) and len(attn) == 2 and attn[0].shape == (2, 2, 7, 7)
+    torch.testing.assert_close(attn[0].sum(-1)[0], torch.ones(2, 7))
+    assert (attn[0][1, :, :, 4:] == 0).all()  # CLS + 3 tokens visible in the second row
+    longer = torch.cat([tok, torch.randint(4, V, (2, 3))], 1)
+    torch.testing.assert_close(c(longer, torch.tensor([6, 3])), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_training_step_reduces_loss():
+    """A few optimizer steps on one batch lower its loss: the model is trainable end to end."""
+    torch.manual_seed(0)
+    m = Transformer(_cfg(dropout=0.1))
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    src, sl, tgt, tl = _batch()
+    losses = []
+    for _ in range(15):
+        logits = m(src, sl, tgt, tl)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), src[:, :7])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_bad_inputs_name_the_problem():
+    m = Transformer(_cfg())
+    src, sl, tgt, tl = _batch()
+    with pytest.raises(ValueError, match="src_lengths must lie in"):
+        m(src, torch.tensor([10, 1, 1]), tgt, tl)
+    with pytest.raises(ValueError, match="src must be int32/int64"):
+        m(src.float(), sl, tgt, tl)
+    with pytest.raises(ValueError, match="src must be"):
+        m(src[0], sl, tgt, tl)
+    with pytest.raises(ValueError, match="src batch 3 != tgt batch 2"):
+        m(src, sl, tgt[:2], tl[:2])
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 40\)"):
+        m(src + 100, sl, tgt, tl)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        get_config("huge")
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda-magic'"):
+        _cfg(kernel="cuda-magic")
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        _cfg(n_heads=5)
+    with pytest.raises(ValueError, match="shared vocabulary"):
+        _cfg(tie_embeddings="all", tgt_vocab_size=V + 1)
+    with pytest.raises(ValueError, match="norm must be"):
+        _cfg(norm="sandwich")
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        Transformer(_cfg(max_len=8))(src, sl, tgt, tl)

@@ -1,0 +1,150 @@
+"""The backend switch and the eager reference ops: independent formulations, gradcheck, errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchformer import ops, reference
+from conftest import report_diff
+
+
+def _einsum_attention(q, k, v, key_lengths=None, causal=False, scale=None):
+    """Independent formulation: explicit loops over the batch, -inf masking, einsum products."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = scale or 1 / math.sqrt(D)
+    out = torch.zeros_like(q, dtype=torch.float64)
+    for b in range(B):
+        n = Lk if key_lengths is None else int(key_lengths[b])
+        s = torch.einsum("hqd,hkd->hqk", q[b].double(), k[b].double()) * scale
+        allowed = torch.zeros(Lq, Lk, dtype=torch.bool)
+        allowed[:, :n] = True
+        if causal:
+            allowed &= torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+        s = s.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        out[b] = torch.einsum("hqk,hkd->hqd", p, v[b].double())
+    return out
+
+
+@pytest.mark.parametrize("Lq,Lk", [(1, 1), (7, 7), (5, 13), (13, 5)])  # self, cross both ways
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_eager_attention_matches_einsum(Lq, Lk, causal, padded):
+    B, H, D = 3, 2, 8
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for L in (Lq, Lk, Lk))
+    lengths = torch.tensor([Lk, max(Lk // 2, 1), 0]) if padded else None  # 0: a fully padded row
+    ours = reference.attention_ref(q, k, v, key_lengths=lengths, causal=causal)
+    ref = _einsum_attention(q, k, v, lengths, causal)
+    assert report_diff("attention", ours, ref) < 1e-10
+    assert torch.isfinite(ours).all()
+
+
+def test_attention_lse_and_query_lengths():
+    q, k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64) for _ in range(3))
+    ql = torch.tensor([6, 2])
+    out, lse = reference.attention_ref(q, k, v, query_lengths=ql, return_lse=True)
+    assert (out[1, :, 2:] == 0).all() and torch.isinf(lse[1, :, 2:]).all()
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(8)
+    torch.testing.assert_close(lse[0], torch.logsumexp(s[0], -1))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_backend_attention_matches_eager(causal):
+    q = torch.randn(3, 2, 7, 16)
+    k, v = torch.randn(3, 2, 11, 16), torch.randn(3, 2, 11, 16)
+    kl, ql = torch.tensor([11, 4, 0]), torch.tensor([7, 3, 7])
+    for kw in (dict(), dict(key_lengths=kl), dict(key_lengths=kl, query_lengths=ql)):
+        a = ops.attention(q, k, v, causal=causal, kernel="eager", **kw)
+        b = ops.attention(q, k, v, causal=causal, kernel="torch", **kw)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_key_padding_mask_is_converted_or_refused():
+    q = k = v = torch.randn(2, 1, 4, 8)
+    mask = torch.tensor([[False, False, True, True], [False, False, False, False]])
+    a = ops.attention(q, k, v, key_padding_mask=mask, kernel="eager")
+    b = ops.attention(q, k, v, key_lengths=torch.tensor([2, 4]), kernel="eager")
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="not right-padded"):
+        ops.attention(q, k, v, key_padding_mask=torch.tensor([[True, False, False, False]] * 2), kernel="eager")
+
+
+def test_add_layer_norm_matches_f_layer_norm():
+    x, r = torch.randn(5, 7, 48), torch.randn(5, 7, 48)
+    w, b = torch.randn(48), torch.randn(48)
+    y, s = ops.add_layer_norm(x, r, w, b, 1e-5, return_residual=True, kernel="eager")
+    torch.testing.assert_close(y, F.layer_norm(x + r, (48,), w, b, 1e-5), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s, x + r)
+    torch.testing.assert_close(ops.add_layer_norm(x, r, w, b, kernel="torch"), y, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_ffn_matches_f_linear(activation):
+    x = torch.randn(4, 3, 16)
+    w1, b1, w2, b2 = torch.randn(40, 16), torch.randn(40), torch.randn(16, 40), torch.randn(16)
+    act = F.relu if activation == "relu" else F.gelu
+    ref = F.linear(act(F.linear(x, w1, b1)), w2, b2)
+    for kernel in ("eager", "torch"):
+        torch.testing.assert_close(ops.ffn(x, w1, b1, w2, b2, activation=activation, kernel=kernel), ref,
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_embed_eager_and_torch_agree():
+    tokens = torch.randint(0, 30, (2, 9))
+    w = torch.randn(30, 16)
+    a = ops.embed(tokens, w, scale=4.0, pos_offset=3, kernel="eager")
+    b = ops.embed(tokens, w, scale=4.0, pos_offset=3, kernel="torch")
+    torch.testing.assert_close(a, b)
+    pe = reference.sinusoidal_positions(torch.tensor([3]), 16)[0]
+    torch.testing.assert_close(a[0, 0], w[tokens[0, 0]] * 4.0 + pe)
+    assert pe[0] == pytest.approx(math.sin(3.0)) and pe[1] == pytest.approx(math.cos(3.0))
+
+
+def test_gradcheck_eager_ops_float64():
+    d = dict(dtype=torch.float64, requires_grad=True)
+    q, k, v = torch.randn(2, 2, 3, 4, **d), torch.randn(2, 2, 5, 4, **d), torch.randn(2, 2, 5, 4, **d)
+    kl = torch.tensor([5, 2])
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: reference.attention_ref(q, k, v, key_lengths=kl, causal=True), (q, k, v))
+    x, r, w, b = torch.randn(3, 6, **d), torch.randn(3, 6, **d), torch.randn(6, **d), torch.randn(6, **d)
+    assert torch.autograd.gradcheck(lambda *a: reference.add_layer_norm_ref(*a, 1e-5), (x, r, w, b))
+    w1, b1, w2, b2 = torch.randn(7, 6, **d), torch.randn(7, **d), torch.randn(6, 7, **d), torch.randn(6, **d)
+    for act in ("relu", "gelu"):
+        assert torch.autograd.gradcheck(lambda *a: reference.ffn_ref(*a, activation=act), (x, w1, b1, w2, b2))
+    emb = torch.randn(10, 6, **d)
+    assert torch.autograd.gradcheck(lambda e: reference.embed_ref(torch.tensor([[1, 3, 3]]), e, scale=2.0), (emb,))
+
+
+def test_bad_inputs_name_the_problem():
+    q = torch.randn(2, 2, 4, 8)
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda-magic'"):
+        ops.resolve_kernel("cuda-magic")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        ops.attention(q, q, q, kernel="auto")
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        ops.attention(q, q.double(), q.double(), kernel="eager")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ops.attention(q, torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), kernel="eager")
+    with pytest.raises(ValueError, match=r"key_lengths must lie in \[0, 4\]"):
+        ops.attention(q, q, q, key_lengths=torch.tensor([5, 1]), kernel="eager")
+    with pytest.raises(ValueError, match="key_lengths must be an int32/int64 tensor"):
+        ops.attention(q, q, q, key_lengths=torch.tensor([1.0, 2.0]), kernel="eager")
+    with pytest.raises(ValueError, match="expects q, k, v of shape"):
+        ops.attention(q[0], q[0], q[0], kernel="eager")
+    with pytest.raises(ValueError, match="weight/bias must be"):
+        ops.add_layer_norm(q, None, torch.ones(7), None, kernel="eager")
+    with pytest.raises(ValueError, match="ffn shape mismatch"):
+        ops.ffn(q, torch.randn(16, 7), None, torch.randn(8, 16), None, kernel="eager")
+    with pytest.raises(ValueError, match="activation must be"):
+        ops.ffn(q, torch.randn(16, 8), None, torch.randn(8, 16), None, activation="swish", kernel="eager")
+    with pytest.raises(ValueError, match="tokens must be int32 or int64"):
+        ops.embed(torch.zeros(2, 3), torch.randn(5, 4), scale=1.0, kernel="eager")
+
+
+def test_auto_resolves_by_device():
+    assert ops.resolve_kernel("auto", "cpu") == "eager"
+    assert ops.resolve_kernel("auto", "cuda") == "triton"
+    assert ops.resolve_kernel("torch", "cpu") == "torch"
