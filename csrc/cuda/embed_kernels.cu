@@ -111,7 +111,7 @@ __global__ void embed_sinusoidal_fwd_kernel(
     if (GATHER) {
       src_row = static_cast<int64_t>(tokens[r]);
       if (src_row < 0 || src_row >= V) {
-        if (threadIdx.x == 0 || i == 0) {
+        if (threadIdx.x == 0) {
           printf("embed_sinusoidal: token id %lld at flat index %lld is out of range [0, %lld)\n",
                  static_cast<long long>(src_row), static_cast<long long>(r),
                  static_cast<long long>(V));

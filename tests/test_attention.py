@@ -1,0 +1,399 @@
+"""Triton flash attention (kernels/attention.py) against `scratchformer.reference.attention_ref`.
+
+Runs on CPU through Triton's interpreter (conftest sets TRITON_INTERPRET=1), where the kernels
+use fixed 16×16 tiles, so the ragged lengths 1, 7, 33, 100 exercise partial tiles, skipped key
+blocks and empty rows. bf16 runs here too, but with its tiles upcast to fp32 before tl.dot
+(`_common.upcast_dot`: Triton 3.9's interpreter gets bf16 dots wrong); native bf16 dots are
+covered only by the `requires_cuda` cases at the end (skipped without a GPU).
+"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import DEVICE, requires_cuda, report_diff
+from scratchformer import ops
+from scratchformer.kernels.attention import attention
+from scratchformer.reference import attention_mask, attention_ref
+
+LENGTHS = (1, 7, 33, 100)  # a single row, less than a tile, a tile + 1, many tiles + a partial one
+
+
+def make_qkv(B, H, Lq, Lk, D, dtype=torch.float32, layout="contiguous", device=DEVICE):
+    """q (B, H, Lq, D), k, v (B, H, Lk, D) in one of three memory layouts:
+    - contiguous: plain (B, H, L, D);
+    - fused: the model's views, q/k/v = x[:, :, i].transpose(1, 2) of a fused projection
+      x (B, L, 3, H, D) (self-attention), or q from (B, Lq, H, D) and k/v from (B, Lk, 2, H, D);
+    - strided_d: head dim not unit-stride ((B, H, D, L) memory, transposed)."""
+    if layout == "contiguous":
+        q, k, v = (torch.randn(B, H, L, D, dtype=dtype, device=device) for L in (Lq, Lk, Lk))
+    elif layout == "fused" and Lq == Lk:
+        x = torch.randn(B, Lq, 3, H, D, dtype=dtype, device=device)
+        q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    elif layout == "fused":
+        xq = torch.randn(B, Lq, H, D, dtype=dtype, device=device)
+        xkv = torch.randn(B, Lk, 2, H, D, dtype=dtype, device=device)
+        q, k, v = xq.transpose(1, 2), xkv[:, :, 0].transpose(1, 2), xkv[:, :, 1].transpose(1, 2)
+    elif layout == "strided_d":
+        q, k, v = (torch.randn(B, H, D, L, dtype=dtype, device=device).transpose(2, 3) for L in (Lq, Lk, Lk))
+    else:
+        raise ValueError(layout)
+    return [t.requires_grad_() if t.is_leaf else t for t in (q, k, v)]
+
+
+def leaves(q, k, v):
+    """The tensors to differentiate: q, k, v may be views of a shared leaf (fused layout)."""
+    return [t if t.is_leaf else t.detach().requires_grad_() for t in (q, k, v)]
+
+
+def run_both(q, k, v, **kw):
+    """Ours and the reference on the same inputs: (out, lse, grads) each, one shared dO."""
+    q, k, v = leaves(q, k, v)
+    out, lse = attention(q, k, v, return_lse=True, **kw)
+    ref_kw = {k_: v_ for k_, v_ in kw.items() if k_ != "seed"}
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True, **ref_kw)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    return (out, lse, grads), (ref, ref_lse, ref_grads)
+
+
+def assert_lse_equal(lse, ref_lse, atol):
+    """-inf exactly where the reference has it (rows with no visible key), close elsewhere."""
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    if finite.any():
+        assert report_diff("lse", lse[finite], ref_lse[finite]) <= atol
+
+
+def assert_matches_fp32(ours, ref, atol_out=1e-4, atol_grad=2e-4):
+    (out, lse, grads), (r_out, r_lse, r_grads) = ours, ref
+    assert not out.isnan().any() and all(not g.isnan().any() for g in grads)
+    torch.testing.assert_close(out, r_out, atol=atol_out, rtol=atol_out)
+    report_diff("out", out, r_out)
+    assert_lse_equal(lse, r_lse, atol_out)
+    for name, g, rg in zip("qkv", grads, r_grads):
+        report_diff(f"d{name}", g, rg)
+        torch.testing.assert_close(g, rg, atol=atol_grad, rtol=atol_grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32: outputs, lse and gradients over the length grid (D = 32) and a few cases per head dim
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Lk", LENGTHS)
+@pytest.mark.parametrize("Lq", LENGTHS)  # Lq == Lk self-attention, the rest cross / KV-cache
+def test_attention_dense_fp32(Lq, Lk, causal):
+    q, k, v = make_qkv(1, 2, Lq, Lk, 32)
+    assert_matches_fp32(*run_both(q, k, v, causal=causal))
+
+
+# key length 0 and 1 (a sequence of one token), a fully padded query sequence, lengths that end
+# mid-tile (17 of 33) and lengths equal to L (no padding for that batch element).
+PADDING = {
+    "keys": lambda Lq, Lk: dict(key_lengths=torch.tensor([Lk, 1, 0])),
+    "queries": lambda Lq, Lk: dict(query_lengths=torch.tensor([Lq, 1, 0])),
+    "both": lambda Lq, Lk: dict(
+        key_lengths=torch.tensor([(Lk + 1) // 2, Lk, 1], dtype=torch.int32),
+        query_lengths=torch.tensor([(Lq + 1) // 2, 0, Lq], dtype=torch.int32),
+    ),
+}
+
+
+@pytest.mark.parametrize("padding", list(PADDING))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Lq, Lk", [(1, 1), (7, 33), (33, 7), (33, 33), (100, 100), (1, 100)])
+def test_attention_padded_fp32(Lq, Lk, causal, padding):
+    q, k, v = make_qkv(3, 2, Lq, Lk, 32)
+    lengths = {n: t.to(DEVICE) for n, t in PADDING[padding](Lq, Lk).items()}
+    assert_matches_fp32(*run_both(q, k, v, causal=causal, **lengths))
+
+
+@pytest.mark.parametrize("D", [16, 64, 128])
+@pytest.mark.parametrize(
+    "Lq, Lk, causal, padded",
+    [(33, 33, True, False), (7, 100, False, True), (100, 7, True, True)],  # self, cross, Lq > Lk
+)
+def test_attention_head_dims_fp32(D, Lq, Lk, causal, padded):
+    q, k, v = make_qkv(2, 1, Lq, Lk, D)
+    kw = dict(key_lengths=torch.tensor([Lk, Lk // 2 + 1], device=DEVICE)) if padded else {}
+    assert_matches_fp32(*run_both(q, k, v, causal=causal, **kw))
+
+
+@pytest.mark.parametrize("layout", ["fused", "strided_d"])
+@pytest.mark.parametrize("Lq, Lk", [(33, 33), (7, 33)])
+def test_attention_noncontiguous(Lq, Lk, layout):
+    """The model's fused-QKV views (no copies) and a non-unit head-dim stride; an explicit scale."""
+    q, k, v = make_qkv(2, 3, Lq, Lk, 32, layout=layout)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    ours, ref = run_both(q, k, v, causal=True, scale=0.3, key_lengths=torch.tensor([Lk, 5], device=DEVICE))
+    assert_matches_fp32(ours, ref)
+
+
+def test_attention_output_layout():
+    """out is (B, H, Lq, D) over (B, Lq, H, D) memory: the model's transpose + reshape is free."""
+    B, H, Lq, Lk, D = 2, 3, 7, 33, 16
+    q, k, v = make_qkv(B, H, Lq, Lk, D, layout="fused")
+    out = attention(q, k, v)
+    assert out.shape == (B, H, Lq, D) and out.dtype == q.dtype
+    assert out.transpose(1, 2).is_contiguous()
+    q, k, v = leaves(q, k, v)
+    grads = torch.autograd.grad(attention(q, k, v), (q, k, v), torch.randn(B, H, Lq, D))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def _einsum_attention(q, k, v, key_lengths, query_lengths, causal, scale):
+    """Independent formulation in float64: per-batch loops, explicit allowed matrix, -inf fill."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    out = torch.zeros(B, H, Lq, D, dtype=torch.float64)
+    for b in range(B):
+        allowed = torch.zeros(Lq, Lk, dtype=torch.bool)
+        allowed[: int(query_lengths[b]), : int(key_lengths[b])] = True
+        if causal:
+            allowed &= torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+        s = torch.einsum("hqd,hkd->hqk", q[b].double(), k[b].double()) * scale
+        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+        out[b] = torch.einsum("hqk,hkd->hqd", p, v[b].double())
+    return out
+
+
+def test_attention_matches_einsum():
+    """attention_ref alone would check the kernel against the eager backend's own formulation."""
+    q, k, v = make_qkv(3, 2, 33, 40, 32)
+    kl, ql = torch.tensor([40, 17, 0]), torch.tensor([33, 20, 5])
+    q, k, v = leaves(q, k, v)
+    out = attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=True, scale=0.2)
+    ref = _einsum_attention(q.detach(), k.detach(), v.detach(), kl, ql, True, 0.2)
+    assert report_diff("out vs einsum", out, ref) < 1e-5
+    # gradients of the same float64 formulation, through autograd on a double copy
+    g = torch.randn_like(out)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(_einsum_attention(qd, kd, vd, kl, ql, True, 0.2), (qd, kd, vd), g.double())
+    for name, a, b in zip("qkv", torch.autograd.grad(out, (q, k, v), g), ref_grads):
+        assert report_diff(f"d{name} vs einsum", a, b) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# padding semantics
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_rows_and_keys_are_zero(causal):
+    """Query rows at/after query_lengths: exact zeros, zero dQ; keys at/after key_lengths: zero
+    dK, dV; rows with no visible key (length 0, or causal rows before the first key): 0, no NaN."""
+    B, H, Lq, Lk = 3, 2, 40, 20  # Lq > Lk: with causal, rows 0..19 see no key
+    q, k, v = leaves(*make_qkv(B, H, Lq, Lk, 16))
+    kl = torch.tensor([20, 3, 0], device=DEVICE)
+    ql = torch.tensor([40, 33, 17], device=DEVICE)
+    out, lse = attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=causal, return_lse=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    for t in (out, lse.nan_to_num(neginf=0.0), dq, dk, dv):
+        assert not t.isnan().any()
+    for b in range(B):
+        assert torch.all(out[b, :, ql[b]:] == 0) and torch.all(dq[b, :, ql[b]:] == 0)
+        assert torch.all(torch.isneginf(lse[b, :, ql[b]:]))
+        assert torch.all(dk[b, :, kl[b]:] == 0) and torch.all(dv[b, :, kl[b]:] == 0)
+    assert torch.all(out[2] == 0) and torch.all(torch.isneginf(lse[2]))  # key length 0
+    if causal:
+        assert torch.all(out[:, :, : Lq - Lk] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp16 / bf16: flash-attention's rule
+# ---------------------------------------------------------------------------------------------
+
+
+def _lowp_eager(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, scale=None):
+    """The eager path a PyTorch user writes in the low dtype: matmuls in q's dtype, softmax in
+    fp32 cast back. Its error vs the fp32 reference is the yardstick for ours."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    mask = attention_mask(B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, device=q.device)
+    s = s.float()
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+# Why these atols: the rule compares max errors, which can both be ~0 for tiny cases (Lk = 1
+# returns v exactly) while ours still rounds once on store; atol is one rounding of an O(1)
+# value: 2^-10 for fp16, 2^-7 for bf16 (output and gradients are O(1) with randn inputs).
+LOWP = [(torch.float16, 2**-10), (torch.bfloat16, 2**-7)]
+
+
+@pytest.mark.parametrize("dtype, atol", LOWP, ids=["fp16", "bf16_upcast"])
+@pytest.mark.parametrize(
+    "Lq, Lk, causal, padded, D",
+    [(33, 33, True, False, 32), (7, 100, False, True, 64), (100, 33, True, True, 16), (33, 33, False, True, 128)],
+)
+def test_attention_low_precision(dtype, atol, Lq, Lk, causal, padded, D):
+    """Our error vs an fp32 reference <= 2x the low-precision eager path's error + atol (under
+    the interpreter bf16 runs with the UPCAST flag, see the module docstring)."""
+    q, k, v = leaves(*make_qkv(2, 2, Lq, Lk, D, dtype=dtype))
+    kw = dict(causal=causal)
+    if padded:
+        kw.update(key_lengths=torch.tensor([Lk, 3], device=DEVICE), query_lengths=torch.tensor([Lq - 2, Lq], device=DEVICE))
+    g = torch.randn(2, 2, Lq, D, dtype=dtype, device=DEVICE)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = attention_ref(q32, k32, v32, **kw)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), g.float())
+    base = _lowp_eager(q, k, v, **kw)
+    base_grads = torch.autograd.grad(base, (q, k, v), g)
+    out = attention(q, k, v, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    assert out.dtype == dtype and all(t.dtype == dtype for t in grads)
+    for name, ours, lowp, r in [("out", out, base, ref)] + list(zip(["dq", "dk", "dv"], grads, base_grads, ref_grads)):
+        err = report_diff(f"{name} ours", ours, r)
+        base_err = report_diff(f"{name} eager {dtype}", lowp, r)
+        assert err <= 2 * base_err + atol, f"{name}: {err} > 2 * {base_err} + {atol}"
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dropout_reproducible():
+    q, k, v = make_qkv(2, 2, 33, 33, 16)
+    out1, m1 = attention(q, k, v, dropout_p=0.3, seed=123, return_dropout_mask=True)
+    out2, m2 = attention(q, k, v, dropout_p=0.3, seed=123, return_dropout_mask=True)
+    out3, m3 = attention(q, k, v, dropout_p=0.3, seed=124, return_dropout_mask=True)
+    assert m1.shape == (2, 2, 33, 33) and m1.dtype == torch.bool
+    assert torch.equal(out1, out2) and torch.equal(m1, m2)
+    assert not torch.equal(m1, m3) and not torch.equal(out1, out3)
+    torch.manual_seed(7)  # no seed: drawn from torch's generator
+    out4 = attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(7)
+    assert torch.equal(out4, attention(q, k, v, dropout_p=0.3))
+
+
+def test_dropout_keep_rate():
+    """Keep rate within 4 sigma of 1 - p over 4·100·100 Bernoulli draws; masks of different
+    heads differ (the counter includes b and h)."""
+    p = 0.3
+    _, mask = attention(*make_qkv(2, 2, 100, 100, 16), dropout_p=p, seed=5, return_dropout_mask=True)
+    n = mask.numel()
+    rate = mask.float().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    print(f"keep rate {rate:.4f}, expected {1 - p}, sigma {sigma:.4f}")
+    assert abs(rate - (1 - p)) < 4 * sigma
+    assert not torch.equal(mask[0, 0], mask[0, 1]) and not torch.equal(mask[0, 0], mask[1, 0])
+
+
+@pytest.mark.parametrize(
+    "Lq, Lk, causal, padded", [(33, 33, False, False), (7, 40, True, True), (40, 17, True, True)]
+)
+def test_dropout_matches_ref_with_mask(Lq, Lk, causal, padded):
+    """Forward and backward regenerate one mask: both equal attention_ref fed that mask."""
+    p = 0.2
+    q, k, v = leaves(*make_qkv(2, 2, Lq, Lk, 32))
+    kw = dict(causal=causal, dropout_p=p)
+    if padded:
+        kw.update(key_lengths=torch.tensor([Lk, 5], device=DEVICE), query_lengths=torch.tensor([Lq - 1, 3], device=DEVICE))
+    out, lse, mask = attention(q, k, v, seed=11, return_lse=True, return_dropout_mask=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, dropout_mask=mask, return_lse=True, **kw)
+    g = torch.randn_like(out)
+    assert_matches_fp32(
+        (out, lse, torch.autograd.grad(out, (q, k, v), g)),
+        (ref, ref_lse, torch.autograd.grad(ref, (q, k, v), g)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: clear ValueErrors from the launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad(**changes):
+    q, k, v = (torch.randn(2, 2, 8, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16))
+    kw = {}
+    for name, value in changes.items():
+        if name in ("q", "k", "v"):
+            q, k, v = [value if n == name else t for n, t in zip("qkv", (q, k, v))]
+        else:
+            kw[name] = value
+    return (q, k, v), kw
+
+
+BAD = {
+    "k shape": (_bad(k=torch.randn(2, 2, 9, 32)), r"shape mismatch"),
+    "v shape": (_bad(v=torch.randn(2, 2, 8, 16)), r"shape mismatch"),
+    "batch": (_bad(q=torch.randn(3, 2, 8, 16)), r"shape mismatch"),
+    "ndim": (_bad(q=torch.randn(2, 8, 16)), r"q must be \(B, H, L, D\), got shape \(2, 8, 16\)"),
+    "dtype mix": (_bad(v=torch.randn(2, 2, 9, 16, dtype=torch.float16)), r"dtype mismatch"),
+    "dtype": (_bad(q=torch.randn(2, 2, 8, 16).double(), k=torch.randn(2, 2, 9, 16).double(), v=torch.randn(2, 2, 9, 16).double()), r"float64"),
+    "device": (_bad(v=torch.empty(2, 2, 9, 16, device="meta")), r"different devices"),
+    "head dim": (_bad(q=torch.randn(2, 2, 8, 80), k=torch.randn(2, 2, 9, 80), v=torch.randn(2, 2, 9, 80)), r"head_dim must be 16, 32, 64 or 128, got 80"),
+    "key len high": (_bad(key_lengths=torch.tensor([9, 10])), r"key_lengths must lie in \[0, 9\], got min 9 max 10"),
+    "key len negative": (_bad(key_lengths=torch.tensor([-1, 3])), r"key_lengths must lie in \[0, 9\], got min -1"),
+    "query len high": (_bad(query_lengths=torch.tensor([9, 1])), r"query_lengths must lie in \[0, 8\]"),
+    "lengths dtype": (_bad(key_lengths=torch.tensor([9.0, 1.0])), r"key_lengths must be int32 or int64, got torch.float32"),
+    "lengths shape": (_bad(key_lengths=torch.tensor([9, 1, 2])), r"key_lengths must have shape \(2,\), got \(3,\)"),
+    "dropout": (_bad(dropout_p=1.0), r"dropout_p must be in \[0, 1\), got 1.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises(case):
+    ((q, k, v), kw), match = BAD[case]
+    with pytest.raises(ValueError, match=match):
+        attention(q, k, v, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# through the backend switch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_triton_matches_eager(causal):
+    q, k, v = leaves(*make_qkv(2, 2, 7, 33, 32, layout="fused"))
+    pad = torch.arange(33, device=DEVICE)[None, :] >= torch.tensor([33, 12], device=DEVICE)[:, None]
+    kw = dict(key_padding_mask=pad, causal=causal)
+    ours = ops.attention(q, k, v, kernel="triton", **kw)
+    ref = ops.attention(q, k, v, kernel="eager", **kw)
+    g = torch.randn_like(ref)
+    assert report_diff("ops out", ours, ref) < 1e-4
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert report_diff("ops grad", a, b) < 2e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only (skipped here): native bf16 dots, autotuned tiles, realistic sizes
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 2**-7), (torch.float16, 2**-10)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Lq, Lk, D", [(1024, 1024, 64), (1000, 1000, 128), (127, 2049, 64), (513, 255, 128)])
+def test_attention_large_cuda(Lq, Lk, D, causal, dtype, atol):
+    q, k, v = leaves(*make_qkv(2, 4, Lq, Lk, D, dtype=dtype, layout="fused", device="cuda"))
+    kw = dict(causal=causal, key_lengths=torch.tensor([Lk, Lk // 3 + 1], device="cuda"))
+    g = torch.randn(2, 4, Lq, D, dtype=dtype, device="cuda")
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = attention_ref(q32, k32, v32, **kw)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), g.float())
+    base = _lowp_eager(q, k, v, **kw)
+    base_grads = torch.autograd.grad(base, (q, k, v), g)
+    out = attention(q, k, v, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    for name, ours, lowp, r in [("out", out, base, ref)] + list(zip(["dq", "dk", "dv"], grads, base_grads, ref_grads)):
+        err = report_diff(f"{name} ours", ours, r)
+        assert err <= 2 * report_diff(f"{name} eager", lowp, r) + atol
+
+
+@requires_cuda
+def test_dropout_large_cuda():
+    q, k, v = leaves(*make_qkv(2, 4, 1024, 1024, 64, dtype=torch.bfloat16, device="cuda"))
+    out, mask = attention(q, k, v, causal=True, dropout_p=0.1, seed=3, return_dropout_mask=True)
+    ref = attention_ref(q, k, v, causal=True, dropout_p=0.1, dropout_mask=mask)
+    assert report_diff("dropout out", out, ref) < 2e-2
