@@ -88,6 +88,16 @@ def _load(module: str, name: str, what: str):
         raise NotImplementedError(f"{what} has no 'triton' kernel: {module}.{name} is missing") from e
 
 
+def _autocast(*tensors):
+    """Cast to the autocast dtype where autocast is on, as it would for a matmul: our Triton
+    kernels are opaque to autocast. None entries pass through."""
+    dev = next(t for t in tensors if t is not None).device.type
+    if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
+        return tensors
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
 def _check_kernel(kernel: str, what: str) -> None:
     if kernel not in KERNELS:
         raise ValueError(
@@ -186,6 +196,7 @@ def attention(
     at or beyond query_lengths are zeros. Returns (B, H, Lq, D) in q's dtype.
     """
     _check_kernel(kernel, "attention")
+    q, k, v = _autocast(q, k, v)  # attention runs in the autocast dtype for every backend
     if key_padding_mask is not None:
         if key_lengths is not None:
             raise ValueError("give key_lengths or key_padding_mask, not both")
@@ -280,6 +291,7 @@ def ffn(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0, 
         return reference.ffn_ref(x, w1, b1, w2, b2, **kw)
     if kernel == "torch":
         return _ffn_torch(x, w1, b1, w2, b2, **kw)
+    x, w1, b1, w2, b2 = _autocast(x, w1, b1, w2, b2)
     return _load("scratchformer.kernels.ffn", "ffn", "ffn")(x, w1, b1, w2, b2, **kw)
 
 

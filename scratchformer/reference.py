@@ -81,6 +81,11 @@ def attention_ref(
     kernel's own dropout mask can be replayed here. Returns out (B, H, Lq, D) in q's dtype and,
     with return_lse, the row log-sum-exp (B, H, Lq) in fp32 (-inf for rows with no key).
     """
+    if q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
+        # The reference computes in explicit precision; ops.attention already cast the inputs.
+        with torch.autocast(q.device.type, enabled=False):
+            return attention_ref(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
+                                 dropout_p=dropout_p, scale=scale, dropout_mask=dropout_mask, return_lse=return_lse)
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale

@@ -144,3 +144,22 @@ def test_bad_inputs_name_the_problem():
         _cfg(norm="sandwich")
     with pytest.raises(ValueError, match="exceeds max_len"):
         Transformer(_cfg(max_len=8))(src, sl, tgt, tl)
+
+
+@pytest.mark.parametrize("kernel", ["eager", "torch"])
+def test_autocast_forward_backward_and_decoding(kernel):
+    """bf16 autocast (CPU here; the same path runs on CUDA): close to fp32, and decoding works with
+    the fp32 KV caches that autocast leaves behind."""
+    torch.manual_seed(0)
+    m = Transformer(_cfg(kernel=kernel)).eval()
+    src, sl, tgt, tl = _batch()
+    ref = m(src, sl, tgt, tl)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(src, sl, tgt, tl)
+        out.float().sum().backward()
+        from scratchformer.decoding import greedy_decode
+
+        greedy_decode(m, src, sl, max_len=4)
+    assert out.dtype == torch.bfloat16
+    for b in range(3):
+        torch.testing.assert_close(out[b, : tl[b]].float(), ref[b, : tl[b]], atol=0.15, rtol=0.05)

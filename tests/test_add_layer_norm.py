@@ -1,0 +1,261 @@
+"""Fused (dropout +) residual add + LayerNorm (kernels/add_layer_norm.py) against the eager
+reference `add_layer_norm_ref` and, independently, `F.layer_norm` after an add.
+
+On CPU every case runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1), so shapes stay
+small; the GPU-only case at the bottom is marked requires_cuda and skipped here.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchformer import ops
+from scratchformer.kernels.add_layer_norm import add_layer_norm
+from scratchformer.reference import add_layer_norm_ref
+
+from conftest import DEVICE, report_diff, requires_cuda
+
+# (dtype, atol, rtol). fp32: both sides compute in fp32; only summation order differs.
+# fp16/bf16: y is one rounding of an fp32 value (<= 1 ulp: 2^-11 / 2^-8 relative), but the
+# backward reads the saved sum s rounded to the storage dtype, so x̂ and every gradient carry a
+# relative error of about one ulp times the row's dynamic range (|x̂| reaches ~3 to 4); dweight
+# adds that up over the rows. Hence a few ulps of headroom.
+DTYPES = [
+    (torch.float32, 1e-4, 1e-4),
+    (torch.float16, 1e-2, 1e-2),
+    (torch.bfloat16, 8e-2, 4e-2),
+]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+
+
+def _inputs(shape, dtype, *, residual=True, bias=True, param_dtype=None):
+    N = shape[-1]
+    param_dtype = param_dtype or dtype
+    x = torch.randn(shape, dtype=dtype, device=DEVICE, requires_grad=True)
+    r = torch.randn(shape, dtype=dtype, device=DEVICE, requires_grad=True) if residual else None
+    w = (1.0 + 0.5 * torch.randn(N, device=DEVICE)).to(param_dtype).requires_grad_()
+    b = (0.5 * torch.randn(N, device=DEVICE)).to(param_dtype).requires_grad_() if bias else None
+    return x, r, w, b
+
+
+def _leaves(*ts):
+    return [t for t in ts if t is not None]
+
+
+def _check_all(fn_ours, fn_ref, inputs, atol, rtol, *, with_s=True):
+    """Compare y (and s) and the gradient of every input, a gradient flowing into s as well."""
+    out = fn_ours(*inputs)
+    ref = fn_ref(*inputs)
+    out = out if isinstance(out, tuple) else (out,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    grads_out = [torch.randn_like(o) for o in out]
+    for name, o, r in zip(("y", "s"), out, ref):
+        report_diff(name, o, r)
+        torch.testing.assert_close(o, r, atol=atol, rtol=rtol)
+    leaves = _leaves(*inputs)
+    g_ours = torch.autograd.grad(out, leaves, grads_out)
+    g_ref = torch.autograd.grad(ref, leaves, grads_out)
+    for i, (a, b) in enumerate(zip(g_ours, g_ref)):
+        report_diff(f"grad[{i}]", a, b)
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+
+
+# Rows: 1 (a single program), 7 and 33 (not multiples of the backward's rows per program), 100.
+# Hidden: 16 (smallest claimed), 48 and 100 (not powers of two: masked tails), 256.
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N", [16, 48, 100, 256])
+@pytest.mark.parametrize("rows", [1, 7, 33, 100])
+def test_add_layer_norm_matches_ref(rows, N, dtype, atol, rtol):
+    inputs = _inputs((rows, N), dtype)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, 1e-5, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, 1e-5, return_residual=True),
+        inputs, atol, rtol,
+    )
+
+
+@pytest.mark.parametrize("return_residual", [True, False])
+@pytest.mark.parametrize("has_bias", [True, False])
+@pytest.mark.parametrize("has_residual", [True, False])
+def test_add_layer_norm_flags_match_ref_and_torch(has_residual, has_bias, return_residual):
+    """Optional residual/bias/s, against the reference and against F.layer_norm after an add."""
+    inputs = _inputs((2, 7, 48), torch.float32, residual=has_residual, bias=has_bias)
+
+    def torch_ln(x, r, w, b):
+        s = x if r is None else x + r
+        y = F.layer_norm(s, (s.shape[-1],), w, b, 1e-5)
+        return (y, s) if return_residual else y
+
+    ours = lambda x, r, w, b: add_layer_norm(x, r, w, b, 1e-5, return_residual=return_residual)  # noqa: E731
+    ref = lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, 1e-5, return_residual=return_residual)  # noqa: E731
+    _check_all(ours, ref, inputs, 1e-5, 1e-5)
+    _check_all(ours, torch_ln, inputs, 1e-5, 1e-5)
+
+
+# A larger hidden size: BLOCK_N 1024 with a ragged tail, and 2048 exactly.
+@pytest.mark.parametrize("dtype,atol,rtol", [DTYPES[0], DTYPES[2]], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("N", [1000, 2048])
+def test_add_layer_norm_large_hidden(N, dtype, atol, rtol):
+    inputs = _inputs((5, N), dtype)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, return_residual=True),
+        inputs, atol, rtol,
+    )
+
+
+def test_add_layer_norm_fp32_params_with_bf16_activations():
+    """Mixed precision: weight/bias kept in fp32 while activations are bf16."""
+    inputs = _inputs((7, 100), torch.bfloat16, param_dtype=torch.float32)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b),
+        inputs, 8e-2, 4e-2,
+    )
+
+
+def test_add_layer_norm_strided_rows():
+    """Rows with a stride (a slice of a wider buffer, 3-D leading dims) go in without a copy;
+    a non-contiguous last dim is copied by the launcher; both give the reference's numbers."""
+    base = torch.randn(3, 5, 96, device=DEVICE)
+    x = base[..., :48].requires_grad_(False)  # row stride 96
+    r = torch.randn(5, 3, 48, device=DEVICE).transpose(0, 1)  # leading dims permuted
+    w, b = torch.randn(48, device=DEVICE), torch.randn(48, device=DEVICE)
+    torch.testing.assert_close(add_layer_norm(x, r, w, b), add_layer_norm_ref(x, r, w, b), atol=1e-5, rtol=1e-5)
+    xt = torch.randn(48, 7, device=DEVICE).t()  # last-dim stride 7: copied
+    torch.testing.assert_close(add_layer_norm(xt, None, w, b), add_layer_norm_ref(xt, None, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_add_layer_norm_grad_of_broadcast_dy():
+    """y.sum() hands the backward an expanded dy (stride 0): read correctly."""
+    x, r, w, b = _inputs((7, 48), torch.float32)
+    g_ours = torch.autograd.grad(add_layer_norm(x, r, w, b).sum(), (x, r, w, b))
+    g_ref = torch.autograd.grad(add_layer_norm_ref(x, r, w, b).sum(), (x, r, w, b))
+    for a, c in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_add_layer_norm_weight_grad_deterministic():
+    """dweight/dbias use per-program partials and a fixed-order sum: bitwise repeatable."""
+    x, r, w, b = _inputs((100, 256), torch.float32)
+    g = torch.randn(100, 256, device=DEVICE)
+    first = torch.autograd.grad(add_layer_norm(x, r, w, b), (w, b), g)
+    second = torch.autograd.grad(add_layer_norm(x, r, w, b), (w, b), g)
+    assert all(torch.equal(a, c) for a, c in zip(first, second))
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("has_residual", [True, False])
+def test_add_layer_norm_dropout_matches_ref_with_replayed_mask(has_residual):
+    """The debug path returns the kernel's keep mask; the reference replays it exactly, and the
+    backward (which regenerates the mask from Philox) matches the reference's gradients."""
+    inputs = _inputs((33, 100), torch.float32, residual=has_residual)
+    p = 0.3
+    y, s, mask = add_layer_norm(*inputs, dropout_p=p, seed=123, return_residual=True, return_dropout_mask=True)
+    assert mask.dtype == torch.bool and mask.shape == inputs[0].shape
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=p, seed=123, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=p, dropout_mask=mask, return_residual=True),
+        inputs, 1e-5, 1e-5,
+    )
+
+
+def test_add_layer_norm_dropout_reproducible():
+    x, r, w, b = _inputs((33, 100), torch.float32)
+    y1 = add_layer_norm(x, r, w, b, dropout_p=0.5, seed=7)
+    y2 = add_layer_norm(x, r, w, b, dropout_p=0.5, seed=7)
+    y3 = add_layer_norm(x, r, w, b, dropout_p=0.5, seed=8)
+    assert torch.equal(y1, y2) and not torch.equal(y1, y3)
+    # No seed: drawn from torch's generator, so manual_seed reproduces the stream.
+    torch.manual_seed(42)
+    z1 = add_layer_norm(x, r, w, b, dropout_p=0.5)
+    z2 = add_layer_norm(x, r, w, b, dropout_p=0.5)
+    torch.manual_seed(42)
+    z3 = add_layer_norm(x, r, w, b, dropout_p=0.5)
+    assert torch.equal(z1, z3) and not torch.equal(z1, z2)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_add_layer_norm_dropout_keep_rate(p):
+    """Kept fraction within 4 sigma of 1 - p (binomial), over 100 x 256 = 25600 draws."""
+    x = torch.randn(100, 256, device=DEVICE)
+    w = torch.ones(256, device=DEVICE)
+    _, mask = add_layer_norm(x, None, w, None, dropout_p=p, seed=0, return_dropout_mask=True)
+    n = mask.numel()
+    sigma = math.sqrt(p * (1 - p) / n)
+    kept = mask.float().mean().item()
+    print(f"kept {kept:.4f}, expected {1 - p:.4f} +- {4 * sigma:.4f}")
+    assert abs(kept - (1 - p)) < 4 * sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# through the backend switch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("return_residual", [True, False])
+def test_ops_triton_matches_eager(return_residual):
+    x, r, w, b = _inputs((2, 7, 100), torch.float32)
+    outs = {
+        k: ops.add_layer_norm(x, r, w, b, 1e-5, return_residual=return_residual, kernel=k)
+        for k in ("triton", "eager")
+    }
+    ours, ref = outs["triton"], outs["eager"]
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for a, c in zip(ours, ref):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+    g = [torch.randn_like(o) for o in ours]
+    for a, c in zip(torch.autograd.grad(ours, (x, r, w, b), g), torch.autograd.grad(ref, (x, r, w, b), g)):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_add_layer_norm_bad_inputs():
+    x = torch.randn(4, 48, device=DEVICE)
+    w = torch.ones(48, device=DEVICE)
+    with pytest.raises(ValueError, match=r"weight must have shape \(48,\)"):
+        add_layer_norm(x, None, torch.ones(32, device=DEVICE), None)
+    with pytest.raises(ValueError, match=r"residual shape \(4, 32\) != x shape \(4, 48\)"):
+        add_layer_norm(x, torch.randn(4, 32, device=DEVICE), w, None)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        add_layer_norm(x, x.half(), w, None)
+    with pytest.raises(ValueError, match="weight dtype must be torch.float32"):
+        add_layer_norm(x, None, w.half(), None)
+    with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16, got torch.float64"):
+        add_layer_norm(x.double(), None, w.double(), None)
+    with pytest.raises(ValueError, match="different devices"):
+        add_layer_norm(x, None, torch.ones(48, device="meta"), None)
+    big = torch.randn(1, 20000, device=DEVICE)
+    with pytest.raises(ValueError, match="hidden size N must be <= 16384.*got 20000"):
+        add_layer_norm(big, None, torch.ones(20000, device=DEVICE), None)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
+        add_layer_norm(x, None, w, None, dropout_p=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only (skipped on CPU): sizes too slow for the interpreter
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,N", [(4096, 1024), (1000, 4096), (513, 8192), (64, 16384)])
+def test_add_layer_norm_gpu_sizes(rows, N, dtype, atol, rtol):
+    inputs = _inputs((rows, N), dtype)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, return_residual=True),
+        inputs, atol, rtol,
+    )
