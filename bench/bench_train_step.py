@@ -1,0 +1,71 @@
+"""End-to-end training step (forward, backward, AdamW step) per backend, bf16 autocast.
+
+Shapes (issue 7): `base` at CNN/DailyMail shapes (source ≤ 512, target ≤ 128 tokens, batch 16) and
+`small` at SAMSum shapes (source ≤ 256, target ≤ 64, batch 64), with real padding: lengths drawn
+from `bench/length_samples.json` (whitespace-token lengths of the training data, clipped).
+Backends: eager, torch, triton, and torch.compile of the eager model. Reported in extra_info:
+non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import requires_cuda, run_bench
+from scratchformer.config import get_config
+from scratchformer.model import Transformer
+
+pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
+
+SHAPES = {
+    # name: preset, vocab, max source, max target, batch, length sample
+    "base-cnndm": ("base", 30522, 512, 128, 16, "cnn_dailymail"),
+    "small-samsum": ("small", 8000, 256, 64, 64, "samsum"),
+}
+
+
+def make_batch(shape, seed=0):
+    preset, vocab, Ls, Lt, B, sample = SHAPES[shape]
+    with open(os.path.join(os.path.dirname(__file__), "length_samples.json")) as fh:
+        lengths = json.load(fh)[sample]["lengths"]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(lengths), (B,), generator=g)
+    sl = torch.tensor([min(max(lengths[i][0], 1), Ls) for i in idx])
+    tl = torch.tensor([min(max(lengths[i][1] + 1, 2), Lt) for i in idx])  # + BOS/EOS
+    src = torch.randint(4, vocab, (B, int(sl.max())), generator=g)
+    tgt = torch.randint(4, vocab, (B, int(tl.max()) + 1), generator=g)
+    return [t.cuda() for t in (src, sl, tgt[:, :-1], tgt[:, 1:], tl)]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", "compile"])
+def test_train_step(benchmark, shape, kernel):
+    preset, vocab = SHAPES[shape][:2]
+    torch.manual_seed(0)
+    cfg = get_config(preset, src_vocab_size=vocab, kernel="eager" if kernel == "compile" else kernel)
+    model = Transformer(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
+    src, sl, tgt_in, tgt_out, tl = make_batch(shape)
+    mask = torch.arange(tgt_out.shape[1], device="cuda")[None] < tl[:, None]
+    fwd = torch.compile(model) if kernel == "compile" else model
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = fwd(src, sl, tgt_in, tl)
+            loss = torch.nn.functional.cross_entropy(logits[mask].float(), tgt_out[mask], label_smoothing=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    median = run_bench(benchmark, step, warmup=3, rounds=10, shape=shape, preset=preset, dtype="bf16-autocast",
+                       batch=len(sl), src_max=src.shape[1], tgt_max=tgt_in.shape[1])
+    tokens = int(sl.sum() + tl.sum())
+    benchmark.extra_info.update(
+        kernel=kernel, tokens_per_s=tokens / median, step_ms=median * 1e3, non_pad_tokens=tokens,
+        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+    )

@@ -1,0 +1,114 @@
+"""Draw the benchmark plots from saved pytest-benchmark JSON files.
+
+    python bench/plot_results.py bench/results/<run>.json [...] --out bench/results/plots
+
+Plots (those whose groups are present in the files): attention TFLOP/s against sequence length per
+kernel; add+LayerNorm GB/s against hidden size with the measured copy-bandwidth roof; end-to-end
+training tokens/s and peak memory per backend.
+"""
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        with open(p) as fh:
+            data = json.load(fh)
+        for b in data.get("benchmarks", []):
+            rows.append({"group": b.get("group"), "name": b["name"], "params": b.get("params") or {},
+                         "median": b["stats"]["median"], **b.get("extra_info", {})})
+    return rows
+
+
+def plot_attention(rows, out):
+    series = defaultdict(list)
+    for r in rows:
+        if r["group"] == "attention" and "tflops" in r and "L" in r:
+            series[(r.get("kernel"), r.get("mode"), r.get("causal"))].append((r["L"], r["tflops"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (kernel, mode, causal), pts in sorted(series.items(), key=str):
+        pts.sort()
+        ax.plot(*zip(*pts), marker="o", label=f"{kernel} {mode}{' causal' if causal else ''}")
+    ax.set(xscale="log", xlabel="sequence length", ylabel="TFLOP/s", title="attention")
+    ax.legend(fontsize=7)
+    return _save(fig, out, "attention_tflops.png")
+
+
+def plot_layer_norm(rows, out):
+    series, roof = defaultdict(list), None
+    for r in rows:
+        if r["group"] == "add_layer_norm":
+            if "copy_gbps" in r:
+                roof = r["copy_gbps"]
+            if "gbps" in r and "hidden" in r:
+                series[(r.get("kernel"), r.get("mode"))].append((r["hidden"], r["gbps"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, pts in sorted(series.items(), key=str):
+        best = {}
+        for h, g in pts:
+            best[h] = max(best.get(h, 0), g)
+        ax.plot(sorted(best), [best[h] for h in sorted(best)], marker="o", label=" ".join(map(str, key)))
+    if roof:
+        ax.axhline(roof, color="k", ls="--", label=f"copy bandwidth {roof:.0f} GB/s")
+    ax.set(xscale="log", xlabel="hidden size", ylabel="GB/s", title="add + LayerNorm")
+    ax.legend(fontsize=7)
+    return _save(fig, out, "add_layer_norm_gbps.png")
+
+
+def plot_train_step(rows, out):
+    rs = [r for r in rows if r["group"] == "train_step" and "tokens_per_s" in r]
+    if not rs:
+        return None
+    shapes = sorted({r["shape"] for r in rs})
+    kernels = ["eager", "torch", "triton", "compile"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / len(shapes)
+    for i, shape in enumerate(shapes):
+        vals = {r["kernel"]: r for r in rs if r["shape"] == shape}
+        xs = [j + i * width for j in range(len(kernels))]
+        axes[0].bar(xs, [vals[k]["tokens_per_s"] if k in vals else 0 for k in kernels], width, label=shape)
+        axes[1].bar(xs, [vals[k]["peak_mem_gib"] if k in vals else 0 for k in kernels], width, label=shape)
+    for ax, yl in zip(axes, ["non-pad tokens/s", "peak memory (GiB)"]):
+        ax.set_xticks([j + width * (len(shapes) - 1) / 2 for j in range(len(kernels))], kernels)
+        ax.set_ylabel(yl)
+        ax.legend(fontsize=7)
+    fig.suptitle("training step, bf16 autocast")
+    return _save(fig, out, "train_step.png")
+
+
+def _save(fig, out, name):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="+")
+    ap.add_argument("--out", default="bench/results/plots")
+    args = ap.parse_args(argv)
+    rows = load(args.json)
+    for fn in (plot_attention, plot_layer_norm, plot_train_step):
+        path = fn(rows, args.out)
+        if path:
+            print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

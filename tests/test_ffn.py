@@ -1,0 +1,278 @@
+"""Fused FFN (kernels/ffn.py) and its GEMM (kernels/matmul.py) against the eager reference
+`ffn_ref` and, independently, `F.linear` + `F.relu` / `F.gelu`.
+
+On CPU every case runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1) with one fixed
+32x32x32 tile, so shapes stay small; GPU-only cases are marked requires_cuda and skipped here.
+bf16 note: Triton 3.9's interpreter returns garbage from tl.dot on bf16 operands, so the kernels
+upcast them to fp32 there (`_common.upcast_dot`); bf16 cases here therefore test the bf16 loads,
+stores and epilogues, not a native bf16 dot (that needs the GPU cases).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import scratchformer.kernels.ffn as ffn_mod
+from scratchformer import ops
+from scratchformer.kernels.ffn import ffn
+from scratchformer.kernels.matmul import matmul, matmul_dact
+from scratchformer.reference import ffn_ref
+
+from conftest import DEVICE, report_diff, requires_cuda
+
+# fp32: both sides accumulate in fp32 (TF32 off, conftest), only summation order differs.
+# fp16/bf16: flash-attention's rule. Our error against the fp32 reference (same rounded inputs,
+# upcast) must be at most twice the error of the eager path run in the low dtype, plus a small
+# atol for entries where the eager error happens to be ~0. The eager path rounds h, act(h) and y
+# to the low dtype; ours rounds a and y once from fp32 accumulators, so it should not be worse.
+FP32_TOL = dict(atol=1e-4, rtol=1e-4)
+LOW_DTYPES = [(torch.float16, 1e-3), (torch.bfloat16, 1e-2)]
+
+
+def _params(d_model, d_ff, dtype, *, bias=True):
+    # nn.Linear-like scale keeps activations O(1) so tolerances mean the same at every size.
+    w1 = (torch.randn(d_ff, d_model, device=DEVICE) / math.sqrt(d_model)).to(dtype).requires_grad_()
+    w2 = (torch.randn(d_model, d_ff, device=DEVICE) / math.sqrt(d_ff)).to(dtype).requires_grad_()
+    b1 = (0.1 * torch.randn(d_ff, device=DEVICE)).to(dtype).requires_grad_() if bias else None
+    b2 = (0.1 * torch.randn(d_model, device=DEVICE)).to(dtype).requires_grad_() if bias else None
+    return w1, b1, w2, b2
+
+
+def _leaves(*ts):
+    return [t for t in ts if t is not None]
+
+
+def _fwd_bwd(fn, x, w1, b1, w2, b2, g):
+    y = fn(x, w1, b1, w2, b2)
+    return [y] + list(torch.autograd.grad(y, _leaves(x, w1, b1, w2, b2), g))
+
+
+def _torch_ffn(activation):
+    def fn(x, w1, b1, w2, b2):
+        h = F.linear(x, w1, b1)
+        return F.linear(F.relu(h) if activation == "relu" else F.gelu(h), w2, b2)
+    return fn
+
+
+def _check_fp32(ours_fn, ref_fn, inputs, tol=FP32_TOL):
+    x = inputs[0]
+    g = torch.randn(*x.shape[:-1], inputs[3].shape[0], device=DEVICE, dtype=x.dtype)
+    ours, ref = _fwd_bwd(ours_fn, *inputs, g), _fwd_bwd(ref_fn, *inputs, g)
+    for name, a, b in zip(["y", "dx", "dw1", "db1", "dw2", "db2"], ours, ref):
+        report_diff(name, a, b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, **tol)
+
+
+def _check_low(ours_fn, ref_fn, inputs, atol):
+    """Error of ours vs the fp32 reference <= 2x the eager low-dtype error + atol, per tensor."""
+    x = inputs[0]
+    g = torch.randn(*x.shape[:-1], inputs[3].shape[0], device=DEVICE, dtype=x.dtype)
+    up = [t.detach().float().requires_grad_() if t is not None else None for t in inputs]
+    ref32 = _fwd_bwd(ref_fn, *up, g.float())
+    eager = _fwd_bwd(ref_fn, *inputs, g)
+    ours = _fwd_bwd(ours_fn, *inputs, g)
+    for name, a, e, r in zip(["y", "dx", "dw1", "db1", "dw2", "db2"], ours, eager, ref32):
+        assert a.dtype == x.dtype and a.shape == r.shape
+        err = report_diff(f"{name} ours", a, r)
+        err_eager = report_diff(f"{name} eager", e, r)
+        assert err <= 2 * err_eager + atol * max(1.0, r.abs().max().item()), name
+
+
+# Rows 1, 7, 33, 100: none a multiple of the 32-row tile except by accident of 1 tile.
+# (d_model, d_ff): 16 (smallest claimed, half a tile), 48/100 (ragged K and N), 256 (several tiles).
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("d_model,d_ff", [(16, 48), (48, 100), (100, 256), (256, 100)])
+@pytest.mark.parametrize("rows", [1, 7, 33, 100])
+def test_ffn_matches_ref_fp32(rows, d_model, d_ff, activation):
+    x = torch.randn(rows, d_model, device=DEVICE, requires_grad=True)
+    inputs = (x, *_params(d_model, d_ff, torch.float32))
+    _check_fp32(
+        lambda *a: ffn(*a, activation=activation),
+        lambda *a: ffn_ref(*a, activation=activation),
+        inputs,
+    )
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_ffn_matches_torch_linear(activation, has_bias):
+    """Independent formulation: F.linear + F.relu/F.gelu, 3-D input, with and without biases."""
+    x = torch.randn(2, 17, 48, device=DEVICE, requires_grad=True)
+    inputs = (x, *_params(48, 100, torch.float32, bias=has_bias))
+    _check_fp32(lambda *a: ffn(*a, activation=activation), _torch_ffn(activation), inputs)
+
+
+@pytest.mark.parametrize("dtype,atol", LOW_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("rows,d_model,d_ff", [(33, 100, 256), (100, 256, 100)])
+def test_ffn_low_precision(rows, d_model, d_ff, activation, dtype, atol):
+    x = torch.randn(rows, d_model, device=DEVICE).to(dtype).requires_grad_()
+    inputs = (x, *_params(d_model, d_ff, dtype))
+    _check_low(lambda *a: ffn(*a, activation=activation), lambda *a: ffn_ref(*a, activation=activation), inputs, atol)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ffn_weight_grads_on_triton_gemm(monkeypatch, dtype, activation):
+    """WGRAD_KERNEL = "triton": the weight gradients go through our GEMM too (transposed, strided A)."""
+    monkeypatch.setattr(ffn_mod, "WGRAD_KERNEL", "triton")
+    x = torch.randn(33, 48, device=DEVICE).to(dtype).requires_grad_()
+    inputs = (x, *_params(48, 100, dtype))
+    ours = lambda *a: ffn(*a, activation=activation)  # noqa: E731
+    ref = lambda *a: ffn_ref(*a, activation=activation)  # noqa: E731
+    if dtype == torch.float32:
+        _check_fp32(ours, ref, inputs)
+    else:
+        _check_low(ours, ref, inputs, 1e-2)
+
+
+def test_ffn_strided_input():
+    """x as a strided view (every other row of a buffer, a column slice): no copy, same numbers."""
+    base = torch.randn(14, 96, device=DEVICE)
+    x = base[::2, 8:56].requires_grad_(False)  # (7, 48), strides (192, 1)
+    w1, b1, w2, b2 = _params(48, 100, torch.float32)
+    torch.testing.assert_close(ffn(x, w1, b1, w2, b2), ffn_ref(x, w1, b1, w2, b2), **FP32_TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_ffn_dropout_matches_ref_with_replayed_mask(activation):
+    """Forward with the kernel's mask replayed in the reference; the backward regenerates the
+    mask (gelu: Philox replay; relu: from the saved output) and must give the same gradients."""
+    x = torch.randn(33, 48, device=DEVICE, requires_grad=True)
+    inputs = (x, *_params(48, 100, torch.float32))
+    p = 0.3
+    _, mask = ffn(*inputs, activation=activation, dropout_p=p, seed=5, return_dropout_mask=True)
+    assert mask.dtype == torch.bool and mask.shape == (33, 100)
+    _check_fp32(
+        lambda *a: ffn(*a, activation=activation, dropout_p=p, seed=5),
+        lambda *a: ffn_ref(*a, activation=activation, dropout_p=p, dropout_mask=mask),
+        inputs,
+    )
+
+
+def test_ffn_dropout_reproducible():
+    x = torch.randn(7, 48, device=DEVICE)
+    params = _params(48, 100, torch.float32)
+    y1 = ffn(x, *params, dropout_p=0.5, seed=1)
+    assert torch.equal(y1, ffn(x, *params, dropout_p=0.5, seed=1))
+    assert not torch.equal(y1, ffn(x, *params, dropout_p=0.5, seed=2))
+    torch.manual_seed(3)
+    z1 = ffn(x, *params, dropout_p=0.5)
+    z2 = ffn(x, *params, dropout_p=0.5)
+    torch.manual_seed(3)
+    assert torch.equal(z1, ffn(x, *params, dropout_p=0.5)) and not torch.equal(z1, z2)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_ffn_dropout_keep_rate(p):
+    """Kept fraction within 4 sigma of 1 - p (binomial) over 100 x 256 = 25600 units."""
+    x = torch.randn(100, 16, device=DEVICE)
+    params = _params(16, 256, torch.float32)
+    _, mask = ffn(x, *params, dropout_p=p, seed=0, return_dropout_mask=True)
+    sigma = math.sqrt(p * (1 - p) / mask.numel())
+    kept = mask.float().mean().item()
+    print(f"kept {kept:.4f}, expected {1 - p:.4f} +- {4 * sigma:.4f}")
+    assert abs(kept - (1 - p)) < 4 * sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# the GEMM alone
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("M,N,K", [(1, 16, 16), (33, 70, 48), (100, 64, 96)])  # EVEN_K and ragged K
+def test_matmul_epilogues_match_torch(M, N, K, activation):
+    a = torch.randn(K, M, device=DEVICE).t()  # column-major A: strides handled, no copy
+    b = torch.randn(N, K, device=DEVICE).t()
+    bias = torch.randn(N, device=DEVICE)
+    c, pre = matmul(a, b, bias=bias, activation=activation, store_pre=True)
+    h = F.linear(a, b.t(), bias)
+    act = {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu}[activation]
+    torch.testing.assert_close(pre, h, **FP32_TOL)
+    torch.testing.assert_close(c, act(h), **FP32_TOL)
+    torch.testing.assert_close(matmul(a, b), torch.matmul(a, b), **FP32_TOL)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_matmul_dact_matches_autograd(activation):
+    g = torch.randn(33, 48, device=DEVICE)
+    w = torch.randn(48, 70, device=DEVICE)
+    h = torch.randn(33, 70, device=DEVICE, requires_grad=True)
+    a = F.relu(h) if activation == "relu" else F.gelu(h)
+    (dh_ref,) = torch.autograd.grad(a, h, g @ w)
+    dh, db = matmul_dact(g, w, a.detach() if activation == "relu" else h.detach(), activation=activation, bias_grad=True)
+    torch.testing.assert_close(dh, dh_ref, **FP32_TOL)
+    torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# through the backend switch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_ops_triton_matches_eager(activation):
+    x = torch.randn(2, 7, 48, device=DEVICE, requires_grad=True)
+    inputs = (x, *_params(48, 100, torch.float32))
+    _check_fp32(
+        lambda *a: ops.ffn(*a, activation=activation, kernel="triton"),
+        lambda *a: ops.ffn(*a, activation=activation, kernel="eager"),
+        inputs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ffn_bad_inputs():
+    x = torch.randn(4, 48, device=DEVICE)
+    w1, b1, w2, b2 = (t.detach() for t in _params(48, 100, torch.float32))
+    with pytest.raises(ValueError, match=r"w1 must be \(d_ff, 32\) for x's d_model 32"):
+        ffn(torch.randn(4, 32, device=DEVICE), w1, b1, w2, b2)
+    with pytest.raises(ValueError, match=r"w2 must be \(48, 100\)"):
+        ffn(x, w1, b1, w2.t(), b2)
+    with pytest.raises(ValueError, match=r"b1 must be \(100,\)"):
+        ffn(x, w1, b2, w2, b2)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        ffn(x.half(), w1, b1, w2, b2)
+    with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16, got torch.float64"):
+        ffn(x.double(), w1.double(), b1.double(), w2.double(), b2.double())
+    with pytest.raises(ValueError, match="different devices"):
+        ffn(x, w1.to("meta"), b1, w2, b2)
+    with pytest.raises(ValueError, match=r"d_model must be in \[16, 16384\], got 8"):
+        ffn(torch.randn(4, 8, device=DEVICE), torch.randn(100, 8, device=DEVICE), b1, torch.randn(8, 100, device=DEVICE), None)
+    with pytest.raises(ValueError, match="activation must be 'relu' or 'gelu', got 'tanh'"):
+        ffn(x, w1, b1, w2, b2, activation="tanh")
+    with pytest.raises(ValueError, match=r"matmul: inner dims differ"):
+        matmul(torch.randn(4, 8, device=DEVICE), torch.randn(7, 8, device=DEVICE))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only (skipped on CPU): realistic sizes, native bf16 dots, autotuned tiles
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4)] + LOW_DTYPES, ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("rows,d_model,d_ff", [(4097, 512, 2048), (1000, 1024, 4096), (257, 64, 8192), (129, 8192, 64)])
+def test_ffn_gpu_sizes(rows, d_model, d_ff, activation, dtype, atol):
+    x = torch.randn(rows, d_model, device=DEVICE).to(dtype).requires_grad_()
+    inputs = (x, *_params(d_model, d_ff, dtype))
+    ours = lambda *a: ffn(*a, activation=activation, dropout_p=0.0)  # noqa: E731
+    ref = lambda *a: ffn_ref(*a, activation=activation)  # noqa: E731
+    if dtype == torch.float32:
+        _check_fp32(ours, ref, inputs, tol=dict(atol=1e-3, rtol=1e-3))  # K up to 8192 terms
+    else:
+        _check_low(ours, ref, inputs, atol)
