@@ -27,8 +27,11 @@ echo "check_cuda_compile: $("$nvcc" --version | tail -n 1)"
 status=0
 for src in "${sources[@]}"; do
   name="$(basename "$src" .cu)"
-  # Same flags as setup.py's release build (minus -G/-g), warnings from the host compiler too.
+  # setup.py's release flags plus the half/bfloat16 defines torch's CUDAExtension adds (which
+  # forbid implicit __half conversions), host-compiler warnings on.
   if "$nvcc" -c -std=c++17 -O3 -Xcompiler -Wall \
+      -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
+      -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
       "$src" -o "$out/$name.o"; then
     echo "check_cuda_compile: OK   $src (sm_80, sm_90)"

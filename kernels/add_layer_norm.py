@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset
+from ._common import check_device, check_dtype, philox_seed_offset
 
 MAX_N = 16384
 
@@ -252,6 +252,7 @@ def add_layer_norm_bwd(
     store_dres, or when it equals dx: dropout_p == 0), dweight (weight's dtype), dbias (or None)."""
     N = s.shape[-1]
     s2 = s.reshape(-1, N)
+    weight = weight.contiguous()
     M = s2.shape[0]
     dy2 = _rows(dy, N)
     ds2 = _rows(ds_out, N) if ds_out is not None else dy2

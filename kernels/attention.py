@@ -200,7 +200,7 @@ def _attention_fwd_kernel(
     n_full = klen
     if IS_CAUSAL:
         n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift)
+        n_full = tl.minimum(n_full, start_m + 1 + shift + 1)
     n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
     n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
 

@@ -250,9 +250,12 @@ def _check_operands(name, a, b, *others):
 
 
 def _input_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not INTERPRET and torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "ieee"
+    """IEEE fp32 dots for fp32 inputs unless torch allows TF32 (torch.matmul's rule); for 16-bit
+    inputs the flag is moot and Triton's default ("tf32") is passed. The interpreter always
+    computes in numpy at the operands' precision."""
+    if dtype == torch.float32 and (INTERPRET or not torch.backends.cuda.matmul.allow_tf32):
+        return "ieee"
+    return "tf32"
 
 
 def _grid(M, N):

@@ -389,6 +389,7 @@ class EncodedDataset(torch.utils.data.Dataset):
         if len(src) != len(tgt):
             raise ValueError(f"src and tgt counts differ: {len(src)} vs {len(tgt)}")
         self.src, self.tgt, self.task = src, tgt, task
+        self.refs: list[str] | None = None  # reference texts, for scoring decoded outputs
 
     def __len__(self):
         return len(self.src)
@@ -453,7 +454,9 @@ def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=Non
             stats.tgt_truncated += 1
             ids = ids[: max_tgt_len - 1]
         tgt_out.append(np.asarray(ids, dtype=np.int32))
-    return EncodedDataset(src_out, tgt_out, task), stats
+    dataset = EncodedDataset(src_out, tgt_out, task)
+    dataset.refs = [e.tgt for e in examples]
+    return dataset, stats
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""add + LayerNorm throughput: GB/s of the bytes that must move, per kernel (triton, torch, eager).
+
+kernel: triton = our fused kernel (kernels/add_layer_norm.py); torch = `F.layer_norm` after an
+add (ops' "torch" backend); eager = the reference in plain tensor ops. bf16, rows 4k-64k,
+hidden 256-4096, with a residual and a bias, no dropout.
+
+Bytes that must move (e = 2 bytes, params ignored):
+  fwd      read x, residual; write y                                  3 · M · N · e
+  fwd+bwd  + read dy and the saved sum s; write dx (= dresidual)      6 · M · N · e
+Ours also writes s in the forward when a gradient is needed (7 · M · N · e in fwd+bwd), so the
+fwd+bwd GB/s understates its traffic by 1/7; it is what the op costs relative to the minimum.
+`test_copy_bandwidth` records the device's measured copy bandwidth, the roof for these numbers.
+GPU only: everything here is skipped without CUDA.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from scratchformer import ops
+
+from conftest import copy_bandwidth_gbps, requires_cuda, run_bench
+
+pytestmark = [pytest.mark.benchmark(group="add_layer_norm"), requires_cuda]
+
+DTYPE = torch.bfloat16
+_roof_gbps = functools.lru_cache(maxsize=None)(copy_bandwidth_gbps)  # measure once per run
+
+
+def test_copy_bandwidth(benchmark):
+    """The roof: device-to-device copy GB/s (read + write), in extra_info."""
+    gbps = _roof_gbps()
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    run_bench(benchmark, lambda: dst.copy_(src), nbytes=2 * src.numel(), copy_bandwidth_gbps=gbps, what="roof")
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("kernel", ["triton", "torch", "eager"])
+@pytest.mark.parametrize("N", [256, 512, 1024, 4096])
+@pytest.mark.parametrize("rows", [4096, 16384, 65536])
+def test_add_layer_norm(benchmark, rows, N, kernel, mode):
+    if kernel == "triton":
+        ops.resolve_kernel("triton", "cuda")
+    grad = mode == "fwd_bwd"
+    x = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
+    r = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
+    w = torch.randn(N, device="cuda", dtype=DTYPE, requires_grad=grad)
+    b = torch.randn(N, device="cuda", dtype=DTYPE, requires_grad=grad)
+    dy = torch.randn(rows, N, device="cuda", dtype=DTYPE)
+
+    def fwd():
+        with torch.no_grad():
+            return ops.add_layer_norm(x, r, w, b, 1e-5, kernel=kernel)
+
+    def fwd_bwd():
+        y = ops.add_layer_norm(x, r, w, b, 1e-5, kernel=kernel)
+        return torch.autograd.grad(y, (x, r, w, b), dy)
+
+    e = x.element_size()
+    nbytes = (6 if grad else 3) * rows * N * e
+    run_bench(
+        benchmark, fwd_bwd if grad else fwd, nbytes=nbytes,
+        rows=rows, N=N, kernel=kernel, mode=mode, dtype=DTYPE, copy_bandwidth_gbps=_roof_gbps(),
+    )

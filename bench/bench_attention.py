@@ -1,0 +1,136 @@
+"""Attention: our Triton flash attention vs PyTorch SDPA vs the eager reference (GPU only).
+
+    pytest bench/bench_attention.py --benchmark-only [--benchmark-json bench/results/<name>.json]
+
+Kernels (all through `scratchformer.ops.attention` unless said otherwise):
+- triton:    ours (kernels/attention.py), lengths as key_lengths;
+- sdpa:      ops' torch backend: F.scaled_dot_product_attention, dense (flash) where it can be,
+             a boolean mask built per call for padding / Lq != Lk causal;
+- sdpa_mask: F.scaled_dot_product_attention with a prebuilt boolean mask even where dense would
+             do (what a mask-based model pays);
+- eager:     the reference (materialises B·H·L² fp32 scores; skipped where it would not fit).
+Inputs are bf16 views of a fused QKV projection (B, L, 3, H, D), the layout the model passes.
+extra_info: TFLOP/s from 4·B·H·Lq·Lk·D (halved when causal, x3.5 for fwd+bwd; for padded batches
+the useful work 4·H·D·L·Σ len_b), and the peak memory of one call (torch.cuda.max_memory_allocated).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import requires_cuda, run_bench
+from scratchformer import ops
+from scratchformer.reference import attention_mask
+
+pytestmark = [pytest.mark.benchmark(group="attention"), requires_cuda]
+
+DTYPE = torch.bfloat16
+TOKENS = 16 * 1024  # B·L fixed for the dense sweep
+KERNELS = ["triton", "sdpa", "sdpa_mask", "eager"]
+MODES = ["fwd", "fwd+bwd"]
+
+
+def _qkv(B, L, H, D):
+    x = torch.randn(B, L, 3, H, D, device="cuda", dtype=DTYPE, requires_grad=True)
+    return [x[:, :, i].transpose(1, 2) for i in range(3)]  # (B, H, L, D) views, no copies
+
+
+def _eager_fits(B, H, Lq, Lk, mode):
+    """The eager path keeps a few fp32 (B, H, Lq, Lk) tensors (scores, exp, probabilities and,
+    for backward, their gradients): skip it past a third of the device memory."""
+    copies = 4 if mode == "fwd" else 8
+    return copies * B * H * Lq * Lk * 4 < torch.cuda.get_device_properties(0).total_memory / 3
+
+
+def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
+    """fn() -> out for one kernel; mask building for sdpa_mask happens here, outside the timing."""
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    if kernel == "sdpa_mask":
+        mask = attention_mask(B, Lq, Lk, key_lengths=key_lengths, causal=causal, device=q.device)
+        if mask is None:
+            mask = torch.ones(B, 1, Lq, Lk, dtype=torch.bool, device=q.device)
+        empty = ~mask.any(dim=-1, keepdim=True)
+        mask = mask | empty  # rows with no key attend to everything, then are zeroed (as ops does)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).masked_fill(empty, 0.0)
+    name = {"sdpa": "torch"}.get(kernel, kernel)
+    return lambda: ops.attention(q, k, v, key_lengths=key_lengths, causal=causal, kernel=name)
+
+
+def _timed(mode, fn, q, k, v):
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+    g = torch.randn_like(q)
+
+    def run():
+        torch.autograd.grad(fn(), (q, k, v), g)
+    return run
+
+
+def _peak_memory(run):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def _bench(benchmark, kernel, mode, q, k, v, flops, *, key_lengths=None, causal=False, **info):
+    run = _timed(mode, _attention_fn(kernel, q, k, v, key_lengths=key_lengths, causal=causal), q, k, v)
+    run()  # compile / autotune before measuring memory
+    peak = _peak_memory(run)
+    B, H, Lq, D = q.shape
+    run_bench(
+        benchmark, run, flops=flops * (3.5 if mode == "fwd+bwd" else 1.0),
+        kernel=kernel, mode=mode, dtype=DTYPE, B=B, H=H, Lq=Lq, Lk=k.shape[2], D=D, causal=causal,
+        peak_memory_bytes=peak, **info,
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("H, D", [(16, 64), (8, 128)], ids=["h16d64", "h8d128"])
+@pytest.mark.parametrize("L", [512, 1024, 2048, 4096])
+def test_dense(benchmark, L, H, D, causal, kernel, mode):
+    B = TOKENS // L
+    if kernel == "eager" and not _eager_fits(B, H, L, L, mode):
+        pytest.skip(f"eager materialises {B}x{H}x{L}x{L} fp32 scores: does not fit")
+    q, k, v = _qkv(B, L, H, D)
+    flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
+    _bench(benchmark, kernel, mode, q, k, v, flops, causal=causal, tokens=B * L)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kernel", ["triton", "sdpa", "eager"])  # sdpa builds the mask per call
+@pytest.mark.parametrize("B", [16, 64])
+@pytest.mark.parametrize("L", [128, 512, 1024])
+def test_padded(benchmark, L, B, kernel, mode):
+    """A padded batch: lengths uniform in [L/4, L], key padding only (encoder self-attention)."""
+    H, D = 16, 64
+    if kernel == "eager" and not _eager_fits(B, H, L, L, mode):
+        pytest.skip(f"eager materialises {B}x{H}x{L}x{L} fp32 scores: does not fit")
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(L // 4, L + 1, (B,), generator=gen).cuda()
+    q, k, v = _qkv(B, L, H, D)
+    flops = 4 * H * D * L * int(lengths.sum())  # useful work: every query row vs its valid keys
+    _bench(benchmark, kernel, mode, q, k, v, flops, key_lengths=lengths, fill=float(lengths.float().mean() / L))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("L", [1024, 2048, 4096, 8192, 16384])
+def test_memory_fwd_bwd(benchmark, L, kernel):
+    """Peak memory of fwd+bwd vs L at B=1, H=16, D=64, causal (extra_info peak_memory_bytes):
+    linear in L for triton and SDPA (flash / memory-efficient; sdpa_mask adds its L² bool mask),
+    quadratic for eager."""
+    B, H, D = 1, 16, 64
+    if kernel == "eager" and not _eager_fits(B, H, L, L, "fwd+bwd"):
+        pytest.skip(f"eager materialises {B}x{H}x{L}x{L} fp32 scores: does not fit")
+    q, k, v = _qkv(B, L, H, D)
+    flops = 4 * B * H * L * L * D * 0.5
+    _bench(benchmark, kernel, "fwd+bwd", q, k, v, flops, causal=True)
+

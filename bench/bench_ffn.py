@@ -1,0 +1,87 @@
+"""FFN throughput: TFLOP/s per kernel (triton, eager, compile), and our GEMM alone vs torch.matmul.
+
+kernel: triton = our fused FFN (kernels/ffn.py: Triton GEMMs with bias/activation/dropout
+epilogues; weight gradients on cuBLAS, see WGRAD_KERNEL there); eager = cuBLAS `F.linear` + a
+separate activation kernel + `F.linear`; compile = `torch.compile` of that same eager function.
+bf16, relu, no dropout, tokens 4k-64k at d512/ff2048 and d1024/ff4096.
+
+FLOPs: 2 · tokens · d_model · d_ff per GEMM, two GEMMs forward, x3 for forward + backward.
+GPU only: everything here is skipped without CUDA.
+"""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchformer import ops
+
+from conftest import requires_cuda, run_bench
+
+pytestmark = [pytest.mark.benchmark(group="ffn"), requires_cuda]
+
+DTYPE = torch.bfloat16
+TOKENS = [4096, 16384, 65536]
+DIMS = [(512, 2048), (1024, 4096)]
+
+
+def _eager_ffn(x, w1, b1, w2, b2):
+    return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    return torch.compile(_eager_ffn)
+
+
+def _impl(kernel):
+    if kernel == "triton":
+        ops.resolve_kernel("triton", "cuda")
+        return lambda *a: ops.ffn(*a, activation="relu", kernel="triton")
+    return _eager_ffn if kernel == "eager" else _compiled()
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("kernel", ["triton", "eager", "compile"])
+@pytest.mark.parametrize("d_model,d_ff", DIMS, ids=["d512", "d1024"])
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_ffn(benchmark, tokens, d_model, d_ff, kernel, mode):
+    grad = mode == "fwd_bwd"
+    make = functools.partial(torch.randn, device="cuda", dtype=DTYPE, requires_grad=grad)
+    x = make(tokens, d_model)
+    w1, b1 = make(d_ff, d_model) / d_model**0.5, make(d_ff)
+    w2, b2 = make(d_model, d_ff) / d_ff**0.5, make(d_model)
+    params = [t.detach().requires_grad_(grad) for t in (x, w1, b1, w2, b2)]
+    dy = torch.randn(tokens, d_model, device="cuda", dtype=DTYPE)
+    fn = _impl(kernel)
+
+    def fwd():
+        with torch.no_grad():
+            return fn(*params)
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(*params), params, dy)
+
+    flops = 2 * 2 * tokens * d_model * d_ff * (3 if grad else 1)
+    run_bench(
+        benchmark, fwd_bwd if grad else fwd, flops=flops,
+        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, mode=mode, dtype=DTYPE,
+    )
+
+
+@pytest.mark.parametrize("kernel", ["triton", "torch"])
+@pytest.mark.parametrize("d_model,d_ff", DIMS, ids=["d512", "d1024"])
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_matmul(benchmark, tokens, d_model, d_ff, kernel):
+    """The first projection's GEMM alone, no epilogue: (tokens, d_model) @ (d_model, d_ff)."""
+    from scratchformer.kernels.matmul import matmul  # after resolve_kernel's checks, GPU only
+
+    a = torch.randn(tokens, d_model, device="cuda", dtype=DTYPE)
+    w = torch.randn(d_ff, d_model, device="cuda", dtype=DTYPE)
+    b = w.t()  # nn.Linear layout, as the FFN uses it
+    fn = (lambda: matmul(a, b)) if kernel == "triton" else (lambda: torch.matmul(a, b))
+    run_bench(
+        benchmark, fn, flops=2 * tokens * d_model * d_ff,
+        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, dtype=DTYPE, what="matmul",
+    )

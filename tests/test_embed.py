@@ -1,0 +1,412 @@
+"""scratchformer::embed_sinusoidal (csrc/embed.cpp, csrc/cuda/): weight[tokens] * scale + PE.
+
+Checked against the spec (`reference.embed_ref`, `reference.sinusoidal_positions`, built in
+float64) and against independent formulations (F.embedding for gradients, float64 exact sums).
+CUDA cases are marked `requires_cuda` and skip on the CPU-only CI machine.
+"""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import report_diff, requires_cuda
+from scratchformer import ops
+from scratchformer.reference import embed_ref, sinusoidal_positions
+
+_ext = pytest.importorskip("scratchformer._ext")
+pytestmark = pytest.mark.skipif(not _ext.available(), reason="scratchformer._C is not built")
+
+OP = torch.ops.scratchformer
+
+# Max |PE - float64 PE| the kernels may have. Measured on CPU: 7.8e-8 (d_model 512, positions
+# 0..100k), the float32 rounding of the float64 table alone being 3.0e-8. The bound leaves room
+# for the FMA contractions of the CUDA build (<= 1 float ulp) and other d_model values.
+PE_MAX_ERR = 2.5e-7
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _weight(V, d, dtype, device="cpu", requires_grad=False):
+    # Transformer init: std d^-1/2, so weight * sqrt(d) is O(1), like PE.
+    w = (torch.randn(V, d, device=device) / math.sqrt(d)).to(dtype)
+    return w.requires_grad_(requires_grad)
+
+
+def _exact(tokens, weight, scale, pos_offset, pos_encoding=True):
+    """weight[tokens] * scale + PE in float64 from the dtype-rounded weight: the true value."""
+    x = weight.detach().double()[tokens.long()] * scale
+    if pos_encoding:
+        pos = torch.arange(pos_offset, pos_offset + tokens.shape[1], device=tokens.device)
+        x = x + sinusoidal_positions(pos, weight.shape[1], torch.float64)
+    return x
+
+
+def sample_inputs(device, *, requires_grad=False):
+    """(tokens, weight, scale, pos_offset, pos_encoding, padding_idx) for opcheck and friends."""
+
+    def w(V, d, dtype=torch.float32):
+        return _weight(V, d, dtype, device, requires_grad)
+
+    def t(B, L, V, dtype=torch.int64):
+        return torch.randint(0, V, (B, L), device=device, dtype=dtype)
+
+    return [
+        [t(1, 1, 5), w(5, 2), 1.0, 0, True, None],  # one token, d_model 2: a single sin/cos pair
+        [t(2, 7, 33, torch.int32), w(33, 64), 8.0, 7, True, None],  # int32 ids, offset
+        [t(3, 13, 50), w(50, 30), 5.5, 99_990, True, 3],  # far position, padding row
+        [t(2, 5, 11), w(11, 7), 2.0, 0, False, None],  # odd d_model is fine without PE
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------
+
+# Tolerance vs embed_ref, as multiples of the dtype's eps: the reference rounds twice (the
+# product weight * scale, then the sum with PE) where we round once, so the two differ by up to
+# ~1.5 ulp of the output (rtol 2 eps) and, where the sum cancels, by an ulp of the largest
+# addend (atol 2 eps * max|addend|). fp32 adds the PE error.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("pos_offset", [0, 7, 99_990])  # start, a decoding step, near 100k
+@pytest.mark.parametrize(
+    "B, L, V, d",
+    [
+        (1, 1, 3, 2),  # one token
+        (2, 7, 33, 64),  # ragged
+        (3, 97, 100, 512),  # a typical d_model, prime length
+        (5, 33, 1000, 130),  # d_model not a multiple of 4 or 16 (column blocks of the backward)
+    ],
+)
+def test_embed_matches_ref(B, L, V, d, pos_offset, index_dtype, dtype):
+    tokens = torch.randint(0, V, (B, L), dtype=index_dtype)
+    weight = _weight(V, d, dtype)
+    scale = math.sqrt(d)
+    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, pos_offset=pos_offset)
+    ref = embed_ref(tokens, weight, scale=scale, pos_offset=pos_offset)
+    exact = _exact(tokens, weight, scale, pos_offset)
+    assert out.shape == (B, L, d) and out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    addend = max(1.0, (weight.double() * scale).abs().max().item())
+
+    err_ours = report_diff(f"ours vs exact ({dtype})", out, exact)
+    err_ref = report_diff(f"ref  vs exact ({dtype})", ref, exact)
+    # One rounding of a float32 value: within half an ulp of the exact result (+ PE and fp32 error).
+    bound = 0.5 * eps * exact.abs() + PE_MAX_ERR + 2**-23 * addend
+    assert ((out.double() - exact).abs() <= bound).all()
+    assert err_ours <= err_ref + PE_MAX_ERR  # never worse than the eager path
+    torch.testing.assert_close(out, ref, rtol=2 * eps, atol=2 * eps * addend + PE_MAX_ERR)
+
+
+@pytest.mark.parametrize("d", [64, 512, 1024])
+def test_pe_accuracy_long_positions(d):
+    # PE alone (add_sinusoidal on zeros) vs the float64 table at positions up to 100k: where a
+    # float32 angle p * w_i would be off by up to p * 2^-24 ~ 6e-3 rad.
+    if d == 64:  # every position 0..100_000
+        pos_offset, L = 0, 100_001
+    else:  # the far end, where the angles are largest
+        pos_offset, L = 99_000, 1_001
+    pe = _ext.add_sinusoidal(torch.zeros(1, L, d), pos_offset=pos_offset)[0]
+    pe64 = sinusoidal_positions(torch.arange(pos_offset, pos_offset + L), d, torch.float64)
+    err = report_diff(f"PE d={d} positions {pos_offset}..{pos_offset + L - 1}", pe, pe64)
+    assert err <= PE_MAX_ERR
+
+
+def test_pos_encoding_off_and_offsets_compose():
+    tokens = torch.randint(0, 20, (2, 9))
+    weight = _weight(20, 16, torch.float32)
+    plain = _ext.embed_sinusoidal(tokens, weight, scale=3.0, pos_encoding=False)
+    torch.testing.assert_close(plain, weight[tokens] * 3.0, rtol=0, atol=0)
+    # Incremental decoding: embedding the tail with pos_offset = its start equals the full pass.
+    full = _ext.embed_sinusoidal(tokens, weight, scale=3.0)
+    tail = _ext.embed_sinusoidal(tokens[:, 5:], weight, scale=3.0, pos_offset=5)
+    torch.testing.assert_close(tail, full[:, 5:], rtol=0, atol=0)
+
+
+def test_strided_inputs_and_empty():
+    weight_big = _weight(40, 48, torch.float32)
+    weight = weight_big[::2, :32]  # row stride 96, columns contiguous: used in place
+    tokens = torch.randint(0, 20, (6, 4)).t()  # non-contiguous tokens
+    out = _ext.embed_sinusoidal(tokens, weight, scale=2.0, pos_offset=3)
+    torch.testing.assert_close(out, embed_ref(tokens, weight, scale=2.0, pos_offset=3))
+    weight_t = _weight(32, 20, torch.float32).t()  # column stride != 1: copied
+    torch.testing.assert_close(
+        _ext.embed_sinusoidal(tokens, weight_t, scale=2.0),
+        embed_ref(tokens, weight_t, scale=2.0),
+    )
+    assert _ext.embed_sinusoidal(tokens[:0], weight, scale=2.0).shape == (0, 6, 32)
+    assert _ext.embed_sinusoidal(tokens[:, :0], weight, scale=2.0).shape == (4, 0, 32)
+
+
+@pytest.mark.parametrize("shape", [(7, 16), (2, 7, 16), (2, 3, 5, 8)])
+def test_add_sinusoidal(shape):
+    x = torch.randn(shape, requires_grad=True)
+    out = _ext.add_sinusoidal(x, pos_offset=11)
+    L, d = shape[-2], shape[-1]
+    pe = sinusoidal_positions(torch.arange(11, 11 + L), d, torch.float32)
+    torch.testing.assert_close(out, x + pe)
+    g = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, x, g)
+    assert torch.equal(gx, g)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("B, L, V, d", [(1, 1, 3, 2), (4, 33, 10, 64), (3, 97, 500, 130)])
+def test_weight_grad_matches_ref(B, L, V, d, index_dtype, dtype):
+    tokens = torch.randint(0, V, (B, L), dtype=index_dtype)  # V = 10: many repeats per row
+    weight = _weight(V, d, dtype, requires_grad=True)
+    scale = math.sqrt(d)
+    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, pos_offset=7)
+    g = torch.randn_like(out)
+    (gw,) = torch.autograd.grad(out, weight, g)
+    (gw_ref,) = torch.autograd.grad(embed_ref(tokens, weight, scale=scale, pos_offset=7), weight, g)
+    # Exact: scale * sum of the (dtype-rounded) grads, in float64.
+    idx = tokens.reshape(-1).long()
+    g64 = g.double().reshape(-1, d)
+    exact = torch.zeros(V, d, dtype=torch.float64).index_add_(0, idx, g64) * scale
+    abs_sum = torch.zeros(V, d, dtype=torch.float64).index_add_(0, idx, g64.abs()) * scale
+    count = torch.zeros(V, dtype=torch.float64).index_add_(0, idx, torch.ones_like(idx, dtype=torch.float64))
+    err_ours = report_diff(f"grad ours vs exact ({dtype})", gw, exact)
+    err_ref = report_diff(f"grad ref  vs exact ({dtype})", gw_ref, exact)
+    # fp32 accumulation (k terms: k * 2^-24 * sum|g|), then one rounding to dtype.
+    eps = torch.finfo(dtype).eps
+    bound = 0.5 * eps * exact.abs() + (count[:, None] + 1) * 2**-24 * abs_sum + 1e-30
+    assert ((gw.double() - exact).abs() <= bound).all()
+    assert err_ours <= err_ref + 1e-6  # never worse than the eager path
+
+
+def test_weight_grad_matches_f_embedding_padding_idx():
+    # Independent formulation: F.embedding's own padding_idx handling; negative index as in F.
+    V, d, scale = 12, 24, 4.0
+    tokens = torch.randint(0, V, (4, 50))
+    tokens[:, ::3] = V - 2  # plenty of padding
+    weight = _weight(V, d, torch.float32, requires_grad=True)
+    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, padding_idx=-2)
+    g = torch.randn_like(out)
+    (gw,) = torch.autograd.grad(out, weight, g)
+    (gw_f,) = torch.autograd.grad(F.embedding(tokens, weight, padding_idx=V - 2) * scale, weight, g)
+    report_diff("grad vs F.embedding(padding_idx)", gw, gw_f)
+    assert torch.count_nonzero(gw[V - 2]) == 0
+    torch.testing.assert_close(gw, gw_f)
+
+
+def test_weight_grad_deterministic():
+    # 64k tokens over 5 ids: thousands of fp32 adds per element, where any change of order
+    # shows. Two runs, and 1 thread vs all threads, must be bit-identical.
+    tokens = torch.randint(0, 5, (64, 1024))
+    grad = torch.randn(64, 1024, 96)
+    runs = [OP.embed_sinusoidal_backward(grad, tokens, 5, 3.0, -1) for _ in range(2)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        runs.append(OP.embed_sinusoidal_backward(grad, tokens, 5, 3.0, -1))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_gradcheck_float64():
+    # float64 weights run the same kernels (opmath double); gradcheck and gradgradcheck (the
+    # backward op's own autograd) on a small case with repeats. No padding_idx: its row's
+    # gradient is zeroed on purpose, which a finite difference would (rightly) disagree with.
+    tokens = torch.tensor([[0, 2, 2, 1], [3, 0, 2, 2]])
+    weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    fn = lambda w: _ext.embed_sinusoidal(tokens, w, scale=1.7, pos_offset=5)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (weight,))
+    assert torch.autograd.gradgradcheck(fn, (weight,))
+
+
+# ---------------------------------------------------------------------------------------------
+# registration: opcheck, torch.compile, the backend switch
+# ---------------------------------------------------------------------------------------------
+
+
+def _opcheck_all(device):
+    samples = sample_inputs(device, requires_grad=True) + sample_inputs(device)
+    for args in samples:
+        torch.library.opcheck(OP.embed_sinusoidal.default, args)
+    tokens, weight = samples[2][0], samples[2][1]
+    grad = torch.randn(*tokens.shape, weight.shape[1], device=device, requires_grad=True)
+    torch.library.opcheck(OP.embed_sinusoidal_backward.default, (grad, tokens, weight.shape[0], 5.5, 3))
+    torch.library.opcheck(OP.add_sinusoidal.default, (torch.randn(2, 5, 8, device=device, requires_grad=True), 4))
+
+
+def test_opcheck_cpu():
+    _opcheck_all("cpu")
+
+
+def test_torch_compile_fullgraph():
+    # One small case (compiling costs seconds on 2 cores): forward and backward in one graph.
+    tokens = torch.randint(0, 30, (2, 9))
+    weight = _weight(30, 16, torch.float32, requires_grad=True)
+
+    def fn(tokens, weight):
+        return _ext.embed_sinusoidal(tokens, weight, scale=4.0, pos_offset=3, padding_idx=0) * 2.0
+
+    compiled = torch.compile(fn, fullgraph=True)
+    out = compiled(tokens, weight)
+    g = torch.randn_like(out)
+    (gw,) = torch.autograd.grad(out, weight, g)
+    out_e = fn(tokens, weight)
+    (gw_e,) = torch.autograd.grad(out_e, weight, g)
+    torch.testing.assert_close(out, out_e)
+    torch.testing.assert_close(gw, gw_e)
+
+
+@pytest.mark.parametrize("pos_offset", [0, 7])
+def test_ops_embed_triton_equals_eager(pos_offset):
+    tokens = torch.randint(0, 50, (3, 21))
+    weight = _weight(50, 32, torch.float32)
+    kw = dict(scale=math.sqrt(32), pos_offset=pos_offset, pos_encoding=True)
+    ours = ops.embed(tokens, weight, kernel="triton", **kw)
+    eager = ops.embed(tokens, weight, kernel="eager", **kw)
+    report_diff("ops.embed triton vs eager", ours, eager)
+    torch.testing.assert_close(ours, eager, rtol=1.3e-6, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one clear error each
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got Float"),
+        (lambda t, w: (t, w.long()), "weight must be floating point .* got Long"),
+        (lambda t, w: (t[0], w), r"tokens must be 2-D \(B, L\), got a 1-D tensor"),
+        (lambda t, w: (t, w[None]), r"weight must be 2-D \(V, d_model\), got a 3-D tensor"),
+        (lambda t, w: (t, w[:, :7]), "d_model must be even for the sinusoidal encoding, got 7"),
+        (lambda t, w: (t.to("meta"), w), "tokens are on meta but weight is on cpu"),
+    ],
+    ids=["float-tokens", "int-weight", "1d-tokens", "3d-weight", "odd-d", "device-mismatch"],
+)
+def test_bad_input(make, match):
+    tokens, weight = make(torch.randint(0, 10, (2, 5)), _weight(10, 8, torch.float32))
+    with pytest.raises(RuntimeError, match=match):
+        OP.embed_sinusoidal(tokens, weight, 1.0, 0, True, None)
+
+
+@pytest.mark.parametrize("bad_id", [10, 12345, -1])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_bad_token_id_names_it(bad_id, index_dtype):
+    tokens = torch.randint(0, 10, (2, 5), dtype=index_dtype)
+    tokens[1, 3] = bad_id
+    weight = _weight(10, 8, torch.float32)
+    with pytest.raises(RuntimeError, match=rf"token id {bad_id} at tokens\[1, 3\] is out of range for weight with 10 rows"):
+        _ext.embed_sinusoidal(tokens, weight, scale=1.0)
+    with pytest.raises(RuntimeError, match=rf"token id {bad_id} at tokens\[1, 3\] is out of range"):
+        OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, -1)
+
+
+def test_bad_scalars():
+    tokens, weight = torch.randint(0, 10, (2, 5)), _weight(10, 8, torch.float32)
+    with pytest.raises(RuntimeError, match="pos_offset must be >= 0, got -1"):
+        _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=-1)
+    with pytest.raises(RuntimeError, match=r"padding_idx must be in \[0, 10\) .* got 10"):
+        _ext.embed_sinusoidal(tokens, weight, scale=1.0, padding_idx=10)
+    with pytest.raises(RuntimeError, match=r"grad must be \(B, L, d_model\) for tokens \(B, L\)"):
+        OP.embed_sinusoidal_backward(torch.randn(2, 4, 8), tokens, 10, 1.0, -1)
+    with pytest.raises(RuntimeError, match=r"padding_idx must be -1 \(none\) or in \[0, 10\), got 11"):
+        OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, 11)
+    with pytest.raises(RuntimeError, match="add_sinusoidal: d_model must be even"):
+        _ext.add_sinusoidal(torch.randn(2, 3, 5))
+
+
+def test_missing_extension_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: (simulated)")
+    with pytest.raises(RuntimeError, match=r"extension is not available .* pip install --no-build-isolation -e \."):
+        _ext.embed_sinusoidal(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 2), scale=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("pos_offset", [0, 7, 99_990])
+def test_cuda_matches_cpu_and_ref(pos_offset, index_dtype, dtype):
+    B, L, V, d = 4, 97, 1000, 256
+    tokens = torch.randint(0, V, (B, L), dtype=index_dtype)
+    weight = _weight(V, d, dtype)
+    out = _ext.embed_sinusoidal(tokens.cuda(), weight.cuda(), scale=16.0, pos_offset=pos_offset)
+    out_cpu = _ext.embed_sinusoidal(tokens, weight, scale=16.0, pos_offset=pos_offset)
+    exact = _exact(tokens, weight, 16.0, pos_offset)
+    eps = torch.finfo(dtype).eps
+    addend = max(1.0, (weight.double() * 16.0).abs().max().item())
+    report_diff(f"cuda vs cpu ({dtype})", out.cpu(), out_cpu)
+    bound = 0.5 * eps * exact.abs() + PE_MAX_ERR + 2**-23 * addend
+    assert ((out.cpu().double() - exact).abs() <= bound).all()
+    # CPU and CUDA differ only by FMA contraction: at most one ulp of the output.
+    torch.testing.assert_close(out.cpu(), out_cpu, rtol=eps, atol=eps * addend)
+
+
+@requires_cuda
+@pytest.mark.parametrize("d", [64, 512, 1024])
+def test_cuda_pe_accuracy(d):
+    L = 100_001 if d == 64 else 1_001
+    pos_offset = 0 if d == 64 else 99_000
+    pe = _ext.add_sinusoidal(torch.zeros(1, L, d, device="cuda"), pos_offset=pos_offset)[0].cpu()
+    pe64 = sinusoidal_positions(torch.arange(pos_offset, pos_offset + L), d, torch.float64)
+    assert report_diff(f"cuda PE d={d}", pe, pe64) <= PE_MAX_ERR
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_grad_deterministic_and_equals_cpu(dtype):
+    tokens = torch.randint(0, 7, (32, 512))
+    tokens[:, ::5] = 3
+    grad = torch.randn(32, 512, 96).to(dtype)
+    runs = [OP.embed_sinusoidal_backward(grad.cuda(), tokens.cuda(), 7, 3.0, 3).cpu() for _ in range(2)]
+    cpu = OP.embed_sinusoidal_backward(grad, tokens, 7, 3.0, 3)
+    assert torch.equal(runs[0], runs[1])
+    assert torch.count_nonzero(runs[0][3]) == 0
+    torch.testing.assert_close(runs[0], cpu, rtol=0, atol=0)  # same order, same roundings
+
+
+@requires_cuda
+def test_opcheck_cuda():
+    _opcheck_all("cuda")
+
+
+@requires_cuda
+def test_cuda_compile_fullgraph():
+    tokens = torch.randint(0, 30, (2, 9), device="cuda")
+    weight = _weight(30, 16, torch.float32, device="cuda", requires_grad=True)
+    fn = lambda t, w: _ext.embed_sinusoidal(t, w, scale=4.0, pos_offset=3)  # noqa: E731
+    out = torch.compile(fn, fullgraph=True)(tokens, weight)
+    out.sum().backward()
+    torch.testing.assert_close(out, fn(tokens, weight))
+
+
+@requires_cuda
+def test_cuda_bad_token_id_device_assert():
+    # A device-side assert poisons the CUDA context, so it runs in a child process.
+    code = (
+        "import torch; from scratchformer import _ext\n"
+        "t = torch.tensor([[1, 70000]], device='cuda'); w = torch.randn(10, 8, device='cuda')\n"
+        "_ext.embed_sinusoidal(t, w, scale=1.0); torch.cuda.synchronize()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "token id 70000" in res.stdout + res.stderr
+    assert "device-side assert" in res.stderr
+
+
+@requires_cuda
+def test_cuda_device_mismatch():
+    with pytest.raises(RuntimeError, match="tokens are on cpu but weight is on cuda"):
+        _ext.embed_sinusoidal(torch.zeros(1, 2, dtype=torch.long), _weight(4, 8, torch.float32, "cuda"), scale=1.0)
