@@ -95,6 +95,12 @@ _KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL"]
 
 
 @triton.jit
+def _tile(base, offs_r, offs_c, stride_r, stride_c):
+    """Pointers to a (len(offs_r), len(offs_c)) tile: base + r·stride_r + c·stride_c."""
+    return base + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
+
+
+@triton.jit
 def _dropout_keep(seed, rng_base, rows, cols, Lk, dropout_p):
     """Keep mask for score positions (rows, cols) (any broadcastable shapes): the Philox counter
     is rng_base + row·Lk + col with rng_base = offset + (b·H + h)·Lq·Lk, all in int64."""
@@ -189,7 +195,7 @@ def _attention_fwd_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = q_ptr + b * stride_q_b + h * stride_q_h + offs_m[:, None] * stride_q_l + offs_d[None, :] * stride_q_d
+    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
@@ -200,7 +206,7 @@ def _attention_fwd_kernel(
     n_full = klen
     if IS_CAUSAL:
         n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift + 1)
+        n_full = tl.minimum(n_full, start_m + 1 + shift)
     n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
     n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
 
@@ -229,7 +235,7 @@ def _attention_fwd_kernel(
         out = out * (1.0 / (1.0 - dropout_p))
     out = tl.where(row_ok[:, None], out, 0.0)
     lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
-    o_ptrs = o_ptr + b * stride_o_b + h * stride_o_h + offs_m[:, None] * stride_o_l + offs_d[None, :] * stride_o_d
+    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Lq)
     tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
@@ -270,8 +276,10 @@ def _attention_bwd_preprocess_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < Lq
-    o = tl.load(o_ptr + b * stride_o_b + h * stride_o_h + offs_m[:, None] * stride_o_l + offs_d[None, :] * stride_o_d, mask=rows, other=0.0)
-    do = tl.load(do_ptr + b * stride_do_b + h * stride_do_h + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d, mask=rows, other=0.0)
+    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
+    o = tl.load(o_ptrs, mask=rows, other=0.0)
+    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
+    do = tl.load(do_ptrs, mask=rows, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + pid_bh * Lq + offs_m, delta, mask=offs_m < Lq)
 
@@ -361,8 +369,10 @@ def _attention_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_rows = offs_n[:, None] < klen
-    k = tl.load(k_ptr + b * stride_k_b + h * stride_k_h + offs_n[:, None] * stride_k_l + offs_d[None, :] * stride_k_d, mask=kv_rows, other=0.0)
-    v = tl.load(v_ptr + b * stride_v_b + h * stride_v_h + offs_n[:, None] * stride_v_l + offs_d[None, :] * stride_v_d, mask=kv_rows, other=0.0)
+    k_ptrs = _tile(k_ptr + b * stride_k_b + h * stride_k_h, offs_n, offs_d, stride_k_l, stride_k_d)
+    k = tl.load(k_ptrs, mask=kv_rows, other=0.0)
+    v_ptrs = _tile(v_ptr + b * stride_v_b + h * stride_v_h, offs_n, offs_d, stride_v_l, stride_v_d)
+    v = tl.load(v_ptrs, mask=kv_rows, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -406,8 +416,10 @@ def _attention_bwd_dkdv_kernel(
     )
     dk = dk * sm_scale
     out_rows = offs_n[:, None] < Lk
-    tl.store(dk_ptr + b * stride_dk_b + h * stride_dk_h + offs_n[:, None] * stride_dk_l + offs_d[None, :] * stride_dk_d, dk.to(dk_ptr.dtype.element_ty), mask=out_rows)
-    tl.store(dv_ptr + b * stride_dv_b + h * stride_dv_h + offs_n[:, None] * stride_dv_l + offs_d[None, :] * stride_dv_d, dv.to(dv_ptr.dtype.element_ty), mask=out_rows)
+    dk_ptrs = _tile(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d)
+    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_rows)
+    dv_ptrs = _tile(dv_ptr + b * stride_dv_b + h * stride_dv_h, offs_n, offs_d, stride_dv_l, stride_dv_d)
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_rows)
 
 
 @triton.jit
@@ -483,8 +495,10 @@ def _attention_bwd_dq_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < Lq
-    q = tl.load(q_ptr + b * stride_q_b + h * stride_q_h + offs_m[:, None] * stride_q_l + offs_d[None, :] * stride_q_d, mask=rows, other=0.0)
-    do = tl.load(do_ptr + b * stride_do_b + h * stride_do_h + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d, mask=rows, other=0.0)
+    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
+    q = tl.load(q_ptrs, mask=rows, other=0.0)
+    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
+    do = tl.load(do_ptrs, mask=rows, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -516,7 +530,8 @@ def _attention_bwd_dq_kernel(
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
     )
     dq = dq * sm_scale
-    tl.store(dq_ptr + b * stride_dq_b + h * stride_dq_h + offs_m[:, None] * stride_dq_l + offs_d[None, :] * stride_dq_d, dq.to(dq_ptr.dtype.element_ty), mask=rows)
+    dq_ptrs = _tile(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d)
+    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=rows)
 
 
 _fwd = triton.autotune(_configs((64, 128), (32, 64, 128), "M"), key=_KEY)(_attention_fwd_kernel)

@@ -61,8 +61,16 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         lambda: f"embed_sinusoidal: weight must be floating point (float32, float16, bfloat16, "
         f"float64), got {weight.dtype}",
     )
-    torch._check(tokens.dim() == 2, lambda: f"embed_sinusoidal: tokens must be 2-D (B, L), got a {tokens.dim()}-D tensor of shape {list(tokens.shape)}")
-    torch._check(weight.dim() == 2, lambda: f"embed_sinusoidal: weight must be 2-D (V, d_model), got a {weight.dim()}-D tensor of shape {list(weight.shape)}")
+    torch._check(
+        tokens.dim() == 2,
+        lambda: f"embed_sinusoidal: tokens must be 2-D (B, L), got a {tokens.dim()}-D tensor of "
+        f"shape {list(tokens.shape)}",
+    )
+    torch._check(
+        weight.dim() == 2,
+        lambda: f"embed_sinusoidal: weight must be 2-D (V, d_model), got a {weight.dim()}-D tensor "
+        f"of shape {list(weight.shape)}",
+    )
     torch._check(
         tokens.device == weight.device,
         lambda: f"embed_sinusoidal: tokens are on {tokens.device} but weight is on {weight.device}; "
@@ -71,7 +79,8 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
     torch._check(pos_offset >= 0, lambda: f"embed_sinusoidal: pos_offset must be >= 0, got {pos_offset}")
     torch._check(
         not pos_encoding or weight.shape[1] % 2 == 0,
-        lambda: f"embed_sinusoidal: d_model must be even for the sinusoidal encoding, got {weight.shape[1]}",
+        lambda: "embed_sinusoidal: d_model must be even for the sinusoidal encoding, got "
+        f"{weight.shape[1]}",
     )
     if padding_idx is not None:
         torch._check(
@@ -98,8 +107,14 @@ def _register() -> None:
 
     @torch.library.register_fake("scratchformer::add_sinusoidal")
     def _(x, pos_offset):
-        torch._check(x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got a {x.dim()}-D tensor")
-        torch._check(x.shape[-1] % 2 == 0, lambda: f"add_sinusoidal: d_model must be even for the sinusoidal encoding, got {x.shape[-1]}")
+        torch._check(
+            x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got {x.dim()}-D"
+        )
+        torch._check(
+            x.shape[-1] % 2 == 0,
+            lambda: "add_sinusoidal: d_model must be even for the sinusoidal encoding, got "
+            f"{x.shape[-1]}",
+        )
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     # --- autograd -----------------------------------------------------------------------------

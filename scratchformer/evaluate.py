@@ -173,7 +173,7 @@ def seq2seq_report(hyps: list[str], refs: list[str], task: str) -> dict:
 def format_metrics(m: dict) -> str:
     order = ["loss", "ppl", "accuracy", "exact_match", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum"]
     parts = []
-    for k in order + sorted(set(m) - set(order)):
+    for k in order:
         if k in m and isinstance(m[k], (int, float)):
             v = m[k]
             unit = "%" if k in ("accuracy", "exact_match") else ""

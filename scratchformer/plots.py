@@ -56,13 +56,14 @@ def plot_curves(rows: list[dict], path: str | Path, title: str = "") -> Path:
 def plot_attention(weights, row_labels: list[str], col_labels: list[str], path: str | Path, title: str = "") -> Path:
     """Heatmap of an attention matrix (rows attend to columns)."""
     h, w = weights.shape
-    fig, ax = plt.subplots(figsize=(max(4, 0.32 * w + 2), max(3, 0.32 * h + 1.5)))
+    fig, ax = plt.subplots(figsize=(max(6, 0.32 * w + 2), max(3.5, 0.32 * h + 1.5)))
     im = ax.imshow(weights, cmap="viridis", aspect="auto", vmin=0.0)
     ax.set_xticks(range(w))
     ax.set_xticklabels([_label(s) for s in col_labels[:w]], rotation=90, fontsize=8)
     ax.set_yticks(range(h))
     ax.set_yticklabels([_label(s) for s in row_labels[:h]], fontsize=8)
-    ax.set(xlabel="attended (keys)", ylabel="attending (queries)", title=title)
+    ax.set(xlabel="attended (keys)", ylabel="attending (queries)")
+    ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.03)
     fig.tight_layout()
     return _save(fig, path)

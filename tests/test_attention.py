@@ -91,6 +91,15 @@ def test_attention_dense_fp32(Lq, Lk, causal):
     assert_matches_fp32(*run_both(q, k, v, causal=causal))
 
 
+@pytest.mark.parametrize("shift", range(-17, 18))
+def test_attention_causal_diagonal_offsets(shift):
+    """Every offset of the causal diagonal (Lk - Lq) modulo the 16-wide interpreter tiles, so the
+    split between unmasked and masked blocks is checked at each boundary in all three kernels."""
+    Lq = 24
+    q, k, v = make_qkv(1, 1, Lq, Lq + shift, 16)
+    assert_matches_fp32(*run_both(q, k, v, causal=True))
+
+
 # key length 0 and 1 (a sequence of one token), a fully padded query sequence, lengths that end
 # mid-tile (17 of 33) and lengths equal to L (no padding for that batch element).
 PADDING = {
@@ -201,6 +210,25 @@ def test_padded_rows_and_keys_are_zero(causal):
     assert torch.all(out[2] == 0) and torch.all(torch.isneginf(lse[2]))  # key length 0
     if causal:
         assert torch.all(out[:, :, : Lq - Lk] == 0)
+
+
+def test_padded_keys_are_never_read():
+    """Keys/values past key_lengths hold NaN: blocks past the length are outside the loop bounds
+    and the straddling block loads with a mask, so nothing of them reaches out or dQ, dK, dV."""
+    q, k, v = leaves(*make_qkv(2, 2, 33, 40, 16))
+    kl = torch.tensor([17, 33], device=DEVICE)
+    k_nan, v_nan = k.detach().clone(), v.detach().clone()
+    for b in range(2):
+        k_nan[b, :, kl[b]:] = float("nan")
+        v_nan[b, :, kl[b]:] = float("nan")
+    k_nan.requires_grad_()
+    v_nan.requires_grad_()
+    out = attention(q, k_nan, v_nan, key_lengths=kl, causal=True)
+    ref = attention_ref(q, k, v, key_lengths=kl, causal=True)
+    g = torch.randn_like(out)
+    assert report_diff("out", out, ref) < 1e-5
+    for a, b in zip(torch.autograd.grad(out, (q, k_nan, v_nan), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert not a.isnan().any() and report_diff("grad", a, b) < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------

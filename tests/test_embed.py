@@ -14,20 +14,24 @@ import torch
 import torch.nn.functional as F
 
 from conftest import report_diff, requires_cuda
-from scratchformer import ops
+from scratchformer import _ext, ops
 from scratchformer.reference import embed_ref, sinusoidal_positions
-
-_ext = pytest.importorskip("scratchformer._ext")
-pytestmark = pytest.mark.skipif(not _ext.available(), reason="scratchformer._C is not built")
 
 OP = torch.ops.scratchformer
 
-# Max |PE - float64 PE| the kernels may have. Measured on CPU: 7.8e-8 (d_model 512, positions
-# 0..100k), the float32 rounding of the float64 table alone being 3.0e-8. The bound leaves room
-# for the FMA contractions of the CUDA build (<= 1 float ulp) and other d_model values.
+# Max |PE - float64 PE|. Measured on CPU: 7.8e-8 for every d_model tried (2..1024) up to position
+# 100k, the float32 rounding of the float64 table alone being 3.0e-8; a float32 angle would give
+# ~4e-3 there. CUDA contracts the polynomials into FMAs (about one more float ulp): its bound is
+# looser until measured on a GPU. Forward tolerances use the looser one.
+PE_MAX_ERR_CPU = 1e-7
 PE_MAX_ERR = 2.5e-7
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def test_extension_is_built():
+    # Loud, not skipped: every CPU machine can build the extension (pip install -e .).
+    assert _ext.available(), _ext._LOAD_ERROR
 
 
 def _weight(V, d, dtype, device="cpu", requires_grad=False):
@@ -113,7 +117,7 @@ def test_pe_accuracy_long_positions(d):
     pe = _ext.add_sinusoidal(torch.zeros(1, L, d), pos_offset=pos_offset)[0]
     pe64 = sinusoidal_positions(torch.arange(pos_offset, pos_offset + L), d, torch.float64)
     err = report_diff(f"PE d={d} positions {pos_offset}..{pos_offset + L - 1}", pe, pe64)
-    assert err <= PE_MAX_ERR
+    assert err <= PE_MAX_ERR_CPU
 
 
 def test_pos_encoding_off_and_offsets_compose():
@@ -175,7 +179,7 @@ def test_weight_grad_matches_ref(B, L, V, d, index_dtype, dtype):
     g64 = g.double().reshape(-1, d)
     exact = torch.zeros(V, d, dtype=torch.float64).index_add_(0, idx, g64) * scale
     abs_sum = torch.zeros(V, d, dtype=torch.float64).index_add_(0, idx, g64.abs()) * scale
-    count = torch.zeros(V, dtype=torch.float64).index_add_(0, idx, torch.ones_like(idx, dtype=torch.float64))
+    count = torch.bincount(idx, minlength=V).double()
     err_ours = report_diff(f"grad ours vs exact ({dtype})", gw, exact)
     err_ref = report_diff(f"grad ref  vs exact ({dtype})", gw_ref, exact)
     # fp32 accumulation (k terms: k * 2^-24 * sum|g|), then one rounding to dtype.
@@ -237,8 +241,11 @@ def _opcheck_all(device):
         torch.library.opcheck(OP.embed_sinusoidal.default, args)
     tokens, weight = samples[2][0], samples[2][1]
     grad = torch.randn(*tokens.shape, weight.shape[1], device=device, requires_grad=True)
-    torch.library.opcheck(OP.embed_sinusoidal_backward.default, (grad, tokens, weight.shape[0], 5.5, 3))
-    torch.library.opcheck(OP.add_sinusoidal.default, (torch.randn(2, 5, 8, device=device, requires_grad=True), 4))
+    torch.library.opcheck(
+        OP.embed_sinusoidal_backward.default, (grad, tokens, weight.shape[0], 5.5, 3)
+    )
+    x = torch.randn(2, 5, 8, device=device, requires_grad=True)
+    torch.library.opcheck(OP.add_sinusoidal.default, (x, 4))
 
 
 def test_opcheck_cpu():
@@ -303,7 +310,8 @@ def test_bad_token_id_names_it(bad_id, index_dtype):
     tokens = torch.randint(0, 10, (2, 5), dtype=index_dtype)
     tokens[1, 3] = bad_id
     weight = _weight(10, 8, torch.float32)
-    with pytest.raises(RuntimeError, match=rf"token id {bad_id} at tokens\[1, 3\] is out of range for weight with 10 rows"):
+    msg = rf"token id {bad_id} at tokens\[1, 3\] is out of range for weight with 10 rows"
+    with pytest.raises(RuntimeError, match=msg):
         _ext.embed_sinusoidal(tokens, weight, scale=1.0)
     with pytest.raises(RuntimeError, match=rf"token id {bad_id} at tokens\[1, 3\] is out of range"):
         OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, -1)
@@ -325,7 +333,8 @@ def test_bad_scalars():
 
 def test_missing_extension_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: (simulated)")
-    with pytest.raises(RuntimeError, match=r"extension is not available .* pip install --no-build-isolation -e \."):
+    msg = r"extension is not available .*pip install --no-build-isolation -e \."
+    with pytest.raises(RuntimeError, match=msg):
         _ext.embed_sinusoidal(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 2), scale=1.0)
 
 
@@ -370,7 +379,9 @@ def test_cuda_grad_deterministic_and_equals_cpu(dtype):
     tokens = torch.randint(0, 7, (32, 512))
     tokens[:, ::5] = 3
     grad = torch.randn(32, 512, 96).to(dtype)
-    runs = [OP.embed_sinusoidal_backward(grad.cuda(), tokens.cuda(), 7, 3.0, 3).cpu() for _ in range(2)]
+    runs = [
+        OP.embed_sinusoidal_backward(grad.cuda(), tokens.cuda(), 7, 3.0, 3).cpu() for _ in range(2)
+    ]
     cpu = OP.embed_sinusoidal_backward(grad, tokens, 7, 3.0, 3)
     assert torch.equal(runs[0], runs[1])
     assert torch.count_nonzero(runs[0][3]) == 0
@@ -409,4 +420,5 @@ def test_cuda_bad_token_id_device_assert():
 @requires_cuda
 def test_cuda_device_mismatch():
     with pytest.raises(RuntimeError, match="tokens are on cpu but weight is on cuda"):
-        _ext.embed_sinusoidal(torch.zeros(1, 2, dtype=torch.long), _weight(4, 8, torch.float32, "cuda"), scale=1.0)
+        weight = _weight(4, 8, torch.float32, "cuda")
+        _ext.embed_sinusoidal(torch.zeros(1, 2, dtype=torch.long), weight, scale=1.0)

@@ -1,0 +1,108 @@
+"""Embedding * scale + sinusoidal positions: our op vs eager PyTorch vs torch.compile of eager.
+
+    pytest bench/bench_embed.py --benchmark-only [--benchmark-json bench/results/embed_<dev>.json]
+
+Kernels:
+- ``ours``:    scratchformer::embed_sinusoidal (csrc/), PE computed on the fly.
+- ``eager``:   F.embedding(tokens, weight) * scale + table[pos_offset : pos_offset + L], the
+               table precomputed once (what PyTorch users write).
+- ``compile``: torch.compile of the same eager function.
+
+GB/s = bytes that must move / median time. Forward: tokens read (N * index bytes) + output
+written (N * d) + one weight row read per token (N * d), N = B * L tokens; the eager path also
+reads its PE table, which is not counted (its cost, not the job's). fwd+bwd adds the gradient
+read (N * d), the tokens read again and grad_weight written (V * d). extra_info also records the
+device's copy bandwidth (bench/conftest.py), the roof for these numbers.
+
+Grid: on GPU N in {4k, 64k, 256k} x d_model in {256, 512, 1024} x {fp32, bf16}, forward, plus
+fwd+bwd at d_model 512; on CPU a few modest shapes (fp32, forward) so the run takes a couple of
+minutes, most of it torch.compile.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import HAS_CUDA, copy_bandwidth_gbps, run_bench
+from scratchformer.reference import sinusoidal_positions
+
+_ext = pytest.importorskip("scratchformer._ext")
+
+pytestmark = [
+    pytest.mark.benchmark(group="embed"),
+    pytest.mark.skipif(not _ext.available(), reason="scratchformer._C is not built"),
+]
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+VOCAB = 32_000
+SEQ_LEN = 512  # tokens are (N / SEQ_LEN, SEQ_LEN)
+KERNELS = ["ours", "eager", "compile"]
+_roof_gbps = functools.lru_cache(maxsize=None)(copy_bandwidth_gbps)  # GPU copy GB/s, NaN on CPU
+
+if HAS_CUDA:
+    CASES = [
+        (n, d, dtype, "fwd")
+        for dtype in (torch.float32, torch.bfloat16)
+        for n in (4096, 65_536, 262_144)
+        for d in (256, 512, 1024)
+    ] + [
+        (n, 512, dtype, "fwd+bwd")
+        for dtype in (torch.float32, torch.bfloat16)
+        for n in (4096, 65_536, 262_144)
+    ]
+else:
+    CASES = [(4096, 256, torch.float32, "fwd"), (16_384, 512, torch.float32, "fwd")]
+
+
+def _eager(tokens, weight, table, scale):
+    L = tokens.shape[1]
+    return F.embedding(tokens, weight) * scale + table[:L]
+
+
+def _case_id(case):
+    n, d, dtype, mode = case
+    return f"{mode}-N{n}-d{d}-{str(dtype).removeprefix('torch.')}"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_embed(benchmark, case, kernel):
+    n, d, dtype, mode = case
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (n // SEQ_LEN, SEQ_LEN), device=DEVICE)
+    weight = (torch.randn(VOCAB, d, device=DEVICE) / math.sqrt(d)).to(dtype)
+    weight.requires_grad_(mode == "fwd+bwd")
+    scale = math.sqrt(d)
+    if kernel == "ours":
+        f = lambda: _ext.embed_sinusoidal(tokens, weight, scale=scale)  # noqa: E731
+    else:
+        table = sinusoidal_positions(torch.arange(SEQ_LEN, device=DEVICE), d, dtype)
+        eager = _eager
+        if kernel == "compile":
+            # Every case recompiles _eager; reset so dynamo's per-function recompile limit (8)
+            # never silently falls back to eager.
+            torch._dynamo.reset()
+            eager = torch.compile(_eager, dynamic=False)
+        f = lambda: eager(tokens, weight, table, scale)  # noqa: E731
+
+    elt = weight.element_size()
+    nbytes = n * tokens.element_size() + 2 * n * d * elt
+    if mode == "fwd":
+        fn = f
+    else:
+        grad = torch.randn(tokens.shape[0], SEQ_LEN, d, device=DEVICE, dtype=dtype)
+        nbytes += n * tokens.element_size() + n * d * elt + VOCAB * d * elt
+
+        def fn():
+            weight.grad = None
+            f().backward(grad)
+
+    with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+        run_bench(
+            benchmark, fn, nbytes=nbytes, warmup=3, rounds=20 if HAS_CUDA else 10,
+            kernel=kernel, mode=mode, tokens=n, d_model=d, vocab=VOCAB, dtype=dtype,
+            copy_bandwidth_gbps=_roof_gbps(),
+        )

@@ -1,0 +1,85 @@
+"""Run a trained checkpoint on new text: a translation, a summary, or a label with its confidence.
+
+    python -m scratchformer.generate --checkpoint runs/latest --text "three one four"
+    python -m scratchformer.generate --checkpoint runs/m30k --input sentences.txt --beam-size 4
+    echo "A great film." | python -m scratchformer.generate --checkpoint runs/imdb
+
+One input per line (a file or stdin), or one --text. Output: one line per input; classification
+prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from . import data as D
+from .evaluate import load_run, predict_labels, predict_seq2seq
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scratchformer.generate",
+                                description="Translate, summarize or classify text with a trained checkpoint.")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, or a run folder (uses its best.pt)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", action="append", help="input text (repeatable)")
+    src.add_argument("--input", metavar="FILE", help="one input per line ('-' = stdin, the default)")
+    p.add_argument("--beam-size", type=int, default=4, help="1 = greedy")
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
+    p.add_argument("--json", action="store_true", help="print one JSON object per input")
+    return p
+
+
+def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
+             max_len: int | None = None) -> list[dict]:
+    """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}]."""
+    task = ckpt["task"]
+    a = ckpt["args"]
+    max_tgt = max_len or a["max_tgt_len"]
+    examples = [D.Example(t, 0 if task == "classification" else "", None) for t in texts]
+    dataset, _ = D.encode_examples(examples, task, toks.src, toks.tgt, a["max_src_len"], max(2, max_tgt))
+    if task == "classification":
+        names = D.label_names(Path(ckpt["data"]["folder"])) if ckpt["data"].get("folder") else None
+        preds, probs = predict_labels(model, dataset, device=device)
+        return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
+                for t, y, c in zip(texts, preds, probs)]
+    outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
+                           length_penalty=length_penalty)
+    return [{"input": t, "output": o} for t, o in zip(texts, outs)]
+
+
+def main(argv=None) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
+    if args.text:
+        texts = args.text
+    elif args.input and args.input != "-":
+        with open(args.input, encoding="utf-8") as f:
+            texts = [line.rstrip("\n") for line in f]
+    else:
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise SystemExit("no input text (give --text, --input FILE, or lines on stdin)")
+    results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
+                       length_penalty=args.length_penalty, max_len=args.max_len)
+    for r in results:
+        if args.json:
+            print(json.dumps(r, ensure_ascii=False))
+        elif "output" in r:
+            print(r["output"])
+        else:
+            print(f"{r['label_name']}\t{r['confidence']:.3f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

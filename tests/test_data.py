@@ -1,0 +1,206 @@
+"""Data: file parsing and its errors, truncation, batching (exactly once, budgets, padding)."""
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scratchformer import data as D
+from scratchformer.config import BOS_ID, EOS_ID, PAD_ID
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def write_jsonl(path, rows, gz=False):
+    text = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+class CharTok:
+    """A stand-in tokenizer: one id per character (ids >= 4)."""
+
+    def encode_batch(self, texts):
+        return [[4 + (ord(c) % 50) for c in t] for t in texts]
+
+
+# --- synthetic task ----------------------------------------------------------------------------
+
+
+def test_synthetic_is_seeded_and_reverses():
+    a = D.synthetic_examples("train", 50, seed=7)
+    assert [e.src for e in a] == [e.src for e in D.synthetic_examples("train", 50, seed=7)]
+    assert [e.src for e in a] != [e.src for e in D.synthetic_examples("train", 50, seed=8)]
+    # validation is drawn from its own stream, not a prefix of train
+    assert [e.src for e in D.synthetic_examples("validation", 20, seed=7)] != [e.src for e in a[:20]]
+    for e in a:
+        words = e.src.split()
+        assert e.tgt.split() == [D.DE_NUMBERS[D.EN_NUMBERS.index(w)] for w in reversed(words)]
+
+
+# --- parsing and errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_jsonl_translation(tmp_path, gz):
+    p = write_jsonl(tmp_path / ("train.jsonl.gz" if gz else "train.jsonl"),
+                    [{"src": "a b", "tgt": "c"}, "", {"src": "Grüße", "tgt": "x"}], gz=gz)
+    rows = D.read_split(p, "translation")
+    assert [(r.src, r.tgt) for r in rows] == [("a b", "c"), ("Grüße", "x")]  # blank line skipped
+
+
+@pytest.mark.parametrize(
+    "line, task, message",
+    [
+        ('{"src": "a", "tgt": ', "translation", "bad JSON"),
+        ('{"src": "a"}', "translation", "missing field 'tgt'"),
+        ('{"src": 3, "tgt": "b"}', "translation", "field 'src' must be a string, got int"),
+        ('{"src": "  ", "tgt": "b"}', "translation", "field 'src' is empty"),
+        ('{"document": "d", "summary": ["s"]}', "summarization", "field 'summary' must be a string, got list"),
+        ('{"text": "t", "label": "pos"}', "classification", "field 'label' must be an integer"),
+        ('{"text": "t", "label": true}', "classification", "field 'label' must be an integer"),
+        ('["not", "an", "object"]', "translation", "expected a JSON object"),
+    ],
+)
+def test_read_jsonl_errors_name_file_and_line(tmp_path, line, task, message):
+    good = {"translation": {"src": "a", "tgt": "b"}, "summarization": {"document": "d", "summary": "s"},
+            "classification": {"text": "t", "label": 0}}[task]
+    p = write_jsonl(tmp_path / "train.jsonl", [good, good, line])
+    with pytest.raises(D.DataError) as e:
+        D.read_split(p, task)
+    print(e.value)
+    assert f"{p}:3:" in str(e.value) and message in str(e.value)
+
+
+def test_empty_and_missing_split(tmp_path):
+    p = write_jsonl(tmp_path / "validation.jsonl", ["", "  "])
+    with pytest.raises(D.DataError, match="split is empty"):
+        D.read_split(p, "translation")
+    with pytest.raises(D.DataError, match="no such file"):
+        D.read_split(tmp_path / "nope.jsonl", "translation")
+    src = D.resolve_source(data=str(tmp_path), task="translation")
+    with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl"):
+        D.load_split(src, "test")
+
+
+def test_read_tsv_positional_and_header(tmp_path):
+    p = tmp_path / "train.tsv"
+    p.write_text("hello\thallo\nworld\twelt\n", encoding="utf-8")
+    assert [(r.src, r.tgt) for r in D.read_split(p, "translation")] == [("hello", "hallo"), ("world", "welt")]
+    p.write_text("label\ttext\n1\tgood\n0\tbad\n", encoding="utf-8")
+    assert [(r.src, r.tgt) for r in D.read_split(p, "classification")] == [("good", 1), ("bad", 0)]
+    p.write_text("label\ttext\nx\tgood\n", encoding="utf-8")
+    with pytest.raises(D.DataError, match=f"{p}:2: field 'label' must be an integer"):
+        D.read_split(p, "classification")
+    p.write_text("a\tb\tc\n", encoding="utf-8")
+    with pytest.raises(D.DataError, match=f"{p}:1: expected 2 tab-separated columns"):
+        D.read_split(p, "translation")
+
+
+def test_infer_task_and_carve(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"text": f"t{i}", "label": i % 2} for i in range(40)])
+    src = D.resolve_source(data=str(tmp_path))
+    assert src.task == "classification" and not D.has_split(src, "validation")
+    rows = D.load_split(src, "train")
+    tr, va = D.carve_validation(rows, 0.25, seed=3)
+    assert len(va) == 10 and len(tr) == 30
+    assert {e.src for e in tr}.isdisjoint({e.src for e in va})
+    assert [e.src for e in D.carve_validation(rows, 0.25, seed=3)[1]] == [e.src for e in va]  # seeded
+
+
+@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="../shared/data is absent (CI puts it beside the clone)")
+def test_shared_multi30k_slice():
+    src = D.resolve_source(data=str(SHARED / "multi30k"))
+    assert src.task == "translation"
+    rows = D.load_split(src, "validation", limit=200)
+    assert len(rows) == 200 and all(r.src and r.tgt for r in rows)
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def test_truncation_policy_and_counts():
+    ex = [D.Example("abcdefghij", "klmnopqrst"), D.Example("ab", "cd")]
+    ds, st = D.encode_examples(ex, "translation", CharTok(), None, max_src_len=5, max_tgt_len=4)
+    assert st.src_truncated == 1 and st.tgt_truncated == 1 and st.examples == 2
+    assert len(ds.src[0]) == 5 and ds.src[0][-1] == EOS_ID  # first 4 tokens + EOS
+    assert len(ds.tgt[0]) == 3  # y has max_tgt_len - 1 tokens: BOS + y and y + EOS fit in 4
+    assert len(ds.src[1]) == 3 and ds.src[1][-1] == EOS_ID
+    ds, st = D.encode_examples([D.Example("abcdef", 1)], "classification", CharTok(), max_src_len=4)
+    assert st.src_truncated == 1 and len(ds.src[0]) == 4 and ds.tgt == [1]
+
+
+def test_collate_pads_right():
+    items = [(0, np.array([5, 6, EOS_ID]), np.array([7])), (1, np.array([8, EOS_ID]), np.array([9, 10, 11]))]
+    b = D.collate(items)
+    assert b.src.tolist() == [[5, 6, EOS_ID], [8, EOS_ID, PAD_ID]]
+    assert b.src_lengths.tolist() == [3, 2]
+    assert b.tgt_in.tolist() == [[BOS_ID, 7, PAD_ID, PAD_ID], [BOS_ID, 9, 10, 11]]
+    assert b.tgt_out.tolist() == [[7, EOS_ID, PAD_ID, PAD_ID], [9, 10, 11, EOS_ID]]
+    assert b.tgt_lengths.tolist() == [2, 4] and b.src.dtype == torch.int64
+    c = D.collate([(3, np.array([5]), 1), (4, np.array([6, 7]), 0)])
+    assert c.labels.tolist() == [1, 0] and c.tgt_in is None and c.src.tolist() == [[5, 0], [6, 7]]
+
+
+# --- batching ----------------------------------------------------------------------------------
+
+LENGTHS = np.random.default_rng(0).integers(1, 60, size=997).tolist()  # prime count: ragged last batch
+
+
+@pytest.mark.parametrize("batch_size, max_tokens", [(32, None), (None, 500), (16, 300), (1, None), (None, 59)])
+def test_sampler_each_example_once_and_budget(batch_size, max_tokens):
+    s = D.BucketBatchSampler(LENGTHS, batch_size=batch_size, max_tokens=max_tokens, seed=1)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        batches = list(s)
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(len(LENGTHS)))  # exactly once per epoch
+        for b in batches:
+            if batch_size:
+                assert len(b) <= batch_size
+            if max_tokens and len(b) > 1:
+                assert len(b) * max(LENGTHS[i] for i in b) <= max_tokens
+        assert len(s) == len(batches)
+
+
+def test_sampler_seeded_shuffle_and_resume_offset():
+    s = D.BucketBatchSampler(LENGTHS, max_tokens=400, seed=5)
+    s.set_epoch(0)
+    e0 = list(s)
+    s.set_epoch(1)
+    assert list(s) != e0  # a new order each epoch
+    t = D.BucketBatchSampler(LENGTHS, max_tokens=400, seed=5)
+    t.set_epoch(0, start=7)
+    assert list(t) == e0[7:]  # resume skips the batches already consumed
+    u = D.BucketBatchSampler(LENGTHS, max_tokens=400, shuffle=False)
+    assert sorted(i for b in u for i in b) == list(range(len(LENGTHS)))
+
+
+def test_sampler_distributed_partition():
+    full = D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2)
+    parts = [D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2, num_replicas=3, rank=r) for r in range(3)]
+    lens = {len(p) for p in parts}
+    assert len(lens) == 1  # every rank takes the same number of steps
+    seen = [i for p in parts for b in p for i in b]
+    assert set(seen) == set(range(len(LENGTHS)))  # every example covered (a few repeated as padding)
+    assert len(seen) - len(LENGTHS) <= 2 * 10
+    assert len(full) <= sum(len(p) for p in parts) < len(full) + 3
+
+
+def test_loader_batches():
+    ex = D.synthetic_examples("train", 40)
+    ds, _ = D.encode_examples(ex, "translation", CharTok(), None, 64, 64)
+    s = D.BucketBatchSampler(ds.lengths(), max_tokens=200, seed=0)
+    ids = []
+    for b in D.make_loader(ds, s):
+        assert b.src.shape[0] == b.tgt_in.shape[0] == len(b)
+        assert int(b.src_lengths.max()) == b.src.shape[1]  # dynamic padding: no all-pad column
+        ids += b.ids.tolist()
+    assert sorted(ids) == list(range(40))

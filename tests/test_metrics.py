@@ -1,0 +1,43 @@
+"""Metrics on known strings."""
+
+import math
+
+import pytest
+
+from scratchformer import metrics as M
+
+REFS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
+
+
+def test_identical_scores_100():
+    assert M.bleu(REFS, REFS) == pytest.approx(100.0)
+    assert M.chrf(REFS, REFS) == pytest.approx(100.0)
+    for v in M.rouge(REFS, REFS).values():
+        assert v == pytest.approx(100.0)
+    assert M.exact_match(REFS, [" " + r for r in REFS]) == 100.0
+
+
+def test_partial_and_disjoint():
+    hyps = ["the cat sat on a mat", "completely different words here"]
+    assert 0.0 < M.bleu(hyps, REFS) < 100.0
+    assert M.exact_match(hyps, REFS) == 0.0
+    r = M.rouge(["the cat"], ["the cat sat"])
+    assert r["rouge1"] == pytest.approx(100 * 2 * (1.0 * 2 / 3) / (1.0 + 2 / 3))  # P=1, R=2/3
+    assert M.rouge(["dogs running"], ["dog runs"])["rouge1"] == pytest.approx(100.0)  # stemming on
+    assert M.bleu(["xyz"], ["abc"]) == pytest.approx(0.0)
+
+
+def test_accuracy_perplexity_and_errors():
+    assert M.accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 50.0
+    assert M.perplexity(2 * math.log(3.0), 2) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        M.bleu(["a", "b"], ["a"])
+    with pytest.raises(ValueError):
+        M.perplexity(1.0, 0)
+
+
+def test_lead3():
+    doc = "first one . second one ! third one ? fourth one . fifth"
+    assert M.lead3(doc) == "first one .\nsecond one !\nthird one ?"
+    assert M.lead3("Amanda: hi\nJerry: hello\nAmanda: bye\nJerry: ok") == "Amanda: hi\nJerry: hello\nAmanda: bye"
+    assert M.rouge([M.lead3(doc)], ["first one .\nsecond one !\nthird one ?"])["rougeLsum"] == pytest.approx(100.0)

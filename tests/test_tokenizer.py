@@ -1,0 +1,66 @@
+"""Byte-level BPE: special ids, round trip, save/load, shared and separate vocabularies."""
+
+import pytest
+
+from scratchformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from scratchformer.data import synthetic_examples, texts_for_tokenizer
+from scratchformer.tokenizer import MIN_VOCAB, BPETokenizer, TokenizerPair
+
+TEXTS = ["Two young, White males are outside near many bushes.", "Zwei junge weiße Männer sind im Freien.",
+         "Amanda: I baked  cookies.\nJerry: Sure!"] * 20
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return BPETokenizer.train(TEXTS, vocab_size=400)
+
+
+def test_special_ids(tok):
+    for t, i in [("<pad>", PAD_ID), ("<s>", BOS_ID), ("</s>", EOS_ID), ("<unk>", UNK_ID)]:
+        assert tok.tok.token_to_id(t) == i
+    assert tok.vocab_size <= 400
+    ids = tok.encode("Zwei junge")
+    assert ids and min(ids) > UNK_ID  # no special token added by encode
+
+
+@pytest.mark.parametrize("text", [
+    "Two young, White males are outside near many bushes.",
+    "Grüße aus Köln – 3,5 °C!",  # unseen characters: byte fallback, never <unk>
+    "line one\nline  two",  # newlines and double spaces survive
+    "日本語",
+])
+def test_round_trip(tok, text):
+    ids = tok.encode(text)
+    assert UNK_ID not in ids
+    assert tok.decode(ids) == text
+
+
+def test_decode_stops_at_eos_and_skips_specials(tok):
+    ids = tok.encode("near many")
+    assert tok.decode([BOS_ID] + ids + [EOS_ID] + tok.encode("bushes") + [PAD_ID]) == "near many"
+    assert tok.decode_batch([ids, ids + [EOS_ID, PAD_ID]]) == ["near many", "near many"]
+
+
+def test_save_load_pair(tmp_path, tok):
+    pair = TokenizerPair(tok)
+    assert pair.shared and [p.name for p in pair.save(tmp_path)] == ["tokenizer.json"]
+    again = TokenizerPair.load([tmp_path / "tokenizer.json"])
+    assert again.src.encode("Männer sind") == tok.encode("Männer sind")
+    ex = synthetic_examples("train", 100)
+    sep = TokenizerPair(BPETokenizer.train(texts_for_tokenizer(ex, "src"), 300),
+                        BPETokenizer.train(texts_for_tokenizer(ex, "tgt"), 300))
+    files = sep.save(tmp_path)
+    assert [p.name for p in files] == ["tokenizer.src.json", "tokenizer.tgt.json"]
+    back = TokenizerPair.from_dict(sep.to_dict())
+    assert not back.shared and back.tgt.decode(back.tgt.encode("fünf drei")) == "fünf drei"
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ValueError, match=f"at least {MIN_VOCAB}"):
+        BPETokenizer.train(TEXTS, vocab_size=100)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid tokenizer file"):
+        BPETokenizer.load(bad)
+    with pytest.raises(FileNotFoundError):
+        BPETokenizer.load(tmp_path / "missing.json")
