@@ -90,5 +90,7 @@ def test_prune_and_find(tmp_path):
     C.save_checkpoint(tmp_path / "best.pt", {})
     assert C.find_checkpoint(tmp_path).name == "best.pt"
     assert C.find_checkpoint(tmp_path, prefer="last").name == "last.pt"
+    empty = tmp_path / "nothing"
+    empty.mkdir()
     with pytest.raises(C.CheckpointError, match="holds no checkpoint"):
-        C.find_checkpoint(tmp_path / "nothing" if (tmp_path / "nothing").mkdir() is None else None)
+        C.find_checkpoint(empty)

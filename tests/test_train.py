@@ -1,0 +1,125 @@
+"""Training pieces: label-smoothed loss, schedules, exact resume, accumulation, classifier step."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchformer import train as T
+from scratchformer.checkpoint import load_checkpoint
+from scratchformer.config import get_config
+from scratchformer.model import Classifier
+
+# A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
+        "--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples", "8",
+        "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
+
+
+def test_label_smoothed_loss_matches_hand_computation():
+    torch.manual_seed(0)
+    V, eps, pad = 7, 0.2, 0
+    logits = torch.randn(5, V)
+    target = torch.tensor([3, 0, 6, 1, 4])  # position 1 is padding
+    loss, nll = T.label_smoothed_loss(logits, target, eps, pad)
+    want_loss, want_nll = 0.0, 0.0
+    for i in range(5):
+        y = int(target[i])
+        if y == pad:
+            continue
+        logp = torch.log_softmax(logits[i].double(), -1)
+        q = torch.full((V,), eps / (V - 2), dtype=torch.float64)  # spread over non-gold, non-pad
+        q[y], q[pad] = 1 - eps, 0.0
+        want_loss += float(-(q * logp).sum())
+        want_nll += float(-logp[y])
+    print(f"loss {float(loss):.6f} vs {want_loss:.6f}")
+    assert float(loss) == pytest.approx(want_loss, rel=1e-5)
+    assert float(nll) == pytest.approx(want_nll, rel=1e-5)
+    l0, n0 = T.label_smoothed_loss(logits, target, 0.0, pad)
+    assert float(l0) == pytest.approx(float(F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")), rel=1e-6)
+
+
+def _lrs(sched_name, steps, **kw):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=1.0)
+    s = T.build_scheduler(opt, sched_name, **kw)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        s.step()
+    return out
+
+
+def test_schedule_shapes():
+    inv = _lrs("inverse_sqrt", 400, warmup=100, total=400)
+    assert inv[0] == pytest.approx(0.01) and inv[99] == pytest.approx(1.0)  # linear warmup to the peak
+    assert all(a < b for a, b in zip(inv[:99], inv[1:100]))
+    assert inv[399] == pytest.approx(math.sqrt(100 / 400))  # then peak * sqrt(warmup / step)
+    cos = _lrs("cosine", 200, warmup=20, total=200, min_lr=0.1, peak=1.0)
+    assert cos[19] == pytest.approx(1.0) and cos[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in zip(cos[19:], cos[20:]))  # monotone decay after warmup
+    const = _lrs("constant", 50, warmup=10, total=50)
+    assert const[9] == const[-1] == 1.0
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=1.0)
+    plat = T.build_scheduler(opt, "plateau", warmup=0, total=0, metric_mode="min", patience=1)
+    for metric in (1.0, 1.0, 1.0):  # no improvement for 2 evaluations -> halve
+        plat.step(metric)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
+
+
+def _train_rows(out):
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["lr"]) for r in rows if r["split"] == "train"]
+
+
+def test_exact_resume(tmp_path):
+    """N steps straight == k steps, stop, resume to N: same losses, bit for bit (dropout on)."""
+    common = TINY + ["--dropout", "0.1", "--eval-every", "3", "--seed", "3"]
+    T.main(common + ["--max-steps", "10", "--out", str(tmp_path / "straight")])
+    T.main(common + ["--max-steps", "6", "--out", str(tmp_path / "split")])  # stops mid-epoch 2
+    T.main(["--resume", "--max-steps", "10", "--out", str(tmp_path / "split"), "--no-progress", "--no-plots"])
+    a, b = _train_rows(tmp_path / "straight"), _train_rows(tmp_path / "split")
+    print(a, b, sep="\n")
+    assert [s for s, _, _ in b] == list(range(1, 11))
+    assert a == b  # exact equality, not approx
+    wa = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
+    wb = load_checkpoint(tmp_path / "split" / "last.pt")["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_grad_accum_runs_and_counts_batches(tmp_path):
+    res = T.main(TINY + ["--grad-accum", "2", "--max-steps", "3", "--eval-every", "3", "--out", str(tmp_path)])
+    ck = load_checkpoint(tmp_path / "last.pt")
+    assert ck["progress"]["step"] == 3 and ck["progress"]["batch"] == 2  # 4 batches/epoch: step 3 = epoch 2, batch 2
+    assert "greedy" in res and "beam2" in res
+
+
+def test_early_stopping(tmp_path):
+    # lr 0 cannot improve: stops after `patience` evaluations without gain
+    res = T.main(TINY + ["--lr", "1e-12", "--schedule", "constant", "--eval-every", "1", "--patience", "2",
+                         "--max-steps", "50", "--out", str(tmp_path)])
+    assert res["steps"] < 50
+    assert load_checkpoint(tmp_path / "last.pt")["progress"]["stopped_early"]
+
+
+def test_classifier_training_step_reduces_loss():
+    torch.manual_seed(0)
+    cfg = get_config("classifier", src_vocab_size=50, dropout=0.0, kernel="eager")
+    model = Classifier(cfg)
+    opt = T.build_optimizer(model, 3e-3, 0.01)
+    tokens = torch.randint(4, 50, (8, 12))
+    lengths = torch.tensor([12, 5, 7, 12, 1, 9, 3, 12])
+    labels = (tokens[:, 0] % 2).long()  # learnable from the first token
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(model(tokens, lengths), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    print(losses[0], losses[-1])
+    assert losses[-1] < 0.5 * losses[0]
