@@ -185,8 +185,8 @@ void embed_fwd_cpu_kernel(const index_t* tokens,  // (B * L,) token ids, or null
 }
 
 // acc[v, :] += grad[n, :] for each n with tokens[n] == v != padding_idx, n ascending. Parallel
-// over blocks of 16 columns (64 bytes of float: threads never share a cache line of acc), each
-// column summed by one thread in token order: bit-identical for any number of threads.
+// over blocks of 16 columns (64 bytes of float, so threads seldom share a cache line of acc),
+// each column summed by one thread in token order: bit-identical for any number of threads.
 template <typename scalar_t, typename index_t, typename acc_t>
 void embed_bwd_cpu_kernel(const scalar_t* grad,  // (N, d) contiguous
                           const index_t* tokens,  // (N,)

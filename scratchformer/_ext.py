@@ -12,6 +12,13 @@ The ops (schemas in csrc/embed.cpp):
     scratchformer::add_sinusoidal(x, pos_offset)
         x (..., L, d_model) + PE(pos_offset + j); gradient passes through unchanged.
 
+PE accuracy: angles in double, sin/cos polynomials in float on the reduced argument; max error
+vs the float64 table 7.8e-8 on CPU up to position 100k (float32 rounding alone: 3.0e-8). On
+CUDA the same scheme runs with FMA contraction (to be measured on a GPU; the tests bound it by
+2.5e-7). Out-of-range token ids: RuntimeError naming the id and its (b, j) on CPU; on CUDA a
+device-side assert (the id is printed) that surfaces at the next synchronisation, as with
+F.embedding.
+
 Fake impls make the ops traceable by torch.compile; autograd goes through the backward op, so a
 compiled graph keeps it as one node. Imported lazily by `scratchformer.ops` (never by
 `import scratchformer`), so a missing build only matters to the `triton` backend.

@@ -98,7 +98,7 @@ def plot_ablation(results: list[dict], metric: str, path: str | Path, title: str
 
 
 def _label(s: str) -> str:
-    s = s.replace("\n", "\\n").strip() or "␣"
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s).strip() or "␣"
     return s if len(s) <= 14 else s[:13] + "…"
 
 

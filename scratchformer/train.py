@@ -536,6 +536,14 @@ def main(argv=None) -> dict:
 
         return ablate.main(argv[1:])
     args = parse_args(argv)
+    threads = torch.get_num_threads()
+    try:
+        return _train(args)
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run, not for the caller's process
+
+
+def _train(args) -> dict:
     out = Path(args.out)
 
     resume_ckpt = None

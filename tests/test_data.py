@@ -204,3 +204,32 @@ def test_loader_batches():
         assert int(b.src_lengths.max()) == b.src.shape[1]  # dynamic padding: no all-pad column
         ids += b.ids.tolist()
     assert sorted(ids) == list(range(40))
+
+
+def test_hub_loading_maps_fields(monkeypatch):
+    """Hub datasets are mapped to our fields (a fake `datasets` module: no network in CI)."""
+    calls = []
+
+    class FakeDatasets:
+        @staticmethod
+        def load_dataset(path, split, name=None):
+            calls.append((path, name, split))
+            if path == "iwslt2017":
+                return [{"translation": {"en": "Hello", "de": "Hallo"}}]
+            if path == "cnn_dailymail":
+                return [{"article": "An article .", "highlights": "A highlight .", "id": "abc"}]
+            return []
+
+    monkeypatch.setitem(__import__("sys").modules, "datasets", FakeDatasets)
+    monkeypatch.setattr(D, "local_folder", lambda name: None)  # pretend nothing is on disk
+    src = D.resolve_source("iwslt2017")
+    assert (src.kind, src.task) == ("hub", "translation")
+    rows = D.load_split(src, "validation")
+    assert (rows[0].src, rows[0].tgt) == ("Hello", "Hallo") and calls[-1] == ("iwslt2017", "iwslt2017-en-de", "validation")
+    rows = D.load_split(D.resolve_source("cnn_dailymail"), "train")
+    assert (rows[0].src, rows[0].tgt, rows[0].id) == ("An article .", "A highlight .", "abc")
+    assert calls[-1] == ("cnn_dailymail", "3.0.0", "train")
+    with pytest.raises(D.DataError, match="split 'test' is empty"):
+        D.load_split(D.resolve_source("imdb"), "test")
+    with pytest.raises(D.DataError, match="unknown dataset 'nope'"):
+        D.resolve_source("nope")
