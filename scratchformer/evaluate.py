@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from contextlib import nullcontext
@@ -74,18 +73,20 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     """Mean token NLL (no label smoothing) and perplexity; accuracy for classification."""
     model.eval()
     nll, n, correct = 0.0, 0, 0
+    classify = loader.dataset.task == "classification"
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
         with autocast_for(device, precision):
             logits, target = loss_terms(model, batch)
-        nll += float(F.cross_entropy(logits.float(), target, ignore_index=PAD_ID, reduction="sum"))
-        if batch.labels is not None:
+        if classify:  # labels include 0 == PAD_ID: nothing to ignore
+            nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
             n += len(batch)
             correct += int((logits.argmax(-1) == target).sum())
         else:
+            nll += float(F.cross_entropy(logits.float(), target, ignore_index=PAD_ID, reduction="sum"))
             n += int((target != PAD_ID).sum())
     out = {"loss": nll / max(1, n), "ppl": M.perplexity(nll, max(1, n))}
-    if correct or (n and loader.dataset.task == "classification"):
+    if classify:
         out["accuracy"] = 100.0 * correct / max(1, n)
     return out
 
@@ -166,10 +167,6 @@ def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: Toke
     return w, tokenizers.tgt.token_strings(hyp), src_labels, "decoder cross-attention, last layer (mean over heads)"
 
 
-def seq2seq_report(hyps: list[str], refs: list[str], task: str) -> dict:
-    return M.seq2seq_scores(hyps, refs, task)
-
-
 def format_metrics(m: dict) -> str:
     order = ["loss", "ppl", "accuracy", "exact_match", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum"]
     parts = []
@@ -225,8 +222,7 @@ def run_lead3(args) -> dict:
     examples = D.load_split(source, args.split, args.limit)
     hyps = [M.lead3(e.src) for e in examples]
     refs = [e.tgt for e in examples]
-    result = {"baseline": "lead3", "split": args.split, "n": len(examples), **M.rouge(hyps, refs),
-              "bleu": M.bleu(hyps, refs)}
+    result = {"baseline": "lead3", "split": args.split, "n": len(examples), **M.rouge(hyps, refs)}
     out = Path(args.out or ".")
     _write_outputs(out, f"{args.split}.lead3", examples, hyps, result)
     print(f"lead3 on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}")

@@ -25,7 +25,7 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from .tokenizer import BPETokenizer, TokenizerPair
 
 # Defaults that depend on the data: the synthetic smoke task must learn in a few CPU minutes.
 SYNTHETIC_DEFAULTS = dict(
-    preset="tiny", d_model=64, heads=4, encoder_layers=2, decoder_layers=2, d_ff=256, dropout=0.1,
+    preset="tiny", d_model=64, heads=4, layers=2, d_ff=256, dropout=0.1,
     vocab_size=400, max_src_len=32, max_tgt_len=32, batch_size=64, max_tokens=None, epochs=None,
     max_steps=1500, lr=2e-3, warmup_steps=100, eval_every=500, log_every=100, eval_decode_examples=300,
     threads=1,  # a model this small gains nothing from intra-op threads, and loses a lot on a busy CPU

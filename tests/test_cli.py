@@ -145,3 +145,10 @@ def test_torchrun_ddp_gloo_two_processes(tmp_path):
     assert "x2 (DDP)" in p.stdout + p.stderr
     ck = load_checkpoint(tmp_path / "ddp" / "last.pt")
     assert ck["progress"]["step"] == 3 and isinstance(ck["rng"], list) and len(ck["rng"]) == 2
+
+
+def test_model_flags_reach_the_config(tmp_path):
+    train.main(TINY + ["--layers", "2", "--decoder-layers", "1", "--heads", "4", "--norm", "pre", "--max-steps", "1",
+                       "--no-plots", "--kernel", "eager", "--out", str(tmp_path)])
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert (cfg["n_encoder_layers"], cfg["n_decoder_layers"], cfg["n_heads"], cfg["norm"], cfg["kernel"]) == (2, 1, 4, "pre", "eager")

@@ -124,3 +124,18 @@ def test_classifier_training_step_reduces_loss():
         losses.append(loss.item())
     print(losses[0], losses[-1])
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_classifier_validation_loss_counts_label_zero():
+    """Label 0 equals PAD_ID: the classification loss must not ignore it."""
+    from scratchformer import data as D
+    from scratchformer.evaluate import eval_loader, teacher_forced
+
+    torch.manual_seed(0)
+    model = Classifier(get_config("classifier", src_vocab_size=20, kernel="eager")).eval()
+    ds = D.EncodedDataset([torch.randint(4, 20, (5,)).numpy() for _ in range(6)], [0, 0, 0, 1, 1, 0], "classification")
+    res = teacher_forced(model, eval_loader(ds, batch_size=4), "cpu")
+    with torch.no_grad():
+        b = D.collate([ds[i] for i in range(6)])
+        want = float(F.cross_entropy(model(b.src, b.src_lengths), b.labels))
+    assert res["loss"] == pytest.approx(want, rel=1e-5)
