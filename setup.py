@@ -58,6 +58,8 @@ setup(
     extras_require={
         "triton": ["triton"],
         "hub": ["datasets"],
+        "parquet": ["pyarrow"],
+        "tensorboard": ["tensorboard"],
         "test": ["pytest", "pytest-benchmark", "hypothesis"],
     },
     entry_points={"console_scripts": ["scratchformer-train=scratchformer.train:main"]},
