@@ -10,7 +10,7 @@ TRITON_SPEC ?= triton==3.9.0
 STAMP := $(VENV)/.scratchformer-installed
 EXT_SOURCES := setup.py $(wildcard csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)
 
-.PHONY: install train test cuda-check bench clean
+.PHONY: install train test cuda-check compile-check bench clean
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -35,6 +35,11 @@ train: install
 
 cuda-check:
 	bash csrc/check_cuda_compile.sh
+
+# Every Triton kernel through Triton's compiler and ptxas for sm_90 and sm_80, all dtypes (slow;
+# `make test` runs the sm_90 bf16 subset).
+compile-check: install
+	SCRATCHFORMER_COMPILE_CHECK=full $(PY) -m pytest tests/test_triton_compile.py -q -s
 
 test: install cuda-check
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -74,6 +74,30 @@ def keep(config: triton.Config) -> bool:
     return not (config.num_warps == 8 and bm * bn < 128 * 64)
 
 
+# fp32 inputs (a test dtype: IEEE fp32 dots) need twice the shared memory of 16-bit ones, and the
+# config list above is sized for 16-bit: the AOT compile check (kernels/_compile_check.py) found
+# most fp32 configs at HEAD_DIM 128 over A100's 163 KB per block (e.g. the forward's 128x128
+# 3-stage tile takes 384 KB), some over H100's 227 KB. For 4-byte inputs keep only the configs
+# whose modelled footprint fits A100: resident tiles (1 for the forward's Q, 2 for the backward's
+# K,V or Q,dO) plus num_stages copies of the 2 streamed tiles, elem_bytes x HEAD_DIM each. The
+# model is an upper bound of the compiled sizes on sm_80 and sm_90; 16-bit lists are unchanged
+# (all fit both GPUs, checked by the compile check).
+FP32_SMEM_BUDGET = 166912  # A100 opt-in shared memory per block, bytes
+
+
+def _fp32_pruner(n_resident, resident_block):
+    def prune(configs, nargs, **kwargs):
+        if INTERPRET or nargs["q_ptr"].element_size() < 4:
+            return configs
+        def model(c):
+            bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            resident, streamed = (bn, bm) if resident_block == "N" else (bm, bn)
+            return 4 * kwargs["HEAD_DIM"] * (n_resident * resident + c.num_stages * 2 * streamed)
+        kept = [c for c in configs if model(c) <= FP32_SMEM_BUDGET]
+        return kept or [min(configs, key=model)]
+    return prune
+
+
 def _configs(blocks_m, blocks_n, resident):
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
@@ -534,9 +558,15 @@ def _attention_bwd_dq_kernel(
     tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=rows)
 
 
-_fwd = triton.autotune(_configs((64, 128), (32, 64, 128), "M"), key=_KEY)(_attention_fwd_kernel)
-_bwd_dkdv = triton.autotune(_configs((32, 64), (64, 128), "N"), key=_KEY)(_attention_bwd_dkdv_kernel)
-_bwd_dq = triton.autotune(_configs((64, 128), (32, 64), "M"), key=_KEY)(_attention_bwd_dq_kernel)
+_fwd = triton.autotune(
+    _configs((64, 128), (32, 64, 128), "M"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(1, "M")}
+)(_attention_fwd_kernel)
+_bwd_dkdv = triton.autotune(
+    _configs((32, 64), (64, 128), "N"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(2, "N")}
+)(_attention_bwd_dkdv_kernel)
+_bwd_dq = triton.autotune(
+    _configs((64, 128), (32, 64), "M"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(2, "M")}
+)(_attention_bwd_dq_kernel)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,15 +49,24 @@ ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 # ---------------------------------------------------------------------------------------------
 
 
-def keep(config: triton.Config) -> bool:
+def keep(config: triton.Config, elem_bytes: int = 2) -> bool:
     """Prune the cartesian list: warps follow the tile size, stages follow BLOCK_K, and the
-    pipelined A/B tiles must fit in ~160 KiB of shared memory at 2 bytes per element."""
+    pipelined A/B tiles must fit in ~160 KiB of shared memory (A100 has 163 KiB per block) at
+    `elem_bytes` per element: 2 for the list itself (bf16/fp16), 4 at launch for fp32 inputs
+    (`_prune_by_dtype`: the AOT compile check found e.g. 128x256x64 fp32 needing 192 KiB on sm_80)."""
     bm, bn, bk = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]
     if (config.num_warps == 8) != (bm * bn >= 128 * 128):  # big accumulators need 8 warps
         return False
     if config.num_stages != (4 if bk == 32 else 3):
         return False
-    return config.num_stages * (bm + bn) * bk * 2 <= 160 * 1024
+    return config.num_stages * (bm + bn) * bk * elem_bytes <= 160 * 1024
+
+
+def _prune_by_dtype(configs, nargs, **kwargs):
+    """Autotune early_config_prune: re-apply keep() at the inputs' element size (fp32 halves the list)."""
+    if INTERPRET:
+        return configs
+    return [c for c in configs if keep(c, nargs["a_ptr"].element_size())] or configs[:1]
 
 
 def _configs() -> list[triton.Config]:
@@ -138,7 +147,7 @@ def _gelu_grad(h):
     return cdf + h * pdf
 
 
-@triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"])
+@triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune_by_dtype})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _matmul_fwd_kernel(
@@ -189,7 +198,10 @@ def _matmul_fwd_kernel(
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
 
 
-@triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"], reset_to_zero=["dbias_partial_ptr"])
+@triton.autotune(
+    configs=CONFIGS, key=["M_BUCKET", "N", "K"], reset_to_zero=["dbias_partial_ptr"],
+    prune_configs_by={"early_config_prune": _prune_by_dtype},
+)
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _matmul_dact_kernel(
