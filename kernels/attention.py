@@ -574,7 +574,7 @@ _bwd_dq = triton.autotune(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_lengths(name, lengths, B, L, device):
+def _check_lengths(name, lengths, B, L, device, check_range=True):
     if lengths is None:
         return None
     if not isinstance(lengths, torch.Tensor):
@@ -585,14 +585,14 @@ def _check_lengths(name, lengths, B, L, device):
         raise ValueError(f"attention: {name} must have shape ({B},), got {tuple(lengths.shape)}")
     if lengths.device != device:
         raise ValueError(f"attention: {name} is on {lengths.device} but q is on {device}")
-    if B:
+    if B and check_range:
         lo, hi = int(lengths.min()), int(lengths.max())  # a host sync; kernels never see bad input
         if lo < 0 or hi > L:
             raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
     return lengths.to(torch.int32).contiguous()
 
 
-def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p):
+def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, validate=True):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"attention: {name} must be a tensor, got {type(t).__name__}")
@@ -610,8 +610,8 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p):
         raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {D}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
-    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
-    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device, validate)
+    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device, validate)
     return klen, qlen
 
 
@@ -629,11 +629,12 @@ def _keys(Lq, Lk):
 
 
 def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0,
-                  scale=None, seed=0, offset=0):
+                  scale=None, seed=0, offset=0, validate=True):
     """Forward launcher. Returns out (B, H, Lq, D) in q's dtype with BLHD memory (a transposed
     (B, Lq, H, D) tensor, so out.transpose(1, 2).reshape(B, Lq, H·D) is free) and lse (B, H, Lq)
-    fp32, contiguous. Lengths are validated and converted to int32 here."""
-    klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
+    fp32, contiguous. Lengths are validated and converted to int32 here; validate=False skips
+    only their range check (a host sync per call) for callers that checked them already."""
+    klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, validate)
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -706,8 +707,9 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
-        out, lse = attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset, validate=True):
+        out, lse = attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset,
+                                 validate)
         klen = None if key_lengths is None else key_lengths.to(torch.int32).contiguous()
         qlen = None if query_lengths is None else query_lengths.to(torch.int32).contiguous()
         ctx.save_for_backward(q, k, v, out, lse, klen, qlen)
@@ -719,7 +721,7 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, dlse):  # lse is non-differentiable: dlse is ignored
         q, k, v, out, lse, klen, qlen = ctx.saved_tensors
         dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, klen, qlen, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None  # one slot per forward input
+        return dq, dk, dv, None, None, None, None, None, None, None, None  # one slot per forward input
 
 
 def attention(
@@ -735,6 +737,7 @@ def attention(
     return_lse: bool = False,
     return_dropout_mask: bool = False,
     seed: int | None = None,
+    validate: bool = True,
 ):
     """Fused attention softmax(q kᵀ · scale) v, differentiable w.r.t. q, k, v.
 
@@ -743,7 +746,8 @@ def attention(
     query_lengths (B,) int32/int64 in [0, L]: right padding. causal aligns bottom-right (query i
     at key position Lk - Lq + i). scale defaults to 1/sqrt(D). dropout_p in [0, 1) drops
     attention probabilities with an in-kernel Philox mask; seed (int) makes it reproducible,
-    otherwise it is drawn from torch's default generator.
+    otherwise it is drawn from torch's default generator. validate=False skips the lengths'
+    range check (a host sync) for callers that validated them once already (the model does).
 
     Returns out (B, H, Lq, D) in q's dtype, laid out as a (B, Lq, H, D) tensor transposed; rows
     with no visible key and rows at or past query_lengths are zeros. With return_lse also the
@@ -758,7 +762,8 @@ def attention(
             offset = 0
     else:
         seed, offset = 0, 0
-    out, lse = AttentionFunction.apply(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+    out, lse = AttentionFunction.apply(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset,
+                                       validate)
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:
         B, H, Lq, _ = q.shape

@@ -108,6 +108,7 @@ class MultiHeadAttention(nn.Module):
         out = ops.attention(
             q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
             dropout_p=self.attn_dropout if self.training else 0.0, kernel=kernel,
+            validate=False,  # lengths were checked once at the model's entry (_check_tokens)
         )  # (B, H, Lq, D)
         out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, d))
         if need_weights:

@@ -187,6 +187,7 @@ def attention(
     causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    validate: bool = True,
     kernel: str,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale) v.
@@ -194,7 +195,9 @@ def attention(
     q (B, H, Lq, D), k/v (B, H, Lk, D), any strides; key_lengths / query_lengths (B,) int
     (right padding) or key_padding_mask (B, Lk) bool, True = padding; causal aligned so query i
     sits at position Lk - Lq + i; scale defaults to 1/sqrt(D). Rows with no visible key and rows
-    at or beyond query_lengths are zeros. Returns (B, H, Lq, D) in q's dtype.
+    at or beyond query_lengths are zeros. Returns (B, H, Lq, D) in q's dtype. validate=False
+    skips the lengths' range check, a host sync per call, for callers that checked them once
+    already (the model checks them at its entry).
     """
     _check_kernel(kernel, "attention")
     q, k, v = _autocast(q, k, v)  # attention runs in the autocast dtype for every backend
@@ -202,7 +205,7 @@ def attention(
         if key_lengths is not None:
             raise ValueError("give key_lengths or key_padding_mask, not both")
         key_lengths = key_padding_mask_to_lengths(key_padding_mask)
-    _check_attention(q, k, v, key_lengths, query_lengths, check_range=kernel != "triton")
+    _check_attention(q, k, v, key_lengths, query_lengths, check_range=validate and kernel != "triton")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
@@ -212,7 +215,7 @@ def attention(
         return reference.attention_ref(q, k, v, **kw)
     if kernel == "torch":
         return _attention_sdpa(q, k, v, **kw)
-    return _load("scratchformer.kernels.attention", "attention", "attention")(q, k, v, **kw)
+    return _load("scratchformer.kernels.attention", "attention", "attention")(q, k, v, validate=validate, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
