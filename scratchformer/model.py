@@ -401,10 +401,13 @@ class Classifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
         _init_linears(self)
 
+    def kernel_for(self, device) -> str:
+        return ops.resolve_kernel(self.cfg.kernel, device)
+
     def forward(self, tokens, lengths, *, return_attention: bool = False):
         """tokens (B, L), lengths (B,) -> logits (B, C) [, per layer weights (B, H, L+1, L+1)]."""
         _check_tokens("tokens", tokens, lengths, self.cfg.max_len - 1)
-        kernel = ops.resolve_kernel(self.cfg.kernel, tokens.device)
+        kernel = self.kernel_for(tokens.device)
         x = self.encoder.embedding(tokens, pos_offset=1, kernel=kernel)  # [CLS] holds position 0
         x = torch.cat([self.cls.to(x.dtype).expand(x.shape[0], 1, -1), x], dim=1)  # (B, L+1, d)
         out = self.encoder(x, lengths + 1, kernel=kernel, need_weights=return_attention)
