@@ -54,10 +54,9 @@ def upcast_dot(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
 
 
-def philox_seed_offset(increment: int) -> tuple[int, int]:
-    """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default generator
-    so `torch.manual_seed` makes kernel dropout reproducible. `increment` is unused by the draw
-    but documents how many random numbers the launch consumes."""
+def philox_seed_offset() -> tuple[int, int]:
+    """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default CPU
+    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible."""
     seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     offset = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     return seed, offset

@@ -343,7 +343,7 @@ def add_layer_norm(
     """
     if dropout_p > 0.0:
         if seed is None:
-            seed, rng_offset = philox_seed_offset(x.numel())
+            seed, rng_offset = philox_seed_offset()
         else:
             rng_offset = 0
     else:

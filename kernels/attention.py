@@ -125,6 +125,18 @@ def _tile(base, offs_r, offs_c, stride_r, stride_c):
 
 
 @triton.jit
+def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN: tl.constexpr):
+    """Key and query lengths of batch row b: the given lengths, or the full Lk / Lq."""
+    klen = Lk
+    if HAS_KLEN:
+        klen = tl.load(klen_ptr + b)
+    qlen = Lq
+    if HAS_QLEN:
+        qlen = tl.load(qlen_ptr + b)
+    return klen, qlen
+
+
+@triton.jit
 def _dropout_keep(seed, rng_base, rows, cols, Lk, dropout_p):
     """Keep mask for score positions (rows, cols) (any broadcastable shapes): the Philox counter
     is rng_base + row·Lk + col with rng_base = offset + (b·H + h)·Lq·Lk, all in int64."""
@@ -209,12 +221,7 @@ def _attention_fwd_kernel(
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
     h = pid_bh % H
-    klen = Lk
-    if HAS_KLEN:
-        klen = tl.load(klen_ptr + b)
-    qlen = Lq
-    if HAS_QLEN:
-        qlen = tl.load(qlen_ptr + b)
+    klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq  # query row i sits at key position i + shift
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -382,12 +389,7 @@ def _attention_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
     h = pid_bh % H
-    klen = Lk
-    if HAS_KLEN:
-        klen = tl.load(klen_ptr + b)
-    qlen = Lq
-    if HAS_QLEN:
-        qlen = tl.load(qlen_ptr + b)
+    klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -508,12 +510,7 @@ def _attention_bwd_dq_kernel(
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
     h = pid_bh % H
-    klen = Lk
-    if HAS_KLEN:
-        klen = tl.load(klen_ptr + b)
-    qlen = Lq
-    if HAS_QLEN:
-        qlen = tl.load(qlen_ptr + b)
+    klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -757,7 +754,7 @@ def attention(
     """
     if dropout_p > 0.0 and 0.0 <= dropout_p < 1.0:
         if seed is None:
-            seed, offset = philox_seed_offset(q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+            seed, offset = philox_seed_offset()
         else:
             offset = 0
     else:

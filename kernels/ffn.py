@@ -158,7 +158,7 @@ def ffn(
     (..., d_ff) bool is the keep mask (True = kept).
     """
     if dropout_p > 0.0:
-        seed, rng_offset = (seed, 0) if seed is not None else philox_seed_offset(x.numel() // max(x.shape[-1], 1) * w1.shape[0])
+        seed, rng_offset = (seed, 0) if seed is not None else philox_seed_offset()
     else:
         seed, rng_offset = 0, 0
     y, mask = FFNFunction.apply(
