@@ -7,10 +7,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.9.0
+# The oldest Triton we support: the one CUDA torch 2.11 ships with (the GPU machines' torch).
+# `make test` also runs the kernel tests and the AOT compile check with it on CPU machines.
+TRITON_MIN_SPEC ?= triton==3.6.0
+TRITON_MIN_DIR := .triton-min
+KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_ffn.py \
+	tests/test_model_triton.py tests/test_triton_compile.py
 STAMP := $(VENV)/.scratchformer-installed
 EXT_SOURCES := setup.py $(wildcard csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)
 
-.PHONY: install train test cuda-check compile-check bench clean
+.PHONY: install train test test-triton-min cuda-check compile-check bench clean
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -43,9 +49,25 @@ compile-check: install
 
 test: install cuda-check
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
+		$(MAKE) --no-print-directory test-triton-min; \
+	else echo "GPU machine: its own Triton ran the kernel tests above; skipping the $(TRITON_MIN_SPEC) lane"; fi
+
+# The kernel tests again with TRITON_MIN_SPEC shadowing the venv's Triton (PYTHONPATH goes
+# before site-packages). numpy < 2.3 because Triton < 3.7's interpreter breaks on newer numpy
+# (kernels/_common.py: check_interpreter_versions).
+$(TRITON_MIN_DIR)/.installed: | install
+	rm -rf $(TRITON_MIN_DIR)
+	$(PY) -m pip install -q --no-deps --target $(TRITON_MIN_DIR) "$(TRITON_MIN_SPEC)" "numpy<2.3"
+	@touch $@
+
+test-triton-min: install $(TRITON_MIN_DIR)/.installed
+	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -c "import triton, numpy; print('kernel tests with triton', triton.__version__, 'numpy', numpy.__version__)"
+	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -m pytest $(KERNEL_TESTS) -p no:cacheprovider \
+		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info scratchformer/_C*.so
+	rm -rf $(VENV) $(TRITON_MIN_DIR) build *.egg-info scratchformer/_C*.so

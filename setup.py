@@ -56,7 +56,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy", "tqdm", "tokenizers", "sacrebleu", "rouge-score", "matplotlib", "safetensors"],
     extras_require={
-        "triton": ["triton"],
+        "triton": ["triton>=3.6"],
         "hub": ["datasets"],
         "parquet": ["pyarrow"],
         "tensorboard": ["tensorboard"],

@@ -17,6 +17,35 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as "3.6.0" or "2.3.0.dev0+g1234"."""
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def check_interpreter_versions(triton_version: str, numpy_version: str) -> None:
+    """Triton < 3.7's interpreter converts a 1-element array to int with int(), which numpy >= 2.3
+    rejects ("only 0-dimensional arrays can be converted to Python scalars"): every kernel with a
+    loop bound computed from a tensor dies inside the interpreter. Measured here with Triton 3.6.0
+    + numpy 2.4.6 (fails) and 2.2.6 (all kernel tests pass); Triton 3.7.0 fixed it."""
+    if _version(triton_version) < (3, 7) and _version(numpy_version) >= (2, 3):
+        raise RuntimeError(
+            f"TRITON_INTERPRET=1 with triton {triton_version} needs numpy < 2.3 (found numpy "
+            f"{numpy_version}): Triton's interpreter before 3.7 fails on newer numpy. Install "
+            f"'numpy<2.3' or triton >= 3.7."
+        )
+
+
+if INTERPRET:
+    import numpy
+    import triton
+
+    check_interpreter_versions(triton.__version__, numpy.__version__)
+
+
 def check_device(name: str, *tensors: torch.Tensor | None) -> None:
     """All given tensors on one device; CUDA, or CPU only under the interpreter."""
     present = [t for t in tensors if t is not None]

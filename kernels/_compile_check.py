@@ -310,8 +310,11 @@ def _bind(kernel: JITFunction, args, kw, target):
     backend = make_backend(target)
     kw = dict(kw)
     kw.setdefault("debug", kernel.debug or triton.knobs.runtime.debug)
-    kw.setdefault("instrumentation_mode", triton.knobs.compilation.instrumentation_mode)
-    kw.setdefault("fpsan_homomorphic_casts", triton.knobs.compilation.fpsan_homomorphic_casts)
+    # Compilation knobs JITFunction.run passes to the binder; the set differs across Triton
+    # versions (3.6 has no fpsan_homomorphic_casts), so pass the ones this Triton has.
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):
+        if hasattr(triton.knobs.compilation, knob):
+            kw.setdefault(knob, getattr(triton.knobs.compilation, knob))
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, options)
@@ -356,7 +359,10 @@ def shared_estimate(kernel, signature, constexprs, attrs, options, target, backe
     mod = stages["ttgir"](mod, metadata)
     pm = ir.pass_manager(mod.context)
     passes.ttgpuir.add_combine_tensor_select_and_if(pm)
-    passes.ttgpuir.add_allocate_warp_groups(pm, False)
+    try:  # Triton >= 3.7 takes a "consan" flag (off, as in a normal compile); 3.6 does not
+        passes.ttgpuir.add_allocate_warp_groups(pm, False)
+    except TypeError:
+        passes.ttgpuir.add_allocate_warp_groups(pm)
     passes.convert.add_scf_to_cf(pm)
     passes.gluon.add_inliner(pm)
     nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, target.arch, get_ptx_version_from_options(options, target.arch))

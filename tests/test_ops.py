@@ -148,3 +148,16 @@ def test_auto_resolves_by_device():
     assert ops.resolve_kernel("auto", "cpu") == "eager"
     assert ops.resolve_kernel("auto", "cuda") == "triton"
     assert ops.resolve_kernel("torch", "cpu") == "torch"
+
+
+def test_interpreter_version_guard_names_the_fix():
+    """Triton < 3.7's interpreter breaks on numpy >= 2.3 deep inside a kernel launch; the guard
+    turns that into an error naming both versions and the fix, and lets good pairs through."""
+    from scratchformer.kernels._common import check_interpreter_versions
+
+    with pytest.raises(RuntimeError, match=r"triton 3\.6\.0 needs numpy < 2\.3 \(found numpy 2\.4\.6\)"):
+        check_interpreter_versions("3.6.0", "2.4.6")
+    with pytest.raises(RuntimeError, match="numpy < 2.3"):
+        check_interpreter_versions("3.5.1+git1234", "2.3.0rc1")
+    for triton_version, numpy_version in [("3.6.0", "2.2.6"), ("3.7.0", "2.4.6"), ("3.9.0", "2.3.0"), ("3.10.1", "3.0.0")]:
+        check_interpreter_versions(triton_version, numpy_version)
