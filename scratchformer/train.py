@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-checkpoints", type=int, default=3, help="step checkpoints kept")
     g.add_argument("--resume", nargs="?", const="last", metavar="CKPT",
                    help="continue from a checkpoint (default: OUT/last.pt), with its arguments")
-    g.add_argument("--out", default="runs/latest", help="run folder")
+    g.add_argument("--out", help="run folder (default: a new runs/<date>-<time>, linked as runs/latest); "
+                   "one that already holds a run is refused unless --resume or --overwrite")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (its checkpoints, logs, plots are deleted first)")
     g.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available, torchrun: cuda:LOCAL_RANK)")
     g.add_argument("--log-every", type=int, help="log a train row every N steps")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -543,8 +546,68 @@ def main(argv=None) -> dict:
         torch.set_num_threads(threads)  # --threads is for this run, not for the caller's process
 
 
+RUNS_DIR = Path("runs")
+# What a training run writes into its folder; a folder holding any of these holds a run.
+RUN_MARKERS = ("last.pt", "best.pt", "metrics.jsonl", "train.csv", "valid.csv", "log.txt", "metrics.final.json")
+RUN_OUTPUTS = RUN_MARKERS + ("config.json", "args.json", "tokenizer.json", "tokenizer.src.json",
+                             "tokenizer.tgt.json", "predictions.validation.jsonl")
+
+
+def run_files(out: Path) -> list[str]:
+    """The files of an earlier training run in `out` (empty when there is none)."""
+    if not out.is_dir():
+        return []
+    return [n for n in RUN_MARKERS if (out / n).exists()] + sorted(p.name for p in out.glob("step_*.pt"))
+
+
+def _fresh_run_folder(args, dist_: Dist) -> Path:
+    """The folder of a new (not resumed) run. Never writes into an earlier run unless told to:
+    an explicit --out holding a run is refused (or, with --overwrite, emptied of that run's
+    files first); without --out every run gets its own runs/<date>-<time>, and runs/latest is
+    pointed at it."""
+    if args.out is not None:
+        out = Path(args.out)
+        held = run_files(out)
+        if held and not args.overwrite:
+            shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+            raise SystemExit(f"--out {out} already holds a training run ({shown}); pass --resume to continue "
+                             f"it, --overwrite to replace it, or another --out")
+        if held and dist_.main:
+            import shutil
+
+            for name in RUN_OUTPUTS:
+                (out / name).unlink(missing_ok=True)
+            for p in out.glob("step_*.pt"):
+                p.unlink()
+            for sub in ("plots", "tb"):
+                shutil.rmtree(out / sub, ignore_errors=True)
+        dist_.barrier()
+        return out
+    name = [datetime.datetime.now().strftime("%Y%m%d-%H%M%S")]
+    if dist_.on:  # every rank must write to (and read the tokenizer from) the same folder
+        dist.broadcast_object_list(name, src=0)
+    out = RUNS_DIR / name[0]
+    for i in range(2, 1000):
+        if not run_files(out):
+            break
+        out = RUNS_DIR / f"{name[0]}-{i}"
+    if dist_.main:
+        out.mkdir(parents=True, exist_ok=True)
+        latest = RUNS_DIR / "latest"
+        tmp = RUNS_DIR / f".latest.{os.getpid()}"
+        try:  # atomic: a new link renamed over the old one
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(out.name, target_is_directory=True)
+            os.replace(tmp, latest)
+        except OSError:  # no symlinks here, or runs/latest is a real folder: leave it alone
+            tmp.unlink(missing_ok=True)
+    args.out = str(out)
+    return out
+
+
 def _train(args) -> dict:
-    out = Path(args.out)
+    # --resume without --out continues the newest run (runs/latest).
+    out = Path(args.out) if args.out is not None else RUNS_DIR / "latest"
 
     resume_ckpt = None
     if args.resume:
@@ -557,6 +620,11 @@ def _train(args) -> dict:
         args.resume_path = str(path)
 
     dist_, device = setup_distributed(args.device)
+    if resume_ckpt is None:
+        out = _fresh_run_folder(args, dist_)
+    else:
+        out = Path(os.path.realpath(out)) if args.out is None else out
+        args.out = str(out)
     source = D.resolve_source(args.dataset, args.data, args.task)
     task = source.task
     fill_defaults(args, task, source.kind == "synthetic")

@@ -139,3 +139,32 @@ def test_classifier_validation_loss_counts_label_zero():
         b = D.collate([ds[i] for i in range(6)])
         want = float(F.cross_entropy(model(b.src, b.src_lengths), b.labels))
     assert res["loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
+    """An --out that holds a run is refused (its files untouched), replaced only with --overwrite;
+    without --out each run gets its own folder and runs/latest points at the newest."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "2", "--out", str(run)])
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert {"last.pt", "best.pt", "train.csv", "metrics.jsonl"} <= set(before)
+
+    with pytest.raises(SystemExit, match=r"already holds a training run \(last\.pt, best\.pt.*--resume.*--overwrite"):
+        T.main(TINY + ["--max-steps", "3", "--out", str(run)])
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+    T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--seed", "1", "--out", str(run), "--overwrite"])
+    assert [s for s, _, _ in _train_rows(run)] == [1, 2, 3]  # the new run's rows only
+    assert not (run / "step_0000002.pt").exists()  # the old run's step checkpoint went with it
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
+
+    monkeypatch.setattr(T, "RUNS_DIR", tmp_path / "runs")
+    for _ in range(2):
+        T.main(TINY + ["--max-steps", "1", "--eval-every", "1"])
+    folders = sorted(p for p in (tmp_path / "runs").iterdir() if not p.is_symlink())
+    assert len(folders) == 2 and all((p / "last.pt").is_file() for p in folders)
+    latest = tmp_path / "runs" / "latest"
+    assert latest.is_symlink() and latest.resolve() == folders[-1].resolve()
+    T.main(["--resume", "--max-steps", "2", "--no-progress", "--no-plots"])  # no --out: the newest run
+    assert load_checkpoint(folders[-1] / "last.pt")["progress"]["step"] == 2
+    assert load_checkpoint(folders[0] / "last.pt")["progress"]["step"] == 1
