@@ -31,3 +31,11 @@ for g in $groups; do
     --benchmark-columns=median,iqr 2>&1 | tail -5
 done
 $PY bench/plot_results.py "$OUT"/*.json --out "$OUT/plots" || true
+
+# bf16 training smoke run on the embedded synthetic task, our kernels and the eager reference from
+# the same seed: both should reach the same validation loss / exact match (their logs land in $OUT).
+for k in triton eager; do
+  $PY -m scratchformer.train --kernel "$k" --precision bf16 --max-steps 300 --seed 0 \
+    --out "$OUT/smoke-$k" --overwrite --no-progress --no-plots 2>&1 | tail -4
+  rm -f "$OUT/smoke-$k"/*.pt  # checkpoints need not travel back
+done
