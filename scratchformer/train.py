@@ -547,24 +547,27 @@ def main(argv=None) -> dict:
 
 
 RUNS_DIR = Path("runs")
-# What a training run writes into its folder; a folder holding any of these holds a run.
-RUN_MARKERS = ("last.pt", "best.pt", "metrics.jsonl", "train.csv", "valid.csv", "log.txt", "metrics.final.json")
-RUN_OUTPUTS = RUN_MARKERS + ("config.json", "args.json", "tokenizer.json", "tokenizer.src.json",
-                             "tokenizer.tgt.json", "predictions.validation.jsonl")
+# What a training run writes into its folder: `train` itself, and `evaluate --checkpoint RUN`
+# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png).
+RUN_FILE_PATTERNS = ("last.pt", "best.pt", "step_*.pt", "log.txt", "metrics.*", "train.csv", "valid.csv",
+                     "predictions.*.jsonl", "attention.*.png", "config.json", "args.json", "tokenizer*.json")
+RUN_SUBDIRS = ("plots", "tb")
 
 
 def run_files(out: Path) -> list[str]:
-    """The files of an earlier training run in `out` (empty when there is none)."""
+    """The files of an earlier run in `out`, checkpoints first (empty when there is none)."""
     if not out.is_dir():
         return []
-    return [n for n in RUN_MARKERS if (out / n).exists()] + sorted(p.name for p in out.glob("step_*.pt"))
+    found = (p.name for pattern in RUN_FILE_PATTERNS for p in sorted(out.glob(pattern)) if p.is_file())
+    return list(dict.fromkeys(found))
 
 
 def _fresh_run_folder(args, dist_: Dist) -> Path:
     """The folder of a new (not resumed) run. Never writes into an earlier run unless told to:
     an explicit --out holding a run is refused (or, with --overwrite, emptied of that run's
     files first); without --out every run gets its own runs/<date>-<time>, and runs/latest is
-    pointed at it."""
+    pointed at it. Rank 0 decides; the barrier / broadcast keep the other ranks from seeing a
+    folder rank 0 has already started writing."""
     if args.out is not None:
         out = Path(args.out)
         held = run_files(out)
@@ -575,34 +578,29 @@ def _fresh_run_folder(args, dist_: Dist) -> Path:
         if held and dist_.main:
             import shutil
 
-            for name in RUN_OUTPUTS:
-                (out / name).unlink(missing_ok=True)
-            for p in out.glob("step_*.pt"):
-                p.unlink()
-            for sub in ("plots", "tb"):
+            for name in held:
+                (out / name).unlink()
+            for sub in RUN_SUBDIRS:
                 shutil.rmtree(out / sub, ignore_errors=True)
         dist_.barrier()
         return out
-    name = [datetime.datetime.now().strftime("%Y%m%d-%H%M%S")]
-    if dist_.on:  # every rank must write to (and read the tokenizer from) the same folder
-        dist.broadcast_object_list(name, src=0)
-    out = RUNS_DIR / name[0]
-    for i in range(2, 1000):
-        if not run_files(out):
-            break
-        out = RUNS_DIR / f"{name[0]}-{i}"
+    name = [None]
     if dist_.main:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name[0] = next(n for n in [stamp] + [f"{stamp}-{i}" for i in range(2, 1000)] if not run_files(RUNS_DIR / n))
+        out = RUNS_DIR / name[0]
         out.mkdir(parents=True, exist_ok=True)
-        latest = RUNS_DIR / "latest"
-        tmp = RUNS_DIR / f".latest.{os.getpid()}"
+        latest, tmp = RUNS_DIR / "latest", RUNS_DIR / f".latest.{os.getpid()}"
         try:  # atomic: a new link renamed over the old one
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(out.name, target_is_directory=True)
             os.replace(tmp, latest)
         except OSError:  # no symlinks here, or runs/latest is a real folder: leave it alone
             tmp.unlink(missing_ok=True)
-    args.out = str(out)
-    return out
+    if dist_.on:
+        dist.broadcast_object_list(name, src=0)
+    args.out = str(RUNS_DIR / name[0])
+    return Path(args.out)
 
 
 def _train(args) -> dict:

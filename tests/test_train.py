@@ -146,6 +146,7 @@ def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
     without --out each run gets its own folder and runs/latest points at the newest."""
     run = tmp_path / "run"
     T.main(TINY + ["--max-steps", "2", "--eval-every", "2", "--out", str(run)])
+    (run / "metrics.validation.json").write_text("{}")  # what `evaluate --checkpoint run` adds
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert {"last.pt", "best.pt", "train.csv", "metrics.jsonl"} <= set(before)
 
@@ -156,6 +157,7 @@ def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
     T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--seed", "1", "--out", str(run), "--overwrite"])
     assert [s for s, _, _ in _train_rows(run)] == [1, 2, 3]  # the new run's rows only
     assert not (run / "step_0000002.pt").exists()  # the old run's step checkpoint went with it
+    assert not (run / "metrics.validation.json").exists()  # and its evaluation, which would now mislead
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
     monkeypatch.setattr(T, "RUNS_DIR", tmp_path / "runs")
