@@ -41,8 +41,7 @@ def test_copy_bandwidth(benchmark):
 @pytest.mark.parametrize("N", [256, 512, 1024, 4096])
 @pytest.mark.parametrize("rows", [4096, 16384, 65536])
 def test_add_layer_norm(benchmark, rows, N, kernel, mode):
-    if kernel == "triton":
-        ops.resolve_kernel("triton", "cuda")
+    add_layer_norm = ops.select(kernel, "cuda").add_layer_norm
     grad = mode == "fwd_bwd"
     x = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
     r = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
@@ -52,10 +51,10 @@ def test_add_layer_norm(benchmark, rows, N, kernel, mode):
 
     def fwd():
         with torch.no_grad():
-            return ops.add_layer_norm(x, r, w, b, 1e-5, kernel=kernel)
+            return add_layer_norm(x, r, w, b, 1e-5)
 
     def fwd_bwd():
-        y = ops.add_layer_norm(x, r, w, b, 1e-5, kernel=kernel)
+        y = add_layer_norm(x, r, w, b, 1e-5)
         return torch.autograd.grad(y, (x, r, w, b), dy)
 
     e = x.element_size()

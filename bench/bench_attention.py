@@ -53,8 +53,8 @@ def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
         empty = ~mask.any(dim=-1, keepdim=True)
         mask = mask | empty  # rows with no key attend to everything, then are zeroed (as ops does)
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).masked_fill(empty, 0.0)
-    name = {"sdpa": "torch"}.get(kernel, kernel)
-    return lambda: ops.attention(q, k, v, key_lengths=key_lengths, causal=causal, kernel=name)
+    attention = ops.select({"sdpa": "torch"}.get(kernel, kernel), q.device).attention
+    return lambda: attention(q, k, v, key_lengths=key_lengths, causal=causal)
 
 
 def _timed(mode, fn, q, k, v):

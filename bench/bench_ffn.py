@@ -37,8 +37,8 @@ def _compiled():
 
 def _impl(kernel):
     if kernel == "triton":
-        ops.resolve_kernel("triton", "cuda")
-        return lambda *a: ops.ffn(*a, activation="relu", kernel="triton")
+        ffn = ops.select("triton", "cuda").ffn
+        return lambda *a: ffn(*a, activation="relu")
     return _eager_ffn if kernel == "eager" else _compiled()
 
 
@@ -75,7 +75,7 @@ def test_ffn(benchmark, tokens, d_model, d_ff, kernel, mode):
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_matmul(benchmark, tokens, d_model, d_ff, kernel):
     """The first projection's GEMM alone, no epilogue: (tokens, d_model) @ (d_model, d_ff)."""
-    from scratchformer.kernels.matmul import matmul  # after resolve_kernel's checks, GPU only
+    from scratchformer.kernels.matmul import matmul  # after ops.select's checks, GPU only
 
     a = torch.randn(tokens, d_model, device="cuda", dtype=DTYPE)
     w = torch.randn(d_ff, d_model, device="cuda", dtype=DTYPE)

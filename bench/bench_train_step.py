@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda, run_bench
-from scratchformer.config import get_config
-from scratchformer.model import Transformer
+from scratchformer.model import build_model, get_config
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
@@ -45,7 +44,7 @@ def test_train_step(benchmark, shape, kernel):
     preset, vocab = SHAPES[shape][:2]
     torch.manual_seed(0)
     cfg = get_config(preset, src_vocab_size=vocab, kernel="eager" if kernel == "compile" else kernel)
-    model = Transformer(cfg).cuda().train()
+    model = build_model(cfg, "cuda").train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
     src, sl, tgt_in, tgt_out, tl = make_batch(shape)
     mask = torch.arange(tgt_out.shape[1], device="cuda")[None] < tl[:, None]

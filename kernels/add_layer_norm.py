@@ -201,8 +201,8 @@ def add_layer_norm_fwd(
     x, residual, weight, bias, eps=1e-5, dropout_p=0.0, seed=0, rng_offset=0, *, store_s=True, store_mask=False
 ):
     """Launch the forward. x, residual (..., N). Returns y (x's shape and dtype), s (same; None
-    unless store_s), mean, rstd ((M,) fp32) and the int8 keep mask (None unless store_mask)."""
-    _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    unless store_s), mean, rstd ((M,) fp32) and the int8 keep mask (None unless store_mask).
+    Trusts its inputs as `add_layer_norm` checked them."""
     N = x.shape[-1]
     x2 = _rows(x, N)
     res2 = _rows(residual, N) if residual is not None else x2
@@ -339,8 +339,9 @@ def add_layer_norm(
 
     Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
     in x's dtype (it takes a gradient too); with return_dropout_mask (debug), the bool keep mask
-    (x's shape) is appended: (y, mask) or (y, s, mask).
+    (x's shape) is appended: (y, mask) or (y, s, mask). Raises ValueError naming a bad input.
     """
+    _check_inputs(x, residual, weight, bias, eps, dropout_p)
     if dropout_p > 0.0:
         if seed is None:
             seed, rng_offset = philox_seed_offset()

@@ -71,8 +71,8 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
 def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=0, rng_offset=0,
             store_pre=False, store_mask=False):
     """Launch the forward. x (..., d_model). Returns y (x's shape), a = dropout(act(h)) (M, d_ff),
-    h (M, d_ff) or None (store_pre), keep mask (..., d_ff) bool or None (store_mask)."""
-    _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
+    h (M, d_ff) or None (store_pre), keep mask (..., d_ff) bool or None (store_mask). Trusts its
+    inputs as `ffn` checked them."""
     d_model, d_ff = x.shape[-1], w1.shape[0]
     x2 = x.reshape(-1, d_model)  # a view when the leading dims allow; any strides are fine
     out = matmul(
@@ -155,8 +155,9 @@ def ffn(
     generator (so `torch.manual_seed` makes runs reproducible).
 
     Returns y (..., d_model) in x's dtype; with return_dropout_mask (debug), (y, mask) where mask
-    (..., d_ff) bool is the keep mask (True = kept).
+    (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
+    _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
     if dropout_p > 0.0:
         seed, rng_offset = (seed, 0) if seed is not None else philox_seed_offset()
     else:

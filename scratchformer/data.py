@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .config import BOS_ID, EOS_ID, PAD_ID
+from .model.config import BOS_ID, EOS_ID, PAD_ID
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")

@@ -24,9 +24,7 @@ import torch.nn.functional as F
 from . import data as D
 from . import metrics as M
 from .checkpoint import find_checkpoint, load_checkpoint
-from .config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from .decoding import beam_search, greedy_decode
-from .model import build_model
+from .model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
 from .tokenizer import TokenizerPair
 
 
@@ -45,9 +43,9 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
     cfg_dict = dict(ckpt["config"])
     if kernel is not None:
         cfg_dict["kernel"] = kernel
-    model = build_model(ModelConfig.from_dict(cfg_dict))
+    model = build_model(ModelConfig.from_dict(cfg_dict), device)
     model.load_state_dict(ckpt["model"])
-    model.to(device).eval()
+    model.eval()
     ckpt["path"] = str(path)
     return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
 

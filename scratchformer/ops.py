@@ -1,11 +1,17 @@
 """The backend switch: the only module that knows backends exist.
 
-Four functional hot paths, one signature each for every backend:
+`select(kernel, device)` resolves the --kernel flag (`ModelConfig.kernel`) once, for the device a
+model lives on, into an `Ops` bundle of the four hot paths; layers call `self.ops.attention(...)`.
+One signature per op, for every backend (backends may accept more keywords; the model uses these):
 
-    attention(q, k, v, *, key_lengths, query_lengths, causal, dropout_p, scale, kernel)
-    add_layer_norm(x, residual, weight, bias, eps, *, dropout_p, return_residual, kernel)
-    ffn(x, w1, b1, w2, b2, *, activation, dropout_p, kernel)
-    embed(tokens, weight, *, scale, pos_offset, pos_encoding, kernel)
+    attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None)
+        q (B, H, Lq, D), k and v (B, H, Lk, D), lengths (B,) int (right padding) -> (B, H, Lq, D)
+    add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False)
+        x, residual (..., N); weight, bias (N,) -> LN(dropout(x) + residual) [, dropout(x) + residual]
+    ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0)
+        x (..., d_model), w1 (d_ff, d_model), w2 (d_model, d_ff) -> (..., d_model)
+    embed(tokens, weight, *, scale, pos_offset=0, pos_encoding=True)
+        tokens (B, L) int, weight (V, d_model) -> weight[tokens] * scale + PE, (B, L, d_model)
 
 Backends:
 - ``eager``:  `scratchformer.reference`, plain tensor ops; the spec every other backend is tested
@@ -14,19 +20,24 @@ Backends:
   the peer we race.
 - ``triton``: our kernels in `kernels/` (mapped to `scratchformer.kernels`) and the C++/CUDA op
   `scratchformer._C` for the embedding. On CPU the Triton kernels run in Triton's interpreter.
+``auto`` is `triton` on CUDA and `eager` elsewhere. A backend whose kernels are missing raises an
+error naming what is missing: there is no silent fallback.
 
-`resolve_kernel("auto", device)` picks `triton` on CUDA and `eager` on CPU. Asking for a backend
-whose kernel is missing raises an error naming what is missing: there is no silent fallback.
+Checks: each public op checks its inputs once. The Triton entry points (`kernels/<op>.py`) and the
+C++ op check their own; the eager and torch adapters here share one check per op. A check that
+reads tensor values (lengths within [0, L]) runs on CPU tensors, where reading is free, and on a
+GPU only with SCRATCHFORMER_DEBUG=1 (`value_checks`): a host sync per call stalls every step and
+breaks CUDA graphs and torch.compile.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
+import functools
 import os
 import sys
 import warnings
-from functools import lru_cache
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,19 +45,66 @@ import torch.nn.functional as F
 from . import reference
 
 KERNELS = ("eager", "torch", "triton")
+# Read once (torch.compile guards on a global, not on the environment); tests may patch it.
+DEBUG: bool = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 _INTERPRETER_WARNED = False
 
 
-def resolve_kernel(kernel: str, device: torch.device | str = "cpu") -> str:
-    """Turn the --kernel flag into a concrete backend name, once, for a model on `device`."""
+@dataclass(frozen=True)
+class Ops:
+    """The hot paths of one backend, with the signatures above. Built once by `select`."""
+
+    name: str  # the resolved backend: eager, torch or triton
+    attention: Callable
+    add_layer_norm: Callable
+    ffn: Callable
+    embed: Callable
+
+
+def value_checks(t: torch.Tensor) -> bool:
+    """Whether checks that read t's values may run: on CPU always (no device sync), on other
+    devices only with SCRATCHFORMER_DEBUG=1."""
+    return DEBUG or t.device.type == "cpu"
+
+
+def resolve(kernel: str, device: torch.device | str = "cpu") -> str:
+    """The --kernel flag as a concrete backend name for `device` ('auto': triton on CUDA, else eager)."""
     if kernel not in KERNELS + ("auto",):
         raise ValueError(f"unknown kernel backend {kernel!r}; choose one of {('auto',) + KERNELS}")
-    device = torch.device(device)
     if kernel == "auto":
-        return "triton" if device.type == "cuda" else "eager"
-    if kernel == "triton":
-        _prepare_triton(device)
+        return "triton" if torch.device(device).type == "cuda" else "eager"
     return kernel
+
+
+def select(kernel: str, device: torch.device | str | None = None) -> Ops:
+    """The `Ops` of backend `kernel` (auto | eager | torch | triton) for tensors on `device` (default CPU).
+
+    Raises ValueError for an unknown backend or a device the backend cannot run on, and
+    NotImplementedError / RuntimeError naming what is missing when the triton backend's kernels or
+    the C++ extension cannot be loaded.
+    """
+    device = torch.device("cpu" if device is None else device)
+    name = resolve(kernel, device)
+    if name == "eager":
+        return EAGER
+    if name == "torch":
+        return TORCH
+    _prepare_triton(device)
+    return _triton_ops()
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_ops() -> Ops:
+    try:  # imported here, after _prepare_triton chose the interpreter on CPU
+        from .kernels import add_layer_norm, attention, ffn
+    except ImportError as e:
+        raise NotImplementedError(f"the triton backend is not available: importing its kernels failed ({e})") from e
+    from . import _ext
+
+    _ext._require()  # the embedding is the C++/CUDA op: say now, not mid-forward, when it is not built
+    # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul.
+    return Ops("triton", _adapt(attention.attention, cast=3), add_layer_norm.add_layer_norm,
+               _adapt(ffn.ffn, cast=5), _ext.embed_sinusoidal)
 
 
 def _prepare_triton(device: torch.device) -> None:
@@ -73,24 +131,23 @@ def _prepare_triton(device: torch.device) -> None:
         _INTERPRETER_WARNED = True
 
 
-@lru_cache(maxsize=None)
-def _load(module: str, name: str, what: str):
-    """Import a kernel entry point, or explain precisely what is missing."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise NotImplementedError(
-            f"{what} has no 'triton' kernel available: importing {module} failed ({e})"
-        ) from e
-    try:
-        return getattr(mod, name)
-    except AttributeError as e:
-        raise NotImplementedError(f"{what} has no 'triton' kernel: {module}.{name} is missing") from e
+def _adapt(fn: Callable, check: Callable | None = None, *, cast: int = 0) -> Callable:
+    """fn with its first `cast` arguments in the autocast dtype (where autocast is on), then
+    `check`ed (same arguments as fn) before the call."""
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        if cast:
+            args = _autocast(*args[:cast]) + args[cast:]
+        if check is not None:
+            check(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return op
 
 
 def _autocast(*tensors):
-    """Cast to the autocast dtype where autocast is on, as it would for a matmul: our Triton
-    kernels are opaque to autocast. None entries pass through."""
+    """Cast to the autocast dtype where autocast is on, as it would for a matmul. None passes."""
     dev = next(t for t in tensors if t is not None).device.type
     if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
         return tensors
@@ -98,24 +155,31 @@ def _autocast(*tensors):
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
-def _check_kernel(kernel: str, what: str) -> None:
-    if kernel not in KERNELS:
+# ---------------------------------------------------------------------------------------------
+# checks of the eager and torch adapters (the Triton entry points and the C++ op check their own)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
+    if lengths is None:
+        return
+    if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"{what}: kernel must be one of {KERNELS} (resolve 'auto' with resolve_kernel), "
-            f"got {kernel!r}"
+            f"{name} must be an int32/int64 tensor of shape ({B},), got {lengths.dtype} {tuple(lengths.shape)}"
         )
+    if lengths.device != device:
+        raise ValueError(f"{name} is on {lengths.device} but q is on {device}")
+    if B and value_checks(lengths):
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > L:
+            raise ValueError(f"{name} must lie in [0, {L}] (the sequence length), got min {lo} max {hi}")
 
 
-# ---------------------------------------------------------------------------------------------
-# attention
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_attention(q, k, v, key_lengths, query_lengths, check_range=True):
+def _check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, **_):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
+            f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
         )
     B, H, Lq, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
@@ -129,28 +193,50 @@ def _check_attention(q, k, v, key_lengths, query_lengths, check_range=True):
         raise ValueError(f"attention needs floating-point q, k, v, got {q.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
-    for name, lengths, L in (("key_lengths", key_lengths, k.shape[2]), ("query_lengths", query_lengths, Lq)):
-        if lengths is None:
-            continue
-        if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"{name} must be an int32/int64 tensor of shape ({B},), got "
-                f"{lengths.dtype} {tuple(lengths.shape)}"
-            )
-        if lengths.device != q.device:
-            raise ValueError(f"{name} is on {lengths.device} but q is on {q.device}")
-        # The range check syncs with the device; the Triton launcher does it itself, so skip it here.
-        if check_range and lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > L):
-            raise ValueError(
-                f"{name} must lie in [0, {L}] (the sequence length), got min "
-                f"{int(lengths.min())} max {int(lengths.max())}"
-            )
+    _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _check_add_layer_norm(x, residual, weight, bias, *_, **__):
+    N = x.shape[-1]
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    if weight.shape != (N,) or (bias is not None and bias.shape != (N,)):
+        raise ValueError(
+            f"add_layer_norm: weight/bias must be ({N},) for hidden size {N}, got "
+            f"{tuple(weight.shape)} / {None if bias is None else tuple(bias.shape)}"
+        )
+    if residual is not None and residual.dtype != x.dtype:
+        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
+
+
+def _check_ffn(x, w1, b1, w2, b2, *, activation="relu", **_):
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    d_model = x.shape[-1]
+    if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
+        raise ValueError(
+            f"ffn shape mismatch: x (..., {d_model}), w1 {tuple(w1.shape)} (want (d_ff, {d_model})), "
+            f"w2 {tuple(w2.shape)} (want ({d_model}, d_ff))"
+        )
+
+
+def _check_embed(tokens, weight, *, pos_offset=0, **_):
+    if tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
+    if tokens.device != weight.device:
+        raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
+    if pos_offset < 0:
+        raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
 
 
 def key_padding_mask_to_lengths(mask: torch.Tensor) -> torch.Tensor:
-    """Convert a boolean key-padding mask (B, Lk), True = padding, to lengths (B,).
+    """A boolean key-padding mask (B, Lk), True = padding, as lengths (B,) int64.
 
-    Only right padding can be expressed as lengths; any other pattern is a clear error.
+    Only right padding can be expressed as lengths; any other pattern is a ValueError. Reads the
+    mask's values (a host sync on a GPU): convert once, outside the hot path.
     """
     if mask.dtype != torch.bool or mask.dim() != 2:
         raise ValueError(f"key_padding_mask must be a bool (B, Lk) tensor, got {mask.dtype} {tuple(mask.shape)}")
@@ -161,7 +247,12 @@ def key_padding_mask_to_lengths(mask: torch.Tensor) -> torch.Tensor:
     return lengths
 
 
-def _attention_sdpa(q, k, v, *, key_lengths, query_lengths, causal, dropout_p, scale):
+# ---------------------------------------------------------------------------------------------
+# the torch backend: PyTorch's fused ops behind our signatures
+# ---------------------------------------------------------------------------------------------
+
+
+def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None):
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     if key_lengths is None and query_lengths is None and (not causal or Lq == Lk):
@@ -176,54 +267,7 @@ def _attention_sdpa(q, k, v, *, key_lengths, query_lengths, causal, dropout_p, s
     return out.masked_fill(empty, 0.0)
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    key_lengths: torch.Tensor | None = None,
-    query_lengths: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    validate: bool = True,
-    kernel: str,
-) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v.
-
-    q (B, H, Lq, D), k/v (B, H, Lk, D), any strides; key_lengths / query_lengths (B,) int
-    (right padding) or key_padding_mask (B, Lk) bool, True = padding; causal aligned so query i
-    sits at position Lk - Lq + i; scale defaults to 1/sqrt(D). Rows with no visible key and rows
-    at or beyond query_lengths are zeros. Returns (B, H, Lq, D) in q's dtype. validate=False
-    skips the lengths' range check, a host sync per call, for callers that checked them once
-    already (the model checks them at its entry).
-    """
-    _check_kernel(kernel, "attention")
-    q, k, v = _autocast(q, k, v)  # attention runs in the autocast dtype for every backend
-    if key_padding_mask is not None:
-        if key_lengths is not None:
-            raise ValueError("give key_lengths or key_padding_mask, not both")
-        key_lengths = key_padding_mask_to_lengths(key_padding_mask)
-    _check_attention(q, k, v, key_lengths, query_lengths, check_range=validate and kernel != "triton")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    kw = dict(key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, dropout_p=dropout_p, scale=scale)
-    if kernel == "eager":
-        return reference.attention_ref(q, k, v, **kw)
-    if kernel == "torch":
-        return _attention_sdpa(q, k, v, **kw)
-    return _load("scratchformer.kernels.attention", "attention", "attention")(q, k, v, validate=validate, **kw)
-
-
-# ---------------------------------------------------------------------------------------------
-# residual add + LayerNorm
-# ---------------------------------------------------------------------------------------------
-
-
-def _add_layer_norm_torch(x, residual, weight, bias, eps, *, dropout_p, return_residual):
+def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False):
     s = F.dropout(x, dropout_p) if dropout_p > 0 else x
     if residual is not None:
         s = s + residual
@@ -231,47 +275,7 @@ def _add_layer_norm_torch(x, residual, weight, bias, eps, *, dropout_p, return_r
     return (y, s) if return_residual else y
 
 
-def add_layer_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    eps: float = 1e-5,
-    *,
-    dropout_p: float = 0.0,
-    return_residual: bool = False,
-    kernel: str,
-):
-    """y = LayerNorm(dropout(x) + residual); with return_residual, (y, dropout(x) + residual).
-
-    x, residual (..., N); weight, bias (N,). Statistics in fp32.
-    """
-    _check_kernel(kernel, "add_layer_norm")
-    N = x.shape[-1]
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-    if weight.shape != (N,) or (bias is not None and bias.shape != (N,)):
-        raise ValueError(
-            f"add_layer_norm: weight/bias must be ({N},) for hidden size {N}, got "
-            f"{tuple(weight.shape)} / {None if bias is None else tuple(bias.shape)}"
-        )
-    if residual is not None and residual.dtype != x.dtype:
-        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
-    kw = dict(dropout_p=dropout_p, return_residual=return_residual)
-    if kernel == "eager":
-        return reference.add_layer_norm_ref(x, residual, weight, bias, eps, **kw)
-    if kernel == "torch":
-        return _add_layer_norm_torch(x, residual, weight, bias, eps, **kw)
-    fn = _load("scratchformer.kernels.add_layer_norm", "add_layer_norm", "add_layer_norm")
-    return fn(x, residual, weight, bias, eps, **kw)
-
-
-# ---------------------------------------------------------------------------------------------
-# position-wise feed-forward
-# ---------------------------------------------------------------------------------------------
-
-
-def _ffn_torch(x, w1, b1, w2, b2, *, activation, dropout_p):
+def _ffn_torch(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0):
     h = F.linear(x, w1, b1)
     h = F.relu(h) if activation == "relu" else F.gelu(h)
     if dropout_p > 0:
@@ -279,66 +283,24 @@ def _ffn_torch(x, w1, b1, w2, b2, *, activation, dropout_p):
     return F.linear(h, w2, b2)
 
 
-def ffn(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0, kernel: str):
-    """dropout(act(x W1ᵀ + b1)) W2ᵀ + b2. x (..., d_model), w1 (d_ff, d_model), w2 (d_model, d_ff)."""
-    _check_kernel(kernel, "ffn")
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    d_model = x.shape[-1]
-    if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
-        raise ValueError(
-            f"ffn shape mismatch: x (..., {d_model}), w1 {tuple(w1.shape)} (want (d_ff, {d_model})), "
-            f"w2 {tuple(w2.shape)} (want ({d_model}, d_ff))"
-        )
-    kw = dict(activation=activation, dropout_p=dropout_p)
-    if kernel == "eager":
-        return reference.ffn_ref(x, w1, b1, w2, b2, **kw)
-    if kernel == "torch":
-        return _ffn_torch(x, w1, b1, w2, b2, **kw)
-    x, w1, b1, w2, b2 = _autocast(x, w1, b1, w2, b2)
-    return _load("scratchformer.kernels.ffn", "ffn", "ffn")(x, w1, b1, w2, b2, **kw)
-
-
-# ---------------------------------------------------------------------------------------------
-# token embedding * scale + sinusoidal positions
-# ---------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)
 def _pe_table(length: int, d_model: int, device: str, dtype: torch.dtype) -> torch.Tensor:
     return reference.sinusoidal_positions(torch.arange(length), d_model, dtype).to(device)
 
 
-def _embed_torch(tokens, weight, *, scale, pos_offset, pos_encoding):
+def _embed_torch(tokens, weight, *, scale, pos_offset=0, pos_encoding=True):
     # What PyTorch users write: a cached table, F.embedding, a multiply and an add.
     x = F.embedding(tokens, weight) * scale
     if pos_encoding:
         L = tokens.shape[-1]
-        table = _pe_table(max(1024, 1 << (pos_offset + L - 1).bit_length()), weight.shape[1], str(weight.device), weight.dtype)
-        x = x + table[pos_offset : pos_offset + L]
+        size = max(1024, 1 << (pos_offset + L - 1).bit_length())
+        x = x + _pe_table(size, weight.shape[1], str(weight.device), weight.dtype)[pos_offset : pos_offset + L]
     return x
 
 
-def embed(
-    tokens: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    scale: float,
-    pos_offset: int = 0,
-    pos_encoding: bool = True,
-    kernel: str,
-) -> torch.Tensor:
-    """weight[tokens] * scale + PE(pos_offset + j). tokens (B, L) int; weight (V, d). -> (B, L, d)."""
-    _check_kernel(kernel, "embed")
-    if tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
-    if tokens.device != weight.device:
-        raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
-    if pos_offset < 0:
-        raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
-    kw = dict(scale=scale, pos_offset=pos_offset, pos_encoding=pos_encoding)
-    if kernel == "eager":
-        return reference.embed_ref(tokens, weight, **kw)
-    if kernel == "torch":
-        return _embed_torch(tokens, weight, **kw)
-    return _load("scratchformer._ext", "embed_sinusoidal", "embed")(tokens, weight, **kw)
+EAGER = Ops("eager", _adapt(reference.attention_ref, _check_attention, cast=3),
+            _adapt(reference.add_layer_norm_ref, _check_add_layer_norm), _adapt(reference.ffn_ref, _check_ffn),
+            _adapt(reference.embed_ref, _check_embed))
+TORCH = Ops("torch", _adapt(_attention_sdpa, _check_attention, cast=3),
+            _adapt(_add_layer_norm_torch, _check_add_layer_norm), _adapt(_ffn_torch, _check_ffn),
+            _adapt(_embed_torch, _check_embed))

@@ -11,6 +11,9 @@ Conventions shared by every backend (see `scratchformer/ops.py`):
   which makes incremental decoding with a KV cache (Lq < Lk) exact.
 - a query row that may attend to no key (a sequence of length 0, or a row masked out entirely
   by causality) produces zeros, as does a query row at or beyond `query_lengths[b]`.
+
+These functions do not check their inputs: the eager backend reaches them through the adapters of
+`ops.select("eager")`, which do, once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: fp32 for half types, float64 stays float64 (gradcheck)."""
@@ -61,19 +65,8 @@ def attention_mask(
     return mask
 
 
-def attention_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    key_lengths: torch.Tensor | None = None,
-    query_lengths: torch.Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    dropout_mask: torch.Tensor | None = None,
-    return_lse: bool = False,
-):
+def attention_ref(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None,
+                  dropout_mask=None, return_lse=False):
     """softmax(q kᵀ · scale) v with padding/causal masks, computed in fp32.
 
     q (B, H, Lq, D), k and v (B, H, Lk, D); key_lengths / query_lengths (B,) integer tensors;
@@ -82,7 +75,7 @@ def attention_ref(
     with return_lse, the row log-sum-exp (B, H, Lq) in fp32 (-inf for rows with no key).
     """
     if q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
-        # The reference computes in explicit precision; ops.attention already cast the inputs.
+        # The reference computes in explicit precision; the eager adapter (ops) already cast the inputs.
         with torch.autocast(q.device.type, enabled=False):
             return attention_ref(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
                                  dropout_p=dropout_p, scale=scale, dropout_mask=dropout_mask, return_lse=return_lse)
@@ -113,17 +106,8 @@ def attention_ref(
     return (out, lse) if return_lse else out
 
 
-def add_layer_norm_ref(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    eps: float = 1e-5,
-    *,
-    dropout_p: float = 0.0,
-    dropout_mask: torch.Tensor | None = None,
-    return_residual: bool = False,
-):
+def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dropout_mask=None,
+                       return_residual=False):
     """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
 
     x and residual (..., N); weight, bias (N,). With return_residual also returns the pre-norm
@@ -154,17 +138,7 @@ def _activation(h: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
 
 
-def ffn_ref(
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor | None,
-    w2: torch.Tensor,
-    b2: torch.Tensor | None,
-    *,
-    activation: str = "relu",
-    dropout_p: float = 0.0,
-    dropout_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
+def ffn_ref(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, dropout_mask=None) -> torch.Tensor:
     """Position-wise FFN: dropout(act(x W1ᵀ + b1)) W2ᵀ + b2, nn.Linear weight layout.
 
     x (..., d_model); w1 (d_ff, d_model); b1 (d_ff,); w2 (d_model, d_ff); b2 (d_model,).
@@ -201,14 +175,7 @@ def sinusoidal_positions(
     return pe.to(dtype)
 
 
-def embed_ref(
-    tokens: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    scale: float,
-    pos_offset: int = 0,
-    pos_encoding: bool = True,
-) -> torch.Tensor:
+def embed_ref(tokens, weight, *, scale, pos_offset=0, pos_encoding=True) -> torch.Tensor:
     """weight[tokens] * scale + PE(pos_offset + j) for the token at sequence index j.
 
     tokens (B, L) integer; weight (V, d_model). Returns (B, L, d_model) in weight's dtype.

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from .model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_TOKENS = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID, "<unk>": UNK_ID}
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special tokens

@@ -39,10 +39,9 @@ from . import data as D
 from . import metrics as M
 from .checkpoint import (find_checkpoint, load_checkpoint, prune_checkpoints, rng_state,
                          save_checkpoint, set_rng_state)
-from .config import PAD_ID, PRESETS, ModelConfig, get_config
 from .evaluate import (attention_map, autocast_for, eval_loader, format_metrics, predict_labels, predict_seq2seq,
                        teacher_forced)
-from .model import build_model, count_parameters
+from .model import PAD_ID, PRESETS, ModelConfig, build_model, count_parameters, get_config
 from .tokenizer import BPETokenizer, TokenizerPair
 
 # Defaults that depend on the data: the synthetic smoke task must learn in a few CPU minutes.
@@ -663,14 +662,14 @@ def _train(args) -> dict:
             cfg.kernel = args.kernel
     else:
         cfg = model_config(args, task, toks, num_classes)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg, device)
     if dist_.main:
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n", encoding="utf-8")
         (out / "args.json").write_text(json.dumps(_jsonable(args), indent=2) + "\n", encoding="utf-8")
     log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {args.preset} | "
              f"d_model {cfg.d_model} heads {cfg.n_heads} layers {cfg.n_encoder_layers}+{cfg.n_decoder_layers} "
              f"d_ff {cfg.d_ff} norm {cfg.norm} pos_encoding {cfg.pos_encoding} | kernel "
-             f"{cfg.kernel} -> {model.kernel_for(device) if hasattr(model, 'kernel_for') else cfg.kernel}")
+             f"{cfg.kernel} -> {model.ops.name}")
     net = model
     if dist_.on:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -385,9 +385,9 @@ def test_bad_input_raises(case):
 def test_ops_triton_matches_eager(causal):
     q, k, v = leaves(*make_qkv(2, 2, 7, 33, 32, layout="fused"))
     pad = torch.arange(33, device=DEVICE)[None, :] >= torch.tensor([33, 12], device=DEVICE)[:, None]
-    kw = dict(key_padding_mask=pad, causal=causal)
-    ours = ops.attention(q, k, v, kernel="triton", **kw)
-    ref = ops.attention(q, k, v, kernel="eager", **kw)
+    kw = dict(key_lengths=ops.key_padding_mask_to_lengths(pad), causal=causal)
+    ours = ops.select("triton", DEVICE).attention(q, k, v, **kw)
+    ref = ops.select("eager", DEVICE).attention(q, k, v, **kw)
     g = torch.randn_like(ref)
     assert report_diff("ops out", ours, ref) < 1e-4
     for a, b in zip(torch.autograd.grad(ours, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):

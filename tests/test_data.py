@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from scratchformer import data as D
-from scratchformer.config import BOS_ID, EOS_ID, PAD_ID
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

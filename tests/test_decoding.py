@@ -3,9 +3,7 @@
 import pytest
 import torch
 
-from scratchformer.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from scratchformer.decoding import beam_search, greedy_decode
-from scratchformer.model import Transformer
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, beam_search, greedy_decode
 
 V = 30
 

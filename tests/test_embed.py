@@ -275,8 +275,8 @@ def test_ops_embed_triton_equals_eager(pos_offset):
     tokens = torch.randint(0, 50, (3, 21))
     weight = _weight(50, 32, torch.float32)
     kw = dict(scale=math.sqrt(32), pos_offset=pos_offset, pos_encoding=True)
-    ours = ops.embed(tokens, weight, kernel="triton", **kw)
-    eager = ops.embed(tokens, weight, kernel="eager", **kw)
+    ours = ops.select("triton").embed(tokens, weight, **kw)
+    eager = ops.select("eager").embed(tokens, weight, **kw)
     report_diff("ops.embed triton vs eager", ours, eager)
     torch.testing.assert_close(ours, eager, rtol=1.3e-6, atol=1e-5)
 

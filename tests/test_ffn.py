@@ -225,8 +225,8 @@ def test_ops_triton_matches_eager(activation):
     x = torch.randn(2, 7, 48, device=DEVICE, requires_grad=True)
     inputs = (x, *_params(48, 100, torch.float32))
     _check_fp32(
-        lambda *a: ops.ffn(*a, activation=activation, kernel="triton"),
-        lambda *a: ops.ffn(*a, activation=activation, kernel="eager"),
+        lambda *a: ops.select("triton", DEVICE).ffn(*a, activation=activation),
+        lambda *a: ops.select("eager", DEVICE).ffn(*a, activation=activation),
         inputs,
     )
 

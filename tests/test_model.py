@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from scratchformer.config import ModelConfig, PRESETS, get_config
-from scratchformer.model import Classifier, Transformer, build_model, count_parameters
+from scratchformer.model import PRESETS, Classifier, ModelConfig, Transformer, build_model, count_parameters, get_config
 
 V = 40
 
@@ -157,7 +156,7 @@ def test_autocast_forward_backward_and_decoding(kernel):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = m(src, sl, tgt, tl)
         out.float().sum().backward()
-        from scratchformer.decoding import greedy_decode
+        from scratchformer.model import greedy_decode
 
         greedy_decode(m, src, sl, max_len=4)
     assert out.dtype == torch.bfloat16

@@ -6,9 +6,7 @@ decoding with a KV cache. Shapes are small because the interpreter is slow, but 
 import pytest
 import torch
 
-from scratchformer.config import BOS_ID, EOS_ID, ModelConfig
-from scratchformer.decoding import beam_search, greedy_decode
-from scratchformer.model import Classifier, Transformer
+from scratchformer.model import BOS_ID, EOS_ID, Classifier, ModelConfig, Transformer, beam_search, greedy_decode
 
 V = 24
 

@@ -1,5 +1,6 @@
 """The backend switch and the eager reference ops: independent formulations, gradcheck, errors."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,8 @@ import torch.nn.functional as F
 
 from scratchformer import ops, reference
 from conftest import report_diff
+
+EAGER, TORCH = ops.select("eager"), ops.select("torch")
 
 
 def _einsum_attention(q, k, v, key_lengths=None, causal=False, scale=None):
@@ -57,28 +60,29 @@ def test_torch_backend_attention_matches_eager(causal):
     k, v = torch.randn(3, 2, 11, 16), torch.randn(3, 2, 11, 16)
     kl, ql = torch.tensor([11, 4, 0]), torch.tensor([7, 3, 7])
     for kw in (dict(), dict(key_lengths=kl), dict(key_lengths=kl, query_lengths=ql)):
-        a = ops.attention(q, k, v, causal=causal, kernel="eager", **kw)
-        b = ops.attention(q, k, v, causal=causal, kernel="torch", **kw)
+        a = EAGER.attention(q, k, v, causal=causal, **kw)
+        b = TORCH.attention(q, k, v, causal=causal, **kw)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_key_padding_mask_is_converted_or_refused():
     q = k = v = torch.randn(2, 1, 4, 8)
     mask = torch.tensor([[False, False, True, True], [False, False, False, False]])
-    a = ops.attention(q, k, v, key_padding_mask=mask, kernel="eager")
-    b = ops.attention(q, k, v, key_lengths=torch.tensor([2, 4]), kernel="eager")
+    assert torch.equal(ops.key_padding_mask_to_lengths(mask), torch.tensor([2, 4]))
+    a = EAGER.attention(q, k, v, key_lengths=ops.key_padding_mask_to_lengths(mask))
+    b = EAGER.attention(q, k, v, key_lengths=torch.tensor([2, 4]))
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="not right-padded"):
-        ops.attention(q, k, v, key_padding_mask=torch.tensor([[True, False, False, False]] * 2), kernel="eager")
+        ops.key_padding_mask_to_lengths(torch.tensor([[True, False, False, False]] * 2))
 
 
 def test_add_layer_norm_matches_f_layer_norm():
     x, r = torch.randn(5, 7, 48), torch.randn(5, 7, 48)
     w, b = torch.randn(48), torch.randn(48)
-    y, s = ops.add_layer_norm(x, r, w, b, 1e-5, return_residual=True, kernel="eager")
+    y, s = EAGER.add_layer_norm(x, r, w, b, 1e-5, return_residual=True)
     torch.testing.assert_close(y, F.layer_norm(x + r, (48,), w, b, 1e-5), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s, x + r)
-    torch.testing.assert_close(ops.add_layer_norm(x, r, w, b, kernel="torch"), y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(TORCH.add_layer_norm(x, r, w, b), y, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -87,16 +91,15 @@ def test_ffn_matches_f_linear(activation):
     w1, b1, w2, b2 = torch.randn(40, 16), torch.randn(40), torch.randn(16, 40), torch.randn(16)
     act = F.relu if activation == "relu" else F.gelu
     ref = F.linear(act(F.linear(x, w1, b1)), w2, b2)
-    for kernel in ("eager", "torch"):
-        torch.testing.assert_close(ops.ffn(x, w1, b1, w2, b2, activation=activation, kernel=kernel), ref,
-                                   atol=1e-4, rtol=1e-4)
+    for backend in (EAGER, TORCH):
+        torch.testing.assert_close(backend.ffn(x, w1, b1, w2, b2, activation=activation), ref, atol=1e-4, rtol=1e-4)
 
 
 def test_embed_eager_and_torch_agree():
     tokens = torch.randint(0, 30, (2, 9))
     w = torch.randn(30, 16)
-    a = ops.embed(tokens, w, scale=4.0, pos_offset=3, kernel="eager")
-    b = ops.embed(tokens, w, scale=4.0, pos_offset=3, kernel="torch")
+    a = EAGER.embed(tokens, w, scale=4.0, pos_offset=3)
+    b = TORCH.embed(tokens, w, scale=4.0, pos_offset=3)
     torch.testing.assert_close(a, b)
     pe = reference.sinusoidal_positions(torch.tensor([3]), 16)[0]
     torch.testing.assert_close(a[0, 0], w[tokens[0, 0]] * 4.0 + pe)
@@ -118,36 +121,98 @@ def test_gradcheck_eager_ops_float64():
     assert torch.autograd.gradcheck(lambda e: reference.embed_ref(torch.tensor([[1, 3, 3]]), e, scale=2.0), (emb,))
 
 
-def test_bad_inputs_name_the_problem():
+@pytest.mark.parametrize("backend", [EAGER, TORCH], ids=["eager", "torch"])
+def test_bad_inputs_name_the_problem(backend):
     q = torch.randn(2, 2, 4, 8)
     with pytest.raises(ValueError, match="unknown kernel backend 'cuda-magic'"):
-        ops.resolve_kernel("cuda-magic")
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        ops.attention(q, q, q, kernel="auto")
+        ops.resolve("cuda-magic")
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda-magic'"):
+        ops.select("cuda-magic")
     with pytest.raises(ValueError, match="dtype mismatch"):
-        ops.attention(q, q.double(), q.double(), kernel="eager")
+        backend.attention(q, q.double(), q.double())
     with pytest.raises(ValueError, match="shape mismatch"):
-        ops.attention(q, torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), kernel="eager")
+        backend.attention(q, torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8))
     with pytest.raises(ValueError, match=r"key_lengths must lie in \[0, 4\]"):
-        ops.attention(q, q, q, key_lengths=torch.tensor([5, 1]), kernel="eager")
+        backend.attention(q, q, q, key_lengths=torch.tensor([5, 1]))
     with pytest.raises(ValueError, match="key_lengths must be an int32/int64 tensor"):
-        ops.attention(q, q, q, key_lengths=torch.tensor([1.0, 2.0]), kernel="eager")
+        backend.attention(q, q, q, key_lengths=torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="expects q, k, v of shape"):
-        ops.attention(q[0], q[0], q[0], kernel="eager")
+        backend.attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        backend.attention(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="weight/bias must be"):
-        ops.add_layer_norm(q, None, torch.ones(7), None, kernel="eager")
+        backend.add_layer_norm(q, None, torch.ones(7), None)
     with pytest.raises(ValueError, match="ffn shape mismatch"):
-        ops.ffn(q, torch.randn(16, 7), None, torch.randn(8, 16), None, kernel="eager")
+        backend.ffn(q, torch.randn(16, 7), None, torch.randn(8, 16), None)
     with pytest.raises(ValueError, match="activation must be"):
-        ops.ffn(q, torch.randn(16, 8), None, torch.randn(8, 16), None, activation="swish", kernel="eager")
+        backend.ffn(q, torch.randn(16, 8), None, torch.randn(8, 16), None, activation="swish")
     with pytest.raises(ValueError, match="tokens must be int32 or int64"):
-        ops.embed(torch.zeros(2, 3), torch.randn(5, 4), scale=1.0, kernel="eager")
+        backend.embed(torch.zeros(2, 3), torch.randn(5, 4), scale=1.0)
 
 
 def test_auto_resolves_by_device():
-    assert ops.resolve_kernel("auto", "cpu") == "eager"
-    assert ops.resolve_kernel("auto", "cuda") == "triton"
-    assert ops.resolve_kernel("torch", "cpu") == "torch"
+    assert ops.resolve("auto", "cpu") == "eager"
+    assert ops.resolve("auto", "cuda") == "triton"
+    assert ops.resolve("torch", "cpu") == "torch"
+
+
+@pytest.mark.parametrize("kernel,device,name", [
+    ("auto", "cpu", "eager"), ("eager", "cpu", "eager"), ("torch", "cpu", "torch"), ("triton", "cpu", "triton"),
+    ("auto", None, "eager"), ("eager", "meta", "eager"), ("torch", "meta", "torch"),
+])
+def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
+    """One bundle per backend: the eager ops wrap the reference, the torch ops PyTorch's fused
+    ops, the triton ops our kernels and the C++ embedding; the same bundle each time."""
+    chosen = ops.select(kernel, device)
+    assert isinstance(chosen, ops.Ops) and chosen.name == name
+    assert ops.select(kernel, device) is chosen  # chosen once, not rebuilt per call
+    if name == "eager":
+        assert chosen.attention.__wrapped__ is reference.attention_ref
+        assert chosen.add_layer_norm.__wrapped__ is reference.add_layer_norm_ref
+        assert chosen.ffn.__wrapped__ is reference.ffn_ref and chosen.embed.__wrapped__ is reference.embed_ref
+    elif name == "torch":
+        assert chosen.attention.__wrapped__ is ops._attention_sdpa and chosen.embed.__wrapped__ is ops._embed_torch
+    else:
+        from scratchformer import _ext
+        from scratchformer.kernels import add_layer_norm, attention, ffn
+
+        assert chosen.attention.__wrapped__ is attention.attention and chosen.ffn.__wrapped__ is ffn.ffn
+        assert chosen.add_layer_norm is add_layer_norm.add_layer_norm
+        assert chosen.embed is _ext.embed_sinusoidal
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        chosen.name = "other"
+
+
+def test_select_refuses_unknown_backends_and_devices():
+    with pytest.raises(ValueError, match=r"unknown kernel backend 'cuda'; choose one of"):
+        ops.select("cuda", "cpu")
+    with pytest.raises(ValueError, match="the triton backend runs on cuda .* not meta"):
+        ops.select("triton", "meta")
+
+
+def test_select_names_a_missing_extension(monkeypatch):
+    """No silent fallback: a triton bundle whose C++ op is not built is refused when selected."""
+    from scratchformer import _ext
+
+    monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: test")
+    monkeypatch.setattr(ops, "_triton_ops", ops._triton_ops.__wrapped__)  # bypass the cache
+    with pytest.raises(RuntimeError, match=r"extension is not available \(importing scratchformer._C failed: test\)"):
+        ops.select("triton", "cpu")
+
+
+def test_value_checks_run_on_cpu_and_elsewhere_only_in_debug(monkeypatch):
+    """Reading a CUDA tensor's values is a host sync: the lengths' range is checked on CPU, and on
+    other devices only under SCRATCHFORMER_DEBUG=1 (a meta tensor cannot be read at all, so it
+    shows whether a check tried)."""
+    q = torch.empty(2, 2, 4, 8, device="meta")
+    bad = torch.tensor([5, 1], device="meta")
+    monkeypatch.setattr(ops, "DEBUG", False)
+    assert ops.value_checks(torch.zeros(1)) and not ops.value_checks(bad)
+    assert EAGER.attention(q, q, q, key_lengths=bad).shape == (2, 2, 4, 8)  # no read, no error
+    monkeypatch.setattr(ops, "DEBUG", True)
+    assert ops.value_checks(bad)
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the check now tries to read
+        EAGER.attention(q, q, q, key_lengths=bad)
 
 
 def test_interpreter_version_guard_names_the_fix():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scratchformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from scratchformer.data import synthetic_examples, texts_for_tokenizer
 from scratchformer.tokenizer import MIN_VOCAB, BPETokenizer, TokenizerPair
 

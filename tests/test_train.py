@@ -9,8 +9,7 @@ import torch.nn.functional as F
 
 from scratchformer import train as T
 from scratchformer.checkpoint import load_checkpoint
-from scratchformer.config import get_config
-from scratchformer.model import Classifier
+from scratchformer.model import Classifier, get_config
 
 # A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",

@@ -1,0 +1,38 @@
+"""The model: configuration (`config`), layers (`layers`), the encoder-decoder Transformer and the
+classifier (`transformer`), and batched decoding (`decoding`).
+
+    from scratchformer.model import build_model, get_config
+    model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
+"""
+
+from .config import BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ModelConfig, get_config
+from .decoding import beam_search, greedy_decode
+from .layers import (
+    AddNorm,
+    DecoderLayer,
+    Embedding,
+    EncoderLayer,
+    FeedForward,
+    KVCache,
+    MultiHeadAttention,
+    attention_weights,
+)
+from .transformer import (
+    Classifier,
+    Decoder,
+    DecoderState,
+    Encoder,
+    Transformer,
+    build_model,
+    check_batch,
+    count_parameters,
+)
+
+__all__ = [
+    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
+    "greedy_decode", "beam_search",
+    "AddNorm", "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "KVCache", "MultiHeadAttention",
+    "attention_weights",
+    "Classifier", "Decoder", "DecoderState", "Encoder", "Transformer", "build_model", "check_batch",
+    "count_parameters",
+]

@@ -1,0 +1,240 @@
+"""The Transformer's layers (Vaswani et al., "Attention Is All You Need", NeurIPS 2017) from tensor ops.
+
+Every hot path goes through the `Ops` bundle the layer holds (`self.ops`, chosen once by
+`scratchformer.ops.select` when the model is built for a device): attention, residual add +
+LayerNorm, FFN, embedding. No nn.Transformer, nn.MultiheadAttention or
+F.scaled_dot_product_attention here. Leaf layers take plain ints, so tests can build them alone:
+`FeedForward(32, 64, ops=ops.select("eager"))`.
+
+Residual placement. Post-LN (the paper): x = LN(x + dropout(sublayer(x))). Pre-LN:
+x = x + dropout(sublayer(LN(x))); here the add of one sublayer is fused with the LayerNorm of the
+next (`add_layer_norm(..., return_residual=True)` returns both LN(s) and s), so a layer hands on
+the pair (x, delta): the residual stream and the not-yet-added output of the last sublayer.
+
+Shapes: B batch, Lq/Lk query/key length, H heads, D head dim, d d_model, V vocabulary.
+Padding is right padding, given as lengths (B,).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from ..ops import Ops
+from ..reference import attention_mask
+from .config import ModelConfig
+
+
+class KVCache:
+    """Keys and values of one attention layer, (B, Lmax, H, D) buffers filled up to `length`.
+
+    Decoder self-attention appends one step at a time; cross-attention fills it once from the
+    encoder output. Views handed to attention are (B, H, L, D) without copies.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        self.k, self.v, self.length = k, v, length
+
+    @classmethod
+    def empty(cls, B, max_len, H, D, *, device, dtype):
+        return cls(torch.empty(B, max_len, H, D, device=device, dtype=dtype),
+                   torch.empty(B, max_len, H, D, device=device, dtype=dtype))
+
+    def append(self, k: torch.Tensor, v: torch.Tensor):
+        """k, v (B, L, H, D) -> all cached keys and values as (B, H, length, D) views."""
+        L = k.shape[1]
+        if self.length + L > self.k.shape[1]:
+            raise ValueError(f"KV cache full: {self.length} + {L} > capacity {self.k.shape[1]}")
+        self.k[:, self.length : self.length + L] = k
+        self.v[:, self.length : self.length + L] = v
+        self.length += L
+        return self.view()
+
+    def view(self):
+        return self.k[:, : self.length].transpose(1, 2), self.v[:, : self.length].transpose(1, 2)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search): index (B',) into the batch dimension."""
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
+
+def attention_weights(q, k, key_lengths=None, causal=False, scale=None):
+    """softmax(q kᵀ · scale) with masks, (B, H, Lq, Lk): for visualisation, never the hot path."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    mask = attention_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths=key_lengths, causal=causal, device=q.device)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with fused projections: QKV for self-attention, Q and KV for cross."""
+
+    def __init__(self, d_model: int, n_heads: int, *, ops: Ops, cross: bool = False, attn_dropout: float = 0.0):
+        super().__init__()
+        self.n_heads, self.head_dim, self.cross, self.attn_dropout = n_heads, d_model // n_heads, cross, attn_dropout
+        self.ops = ops
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def project_kv(self, memory: torch.Tensor):
+        """Cross-attention keys and values of the encoder output: two (B, Ls, H, D) views."""
+        B, L, _ = memory.shape
+        return self.kv_proj(memory).view(B, L, 2, self.n_heads, self.head_dim).unbind(2)
+
+    def forward(self, x, *, memory=None, key_lengths=None, query_lengths=None, causal=False,
+                cache: KVCache | None = None, need_weights: bool = False):
+        """x (B, Lq, d) -> (B, Lq, d) [, weights (B, H, Lq, Lk)]; memory (B, Lk, d) for cross-attention."""
+        B, Lq, d = x.shape
+        H, D = self.n_heads, self.head_dim
+        if self.cross:
+            q = self.q_proj(x).view(B, Lq, H, D).transpose(1, 2)  # (B, H, Lq, D)
+            if cache is not None and cache.length > 0:  # encoder K/V computed once per sequence
+                k, v = cache.view()
+            else:
+                k, v = self.project_kv(memory)  # (B, Lk, H, D) each
+                k, v = (cache.append(k, v) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2)))
+        else:
+            q, k, v = self.qkv_proj(x).view(B, Lq, 3, H, D).unbind(2)  # (B, Lq, H, D) views
+            q = q.transpose(1, 2)
+            k, v = cache.append(k, v) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
+        out = self.ops.attention(
+            q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+        )  # (B, H, Lq, D)
+        out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, d))
+        if need_weights:
+            return out, attention_weights(q, k, key_lengths, causal)
+        return out
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: W2 act(W1 x + b1) + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, *, ops: Ops, activation: str = "relu", dropout: float = 0.0):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.ops, self.activation, self.dropout = ops, activation, dropout
+
+    def forward(self, x):
+        """x (..., d) -> (..., d)."""
+        p = self.dropout if self.training else 0.0
+        return self.ops.ffn(x, self.w1.weight, self.w1.bias, self.w2.weight, self.w2.bias,
+                            activation=self.activation, dropout_p=p)
+
+
+class AddNorm(nn.Module):
+    """LayerNorm with the residual add (and the sublayer's dropout) fused in front of it."""
+
+    def __init__(self, d_model: int, *, ops: Ops, eps: float = 1e-5, dropout: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.ops, self.eps, self.dropout = ops, eps, dropout
+
+    def _ln(self, x, residual, **kw):
+        return self.ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps, **kw)
+
+    def post(self, x, out):
+        """Post-LN: LN(x + dropout(out))."""
+        out = out.to(x.dtype)  # under autocast the sublayer output is low precision, the stream is not
+        return self._ln(out, x, dropout_p=self.dropout if self.training else 0.0)
+
+    def pre(self, x, delta):
+        """Pre-LN: x <- x + dropout(delta) (delta None: nothing pending); returns (LN(x), x)."""
+        if delta is None:
+            return self._ln(x, None, return_residual=True)
+        return self._ln(delta.to(x.dtype), x, dropout_p=self.dropout if self.training else 0.0, return_residual=True)
+
+    def norm(self, x):
+        return self._ln(x, None)
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model) plus sinusoidal positions computed on the fly.
+
+    Token ids are not checked here: the model checks a batch once at its boundary.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, *, ops: Ops, pos_encoding: bool = True):
+        super().__init__()
+        # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, which also suits
+        # a tied output projection.
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
+        self.ops, self.scale, self.pos_encoding = ops, math.sqrt(d_model), pos_encoding
+
+    def forward(self, tokens, *, pos_offset: int = 0):
+        """tokens (B, L) int -> (B, L, d); positions start at pos_offset."""
+        return self.ops.embed(tokens, self.weight, scale=self.scale, pos_offset=pos_offset,
+                              pos_encoding=self.pos_encoding)
+
+
+def _add_norm(cfg: ModelConfig, ops: Ops) -> AddNorm:
+    return AddNorm(cfg.d_model, ops=ops, eps=cfg.layer_norm_eps, dropout=cfg.dropout)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and FFN, each with its residual add + LayerNorm (Post- or Pre-LN)."""
+
+    def __init__(self, cfg: ModelConfig, ops: Ops):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, ops=ops, attn_dropout=cfg.attn_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, ops=ops, activation=cfg.activation, dropout=cfg.ffn_dropout)
+        self.norm1, self.norm2 = _add_norm(cfg, ops), _add_norm(cfg, ops)
+
+    def forward(self, x, delta, lengths, *, need_weights=False):
+        """(x, delta) -> (x, delta, weights); delta is always None for Post-LN, weights None unless asked."""
+        attn_kw = dict(key_lengths=lengths, query_lengths=lengths, need_weights=need_weights)
+        if self.pre_norm:
+            h, x = self.norm1.pre(x, delta)
+            out = self.self_attn(h, **attn_kw)
+        else:
+            out = self.self_attn(x, **attn_kw)
+        out, weights = out if need_weights else (out, None)
+        if self.pre_norm:
+            h, x = self.norm2.pre(x, out)
+            return x, self.ffn(h), weights
+        x = self.norm1.post(x, out)
+        return self.norm2.post(x, self.ffn(x)), None, weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over the encoder output, FFN; each with add + LN."""
+
+    def __init__(self, cfg: ModelConfig, ops: Ops):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, ops=ops, attn_dropout=cfg.attn_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, ops=ops, cross=True,
+                                             attn_dropout=cfg.attn_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, ops=ops, activation=cfg.activation, dropout=cfg.ffn_dropout)
+        self.norm1, self.norm2, self.norm3 = (_add_norm(cfg, ops) for _ in range(3))
+
+    def forward(self, x, delta, memory, src_lengths, tgt_lengths, *, cache=None, need_weights=False):
+        """(x, delta) -> (x, delta, cross-attention weights or None); cache: (self, cross) KVCaches."""
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        self_kw = dict(key_lengths=tgt_lengths, query_lengths=tgt_lengths, causal=True, cache=self_cache)
+        cross_kw = dict(memory=memory, key_lengths=src_lengths, query_lengths=tgt_lengths, cache=cross_cache,
+                        need_weights=need_weights)
+        if self.pre_norm:
+            h, x = self.norm1.pre(x, delta)
+            h, x = self.norm2.pre(x, self.self_attn(h, **self_kw))
+            out = self.cross_attn(h, **cross_kw)
+        else:
+            x = self.norm1.post(x, self.self_attn(x, **self_kw))
+            out = self.cross_attn(x, **cross_kw)
+        out, weights = out if need_weights else (out, None)
+        if self.pre_norm:
+            h, x = self.norm3.pre(x, out)
+            return x, self.ffn(h), weights
+        x = self.norm2.post(x, out)
+        return self.norm3.post(x, self.ffn(x)), None, weights
