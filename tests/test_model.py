@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from scratchformer import ops
 from scratchformer.model import PRESETS, Classifier, ModelConfig, Transformer, build_model, count_parameters, get_config
 
 V = 40
@@ -162,3 +163,112 @@ def test_autocast_forward_backward_and_decoding(kernel):
     assert out.dtype == torch.bfloat16
     for b in range(3):
         torch.testing.assert_close(out[b, : tl[b]].float(), ref[b, : tl[b]], atol=0.15, rtol=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# the backend, chosen once when the model is built for a device
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel,name", [("auto", "eager"), ("eager", "eager"), ("torch", "torch")])
+@pytest.mark.parametrize("classifier", [False, True])
+def test_build_model_sets_ops_for_the_device(kernel, name, classifier):
+    """build_model(cfg, device) resolves cfg.kernel once: model.ops is that backend's bundle and
+    every layer holds the same object."""
+    cfg = get_config("classifier", src_vocab_size=V, kernel=kernel) if classifier else _cfg(kernel=kernel)
+    m = build_model(cfg, "cpu")
+    assert m.ops is ops.select(kernel, "cpu") and m.ops.name == name
+    holders = [mod for mod in m.modules() if "ops" in vars(mod)]
+    assert len(holders) > 5 and all(mod.ops is m.ops for mod in holders)
+    assert next(m.parameters()).device.type == "cpu" and not hasattr(m, "kernel_for")
+    assert build_model(cfg).ops is m.ops  # device None: CPU
+
+
+def test_moving_a_model_chooses_its_ops_again(monkeypatch):
+    """model.to(device) resolves cfg.kernel for the new device (auto: triton on CUDA), and hands the
+    new bundle to every layer; moves within a device type choose nothing."""
+    m = build_model(_cfg(kernel="auto"))
+    calls = []
+    select = ops.select
+    monkeypatch.setattr(ops, "select", lambda k, d: calls.append((k, torch.device(d).type)) or select(k, d))
+    m.float()  # same device: nothing to choose
+    assert calls == []
+    m.to("meta")
+    assert calls == [("auto", "meta")] and next(m.parameters()).device.type == "meta"
+    assert all(mod.ops is m.ops for mod in m.modules() if "ops" in vars(mod))
+
+
+def test_no_forward_takes_a_backend_argument():
+    """The backend travels in self.ops: no function or method of scratchformer.model takes `kernel`."""
+    import inspect
+
+    import scratchformer.model as pkg
+    from scratchformer.model import decoding, layers, transformer
+
+    checked = 0
+    for module in (layers, transformer, decoding):
+        for _, obj in inspect.getmembers(module, lambda o: inspect.isclass(o) or inspect.isfunction(o)):
+            if getattr(obj, "__module__", None) != module.__name__:
+                continue
+            funcs = [obj] if inspect.isfunction(obj) else [f for f in vars(obj).values() if inspect.isfunction(f)]
+            for f in funcs:
+                assert "kernel" not in inspect.signature(f).parameters, f"{obj.__name__}.{f.__name__} takes kernel"
+                checked += 1
+    assert checked > 30 and "forward" in dir(pkg.Transformer)
+
+
+def test_old_checkpoints_keep_their_parameter_names():
+    """State-dict names are those of the single-module model.py before the package split, so
+    checkpoints written before it still load."""
+    m = Transformer(ModelConfig(src_vocab_size=10, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                d_ff=32, norm="pre", final_norm=True))
+    layer = lambda p, names: [f"{p}.{n}.{w}" for n in names for w in ("weight", "bias")]  # noqa: E731
+    enc = ["self_attn.qkv_proj", "self_attn.out_proj", "ffn.w1", "ffn.w2", "norm1", "norm2"]
+    dec = ["self_attn.qkv_proj", "self_attn.out_proj", "cross_attn.q_proj", "cross_attn.kv_proj",
+           "cross_attn.out_proj", "ffn.w1", "ffn.w2", "norm1", "norm2", "norm3"]
+    expected = (layer("encoder", ["final_norm"]) + ["encoder.embedding.weight"] + layer("encoder.layers.0", enc)
+                + layer("decoder", ["final_norm"]) + ["decoder.embedding.weight"] + layer("decoder.layers.0", dec)
+                + ["generator.weight", "generator.bias"])
+    assert list(m.state_dict()) == expected
+    c = build_model(get_config("classifier", src_vocab_size=10, n_encoder_layers=1))
+    assert list(c.state_dict()) == (["cls"] + layer("encoder", ["final_norm"]) + ["encoder.embedding.weight"]
+                                    + layer("encoder.layers.0", enc) + ["head.weight", "head.bias"])
+
+
+# ---------------------------------------------------------------------------------------------
+# one check of a batch at the boundary, no host sync off the CPU unless debugging
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("classifier", [False, True])
+def test_forward_reads_no_values_off_cpu_unless_debugging(monkeypatch, classifier):
+    """On a device other than the CPU the model reads no tensor back (a meta tensor cannot be read,
+    so any host sync would fail here); with SCRATCHFORMER_DEBUG=1 (ops.DEBUG) it checks values."""
+    cfg = get_config("classifier", src_vocab_size=V, kernel="eager") if classifier else _cfg()
+    m = build_model(cfg, "meta").eval()
+    src, sl, tgt, tl = (t.to("meta") for t in _batch())
+    run = (lambda: m(src, sl)) if classifier else (lambda: m(src, sl, tgt, tl))
+    monkeypatch.setattr(ops, "DEBUG", False)
+    out = run()
+    assert out.device.type == "meta" and out.shape[0] == 3
+    monkeypatch.setattr(ops, "DEBUG", True)
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the value checks now try to read
+        run()
+
+
+def test_debug_checks_name_the_problem(monkeypatch):
+    """The value checks' messages: token ids and lengths out of range (on CPU they always run)."""
+    from scratchformer.model import check_batch
+
+    monkeypatch.setattr(ops, "DEBUG", True)
+    tokens, lengths = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([3, 1])
+    check_batch("src", tokens, lengths, vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 6\), got min 1 max 6 in src"):
+        check_batch("src", tokens, lengths, vocab=6, max_len=8)
+    with pytest.raises(ValueError, match=r"tgt_lengths must lie in \[0, 3\] \(the padded length\), got \[4, 1\]"):
+        check_batch("tgt", tokens, torch.tensor([4, 1]), vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"tokens_lengths must have shape \(2,\)"):
+        check_batch("tokens", tokens, torch.tensor([3]), vocab=7, max_len=8)
+    clf = Classifier(get_config("classifier", src_vocab_size=V, kernel="eager"))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 40\)"):
+        clf(torch.full((2, 3), V), torch.tensor([3, 3]))
