@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import report_diff
 
 from scratchformer import ops, reference
-from conftest import report_diff
 
 EAGER, TORCH = ops.select("eager"), ops.select("torch")
 
@@ -116,7 +116,7 @@ def test_gradcheck_eager_ops_float64():
     assert torch.autograd.gradcheck(lambda *a: reference.add_layer_norm_ref(*a, 1e-5), (x, r, w, b))
     w1, b1, w2, b2 = torch.randn(7, 6, **d), torch.randn(7, **d), torch.randn(6, 7, **d), torch.randn(6, **d)
     for act in ("relu", "gelu"):
-        assert torch.autograd.gradcheck(lambda *a: reference.ffn_ref(*a, activation=act), (x, w1, b1, w2, b2))
+        assert torch.autograd.gradcheck(lambda *a, act=act: reference.ffn_ref(*a, activation=act), (x, w1, b1, w2, b2))
     emb = torch.randn(10, 6, **d)
     assert torch.autograd.gradcheck(lambda e: reference.embed_ref(torch.tensor([[1, 3, 3]]), e, scale=2.0), (emb,))
 
@@ -224,5 +224,6 @@ def test_interpreter_version_guard_names_the_fix():
         check_interpreter_versions("3.6.0", "2.4.6")
     with pytest.raises(RuntimeError, match="numpy < 2.3"):
         check_interpreter_versions("3.5.1+git1234", "2.3.0rc1")
-    for triton_version, numpy_version in [("3.6.0", "2.2.6"), ("3.7.0", "2.4.6"), ("3.9.0", "2.3.0"), ("3.10.1", "3.0.0")]:
+    good = [("3.6.0", "2.2.6"), ("3.7.0", "2.4.6"), ("3.9.0", "2.3.0"), ("3.10.1", "3.0.0")]
+    for triton_version, numpy_version in good:
         check_interpreter_versions(triton_version, numpy_version)

@@ -181,7 +181,20 @@ def _add_norm(cfg: ModelConfig, ops: Ops) -> AddNorm:
     return AddNorm(cfg.d_model, ops=ops, eps=cfg.layer_norm_eps, dropout=cfg.dropout)
 
 
-class EncoderLayer(nn.Module):
+class _Layer(nn.Module):
+    """Shared by EncoderLayer and DecoderLayer: the last attention output, then the FFN step."""
+
+    def _then_ffn(self, x, out, out_norm: AddNorm, ffn_norm: AddNorm):
+        """-> (x, delta). Post-LN: x = out_norm(x + out); x = ffn_norm(x + FFN(x)); delta None.
+        Pre-LN: x = x + out; delta = FFN(ffn_norm(x)), added by the next layer's first norm."""
+        if self.pre_norm:
+            h, x = ffn_norm.pre(x, out)
+            return x, self.ffn(h)
+        x = out_norm.post(x, out)
+        return ffn_norm.post(x, self.ffn(x)), None
+
+
+class EncoderLayer(_Layer):
     """Self-attention and FFN, each with its residual add + LayerNorm (Post- or Pre-LN)."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops):
@@ -200,14 +213,10 @@ class EncoderLayer(nn.Module):
         else:
             out = self.self_attn(x, **attn_kw)
         out, weights = out if need_weights else (out, None)
-        if self.pre_norm:
-            h, x = self.norm2.pre(x, out)
-            return x, self.ffn(h), weights
-        x = self.norm1.post(x, out)
-        return self.norm2.post(x, self.ffn(x)), None, weights
+        return (*self._then_ffn(x, out, self.norm1, self.norm2), weights)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Layer):
     """Causal self-attention, cross-attention over the encoder output, FFN; each with add + LN."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops):
@@ -233,8 +242,4 @@ class DecoderLayer(nn.Module):
             x = self.norm1.post(x, self.self_attn(x, **self_kw))
             out = self.cross_attn(x, **cross_kw)
         out, weights = out if need_weights else (out, None)
-        if self.pre_norm:
-            h, x = self.norm3.pre(x, out)
-            return x, self.ffn(h), weights
-        x = self.norm2.post(x, out)
-        return self.norm3.post(x, self.ffn(x)), None, weights
+        return (*self._then_ffn(x, out, self.norm2, self.norm3), weights)
