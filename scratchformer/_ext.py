@@ -97,7 +97,7 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         )
 
 
-def _register() -> None:
+def _register_fakes() -> None:
     @torch.library.register_fake("scratchformer::embed_sinusoidal")
     def _(tokens, weight, scale, pos_offset, pos_encoding, padding_idx=None):
         _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx)
@@ -124,7 +124,8 @@ def _register() -> None:
         )
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    # --- autograd -----------------------------------------------------------------------------
+
+def _register_autograd() -> None:
     # d out / d weight: out[b, j] = weight[tokens[b, j]] * scale + PE, so grad_weight is the scaled
     # scatter-add of grad over tokens (padding_idx's row excluded): the backward op.
 
@@ -183,7 +184,8 @@ def _register() -> None:
 
 
 if _LOAD_ERROR is None:
-    _register()
+    _register_fakes()
+    _register_autograd()
 
 
 # ---------------------------------------------------------------------------------------------

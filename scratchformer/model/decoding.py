@@ -48,6 +48,22 @@ def greedy_decode(model, src, src_lengths, *, max_len: int, bos_id: int = BOS_ID
     return torch.stack(out, dim=1)
 
 
+def _trim(tokens, pad_id):
+    """(B, T) -> (B, T') without the columns that are PAD in every row (at least one column)."""
+    used = int((tokens != pad_id).any(0).nonzero().max()) + 1 if bool((tokens != pad_id).any()) else 1
+    return tokens[:, :used]
+
+
+def _keep_best(fin_seq, fin_score, cand_seq, cand_score, pad_id):
+    """The best K of the finished hypotheses (B, K, T) and candidates (B, C, t <= T) by score."""
+    B, K, T = fin_seq.shape
+    padded = cand_seq.new_full((B, cand_seq.shape[1], T), pad_id)
+    padded[:, :, : cand_seq.shape[2]] = cand_seq
+    fin_score, pick = torch.cat([fin_score, cand_score], dim=1).topk(K, dim=1)
+    fin_seq = torch.cat([fin_seq, padded], dim=1).gather(1, pick[..., None].expand(-1, -1, T))
+    return fin_seq, fin_score
+
+
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
                 bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
@@ -89,11 +105,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
         is_eos = tok == eos_id
         finish = is_eos & (rank < K) & (n_fin < K)[:, None] & torch.isfinite(top_score)
         norm = top_score / float(t + 1) ** length_penalty
-        padded = torch.full((B, seq.shape[1], max_len), pad_id, dtype=torch.long, device=dev)
-        padded[:, :, : t + 1] = seq
-        pool_score = torch.cat([fin_score, norm.masked_fill(~finish, neg_inf)], dim=1)
-        fin_score, pick = pool_score.topk(K, dim=1)
-        fin_seq = torch.cat([fin_seq, padded], dim=1).gather(1, pick[..., None].expand(-1, -1, max_len))
+        fin_seq, fin_score = _keep_best(fin_seq, fin_score, seq, norm.masked_fill(~finish, neg_inf), pad_id)
         n_fin = n_fin + finish.sum(1)
 
         # Continue with the best K candidates that did not end in EOS.
@@ -107,14 +119,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     # Sentences that ran out of steps: their unfinished beams compete too.
     open_ = n_fin < K
     if bool(open_.any()):
-        L = alive_seq.shape[2]
-        norm = (alive_score / float(L) ** length_penalty).masked_fill(~open_[:, None], neg_inf)
-        padded = torch.full((B, K, max_len), pad_id, dtype=torch.long, device=dev)
-        padded[:, :, :L] = alive_seq
-        pool_score = torch.cat([fin_score, norm], dim=1)
-        fin_score, pick = pool_score.topk(K, dim=1)
-        fin_seq = torch.cat([fin_seq, padded], dim=1).gather(1, pick[..., None].expand(-1, -1, max_len))
+        norm = (alive_score / float(alive_seq.shape[2]) ** length_penalty).masked_fill(~open_[:, None], neg_inf)
+        fin_seq, fin_score = _keep_best(fin_seq, fin_score, alive_seq, norm, pad_id)
 
-    best = fin_seq[:, 0]  # (B, max_len)
-    used = int((best != pad_id).any(0).nonzero().max()) + 1 if bool((best != pad_id).any()) else 1
-    return best[:, :used]
+    return _trim(fin_seq[:, 0], pad_id)
