@@ -60,6 +60,9 @@ class Ops:
     ffn: Callable
     embed: Callable
 
+    def __reduce__(self):  # pickled and deep-copied by name (torch.save(model), copy.deepcopy): same bundle back
+        return _bundle, (self.name,)
+
 
 def value_checks(t: torch.Tensor) -> bool:
     """Whether checks that read t's values may run: on CPU always (no device sync), on other
@@ -91,6 +94,10 @@ def select(kernel: str, device: torch.device | str | None = None) -> Ops:
         return TORCH
     _prepare_triton(device)
     return _triton_ops()
+
+
+def _bundle(name: str) -> Ops:
+    return {"eager": EAGER, "torch": TORCH}.get(name) or _triton_ops()
 
 
 @functools.lru_cache(maxsize=1)

@@ -376,6 +376,23 @@ def test_bad_input_raises(case):
         attention(q, k, v, **kw)
 
 
+@requires_cuda
+def test_cuda_lengths_are_clamped_without_a_sync_unless_debugging(monkeypatch):
+    """On a GPU the lengths' range is not read back (a host sync per call) unless
+    SCRATCHFORMER_DEBUG=1: out-of-range lengths are clamped to [0, L], which is eager's meaning
+    (lengths past L mask nothing, negative ones everything) and keeps the kernels in bounds."""
+    import scratchformer.kernels.attention as A
+
+    q, k, v = (torch.randn(2, 2, 8, 16, device="cuda") for _ in range(3))
+    monkeypatch.setattr(A, "_DEBUG", False)
+    out = attention(q, k, v, key_lengths=torch.tensor([12, -3], device="cuda"))
+    ref = attention_ref(q, k, v, key_lengths=torch.tensor([8, 0], device="cuda"))
+    assert report_diff("clamped lengths", out, ref) < 1e-5
+    monkeypatch.setattr(A, "_DEBUG", True)
+    with pytest.raises(ValueError, match=r"key_lengths must lie in \[0, 8\], got min -3 max 12"):
+        attention(q, k, v, key_lengths=torch.tensor([12, -3], device="cuda"))
+
+
 # ---------------------------------------------------------------------------------------------
 # through the backend switch
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Model properties: padding invariance, causality, exact preset sizes, backends agree, errors."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -182,6 +185,8 @@ def test_build_model_sets_ops_for_the_device(kernel, name, classifier):
     assert len(holders) > 5 and all(mod.ops is m.ops for mod in holders)
     assert next(m.parameters()).device.type == "cpu" and not hasattr(m, "kernel_for")
     assert build_model(cfg).ops is m.ops  # device None: CPU
+    assert copy.deepcopy(m).encoder.layers[0].ffn.ops is m.ops  # copies and pickles keep the bundle
+    assert pickle.loads(pickle.dumps(m)).ops is m.ops
 
 
 def test_moving_a_model_chooses_its_ops_again(monkeypatch):
