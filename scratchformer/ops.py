@@ -97,7 +97,8 @@ def select(kernel: str, device: torch.device | str | None = None) -> Ops:
 
 
 def _bundle(name: str) -> Ops:
-    return {"eager": EAGER, "torch": TORCH}.get(name) or _triton_ops()
+    """The bundle of a resolved backend name (unpickling): triton for CUDA when there is one."""
+    return select(name, "cuda" if name == "triton" and torch.cuda.is_available() else "cpu")
 
 
 @functools.lru_cache(maxsize=1)
