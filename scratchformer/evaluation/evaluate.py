@@ -1,33 +1,26 @@
-"""Evaluate a checkpoint on a split: decoding metrics, perplexity, predictions on disk.
+"""Evaluation as a library: teacher-forced loss and perplexity, decoding and its metrics, outputs on disk.
 
-    python -m scratchformer.evaluate --checkpoint runs/multi30k --split validation --beam-size 4
-    python -m scratchformer.evaluate --baseline lead3 --data ../shared/data/samsum --split validation
-
-Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
-ROUGE-1/2/L/Lsum (rouge-score, stemming on); classification: accuracy; every task: loss and
-perplexity under teacher forcing. Writes ``predictions.<split>.jsonl`` and ``metrics.<split>.json``
-into ``--out`` (default: the checkpoint's run folder).
+`evaluate(model, dataset, examples, tokenizers, ...)` is what `python -m scratchformer.evaluate`
+and the trainer's final report both call. Translation: BLEU, chrF (sacrebleu on detokenized
+text), exact match; summarization adds ROUGE-1/2/L/Lsum (rouge-score, stemming on);
+classification: accuracy; every task: loss and perplexity under teacher forcing.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import data as D
+from .. import data as D
+from ..config import BOS_ID, EOS_ID, PAD_ID
+from ..decoding import beam_search, greedy_decode
+from ..tokenizer import TokenizerPair
 from . import metrics as M
-from .checkpoint import find_checkpoint, load_checkpoint
-from .config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from .decoding import beam_search, greedy_decode
-from .model import build_model
-from .tokenizer import TokenizerPair
 
 
 def autocast_for(device: torch.device, precision: str):
@@ -36,20 +29,6 @@ def autocast_for(device: torch.device, precision: str):
         return nullcontext()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None):
-    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict)."""
-    path = find_checkpoint(checkpoint)
-    ckpt = load_checkpoint(path)
-    cfg_dict = dict(ckpt["config"])
-    if kernel is not None:
-        cfg_dict["kernel"] = kernel
-    model = build_model(ModelConfig.from_dict(cfg_dict))
-    model.load_state_dict(ckpt["model"])
-    model.to(device).eval()
-    ckpt["path"] = str(path)
-    return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
 
 
 def eval_loader(dataset: D.EncodedDataset, max_tokens: int | None = 4096, batch_size: int | None = None,
@@ -178,116 +157,63 @@ def format_metrics(m: dict) -> str:
     return " | ".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------
+def decoding_name(beam_size: int) -> str:
+    return "greedy" if beam_size <= 1 else f"beam{beam_size}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m scratchformer.evaluate",
-        description="Score a checkpoint on a data split (BLEU, chrF, ROUGE, accuracy, perplexity), "
-        "or score the Lead-3 summarization baseline.",
-    )
-    p.add_argument("--checkpoint", help="checkpoint file, or a run folder (uses its best.pt)")
-    p.add_argument("--split", default="validation", help="split to score (default: validation)")
-    p.add_argument("--dataset", help="dataset name (default: the one the checkpoint was trained on)")
-    p.add_argument("--data", help="local data folder (default: the checkpoint's)")
-    p.add_argument("--task", choices=D.TASKS, help="task (default: the checkpoint's, or inferred)")
-    p.add_argument("--limit", type=int, help="score only the first N examples")
-    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy decoding (default), >1 = beam search")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="beam search length penalty exponent")
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
-    p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json")
-    p.add_argument("--attention", type=int, metavar="INDEX", help="also draw the attention heatmap of example INDEX")
-    return p
+@dataclass
+class Evaluation:
+    """What `evaluate` measured. `metrics`: teacher-forced loss and ppl (+ accuracy) on every
+    example; `decodings`: each decoding's scores ("greedy", "beam4" -> {"bleu", ...}) on the first
+    `n` examples; `outputs`: per example of those, the first decoding's text, or for a classifier
+    {"prediction", "confidence"}."""
+
+    metrics: dict
+    decodings: dict[str, dict] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    n: int = 0
 
 
-def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
-    if args.data or args.dataset:
-        return D.resolve_source(args.dataset or "synthetic", args.data, args.task)
-    if ckpt_data is None:
-        raise SystemExit("give --data or --dataset (no checkpoint to take the data source from)")
-    return D.DataSource(**ckpt_data)
+def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
+             max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
+             max_tokens: int = 4096, precision: str = "fp32", progress: bool = False) -> Evaluation:
+    """Score `model` on `dataset` (encoded from `examples`, in the same order).
 
-
-def run_lead3(args) -> dict:
-    source = _source_from(args, None)
-    if source.task != "summarization":
-        raise SystemExit(f"lead3 is a summarization baseline; this data is {source.task}")
-    examples = D.load_split(source, args.split, args.limit)
-    hyps = [M.lead3(e.src) for e in examples]
-    refs = [e.tgt for e in examples]
-    result = {"baseline": "lead3", "split": args.split, "n": len(examples), **M.rouge(hyps, refs)}
-    out = Path(args.out or ".")
-    _write_outputs(out, f"{args.split}.lead3", examples, hyps, result)
-    print(f"lead3 on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}")
+    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy) or
+    classification on the first `limit` (None: all; 0: teacher forcing only).
+    """
+    result = Evaluation(teacher_forced(model, eval_loader(dataset, max_tokens), device, precision))
+    n = len(dataset) if limit is None else min(limit, len(dataset))
+    if n == 0:
+        return result
+    result.n = n
+    subset = dataset if n == len(dataset) else D.EncodedDataset(dataset.src[:n], dataset.tgt[:n], dataset.task)
+    if dataset.task == "classification":
+        preds, probs = predict_labels(model, subset, device=device, max_tokens=max_tokens, precision=precision)
+        result.metrics["accuracy"] = M.accuracy(preds, [e.tgt for e in examples[:n]])
+        result.outputs = [{"prediction": y, "confidence": c} for y, c in zip(preds, probs)]
+        return result
+    for beam in beam_sizes:
+        hyps = predict_seq2seq(model, subset, tokenizers.tgt, device=device, max_tgt_len=max_tgt_len, beam_size=beam,
+                               length_penalty=length_penalty, max_tokens=max_tokens, precision=precision,
+                               progress=progress)
+        result.decodings[decoding_name(beam)] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)
+        if not result.outputs:
+            result.outputs = hyps
     return result
 
 
-def _write_outputs(out: Path, stem: str, examples, preds, result: dict) -> None:
-    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"predictions.{stem}.jsonl", "w", encoding="utf-8") as f:
-        for e, p in zip(examples, preds):
+def write_predictions(path: Path, examples, outputs) -> None:
+    """One JSON line per example: id, source, reference, and the prediction (or the output dict)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for e, p in zip(examples, outputs):
             row = {"id": e.id, "source": e.src, "reference": e.tgt}
             row.update(p if isinstance(p, dict) else {"prediction": p})
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
+    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json."""
+    write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs)
     (out / f"metrics.{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-
-
-def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
-    if args.baseline == "lead3":
-        return run_lead3(args)
-    if not args.checkpoint:
-        raise SystemExit("--checkpoint is required (or --baseline lead3)")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
-    train_args = ckpt["args"]
-    source = _source_from(args, ckpt.get("data"))
-    if source.kind == "synthetic":
-        examples = D.load_split(source, args.split, args.limit, synthetic_seed=train_args.get("synthetic_seed", 1234))
-    elif args.split == "validation" and not D.has_split(source, "validation") and train_args.get("valid_fraction"):
-        # IMDb-style: the validation split was carved from train at training time; carve it the same way.
-        train = D.load_split(source, "train", train_args.get("max_train_examples"))
-        examples = D.carve_validation(train, train_args["valid_fraction"], train_args["seed"])[1][: args.limit]
-    else:
-        examples = D.load_split(source, args.split, args.limit)
-    max_src, max_tgt = train_args["max_src_len"], train_args["max_tgt_len"]
-    dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, max_src, max_tgt)
-    print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)
-    t0 = time.time()
-    result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples), "step": ckpt["progress"]["step"]}
-    result.update(teacher_forced(model, eval_loader(dataset, args.max_tokens), device, args.precision))
-    if source.task == "classification":
-        preds, probs = predict_labels(model, dataset, device=device, max_tokens=args.max_tokens, precision=args.precision)
-        result["accuracy"] = M.accuracy(preds, [e.tgt for e in examples])
-        outputs = [{"prediction": y, "confidence": c} for y, c in zip(preds, probs)]
-    else:
-        hyps = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=args.beam_size,
-                               length_penalty=args.length_penalty, max_tokens=args.max_tokens,
-                               precision=args.precision, progress=sys.stderr.isatty())
-        result.update(M.seq2seq_scores(hyps, [e.tgt for e in examples], source.task))
-        result["decoding"] = "greedy" if args.beam_size <= 1 else f"beam{args.beam_size}"
-        outputs = hyps
-    result["seconds"] = round(time.time() - t0, 2)
-    out = Path(args.out) if args.out else Path(ckpt["path"]).parent
-    _write_outputs(out, args.split, examples, outputs, result)
-    if args.attention is not None:
-        from .plots import plot_attention
-
-        w, rows, cols, title = attention_map(model, dataset, args.attention, toks, device=device, max_tgt_len=max_tgt)
-        plot_attention(w, rows, cols, out / f"attention.{args.split}.{args.attention}.png", title=title)
-    print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
-          f"{format_metrics(result)}")
-    print(f"wrote {out / f'predictions.{args.split}.jsonl'} and {out / f'metrics.{args.split}.json'}")
-    return result
-
-
-if __name__ == "__main__":
-    main()

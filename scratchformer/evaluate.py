@@ -1,0 +1,113 @@
+"""Evaluate a checkpoint on a split: decoding metrics, perplexity, predictions on disk.
+
+    python -m scratchformer.evaluate --checkpoint runs/multi30k --split validation --beam-size 4
+    python -m scratchformer.evaluate --baseline lead3 --data ../shared/data/samsum --split validation
+
+Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
+ROUGE-1/2/L/Lsum (rouge-score, stemming on); classification: accuracy; every task: loss and
+perplexity under teacher forcing. Writes ``predictions.<split>.jsonl`` and ``metrics.<split>.json``
+into ``--out`` (default: the checkpoint's run folder). The work is
+`scratchformer.evaluation.evaluate.evaluate`; this is its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import data as D
+from .evaluation import metrics as M
+from .evaluation.evaluate import attention_map, decoding_name, evaluate, format_metrics, write_outputs
+from .training.build import load_run, run_split
+from .training.config import KERNELS, TrainConfig
+
+# generate.py imports these from here (until the merge moves it to scratchformer.evaluation).
+from .evaluation.evaluate import predict_labels, predict_seq2seq  # noqa: E402,F401,I001
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m scratchformer.evaluate",
+        description="Score a checkpoint on a data split (BLEU, chrF, ROUGE, accuracy, perplexity), "
+        "or score the Lead-3 summarization baseline.",
+    )
+    p.add_argument("--checkpoint", help="checkpoint file, or a run folder (uses its best.pt)")
+    p.add_argument("--split", default="validation", help="split to score (default: validation)")
+    p.add_argument("--dataset", help="dataset name (default: the one the checkpoint was trained on)")
+    p.add_argument("--data", help="local data folder (default: the checkpoint's)")
+    p.add_argument("--task", choices=D.TASKS, help="task (default: the checkpoint's, or inferred)")
+    p.add_argument("--limit", type=int, help="score only the first N examples")
+    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy decoding (default), >1 = beam search")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam search length penalty exponent")
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--kernel", choices=KERNELS, help="override the backend")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
+    p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json")
+    p.add_argument("--attention", type=int, metavar="INDEX", help="also draw the attention heatmap of example INDEX")
+    return p
+
+
+def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
+    if args.data or args.dataset:
+        return D.resolve_source(args.dataset or "synthetic", args.data, args.task)
+    if ckpt_data is None:
+        raise SystemExit("give --data or --dataset (no checkpoint to take the data source from)")
+    return D.DataSource(**ckpt_data)
+
+
+def run_lead3(args) -> dict:
+    source = _source_from(args, None)
+    if source.task != "summarization":
+        raise SystemExit(f"lead3 is a summarization baseline; this data is {source.task}")
+    examples = D.load_split(source, args.split, args.limit)
+    hyps = [M.lead3(e.src) for e in examples]
+    result = {"baseline": "lead3", "split": args.split, "n": len(examples), **M.rouge(hyps, [e.tgt for e in examples])}
+    write_outputs(Path(args.out or "."), f"{args.split}.lead3", examples, hyps, result)
+    print(f"lead3 on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}")
+    return result
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.baseline == "lead3":
+        return run_lead3(args)
+    if not args.checkpoint:
+        raise SystemExit("--checkpoint is required (or --baseline lead3)")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
+    run = TrainConfig.from_dict(ckpt["args"])
+    source = _source_from(args, ckpt.get("data"))
+    examples = run_split(source, args.split, run, args.limit)
+    dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
+    print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)
+    t0 = time.time()
+    ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
+                  beam_sizes=(args.beam_size,), length_penalty=args.length_penalty, max_tokens=args.max_tokens,
+                  precision=args.precision, progress=sys.stderr.isatty())
+    result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples), "step": ckpt["progress"]["step"],
+              **ev.metrics}
+    if source.task != "classification":
+        result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size))
+    result["seconds"] = round(time.time() - t0, 2)
+    out = Path(args.out) if args.out else Path(ckpt["path"]).parent
+    write_outputs(out, args.split, examples, ev.outputs, result)
+    if args.attention is not None:
+        from .evaluation.plots import plot_attention  # matplotlib: only when plotting
+
+        w, rows, cols, title = attention_map(model, dataset, args.attention, toks, device=device,
+                                             max_tgt_len=run.max_tgt_len)
+        plot_attention(w, rows, cols, out / f"attention.{args.split}.{args.attention}.png", title=title)
+    print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
+          f"{format_metrics(result)}")
+    print(f"wrote {out / f'predictions.{args.split}.jsonl'} and {out / f'metrics.{args.split}.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
