@@ -69,7 +69,8 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
         metric, flat = _final_metric(final, metric)
         curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
         results.append({"name": name, "flags": flags, "final": flat, "curve": curve})
-    (out / "ablation.json").write_text(json.dumps({"metric": metric, "shared": shared, "runs": results}, indent=2) + "\n")
+    summary = {"metric": metric, "shared": shared, "runs": results}
+    (out / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
     return metric, results
 
@@ -82,6 +83,7 @@ def main(argv=None) -> list[dict]:
     metric, results = run_grid(out, args.variants, shared, args.metric)
     print(f"\n{'variant':<20} {metric:>12} {'valid loss':>11}")
     for r in results:
-        print(f"{r['name']:<20} {r['final'].get(metric, float('nan')):>12.2f} {r['final'].get('loss', float('nan')):>11.4f}")
+        final = r["final"]
+        print(f"{r['name']:<20} {final.get(metric, float('nan')):>12.2f} {final.get('loss', float('nan')):>11.4f}")
     print(f"wrote {out / 'ablation.json'} and {out / 'ablation.png'}")
     return results

@@ -104,7 +104,8 @@ def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Pa
             toks.save(out)
         dist_.barrier()
         if not dist_.main and not cfg.tokenizer:
-            files = ["tokenizer.json"] if (out / "tokenizer.json").exists() else ["tokenizer.src.json", "tokenizer.tgt.json"]
+            shared = (out / "tokenizer.json").exists()
+            files = ["tokenizer.json"] if shared else ["tokenizer.src.json", "tokenizer.tgt.json"]
             toks = TokenizerPair.load([out / f for f in files])
     if dist_.main:
         toks.save(out)

@@ -74,4 +74,5 @@ def wrap_ddp(model: torch.nn.Module, dist_: Dist, device: torch.device) -> torch
     """The module to run forward/backward through: DDP-wrapped under torchrun, else the model."""
     if not dist_.on:
         return model
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
 from .checkpoint import load_checkpoint
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
-
-def final_report(trainer: Trainer) -> dict:
-    """Evaluate best.pt on the validation split (greedy, and beam --beam-size), write
-    predictions.validation.jsonl (greedy), metrics.final.json and the plots, log the summary.
-    Returns the metrics: teacher-forced loss/ppl (+ accuracy) and one dict per decoding."""
+def final_report(trainer) -> dict:
+    """A finished Trainer's last words (rank 0): best.pt evaluated on the validation split (greedy,
+    and beam --beam-size); predictions.validation.jsonl (greedy), metrics.final.json and the plots
+    written; the summary logged. Returns the metrics: teacher-forced loss/ppl (+ accuracy) and one
+    dict per decoding."""
     cfg, data, out, prog = trainer.config, trainer.data, trainer.out, trainer.progress
     model = trainer.model
     best = out / "best.pt"
@@ -50,7 +47,7 @@ def final_report(trainer: Trainer) -> dict:
     return res
 
 
-def _plots(trainer: Trainer) -> None:
+def _plots(trainer) -> None:
     """plots/curves.png (loss, perplexity, lr) and plots/attention.png (one validation example)."""
     from ..evaluation.plots import plot_attention, plot_curves, read_metrics  # matplotlib: only when plotting
 

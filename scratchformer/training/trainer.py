@@ -31,8 +31,14 @@ from .build import TrainData, backend_name, build_data, model_config, model_on
 from .checkpoint import find_checkpoint, load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig, resumed
 from .distributed import Dist, setup_distributed, wrap_ddp
-from .optim import (HIGHER_IS_BETTER, build_optimizer, build_scheduler, classification_loss, is_better,
-                    label_smoothed_loss)
+from .optim import (
+    HIGHER_IS_BETTER,
+    build_optimizer,
+    build_scheduler,
+    classification_loss,
+    is_better,
+    label_smoothed_loss,
+)
 from .report import final_report
 from .runs import Logger, fresh_run_folder, resume_folder
 
@@ -70,6 +76,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, model: torch.nn.Module, data: TrainData, *, model_config: ModelConfig,
                  out: Path, device: torch.device, log: Logger, dist: Dist | None = None):
+        config = dataclasses.replace(config, precision=_precision(config.precision, device))  # "auto" -> a dtype
         self.config, self.model, self.data, self.model_config = config, model, data, model_config
         self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
         self.net = wrap_ddp(model, self.dist, device)
@@ -123,7 +130,8 @@ class Trainer:
         log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if ckpt else None)
         log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
                  f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
-        data = build_data(config, source, out, dist_, log, TokenizerPair.from_dict(ckpt["tokenizers"]) if ckpt else None)
+        toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if ckpt else None  # a resumed run keeps its own
+        data = build_data(config, source, out, dist_, log, toks)
         mcfg = ModelConfig.from_dict(ckpt["config"]) if ckpt else model_config(config, data)
         if ckpt and "kernel" in given:
             mcfg.kernel = config.kernel
@@ -156,10 +164,11 @@ class Trainer:
         rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
         return {
             "version": 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "config": self.model_config.to_dict(),
-            "args": self.config.to_dict(), "data": self.data.source.to_dict(), "tokenizers": self.data.tokenizers.to_dict(),
-            "task": self.data.task, "num_classes": self.data.num_classes,
+            "args": self.config.to_dict(), "data": self.data.source.to_dict(),
+            "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
         }
 
     def save(self, kind: str) -> None:
