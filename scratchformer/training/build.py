@@ -132,7 +132,7 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
     """Examples, tokenizers (given on resume, else made) and encodings of both splits."""
     task = source.task
     train_ex, valid_ex = load_data(cfg, source, log)
-    toks = tokenizers or make_tokenizers(cfg, task, train_ex, out, dist_, log)
+    toks = make_tokenizers(cfg, task, train_ex, out, dist_, log) if tokenizers is None else tokenizers
     train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
              f"max_tgt_len-1 target tokens)")

@@ -120,20 +120,21 @@ class Trainer:
             ckpt = load_checkpoint(path)
             config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
         dist_, device = setup_distributed(config.device)
-        out = Path(config.out) if ckpt else fresh_run_folder(config.out, config.overwrite, dist_)
+        resuming = ckpt is not None
+        out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
         source = D.resolve_source(config.dataset, config.data, config.task)
         config = config.resolved(source.task, source.kind == "synthetic")
         config = dataclasses.replace(config, out=str(out), precision=_precision(config.precision, device))
         if config.threads:
             torch.set_num_threads(config.threads)
         _seed_everything(config.seed)
-        log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if ckpt else None)
+        log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None)
         log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
                  f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
-        toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if ckpt else None  # a resumed run keeps its own
+        toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if resuming else None  # a resumed run keeps its own
         data = build_data(config, source, out, dist_, log, toks)
-        mcfg = ModelConfig.from_dict(ckpt["config"]) if ckpt else model_config(config, data)
-        if ckpt and "kernel" in given:
+        mcfg = ModelConfig.from_dict(ckpt["config"]) if resuming else model_config(config, data)
+        if resuming and "kernel" in given:
             mcfg.kernel = config.kernel
         model = model_on(mcfg, device)
         if dist_.main:
@@ -144,7 +145,7 @@ class Trainer:
                  f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding} | kernel "
                  f"{mcfg.kernel} -> {backend_name(model, device)}")
         trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
-        if ckpt:
+        if resuming:
             trainer.resume(ckpt)
         log.info(trainer.describe())
         return trainer
