@@ -41,7 +41,7 @@ setup(
     name="scratchformer",
     version="0.1.0",
     description="A Transformer from scratch whose hot paths run on our own Triton and CUDA kernels",
-    packages=["scratchformer", "scratchformer.kernels"],
+    packages=["scratchformer", "scratchformer.kernels", "scratchformer.training", "scratchformer.evaluation"],
     package_dir={"scratchformer": "scratchformer", "scratchformer.kernels": "kernels"},
     ext_modules=[
         Extension(

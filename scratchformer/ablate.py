@@ -1,81 +1,20 @@
 """Ablation grid: train one run per variant with shared settings, then draw the comparison plot.
 
     python -m scratchformer.ablate --out runs/ablate                       # default grid, synthetic task
-    python -m scratchformer.ablate --out runs/ab --variants "base=" "pre-ln=--norm pre" "1 head=--heads 1" \
+    python -m scratchformer.ablate --out runs/ab --variants "base=" "pre-ln=--norm pre" "1 head=--heads 1" \\
         -- --dataset multi30k --max-steps 3000            # flags after -- go to every run
     python -m scratchformer.train ablate ...              # the same command
 
 Each variant is ``NAME=FLAGS`` (train flags appended to the shared ones). Runs go to OUT/<name>/;
 OUT/ablation.json holds every run's final metrics and validation-loss curve, OUT/ablation.png the
-plot (final metric bars + validation loss curves).
+plot (final metric bars + validation loss curves). The grid is `scratchformer.training.ablation`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
-import shlex
-from pathlib import Path
+from .training.ablation import main
 
-DEFAULT_GRID = [
-    "baseline=",
-    "no-pos-encoding=--no-pos-encoding",
-    "heads-1=--heads 1",
-    "layers-1=--layers 1",
-    "pre-norm=--norm pre",
-    "grad-accum-2=--grad-accum 2",
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scratchformer.ablate",
-                                description="Run an ablation grid of training runs and plot the comparison.")
-    p.add_argument("--out", default="runs/ablate", help="folder for the runs, ablation.json and ablation.png")
-    p.add_argument("--variants", nargs="+", default=DEFAULT_GRID, metavar="NAME=FLAGS",
-                   help="variants; default: " + "; ".join(DEFAULT_GRID))
-    p.add_argument("--metric", help="metric of the bar chart (default: exact_match for seq2seq greedy, "
-                   "accuracy for classification)")
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
-    return p
-
-
-def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
-    """Flatten the final report: greedy decoding scores at the top level."""
-    flat = {k: v for k, v in final.items() if isinstance(v, (int, float))}
-    flat.update(final.get("greedy", {}))
-    if metric is None:
-        metric = "accuracy" if "accuracy" in flat else ("exact_match" if "exact_match" in flat else "loss")
-    return metric, flat
-
-
-def main(argv=None) -> list[dict]:
-    from . import train  # late: train imports this module for `train ablate`
-    from .plots import plot_ablation, read_metrics
-
-    args = build_parser().parse_args(argv)
-    shared = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    out = Path(args.out)
-    results, metric = [], args.metric
-    for spec in args.variants:
-        if "=" not in spec:
-            raise SystemExit(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
-        name, flags = spec.split("=", 1)
-        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "variant"
-        run_dir = out / slug
-        print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}")
-        final = train.main([*shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"])
-        metric, flat = _final_metric(final, metric)
-        curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
-        results.append({"name": name, "flags": flags, "final": flat, "curve": curve})
-    (out / "ablation.json").write_text(json.dumps({"metric": metric, "shared": shared, "runs": results}, indent=2) + "\n")
-    plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
-    print(f"\n{'variant':<20} {metric:>12} {'valid loss':>11}")
-    for r in results:
-        print(f"{r['name']:<20} {r['final'].get(metric, float('nan')):>12.2f} {r['final'].get('loss', float('nan')):>11.4f}")
-    print(f"wrote {out / 'ablation.json'} and {out / 'ablation.png'}")
-    return results
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scratchformer import metrics as M
+from scratchformer.evaluation import metrics as M
 
 REFS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog"]
 

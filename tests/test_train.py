@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from scratchformer import train as T
-from scratchformer.checkpoint import load_checkpoint
 from scratchformer.model import Classifier, get_config
+from scratchformer.training import optim as O
+from scratchformer.training import runs
+from scratchformer.training.checkpoint import load_checkpoint
 
 # A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -22,7 +24,7 @@ def test_label_smoothed_loss_matches_hand_computation():
     V, eps, pad = 7, 0.2, 0
     logits = torch.randn(5, V)
     target = torch.tensor([3, 0, 6, 1, 4])  # position 1 is padding
-    loss, nll = T.label_smoothed_loss(logits, target, eps, pad)
+    loss, nll = O.label_smoothed_loss(logits, target, eps, pad)
     want_loss, want_nll = 0.0, 0.0
     for i in range(5):
         y = int(target[i])
@@ -36,14 +38,15 @@ def test_label_smoothed_loss_matches_hand_computation():
     print(f"loss {float(loss):.6f} vs {want_loss:.6f}")
     assert float(loss) == pytest.approx(want_loss, rel=1e-5)
     assert float(nll) == pytest.approx(want_nll, rel=1e-5)
-    l0, n0 = T.label_smoothed_loss(logits, target, 0.0, pad)
-    assert float(l0) == pytest.approx(float(F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")), rel=1e-6)
+    l0, n0 = O.label_smoothed_loss(logits, target, 0.0, pad)
+    want_l0 = float(F.cross_entropy(logits, target, ignore_index=pad, reduction="sum"))
+    assert float(l0) == pytest.approx(want_l0, rel=1e-6)
 
 
 def _lrs(sched_name, steps, **kw):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=1.0)
-    s = T.build_scheduler(opt, sched_name, **kw)
+    s = O.build_scheduler(opt, sched_name, **kw)
     out = []
     for _ in range(steps):
         out.append(opt.param_groups[0]["lr"])
@@ -64,14 +67,14 @@ def test_schedule_shapes():
     assert const[9] == const[-1] == 1.0
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=1.0)
-    plat = T.build_scheduler(opt, "plateau", warmup=0, total=0, metric_mode="min", patience=1)
+    plat = O.build_scheduler(opt, "plateau", warmup=0, total=0, metric_mode="min", patience=1)
     for metric in (1.0, 1.0, 1.0):  # no improvement for 2 evaluations -> halve
         plat.step(metric)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
 
 
 def _train_rows(out):
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r["lr"]) for r in rows if r["split"] == "train"]
 
 
@@ -109,7 +112,7 @@ def test_classifier_training_step_reduces_loss():
     torch.manual_seed(0)
     cfg = get_config("classifier", src_vocab_size=50, dropout=0.0, kernel="eager")
     model = Classifier(cfg)
-    opt = T.build_optimizer(model, 3e-3, 0.01)
+    opt = O.build_optimizer(model, 3e-3, 0.01)
     tokens = torch.randint(4, 50, (8, 12))
     lengths = torch.tensor([12, 5, 7, 12, 1, 9, 3, 12])
     labels = (tokens[:, 0] % 2).long()  # learnable from the first token
@@ -128,7 +131,7 @@ def test_classifier_training_step_reduces_loss():
 def test_classifier_validation_loss_counts_label_zero():
     """Label 0 equals PAD_ID: the classification loss must not ignore it."""
     from scratchformer import data as D
-    from scratchformer.evaluate import eval_loader, teacher_forced
+    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
 
     torch.manual_seed(0)
     model = Classifier(get_config("classifier", src_vocab_size=20, kernel="eager")).eval()
@@ -159,7 +162,7 @@ def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
     assert not (run / "metrics.validation.json").exists()  # and its evaluation, which would now mislead
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
-    monkeypatch.setattr(T, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RUNS_DIR", tmp_path / "runs")
     for _ in range(2):
         T.main(TINY + ["--max-steps", "1", "--eval-every", "1"])
     folders = sorted(p for p in (tmp_path / "runs").iterdir() if not p.is_symlink())

@@ -1,0 +1,218 @@
+"""Evaluation as a library: teacher-forced loss and perplexity, decoding and its metrics, outputs on disk.
+
+`evaluate(model, dataset, examples, tokenizers, ...)` is what `python -m scratchformer.evaluate`
+and the trainer's final report both call. Translation: BLEU, chrF (sacrebleu on detokenized
+text), exact match; summarization adds ROUGE-1/2/L/Lsum (rouge-score, stemming on);
+classification: accuracy; every task: loss and perplexity under teacher forcing.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import data as D
+from ..model import BOS_ID, EOS_ID, PAD_ID, beam_search, greedy_decode
+from ..tokenizer import TokenizerPair
+from . import metrics as M
+
+
+def autocast_for(device: torch.device, precision: str):
+    """The autocast context of a precision name ("fp32", "bf16", "fp16")."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def eval_loader(dataset: D.EncodedDataset, max_tokens: int | None = 4096, batch_size: int | None = None,
+                num_workers: int = 0, pin_memory: bool = False):
+    """Length-sorted, unshuffled batches (outputs are put back in dataset order by example id)."""
+    sampler = D.BucketBatchSampler(dataset.lengths(), max_tokens=max_tokens, batch_size=batch_size,
+                                   shuffle=False, pool_batches=10**9)
+    return D.make_loader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def loss_terms(model, batch: D.Batch):
+    """Logits and targets of a batch: seq2seq (B*Lt, V) vs (B*Lt,), classifier (B, C) vs (B,)."""
+    if batch.labels is not None:
+        return model(batch.src, batch.src_lengths), batch.labels
+    logits = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
+    return logits.flatten(0, 1), batch.tgt_out.flatten()
+
+
+@torch.no_grad()
+def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
+    """Mean token NLL (no label smoothing) and perplexity; accuracy for classification."""
+    model.eval()
+    nll, n, correct = 0.0, 0, 0
+    classify = loader.dataset.task == "classification"
+    for batch in loader:
+        batch = batch.to(device, non_blocking=True)
+        with autocast_for(device, precision):
+            logits, target = loss_terms(model, batch)
+        if classify:  # labels include 0 == PAD_ID: nothing to ignore
+            nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
+            n += len(batch)
+            correct += int((logits.argmax(-1) == target).sum())
+        else:
+            nll += float(F.cross_entropy(logits.float(), target, ignore_index=PAD_ID, reduction="sum"))
+            n += int((target != PAD_ID).sum())
+    out = {"loss": nll / max(1, n), "ppl": M.perplexity(nll, max(1, n))}
+    if classify:
+        out["accuracy"] = 100.0 * correct / max(1, n)
+    return out
+
+
+def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int) -> int:
+    """Translation: up to 2*Ls + 10 tokens (never more than max_tgt_len); summaries: max_tgt_len."""
+    if task == "translation":
+        return max(1, min(max_tgt_len, 2 * int(src_lengths.max()) + 10))
+    return max_tgt_len
+
+
+@torch.no_grad()
+def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
+                    length_penalty: float = 1.0, max_tokens: int = 4096, precision: str = "fp32",
+                    progress: bool = False) -> list[str]:
+    """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy."""
+    model.eval()
+    out: list[str | None] = [None] * len(dataset)
+    loader = eval_loader(dataset, max_tokens=max_tokens)
+    if progress:
+        from tqdm import tqdm
+
+        loader = tqdm(loader, desc="decode", leave=False, dynamic_ncols=True)
+    for batch in loader:
+        batch = batch.to(device)
+        max_len = decode_max_len(dataset.task, batch.src_lengths, max_tgt_len)
+        with autocast_for(device, precision):
+            if beam_size > 1:
+                toks = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size, max_len=max_len,
+                                   length_penalty=length_penalty)
+            else:
+                toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len)
+        for i, row in zip(batch.ids.tolist(), toks.tolist()):
+            out[i] = tokenizer.decode(row)
+    return out
+
+
+@torch.no_grad()
+def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int = 8192, precision: str = "fp32"):
+    """(predicted labels, their probabilities) in dataset order."""
+    model.eval()
+    preds, probs = [0] * len(dataset), [0.0] * len(dataset)
+    for batch in eval_loader(dataset, max_tokens=max_tokens):
+        batch = batch.to(device)
+        with autocast_for(device, precision):
+            p = torch.softmax(model(batch.src, batch.src_lengths).float(), dim=-1)
+        conf, lab = p.max(-1)
+        for i, y, c in zip(batch.ids.tolist(), lab.tolist(), conf.tolist()):
+            preds[i], probs[i] = y, c
+    return preds, probs
+
+
+@torch.no_grad()
+def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: TokenizerPair, *, device,
+                  max_tgt_len: int = 64, max_tokens_shown: int = 60):
+    """Attention of one example for a heatmap: (weights (rows, cols) numpy, row labels, col labels, title).
+
+    Seq2seq: the last decoder layer's cross-attention, averaged over heads, with the model's own
+    greedy output as the decoder input (rows: output tokens, columns: source tokens).
+    Classifier: the last encoder layer's self-attention averaged over heads ([CLS] first).
+    """
+    model.eval()
+    _, src, tgt = dataset[index]
+    src = torch.as_tensor(src[:max_tokens_shown], dtype=torch.int64, device=device)[None]
+    src_len = torch.tensor([src.shape[1]], device=device)
+    src_labels = tokenizers.src.token_strings(src[0].tolist())
+    if dataset.task == "classification":
+        _, weights = model(src, src_len, return_attention=True)
+        w = weights[-1][0].mean(0).float().cpu().numpy()  # (L+1, L+1)
+        labels = ["[CLS]"] + src_labels
+        return w, labels, labels, "classifier self-attention, last layer (mean over heads)"
+    hyp = greedy_decode(model, src, src_len, max_len=min(max_tgt_len, 2 * src.shape[1] + 10))[0].tolist()
+    if EOS_ID in hyp:
+        hyp = hyp[: hyp.index(EOS_ID) + 1]
+    tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
+    _, weights = model(src, src_len, tgt_in, torch.tensor([tgt_in.shape[1]], device=device), need_weights=True)
+    w = weights[-1][0].mean(0).float().cpu().numpy()  # (Lt, Ls)
+    return w, tokenizers.tgt.token_strings(hyp), src_labels, "decoder cross-attention, last layer (mean over heads)"
+
+
+def format_metrics(m: dict) -> str:
+    order = ["loss", "ppl", "accuracy", "exact_match", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum"]
+    parts = []
+    for k in order:
+        if k in m and isinstance(m[k], (int, float)):
+            v = m[k]
+            unit = "%" if k in ("accuracy", "exact_match") else ""
+            parts.append(f"{k} {v:.4f}" if k == "loss" else f"{k} {v:.2f}{unit}")
+    return " | ".join(parts)
+
+
+def decoding_name(beam_size: int) -> str:
+    return "greedy" if beam_size <= 1 else f"beam{beam_size}"
+
+
+@dataclass
+class Evaluation:
+    """What `evaluate` measured. `metrics`: teacher-forced loss and ppl (+ accuracy) on every
+    example; `decodings`: each decoding's scores ("greedy", "beam4" -> {"bleu", ...}) on the first
+    `n` examples; `outputs`: per example of those, the first decoding's text, or for a classifier
+    {"prediction", "confidence"}."""
+
+    metrics: dict
+    decodings: dict[str, dict] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    n: int = 0
+
+
+def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
+             max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
+             max_tokens: int = 4096, precision: str = "fp32", progress: bool = False) -> Evaluation:
+    """Score `model` on `dataset` (encoded from `examples`, in the same order).
+
+    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy) or
+    classification on the first `limit` (None: all; 0: teacher forcing only).
+    """
+    result = Evaluation(teacher_forced(model, eval_loader(dataset, max_tokens), device, precision))
+    n = len(dataset) if limit is None else min(limit, len(dataset))
+    if n == 0:
+        return result
+    result.n = n
+    subset = dataset if n == len(dataset) else D.EncodedDataset(dataset.src[:n], dataset.tgt[:n], dataset.task)
+    if dataset.task == "classification":
+        preds, probs = predict_labels(model, subset, device=device, max_tokens=max_tokens, precision=precision)
+        result.metrics["accuracy"] = M.accuracy(preds, [e.tgt for e in examples[:n]])
+        result.outputs = [{"prediction": y, "confidence": c} for y, c in zip(preds, probs)]
+        return result
+    for beam in beam_sizes:
+        hyps = predict_seq2seq(model, subset, tokenizers.tgt, device=device, max_tgt_len=max_tgt_len, beam_size=beam,
+                               length_penalty=length_penalty, max_tokens=max_tokens, precision=precision,
+                               progress=progress)
+        result.decodings[decoding_name(beam)] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)
+        if not result.outputs:
+            result.outputs = hyps
+    return result
+
+
+def write_predictions(path: Path, examples, outputs) -> None:
+    """One JSON line per example: id, source, reference, and the prediction (or the output dict)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for e, p in zip(examples, outputs):
+            row = {"id": e.id, "source": e.src, "reference": e.tgt}
+            row.update(p if isinstance(p, dict) else {"prediction": p})
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
+    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json."""
+    write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs)
+    (out / f"metrics.{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,89 @@
+"""Ablation grids: train one run per variant with shared settings, then draw the comparison plot.
+
+    python -m scratchformer.ablate --out runs/ablate                       # default grid, synthetic task
+    python -m scratchformer.ablate --out runs/ab --variants "base=" "pre-ln=--norm pre" "1 head=--heads 1" \
+        -- --dataset multi30k --max-steps 3000            # flags after -- go to every run
+    python -m scratchformer.train ablate ...              # the same command
+
+Each variant is ``NAME=FLAGS`` (train flags appended to the shared ones). Runs go to OUT/<name>/;
+OUT/ablation.json holds every run's final metrics and validation-loss curve, OUT/ablation.png the
+plot (final metric bars + validation loss curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+from pathlib import Path
+
+from .config import parse_args
+from .trainer import train
+
+DEFAULT_GRID = [
+    "baseline=",
+    "no-pos-encoding=--no-pos-encoding",
+    "heads-1=--heads 1",
+    "layers-1=--layers 1",
+    "pre-norm=--norm pre",
+    "grad-accum-2=--grad-accum 2",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scratchformer.ablate",
+                                description="Run an ablation grid of training runs and plot the comparison.")
+    p.add_argument("--out", default="runs/ablate", help="folder for the runs, ablation.json and ablation.png")
+    p.add_argument("--variants", nargs="+", default=DEFAULT_GRID, metavar="NAME=FLAGS",
+                   help="variants; default: " + "; ".join(DEFAULT_GRID))
+    p.add_argument("--metric", help="metric of the bar chart (default: exact_match for seq2seq greedy, "
+                   "accuracy for classification)")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
+    return p
+
+
+def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
+    """Flatten the final report: greedy decoding scores at the top level."""
+    flat = {k: v for k, v in final.items() if isinstance(v, (int, float))}
+    flat.update(final.get("greedy", {}))
+    if metric is None:
+        metric = "accuracy" if "accuracy" in flat else ("exact_match" if "exact_match" in flat else "loss")
+    return metric, flat
+
+
+def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None) -> tuple[str, list[dict]]:
+    """Train every variant into out/<name>/ (shared train flags, then the variant's), write
+    out/ablation.json and out/ablation.png. Returns (the compared metric, one result per variant)."""
+    from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
+
+    results = []
+    for spec in variants:
+        if "=" not in spec:
+            raise SystemExit(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
+        name, flags = spec.split("=", 1)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "variant"
+        run_dir = out / slug
+        print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}")
+        final = train(*parse_args([*shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]))
+        metric, flat = _final_metric(final, metric)
+        curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
+        results.append({"name": name, "flags": flags, "final": flat, "curve": curve})
+    summary = {"metric": metric, "shared": shared, "runs": results}
+    (out / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
+    return metric, results
+
+
+def main(argv=None) -> list[dict]:
+    """The ablate command (`python -m scratchformer.ablate`, also `python -m scratchformer.train ablate`)."""
+    args = build_parser().parse_args(argv)
+    shared = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    out = Path(args.out)
+    metric, results = run_grid(out, args.variants, shared, args.metric)
+    print(f"\n{'variant':<20} {metric:>12} {'valid loss':>11}")
+    for r in results:
+        final = r["final"]
+        print(f"{r['name']:<20} {final.get(metric, float('nan')):>12.2f} {final.get('loss', float('nan')):>11.4f}")
+    print(f"wrote {out / 'ablation.json'} and {out / 'ablation.png'}")
+    return results

@@ -1,0 +1,161 @@
+"""A run's parts from its TrainConfig: the data, the tokenizers, the model (new, or from a checkpoint)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import data as D
+from ..model import PRESETS, ModelConfig, build_model, get_config
+from ..tokenizer import BPETokenizer, TokenizerPair
+from .checkpoint import find_checkpoint, load_checkpoint
+from .config import TrainConfig
+from .distributed import Dist
+from .runs import Logger
+
+
+def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None):
+    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict)."""
+    path = find_checkpoint(checkpoint)
+    ckpt = load_checkpoint(path)
+    cfg_dict = dict(ckpt["config"])
+    if kernel is not None:
+        cfg_dict["kernel"] = kernel
+    model = build_model(ModelConfig.from_dict(cfg_dict), device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    ckpt["path"] = str(path)
+    return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
+
+
+@dataclass
+class TrainData:
+    """The examples and their encodings, and what the model needs to know of them."""
+
+    source: D.DataSource
+    train_examples: list[D.Example]
+    valid_examples: list[D.Example]
+    tokenizers: TokenizerPair
+    train_set: D.EncodedDataset
+    valid_set: D.EncodedDataset
+    num_classes: int | None  # classification only
+
+    @property
+    def task(self) -> str:
+        return self.source.task
+
+
+def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list[D.Example], list[D.Example]]:
+    """Train and validation examples (validation carved from train when the data has none)."""
+    seed_kw = dict(synthetic_seed=cfg.synthetic_seed)
+    train = D.load_split(source, "train", cfg.max_train_examples, **seed_kw)
+    if D.has_split(source, "validation"):
+        try:
+            valid = D.load_split(source, "validation", cfg.max_valid_examples, **seed_kw)
+        except D.DataError as e:
+            if source.kind != "hub":
+                raise
+            log.info(f"no validation split on the hub ({e}); carving {cfg.valid_fraction:.0%} of train")
+            train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed)
+    else:
+        train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed)
+        log.info(f"{source.name} has no validation split: carved {len(valid)} examples "
+                 f"({cfg.valid_fraction:.0%}, seed {cfg.seed}) from train")
+        valid = valid[: cfg.max_valid_examples]
+    return train, valid
+
+
+def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | None = None) -> list[D.Example]:
+    """The examples of `split` as the run saw them: the synthetic corpus of its seed, and a
+    validation split carved from train (IMDb) carved the same way again."""
+    if source.kind == "synthetic":
+        return D.load_split(source, split, limit, synthetic_seed=cfg.synthetic_seed)
+    if split == "validation" and not D.has_split(source, "validation") and cfg.valid_fraction:
+        train = D.load_split(source, "train", cfg.max_train_examples)
+        return D.carve_validation(train, cfg.valid_fraction, cfg.seed)[1][:limit]
+    return D.load_split(source, split, limit)
+
+
+def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Path, dist_: Dist,
+                    log: Logger) -> TokenizerPair:
+    """Reused (--tokenizer) or trained by rank 0 on the training examples; saved into the run folder."""
+    if cfg.tokenizer:
+        toks = TokenizerPair.load(cfg.tokenizer)
+        log.info(f"tokenizer: reused {', '.join(cfg.tokenizer)}")
+    elif dist_.main:
+        toks = _train_tokenizers(cfg, task, train, log)
+    if dist_.on:
+        # Rank 0 trained it; everyone uses the same file.
+        if dist_.main and not cfg.tokenizer:
+            toks.save(out)
+        dist_.barrier()
+        if not dist_.main and not cfg.tokenizer:
+            shared = (out / "tokenizer.json").exists()
+            files = ["tokenizer.json"] if shared else ["tokenizer.src.json", "tokenizer.tgt.json"]
+            toks = TokenizerPair.load([out / f for f in files])
+    if dist_.main:
+        toks.save(out)
+    return toks
+
+
+def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: Logger) -> TokenizerPair:
+    texts = train[: cfg.tokenizer_examples] if cfg.tokenizer_examples else train
+    t0 = time.time()
+    if cfg.separate_vocab and task != "classification":
+        toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(texts, "src"), cfg.vocab_size),
+                             BPETokenizer.train(D.texts_for_tokenizer(texts, "tgt"), cfg.vocab_size))
+    else:
+        side = "src" if task == "classification" else "both"
+        toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(texts, side), cfg.vocab_size))
+    log.info(f"tokenizer: trained byte-level BPE on {len(texts)} examples in {time.time() - t0:.1f}s "
+             f"(vocab {toks.src.vocab_size}{'' if toks.shared else f' / {toks.tgt.vocab_size}'}, "
+             f"{'shared' if toks.shared else 'separate'})")
+    return toks
+
+
+def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, log: Logger,
+               tokenizers: TokenizerPair | None = None) -> TrainData:
+    """Examples, tokenizers (given on resume, else made) and encodings of both splits."""
+    task = source.task
+    train_ex, valid_ex = load_data(cfg, source, log)
+    toks = make_tokenizers(cfg, task, train_ex, out, dist_, log) if tokenizers is None else tokenizers
+    train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
+    log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
+             f"max_tgt_len-1 target tokens)")
+    valid_set, sv = D.encode_examples(valid_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
+    log.info(f"valid: {sv}")
+    num_classes = None
+    if task == "classification":
+        num_classes = max(2, max(int(e.tgt) for e in train_ex) + 1, max(int(e.tgt) for e in valid_ex) + 1)
+    return TrainData(source, train_ex, valid_ex, toks, train_set, valid_set, num_classes)
+
+
+_MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="dropout", attn_dropout="attn_dropout",
+                     activation="activation", norm="norm", final_norm="final_norm", tie_embeddings="tie_embeddings")
+
+
+def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
+    """The model's config: the preset, with the model options that were set."""
+    task, toks = data.task, data.tokenizers
+    over = dict(src_vocab_size=toks.src.vocab_size, tgt_vocab_size=toks.tgt.vocab_size, kernel=cfg.kernel)
+    over.update({key: getattr(cfg, name) for name, key in _MODEL_FIELDS.items() if getattr(cfg, name) is not None})
+    if cfg.layers is not None:
+        over["n_encoder_layers"] = over["n_decoder_layers"] = cfg.layers
+    if cfg.encoder_layers is not None:
+        over["n_encoder_layers"] = cfg.encoder_layers
+    if cfg.decoder_layers is not None:
+        over["n_decoder_layers"] = cfg.decoder_layers
+    if cfg.no_pos_encoding:
+        over["pos_encoding"] = False
+    if task == "classification":
+        over["n_decoder_layers"], over["num_classes"] = 0, data.num_classes
+        over.pop("tgt_vocab_size")
+    else:
+        if PRESETS[cfg.preset].get("num_classes"):
+            raise SystemExit(f"preset {cfg.preset!r} is a classifier; pick a seq2seq preset for {task}")
+        over["num_classes"] = None
+    over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), cfg.max_src_len + 1, cfg.max_tgt_len + 1)
+    return get_config(cfg.preset, **over)

@@ -1,0 +1,78 @@
+"""DistributedDataParallel set-up (torchrun) and the few collectives the trainer needs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    """This process's place in the job: rank 0 of a world of 1 when not under torchrun."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.on:
+            dist.barrier()
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank (picklable objects)."""
+        if not self.on:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order."""
+        if not self.on:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.on:
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def setup_distributed(device_flag: str | None) -> tuple[Dist, torch.device]:
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK: NCCL on GPUs, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        dev = torch.device(device_flag or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return Dist(), dev
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and (device_flag is None or device_flag.startswith("cuda"))
+    if use_cuda:
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+    return Dist(rank, world, local_rank), dev
+
+
+def wrap_ddp(model: torch.nn.Module, dist_: Dist, device: torch.device) -> torch.nn.Module:
+    """The module to run forward/backward through: DDP-wrapped under torchrun, else the model."""
+    if not dist_.on:
+        return model
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

@@ -1,0 +1,99 @@
+"""The optimisation recipe: label-smoothed loss, AdamW, and learning-rate schedules with warmup."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..model import PAD_ID
+
+# Metrics where a larger value is better (the rest, e.g. loss and ppl, are minimised).
+HIGHER_IS_BETTER = {"bleu", "chrf", "exact_match", "accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum"}
+
+
+def is_better(metric: str, new: float, best: float | None) -> bool:
+    if best is None:
+        return True
+    return new > best if metric in HIGHER_IS_BETTER else new < best
+
+
+def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float, pad_id: int = PAD_ID):
+    """Summed label-smoothed cross-entropy and summed NLL over non-pad targets.
+
+    logits (N, V), target (N,). The smoothed target puts 1 - eps on the gold token and spreads
+    eps evenly over the V - 2 other tokens that are neither gold nor PAD (PAD is never a target;
+    annotated-transformer's LabelSmoothing). Positions whose target is PAD are ignored.
+    Returns (loss_sum, nll_sum), fp32 scalars.
+    """
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    keep = target != pad_id
+    lprobs, target = lprobs[keep], target[keep]
+    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
+    if epsilon == 0.0:
+        return nll.sum(), nll.sum()
+    V = lprobs.shape[-1]
+    others = -(lprobs.sum(-1) - lprobs[:, pad_id]) - nll  # -sum of log p over non-gold, non-pad tokens
+    loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
+    return loss.sum(), nll.sum()
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float):
+    """Summed label-smoothed cross-entropy and summed NLL of a classifier: logits (B, C), labels
+    (B,). Label 0 equals PAD_ID, so nothing is ignored here."""
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=epsilon)
+    nll = torch.nn.functional.cross_entropy(logits.float().detach(), labels, reduction="sum")
+    return loss, nll
+
+
+class InverseSqrt:
+    """Linear warmup to the peak, then peak * sqrt(warmup / step): the Noam schedule of the paper
+    (lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)) with the peak as a free parameter."""
+
+    def __init__(self, warmup: int):
+        self.warmup = max(1, warmup)
+
+    def __call__(self, step: int) -> float:  # step: 0-based count of optimizer steps taken
+        s = step + 1
+        return min(s / self.warmup, math.sqrt(self.warmup / s))
+
+
+class WarmupCosine:
+    """Linear warmup, then cosine decay from the peak to min_ratio * peak at total steps."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float = 0.0):
+        self.warmup, self.total, self.min_ratio = max(1, warmup), max(1, total), min_ratio
+
+    def __call__(self, step: int) -> float:
+        s = step + 1
+        if s <= self.warmup:
+            return s / self.warmup
+        t = min(1.0, (s - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+class Constant:
+    def __init__(self, warmup: int):
+        self.warmup = max(1, warmup)
+
+    def __call__(self, step: int) -> float:
+        return min(1.0, (step + 1) / self.warmup)
+
+
+def build_scheduler(optimizer, name: str, *, warmup: int, total: int, min_lr: float = 0.0, peak: float = 1.0,
+                    metric_mode: str = "min", patience: int = 2):
+    """LambdaLR (inverse_sqrt, cosine, constant) stepped per optimizer step, or ReduceLROnPlateau
+    (plateau) stepped per validation with the best metric."""
+    if name == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=metric_mode, factor=0.5, patience=patience)
+    fn = {"inverse_sqrt": lambda: InverseSqrt(warmup), "constant": lambda: Constant(warmup),
+          "cosine": lambda: WarmupCosine(warmup, total, min_lr / peak if peak else 0.0)}[name]()
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def build_optimizer(model, lr: float, weight_decay: float, betas=(0.9, 0.98), eps: float = 1e-9, fused: bool = False):
+    """AdamW; weight decay on matrices only (not biases, LayerNorm gains, the [CLS] vector)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if fused else {}))

@@ -1,0 +1,59 @@
+"""The end of a run: best.pt scored on the validation split, predictions, metrics.final.json, plots."""
+
+from __future__ import annotations
+
+import json
+
+from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
+from .checkpoint import load_checkpoint
+
+
+def final_report(trainer) -> dict:
+    """A finished Trainer's last words (rank 0): best.pt evaluated on the validation split (greedy,
+    and beam --beam-size); predictions.validation.jsonl (greedy), metrics.final.json and the plots
+    written; the summary logged. Returns the metrics: teacher-forced loss/ppl (+ accuracy) and one
+    dict per decoding."""
+    cfg, data, out, prog = trainer.config, trainer.data, trainer.out, trainer.progress
+    model = trainer.model
+    best = out / "best.pt"
+    if best.exists():
+        model.load_state_dict(load_checkpoint(best)["model"])
+    model.eval()
+    classify = data.task == "classification"
+    ev = evaluate(model, data.valid_set, data.valid_examples, data.tokenizers, device=trainer.device,
+                  max_tgt_len=cfg.max_tgt_len, beam_sizes=sorted({1, cfg.beam_size}),
+                  limit=None if classify else (cfg.eval_decode_examples or None),
+                  max_tokens=trainer.eval_max_tokens, precision=cfg.precision)
+    res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
+           **ev.metrics, **ev.decodings}
+    n_valid = len(data.valid_set)
+    if classify:
+        lines = [f"validation ({n_valid} examples): {format_metrics(res)}"]
+    else:
+        write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs)
+        shown = reversed(list(zip(data.valid_examples, ev.outputs))[:3])
+        lines = [f"  example: {e.src[:80]!r} -> {h[:80]!r} (ref {str(e.tgt)[:80]!r})" for e, h in shown]
+        lines.append(f"validation ({n_valid} examples, teacher forcing): loss {res['loss']:.4f} | ppl {res['ppl']:.2f}")
+        lines += [f"{name:>6} ({ev.n} examples): {format_metrics(scores)}" for name, scores in ev.decodings.items()]
+    trainer.log.row({"split": "final", "step": prog.step, **res})
+    (out / "metrics.final.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    if not cfg.no_plots:
+        _plots(trainer)
+    best_txt = f"best.pt = step {prog.best_step}, {cfg.best_metric} {prog.best:.4f}" if prog.best is not None else ""
+    trainer.log.info(f"done: {prog.step} steps in {trainer.train_seconds:.0f}s"
+                     f"{' (early stop)' if prog.stopped_early else ''}; {best_txt}; run folder {out}")
+    for line in lines:
+        trainer.log.info(line)
+    return res
+
+
+def _plots(trainer) -> None:
+    """plots/curves.png (loss, perplexity, lr) and plots/attention.png (one validation example)."""
+    from ..evaluation.plots import plot_attention, plot_curves, read_metrics  # matplotlib: only when plotting
+
+    out, data = trainer.out, trainer.data
+    plot_curves(read_metrics(out / "metrics.jsonl"), out / "plots" / "curves.png", title=str(out))
+    idx = min(max(0, trainer.config.attention_example), len(data.valid_set) - 1)
+    w, rows, cols, title = attention_map(trainer.model, data.valid_set, idx, data.tokenizers, device=trainer.device,
+                                         max_tgt_len=trainer.config.max_tgt_len)
+    plot_attention(w, rows, cols, out / "plots" / "attention.png", title=f"{title}, validation example {idx}")

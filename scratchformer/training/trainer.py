@@ -1,0 +1,382 @@
+"""The training loop as an object: `Trainer.fit()` steps, validates, saves and stops; `train()` runs it all.
+
+One optimizer step is a group of grad_accum batches (nanoGPT's linear loop for its body);
+validation every --eval-every steps or at each epoch's end drives best.pt, early stopping and
+the plateau schedule. Checkpoints hold everything an exact resume needs: model, optimizer,
+schedule, GradScaler, every rank's RNG states and the position inside the epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import data as D
+from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
+from ..model import ModelConfig, build_model, count_parameters
+from ..tokenizer import TokenizerPair
+from .build import TrainData, build_data, model_config
+from .checkpoint import find_checkpoint, load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from .config import TrainConfig, resumed
+from .distributed import Dist, setup_distributed, wrap_ddp
+from .optim import (
+    HIGHER_IS_BETTER,
+    build_optimizer,
+    build_scheduler,
+    classification_loss,
+    is_better,
+    label_smoothed_loss,
+)
+from .report import final_report
+from .runs import Logger, fresh_run_folder, resume_folder
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint as a plain dict."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # batches of this epoch consumed
+    best: float | None = None
+    best_step: int = -1
+    bad_evals: int = 0
+    stopped_early: bool = False
+    tokens: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class _Window:
+    """Sums since the last train row was logged."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    t0: float = field(default_factory=time.time)
+
+
+class Trainer:
+    """Trains `model` on `data` as `config` says. Build one with `Trainer.create(config)`, or by hand
+    (tests): the model on `device`, the run folder `out`, a Logger."""
+
+    def __init__(self, config: TrainConfig, model: torch.nn.Module, data: TrainData, *, model_config: ModelConfig,
+                 out: Path, device: torch.device, log: Logger, dist: Dist | None = None):
+        config = dataclasses.replace(config, precision=_precision(config.precision, device))  # "auto" -> a dtype
+        self.config, self.model, self.data, self.model_config = config, model, data, model_config
+        self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
+        self.net = wrap_ddp(model, self.dist, device)
+        cfg = config
+        self.sampler = D.BucketBatchSampler(data.train_set.lengths(), batch_size=cfg.batch_size,
+                                            max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
+                                            num_replicas=self.dist.world, rank=self.dist.rank)
+        # A private generator: DataLoader draws its base seed from it, not from the global RNG, so
+        # creating an iterator mid-epoch on resume leaves dropout's random stream unchanged.
+        self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=D.collate,
+                                                  num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
+                                                  generator=torch.Generator().manual_seed(cfg.seed))
+        steps_per_epoch = math.ceil(self.sampler.batches_per_epoch(0) / cfg.grad_accum)
+        self.total_steps: int = cfg.max_steps or steps_per_epoch * (cfg.epochs or 1)
+        if cfg.epochs and cfg.max_steps:
+            self.total_steps = min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas, cfg.adam_eps,
+                                         fused=device.type == "cuda")
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup_steps, total=self.total_steps,
+                                         min_lr=cfg.min_lr, peak=cfg.lr, patience=cfg.plateau_patience,
+                                         metric_mode="max" if cfg.best_metric in HIGHER_IS_BETTER else "min")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        self.progress = Progress()
+        self.last_validated: int = -1  # step of the last validation
+        self.last_saved: int = -1  # step of the last step checkpoint
+        self.train_seconds: float = 0.0
+        self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
+        self._window = _Window()
+        self._bar: tqdm | None = None
+
+    # --- building a run ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, config: TrainConfig, given: frozenset[str] = frozenset()) -> Trainer:
+        """A new run from `config`, or with --resume the run in the checkpoint, continued exactly.
+        `given`: the options set on the command line (they override a resumed run's)."""
+        ckpt = None
+        if config.resume:
+            folder = resume_folder(config.out)
+            path = find_checkpoint(folder if config.resume == "last" else config.resume, prefer="last")
+            ckpt = load_checkpoint(path)
+            config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
+        dist_, device = setup_distributed(config.device)
+        resuming = ckpt is not None
+        out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
+        source = D.resolve_source(config.dataset, config.data, config.task)
+        config = config.resolved(source.task, source.kind == "synthetic")
+        config = dataclasses.replace(config, out=str(out), precision=_precision(config.precision, device))
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        _seed_everything(config.seed)
+        log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None)
+        log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
+                 f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
+        toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if resuming else None  # a resumed run keeps its own
+        data = build_data(config, source, out, dist_, log, toks)
+        mcfg = ModelConfig.from_dict(ckpt["config"]) if resuming else model_config(config, data)
+        if resuming and "kernel" in given:
+            mcfg.kernel = config.kernel
+        model = build_model(mcfg, device)
+        if dist_.main:
+            (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
+            (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
+                 f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
+                 f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding} | kernel "
+                 f"{mcfg.kernel} -> {model.ops.name}")
+        trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
+        if resuming:
+            trainer.resume(ckpt)
+        log.info(trainer.describe())
+        return trainer
+
+    def describe(self) -> str:
+        cfg = self.config
+        batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
+                            + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
+        return (f"training: {self.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
+                f"{cfg.grad_accum}), {self.total_steps} steps, lr {cfg.lr:g} {cfg.schedule} warmup "
+                f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The checkpoint: everything `resume` needs. Every rank calls it (the RNG states are gathered)."""
+        rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
+        return {
+            "version": 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "rng": rng, "progress": self.progress.to_dict(), "config": self.model_config.to_dict(),
+            "args": self.config.to_dict(), "data": self.data.source.to_dict(),
+            "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
+        }
+
+    def save(self, kind: str) -> None:
+        """kind "step": step_<N>.pt and last.pt (older step files pruned); "best": best.pt. Rank 0 writes."""
+        ckpt = self.state_dict()
+        if kind == "step":
+            self.last_saved = self.progress.step
+        if not self.dist.main:
+            return
+        if kind == "best":
+            save_checkpoint(self.out / "best.pt", ckpt)
+            return
+        save_checkpoint(self.out / f"step_{self.progress.step:07d}.pt", ckpt)
+        save_checkpoint(self.out / "last.pt", ckpt)
+        prune_checkpoints(self.out, self.config.keep_checkpoints)
+
+    def resume(self, checkpoint: dict | str | Path) -> None:
+        """Continue from a checkpoint (a dict from `state_dict`, or its file): weights, optimizer,
+        schedule, scaler, progress and this rank's RNG states."""
+        ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.progress = Progress(**ckpt["progress"])
+        rng = ckpt["rng"]
+        set_rng_state(rng[self.dist.rank] if isinstance(rng, list) and self.dist.rank < len(rng) else rng)
+        p = self.progress
+        self.log.info(f"resumed from {self.config.resume_path}: step {p.step}, epoch {p.epoch + 1}, batch {p.batch}")
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self.progress.step >= self.total_steps or self.progress.stopped_early
+
+    def fit(self) -> Progress:
+        """Train to the step budget, the last epoch or early stopping; the last step is always
+        validated and saved."""
+        cfg, prog = self.config, self.progress
+        self.model.train()
+        self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
+                         desc="train", dynamic_ncols=True, mininterval=0.5)
+        self._window = _Window()
+        t_start = time.time()
+        while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
+            if not self._epoch():
+                break
+            prog.epoch += 1
+            prog.batch = 0
+            if not cfg.eval_every:
+                self.validate()
+                if not cfg.save_every:
+                    self.save("step")
+        self._bar.close()
+        self.train_seconds = time.time() - t_start
+        if self.last_validated != prog.step:
+            self.validate()  # the last steps were not validated yet
+        if self.last_saved != prog.step:
+            self.save("step")
+        return prog
+
+    def _epoch(self) -> bool:
+        """The rest of the current epoch; False when training ended inside it."""
+        self.sampler.set_epoch(self.progress.epoch, start=self.progress.batch)
+        batches = iter(self.loader)
+        while group := list(islice(batches, self.config.grad_accum)):
+            loss_sum, nll_sum, ntok, gnorm = self.train_step(group)
+            self._after_step(loss_sum, nll_sum, ntok, gnorm)
+            if self.done():
+                return False
+        return True
+
+    def train_step(self, group: list[D.Batch]) -> tuple[float, float, int, float]:
+        """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm).
+
+        The loss is normalised by the group's target tokens (examples for classification), so
+        accumulation equals one big batch; DDP syncs gradients on the group's last batch only.
+        """
+        cfg = self.config
+        ntok = sum(b.num_tgt_tokens for b in group)
+        loss_total, nll_total = 0.0, 0.0
+        for i, batch in enumerate(group):
+            batch = batch.to(self.device, non_blocking=True)
+            sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
+            with sync:
+                with autocast_for(self.device, cfg.precision):
+                    logits, target = loss_terms(self.net, batch)
+                    if self.data.task == "classification":
+                        loss, nll = classification_loss(logits, target, cfg.label_smoothing)
+                    else:
+                        loss, nll = label_smoothed_loss(logits, target, cfg.label_smoothing)
+                self.scaler.scale(loss / ntok).backward()
+            loss_total += float(loss.detach())
+            nll_total += float(nll.detach())
+        self.scaler.unscale_(self.optimizer)
+        clip = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cfg.schedule != "plateau":
+            self.scheduler.step()
+        self.progress.step += 1
+        self.progress.batch += len(group)
+        self.progress.tokens += ntok
+        return loss_total, nll_total, ntok, gnorm
+
+    def _after_step(self, loss_sum: float, nll_sum: float, ntok: int, gnorm: float) -> None:
+        """Log a train row every --log-every steps; validate and save when due."""
+        cfg, step, w = self.config, self.progress.step, self._window
+        w.loss, w.nll, w.tokens = w.loss + loss_sum, w.nll + nll_sum, w.tokens + ntok
+        if step % cfg.log_every == 0 or step == 1:
+            self._log_train_row(gnorm)
+        self._bar.update(1)
+        validated = bool(cfg.eval_every) and step % cfg.eval_every == 0
+        if validated:
+            self.validate()
+        if (cfg.save_every and step % cfg.save_every == 0) or (validated and not cfg.save_every):
+            self.save("step")
+
+    def _log_train_row(self, gnorm: float) -> None:
+        prog, w = self.progress, self._window
+        lr = self.optimizer.param_groups[0]["lr"]
+        dt = max(1e-9, time.time() - w.t0)
+        row = {"split": "train", "step": prog.step, "epoch": prog.epoch + 1,
+               "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
+               "lr": lr, "grad_norm": gnorm, "tokens_per_s": w.tokens * self.dist.world / dt}
+        self.log.row(row)
+        unit = "ex" if self.data.task == "classification" else "tok"
+        self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
+        self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
+                      f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
+        self._window = _Window()
+
+    # --- validation -------------------------------------------------------------------------
+
+    def validate(self) -> dict:
+        """Validation loss (and decoding metrics on the first --eval-decode-examples) on rank 0;
+        then best.pt, early stopping and the plateau schedule, the same on every rank."""
+        cfg, prog = self.config, self.progress
+        res = {}
+        self.last_validated = prog.step
+        if self.dist.main:
+            decode = 0 if self.data.task == "classification" else cfg.eval_decode_examples
+            ev = evaluate(self.model, self.data.valid_set, self.data.valid_examples, self.data.tokenizers,
+                          device=self.device, max_tgt_len=cfg.max_tgt_len, limit=decode,
+                          max_tokens=self.eval_max_tokens, precision=cfg.precision)
+            res = {**ev.metrics, **ev.decodings.get("greedy", {})}
+            self.log.row({"split": "valid", "step": prog.step, "epoch": prog.epoch + 1, **res})
+            self.log.info(f"valid step {prog.step}: {format_metrics(res)}")
+            self._track_best(res)
+        if self.dist.on:  # rank 0 decided best / early stopping; the others follow
+            for k, v in self.dist.broadcast(prog.to_dict()).items():
+                setattr(prog, k, v)
+        if cfg.schedule == "plateau":
+            self.scheduler.step(prog.best if prog.best is not None else 0.0)
+        if prog.best_step == prog.step:
+            self.save("best")
+        self.model.train()
+        return res
+
+    def _track_best(self, res: dict) -> None:
+        cfg, prog = self.config, self.progress
+        metric = res.get(cfg.best_metric)
+        if metric is None:
+            raise SystemExit(f"--best-metric {cfg.best_metric} is not computed here; have {sorted(res)}")
+        if is_better(cfg.best_metric, metric, prog.best):
+            prog.best, prog.best_step, prog.bad_evals = metric, prog.step, 0
+        else:
+            prog.bad_evals += 1
+        if cfg.patience and prog.bad_evals >= cfg.patience:
+            prog.stopped_early = True
+            self.log.info(f"early stopping: {cfg.best_metric} did not improve for {cfg.patience} evaluations "
+                          f"(best {prog.best:.4f} at step {prog.best_step})")
+
+    def final_report(self) -> dict:
+        """best.pt scored on the validation split (rank 0): see `report.final_report`."""
+        return final_report(self)
+
+    def close(self) -> None:
+        self.log.close()
+        self.dist.close()
+
+
+def _precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if precision != "fp32" and device.type != "cuda":
+        raise SystemExit(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
+    return precision
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
+    """Train one run end to end: build (or resume), fit, final report. Returns the final
+    validation metrics (empty on ranks other than 0)."""
+    threads = torch.get_num_threads()
+    try:
+        trainer = Trainer.create(config, given)
+        trainer.fit()
+        final = trainer.final_report() if trainer.dist.main else {}
+        trainer.close()
+        return final
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run, not for the caller's process

@@ -1,0 +1,126 @@
+"""TrainConfig: the one source of the train flags, their defaults, args.json and resume."""
+
+import dataclasses
+import json
+
+import pytest
+
+from scratchformer.training.config import TrainConfig, build_parser, parse_args, resumed
+
+# The train command's options before TrainConfig existed (argparse written by hand): the
+# generated parser must offer exactly these, in this order.
+OLD_FLAGS = [
+    "-h", "--help", "--task", "--dataset", "--data", "--max-train-examples", "--max-valid-examples",
+    "--valid-fraction", "--max-src-len", "--max-tgt-len", "--synthetic-seed", "--num-workers", "--threads",
+    "--vocab-size", "--separate-vocab", "--tokenizer", "--tokenizer-examples", "--preset", "--kernel", "--d-model",
+    "--heads", "--layers", "--encoder-layers", "--decoder-layers", "--d-ff", "--dropout", "--attn-dropout",
+    "--activation", "--norm", "--final-norm", "--no-final-norm", "--tie-embeddings", "--no-pos-encoding", "--epochs",
+    "--max-steps", "--batch-size", "--max-tokens", "--grad-accum", "--lr", "--schedule", "--warmup-steps", "--min-lr",
+    "--plateau-patience", "--weight-decay", "--adam-betas", "--adam-eps", "--label-smoothing", "--clip-norm",
+    "--precision", "--seed", "--eval-every", "--eval-decode-examples", "--best-metric", "--patience", "--beam-size",
+    "--save-every", "--keep-checkpoints", "--resume", "--out", "--overwrite", "--device", "--log-every",
+    "--no-progress", "--tensorboard", "--attention-example", "--no-plots",
+]
+
+# args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
+# no "overwrite" yet, "resume_path" added by --resume.
+OLD_ARGS_JSON = """{"task": null, "dataset": "imdb", "data": null, "max_train_examples": null,
+ "max_valid_examples": null, "valid_fraction": 0.05, "max_src_len": 512, "max_tgt_len": 2, "synthetic_seed": 1234,
+ "num_workers": 0, "threads": 2, "vocab_size": 8000, "separate_vocab": false, "tokenizer": null,
+ "tokenizer_examples": null, "preset": "classifier", "kernel": "auto", "d_model": 64, "heads": 2, "layers": null,
+ "encoder_layers": null, "decoder_layers": null, "d_ff": 256, "dropout": null, "attn_dropout": null,
+ "activation": null, "norm": null, "final_norm": null, "tie_embeddings": null, "no_pos_encoding": false,
+ "epochs": 4, "max_steps": null, "batch_size": null, "max_tokens": 16384, "grad_accum": 1, "lr": 0.001,
+ "schedule": "cosine", "warmup_steps": 300, "min_lr": 0.0, "plateau_patience": 2, "weight_decay": 0.01,
+ "adam_betas": [0.9, 0.98], "adam_eps": 1e-09, "label_smoothing": 0.1, "clip_norm": 1.0, "precision": "fp32",
+ "seed": 0, "eval_every": 0, "eval_decode_examples": 0, "best_metric": "accuracy", "patience": 0, "beam_size": 4,
+ "save_every": 0, "keep_checkpoints": 3, "resume": "last", "out": "runs/imdb-cpu2", "device": null,
+ "log_every": 50, "no_progress": true, "tensorboard": false, "attention_example": 0, "no_plots": false,
+ "resume_path": "runs/imdb-cpu2/last.pt"}"""
+
+
+def test_parser_is_generated_from_every_field(capsys):
+    parser = build_parser()
+    flags = [s for a in parser._actions for s in a.option_strings]
+    assert flags == OLD_FLAGS
+    dests = {a.dest for a in parser._actions} - {"help"}
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["cli"]}
+    assert dests == fields  # one flag per field, nothing else
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for f in fields:
+        assert "--" + f.replace("_", "-") in text, f
+    flat = " ".join(text.split())  # the defaults shown are generated from the fields, data-dependent ones too
+    assert "BPE vocabulary size (default: 400 synthetic, 8000 real data)" in flat
+    assert "--grad-accum GRAD_ACCUM batches accumulated per optimizer step (default: 1)" in flat
+
+
+def test_defaults_come_from_the_class_and_given_flags_are_known():
+    cfg, given = parse_args([])
+    assert cfg == TrainConfig() and given == frozenset()
+    cfg, given = parse_args(["--lr", "3e-3", "--adam-betas", "0.8", "0.9", "--final-norm", "--resume",
+                             "--tokenizer", "a.json", "b.json", "--no-plots"])
+    assert given == {"lr", "adam_betas", "final_norm", "resume", "tokenizer", "no_plots"}
+    assert (cfg.lr, cfg.adam_betas, cfg.final_norm, cfg.resume, cfg.tokenizer, cfg.no_plots) == (
+        3e-3, (0.8, 0.9), True, "last", ["a.json", "b.json"], True)
+    assert parse_args(["--no-final-norm"])[0].final_norm is False
+    assert cfg.valid_fraction == 0.05 and cfg.grad_accum == 1  # untouched fields keep the class defaults
+
+
+def test_json_round_trip():
+    cfg, _ = parse_args(["--adam-betas", "0.8", "0.9", "--tokenizer", "t.json", "--out", "runs/x"])
+    cfg = cfg.resolved("translation", synthetic=False)
+    text = json.dumps(cfg.to_dict(), indent=2)
+    back = TrainConfig(**json.loads(text))
+    assert back == cfg and isinstance(back.adam_betas, tuple)
+    assert json.loads(text)["adam_betas"] == [0.8, 0.9]
+
+
+def test_data_dependent_defaults_resolved_once():
+    # No data-dependent option has a class default: None until the data is known.
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["by_data"]:
+            assert f.default is None, f.name
+    syn = TrainConfig().resolved("translation", synthetic=True)
+    assert (syn.preset, syn.d_model, syn.heads, syn.layers, syn.d_ff, syn.dropout, syn.vocab_size) == (
+        "tiny", 64, 4, 2, 256, 0.1, 400)
+    assert (syn.max_src_len, syn.max_tgt_len, syn.batch_size, syn.max_tokens, syn.epochs, syn.max_steps) == (
+        32, 32, 64, None, None, 1500)
+    assert (syn.lr, syn.warmup_steps, syn.eval_every, syn.eval_decode_examples, syn.threads, syn.best_metric) == (
+        2e-3, 100, 500, 300, 1, "loss")
+    mt = TrainConfig().resolved("translation", synthetic=False)
+    assert (mt.preset, mt.d_model, mt.vocab_size, mt.max_src_len, mt.max_tgt_len, mt.max_tokens, mt.batch_size) == (
+        "small", None, 8000, 128, 128, 4096, None)
+    assert (mt.epochs, mt.max_steps, mt.lr, mt.warmup_steps, mt.eval_every, mt.eval_decode_examples) == (
+        10, None, 5e-4, 1000, 0, 500)
+    assert (mt.threads, mt.best_metric) == (None, "loss")
+    summ = TrainConfig().resolved("summarization", synthetic=False)
+    assert (summ.max_src_len, summ.max_tgt_len, summ.lr) == (512, 128, 5e-4)
+    clf = TrainConfig().resolved("classification", synthetic=False)
+    assert (clf.preset, clf.max_src_len, clf.max_tgt_len, clf.lr, clf.warmup_steps, clf.max_tokens) == (
+        "classifier", 256, 2, 1e-3, 200, 16384)
+    assert (clf.eval_decode_examples, clf.best_metric, clf.epochs) == (0, "accuracy", 10)
+    # given values win, and resolving again changes nothing
+    given, _ = parse_args(["--lr", "7e-4", "--max-src-len", "64", "--preset", "base"])
+    r = given.resolved("classification", synthetic=False)
+    assert (r.lr, r.max_src_len, r.preset, r.warmup_steps) == (7e-4, 64, "base", 200)
+    assert r.resolved("classification", synthetic=False) == r
+
+
+def test_old_args_json_loads():
+    old = json.loads(OLD_ARGS_JSON)
+    cfg = TrainConfig(**old)
+    assert cfg.overwrite is False  # a field the old file lacks takes its default
+    assert cfg.adam_betas == (0.9, 0.98) and cfg.max_src_len == 512 and cfg.resume_path == "runs/imdb-cpu2/last.pt"
+    assert TrainConfig.from_dict({**old, "a_flag_since_removed": 1}) == cfg
+    assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_resume_keeps_the_run_config_except_given_flags():
+    saved = json.loads(OLD_ARGS_JSON)
+    now, given = parse_args(["--resume", "--max-steps", "99", "--out", "runs/y", "--no-plots"])
+    cfg = resumed(now, given, saved, "runs/y/last.pt")
+    assert (cfg.max_steps, cfg.out, cfg.no_plots, cfg.resume, cfg.resume_path) == (
+        99, "runs/y", True, "last", "runs/y/last.pt")
+    assert (cfg.lr, cfg.schedule, cfg.dataset, cfg.epochs, cfg.no_progress) == (1e-3, "cosine", "imdb", 4, True)

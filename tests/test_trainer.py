@@ -1,0 +1,127 @@
+"""The Trainer's steps one at a time, `evaluate` as a library function, and run folders written
+before TrainConfig (old-format args) still resuming and evaluating."""
+
+import json
+
+import torch
+
+from scratchformer import data as D
+from scratchformer import evaluate as evaluate_cli
+from scratchformer import train as T
+from scratchformer.evaluation.evaluate import evaluate
+from scratchformer.model import build_model
+from scratchformer.training.build import build_data, model_config
+from scratchformer.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from scratchformer.training.config import parse_args
+from scratchformer.training.distributed import Dist
+from scratchformer.training.runs import Logger
+from scratchformer.training.trainer import Trainer
+
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
+        "--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples", "8",
+        "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
+
+
+def _trainer(out, *flags) -> Trainer:
+    """A Trainer built by hand (no Trainer.create): synthetic data, CPU, logging off."""
+    cfg, _ = parse_args(TINY + ["--dropout", "0.1", "--eval-every", "2", "--batch-size", "8", *flags])
+    cfg = cfg.resolved("translation", synthetic=True)
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    log = Logger(out, enabled=False)
+    data = build_data(cfg, D.resolve_source("synthetic"), out, Dist(), log)
+    mcfg = model_config(cfg, data)
+    model = build_model(mcfg, "cpu")
+    return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device("cpu"), log=log)
+
+
+def _batches(trainer, n):
+    trainer.sampler.set_epoch(trainer.progress.epoch, start=trainer.progress.batch)
+    it = iter(trainer.loader)
+    return [[next(it)] for _ in range(n)]
+
+
+def test_train_step_and_validate(tmp_path):
+    tr = _trainer(tmp_path)
+    assert tr.total_steps == 1500 and tr.progress.step == 0
+    losses = []
+    for group in _batches(tr, 6):
+        loss, nll, ntok, gnorm = tr.train_step(group)
+        losses.append(loss / ntok)
+        assert ntok == group[0].num_tgt_tokens and gnorm > 0 and loss > 0 and nll > 0
+    assert tr.progress.step == 6 and tr.progress.batch == 6 and tr.progress.tokens > 0
+    print(losses)
+    assert losses[-1] < losses[0]
+    res = tr.validate()
+    assert {"loss", "ppl", "bleu", "chrf", "exact_match"} <= set(res)
+    assert tr.progress.best == res["loss"] and tr.progress.best_step == 6 and tr.last_validated == 6
+    assert (tmp_path / "best.pt").exists()  # a new best is saved at once
+
+
+def test_save_then_resume_continues_bit_for_bit(tmp_path):
+    """state_dict/resume: a fresh Trainer resumed from step 3 takes the same 4th step (dropout on)."""
+    a = _trainer(tmp_path / "a")
+    groups = _batches(a, 3)
+    for g in groups:
+        a.train_step(g)
+    a.save("step")
+    assert a.last_saved == 3 and (tmp_path / "a" / "step_0000003.pt").exists()
+    ckpt = load_checkpoint(tmp_path / "a" / "last.pt")
+    assert ckpt["progress"]["step"] == 3 and ckpt["args"] == a.config.to_dict()
+    b = _trainer(tmp_path / "b", "--seed", "7")  # other weights and RNG: all replaced by resume
+    b.config = a.config
+    b.resume(tmp_path / "a" / "last.pt")
+    nxt = _batches(a, 1)[0]
+    rng = rng_state()  # the RNG b resumed, and a still has: both steps draw dropout from it
+    step_b = b.train_step(nxt)
+    set_rng_state(rng)
+    assert step_b == a.train_step(nxt)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_evaluate_library_function():
+    from scratchformer.model import build_model, get_config
+    from scratchformer.tokenizer import BPETokenizer, TokenizerPair
+
+    ex = D.synthetic_examples("validation", 12)
+    toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(ex, "both"), 300))
+    ds, _ = D.encode_examples(ex, "translation", toks.src, toks.tgt, 32, 32)
+    model = build_model(get_config("tiny", src_vocab_size=toks.src.vocab_size, d_model=32, n_heads=2,
+                                   n_encoder_layers=1, n_decoder_layers=1, d_ff=64, kernel="eager")).eval()
+    ev = evaluate(model, ds, ex, toks, device="cpu", max_tgt_len=16, beam_sizes=(1, 2), limit=5)
+    assert ev.n == 5 and len(ev.outputs) == 5 and set(ev.decodings) == {"greedy", "beam2"}
+    assert {"loss", "ppl"} == set(ev.metrics) and {"bleu", "chrf", "exact_match"} <= set(ev.decodings["greedy"])
+    only_loss = evaluate(model, ds, ex, toks, device="cpu", max_tgt_len=16, limit=0)
+    assert only_loss.n == 0 and only_loss.decodings == {} and only_loss.metrics == ev.metrics
+
+
+def _to_old_format(args: dict) -> dict:
+    """args as the code before TrainConfig wrote them: no "overwrite", no "resume_path" on a fresh run."""
+    return {k: v for k, v in args.items() if k not in ("overwrite", "resume_path")}
+
+
+def test_run_folder_with_old_format_args_resumes_and_evaluates(tmp_path):
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--out", str(run)])
+    for name in ("last.pt", "best.pt", "step_0000003.pt"):
+        ck = load_checkpoint(run / name)
+        ck["args"] = _to_old_format(ck["args"])
+        save_checkpoint(run / name, ck)
+    args = json.loads((run / "args.json").read_text())
+    (run / "args.json").write_text(json.dumps(_to_old_format(args), indent=2))
+
+    m = evaluate_cli.main(["--checkpoint", str(run), "--split", "validation", "--limit", "4"])
+    assert m["n"] == 4 and m["step"] == 3 and "bleu" in m
+    T.main(["--resume", "--max-steps", "4", "--out", str(run), "--no-progress", "--no-plots"])
+    ck = load_checkpoint(run / "last.pt")
+    assert ck["progress"]["step"] == 4 and ck["args"]["resume_path"] == str(run / "last.pt")
+    assert ck["args"]["overwrite"] is False and ck["args"]["max_steps"] == 4 and ck["args"]["d_model"] == 32
+
+
+def test_args_json_records_the_resolved_config(tmp_path):
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
+    args = json.loads((run / "args.json").read_text())
+    assert args["overwrite"] is True and args["out"] == str(run) and args["precision"] == "fp32"
+    assert args["max_src_len"] == 32 and args["preset"] == "tiny"  # data-dependent defaults, resolved
