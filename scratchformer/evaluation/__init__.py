@@ -1,0 +1,1 @@
+"""Evaluation: batch inference over files of inputs (`predict`)."""
