@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from . import data as D
+from .checkpoint import CheckpointError
 from .evaluate import load_run, predict_labels, predict_seq2seq
 from .evaluation.predict import predict_file
 
@@ -57,12 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     b.add_argument("--save-every", type=float, default=60.0,
                    help="seconds between snapshots to OUTPUT.partial (what --resume picks up after a kill)")
+    b.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def run_batch(args) -> dict:
     """--output: predict a whole file (see `evaluation.predict.predict_file`)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         summary = predict_file(
             args.checkpoint, args.input or "-", args.output, field=args.field, fmt=args.format, resume=args.resume,
@@ -71,7 +75,7 @@ def run_batch(args) -> dict:
             length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
             max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
             max_src_len=args.max_src_len, strict=args.strict)
-    except (D.DataError, FileExistsError) as e:
+    except (ValueError, FileExistsError, CheckpointError) as e:  # DataError is a ValueError
         raise SystemExit(f"error: {e}") from None
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept} "

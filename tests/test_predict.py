@@ -222,7 +222,8 @@ def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplo
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     with caplog.at_level(logging.WARNING, logger=P.__name__):
         P.predict_file(runs["translation"], src, tmp_path / "preds.jsonl", beam_size=1)
-    assert "2 of 3 inputs are longer than the model's maximum of 15 tokens" in caplog.text and "lines 2, 3" in caplog.text
+    assert "2 of 3 inputs are longer than the model's maximum of 15 tokens" in caplog.text
+    assert "(lines 2, 3)" in caplog.text
     assert len(_read(tmp_path / "preds.jsonl")) == 3
     with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum 15"):
         P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True)
@@ -263,6 +264,10 @@ def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
         P.write_lines_atomic(out, lines())
     assert out.read_text() == '{"id": "a", "prediction": "old"}\n'
     assert os.listdir(tmp_path) == ["preds.jsonl"]  # no temp file left behind
+    P.write_lines_atomic(out, ['{"id": "a", "prediction": "new"}'])
+    (tmp_path / "plain").write_text("")
+    assert out.stat().st_mode == (tmp_path / "plain").stat().st_mode  # the umask's mode (mkstemp's is 0600)
+    os.remove(tmp_path / "plain")
 
     def no_fsync(fd):
         raise OSError("disk full")

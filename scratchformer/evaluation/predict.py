@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -254,16 +253,16 @@ def write_lines_atomic(path: str | Path, lines) -> Path:
     folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp: the umask's mode, not 0600
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             for line in lines:
                 f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
     return path
