@@ -77,6 +77,8 @@ def run_batch(args) -> dict:
             max_src_len=args.max_src_len, strict=args.strict)
     except (ValueError, FileExistsError, CheckpointError) as e:  # DataError is a ValueError
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:  # what was done is in OUTPUT.partial (see predict_file)
+        raise SystemExit(130) from None
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept} "
           f"in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)", file=sys.stderr)

@@ -285,24 +285,41 @@ def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
     P.predict_file(runs["translation"], src, clean, beam_size=1, max_tokens=24, len_ratio=0)
 
     out = tmp_path / "preds.jsonl"
-    real, calls = P.format_prediction, []
+    real = P.format_prediction
 
-    def dies_on_the_fifth_batch(pred, task):
-        calls.append(pred)
-        if len(calls) > 8:  # batches hold ~2 inputs: a few batches are done, then the kill
-            raise KeyboardInterrupt
-        return real(pred, task)
+    class Killed(BaseException):
+        """A hard kill (SIGKILL): nothing runs after it, unlike KeyboardInterrupt."""
 
-    monkeypatch.setattr(P, "format_prediction", dies_on_the_fifth_batch)
-    with pytest.raises(KeyboardInterrupt):
-        P.predict_file(runs["translation"], src, out, beam_size=1, max_tokens=24, len_ratio=0, save_every=0)
-    monkeypatch.setattr(P, "format_prediction", real)
+    def dies_after(n, exc):
+        calls = []
+
+        def format_prediction(pred, task):
+            calls.append(pred)
+            if len(calls) > n:  # batches hold ~2 inputs: a few batches are done, then the kill
+                raise exc
+            return real(pred, task)
+
+        return format_prediction
+
+    kw = dict(beam_size=1, max_tokens=24, len_ratio=0)
+    monkeypatch.setattr(P, "format_prediction", dies_after(8, Killed))
+    with pytest.raises(Killed):
+        P.predict_file(runs["translation"], src, out, save_every=0, **kw)  # a snapshot after every batch
     assert not out.exists()  # no half output
     snapshot = _read(P.partial_path(out))
-    assert 0 < len(snapshot) < 20
+    assert 0 < len(snapshot) <= 8
 
-    summary = P.predict_file(runs["translation"], src, out, beam_size=1, max_tokens=24, len_ratio=0, resume=True)
-    assert summary["kept"] == len(snapshot) and summary["predicted"] == 20 - len(snapshot)
+    # Ctrl-C saves what is done even between snapshots; --resume goes on from there.
+    monkeypatch.setattr(P, "format_prediction", dies_after(4, KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["translation"], src, out, save_every=1e9, resume=True, **kw)
+    assert not out.exists()
+    snapshot2 = _read(P.partial_path(out))
+    assert all(line in snapshot2 for line in snapshot) and len(snapshot) < len(snapshot2) < 20
+
+    monkeypatch.setattr(P, "format_prediction", real)
+    summary = P.predict_file(runs["translation"], src, out, resume=True, **kw)
+    assert summary["kept"] == len(snapshot2) and summary["predicted"] == 20 - len(snapshot2)
     assert _read(out) == _read(clean) and not P.partial_path(out).exists()
 
 

@@ -319,8 +319,14 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
     t0 = time.time()
     if todo:
         source = "<stdin>" if str(input) == "-" else str(input)
-        predict_records(model, toks, ckpt, todo, device=device, on_result=on_result, progress=progress,
-                        source=source, **predict_kw)
+        try:
+            predict_records(model, toks, ckpt, todo, device=device, on_result=on_result, progress=progress,
+                            source=source, **predict_kw)
+        except KeyboardInterrupt:  # Ctrl-C: keep what is done for --resume (a hard kill keeps the last snapshot)
+            if new:
+                write_lines_atomic(part, all_lines())
+                log.warning(f"interrupted: {len(new)} new predictions saved to {part}; rerun with --resume")
+            raise
     seconds = time.time() - t0
     write_lines_atomic(output, all_lines())
     part.unlink(missing_ok=True)
