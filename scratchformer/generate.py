@@ -80,8 +80,9 @@ def run_batch(args) -> dict:
     except KeyboardInterrupt:  # what was done is in OUTPUT.partial (see predict_file)
         raise SystemExit(130) from None
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
-    print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept} "
-          f"in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)", file=sys.stderr)
+    rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
+    print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
+          file=sys.stderr)
     return summary
 
 
@@ -97,10 +98,10 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         names = D.label_names(Path(ckpt["data"]["folder"])) if ckpt["data"].get("folder") else None
         preds, probs = predict_labels(model, dataset, device=device)
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
-                for t, y, c in zip(texts, preds, probs)]
+                for t, y, c in zip(texts, preds, probs, strict=True)]
     outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                            length_penalty=length_penalty)
-    return [{"input": t, "output": o} for t, o in zip(texts, outs)]
+    return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 
 def main(argv=None) -> list[dict]:
