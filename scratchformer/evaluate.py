@@ -26,16 +26,11 @@ from .evaluation.evaluate import (
     decoding_name,
     evaluate,
     format_metrics,
-    predict_labels,
-    predict_seq2seq,
+    load_run,
     write_outputs,
 )
-from .training.build import load_run, run_split
+from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
-
-# load_run, predict_labels and predict_seq2seq: generate.py still imports them from here (until the
-# merge points it at scratchformer.training.build and scratchformer.evaluation).
-__all__ = ["build_parser", "main", "run_lead3", "load_run", "predict_labels", "predict_seq2seq"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,13 @@
     python -m scratchformer.generate --checkpoint runs/latest --text "three one four"
     python -m scratchformer.generate --checkpoint runs/m30k --input sentences.txt --beam-size 4
     echo "A great film." | python -m scratchformer.generate --checkpoint runs/imdb
+    python -m scratchformer.generate --checkpoint runs/m30k --input test_inputs.jsonl.gz --output preds.jsonl
 
 One input per line (a file or stdin), or one --text. Output: one line per input; classification
 prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
+
+With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl``/``.jsonl.gz`` records
+(ids kept) or plain text, written as ``{"id", "prediction"}`` lines, atomically; --resume continues.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from pathlib import Path
 import torch
 
 from . import data as D
-from .evaluate import load_run, predict_labels, predict_seq2seq
+from .checkpoint import CheckpointError
+from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
+from .evaluation.predict import predict_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +33,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="checkpoint file, or a run folder (uses its best.pt)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="input text (repeatable)")
-    src.add_argument("--input", metavar="FILE", help="one input per line ('-' = stdin, the default)")
+    src.add_argument("--input", metavar="FILE",
+                     help="one input per line; with --output also .jsonl/.jsonl.gz records ('-' = stdin, the default)")
     p.add_argument("--beam-size", type=int, default=4, help="1 = greedy")
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
+    b = p.add_argument_group("batch inference (with --output)")
+    b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
+    b.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
+    b.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
+                   help="input format (default: by the file name; stdin is sniffed)")
+    b.add_argument("--len-ratio", type=float,
+                   help="decode up to ceil(R * source length) + 10 tokens, at most --max-len "
+                        "(default: 2 for translation, none for summaries; 0 = none)")
+    b.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch (padded source tokens)")
+    b.add_argument("--batch-size", type=int, help="at most this many inputs per batch")
+    b.add_argument("--max-src-len", type=int, help="longest input in tokens (default: the training max_src_len)")
+    b.add_argument("--strict", action="store_true", help="refuse inputs longer than the maximum instead of truncating")
+    b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    b.add_argument("--resume", action="store_true", help="keep the predictions already in --output, add the rest")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    b.add_argument("--save-every", type=float, default=60.0,
+                   help="seconds between snapshots to OUTPUT.partial (what --resume picks up after a kill)")
+    b.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def run_batch(args) -> dict:
+    """--output: predict a whole file (see `evaluation.predict.predict_file`)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        summary = predict_file(
+            args.checkpoint, args.input or "-", args.output, field=args.field, fmt=args.format, resume=args.resume,
+            overwrite=args.overwrite, save_every=args.save_every, device=args.device, kernel=args.kernel,
+            progress=not args.no_progress and sys.stderr.isatty(), beam_size=args.beam_size,
+            length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
+            max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
+            max_src_len=args.max_src_len, strict=args.strict)
+    except (ValueError, FileExistsError, CheckpointError) as e:  # DataError is a ValueError
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:  # what was done is in OUTPUT.partial (see predict_file)
+        raise SystemExit(130) from None
+    kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
+    rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
+    print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
+          file=sys.stderr)
+    return summary
 
 
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
@@ -49,14 +98,18 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         names = D.label_names(Path(ckpt["data"]["folder"])) if ckpt["data"].get("folder") else None
         preds, probs = predict_labels(model, dataset, device=device)
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
-                for t, y, c in zip(texts, preds, probs)]
+                for t, y, c in zip(texts, preds, probs, strict=True)]
     outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                            length_penalty=length_penalty)
-    return [{"input": t, "output": o} for t, o in zip(texts, outs)]
+    return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    if args.output:
+        if args.text:
+            raise SystemExit("--output takes its inputs from --input FILE (or stdin), not --text")
+        return run_batch(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
     if args.text:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from scratchformer.training import checkpoint as C
+from scratchformer import checkpoint as C
 
 
 def state(v=1.0):

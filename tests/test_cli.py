@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scratchformer import ablate, evaluate, generate, train
-from scratchformer.training.checkpoint import load_checkpoint
+from scratchformer.checkpoint import load_checkpoint
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-size", "16", "--max-train-examples", "48", "--max-valid-examples", "12", "--eval-decode-examples", "6",

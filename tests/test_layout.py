@@ -6,10 +6,6 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "scratchformer"
 COMMANDS = {"scratchformer.train", "scratchformer.evaluate", "scratchformer.generate", "scratchformer.ablate"}
-# generate.py (helper `predict`'s) still takes load_run and the predict functions from the evaluate
-# command; the merge moves it onto scratchformer.evaluation / scratchformer.training.build.
-# TODO(lead, at the merge): empty this set.
-KNOWN_COMMAND_IMPORTS = {("scratchformer.generate", "scratchformer.evaluate")}
 # The parts this layout owns; the model, data and kernel layers are measured by their own tests.
 SIZED = ("training", "evaluation", "train.py", "evaluate.py", "ablate.py")
 
@@ -74,7 +70,7 @@ def test_no_import_cycles():
 def test_commands_never_import_each_other_and_libraries_never_import_commands():
     graph = _graph()
     for name, deps in graph.items():
-        bad = {d for d in deps & COMMANDS if (name, d) not in KNOWN_COMMAND_IMPORTS}
+        bad = deps & COMMANDS
         assert not bad, f"{name} imports the command(s) {sorted(bad)}"
     assert not any(d.startswith("scratchformer.training") for d in graph["scratchformer.evaluation.evaluate"])
 

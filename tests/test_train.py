@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from scratchformer import train as T
+from scratchformer.checkpoint import load_checkpoint
 from scratchformer.model import Classifier, get_config
 from scratchformer.training import optim as O
 from scratchformer.training import runs
-from scratchformer.training.checkpoint import load_checkpoint
 
 # A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",

@@ -8,10 +8,10 @@ import torch
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
 from scratchformer import train as T
+from scratchformer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.model import build_model
 from scratchformer.training.build import build_data, model_config
-from scratchformer.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.training.config import parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.runs import Logger

@@ -9,6 +9,7 @@ classification: accuracy; every task: loss and perplexity under teacher forcing.
 from __future__ import annotations
 
 import json
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,24 @@ import torch
 import torch.nn.functional as F
 
 from .. import data as D
-from ..model import BOS_ID, EOS_ID, PAD_ID, beam_search, greedy_decode
+from ..checkpoint import find_checkpoint, load_checkpoint
+from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
 from ..tokenizer import TokenizerPair
 from . import metrics as M
+
+
+def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None):
+    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict)."""
+    path = find_checkpoint(checkpoint)
+    ckpt = load_checkpoint(path)
+    cfg_dict = dict(ckpt["config"])
+    if kernel is not None:
+        cfg_dict["kernel"] = kernel
+    model = build_model(ModelConfig.from_dict(cfg_dict), device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    ckpt["path"] = str(path)
+    return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
 
 
 def autocast_for(device: torch.device, precision: str):
@@ -69,51 +85,68 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     return out
 
 
-def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int) -> int:
-    """Translation: up to 2*Ls + 10 tokens (never more than max_tgt_len); summaries: max_tgt_len."""
-    if task == "translation":
-        return max(1, min(max_tgt_len, 2 * int(src_lengths.max()) + 10))
+# The decoding cap's default length ratio per task: up to ratio * Ls + 10 tokens (Ls: the batch's longest
+# source); a task without one (summarization) decodes up to max_tgt_len.
+LEN_RATIO = {"translation": 2.0}
+
+
+def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int, len_ratio: float | None = None) -> int:
+    """Up to ceil(len_ratio * Ls) + 10 tokens, never more than max_tgt_len; len_ratio None = the task's
+    default (`LEN_RATIO`: translation 2), 0 = no ratio (max_tgt_len)."""
+    ratio = LEN_RATIO.get(task) if len_ratio is None else len_ratio
+    if ratio:
+        return max(1, min(max_tgt_len, math.ceil(ratio * int(src_lengths.max())) + 10))
     return max_tgt_len
 
 
 @torch.no_grad()
 def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
-                    length_penalty: float = 1.0, max_tokens: int = 4096, precision: str = "fp32",
-                    progress: bool = False) -> list[str]:
-    """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy."""
+                    length_penalty: float = 1.0, max_tokens: int | None = 4096, precision: str = "fp32",
+                    progress: bool = False, batch_size: int | None = None, len_ratio: float | None = None,
+                    on_batch=None) -> list[str]:
+    """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy. `len_ratio`: see
+    `decode_max_len`. `on_batch(indices, outputs)`, if given, is called after every batch."""
     model.eval()
     out: list[str | None] = [None] * len(dataset)
-    loader = eval_loader(dataset, max_tokens=max_tokens)
+    loader = eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size)
     if progress:
         from tqdm import tqdm
 
         loader = tqdm(loader, desc="decode", leave=False, dynamic_ncols=True)
     for batch in loader:
         batch = batch.to(device)
-        max_len = decode_max_len(dataset.task, batch.src_lengths, max_tgt_len)
+        max_len = decode_max_len(dataset.task, batch.src_lengths, max_tgt_len, len_ratio)
         with autocast_for(device, precision):
             if beam_size > 1:
                 toks = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size, max_len=max_len,
                                    length_penalty=length_penalty)
             else:
                 toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len)
-        for i, row in zip(batch.ids.tolist(), toks.tolist()):
-            out[i] = tokenizer.decode(row)
+        ids, texts = batch.ids.tolist(), tokenizer.decode_batch(toks.tolist())
+        for i, text in zip(ids, texts, strict=True):
+            out[i] = text
+        if on_batch is not None:
+            on_batch(ids, texts)
     return out
 
 
 @torch.no_grad()
-def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int = 8192, precision: str = "fp32"):
-    """(predicted labels, their probabilities) in dataset order."""
+def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int | None = 8192, precision: str = "fp32",
+                   batch_size: int | None = None, on_batch=None):
+    """(predicted labels, their probabilities) in dataset order. `on_batch(indices, labels)`, if given,
+    is called after every batch."""
     model.eval()
     preds, probs = [0] * len(dataset), [0.0] * len(dataset)
-    for batch in eval_loader(dataset, max_tokens=max_tokens):
+    for batch in eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size):
         batch = batch.to(device)
         with autocast_for(device, precision):
             p = torch.softmax(model(batch.src, batch.src_lengths).float(), dim=-1)
         conf, lab = p.max(-1)
-        for i, y, c in zip(batch.ids.tolist(), lab.tolist(), conf.tolist()):
+        ids, labels = batch.ids.tolist(), lab.tolist()
+        for i, y, c in zip(ids, labels, conf.tolist(), strict=True):
             preds[i], probs[i] = y, c
+        if on_batch is not None:
+            on_batch(ids, labels)
     return preds, probs
 
 

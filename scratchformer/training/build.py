@@ -6,29 +6,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .. import data as D
-from ..model import PRESETS, ModelConfig, build_model, get_config
+from ..model import PRESETS, ModelConfig, get_config
 from ..tokenizer import BPETokenizer, TokenizerPair
-from .checkpoint import find_checkpoint, load_checkpoint
 from .config import TrainConfig
 from .distributed import Dist
 from .runs import Logger
-
-
-def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None):
-    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict)."""
-    path = find_checkpoint(checkpoint)
-    ckpt = load_checkpoint(path)
-    cfg_dict = dict(ckpt["config"])
-    if kernel is not None:
-        cfg_dict["kernel"] = kernel
-    model = build_model(ModelConfig.from_dict(cfg_dict), device)
-    model.load_state_dict(ckpt["model"])
-    model.eval()
-    ckpt["path"] = str(path)
-    return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..checkpoint import load_checkpoint
 from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
-from .checkpoint import load_checkpoint
 
 
 def final_report(trainer) -> dict:

@@ -33,7 +33,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint file that is missing, truncated, corrupt or not ours."""
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # some filesystems (and Windows) cannot open folders
@@ -62,7 +62,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

@@ -1,0 +1,337 @@
+"""Batch inference: a file of inputs -> ``{"id", "prediction"}`` JSON lines, written atomically.
+
+Inputs (`read_inputs`): ``.jsonl`` / ``.jsonl.gz`` records holding the task's input field (``src``
+translation, ``document`` summarization, ``text`` classification; another with ``field``) and an
+optional ``id`` (a record without one gets its line number), or plain text with one input per
+line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if its first line is a
+JSON object, else text). Bad input is a `DataError` naming the file and line.
+
+Prediction (`predict_records`) reuses the evaluation path (`predict_seq2seq`, `predict_labels`):
+batches by token budget over length-sorted inputs, KV-cached greedy or beam search, outputs put
+back in input order. Summaries come out one sentence per line (`metrics.split_sentences`, the
+splitter of the Lead-3 baseline, so ROUGE-Lsum sees the boundaries); labels are ints. Inputs
+longer than the model's maximum (the training ``max_src_len``) are truncated with a warning, or
+refused (``strict``).
+
+Output (`predict_file`): the final file appears only when complete (temp file in the same folder,
+fsync, rename). While running, snapshots of the finished predictions go, atomically as well, to
+``OUTPUT.partial``; ``resume`` keeps the lines of an existing output and of its snapshot and
+predicts only the ids they lack, so a killed run loses at most one snapshot interval.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import data as D
+from ..checkpoint import fsync_dir
+from .evaluate import load_run, predict_labels, predict_seq2seq
+from .metrics import split_sentences
+
+log = logging.getLogger(__name__)
+
+# The input field of each task's records (the source side of data.FIELDS).
+INPUT_FIELDS = {task: fields[0] for task, fields in D.FIELDS.items()}
+
+
+@dataclass
+class InputRecord:
+    id: str | int  # the record's id, or its line number
+    text: str
+    line: int  # 1-based line in the input file
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _open_text(path: str | Path):
+    """A text stream of a file (gzip by its name) or of stdin ("-")."""
+    if str(path) == "-":  # not closed afterwards: stdin is not ours
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(encoding="utf-8")
+        return nullcontext(sys.stdin)
+    path = Path(path)
+    if not path.is_file():
+        raise D.DataError(f"{path}: no such file")
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise D.DataError(f"{where}: bad JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise D.DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if field not in rec:
+        have = ", ".join(repr(k) for k in rec) or "none"
+        raise D.DataError(f"{where}: missing field {field!r} (fields present: {have}); choose one with --field")
+    text = rec[field]
+    if not isinstance(text, str):
+        raise D.DataError(f"{where}: field {field!r} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise D.DataError(f"{where}: field {field!r} is empty")
+    rid = rec.get("id", lineno)
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise D.DataError(f"{where}: field 'id' must be a string or an integer, got {type(rid).__name__}")
+    return InputRecord(rid, text, lineno)
+
+
+def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str = "auto") -> list[InputRecord]:
+    """The inputs of a file, in file order. fmt: "auto" (by the name: ``.jsonl``/``.jsonl.gz`` are
+    JSON lines, anything else text; stdin is sniffed), "jsonl" or "text".
+
+    Raises DataError (file:line) on malformed JSON, a missing or empty field, a duplicate id, an
+    empty file or undecodable text.
+    """
+    if task not in INPUT_FIELDS:
+        raise ValueError(f"unknown task {task!r}; choose one of {sorted(INPUT_FIELDS)}")
+    field = field or INPUT_FIELDS[task]
+    name = "<stdin>" if str(path) == "-" else str(path)
+    records: list[InputRecord] = []
+    seen: dict[str | int, int] = {}
+    try:
+        with _open_text(path) as f:
+            lines = iter(f)
+            if fmt == "auto" and str(path) != "-":
+                fmt = "jsonl" if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")) else "text"
+            for lineno, raw in enumerate(lines, start=1):
+                raw = raw.rstrip("\r\n")
+                if not raw.strip():
+                    continue
+                if fmt == "auto":  # stdin: the first non-blank line decides
+                    fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
+                if fmt == "jsonl":
+                    rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
+                else:
+                    rec = InputRecord(lineno, raw, lineno)
+                if rec.id in seen:
+                    raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {seen[rec.id]})")
+                seen[rec.id] = lineno
+                records.append(rec)
+    except UnicodeDecodeError as e:
+        raise D.DataError(f"{name}: not UTF-8 text ({e})") from None
+    except (OSError, EOFError) as e:  # a truncated or corrupt .gz
+        raise D.DataError(f"{name}: cannot read ({e})") from None
+    if not records:
+        raise D.DataError(f"{name}: no inputs (the file is empty)")
+    return records
+
+
+def read_done(path: str | Path) -> dict[str | int, str]:
+    """The predictions already in an output file: id -> its line (without the newline)."""
+    path = Path(path)
+    done: dict[str | int, str] = {}
+    if not path.is_file():
+        return done
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            raw = raw.rstrip("\n")
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise D.DataError(f"{path}:{lineno}: bad JSON in the existing output ({e.msg})") from None
+            if not isinstance(rec, dict) or "id" not in rec or "prediction" not in rec:
+                raise D.DataError(f"{path}:{lineno}: not an {{\"id\", \"prediction\"}} line")
+            done[rec["id"]] = raw
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding and prediction
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int, *, strict: bool = False,
+                   source: str = "input") -> D.EncodedDataset:
+    """Tokenize inputs as evaluation does (`data.encode_examples`). Longer than max_src_len tokens
+    (seq2seq: max_src_len - 1 plus EOS): truncated with a warning naming how many, or with
+    `strict` a DataError naming the first offending line."""
+    examples = [D.Example(r.text, 0 if task == "classification" else "", r.id) for r in records]
+    dataset, stats = D.encode_examples(examples, task, toks.src, toks.tgt, max_src_len, max(2, max_src_len))
+    if stats.src_truncated:
+        # Truncated rows end at exactly max_src_len tokens; re-encode only those to tell which were over.
+        limit = max_src_len if task == "classification" else max_src_len - 1
+        cands = [i for i, s in enumerate(dataset.src) if len(s) == max_src_len]
+        lens = [len(ids) for ids in toks.src.encode_batch([records[i].text for i in cands])]
+        over = [(records[i].line, n) for i, n in zip(cands, lens, strict=True) if n > limit]
+        first_line, first_n = over[0]
+        if strict:
+            raise D.DataError(f"{source}:{first_line}: input has {first_n} tokens, more than the model's maximum "
+                              f"{limit} (--strict; {len(over)} input(s) in all are too long)")
+        shown = ", ".join(str(line) for line, _ in over[:5]) + (", ..." if len(over) > 5 else "")
+        log.warning(f"{len(over)} of {len(records)} inputs are longer than the model's maximum of {limit} tokens "
+                    f"and were truncated (lines {shown}); --strict refuses them instead")
+    return dataset
+
+
+def format_prediction(pred, task: str):
+    """A prediction as written: labels as ints, summaries one sentence per line, translations as is."""
+    if task == "classification":
+        return int(pred)
+    if task == "summarization":
+        return "\n".join(split_sentences(pred))
+    return pred
+
+
+@torch.no_grad()
+def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, device, beam_size: int = 4,
+                    length_penalty: float = 1.0, max_len: int | None = None, len_ratio: float | None = None,
+                    max_tokens: int | None = 4096, batch_size: int | None = None, precision: str = "fp32",
+                    max_src_len: int | None = None, strict: bool = False, source: str = "input",
+                    on_result=None, progress: bool = False) -> list:
+    """Predictions for `records`, in their order (see `format_prediction`).
+
+    max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
+    ceil(len_ratio * Ls) + 10 (`evaluate.decode_max_len`; None = the task's default, 0 = none).
+    max_tokens / batch_size: the batch budget (padded source tokens / inputs). `on_result(records,
+    predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
+    """
+    task, args = ckpt["task"], ckpt["args"]
+    max_src_len = max_src_len or args["max_src_len"]
+    if max_src_len + 1 > model.cfg.max_len:
+        raise ValueError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
+    max_len = max_len or args["max_tgt_len"]
+    if task != "classification" and not 1 <= max_len < model.cfg.max_len:
+        raise ValueError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
+    dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(records), unit="ex", desc="predict", dynamic_ncols=True, file=sys.stderr)
+    preds: list = [None] * len(records)
+
+    def on_batch(indices, outputs):
+        batch_preds = [format_prediction(p, task) for p in outputs]
+        for i, p in zip(indices, batch_preds, strict=True):
+            preds[i] = p
+        if on_result is not None:
+            on_result([records[i] for i in indices], batch_preds)
+        if bar is not None:
+            bar.update(len(indices))
+
+    try:
+        if task == "classification":
+            predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
+                           precision=precision, on_batch=on_batch)
+        else:
+            predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
+                            length_penalty=length_penalty, max_tokens=max_tokens, batch_size=batch_size,
+                            precision=precision, len_ratio=len_ratio, on_batch=on_batch)
+    finally:
+        if bar is not None:
+            bar.close()
+    return preds
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def write_lines_atomic(path: str | Path, lines) -> Path:
+    """Write lines (each without its newline) to `path` atomically: a temp file in the same
+    folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp: the umask's mode, not 0600
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def partial_path(output: str | Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name + ".partial")
+
+
+def _json_line(rid, pred) -> str:
+    return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
+
+
+def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, *, field: str | None = None,
+                 fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
+                 device=None, kernel: str | None = None, progress: bool = False, **predict_kw) -> dict:
+    """Predict every input of a file and write ``{"id", "prediction"}`` lines to `output`, in input
+    order (with `resume`, lines of ids not in the input are kept after them).
+
+    save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
+    keyword arguments go to `predict_records`. Returns a summary dict (counts, seconds, examples/s).
+    Raises DataError for bad input, FileExistsError for an existing output without resume/overwrite.
+    """
+    output, part = Path(output), partial_path(output)
+    if not (resume or overwrite) and (output.exists() or part.exists()):
+        raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
+                              "predictions and add the missing ones, or --overwrite to replace it")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, toks, ckpt = load_run(checkpoint, device, kernel)
+    task = ckpt["task"]
+    records = read_inputs(input, task, field, fmt)
+    done: dict[str | int, str] = {}
+    if resume:
+        done = {**read_done(part), **read_done(output)}
+    todo = [r for r in records if r.id not in done]
+    new: dict[str | int, str] = {}
+
+    def all_lines():
+        yield from (new[r.id] if r.id in new else done[r.id] for r in records if r.id in new or r.id in done)
+        ids = {r.id for r in records}
+        yield from (line for rid, line in done.items() if rid not in ids)
+
+    last_save = time.monotonic()
+
+    def on_result(batch_records, preds):
+        nonlocal last_save
+        for r, p in zip(batch_records, preds, strict=True):
+            new[r.id] = _json_line(r.id, p)
+        if time.monotonic() - last_save >= save_every:
+            write_lines_atomic(part, all_lines())
+            last_save = time.monotonic()
+
+    t0 = time.time()
+    if todo:
+        source = "<stdin>" if str(input) == "-" else str(input)
+        try:
+            predict_records(model, toks, ckpt, todo, device=device, on_result=on_result, progress=progress,
+                            source=source, **predict_kw)
+        except KeyboardInterrupt:  # Ctrl-C: keep what is done for --resume (a hard kill keeps the last snapshot)
+            if new:
+                write_lines_atomic(part, all_lines())
+                log.warning(f"interrupted: {len(new)} new predictions saved to {part}; rerun with --resume")
+            raise
+    seconds = time.time() - t0
+    write_lines_atomic(output, all_lines())
+    part.unlink(missing_ok=True)
+    fsync_dir(output.parent)
+    return {"output": str(output), "task": task, "inputs": len(records), "predicted": len(todo),
+            "kept": len(records) - len(todo), "seconds": round(seconds, 2),
+            "examples_per_s": round(len(todo) / seconds, 2) if todo and seconds > 0 else math.nan,
+            "checkpoint": ckpt["path"]}

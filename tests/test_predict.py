@@ -1,0 +1,365 @@
+"""Batch inference (`scratchformer.evaluation.predict`, `generate --output`) on tiny random models.
+
+The models are randomly initialised (seeded) and saved as run folders with the real checkpoint and
+tokenizer code; their outputs are gibberish but differ from input to input, so a misplaced
+prediction shows.
+"""
+
+import gzip
+import io
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchformer import generate
+from scratchformer.checkpoint import save_checkpoint
+from scratchformer.data import DataError
+from scratchformer.evaluation import predict as P
+from scratchformer.evaluation.evaluate import decode_max_len, load_run
+from scratchformer.model import ModelConfig, beam_search, build_model
+from scratchformer.tokenizer import BPETokenizer, TokenizerPair
+
+WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
+MAX_SRC, MAX_TGT = 16, 10
+
+
+def _texts(n: int, seed: int, max_words: int = 12) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matmuls on a shared 2-core machine: extra OpenMP threads only spin (30x slower here).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _make_run(folder: Path, task: str, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    tok = BPETokenizer.train(_texts(200, 99), vocab_size=300, min_frequency=1)
+    shape = dict(n_decoder_layers=0, num_classes=2, final_norm=True) if task == "classification" else {}
+    cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, d_ff=64,
+                      dropout=0.0, kernel="eager", **{"n_decoder_layers": 1, **shape})
+    model = build_model(cfg)
+    folder.mkdir(parents=True)
+    save_checkpoint(folder / "best.pt", {
+        "model": model.state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
+        "task": task, "args": {"max_src_len": MAX_SRC, "max_tgt_len": MAX_TGT}, "data": {}, "progress": {"step": 0},
+    })
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {task: _make_run(root / task, task) for task in ("translation", "summarization", "classification")}
+
+
+def _write_jsonl(path: Path, rows) -> Path:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return path
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _records(texts):
+    return [P.InputRecord(f"s-{i}", t, i + 1) for i, t in enumerate(texts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Order, batching, decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def test_order_and_ids_survive_many_batches(runs, tmp_path):
+    # Shuffled lengths and a budget of ~2 inputs per batch: length sorting reorders heavily.
+    texts = _texts(40, 1)
+    rows = [{"id": f"test-{i}", "src": t} for i, t in enumerate(texts)]
+    src = _write_jsonl(tmp_path / "in.jsonl.gz", rows)
+    out = tmp_path / "preds.jsonl"
+    summary = P.predict_file(runs["translation"], src, out, beam_size=1, max_tokens=24, len_ratio=0)
+    preds = _read(out)
+    assert [p["id"] for p in preds] == [r["id"] for r in rows] and summary["predicted"] == 40
+    # Each prediction is the one its input gets alone.
+    model, toks, ck = load_run(runs["translation"])
+    alone = P.predict_records(model, toks, ck, _records(texts), device="cpu", beam_size=1, batch_size=1, len_ratio=0)
+    assert [p["prediction"] for p in preds] == alone
+    assert len(set(alone)) > 20  # the inputs are told apart, so a shuffled output would fail
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_batch_size_1_and_32_agree(runs, beam_size):
+    model, toks, ck = load_run(runs["translation"])
+    recs = _records(_texts(32, 2))
+    kw = dict(device="cpu", beam_size=beam_size, len_ratio=0, max_tokens=None)
+    one = P.predict_records(model, toks, ck, recs, batch_size=1, **kw)
+    many = P.predict_records(model, toks, ck, recs, batch_size=32, **kw)
+    assert one == many
+
+
+def test_greedy_is_beam_search_with_one_beam(runs):
+    # The batched greedy path against beam_search(beam_size=1) run input by input.
+    model, toks, ck = load_run(runs["translation"])
+    texts = _texts(12, 3)
+    got = P.predict_records(model, toks, ck, _records(texts), device="cpu", beam_size=1, max_tokens=64, len_ratio=0)
+    want = []
+    for t in texts:
+        ids = toks.src.encode(t)[: MAX_SRC - 1] + [2]
+        src = torch.tensor([ids])
+        out = beam_search(model, src, torch.tensor([len(ids)]), beam_size=1, max_len=MAX_TGT)
+        want.append(toks.tgt.decode(out[0].tolist()))
+    assert got == want
+
+
+def test_decode_max_len_ratio():
+    Ls = torch.tensor([3, 5])
+    assert decode_max_len("translation", Ls, 100) == 20  # the default ratio 2: 2 * 5 + 10
+    assert decode_max_len("translation", Ls, 15) == 15  # never past max_tgt_len
+    assert decode_max_len("translation", Ls, 100, len_ratio=1.5) == 18  # ceil(7.5) + 10
+    assert decode_max_len("translation", Ls, 100, len_ratio=0) == 100  # no ratio
+    assert decode_max_len("summarization", Ls, 100) == 100
+    assert decode_max_len("summarization", Ls, 100, len_ratio=1.0) == 15
+
+
+def test_classification_labels_are_ints(runs, tmp_path):
+    texts = _texts(30, 4)
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    out = tmp_path / "preds.jsonl"
+    P.predict_file(runs["classification"], src, out, max_tokens=32)
+    preds = _read(out)
+    assert [p["id"] for p in preds] == list(range(30))
+    assert all(type(p["prediction"]) is int and p["prediction"] in (0, 1) for p in preds)
+    model, toks, ck = load_run(runs["classification"])
+    assert [p["prediction"] for p in preds] == P.predict_records(model, toks, ck, _records(texts), device="cpu",
+                                                                 batch_size=1)
+
+
+def test_summaries_one_sentence_per_line(runs, tmp_path):
+    assert P.format_prediction("Amy is late. She will call Tom! ok", "summarization") == \
+        "Amy is late.\nShe will call Tom!\nok"
+    assert P.format_prediction("Ein Hund. Eine Katze.", "translation") == "Ein Hund. Eine Katze."
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "document": "Amy: hi\nTom: hello"}, {"document": "x y"}])
+    out = tmp_path / "preds.jsonl"
+    P.predict_file(runs["summarization"], src, out, beam_size=2)
+    preds = _read(out)
+    assert [p["id"] for p in preds] == ["a", 2]  # a record without an id gets its line number
+    assert all(isinstance(p["prediction"], str) and "\n\n" not in p["prediction"] for p in preds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: formats and errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plain_text_and_stdin(runs, tmp_path, monkeypatch):
+    txt = tmp_path / "in.txt"
+    txt.write_text("one two\n\nred house big\n", encoding="utf-8")
+    recs = P.read_inputs(txt, "translation")
+    assert [(r.id, r.text) for r in recs] == [(1, "one two"), (3, "red house big")]  # blank lines skipped
+
+    out = tmp_path / "from_file.jsonl"
+    P.predict_file(runs["translation"], txt, out, beam_size=1)
+    monkeypatch.setattr("sys.stdin", io.StringIO("one two\n\nred house big\n"))
+    out2 = tmp_path / "from_stdin.jsonl"
+    P.predict_file(runs["translation"], "-", out2, beam_size=1)
+    assert _read(out) == _read(out2) and [p["id"] for p in _read(out2)] == [1, 3]
+
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "src": "one two"}\n'))  # JSON lines are sniffed
+    assert [(r.id, r.text) for r in P.read_inputs("-", "translation")] == [("x", "one two")]
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "src": "one two"}\n'))
+    assert [r.text for r in P.read_inputs("-", "translation", fmt="text")] == ['{"id": "x", "src": "one two"}']
+
+
+def test_field_override(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "en": "one"}])
+    assert P.read_inputs(src, "translation", field="en")[0].text == "one"
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "src": "one"}\n{"id": "b", "src": "two"\n', r"in\.jsonl:2: bad JSON"),
+    ('{"id": "a", "src": "one"}\n\n{"id": "c", "text": "x"}\n',
+     r"in\.jsonl:3: missing field 'src' \(fields present: 'id', 'text'\)"),
+    ('{"id": "a", "src": "one"}\n{"id": "a", "src": "two"}\n', r"in\.jsonl:2: duplicate id 'a' \(first on line 1\)"),
+    ('{"id": "a", "src": 7}\n', r"in\.jsonl:1: field 'src' must be a string"),
+    ('{"id": "a", "src": "  "}\n', r"in\.jsonl:1: field 'src' is empty"),
+    ('["one"]\n', r"in\.jsonl:1: expected a JSON object"),
+    ("", r"in\.jsonl: no inputs \(the file is empty\)"),
+    ("\n\n", r"in\.jsonl: no inputs"),
+])
+def test_bad_input_names_the_line(tmp_path, content, message):
+    path = tmp_path / "in.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        P.read_inputs(path, "translation")
+
+
+def test_missing_and_bad_files(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        P.read_inputs(tmp_path / "nope.jsonl", "translation")
+    bad = tmp_path / "in.jsonl.gz"
+    bad.write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match=r"in\.jsonl\.gz: cannot read"):
+        P.read_inputs(bad, "translation")
+
+
+def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplog):
+    long_text = " ".join(["seven eight nine"] * 10)  # far over MAX_SRC tokens
+    rows = [{"id": "a", "src": "one two"}, {"id": "b", "src": long_text}, {"id": "c", "src": long_text}]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger=P.__name__):
+        P.predict_file(runs["translation"], src, tmp_path / "preds.jsonl", beam_size=1)
+    assert "2 of 3 inputs are longer than the model's maximum of 15 tokens" in caplog.text
+    assert "(lines 2, 3)" in caplog.text
+    assert len(_read(tmp_path / "preds.jsonl")) == 3
+    with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum 15"):
+        P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True)
+    assert not (tmp_path / "strict.jsonl").exists()
+    # An input of exactly the maximum is neither warned about nor refused.
+    model, toks, ck = load_run(runs["translation"])
+    words = []
+    while len(toks.src.encode(" ".join(words + ["cat"]))) <= MAX_SRC - 1:
+        words.append("cat")
+    P.encode_records(_records([" ".join(words)]), "translation", toks, MAX_SRC, strict=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: atomic writes, resume
+# ---------------------------------------------------------------------------------------------
+
+
+def test_existing_output_needs_resume_or_overwrite(runs, tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    out = tmp_path / "preds.jsonl"
+    out.write_text("old\n")
+    with pytest.raises(FileExistsError, match="--resume"):
+        P.predict_file(runs["translation"], src, out)
+    assert out.read_text() == "old\n"
+    P.predict_file(runs["translation"], src, out, overwrite=True, beam_size=1)
+    assert [p["id"] for p in _read(out)] == ["a"]
+
+
+def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
+    out = tmp_path / "preds.jsonl"
+    out.write_text('{"id": "a", "prediction": "old"}\n')
+
+    def lines():
+        yield '{"id": "a", "prediction": "new"}'
+        raise KeyboardInterrupt  # killed mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        P.write_lines_atomic(out, lines())
+    assert out.read_text() == '{"id": "a", "prediction": "old"}\n'
+    assert os.listdir(tmp_path) == ["preds.jsonl"]  # no temp file left behind
+    P.write_lines_atomic(out, ['{"id": "a", "prediction": "new"}'])
+    (tmp_path / "plain").write_text("")
+    assert out.stat().st_mode == (tmp_path / "plain").stat().st_mode  # the umask's mode (mkstemp's is 0600)
+    os.remove(tmp_path / "plain")
+
+    def no_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", no_fsync)
+    with pytest.raises(OSError):
+        P.write_lines_atomic(tmp_path / "fresh.jsonl", ['{"id": "b", "prediction": "x"}'])
+    assert os.listdir(tmp_path) == ["preds.jsonl"]
+
+
+def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(20, 5))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    clean = tmp_path / "clean.jsonl"
+    P.predict_file(runs["translation"], src, clean, beam_size=1, max_tokens=24, len_ratio=0)
+
+    out = tmp_path / "preds.jsonl"
+    real = P.format_prediction
+
+    class Killed(BaseException):
+        """A hard kill (SIGKILL): nothing runs after it, unlike KeyboardInterrupt."""
+
+    def dies_after(n, exc):
+        calls = []
+
+        def format_prediction(pred, task):
+            calls.append(pred)
+            if len(calls) > n:  # batches hold ~2 inputs: a few batches are done, then the kill
+                raise exc
+            return real(pred, task)
+
+        return format_prediction
+
+    kw = dict(beam_size=1, max_tokens=24, len_ratio=0)
+    monkeypatch.setattr(P, "format_prediction", dies_after(8, Killed))
+    with pytest.raises(Killed):
+        P.predict_file(runs["translation"], src, out, save_every=0, **kw)  # a snapshot after every batch
+    assert not out.exists()  # no half output
+    snapshot = _read(P.partial_path(out))
+    assert 0 < len(snapshot) <= 8
+
+    # Ctrl-C saves what is done even between snapshots; --resume goes on from there.
+    monkeypatch.setattr(P, "format_prediction", dies_after(4, KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["translation"], src, out, save_every=1e9, resume=True, **kw)
+    assert not out.exists()
+    snapshot2 = _read(P.partial_path(out))
+    assert all(line in snapshot2 for line in snapshot) and len(snapshot) < len(snapshot2) < 20
+
+    monkeypatch.setattr(P, "format_prediction", real)
+    summary = P.predict_file(runs["translation"], src, out, resume=True, **kw)
+    assert summary["kept"] == len(snapshot2) and summary["predicted"] == 20 - len(snapshot2)
+    assert _read(out) == _read(clean) and not P.partial_path(out).exists()
+
+
+def test_resume_keeps_the_lines_already_written(runs, tmp_path):
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 6))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "preds.jsonl"
+    kept = ['{"id": "r4", "prediction": "KEEP ME"}', '{"id": "elsewhere", "prediction": "from another input"}',
+            '{"id": "r1", "prediction": "me too"}']
+    out.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    summary = P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+    assert summary["predicted"] == 4 and summary["kept"] == 2
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4", "r5", "elsewhere"]
+    assert lines[1] == kept[2] and lines[4] == kept[0] and lines[6] == kept[1]  # verbatim
+    # Nothing left to do: the output is rewritten unchanged.
+    again = P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+    assert again["predicted"] == 0 and out.read_text(encoding="utf-8").splitlines() == lines
+
+    out.write_text('{"id": "r0", "prediction": "x"}\n{"id": "r1", "predic', encoding="utf-8")
+    with pytest.raises(DataError, match=r"preds\.jsonl:2: bad JSON in the existing output"):
+        P.predict_file(runs["translation"], src, out, resume=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+
+
+def test_generate_cli_batch_mode_and_text_mode(runs, tmp_path, capsys):
+    src = _write_jsonl(tmp_path / "in.jsonl.gz", [{"id": "a", "src": "one two"}, {"id": "b", "src": "red cat"}])
+    out = tmp_path / "preds.jsonl"
+    summary = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out),
+                             "--beam-size", "2", "--max-tokens", "8"])
+    assert summary["predicted"] == 2 and [p["id"] for p in _read(out)] == ["a", "b"]
+    assert "2 inputs, 2 predicted" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="exists; pass --resume"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "one"}\n')
+    with pytest.raises(SystemExit, match=r"bad\.jsonl:1: missing field 'src'"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", str(bad), "--output", str(out),
+                       "--overwrite"])
+    outs = generate.main(["--checkpoint", str(runs["classification"]), "--text", "red cat", "--text", "one"])
+    assert [o["input"] for o in outs] == ["red cat", "one"] and all(o["label"] in (0, 1) for o in outs)
