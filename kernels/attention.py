@@ -75,7 +75,7 @@ def keep(config: triton.Config) -> bool:
 
 
 # fp32 inputs (a test dtype: IEEE fp32 dots) need twice the shared memory of 16-bit ones, and the
-# config list above is sized for 16-bit: the AOT compile check (kernels/_compile_check.py) found
+# config list above is sized for 16-bit: the AOT compile check (tools/compile_check.py) found
 # most fp32 configs at HEAD_DIM 128 over A100's 163 KB per block (e.g. the forward's 128x128
 # 3-stage tile takes 384 KB), some over H100's 227 KB. For 4-byte inputs keep only the configs
 # whose modelled footprint fits A100: resident tiles (1 for the forward's Q, 2 for the backward's
