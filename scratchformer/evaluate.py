@@ -27,7 +27,7 @@ from .checkpoint import find_checkpoint, load_checkpoint
 from .config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from .decoding import beam_search, greedy_decode
 from .model import build_model
-from .tokenizer import TokenizerPair
+from .data.tokenizer import TokenizerPair
 
 
 def autocast_for(device: torch.device, precision: str):

@@ -43,7 +43,7 @@ from .config import PAD_ID, PRESETS, ModelConfig, get_config
 from .evaluate import (attention_map, autocast_for, eval_loader, format_metrics, predict_labels, predict_seq2seq,
                        teacher_forced)
 from .model import build_model, count_parameters
-from .tokenizer import BPETokenizer, TokenizerPair
+from .data.tokenizer import BPETokenizer, TokenizerPair
 
 # Defaults that depend on the data: the synthetic smoke task must learn in a few CPU minutes.
 SYNTHETIC_DEFAULTS = dict(
