@@ -50,12 +50,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset, upcast_dot
+from ._common import (
+    INTERPRET,
+    LOG2E,
+    attention_key_bounds,
+    check_device,
+    check_dtype,
+    dropout_keep,
+    dropout_seed_offset,
+    upcast_dot,
+)
 
 __all__ = ["attention", "attention_fwd", "attention_bwd", "AttentionFunction", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
-LOG2E = 1.4426950408889634
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,6 +133,31 @@ def _tile(base, offs_r, offs_c, stride_r, stride_c):
 
 
 @triton.jit
+def _load_rows(base, offs_r, offs_d, stride_r, stride_d, n_rows, UPCAST: tl.constexpr):
+    """The (len(offs_r), D) tile of rows offs_r at base (rows >= n_rows read as 0), in fp32 if
+    UPCAST (the interpreter's bf16 workaround)."""
+    x = tl.load(_tile(base, offs_r, offs_d, stride_r, stride_d), mask=offs_r[:, None] < n_rows, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _store_rows(base, offs_r, offs_d, stride_r, stride_d, n_rows, x):
+    """Stores the fp32 tile x at rows offs_r < n_rows of base, cast once to base's dtype."""
+    ptrs = _tile(base, offs_r, offs_d, stride_r, stride_d)
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=offs_r[:, None] < n_rows)
+
+
+@triton.jit
+def _program(H, BLOCK: tl.constexpr):
+    """This program's place in the grid: axis 0 a block of BLOCK query or key rows, axis 1 the
+    (batch, head) pair b·H + h (int64 for the stride math). Returns (start row, b·H + h, b, h)."""
+    pid_bh = tl.program_id(1).to(tl.int64)
+    return tl.program_id(0) * BLOCK, pid_bh, pid_bh // H, pid_bh % H
+
+
+@triton.jit
 def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN: tl.constexpr):
     """Key and query lengths of batch row b: the given lengths, or the full Lk / Lq."""
     klen = Lk
@@ -137,11 +170,17 @@ def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN
 
 
 @triton.jit
-def _dropout_keep(seed, rng_base, rows, cols, Lk, dropout_p):
-    """Keep mask for score positions (rows, cols) (any broadcastable shapes): the Philox counter
-    is rng_base + row·Lk + col with rng_base = offset + (b·H + h)·Lq·Lk, all in int64."""
-    counter = rng_base + rows.to(tl.int64) * Lk + cols.to(tl.int64)
-    return tl.rand(seed, counter) >= dropout_p
+def _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED: tl.constexpr):
+    """The saved lse of rows offs_m in log2 units, and their δ. Rows with lse = -inf (no visible
+    key, or at or past qlen) get +inf, so P = exp2(s - lse2) = 0 there; rows >= Lq read as lse =
+    -inf, δ = 0 (MASKED only: an unmasked block lies inside [0, Lq))."""
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +228,7 @@ def _attention_fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax denominator ignores dropout
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            keep = dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
             p = tl.where(keep, p, 0.0)  # 1/(1 - p) is applied once, in the epilogue
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -217,29 +256,14 @@ def _attention_fwd_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq  # query row i sits at key position i + shift
-
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-
-    # Loop bounds: keys [0, n_end) can be visible to some row of this block; keys [0, n_full)
-    # are visible to every row (no masking needed). Blocks past query_lengths run no loop.
-    n_end = klen
-    n_full = klen
-    if IS_CAUSAL:
-        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift)
-    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
-    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
+    # Keys [0, n_full) are visible to every row of this block (no masking), [n_full, n_end) to some.
+    n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -265,9 +289,8 @@ def _attention_fwd_kernel(
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     out = tl.where(row_ok[:, None], out, 0.0)
-    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
-    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Lq)
+    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / LOG2E, float("-inf"))
+    _store_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, out)
     tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -277,11 +300,11 @@ def _dropout_mask_kernel(
     Lq, Lk, dropout_p, seed, rng_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Writes the keep mask the attention kernels use, from the same `_dropout_keep` counters."""
+    """Writes the keep mask the attention kernels use, from the same `dropout_keep` counters."""
     pid_bh = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+    keep = dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
     ptrs = mask_ptr + pid_bh * Lq * Lk + offs_m[:, None].to(tl.int64) * Lk + offs_n[None, :]
     tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk))
 
@@ -301,16 +324,11 @@ def _attention_bwd_preprocess_kernel(
     H, Lq,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < Lq
-    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
-    o = tl.load(o_ptrs, mask=rows, other=0.0)
-    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
-    do = tl.load(do_ptrs, mask=rows, other=0.0)
+    o = _load_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, False)
+    do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + pid_bh * Lq + offs_m, delta, mask=offs_m < Lq)
 
@@ -333,17 +351,13 @@ def _attention_bwd_dkdv_inner(
         if MASKED:
             qT = tl.load(qT_ptrs, mask=offs_m[None, :] < Lq, other=0.0)
             do = tl.load(do_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-            lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
-            delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
         else:
             qT = tl.load(qT_ptrs)
             do = tl.load(do_ptrs)
-            lse = tl.load(lse_base + offs_m)
-            delta = tl.load(delta_base + offs_m)
         if UPCAST:
             qT = qT.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 rows
+        lse2, delta = _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
         if MASKED:
@@ -353,7 +367,7 @@ def _attention_bwd_dkdv_inner(
             pT = tl.where(visible, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPdᵀ = V dOᵀ
         if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, dropout_p)
+            keepT = dropout_keep(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, dropout_p)
             rp = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keepT, pT * rp, 0.0)  # (P∘Z·r)ᵀ
             dpT = tl.where(keepT, dpT * rp, 0.0)  # dPᵀ
@@ -385,23 +399,13 @@ def _attention_bwd_dkdv_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_n, pid_bh, b, h = _program(H, BLOCK_N)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
-
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    kv_rows = offs_n[:, None] < klen
-    k_ptrs = _tile(k_ptr + b * stride_k_b + h * stride_k_h, offs_n, offs_d, stride_k_l, stride_k_d)
-    k = tl.load(k_ptrs, mask=kv_rows, other=0.0)
-    v_ptrs = _tile(v_ptr + b * stride_v_b + h * stride_v_h, offs_n, offs_d, stride_v_l, stride_v_d)
-    v = tl.load(v_ptrs, mask=kv_rows, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = _load_rows(k_ptr + b * stride_k_b + h * stride_k_h, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST)
+    v = _load_rows(v_ptr + b * stride_v_b + h * stride_v_h, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST)
 
     # Query blocks [m_lo, qlen) can see this key block (none if it lies past key_lengths).
     # Masking is needed in [m_lo, m_mid) (the causal diagonal; everything if the key block is
@@ -441,11 +445,8 @@ def _attention_bwd_dkdv_kernel(
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
     )
     dk = dk * sm_scale
-    out_rows = offs_n[:, None] < Lk
-    dk_ptrs = _tile(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d)
-    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_rows)
-    dv_ptrs = _tile(dv_ptr + b * stride_dv_b + h * stride_dv_h, offs_n, offs_d, stride_dv_l, stride_dv_d)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_rows)
+    _store_rows(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d, Lk, dk)
+    _store_rows(dv_ptr + b * stride_dv_b + h * stride_dv_h, offs_n, offs_d, stride_dv_l, stride_dv_d, Lk, dv)
 
 
 @triton.jit
@@ -480,7 +481,7 @@ def _attention_bwd_dq_inner(
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dPd = dO Vᵀ
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            keep = dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)  # dP
         ds = p * (dp - delta[:, None])  # dS
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)  # dQ += dS K
@@ -506,35 +507,15 @@ def _attention_bwd_dq_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
-
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < Lq
-    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
-    q = tl.load(q_ptrs, mask=rows, other=0.0)
-    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
-    do = tl.load(do_ptrs, mask=rows, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse = tl.load(lse_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(delta_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-
-    # Same key-block bounds as the forward.
-    n_end = klen
-    n_full = klen
-    if IS_CAUSAL:
-        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift)
-    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
-    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
+    do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST)
+    lse2, delta = _lse2_delta(lse_ptr + pid_bh * Lq, delta_ptr + pid_bh * Lq, offs_m, Lq, True)
+    n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)  # as the forward
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     k_base = k_ptr + b * stride_k_b + h * stride_k_h
@@ -551,8 +532,7 @@ def _attention_bwd_dq_kernel(
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
     )
     dq = dq * sm_scale
-    dq_ptrs = _tile(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d)
-    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=rows)
+    _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
 
 
 _fwd = triton.autotune(
@@ -644,7 +624,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     _fwd[grid](
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Lq, Lk, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
         **_flags(q, klen, qlen, causal, dropout_p),
     )
     return out, lse
@@ -675,7 +655,7 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     klen = key_lengths
     qlen = query_lengths
     common = (
-        H, Lq, Lk, scale, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
     )
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
@@ -752,13 +732,7 @@ def attention(
     return_dropout_mask (debug) also the keep mask (B, H, Lq, Lk) bool, True = kept:
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
-    if dropout_p > 0.0 and 0.0 <= dropout_p < 1.0:
-        if seed is None:
-            seed, offset = philox_seed_offset()
-        else:
-            offset = 0
-    else:
-        seed, offset = 0, 0
+    seed, offset = dropout_seed_offset(dropout_p, seed)
     out, lse = AttentionFunction.apply(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset,
                                        validate)
     extra = (lse,) if return_lse else ()
