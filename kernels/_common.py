@@ -121,7 +121,8 @@ def dropout_keep(seed, offset, rows, cols, row_len, dropout_p):
     of a matrix row_len wide: keep = rand(seed, offset + row·row_len + col) >= dropout_p, Philox
     (tl.rand) on int64 counters. A backward pass, or a debug mask, replays the forward's bits by
     calling it with the same (seed, offset) and positions."""
-    counter = offset + rows.to(tl.int64) * row_len + cols.to(tl.int64)
+    # tl.cast, not .to: a loop index (add_layer_norm's backward rows) is a Python int in the interpreter
+    counter = offset + tl.cast(rows, tl.int64) * row_len + tl.cast(cols, tl.int64)
     return tl.rand(seed, counter) >= dropout_p
 
 
