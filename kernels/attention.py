@@ -133,10 +133,23 @@ def _tile(base, offs_r, offs_c, stride_r, stride_c):
 
 
 @triton.jit
-def _load_rows(base, offs_r, offs_d, stride_r, stride_d, n_rows, UPCAST: tl.constexpr):
-    """The (len(offs_r), D) tile of rows offs_r at base (rows >= n_rows read as 0), in fp32 if
-    UPCAST (the interpreter's bf16 workaround)."""
-    x = tl.load(_tile(base, offs_r, offs_d, stride_r, stride_d), mask=offs_r[:, None] < n_rows, other=0.0)
+def _load_rows(
+    base, offs_r, offs_d, stride_r, stride_d, n_rows,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr = True, TRANS: tl.constexpr = False,
+):
+    """Rows offs_r of the (L, D) slab at base: a (len(offs_r), D) tile, or (D, len(offs_r)) if
+    TRANS. Rows >= n_rows read as 0 if MASKED (an unmasked block lies inside [0, n_rows)); fp32
+    if UPCAST (the interpreter's bf16 workaround)."""
+    if TRANS:
+        ptrs = _tile(base, offs_d, offs_r, stride_d, stride_r)
+        inside = offs_r[None, :] < n_rows
+    else:
+        ptrs = _tile(base, offs_r, offs_d, stride_r, stride_d)
+        inside = offs_r[:, None] < n_rows
+    if MASKED:
+        x = tl.load(ptrs, mask=inside, other=0.0)
+    else:
+        x = tl.load(ptrs)
     if UPCAST:
         x = x.to(tl.float32)
     return x
@@ -201,17 +214,8 @@ def _attention_fwd_inner(
     """Key blocks [lo, hi): MASKED=False only where every (row, col) of the tile is visible."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
-        v_ptrs = v_base + offs_n[:, None] * stride_v_l + offs_d[None, :] * stride_v_d  # (BLOCK_N, D)
-        if MASKED:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < klen, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            v = v.to(tl.float32)
+        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
+        v = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED)  # (BLOCK_N, D)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         if MASKED:
             visible = offs_n[None, :] < klen
@@ -346,17 +350,8 @@ def _attention_bwd_dkdv_inner(
     """Query blocks [lo, hi) against one key block; tiles are transposed (keys × queries)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qT_ptrs = q_base + offs_m[None, :] * stride_q_l + offs_d[:, None] * stride_q_d  # (D, BLOCK_M)
-        do_ptrs = do_base + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d  # (BLOCK_M, D)
-        if MASKED:
-            qT = tl.load(qT_ptrs, mask=offs_m[None, :] < Lq, other=0.0)
-            do = tl.load(do_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-        else:
-            qT = tl.load(qT_ptrs)
-            do = tl.load(do_ptrs)
-        if UPCAST:
-            qT = qT.to(tl.float32)
-            do = do.to(tl.float32)
+        qT = _load_rows(q_base, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST, MASKED, True)  # (D, BLOCK_M)
+        do = _load_rows(do_base, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED)  # (BLOCK_M, D)
         lse2, delta = _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
@@ -461,17 +456,8 @@ def _attention_bwd_dq_inner(
     """Key blocks [lo, hi) against one query block."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
-        vT_ptrs = v_base + offs_n[None, :] * stride_v_l + offs_d[:, None] * stride_v_d  # (D, BLOCK_N)
-        if MASKED:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            vT = vT.to(tl.float32)
+        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
+        vT = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])  # P
         if MASKED:
