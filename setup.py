@@ -41,7 +41,8 @@ setup(
     name="scratchformer",
     version="0.1.0",
     description="A Transformer from scratch whose hot paths run on our own Triton and CUDA kernels",
-    packages=["scratchformer", "scratchformer.kernels", "scratchformer.training", "scratchformer.evaluation"],
+    packages=["scratchformer", "scratchformer.data", "scratchformer.evaluation", "scratchformer.kernels",
+              "scratchformer.model", "scratchformer.training"],
     package_dir={"scratchformer": "scratchformer", "scratchformer.kernels": "kernels"},
     ext_modules=[
         Extension(
@@ -50,6 +51,7 @@ setup(
             extra_compile_args=extra,
             extra_link_args=["-fopenmp"] if os.name != "nt" else [],
             define_macros=[("WITH_CUDA", None)] if use_cuda else [],
+            depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),  # csrc/sinusoid.h: rebuild when it changes
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

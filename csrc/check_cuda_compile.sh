@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA sources (csrc/cuda/*.cu) for sm_80 and sm_90 with the installed
 # nvcc, so CI catches CUDA build errors on machines without a GPU or a CUDA build of torch. The
-# .cu files include only CUDA headers (the torch glue, csrc/cuda/*.cpp, needs a CUDA torch and is
-# compiled by setup.py). Exits non-zero on a compile error; skips (exit 0) when nvcc is absent.
+# .cu files include only CUDA headers and csrc/*.h (the torch glue, csrc/cuda/*.cpp, needs a CUDA
+# torch and is compiled by setup.py). Exits non-zero on a compile error; skips (exit 0) when nvcc is absent.
 #   usage: csrc/check_cuda_compile.sh        (NVCC=/path/to/nvcc to choose the compiler)
 set -euo pipefail
 
@@ -28,8 +28,9 @@ status=0
 for src in "${sources[@]}"; do
   name="$(basename "$src" .cu)"
   # setup.py's release flags plus the half/bfloat16 defines torch's CUDAExtension adds (which
-  # forbid implicit __half conversions), host-compiler warnings on.
-  if "$nvcc" -c -std=c++17 -O3 -Xcompiler -Wall \
+  # forbid implicit __half conversions), host-compiler warnings on. -I csrc: the shared headers
+  # (sinusoid.h, included by the .cu files and by csrc/embed.cpp).
+  if "$nvcc" -c -std=c++17 -O3 -Xcompiler -Wall -I "$here" \
       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
       -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \

@@ -16,7 +16,7 @@
 // kernels and their CPU impls, and the PyInit stub. Fake (meta) impls and autograd are registered
 // in scratchformer/_ext.py.
 //
-// Accuracy of PE (both devices use the same scheme): the angle p * w_i is formed in double (as
+// Accuracy of PE (both devices run the same code, csrc/sinusoid.h): the angle p * w_i is formed in double (as
 // the float64 reference does), reduced by pi/2 in double, and sin/cos of the reduced argument
 // |r| <= pi/4 come from Cephes' single-precision minimax polynomials. Measured on CPU against the
 // float64 table (scratchformer.reference.sinusoidal_positions), positions 0..100_000, d_model 2
@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <optional>
 #include <vector>
+
+#include "sinusoid.h"
 
 namespace scratchformer {
 
@@ -101,36 +103,11 @@ void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset) {
 namespace {
 
 // --------------------------------------------------------------------------------------------
-// PE on the fly. Keep in sync with sincos_angle in csrc/cuda/embed_kernels.cu.
+// PE on the fly: w_i and sin/cos of the angle come from csrc/sinusoid.h (shared with CUDA).
 // --------------------------------------------------------------------------------------------
 
-constexpr double kLn10000 = 9.210340371976184;       // log(10000)
-constexpr double kTwoOverPi = 0.6366197723675814;     // 2 / pi
-constexpr double kPio2Hi = 1.5707963267948966;        // pi / 2 rounded to double
-constexpr double kPio2Lo = 6.123233995736766e-17;     // pi / 2 - kPio2Hi
-
-// w_i for the column pair starting at `col` (even): exactly the float64 reference's formula.
-inline double inv_freq(int64_t col, int64_t d) {
-  return std::exp((-kLn10000 * static_cast<double>(col)) / static_cast<double>(d));
-}
-
-// sin and cos of angle >= 0 to float accuracy. angle = k * pi/2 + r with |r| <= pi/4: k and r
-// in double (error ~ angle * 2^-53, 1e-11 at 1e5), then Cephes' sinf/cosf polynomials on r
-// (relative error ~ 2^-24), then the quadrant k mod 4 picks and signs the pair.
-inline void sincos_angle(double angle, float* s, float* c) {
-  const double k = std::nearbyint(angle * kTwoOverPi);
-  const float r = static_cast<float>((angle - k * kPio2Hi) - k * kPio2Lo);
-  const float z = r * r;
-  const float sr = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
-  const float cr =
-      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z -
-      0.5f * z + 1.0f;
-  const int64_t q = static_cast<int64_t>(k) & 3;
-  const float s0 = (q & 1) ? cr : sr;  // sin(r + q pi/2): sr, cr, -sr, -cr
-  const float c0 = (q & 1) ? sr : cr;  // cos(r + q pi/2): cr, -sr, -cr, sr
-  *s = (q & 2) ? -s0 : s0;
-  *c = ((q + 1) & 2) ? -c0 : c0;
-}
+using sinusoid::inv_freq;
+using sinusoid::sincos_angle;
 
 // One PE row, pe[0:d] for position p, from the per-column frequencies freq[0:d/2].
 inline void pe_row(int64_t p, const double* freq, int64_t d, float* pe) {

@@ -1,4 +1,10 @@
-"""Shared pieces of the Triton ops: interpreter detection, dtype checks, launch helpers.
+"""Shared pieces of the Triton ops: interpreter detection, dtype checks, launch helpers, and the
+`@triton.jit` helpers and constants more than one kernel uses (each formula has one home here):
+
+- `LOG2E`: log2(e), for exp(x) = exp2(x · LOG2E);
+- `dropout_keep`: the Philox dropout stream every kernel draws from (and replays);
+- `attention_key_bounds`: the key-loop bounds of an attention query block, shared by the
+  attention forward and its dQ backward.
 
 Nothing here knows about the model. Each op file (attention.py, add_layer_norm.py, matmul.py,
 ffn.py) imports what it needs from this module.
@@ -9,6 +15,8 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 # Triton's interpreter is chosen when `triton.jit` decorates a function, from this variable; it
 # is read once here so every op agrees on it.
@@ -41,7 +49,6 @@ def check_interpreter_versions(triton_version: str, numpy_version: str) -> None:
 
 if INTERPRET:
     import numpy
-    import triton
 
     check_interpreter_versions(triton.__version__, numpy.__version__)
 
@@ -89,3 +96,49 @@ def philox_seed_offset() -> tuple[int, int]:
     seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     offset = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
     return seed, offset
+
+
+def dropout_seed_offset(dropout_p: float, seed: int | None) -> tuple[int, int]:
+    """The (seed, offset) an op's dropout uses: (0, 0) without dropout (nothing is drawn); with
+    dropout (0 < p < 1) the given seed and offset 0, or a pair drawn by `philox_seed_offset`."""
+    if not 0.0 < dropout_p < 1.0:
+        return 0, 0
+    if seed is None:
+        return philox_seed_offset()
+    return seed, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared @triton.jit helpers and constants (inlined into the kernels that call them)
+# ---------------------------------------------------------------------------------------------
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x · LOG2E). Host code: LOG2E.value
+
+
+@triton.jit
+def dropout_keep(seed, offset, rows, cols, row_len, dropout_p):
+    """The keep mask of the dropout stream, for positions (rows, cols) (any broadcastable shapes)
+    of a matrix row_len wide: keep = rand(seed, offset + row·row_len + col) >= dropout_p, Philox
+    (tl.rand) on int64 counters. A backward pass, or a debug mask, replays the forward's bits by
+    calling it with the same (seed, offset) and positions."""
+    # tl.cast, not .to: a loop index (add_layer_norm's backward rows) is a Python int in the interpreter
+    counter = offset + tl.cast(rows, tl.int64) * row_len + tl.cast(cols, tl.int64)
+    return tl.rand(seed, counter) >= dropout_p
+
+
+@triton.jit
+def attention_key_bounds(
+    start_m, klen, qlen, shift, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Key-loop bounds of the query block [start_m, start_m + BLOCK_M): keys [0, n_end) can be
+    visible to some row of the block, keys [0, n_full) (whole BLOCK_N blocks) to every row, so
+    they need no mask. Query row i sits at key position i + shift (causal aligned bottom-right);
+    a block at or past qlen gets n_end = 0 (no loop). Returns (n_full, n_end)."""
+    n_end = klen
+    n_full = klen
+    if IS_CAUSAL:
+        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
+        n_full = tl.minimum(n_full, start_m + 1 + shift)
+    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
+    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+    return n_full, n_end

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_dtype, philox_seed_offset
+from ._common import check_device, check_dtype, dropout_keep, dropout_seed_offset
 
 MAX_N = 16384
 
@@ -76,7 +76,7 @@ def _add_layer_norm_fwd_kernel(
     in_row = cols < N
     s = tl.load(x_ptr + row * stride_x_row + cols, mask=in_row, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        keep = tl.rand(seed, rng_offset + row * N + cols) >= dropout_p
+        keep = dropout_keep(seed, rng_offset, row, cols, N, dropout_p)
         s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
         if STORE_MASK:
             tl.store(mask_ptr + row * N + cols, keep.to(tl.int8), mask=in_row)
@@ -147,7 +147,7 @@ def _add_layer_norm_bwd_kernel(
         if STORE_DRES:
             tl.store(dres_ptr + row * N + cols, ds.to(dres_ptr.dtype.element_ty), mask=in_row)
         if HAS_DROPOUT:
-            keep = tl.rand(seed, rng_offset + row * N + cols) >= dropout_p
+            keep = dropout_keep(seed, rng_offset, row, cols, N, dropout_p)  # the forward's mask
             ds = tl.where(keep, ds / (1.0 - dropout_p), 0.0)
         tl.store(dx_ptr + row * N + cols, ds.to(dx_ptr.dtype.element_ty), mask=in_row)
         dw_acc += dy * xhat
@@ -342,13 +342,7 @@ def add_layer_norm(
     (x's shape) is appended: (y, mask) or (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
-    if dropout_p > 0.0:
-        if seed is None:
-            seed, rng_offset = philox_seed_offset()
-        else:
-            rng_offset = 0
-    else:
-        seed, rng_offset = 0, 0
+    seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     y, s, mask = AddLayerNormFunction.apply(
         x, residual, weight, bias, eps, float(dropout_p), int(seed), int(rng_offset),
         bool(return_residual), bool(return_dropout_mask),

@@ -51,12 +51,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset, upcast_dot
+from ._common import (
+    INTERPRET,
+    LOG2E,
+    attention_key_bounds,
+    check_device,
+    check_dtype,
+    dropout_keep,
+    dropout_seed_offset,
+    upcast_dot,
+)
 
 __all__ = ["attention", "attention_fwd", "attention_bwd", "AttentionFunction", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
-LOG2E = 1.4426950408889634
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,7 +84,7 @@ def keep(config: triton.Config) -> bool:
 
 
 # fp32 inputs (a test dtype: IEEE fp32 dots) need twice the shared memory of 16-bit ones, and the
-# config list above is sized for 16-bit: the AOT compile check (kernels/_compile_check.py) found
+# config list above is sized for 16-bit: the AOT compile check (tools/compile_check.py) found
 # most fp32 configs at HEAD_DIM 128 over A100's 163 KB per block (e.g. the forward's 128x128
 # 3-stage tile takes 384 KB), some over H100's 227 KB. For 4-byte inputs keep only the configs
 # whose modelled footprint fits A100: resident tiles (1 for the forward's Q, 2 for the backward's
@@ -126,6 +134,44 @@ def _tile(base, offs_r, offs_c, stride_r, stride_c):
 
 
 @triton.jit
+def _load_rows(
+    base, offs_r, offs_d, stride_r, stride_d, n_rows,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr = True, TRANS: tl.constexpr = False,
+):
+    """Rows offs_r of the (L, D) slab at base: a (len(offs_r), D) tile, or (D, len(offs_r)) if
+    TRANS. Rows >= n_rows read as 0 if MASKED (an unmasked block lies inside [0, n_rows)); fp32
+    if UPCAST (the interpreter's bf16 workaround)."""
+    if TRANS:
+        ptrs = _tile(base, offs_d, offs_r, stride_d, stride_r)
+        inside = offs_r[None, :] < n_rows
+    else:
+        ptrs = _tile(base, offs_r, offs_d, stride_r, stride_d)
+        inside = offs_r[:, None] < n_rows
+    if MASKED:
+        x = tl.load(ptrs, mask=inside, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _store_rows(base, offs_r, offs_d, stride_r, stride_d, n_rows, x):
+    """Stores the fp32 tile x at rows offs_r < n_rows of base, cast once to base's dtype."""
+    ptrs = _tile(base, offs_r, offs_d, stride_r, stride_d)
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=offs_r[:, None] < n_rows)
+
+
+@triton.jit
+def _program(H, BLOCK: tl.constexpr):
+    """This program's place in the grid: axis 0 a block of BLOCK query or key rows, axis 1 the
+    (batch, head) pair b·H + h (int64 for the stride math). Returns (start row, b·H + h, b, h)."""
+    pid_bh = tl.program_id(1).to(tl.int64)
+    return tl.program_id(0) * BLOCK, pid_bh, pid_bh // H, pid_bh % H
+
+
+@triton.jit
 def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN: tl.constexpr):
     """Key and query lengths of batch row b: the given lengths, or the full Lk / Lq."""
     klen = Lk
@@ -138,11 +184,17 @@ def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN
 
 
 @triton.jit
-def _dropout_keep(seed, rng_base, rows, cols, Lk, dropout_p):
-    """Keep mask for score positions (rows, cols) (any broadcastable shapes): the Philox counter
-    is rng_base + row·Lk + col with rng_base = offset + (b·H + h)·Lq·Lk, all in int64."""
-    counter = rng_base + rows.to(tl.int64) * Lk + cols.to(tl.int64)
-    return tl.rand(seed, counter) >= dropout_p
+def _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED: tl.constexpr):
+    """The saved lse of rows offs_m in log2 units, and their δ. Rows with lse = -inf (no visible
+    key, or at or past qlen) get +inf, so P = exp2(s - lse2) = 0 there; rows >= Lq read as lse =
+    -inf, δ = 0 (MASKED only: an unmasked block lies inside [0, Lq))."""
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,17 +215,8 @@ def _attention_fwd_inner(
     """Key blocks [lo, hi): MASKED=False only where every (row, col) of the tile is visible."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
-        v_ptrs = v_base + offs_n[:, None] * stride_v_l + offs_d[None, :] * stride_v_d  # (BLOCK_N, D)
-        if MASKED:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < klen, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            v = v.to(tl.float32)
+        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
+        v = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED)  # (BLOCK_N, D)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         if MASKED:
             visible = offs_n[None, :] < klen
@@ -190,7 +233,7 @@ def _attention_fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax denominator ignores dropout
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            keep = dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
             p = tl.where(keep, p, 0.0)  # 1/(1 - p) is applied once, in the epilogue
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -218,29 +261,14 @@ def _attention_fwd_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq  # query row i sits at key position i + shift
-
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-
-    # Loop bounds: keys [0, n_end) can be visible to some row of this block; keys [0, n_full)
-    # are visible to every row (no masking needed). Blocks past query_lengths run no loop.
-    n_end = klen
-    n_full = klen
-    if IS_CAUSAL:
-        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift)
-    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
-    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
+    # Keys [0, n_full) are visible to every row of this block (no masking), [n_full, n_end) to some.
+    n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -266,9 +294,8 @@ def _attention_fwd_kernel(
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     out = tl.where(row_ok[:, None], out, 0.0)
-    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
-    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Lq)
+    lse = tl.where(row_ok, (m_i + tl.math.log2(l_safe)) / LOG2E, float("-inf"))
+    _store_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, out)
     tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -278,11 +305,11 @@ def _dropout_mask_kernel(
     Lq, Lk, dropout_p, seed, rng_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Writes the keep mask the attention kernels use, from the same `_dropout_keep` counters."""
+    """Writes the keep mask the attention kernels use, from the same `dropout_keep` counters."""
     pid_bh = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+    keep = dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
     ptrs = mask_ptr + pid_bh * Lq * Lk + offs_m[:, None].to(tl.int64) * Lk + offs_n[None, :]
     tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk))
 
@@ -302,16 +329,11 @@ def _attention_bwd_preprocess_kernel(
     H, Lq,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < Lq
-    o_ptrs = _tile(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d)
-    o = tl.load(o_ptrs, mask=rows, other=0.0)
-    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
-    do = tl.load(do_ptrs, mask=rows, other=0.0)
+    o = _load_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, False)
+    do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + pid_bh * Lq + offs_m, delta, mask=offs_m < Lq)
 
@@ -329,22 +351,9 @@ def _attention_bwd_dkdv_inner(
     """Query blocks [lo, hi) against one key block; tiles are transposed (keys × queries)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qT_ptrs = q_base + offs_m[None, :] * stride_q_l + offs_d[:, None] * stride_q_d  # (D, BLOCK_M)
-        do_ptrs = do_base + offs_m[:, None] * stride_do_l + offs_d[None, :] * stride_do_d  # (BLOCK_M, D)
-        if MASKED:
-            qT = tl.load(qT_ptrs, mask=offs_m[None, :] < Lq, other=0.0)
-            do = tl.load(do_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-            lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
-            delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
-        else:
-            qT = tl.load(qT_ptrs)
-            do = tl.load(do_ptrs)
-            lse = tl.load(lse_base + offs_m)
-            delta = tl.load(delta_base + offs_m)
-        if UPCAST:
-            qT = qT.to(tl.float32)
-            do = do.to(tl.float32)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 rows
+        qT = _load_rows(q_base, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST, MASKED, True)  # (D, BLOCK_M)
+        do = _load_rows(do_base, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED)  # (BLOCK_M, D)
+        lse2, delta = _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
         if MASKED:
@@ -354,7 +363,7 @@ def _attention_bwd_dkdv_inner(
             pT = tl.where(visible, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPdᵀ = V dOᵀ
         if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, dropout_p)
+            keepT = dropout_keep(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, dropout_p)
             rp = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keepT, pT * rp, 0.0)  # (P∘Z·r)ᵀ
             dpT = tl.where(keepT, dpT * rp, 0.0)  # dPᵀ
@@ -386,23 +395,13 @@ def _attention_bwd_dkdv_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_n, pid_bh, b, h = _program(H, BLOCK_N)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
-
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    kv_rows = offs_n[:, None] < klen
-    k_ptrs = _tile(k_ptr + b * stride_k_b + h * stride_k_h, offs_n, offs_d, stride_k_l, stride_k_d)
-    k = tl.load(k_ptrs, mask=kv_rows, other=0.0)
-    v_ptrs = _tile(v_ptr + b * stride_v_b + h * stride_v_h, offs_n, offs_d, stride_v_l, stride_v_d)
-    v = tl.load(v_ptrs, mask=kv_rows, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = _load_rows(k_ptr + b * stride_k_b + h * stride_k_h, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST)
+    v = _load_rows(v_ptr + b * stride_v_b + h * stride_v_h, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST)
 
     # Query blocks [m_lo, qlen) can see this key block (none if it lies past key_lengths).
     # Masking is needed in [m_lo, m_mid) (the causal diagonal; everything if the key block is
@@ -442,11 +441,8 @@ def _attention_bwd_dkdv_kernel(
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
     )
     dk = dk * sm_scale
-    out_rows = offs_n[:, None] < Lk
-    dk_ptrs = _tile(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d)
-    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_rows)
-    dv_ptrs = _tile(dv_ptr + b * stride_dv_b + h * stride_dv_h, offs_n, offs_d, stride_dv_l, stride_dv_d)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_rows)
+    _store_rows(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d, Lk, dk)
+    _store_rows(dv_ptr + b * stride_dv_b + h * stride_dv_h, offs_n, offs_d, stride_dv_l, stride_dv_d, Lk, dv)
 
 
 @triton.jit
@@ -461,17 +457,8 @@ def _attention_bwd_dq_inner(
     """Key blocks [lo, hi) against one query block."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT_ptrs = k_base + offs_n[None, :] * stride_k_l + offs_d[:, None] * stride_k_d  # (D, BLOCK_N)
-        vT_ptrs = v_base + offs_n[None, :] * stride_v_l + offs_d[:, None] * stride_v_d  # (D, BLOCK_N)
-        if MASKED:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < klen, other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            vT = vT.to(tl.float32)
+        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
+        vT = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])  # P
         if MASKED:
@@ -481,7 +468,7 @@ def _attention_bwd_dq_inner(
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dPd = dO Vᵀ
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
+            keep = dropout_keep(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)  # dP
         ds = p * (dp - delta[:, None])  # dS
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)  # dQ += dS K
@@ -507,35 +494,15 @@ def _attention_bwd_dq_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // H
-    h = pid_bh % H
+    start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
-
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < Lq
-    q_ptrs = _tile(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d)
-    q = tl.load(q_ptrs, mask=rows, other=0.0)
-    do_ptrs = _tile(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d)
-    do = tl.load(do_ptrs, mask=rows, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse = tl.load(lse_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(delta_ptr + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-
-    # Same key-block bounds as the forward.
-    n_end = klen
-    n_full = klen
-    if IS_CAUSAL:
-        n_end = tl.minimum(n_end, start_m + BLOCK_M + shift)
-        n_full = tl.minimum(n_full, start_m + 1 + shift)
-    n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
-    n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
+    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
+    do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST)
+    lse2, delta = _lse2_delta(lse_ptr + pid_bh * Lq, delta_ptr + pid_bh * Lq, offs_m, Lq, True)
+    n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)  # as the forward
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     k_base = k_ptr + b * stride_k_b + h * stride_k_h
@@ -552,8 +519,7 @@ def _attention_bwd_dq_kernel(
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
     )
     dq = dq * sm_scale
-    dq_ptrs = _tile(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d)
-    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=rows)
+    _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
 
 
 _fwd = triton.autotune(
@@ -654,7 +620,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     _fwd[grid](
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Lq, Lk, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
         **_flags(q, klen, qlen, causal, dropout_p),
     )
     return out, lse
@@ -685,7 +651,7 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     klen = key_lengths
     qlen = query_lengths
     common = (
-        H, Lq, Lk, scale, scale * LOG2E, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
     )
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
@@ -760,13 +726,7 @@ def attention(
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
-    if dropout_p > 0.0:
-        if seed is None:
-            seed, offset = philox_seed_offset()
-        else:
-            offset = 0
-    else:
-        seed, offset = 0, 0
+    seed, offset = dropout_seed_offset(dropout_p, seed)
     out, lse = AttentionFunction.apply(q, k, v, klen, qlen, causal, dropout_p, scale, seed, offset)
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_device, check_dtype, philox_seed_offset
+from ._common import check_device, check_dtype, dropout_seed_offset
 from .matmul import matmul, matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -158,10 +158,7 @@ def ffn(
     (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
-    if dropout_p > 0.0:
-        seed, rng_offset = (seed, 0) if seed is not None else philox_seed_offset()
-    else:
-        seed, rng_offset = 0, 0
+    seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     y, mask = FFNFunction.apply(
         x, w1, b1, w2, b2, activation, float(dropout_p), int(seed), int(rng_offset), bool(return_dropout_mask)
     )

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, upcast_dot
+from ._common import INTERPRET, check_device, check_dtype, dropout_keep, upcast_dot
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -136,6 +136,24 @@ def _tile_acc(
 
 
 @triton.jit
+def _program_tile(
+    a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """This program's output tile: the fp32 tile of A · B, its row-tile index pid_m, its rows
+    (int64, for the stride math) and columns, and the mask of the elements inside (M, N)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _tile_acc(
+        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
+        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return acc, pid_m, offs_m, offs_n, (offs_m[:, None] < M) & (offs_n[None, :] < N)
+
+
+@triton.jit
 def _gelu(h):
     return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
 
@@ -173,14 +191,10 @@ def _matmul_fwd_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _tile_acc(
-        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
-        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc, _, offs_m, offs_n, in_c = _program_tile(
+        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n,
+        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_offs = offs_m[:, None] * stride_c_m + offs_n[None, :] * stride_c_n
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
@@ -191,7 +205,7 @@ def _matmul_fwd_kernel(
     elif ACTIVATION == 2:
         acc = _gelu(acc)
     if HAS_DROPOUT:
-        keep = tl.rand(seed, rng_offset + offs_m[:, None] * N + offs_n[None, :]) >= dropout_p
+        keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)
         acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
         if STORE_MASK:
             tl.store(mask_ptr + c_offs, keep.to(tl.int8), mask=in_c)
@@ -222,15 +236,11 @@ def _matmul_dact_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _tile_acc(
-        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
-        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc, pid_m, offs_m, offs_n, in_c = _program_tile(
+        a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n,
+        EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    c_offs = offs_m[:, None] * N + offs_n[None, :]
+    c_offs = offs_m[:, None] * N + offs_n[None, :]  # c and aux are contiguous
     aux = tl.load(aux_ptr + c_offs, mask=in_c, other=0.0).to(tl.float32)
     if ACTIVATION == 1:
         # a = dropout(relu(h)) > 0  <=>  kept and h > 0: mask and derivative in one test.
@@ -238,7 +248,7 @@ def _matmul_dact_kernel(
     else:
         acc = acc * _gelu_grad(aux)
         if HAS_DROPOUT:
-            keep = tl.rand(seed, rng_offset + offs_m[:, None] * N + offs_n[None, :]) >= dropout_p
+            keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)  # as the forward
             acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
     acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)

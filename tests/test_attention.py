@@ -251,6 +251,24 @@ def _lowp_eager(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, 
     return torch.matmul(p, v)
 
 
+def _check_lowp(q, k, v, g, atol, **kw):
+    """Ours in q's dtype (out, dq, dk, dv for the upstream gradient g): each error vs an fp32
+    reference <= 2x the low-precision eager path's error (`_lowp_eager`) + atol."""
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = attention_ref(q32, k32, v32, **kw)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), g.float())
+    base = _lowp_eager(q, k, v, **kw)
+    base_grads = torch.autograd.grad(base, (q, k, v), g)
+    out = attention(q, k, v, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    assert out.dtype == q.dtype and all(t.dtype == q.dtype for t in grads)
+    rows = [("out", out, base, ref), *zip(["dq", "dk", "dv"], grads, base_grads, ref_grads, strict=True)]
+    for name, ours, lowp, r in rows:
+        err = report_diff(f"{name} ours", ours, r)
+        base_err = report_diff(f"{name} eager {q.dtype}", lowp, r)
+        assert err <= 2 * base_err + atol, f"{name}: {err} > 2 * {base_err} + {atol}"
+
+
 # Why these atols: the rule compares max errors, which can both be ~0 for tiny cases (Lk = 1
 # returns v exactly) while ours still rounds once on store; atol is one rounding of an O(1)
 # value: 2^-10 for fp16, 2^-7 for bf16 (output and gradients are O(1) with randn inputs).
@@ -269,19 +287,7 @@ def test_attention_low_precision(dtype, atol, Lq, Lk, causal, padded, D):
     kw = dict(causal=causal)
     if padded:
         kw.update(key_lengths=torch.tensor([Lk, 3], device=DEVICE), query_lengths=torch.tensor([Lq - 2, Lq], device=DEVICE))
-    g = torch.randn(2, 2, Lq, D, dtype=dtype, device=DEVICE)
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = attention_ref(q32, k32, v32, **kw)
-    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), g.float())
-    base = _lowp_eager(q, k, v, **kw)
-    base_grads = torch.autograd.grad(base, (q, k, v), g)
-    out = attention(q, k, v, **kw)
-    grads = torch.autograd.grad(out, (q, k, v), g)
-    assert out.dtype == dtype and all(t.dtype == dtype for t in grads)
-    for name, ours, lowp, r in [("out", out, base, ref)] + list(zip(["dq", "dk", "dv"], grads, base_grads, ref_grads)):
-        err = report_diff(f"{name} ours", ours, r)
-        base_err = report_diff(f"{name} eager {dtype}", lowp, r)
-        assert err <= 2 * base_err + atol, f"{name}: {err} > 2 * {base_err} + {atol}"
+    _check_lowp(q, k, v, torch.randn(2, 2, Lq, D, dtype=dtype, device=DEVICE), atol, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,17 +429,7 @@ def test_ops_triton_matches_eager(causal):
 def test_attention_large_cuda(Lq, Lk, D, causal, dtype, atol):
     q, k, v = leaves(*make_qkv(2, 4, Lq, Lk, D, dtype=dtype, layout="fused", device="cuda"))
     kw = dict(causal=causal, key_lengths=torch.tensor([Lk, Lk // 3 + 1], device="cuda"))
-    g = torch.randn(2, 4, Lq, D, dtype=dtype, device="cuda")
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = attention_ref(q32, k32, v32, **kw)
-    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), g.float())
-    base = _lowp_eager(q, k, v, **kw)
-    base_grads = torch.autograd.grad(base, (q, k, v), g)
-    out = attention(q, k, v, **kw)
-    grads = torch.autograd.grad(out, (q, k, v), g)
-    for name, ours, lowp, r in [("out", out, base, ref)] + list(zip(["dq", "dk", "dv"], grads, base_grads, ref_grads)):
-        err = report_diff(f"{name} ours", ours, r)
-        assert err <= 2 * report_diff(f"{name} eager", lowp, r) + atol
+    _check_lowp(q, k, v, torch.randn(2, 4, Lq, D, dtype=dtype, device="cuda"), atol, **kw)
 
 
 @requires_cuda

@@ -221,7 +221,7 @@ def test_hub_loading_maps_fields(monkeypatch):
             return []
 
     monkeypatch.setitem(__import__("sys").modules, "datasets", FakeDatasets)
-    monkeypatch.setattr(D, "local_folder", lambda name: None)  # pretend nothing is on disk
+    monkeypatch.setattr(D.datasets, "local_folder", lambda name: None)  # pretend nothing is on disk
     src = D.resolve_source("iwslt2017")
     assert (src.kind, src.task) == ("hub", "translation")
     rows = D.load_split(src, "validation")

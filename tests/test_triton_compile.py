@@ -2,7 +2,7 @@
 
 The rest of the suite runs the kernels in Triton's interpreter, which never lowers them, so it
 cannot see tl.dot shape/dtype constraints, layout failures, constexpr typing problems or autotune
-configs that overflow shared memory. `scratchformer.kernels._compile_check` compiles them ahead of
+configs that overflow shared memory. `tools/compile_check.py` compiles them ahead of
 time with Triton's compiler and bundled ptxas (see its docstring for what it compiles). It runs in
 a subprocess per op: conftest sets TRITON_INTERPRET=1 at import and `triton.jit` reads it when a
 kernel is defined, so the kernels must be imported in a fresh process without it.
@@ -17,8 +17,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent  # the repo root: `tools` is importable from there
 
 OPS = ["attention", "add_layer_norm", "matmul", "ffn"]
 
@@ -48,9 +51,9 @@ def test_kernels_compile_for_sm90_sm80(op, triton_cache):
     env["TRITON_CACHE_DIR"] = triton_cache
     full = os.environ.get("SCRATCHFORMER_COMPILE_CHECK") == "full"
     flags = ["--targets", "sm90,sm80"] if full else ["--targets", "sm90", "--dtypes", "bf16"]
-    cmd = [sys.executable, "-m", "scratchformer.kernels._compile_check", op, *flags]
+    cmd = [sys.executable, "-m", "tools.compile_check", op, *flags]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(proc.stdout)
     print(proc.stderr[-20000:], file=sys.stderr)
     print(f"{op}: compile check took {time.time() - t0:.1f}s")

@@ -1,5 +1,5 @@
 // CUDA kernels for scratchformer::embed_sinusoidal (formula, backward and accuracy notes in
-// csrc/embed.cpp). Only CUDA headers here, so nvcc compiles this file on a machine whose torch
+// csrc/embed.cpp; the sinusoid itself in csrc/sinusoid.h, shared with the CPU kernel). Only CUDA headers here, so nvcc compiles this file on a machine whose torch
 // has no CUDA; csrc/cuda/embed_cuda.cpp holds the torch side and calls the typed launchers below.
 //
 // Forward: thread (x, y) of a block owns the column pair (2i, 2i+1) and ROWS_PER_THREAD rows of
@@ -38,14 +38,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "../sinusoid.h"
+
 namespace scratchformer {
 namespace cuda {
 namespace {
 
-constexpr double kLn10000 = 9.210340371976184;    // log(10000)
-constexpr double kTwoOverPi = 0.6366197723675814;  // 2 / pi
-constexpr double kPio2Hi = 1.5707963267948966;     // pi / 2 rounded to double
-constexpr double kPio2Lo = 6.123233995736766e-17;  // pi / 2 - kPio2Hi
 constexpr int kRowsPerThread = 8;  // forward: rows per thread, amortising its exp(double)
 constexpr int kBwdCols = 4;         // backward: columns per thread
 
@@ -70,21 +68,8 @@ struct alignas(2 * sizeof(T)) Pair {
   T x, y;
 };
 
-// sin and cos of angle >= 0 to float accuracy. Keep in sync with sincos_angle in csrc/embed.cpp.
-__device__ __forceinline__ void sincos_angle(double angle, float* s, float* c) {
-  const double k = rint(angle * kTwoOverPi);
-  const float r = static_cast<float>((angle - k * kPio2Hi) - k * kPio2Lo);
-  const float z = r * r;
-  const float sr = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
-  const float cr =
-      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z -
-      0.5f * z + 1.0f;
-  const long long q = static_cast<long long>(k) & 3;
-  const float s0 = (q & 1) ? cr : sr;
-  const float c0 = (q & 1) ? sr : cr;
-  *s = (q & 2) ? -s0 : s0;
-  *c = ((q + 1) & 2) ? -c0 : c0;
-}
+using sinusoid::inv_freq;  // csrc/sinusoid.h: the formula, shared with the CPU kernel
+using sinusoid::sincos_angle;
 
 // out[r, :] = src[row(r), :] * scale (+ PE(pos_offset + r % L)), row(r) = tokens[r] if GATHER
 // else r. VEC: d even, row strides even and pointers 2-element aligned (the launcher checks).
@@ -103,7 +88,7 @@ __global__ void embed_sinusoidal_fwd_kernel(
   const int64_t c = 2 * i;
   if (c >= d) return;
   const bool has_y = c + 1 < d;  // false only for the last column of an odd d (no PE then)
-  const double freq = add_pe ? exp((-kLn10000 * static_cast<double>(c)) / static_cast<double>(d)) : 0.0;
+  const double freq = add_pe ? inv_freq(c, d) : 0.0;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y * kRowsPerThread + threadIdx.y;
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {

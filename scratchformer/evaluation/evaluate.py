@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .. import data as D
 from ..checkpoint import find_checkpoint, load_checkpoint
 from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
-from ..tokenizer import TokenizerPair
+from ..data.tokenizer import TokenizerPair
 from . import metrics as M
 
 

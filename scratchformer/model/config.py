@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# Special token ids shared by the tokenizers, the data pipeline and decoding.
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# Special token ids shared by the tokenizers, the data pipeline and decoding: the tokenizer fixes them.
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import data as D
 from ..model import PRESETS, ModelConfig, get_config
-from ..tokenizer import BPETokenizer, TokenizerPair
+from ..data.tokenizer import BPETokenizer, TokenizerPair
 from .config import TrainConfig
 from .distributed import Dist
 from .runs import Logger

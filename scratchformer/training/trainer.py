@@ -26,7 +26,7 @@ from .. import data as D
 from ..checkpoint import find_checkpoint, load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
 from ..model import ModelConfig, build_model, count_parameters
-from ..tokenizer import TokenizerPair
+from ..data.tokenizer import TokenizerPair
 from .build import TrainData, build_data, model_config
 from .config import TrainConfig, resumed
 from .distributed import Dist, setup_distributed, wrap_ddp

@@ -1,11 +1,11 @@
-"""Data: the three tasks, their sources, the embedded synthetic task, encoding and batching.
+"""Data sources: the three tasks, their files, the hub, and the embedded synthetic task.
 
 Every source is read into a list of `Example(src, tgt, id)`:
 - translation:    src = source sentence, tgt = target sentence;
 - summarization:  src = document,        tgt = summary;
 - classification: src = text,            tgt = integer label.
 
-Sources, in the order `load_splits` tries them:
+Sources, in the order `resolve_source` tries them:
 1. ``synthetic`` (the default): a generated, seeded corpus that needs no download; see
    `synthetic_examples`. It is a smoke task, not a benchmark.
 2. a local folder (``--data DIR``, or a folder named like ``--dataset`` under ``$SCRATCHFORMER_DATA``,
@@ -14,12 +14,8 @@ Sources, in the order `load_splits` tries them:
    summarization ``{"id","document","summary"}``, classification ``{"text","label"}``.
 3. a Hugging Face hub name (`HUB`), loaded lazily with ``datasets.load_dataset`` (online only).
 
-Malformed input raises `DataError` naming the file and line. Over-long sequences are truncated
-(see `encode_examples`) and counted.
-
-Batches (`Batch`) hold src (B, Ls), src_lengths (B,), tgt_in = BOS + y and tgt_out = y + EOS
-(B, Lt), tgt_lengths (B,) for seq2seq, or src + labels (B,) for classification; all int64,
-right-padded with PAD. `BucketBatchSampler` forms them by token budget or sentence count.
+Malformed input raises `DataError` naming the file and line. Encoding and batching are in
+`batching.py`, the tokenizers in `tokenizer.py`.
 """
 
 from __future__ import annotations
@@ -31,12 +27,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
-
-import numpy as np
-import torch
-
-from .model.config import BOS_ID, EOS_ID, PAD_ID
+from typing import Iterable
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")
@@ -171,19 +162,20 @@ def _read_tsv(path: Path, task: str, limit: int | None):
             if header is not None:
                 if len(row) != len(header):
                     raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated columns, got {len(row)}")
-                rec = dict(zip(header, row))
+                rec = dict(zip(header, row, strict=True))
             else:
                 if len(row) != 2:
                     raise DataError(
                         f"{path}:{lineno}: expected 2 tab-separated columns ({fields[0]}, {fields[1]}) "
                         f"or a header row naming them, got {len(row)} columns"
                     )
-                rec = dict(zip(fields, row))
+                rec = dict(zip(fields, row, strict=True))
             if task == "classification":
                 try:
                     rec["label"] = int(rec["label"])
                 except ValueError:
-                    raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {rec['label']!r}") from None
+                    got = rec["label"]
+                    raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {got!r}") from None
             out.append(_check_record(rec, task, f"{path}:{lineno}"))
             if limit is not None and len(out) >= limit:
                 break
@@ -302,7 +294,8 @@ def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example
             a, b = spec["translation"]
             rec = {"src": rec["translation"][a], "tgt": rec["translation"][b]}
         else:
-            rec = {FIELDS[spec["task"]][0]: rec[spec["src"]], FIELDS[spec["task"]][1]: rec[spec["tgt"]], "id": rec.get("id")}
+            src_f, tgt_f = FIELDS[spec["task"]]
+            rec = {src_f: rec[spec["src"]], tgt_f: rec[spec["tgt"]], "id": rec.get("id")}
         out.append(_check_record(rec, spec["task"], f"{spec['path']}[{split}] row {i}"))
         if limit is not None and len(out) >= limit:
             break
@@ -376,233 +369,6 @@ def carve_validation(train: list[Example], fraction: float, seed: int) -> tuple[
     val_idx = set(idx[:n_val])
     return [e for i, e in enumerate(train) if i not in val_idx], [train[i] for i in sorted(val_idx)]
 
-
-# ---------------------------------------------------------------------------------------------
-# Encoding
-# ---------------------------------------------------------------------------------------------
-
-
-class EncodedDataset(torch.utils.data.Dataset):
-    """Token ids per example (int32 numpy arrays); item i is (i, src, tgt or label)."""
-
-    def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray] | list[int], task: str):
-        if len(src) != len(tgt):
-            raise ValueError(f"src and tgt counts differ: {len(src)} vs {len(tgt)}")
-        self.src, self.tgt, self.task = src, tgt, task
-        self.refs: list[str] | None = None  # reference texts, for scoring decoded outputs
-
-    def __len__(self):
-        return len(self.src)
-
-    def __getitem__(self, i):
-        return i, self.src[i], self.tgt[i]
-
-    def lengths(self) -> np.ndarray:
-        """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens)."""
-        s = np.fromiter((len(x) for x in self.src), dtype=np.int64, count=len(self.src))
-        if self.task == "classification":
-            return s
-        t = np.fromiter((len(y) + 1 for y in self.tgt), dtype=np.int64, count=len(self.tgt))
-        return np.maximum(s, t)
-
-
-@dataclass
-class TruncationStats:
-    examples: int = 0
-    src_truncated: int = 0
-    tgt_truncated: int = 0
-
-    def __str__(self):
-        def pct(n):
-            return f"{n} ({100.0 * n / max(1, self.examples):.1f}%)"
-
-        return f"{self.examples} examples, src truncated {pct(self.src_truncated)}, tgt truncated {pct(self.tgt_truncated)}"
-
-
-def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
-                    max_tgt_len: int = 256) -> tuple[EncodedDataset, TruncationStats]:
-    """Tokenize examples. Truncation policy (counted in the returned stats):
-
-    - seq2seq source: the first ``max_src_len - 1`` tokens, then EOS (so <= max_src_len);
-    - seq2seq target y: the first ``max_tgt_len - 1`` tokens, so tgt_in = BOS + y and
-      tgt_out = y + EOS have at most ``max_tgt_len`` tokens;
-    - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]).
-    """
-    if max_src_len < 2 or (task != "classification" and max_tgt_len < 2):
-        raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
-    stats = TruncationStats(examples=len(examples))
-    src_ids = src_tok.encode_batch([e.src for e in examples])
-    src_out = []
-    for ids in src_ids:
-        if task == "classification":
-            if len(ids) > max_src_len:
-                stats.src_truncated += 1
-                ids = ids[:max_src_len]
-            if not ids:
-                ids = [EOS_ID]  # an empty text still needs one token to attend to besides [CLS]
-        else:
-            if len(ids) > max_src_len - 1:
-                stats.src_truncated += 1
-                ids = ids[: max_src_len - 1]
-            ids = ids + [EOS_ID]
-        src_out.append(np.asarray(ids, dtype=np.int32))
-    if task == "classification":
-        return EncodedDataset(src_out, [int(e.tgt) for e in examples], task), stats
-    tgt_out = []
-    for ids in (tgt_tok or src_tok).encode_batch([e.tgt for e in examples]):
-        if len(ids) > max_tgt_len - 1:
-            stats.tgt_truncated += 1
-            ids = ids[: max_tgt_len - 1]
-        tgt_out.append(np.asarray(ids, dtype=np.int32))
-    dataset = EncodedDataset(src_out, tgt_out, task)
-    dataset.refs = [e.tgt for e in examples]
-    return dataset, stats
-
-
-# ---------------------------------------------------------------------------------------------
-# Batching
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Batch:
-    """One batch; all tensors int64, right-padded with PAD. tgt_* are None for classification."""
-
-    ids: torch.Tensor  # (B,) example indices in the dataset
-    src: torch.Tensor  # (B, Ls)
-    src_lengths: torch.Tensor  # (B,)
-    tgt_in: torch.Tensor | None = None  # (B, Lt) BOS + y
-    tgt_out: torch.Tensor | None = None  # (B, Lt) y + EOS
-    tgt_lengths: torch.Tensor | None = None  # (B,)
-    labels: torch.Tensor | None = None  # (B,) classification
-
-    def _map(self, fn):
-        return Batch(**{k: (None if v is None else fn(v)) for k, v in self.__dict__.items()})
-
-    def to(self, device, non_blocking: bool = False) -> "Batch":
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> "Batch":  # DataLoader(pin_memory=True) calls this on custom types
-        return self._map(lambda t: t.pin_memory())
-
-    def __len__(self):
-        return self.src.shape[0]
-
-    @property
-    def num_tgt_tokens(self) -> int:
-        return int(self.tgt_lengths.sum()) if self.tgt_lengths is not None else len(self)
-
-
-def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int | None = None):
-    extra = (prefix is not None) + (suffix is not None)
-    lengths = torch.tensor([len(s) + extra for s in seqs], dtype=torch.int64)
-    out = torch.full((len(seqs), int(lengths.max())), PAD_ID, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        row = list(s)
-        if prefix is not None:
-            row = [prefix] + row
-        if suffix is not None:
-            row = row + [suffix]
-        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.int64)
-    return out, lengths
-
-
-def collate(items) -> Batch:
-    """items: [(index, src ids, tgt ids or int label)] -> Batch with dynamic (per-batch) padding."""
-    ids = torch.tensor([it[0] for it in items], dtype=torch.int64)
-    src, src_lengths = _pad([it[1] for it in items])
-    if isinstance(items[0][2], (int, np.integer)):
-        return Batch(ids, src, src_lengths, labels=torch.tensor([int(it[2]) for it in items], dtype=torch.int64))
-    tgt_in, tgt_lengths = _pad([it[2] for it in items], prefix=BOS_ID)
-    tgt_out, _ = _pad([it[2] for it in items], suffix=EOS_ID)
-    return Batch(ids, src, src_lengths, tgt_in, tgt_out, tgt_lengths)
-
-
-class BucketBatchSampler:
-    """Batches of example indices by token budget and/or sentence count, with length bucketing.
-
-    Each epoch: a seeded permutation (or the identity when not shuffling), cut into pools of
-    `pool_batches` batches' worth of examples; each pool sorted by length and cut greedily into
-    batches whose padded size ``B * max_len`` stays within `max_tokens` (an example longer than
-    the budget gets a batch of its own) and whose ``B <= batch_size``; then batch order is shuffled.
-    Every example appears exactly once per epoch. With ``num_replicas > 1`` the batch list is
-    padded by repeating its first batches up to a multiple of num_replicas (like
-    DistributedSampler) and rank r takes batches r, r + R, ...
-
-    `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
-    """
-
-    def __init__(self, lengths: Sequence[int], *, batch_size: int | None = None, max_tokens: int | None = None,
-                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0, pool_batches: int = 50):
-        if batch_size is None and max_tokens is None:
-            raise ValueError("give batch_size, max_tokens or both")
-        if batch_size is not None and batch_size < 1 or max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"batch_size and max_tokens must be positive, got {batch_size}, {max_tokens}")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} must be in [0, {num_replicas})")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.batch_size, self.max_tokens = batch_size, max_tokens
-        self.shuffle, self.seed = shuffle, seed
-        self.num_replicas, self.rank, self.pool_batches = num_replicas, rank, pool_batches
-        self.epoch, self.start = 0, 0
-        self._cache: tuple[int, list[list[int]]] | None = None
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def _all_batches(self, epoch: int) -> list[list[int]]:
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        n = len(self.lengths)
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        mean_len = max(1.0, float(self.lengths.mean())) if n else 1.0
-        per_batch = self.batch_size or max(1, int(self.max_tokens // mean_len))
-        pool = max(1, per_batch * self.pool_batches)
-        batches: list[list[int]] = []
-        for p0 in range(0, n, pool):
-            chunk = order[p0 : p0 + pool]
-            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
-            cur: list[int] = []
-            cur_max = 0
-            for i in chunk.tolist():
-                L = int(self.lengths[i])
-                new_max = max(cur_max, L)
-                too_many = self.batch_size is not None and len(cur) + 1 > self.batch_size
-                too_big = self.max_tokens is not None and (len(cur) + 1) * new_max > self.max_tokens
-                if cur and (too_many or too_big):
-                    batches.append(cur)
-                    cur, new_max = [], L
-                cur.append(i)
-                cur_max = new_max
-            if cur:
-                batches.append(cur)
-        if self.shuffle:
-            perm = rng.permutation(len(batches))
-            batches = [batches[j] for j in perm]
-        if self.num_replicas > 1:
-            total = -(-len(batches) // self.num_replicas) * self.num_replicas
-            batches = batches + batches[: total - len(batches)]
-            batches = batches[self.rank :: self.num_replicas]
-        self._cache = (epoch, batches)
-        return batches
-
-    def __iter__(self):
-        yield from self._all_batches(self.epoch)[self.start :]
-
-    def __len__(self):
-        return len(self._all_batches(self.epoch)) - self.start
-
-    def batches_per_epoch(self, epoch: int = 0) -> int:
-        return len(self._all_batches(epoch))
-
-
-def make_loader(dataset: EncodedDataset, sampler: BucketBatchSampler, *, num_workers: int = 0,
-                pin_memory: bool = False) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
-        pin_memory=pin_memory, persistent_workers=False,
-    )
 
 
 def texts_for_tokenizer(examples: Iterable[Example], side: str) -> Iterable[str]:

@@ -18,8 +18,9 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
+# The special tokens' fixed ids: the tokenizer owns them; the model config takes its defaults
+# (pad id, BOS for decoding) from here.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID, "<unk>": UNK_ID}
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special tokens
 

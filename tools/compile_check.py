@@ -1,11 +1,11 @@
-"""Ahead-of-time compile check of every Triton kernel in this package for real NVIDIA GPUs.
+"""Ahead-of-time compile check of every Triton kernel in `kernels/` for real NVIDIA GPUs.
 
 CI has no GPU and runs the kernels only in Triton's interpreter, which never lowers a kernel: it
 misses tl.dot shape/dtype constraints, layout and encoding failures, constexpr typing problems and
 autotune configs that need more shared memory than the chip has. This module compiles the kernels
 with Triton's own compiler and its bundled ptxas for sm_90 (H100) and sm_80 (A100), no GPU needed:
 
-    python -m scratchformer.kernels._compile_check [op ...] [--targets sm90,sm80] [--jobs 2]
+    python -m tools.compile_check [op ...] [--targets sm90,sm80] [--jobs 2]     (from the repo root)
 
 ops: attention, add_layer_norm, matmul, ffn (default: all). Exit status 0 when everything
 compiled and fits; 1 otherwise. TRITON_INTERPRET must not be "1" when the kernels are imported
@@ -74,7 +74,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.autotuner import Autotuner, Heuristics  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
-PKG = __package__ or "scratchformer.kernels"
+PKG = "scratchformer.kernels"  # the package whose kernels are checked (this tool lives outside it)
 
 # Per-block shared memory a kernel may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 TARGETS = {

@@ -1,0 +1,68 @@
+"""Data: sources (`datasets`), byte-level BPE tokenizers (`tokenizer`), encoding and batching
+(`batching`). It feeds training and imports nothing of the model or of training.
+
+    source = resolve_source("multi30k")                 # synthetic, a local folder, or the hub
+    train = load_split(source, "train")                 # [Example(src, tgt, id)]
+    toks = TokenizerPair(BPETokenizer.train(texts_for_tokenizer(train, "both"), 8000))
+    ds, stats = encode_examples(train, source.task, toks.src, toks.tgt)
+    loader = make_loader(ds, BucketBatchSampler(ds.lengths(), max_tokens=4096))   # Batch objects
+"""
+
+from .batching import (
+    Batch,
+    BucketBatchSampler,
+    EncodedDataset,
+    TruncationStats,
+    collate,
+    encode_examples,
+    make_loader,
+)
+from .datasets import (
+    DE_NUMBERS,
+    DEFAULT_TASK,
+    EN_NUMBERS,
+    EXTENSIONS,
+    FIELDS,
+    HUB,
+    LOCAL_NAMES,
+    SPLITS,
+    SYNTHETIC_SIZES,
+    TASKS,
+    DataError,
+    DataSource,
+    Example,
+    carve_validation,
+    find_split_file,
+    has_split,
+    infer_task,
+    label_names,
+    load_hub,
+    load_split,
+    local_folder,
+    read_split,
+    resolve_source,
+    synthetic_examples,
+    texts_for_tokenizer,
+)
+from .tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    MIN_VOCAB,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    BPETokenizer,
+    TokenizerPair,
+)
+
+__all__ = [
+    # datasets
+    "TASKS", "SPLITS", "EXTENSIONS", "FIELDS", "HUB", "LOCAL_NAMES", "DEFAULT_TASK", "EN_NUMBERS", "DE_NUMBERS",
+    "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "find_split_file", "read_split",
+    "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
+    "carve_validation", "texts_for_tokenizer",
+    # tokenizer
+    "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB", "BPETokenizer", "TokenizerPair",
+    # batching
+    "EncodedDataset", "TruncationStats", "encode_examples", "Batch", "collate", "BucketBatchSampler", "make_loader",
+]
