@@ -16,7 +16,15 @@ KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_
 STAMP := $(VENV)/.scratchformer-installed
 EXT_SOURCES := setup.py $(wildcard csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)
 
-.PHONY: install train test test-triton-min cuda-check compile-check bench clean
+# What the GPU machines lack, as wheels for carrying (scripts/gpu/README.md): rouge-score (an sdist
+# on PyPI, built into a pure-Python wheel here) and the dependencies they do not have (nltk needs
+# defusedxml; absl-py, six, click, joblib, regex, tqdm are there). WHEELS_FROM=DIR takes them from a
+# local folder instead of the registry (e.g. ../shared/gpu-wheels).
+WHEEL_DIR := .whl
+GPU_WHEELS ?= rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1
+WHEELS_FROM ?=
+
+.PHONY: install train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -66,8 +74,19 @@ test-triton-min: install $(TRITON_MIN_DIR)/.installed
 	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -m pytest $(KERNEL_TESTS) -p no:cacheprovider \
 		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
 
+wheels: $(PY)
+	mkdir -p $(WHEEL_DIR)
+	$(PY) -m pip wheel -q --no-deps -w $(WHEEL_DIR) $(if $(WHEELS_FROM),--no-index --find-links $(WHEELS_FROM)) $(GPU_WHEELS)
+	@for w in $(WHEEL_DIR)/*.whl; do case $$w in *-py3-none-any.whl|*-py2.py3-none-any.whl) ;; \
+		*) echo "not pure Python, will not install on the GPU machine's Python 3.12: $$w"; exit 1;; esac; done
+	@ls -l $(WHEEL_DIR)
+
+# Every step of the GPU plan on this CPU machine (tests/test_gpu_plan.py does the same in `make test`).
+gpu-dry-run: install
+	@for s in scripts/gpu/[0-9][0-9]_*.sh; do GPU_DRY_RUN=1 OUT=gpu_out/dry PY=$(abspath $(PY)) bash $$s || exit 1; done
+
 bench: install
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TRITON_MIN_DIR) build *.egg-info scratchformer/_C*.so
+	rm -rf $(VENV) $(TRITON_MIN_DIR) build *.egg-info scratchformer/_C*.so gpu_out

@@ -1,5 +1,5 @@
 """Build scratchformer: the Python package, the Triton kernels (kernels/ -> scratchformer.kernels)
-and the C++/CUDA extension scratchformer._C (csrc/).
+and the C++/CUDA extension scratchformer._C (csrc/). Package metadata is in pyproject.toml.
 
 The extension is C++ always; its CUDA sources (csrc/cuda/) are added when the installed torch
 has CUDA and nvcc is found. Build without isolation so the installed torch is used:
@@ -13,7 +13,13 @@ import shutil
 
 from setuptools import setup
 
-import torch
+try:
+    import torch
+except ImportError as err:  # an isolated build (pyproject.toml leaves torch out of build requires)
+    raise SystemExit(
+        "scratchformer builds its extension against the installed torch: install torch first, then build "
+        "without isolation: pip install --no-build-isolation -e ."
+    ) from err
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -38,9 +44,6 @@ if use_cuda:
 Extension = CUDAExtension if use_cuda else CppExtension
 
 setup(
-    name="scratchformer",
-    version="0.1.0",
-    description="A Transformer from scratch whose hot paths run on our own Triton and CUDA kernels",
     packages=["scratchformer", "scratchformer.data", "scratchformer.evaluation", "scratchformer.kernels",
               "scratchformer.model", "scratchformer.training"],
     package_dir={"scratchformer": "scratchformer", "scratchformer.kernels": "kernels"},
@@ -55,14 +58,4 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "tqdm", "tokenizers", "sacrebleu", "rouge-score", "matplotlib", "safetensors"],
-    extras_require={
-        "triton": ["triton>=3.6"],
-        "hub": ["datasets"],
-        "parquet": ["pyarrow"],
-        "tensorboard": ["tensorboard"],
-        "test": ["pytest", "pytest-benchmark", "hypothesis"],
-    },
-    entry_points={"console_scripts": ["scratchformer-train=scratchformer.train:main"]},
 )

@@ -24,6 +24,12 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+# SCRATCHFORMER_AUTOTUNE=0 pins one GPU-sized config per autotuned kernel (each op file names its
+# own): no candidate is benchmarked and each specialisation compiles once. For GPU tests and smoke
+# runs, where tuning would cost more than it saves (scripts/gpu/). Read at import, like INTERPRET;
+# the interpreter always uses its one small config.
+AUTOTUNE: bool = os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0"
+
 
 def _version(text: str) -> tuple[int, ...]:
     """(major, minor) of a version string such as "3.6.0" or "2.3.0.dev0+g1234"."""

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    AUTOTUNE,
     INTERPRET,
     LOG2E,
     attention_key_bounds,
@@ -107,9 +108,12 @@ def _fp32_pruner(n_resident, resident_block):
     return prune
 
 
-def _configs(blocks_m, blocks_n, resident):
+def _configs(blocks_m, blocks_n, resident, pinned):
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
+    if not AUTOTUNE:  # pinned (BLOCK_M, BLOCK_N, warps, stages): passes keep(), fp32 at HEAD_DIM 128 fits sm_80
+        bm, bn, w, s = pinned
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)]
     cands = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "RESIDENT": resident}, num_warps=w, num_stages=s)
         for bm in blocks_m
@@ -125,6 +129,11 @@ def _configs(blocks_m, blocks_n, resident):
 
 # Lengths are bucketed to powers of two for the key so variable-length batches don't re-tune.
 _KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL"]
+# Integer arguments Triton would otherwise specialise on (== 1, % 16): every new sequence length,
+# head count, seed or offset would compile anew (tests/test_compile_budget.py counts this). Lengths
+# only bound masks and loops, so the specialisation buys nothing; strides keep theirs (== 1 and
+# 16-alignment feed vectorised loads, and they are stable across batches).
+_DNS = ["H", "Lq", "Lk", "seed", "rng_offset", "LQ_KEY", "LK_KEY"]
 
 
 @triton.jit
@@ -240,7 +249,7 @@ def _attention_fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DNS)
 def _attention_fwd_kernel(
     q_ptr,  # (B, H, Lq, D) queries
     k_ptr,  # (B, H, Lk, D) keys
@@ -299,7 +308,7 @@ def _attention_fwd_kernel(
     tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Lq", "Lk", "seed", "rng_offset"])
 def _dropout_mask_kernel(
     mask_ptr,  # (B, H, Lq, Lk) int8 keep mask, contiguous (debug path)
     Lq, Lk, dropout_p, seed, rng_offset,
@@ -319,7 +328,7 @@ def _dropout_mask_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "Lq"])
 def _attention_bwd_preprocess_kernel(
     o_ptr,  # (B, H, Lq, D) forward output
     do_ptr,  # (B, H, Lq, D) gradient of the output
@@ -375,7 +384,7 @@ def _attention_bwd_dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DNS)
 def _attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
     do_ptr,  # (B, H, Lq, D) gradient of the output
@@ -475,7 +484,7 @@ def _attention_bwd_dq_inner(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DNS)
 def _attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
     do_ptr,  # (B, H, Lq, D) gradient of the output
@@ -523,13 +532,16 @@ def _attention_bwd_dq_kernel(
 
 
 _fwd = triton.autotune(
-    _configs((64, 128), (32, 64, 128), "M"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(1, "M")}
+    _configs((64, 128), (32, 64, 128), "M", pinned=(64, 64, 4, 2)), key=_KEY,
+    prune_configs_by={"early_config_prune": _fp32_pruner(1, "M")},
 )(_attention_fwd_kernel)
 _bwd_dkdv = triton.autotune(
-    _configs((32, 64), (64, 128), "N"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(2, "N")}
+    _configs((32, 64), (64, 128), "N", pinned=(32, 64, 4, 2)), key=_KEY,
+    prune_configs_by={"early_config_prune": _fp32_pruner(2, "N")},
 )(_attention_bwd_dkdv_kernel)
 _bwd_dq = triton.autotune(
-    _configs((64, 128), (32, 64), "M"), key=_KEY, prune_configs_by={"early_config_prune": _fp32_pruner(2, "M")}
+    _configs((64, 128), (32, 64), "M", pinned=(64, 32, 4, 2)), key=_KEY,
+    prune_configs_by={"early_config_prune": _fp32_pruner(2, "M")},
 )(_attention_bwd_dq_kernel)
 
 
@@ -599,7 +611,9 @@ def _flags(q, klen, qlen, causal, dropout_p):
 
 
 def _keys(Lq, Lk):
-    return triton.next_power_of_2(max(Lq, 1)), triton.next_power_of_2(max(Lk, 1))
+    """Autotune keys: lengths bucketed to powers of two, at least 64 (every config's tiles are 32 to
+    128, so shorter lengths, decoding's single query among them, are all one or two tiles)."""
+    return max(triton.next_power_of_2(Lq), 64), max(triton.next_power_of_2(Lk), 64)
 
 
 def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0,

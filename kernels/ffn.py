@@ -50,7 +50,7 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"ffn: activation must be 'relu' or 'gelu', got {activation!r}")
     if x.dim() < 1:
-        raise ValueError(f"ffn: x must be (..., d_model), got a scalar")
+        raise ValueError("ffn: x must be (..., d_model), got a scalar")
     d_model = x.shape[-1]
     if w1.dim() != 2 or w1.shape[1] != d_model:
         raise ValueError(f"ffn: w1 must be (d_ff, {d_model}) for x's d_model {d_model}, got {tuple(w1.shape)}")

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, dropout_keep, upcast_dot
+from ._common import AUTOTUNE, INTERPRET, check_device, check_dtype, dropout_keep, upcast_dot
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -72,6 +72,8 @@ def _prune_by_dtype(configs, nargs, **kwargs):
 def _configs() -> list[triton.Config]:
     if INTERPRET:  # one small tile: the interpreter runs every program in numpy
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=1)]
+    if not AUTOTUNE:  # SCRATCHFORMER_AUTOTUNE=0: one tile that passes keep() at fp32 too (96 KiB of stages)
+        return [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=4)]
     grid = itertools.product((64, 128), (64, 128, 256), (32, 64), (3, 4), (4, 8))
     configs = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
@@ -81,6 +83,10 @@ def _configs() -> list[triton.Config]:
 
 
 CONFIGS = _configs()
+# M (the token count) changes with every batch: the key buckets it (M_BUCKET) and neither it nor the
+# bucket, the seed or the offset is specialised on (each new value would compile anew); N and K are
+# model dims, fixed in a run, and keep their 16-alignment specialisation (vectorised loads, EVEN_K).
+_DNS = ["M", "M_BUCKET", "seed", "rng_offset"]
 MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS)
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +173,7 @@ def _gelu_grad(h):
 
 @triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune_by_dtype})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=_DNS)
 def _matmul_fwd_kernel(
     a_ptr,  # (M, K) any strides
     b_ptr,  # (K, N) any strides
@@ -217,7 +223,7 @@ def _matmul_fwd_kernel(
     prune_configs_by={"early_config_prune": _prune_by_dtype},
 )
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=_DNS)
 def _matmul_dact_kernel(
     a_ptr,  # (M, K) upstream gradient, any strides
     b_ptr,  # (K, N) any strides
@@ -280,6 +286,11 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
+def _m_bucket(M):
+    """M_BUCKET, the autotune key of the row count: next_power_of_2(M), at least 128 (the largest BLOCK_M)."""
+    return max(triton.next_power_of_2(M), 128)
+
+
 def _grid(M, N):
     return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
@@ -319,7 +330,7 @@ def matmul(
         _matmul_fwd_kernel[_grid(M, N)](
             a, b, c, bias if bias is not None else c, pre if pre is not None else c,
             mask if mask is not None else c,
-            M, N, K, triton.next_power_of_2(M),
+            M, N, K, _m_bucket(M),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
             dropout_p, seed, rng_offset,
             HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=has_dropout,
@@ -366,7 +377,7 @@ def matmul_dact(
     partial = torch.zeros((max(triton.cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
     if M > 0 and N > 0:
         _matmul_dact_kernel[_grid(M, N)](
-            a, b, dh, aux, partial, M, N, K, triton.next_power_of_2(M),
+            a, b, dh, aux, partial, M, N, K, _m_bucket(M),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             dropout_p, seed, rng_offset,
             ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,

@@ -131,13 +131,14 @@ def test_bad_data_is_a_clear_error(tmp_path):
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None, reason="torchrun not found")
 def test_torchrun_ddp_gloo_two_processes(tmp_path):
-    """DistributedDataParallel on CPU (gloo): 2 processes, 3 steps; rank 0 writes the run folder."""
+    """DistributedDataParallel on CPU (gloo): 2 processes, 3 steps; rank 0 writes the run folder.
+    `--device cpu`: on a one-GPU machine rank 1 would otherwise ask for cuda:1."""
     with socket.socket() as sock:  # a free port, so parallel test runs do not collide
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2", f"--master_port={port}",
            "-m", "scratchformer.train", *TINY, "--max-steps", "3", "--eval-every", "3", "--no-plots",
-           "--out", str(tmp_path / "ddp"), "--threads", "1"]
+           "--out", str(tmp_path / "ddp"), "--threads", "1", "--device", "cpu"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     print(p.stdout[-3000:], p.stderr[-3000:])

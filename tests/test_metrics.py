@@ -41,3 +41,26 @@ def test_lead3():
     assert M.lead3(doc) == "first one .\nsecond one !\nthird one ?"
     assert M.lead3("Amanda: hi\nJerry: hello\nAmanda: bye\nJerry: ok") == "Amanda: hi\nJerry: hello\nAmanda: bye"
     assert M.rouge([M.lead3(doc)], ["first one .\nsecond one !\nthird one ?"])["rougeLsum"] == pytest.approx(100.0)
+
+
+def test_rouge_names_the_package_when_rouge_score_is_missing(monkeypatch):
+    """The GPU machines lack rouge-score: importing the metrics (and the train CLI) must not need
+    it, and computing ROUGE must say which package to install."""
+    import subprocess
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rouge_score", None)  # `import rouge_score` now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install rouge-score"):
+        M.rouge(REFS, REFS)
+    assert M.bleu(REFS, REFS) == pytest.approx(100.0)  # the rest still works
+    # A fresh interpreter in which rouge_score cannot be imported at all imports the metrics and the
+    # command lines, and fails with the clear message only when ROUGE is asked for.
+    code = (
+        "import sys; sys.modules['rouge_score'] = None\n"
+        "import scratchformer.metrics as M, scratchformer.train, scratchformer.evaluate\n"
+        "assert 'rouge_score' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "try:\n    M.rouge(['a'], ['a'])\nexcept ImportError as e:\n    print('ERR', e)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "ERR ROUGE needs the rouge-score package" in p.stdout and "pip install rouge-score" in p.stdout

@@ -1,7 +1,9 @@
 """Corpus metrics on detokenized text: BLEU and chrF (sacrebleu), ROUGE-1/2/L/Lsum (rouge-score,
 Porter stemming on), exact match, accuracy, perplexity, and the Lead-3 summarization baseline.
 
-All scores are on a 0-100 scale except perplexity.
+All scores are on a 0-100 scale except perplexity. rouge-score is imported where ROUGE is computed,
+so this module (and the train / evaluate command lines) import without it: the GPU machines we are
+lent have sacrebleu but not rouge-score (see scripts/gpu/README.md for carrying it as a wheel).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import re
 from typing import Sequence
 
 import sacrebleu
-from rouge_score import rouge_scorer
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
@@ -34,11 +35,23 @@ def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score)
 
 
+def _rouge_scorer_module():
+    """rouge_score.rouge_scorer, or an ImportError that says how to install it."""
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError as err:
+        raise ImportError(
+            "ROUGE needs the rouge-score package, which is not installed: pip install rouge-score "
+            "(on a machine without network, carry its wheel and nltk's: make wheels)"
+        ) from err
+    return rouge_scorer
+
+
 def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
     """Mean F1 of ROUGE-1/2/L/Lsum with stemming. rougeLsum splits sentences on newlines, so
     multi-sentence texts should have one sentence per line (CNN/DM highlights do)."""
     _check(hyps, refs)
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    scorer = _rouge_scorer_module().RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_KEYS, 0.0)
     for h, r in zip(hyps, refs):
         scores = scorer.score(r, h)  # (target, prediction)

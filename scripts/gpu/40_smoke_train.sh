@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Step 40, estimate 2 min: bf16 training smoke runs on the embedded synthetic task, our kernels and
+# the eager reference from the same seed (300 steps each; pinned configs: about 20 compiles, see
+# tests/test_compile_budget.py). Both should reach about the same validation loss and exact match.
+source "$(dirname "$0")/prelude.sh"
+if [ "$DRY" = 1 ]; then  # CPU: the eager backend twice, 2 steps of a tiny model
+  KERNELS=${SMOKE_KERNELS:-"eager"}; STEPS=2; PREC=fp32
+  EXTRA=(--max-train-examples 64 --d-model 32 --heads 2 --layers 1 --d-ff 64 --eval-every 2 --max-valid-examples 4 --eval-decode-examples 2)
+else
+  KERNELS=${SMOKE_KERNELS:-"triton eager"}; STEPS=${SMOKE_STEPS:-300}; PREC=bf16; EXTRA=()
+fi
+for k in $KERNELS; do
+  run_cmd 240 "smoke_$k" "$PY" -m scratchformer.train --kernel "$k" --precision "$PREC" --max-steps "$STEPS" \
+    --seed 0 --out "$WORK/smoke-$k" --overwrite --no-progress --no-plots "${EXTRA[@]}"
+  rm -f "$WORK/smoke-$k"/*.pt  # checkpoints need not travel back
+done

@@ -1,0 +1,152 @@
+# Sourced first by every step of the GPU plan (scripts/gpu/README.md); idempotent, so a step can
+# run on a fresh machine or after another step on a warm one.
+#   - installs the carried wheels (.whl/, `make wheels`) into a target dir on PYTHONPATH
+#   - makes scratchformer importable from the checkout (kernels/ as scratchformer.kernels) and
+#     builds the extension, or reuses a matching one carried in .gpu_build/ or already in place
+#   - checks CUDA_HOME names a real toolkit (nvcc under it), prints the versions that matter
+#   - starts the step's work folder; `finish` (an EXIT trap) packs it into ONE archive in $OUT
+# GPU_DRY_RUN=1: the same commands on a CPU machine (make test runs them), GPU parts skipped,
+# short timeouts; the step scripts shrink their work with it.
+# shellcheck shell=bash
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 1
+STEP=$(basename "$0" .sh)
+DRY=${GPU_DRY_RUN:-0}
+if [ -z "${PY:-}" ]; then  # the checkout's virtualenv where there is one (make install), else the machine's python3
+  if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONUNBUFFERED=1
+export TRITON_CACHE_AUTOTUNING=1  # a warm machine's second run of a key reuses its tuning
+export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-0}  # tests and smoke runs: one config per kernel
+OUT=${OUT:-$REPO/gpu_out}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/$STEP.XXXXXX")
+mkdir -p "$OUT"
+T0=$(date +%s)
+exec > >(tee -a "$WORK/log.txt") 2>&1  # everything the step prints also travels back
+
+STATUS=0  # the step's exit status: the first failing command's (run_pytest, run_cmd)
+finish() {  # pack the step's outputs into one archive: the device returns at most 8 files
+  local rc=$?
+  [ "$rc" = 0 ] && rc=$STATUS
+  echo "== $STEP: exit $rc after $(( $(date +%s) - T0 )) s"
+  sleep 0.2  # let tee flush
+  tar czf "$OUT/$STEP.tar.gz" -C "$WORK" . && echo "== packed $OUT/$STEP.tar.gz ($(du -h "$OUT/$STEP.tar.gz" | cut -f1))"
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap finish EXIT
+
+# limit SECONDS: what a command may take: SECONDS, at most 120 in a dry run, and never past the
+# call's deadline (GPU_DEADLINE, set by run.sh) less 25 s for packing.
+limit() {
+  local s=$1 left
+  if [ "$DRY" = 1 ] && [ "$s" -gt 120 ]; then s=120; fi
+  if [ -n "${GPU_DEADLINE:-}" ]; then
+    left=$(( GPU_DEADLINE - $(date +%s) - 25 ))
+    if [ "$left" -lt "$s" ]; then s=$(( left > 10 ? left : 10 )); fi
+  fi
+  echo "$s"
+}
+
+# run_pytest SECONDS MAXFAIL NAME ARGS...: pytest under `timeout -s INT` (pytest then writes its
+# report and a --benchmark-json before exiting) with --maxfail, not -x, so one failure hides
+# nothing; its output is saved as NAME.txt and its junit XML as NAME.xml in the archive. A dry run
+# only collects (paths, -k selections and markers are checked; an empty selection fails).
+run_pytest() {
+  local secs maxfail name
+  secs=$(limit "$1"); maxfail=$2; name=$3; shift 3
+  [ "$DRY" = 1 ] && set -- --collect-only "$@"
+  echo "== $(date -u +%T) pytest $name (limit ${secs}s): $*"
+  timeout -s INT -k 20 "$secs" "$PY" -m pytest -p no:cacheprovider --maxfail="$maxfail" -q -rfEs \
+    --junitxml="$WORK/$name.xml" "$@" 2>&1 | tee "$WORK/$name.txt" | tail -40
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 124 ] && echo "== $name: TIMED OUT after ${secs}s (partial results kept)"
+  [ "$rc" != 0 ] && [ "$STATUS" = 0 ] && STATUS=$rc
+  return "$rc"
+}
+
+# run_cmd SECONDS NAME COMMAND...: any other command, under the same rules (output in NAME.txt).
+run_cmd() {
+  local secs name
+  secs=$(limit "$1"); name=$2; shift 2
+  echo "== $(date -u +%T) $name (limit ${secs}s): $*"
+  timeout -s INT -k 20 "$secs" "$@" > "$WORK/$name.txt" 2>&1
+  local rc=$?
+  tail -12 "$WORK/$name.txt"
+  [ "$rc" = 124 ] && echo "== $name: TIMED OUT after ${secs}s"
+  [ "$rc" != 0 ] && [ "$STATUS" = 0 ] && STATUS=$rc
+  return "$rc"
+}
+
+echo "== $(date -u) $STEP on $(hostname), dry run: $DRY, SCRATCHFORMER_AUTOTUNE=$SCRATCHFORMER_AUTOTUNE"
+
+# 1. carried wheels (rouge-score, nltk, defusedxml: `make wheels`) into a target dir
+SITE=${GPU_SITE:-${TMPDIR:-/tmp}/scratchformer-site}
+if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+  stamp=$(ls "$REPO"/.whl/*.whl | xargs -n1 basename | sort | tr '\n' ' ')
+  if [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$REPO"/.whl/*.whl && echo "$stamp" > "$SITE/.stamp" && echo "== installed wheels: $stamp"
+  fi
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+else
+  echo "== no carried wheels in .whl/ (make wheels); ROUGE tests fail where rouge-score is missing"
+fi
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+# 2. CUDA_HOME: torch guesses it from `which nvcc`, which can be a wrapper outside the toolkit
+cuda_ok() { [ -n "$1" ] && [ -x "$1/bin/nvcc" ] && [ -e "$1/include/cuda_runtime.h" ]; }
+if ! cuda_ok "${CUDA_HOME:-}"; then
+  nvcc_real=$(command -v nvcc >/dev/null && readlink -f "$(command -v nvcc)")
+  for cand in "${CUDA_HOME:-}" "${nvcc_real:+$(dirname "$(dirname "$nvcc_real")")}" /usr/local/cuda /usr/local/cuda-*; do
+    if cuda_ok "$cand"; then export CUDA_HOME=$cand; break; fi
+  done
+fi
+if cuda_ok "${CUDA_HOME:-}"; then
+  echo "== CUDA_HOME=$CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | tail -1))"
+elif [ "$DRY" = 1 ]; then
+  echo "== no CUDA toolkit (dry run: the extension builds for CPU only)"; unset CUDA_HOME
+else
+  echo "== WARNING: no CUDA toolkit with bin/nvcc and include/cuda_runtime.h found (CUDA_HOME=${CUDA_HOME:-unset}):"
+  echo "   the extension is built without its CUDA op"; export SCRATCHFORMER_NO_CUDA=1; unset CUDA_HOME
+fi
+
+# 3. the package from the checkout: kernels/ is scratchformer.kernels (setup.py's mapping)
+[ -e scratchformer/kernels ] || ln -s ../kernels scratchformer/kernels
+
+# 4. the extension: reuse one that loads (in place, or carried in .gpu_build/), else build it;
+# 5. the versions that matter (one python start for both: each costs seconds)
+versions() {
+  "$PY" - > "$WORK/env.txt" 2>&1 <<'EOF'
+import importlib.metadata as md
+import torch
+import scratchformer._C  # noqa: F401  (fails here when the extension is missing or stale)
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", gpu, "| extension", scratchformer._C.__file__)
+for dist in ("triton", "numpy", "pip", "setuptools", "rouge-score", "nltk", "sacrebleu", "tokenizers", "pytest"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        print(dist, "MISSING")
+EOF
+}
+if ! versions && compgen -G ".gpu_build/_C*.so" >/dev/null; then
+  cp .gpu_build/_C*.so scratchformer/ && versions && echo "== reusing the extension carried in .gpu_build/"
+fi
+if ! grep -q "| extension" "$WORK/env.txt"; then
+  echo "== $(date -u +%T) building the extension (setup.py build_ext --inplace)"
+  b0=$(date +%s)
+  "$PY" setup.py -q build_ext --inplace > "$WORK/build.txt" 2>&1 || { tail -30 "$WORK/build.txt"; exit 1; }
+  echo "== built in $(( $(date +%s) - b0 )) s"
+  versions || { cat "$WORK/env.txt"; exit 1; }
+fi
+cat "$WORK/env.txt"
+if [ "${PACK_EXT:-0}" = 1 ]; then  # step 00 sends the built extension back, for .gpu_build/
+  mkdir -p "$WORK/build" && cp scratchformer/_C*.so "$WORK/build/"
+fi
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$WORK/env.txt"
+else
+  echo "nvidia-smi: not found" | tee -a "$WORK/env.txt"
+fi
