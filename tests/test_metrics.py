@@ -57,7 +57,7 @@ def test_rouge_names_the_package_when_rouge_score_is_missing(monkeypatch):
     # command lines, and fails with the clear message only when ROUGE is asked for.
     code = (
         "import sys; sys.modules['rouge_score'] = None\n"
-        "import scratchformer.metrics as M, scratchformer.train, scratchformer.evaluate\n"
+        "import scratchformer.evaluation.metrics as M, scratchformer.train, scratchformer.evaluate\n"
         "assert 'rouge_score' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "try:\n    M.rouge(['a'], ['a'])\nexcept ImportError as e:\n    print('ERR', e)\n"
     )
