@@ -133,9 +133,7 @@ def simulate_training(steps: int, seed: int = 0) -> None:
     (bench/length_samples.json, clipped to 256 / 64, as bench_train_step does), so nearly every
     step brings new lengths and token counts; greedy decoding (KV cache: one query against 1, 2, ...
     keys) of the batch every 100 steps, as validation does."""
-    from scratchformer.config import get_config
-    from scratchformer.decoding import greedy_decode
-    from scratchformer.model import Transformer
+    from scratchformer.model import Transformer, get_config, greedy_decode
 
     _shape_only_eager()
     here = os.path.dirname(os.path.abspath(__file__))
