@@ -170,7 +170,9 @@ class Embedding(nn.Module):
         self.scale, self.pos_encoding = math.sqrt(d_model), pos_encoding
 
     def forward(self, tokens, *, pos_offset: int = 0, kernel: str):
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.weight.shape[0]):
+        # Data-dependent range checks are host syncs: skipped under torch.compile (no graph break);
+        # out-of-range ids then fail in the embedding itself.
+        if not _compiling() and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.weight.shape[0]):
             raise ValueError(
                 f"token ids must lie in [0, {self.weight.shape[0]}), got min {int(tokens.min())} "
                 f"max {int(tokens.max())}"
@@ -312,6 +314,11 @@ class DecoderState:
             self.src_lengths = self.src_lengths.index_select(0, index)
 
 
+def _compiling() -> bool:
+    """Under torch.compile: data-dependent checks (host syncs) would break the graph, so skip them."""
+    return torch.compiler.is_compiling()
+
+
 def _check_tokens(name, tokens, lengths, max_len):
     if tokens.dim() != 2:
         raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(tokens.shape)}")
@@ -322,7 +329,7 @@ def _check_tokens(name, tokens, lengths, max_len):
     if lengths is not None:
         if lengths.shape != (tokens.shape[0],):
             raise ValueError(f"{name}_lengths must have shape ({tokens.shape[0]},), got {tuple(lengths.shape)}")
-        if lengths.numel() and (int(lengths.max()) > tokens.shape[1] or int(lengths.min()) < 0):
+        if not _compiling() and lengths.numel() and (int(lengths.max()) > tokens.shape[1] or int(lengths.min()) < 0):
             raise ValueError(
                 f"{name}_lengths must lie in [0, {tokens.shape[1]}] (the padded length), got "
                 f"{lengths.tolist() if lengths.numel() <= 8 else (int(lengths.min()), int(lengths.max()))}"
