@@ -85,7 +85,15 @@ def upcast_dot(dtype: torch.dtype) -> bool:
 
 def philox_seed_offset() -> tuple[int, int]:
     """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default CPU
-    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible."""
-    seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
-    offset = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
+    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible. Under
+    torch.compile (with `torch._dynamo.config.capture_scalar_outputs`, which
+    `scratchformer.compile.compile_model` sets) the draws stay in the graph: `.item()` gives
+    unbacked SymInts, fresh every step, that the ops' `SymInt seed, SymInt offset` args accept."""
+    seed = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()  # no int(): that would guard on it
+    offset = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()
     return seed, offset
+
+
+def int_arg(value):
+    """An int op argument: int(value), except a SymInt traced by torch.compile, passed as is."""
+    return value if isinstance(value, torch.SymInt) else int(value)

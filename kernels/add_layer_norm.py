@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_dtype, philox_seed_offset
+from ._common import check_device, check_dtype, int_arg, philox_seed_offset
 
 MAX_N = 16384
 
@@ -296,8 +296,8 @@ _NONE = (0,)  # shape of the empty tensor an op returns in place of an output it
 @torch.library.custom_op(
     "scratchformer::add_layer_norm",
     mutates_args=(),
-    schema="(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, int seed, "
-    "int offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
+    schema="(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
+    "SymInt offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s empty (0,)
@@ -318,7 +318,7 @@ def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     "scratchformer::add_layer_norm_backward",
     mutates_args=(),
     schema="(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
-    "float dropout_p, int seed, int offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
+    "float dropout_p, SymInt seed, SymInt offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
     """(dx, dres, dweight, dbias): dx in s's shape and dtype; dres likewise when store_dres and
@@ -400,7 +400,7 @@ def add_layer_norm(
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     y, s, _, _ = torch.ops.scratchformer.add_layer_norm(
-        x, residual, weight, bias, float(eps), float(dropout_p), int(seed), int(rng_offset),
+        x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
         bool(return_residual or needs_grad),
     )
     if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask

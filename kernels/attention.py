@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, check_device, check_dtype, philox_seed_offset, upcast_dot
+from ._common import INTERPRET, check_device, check_dtype, int_arg, philox_seed_offset, upcast_dot
 
 __all__ = ["attention", "attention_fwd", "attention_bwd", "HEAD_DIMS"]
 
@@ -719,7 +719,7 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
     "scratchformer::attention",
     mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
-    "float dropout_p, float? scale, int seed, int offset) -> (Tensor, Tensor)",
+    "float dropout_p, float? scale, SymInt seed, SymInt offset) -> (Tensor, Tensor)",
 )
 def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
     """out (B, H, Lq, D) with BLHD memory, lse (B, H, Lq) fp32. Lengths are trusted (the public
@@ -740,7 +740,7 @@ def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offse
     "scratchformer::attention_backward",
     mutates_args=(),
     schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
-    "Tensor? query_lengths, bool causal, float dropout_p, float? scale, int seed, int offset) "
+    "Tensor? query_lengths, bool causal, float dropout_p, float? scale, SymInt seed, SymInt offset) "
     "-> (Tensor, Tensor, Tensor)",
 )
 def _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed,
@@ -819,7 +819,7 @@ def attention(
         _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, validate=True)
     out, lse = torch.ops.scratchformer.attention(
         q, k, v, key_lengths, query_lengths, bool(causal), float(dropout_p), None if scale is None else float(scale),
-        int(seed), int(offset),
+        int_arg(seed), int_arg(offset),
     )
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_device, check_dtype, philox_seed_offset
+from ._common import check_device, check_dtype, int_arg, philox_seed_offset
 from .matmul import matmul, matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -127,8 +127,8 @@ _NONE = (0,)  # shape of the empty tensor an op returns in place of an output it
 @torch.library.custom_op(
     "scratchformer::ffn",
     mutates_args=(),
-    schema="(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, int seed, "
-    "int offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
+    schema="(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
+    "SymInt offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
 )
 def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     """(y, a, h): y (..., d_model) contiguous; a = dropout(act(h)) (M, d_ff), which the backward
@@ -150,7 +150,8 @@ def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     "scratchformer::ffn_backward",
     mutates_args=(),
     schema="(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
-    "bool has_b2, float dropout_p, int seed, int offset, bool needs_dx) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "bool has_b2, float dropout_p, SymInt seed, SymInt offset, bool needs_dx) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
 def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
     """(dx, dw1, db1, dw2, db2), each contiguous in its input's shape; dx, db1, db2 are empty (0,)
@@ -224,7 +225,7 @@ def ffn(
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     y, _, _ = torch.ops.scratchformer.ffn(
-        x, w1, b1, w2, b2, activation, float(dropout_p), int(seed), int(rng_offset),
+        x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
         needs_grad and activation == "gelu",
     )
     mask = None

@@ -46,7 +46,21 @@ def resolve_kernel(kernel: str, device: torch.device | str = "cpu") -> str:
         return "triton" if device.type == "cuda" else "eager"
     if kernel == "triton":
         _prepare_triton(device)
+        if not torch.compiler.is_compiling():  # import the entry points now, not in a compiled trace
+            for entry in _TRITON_ENTRY_POINTS:
+                try:
+                    _load(*entry)
+                except NotImplementedError:
+                    pass  # reported when that op is called
     return kernel
+
+
+_TRITON_ENTRY_POINTS = (
+    ("scratchformer.kernels.attention", "attention", "attention"),
+    ("scratchformer.kernels.add_layer_norm", "add_layer_norm", "add_layer_norm"),
+    ("scratchformer.kernels.ffn", "ffn", "ffn"),
+    ("scratchformer._ext", "embed_sinusoidal", "embed"),
+)
 
 
 def _prepare_triton(device: torch.device) -> None:
@@ -73,19 +87,27 @@ def _prepare_triton(device: torch.device) -> None:
         _INTERPRETER_WARNED = True
 
 
-@lru_cache(maxsize=None)
+_LOADED: dict = {}  # (module, name) -> entry point
+
+
 def _load(module: str, name: str, what: str):
-    """Import a kernel entry point, or explain precisely what is missing."""
+    """Import a kernel entry point, or explain precisely what is missing. Cached in a plain dict,
+    which torch.compile traces without a graph break (it cannot trace importlib or lru_cache):
+    `resolve_kernel` fills it, in eager mode, before a compiled model first calls it."""
+    fn = _LOADED.get((module, name))
+    if fn is not None:
+        return fn
     try:
-        mod = importlib.import_module(module)
+        mod = sys.modules.get(module) or importlib.import_module(module)
     except ImportError as e:
         raise NotImplementedError(
             f"{what} has no 'triton' kernel available: importing {module} failed ({e})"
         ) from e
     try:
-        return getattr(mod, name)
+        fn = _LOADED[(module, name)] = getattr(mod, name)
     except AttributeError as e:
         raise NotImplementedError(f"{what} has no 'triton' kernel: {module}.{name} is missing") from e
+    return fn
 
 
 def _autocast(*tensors):
