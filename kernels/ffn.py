@@ -160,9 +160,9 @@ def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_
         dy, x, w1, w2, a, pre, activation=activation, has_b1=has_b1, has_b2=has_b2, dropout_p=dropout_p,
         seed=seed, rng_offset=offset, needs_dx=needs_dx,
     )
-    none = x.new_empty(_NONE)
-    return (dx if dx is not None else none, dw1.contiguous(), db1 if db1 is not None else none, dw2.contiguous(),
-            db2 if db2 is not None else none)
+    def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
+        return t if t is not None else x.new_empty(_NONE)
+    return given(dx), dw1.contiguous(), given(db1), dw2.contiguous(), given(db2)
 
 
 @_ffn_backward_op.register_fake

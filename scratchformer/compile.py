@@ -1,0 +1,57 @@
+"""`--compile`: torch.compile of a whole model, with dynamic shapes so length-bucketed batches do
+not recompile every step.
+
+Every backend compiles as one graph (no graph breaks; tests/test_torch_ops.py checks it): `eager`
+and `torch` are plain tensor code; `triton`'s hot paths are the `scratchformer::*` custom ops
+(kernels/attention.py, add_layer_norm.py, ffn.py; csrc/embed.cpp), each one opaque node with a
+fake impl, so the compiler traces around them and calls our kernels at run time.
+
+What `compile_model` does beyond `torch.compile`:
+- resolves the model's backend in eager mode first (`model.kernel_for`), so the Triton entry
+  points are imported outside the traced region;
+- `dynamic=True`: batch and length dims are symbolic from the first compile (parameters stay
+  static), instead of the default one static compile per new shape followed by a dynamic
+  recompile. Lengths 0 and 1 are still specialised by dynamo (a batch of one, a one-token
+  decoder step), so a run sees a handful of graphs, not one per bucket (the measured count is
+  in docs/training.md);
+- `torch._dynamo.config.capture_scalar_outputs = True` (process-wide): the Triton backend draws
+  a fresh dropout (seed, offset) per call with `torch.randint(...).item()`; captured, those stay
+  in the graph as unbacked SymInts instead of breaking it. (The draw is a CPU op, so with dropout
+  on, `mode="reduce-overhead"` CUDA graphs skip that graph; evaluation, without dropout, is
+  unaffected.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["compile_model"]
+
+
+def compile_model(
+    model: nn.Module,
+    *,
+    dynamic: bool | None = True,
+    backend: str | object = "inductor",
+    mode: str | None = None,
+    fullgraph: bool = False,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """`torch.compile(model)` for training, evaluation and generation.
+
+    The returned module shares parameters and buffers with `model` (save `model.state_dict()`,
+    not the compiled wrapper's, whose keys gain an `_orig_mod.` prefix). dynamic=True marks
+    batch and length dims dynamic from the first call; None is torch's automatic dynamic (a
+    static first compile, then a recompile that makes the changed dims dynamic). backend "inductor"
+    on a GPU; "aot_eager" traces and runs on the CPU (the tests). fullgraph=True turns a graph
+    break into an error. device: where the model runs (default: its parameters' device).
+    """
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    kernel_for = getattr(model, "kernel_for", None)
+    if kernel_for is not None:  # resolve the backend (and import its kernels) outside the trace
+        kernel_for(device)
+    torch._dynamo.config.capture_scalar_outputs = True
+    return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
