@@ -399,7 +399,7 @@ def add_layer_norm(
         seed, rng_offset = 0, 0
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, s, _, _ = torch.ops.scratchformer.add_layer_norm(
+    y, s, _, _ = torch.ops.scratchformer.add_layer_norm.default(
         x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
         bool(return_residual or needs_grad),
     )

@@ -817,7 +817,7 @@ def attention(
         seed, offset = 0, 0
     if validate and not torch.compiler.is_compiling():  # the lengths' range check is a host sync
         _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, validate=True)
-    out, lse = torch.ops.scratchformer.attention(
+    out, lse = torch.ops.scratchformer.attention.default(
         q, k, v, key_lengths, query_lengths, bool(causal), float(dropout_p), None if scale is None else float(scale),
         int_arg(seed), int_arg(offset),
     )

@@ -224,7 +224,7 @@ def ffn(
         seed, rng_offset = 0, 0
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, _, _ = torch.ops.scratchformer.ffn(
+    y, _, _ = torch.ops.scratchformer.ffn.default(
         x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
         needs_grad and activation == "gelu",
     )
