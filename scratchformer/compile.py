@@ -19,6 +19,12 @@ What `compile_model` does beyond `torch.compile`:
   in the graph as unbacked SymInts instead of breaking it. (The draw is a CPU op, so with dropout
   on, `mode="reduce-overhead"` CUDA graphs skip that graph; evaluation, without dropout, is
   unaffected.)
+
+Generation (greedy, beam search) calls `model.encode` and `model.decode` with a KV cache, not
+`forward`: `compile_decoding` compiles those two methods in place. Outputs equal the uncompiled
+model's; the cache's fill level is a Python int, so the first step, the middle steps and the
+last one are separate graphs per batch size (measured: 7 graphs for 4 batch sizes x 10 steps),
+and past dynamo's recompile limit a call falls back to eager.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["compile_model"]
+__all__ = ["compile_model", "compile_decoding"]
 
 
 def compile_model(
@@ -47,6 +53,11 @@ def compile_model(
     on a GPU; "aot_eager" traces and runs on the CPU (the tests). fullgraph=True turns a graph
     break into an error. device: where the model runs (default: its parameters' device).
     """
+    _prepare(model, device)
+    return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
+
+
+def _prepare(model: nn.Module, device) -> None:
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
@@ -54,4 +65,22 @@ def compile_model(
     if kernel_for is not None:  # resolve the backend (and import its kernels) outside the trace
         kernel_for(device)
     torch._dynamo.config.capture_scalar_outputs = True
-    return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
+
+
+def compile_decoding(
+    model: nn.Module,
+    *,
+    dynamic: bool | None = True,
+    backend: str | object = "inductor",
+    mode: str | None = None,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """Compile `model.encode` and `model.decode` in place (instance attributes shadowing the
+    methods), for `scratchformer.decoding`'s greedy and beam search; returns `model`. A model
+    without them (the classifier) gets nothing compiled: use `compile_model` for its forward."""
+    _prepare(model, device)
+    for name in ("encode", "decode"):
+        method = getattr(model, name, None)
+        if method is not None:
+            setattr(model, name, torch.compile(method, dynamic=dynamic, backend=backend, mode=mode))
+    return model

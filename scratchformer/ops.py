@@ -44,17 +44,19 @@ def resolve_kernel(kernel: str, device: torch.device | str = "cpu") -> str:
     device = torch.device(device)
     if kernel == "auto":
         return "triton" if device.type == "cuda" else "eager"
-    if kernel == "triton":
-        _prepare_triton(device)
+    if kernel == "triton" and device.type not in _TRITON_READY:  # once per device type: a compiled
+        _prepare_triton(device)  # model's trace then skips this (sys.modules scans, imports)
         if not torch.compiler.is_compiling():  # import the entry points now, not in a compiled trace
             for entry in _TRITON_ENTRY_POINTS:
                 try:
                     _load(*entry)
                 except NotImplementedError:
                     pass  # reported when that op is called
+            _TRITON_READY.add(device.type)
     return kernel
 
 
+_TRITON_READY: set = set()  # device types resolve_kernel prepared the triton backend for
 _TRITON_ENTRY_POINTS = (
     ("scratchformer.kernels.attention", "attention", "attention"),
     ("scratchformer.kernels.add_layer_norm", "add_layer_norm", "add_layer_norm"),

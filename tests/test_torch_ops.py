@@ -17,8 +17,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from scratchformer.compile import compile_model
+from scratchformer.compile import compile_decoding, compile_model
 from scratchformer.config import ModelConfig
+from scratchformer.decoding import greedy_decode
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
 from scratchformer.kernels import ffn as F
@@ -243,3 +244,23 @@ def test_compile_model_few_recompiles_over_varied_lengths():
     assert len(shapes) >= 15
     assert 1 <= graphs <= MAX_GRAPHS
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_compile_decoding_greedy_equals_uncompiled():
+    """compile_decoding: greedy decoding with the KV cache, compiled, gives the same tokens, with no
+    graph break (the cache's in-place appends are traced)."""
+    model = _model("eager").eval()
+    src, sl = _batch()[:2]
+    with torch.no_grad():
+        ref = greedy_decode(model, src, sl, max_len=4)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cnt = CompileCounterWithBackend("aot_eager")
+    try:
+        compile_decoding(model, backend=cnt)
+        with torch.no_grad():
+            out = greedy_decode(model, src, sl, max_len=4)
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    assert cnt.frame_count >= 2 and not torch._dynamo.utils.counters["graph_break"]
+    assert torch.equal(out, ref)
