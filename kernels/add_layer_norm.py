@@ -26,6 +26,20 @@ number of rows and leading dims; float32/float16/bfloat16 inputs; weight and bia
 or float32. Rows may be strided (a row-stride argument); a last dim that is not contiguous is
 copied once by the launcher (`.contiguous()`), not rejected.
 
+Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, weight, bias?, eps,
+dropout_p, seed, offset, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
+output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
+`scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.
 """
@@ -283,8 +297,8 @@ def add_layer_norm_bwd(
 # ---------------------------------------------------------------------------------------------
 # torch ops: scratchformer::add_layer_norm and scratchformer::add_layer_norm_backward
 #
-# `torch.library.custom_op` rather than `triton_op` + `wrap_triton`: on the CPU the kernels are
-# Triton InterpretedFunctions, which wrap_triton rejects, and the launchers do host-side work
+# `torch.library.custom_op` rather than `triton_op` + `wrap_triton` (why: the module docstring;
+# a triton_op cannot be traced under the interpreter the tests run in), and the launchers do host-side work
 # (row views, the two-stage dw/db reduction, a per-device program count) that a custom op keeps
 # out of the traced graph. The op is opaque to torch.compile and to autocast (the caller casts).
 # Outputs never alias inputs: s is a fresh buffer even when residual is None and dropout_p is 0.

@@ -38,6 +38,20 @@ exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.
 operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 tiles to fp32
 before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
+Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
+causal, dropout_p, scale?, seed, offset) -> (out, lse)` and `scratchformer::attention_backward`
+-> (dq, dk, dv), autograd linking them (`register_autograd`). Dropout is a pure function of the
+(seed, offset) ints, so the backward op replays it; nothing is mutated, nothing aliases.
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
 attention); Dao-AILab/flash-attention `flash_attn_triton.py`.
 """
@@ -705,10 +719,10 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
 # ---------------------------------------------------------------------------------------------
 # torch ops: scratchformer::attention and scratchformer::attention_backward
 #
-# `torch.library.custom_op`, not `triton_op` + `wrap_triton`: the launchers above autotune with
-# early_config_prune hooks and grid lambdas, and on the CPU the kernels are Triton
-# InterpretedFunctions, which wrap_triton rejects (it takes JITFunction/Autotuner only), so a
-# triton_op could not run in the tests at all. A custom op is opaque to the compiler: dynamo and
+# `torch.library.custom_op`, not `triton_op` + `wrap_triton`: a triton_op's kernels cannot be
+# traced under Triton's interpreter (see the module docstring), so it could not run in the CPU
+# tests at all; the launchers also autotune with early_config_prune hooks and grid lambdas. A
+# custom op is opaque to the compiler: dynamo and
 # AOTAutograd see one node with the fake impl's shapes, Inductor calls the launcher at run time
 # (autotuning happens there, during CUDA-graph warm-up), and torch.export keeps the node.
 # Nothing is lost by opacity: the kernel is already fused, and its inputs need no fusion.

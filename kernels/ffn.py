@@ -28,6 +28,19 @@ dim is the token count (K = M up to 64k) while the output, d_model x d_ff, has f
 of 128x128 at d512/ff2048, fewer than an H100 has SMs): that wants split-K, which cuBLAS has and
 our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the tests cover both).
 
+Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
+seed, offset, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h
+empty unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2).
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
 bf16 under TRITON_INTERPRET=1 upcasts GEMM operands to fp32 (see kernels/matmul.py).
@@ -116,8 +129,8 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
 # torch ops: scratchformer::ffn and scratchformer::ffn_backward
 #
 # `torch.library.custom_op` rather than `triton_op` + `wrap_triton`: the GEMMs are autotuned with
-# an early_config_prune hook, the weight gradients may go to torch.matmul (WGRAD_KERNEL), and on
-# the CPU the kernels are Triton InterpretedFunctions, which wrap_triton rejects. The op is opaque
+# an early_config_prune hook, the weight gradients may go to torch.matmul (WGRAD_KERNEL), and a
+# triton_op cannot be traced under the interpreter the CPU tests use (module docstring). The op is opaque
 # to torch.compile (one node, fake impl for shapes) and to autocast (the caller casts).
 # ---------------------------------------------------------------------------------------------
 
