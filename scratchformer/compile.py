@@ -61,7 +61,8 @@ def _prepare(model: nn.Module, device) -> None:
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
-    kernel_for = getattr(model, "kernel_for", None)
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model as .module
+    kernel_for = getattr(inner, "kernel_for", None)
     if kernel_for is not None:  # resolve the backend (and import its kernels) outside the trace
         kernel_for(device)
     torch._dynamo.config.capture_scalar_outputs = True
