@@ -271,7 +271,7 @@ def test_export_triton_model_with_dynamic_shapes():
     """torch.export of the triton model: our ops stay as nodes (fake impls give the shapes), with
     batch and lengths dynamic, and the exported program computes what the model does."""
     model = _model("triton").eval()
-    src, sl, tgt_in, tl, _ = _batch()
+    src, sl, tgt_in, tl, _ = (t.contiguous() for t in _batch())  # a sliced tgt_in ties its stride to Lt + 1
     with torch.no_grad():
         ref = model(src, sl, tgt_in, tl)  # eager first: resolves the backend
     B, Ls, Lt = (torch.export.Dim(n, min=2, max=512) for n in ("B", "Ls", "Lt"))
