@@ -3,7 +3,10 @@
 Shapes (issue 7): `base` at CNN/DailyMail shapes (source ≤ 512, target ≤ 128 tokens, batch 16) and
 `small` at SAMSum shapes (source ≤ 256, target ≤ 64, batch 64), with real padding: lengths drawn
 from `bench/length_samples.json` (whitespace-token lengths of the training data, clipped).
-Backends: eager, torch, triton, and torch.compile of the eager model. Reported in extra_info:
+Backends: eager, torch, triton, and torch.compile of the eager model (`compile`) beside
+torch.compile of our triton model (`compile-triton`, its kernels as `scratchformer::*` op nodes in
+the graph), both through `scratchformer.compile.compile_model` with static shapes (one batch shape
+here; training uses dynamic=True). Reported in extra_info:
 non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
 """
 
@@ -14,6 +17,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda, run_bench
+from scratchformer.compile import compile_model
 from scratchformer.model import build_model, get_config
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
@@ -38,17 +42,20 @@ def make_batch(shape, seed=0):
     return [t.cuda() for t in (src, sl, tgt[:, :-1], tgt[:, 1:], tl)]
 
 
+COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", "compile"])
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
 def test_train_step(benchmark, shape, kernel):
     preset, vocab = SHAPES[shape][:2]
     torch.manual_seed(0)
-    cfg = get_config(preset, src_vocab_size=vocab, kernel="eager" if kernel == "compile" else kernel)
+    cfg = get_config(preset, src_vocab_size=vocab, kernel=COMPILED.get(kernel, kernel))
     model = build_model(cfg, "cuda").train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
     src, sl, tgt_in, tgt_out, tl = make_batch(shape)
     mask = torch.arange(tgt_out.shape[1], device="cuda")[None] < tl[:, None]
-    fwd = torch.compile(model) if kernel == "compile" else model
+    fwd = compile_model(model, dynamic=False) if kernel in COMPILED else model
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -73,7 +73,7 @@ def plot_train_step(rows, out):
     if not rs:
         return None
     shapes = sorted({r["shape"] for r in rs})
-    kernels = ["eager", "torch", "triton", "compile"]
+    kernels = ["eager", "torch", "triton", "compile", "compile-triton"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     width = 0.8 / len(shapes)
     for i, shape in enumerate(shapes):

@@ -98,9 +98,12 @@ def upcast_dot(dtype: torch.dtype) -> bool:
 
 def philox_seed_offset() -> tuple[int, int]:
     """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default CPU
-    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible."""
-    seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
-    offset = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
+    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible. Under
+    torch.compile (with `torch._dynamo.config.capture_scalar_outputs`, which
+    `scratchformer.compile.compile_model` sets) the draws stay in the graph: `.item()` gives
+    unbacked SymInts, fresh every step, that the ops' `SymInt seed, SymInt offset` args accept."""
+    seed = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()  # no int(): that would guard on it
+    offset = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()
     return seed, offset
 
 
@@ -148,3 +151,8 @@ def attention_key_bounds(
     n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
     n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
     return n_full, n_end
+
+
+def int_arg(value):
+    """An int op argument: int(value), except a SymInt traced by torch.compile, passed as is."""
+    return value if isinstance(value, torch.SymInt) else int(value)

@@ -26,6 +26,20 @@ number of rows and leading dims; float32/float16/bfloat16 inputs; weight and bia
 or float32. Rows may be strided (a row-stride argument); a last dim that is not contiguous is
 copied once by the launcher (`.contiguous()`), not rejected.
 
+Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, weight, bias?, eps,
+dropout_p, seed, offset, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
+output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
+`scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.
 """
@@ -36,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_dtype, dropout_keep, dropout_seed_offset
+from ._common import check_device, check_dtype, dropout_keep, dropout_seed_offset, int_arg
 
 MAX_N = 16384
 
@@ -281,40 +295,89 @@ def add_layer_norm_bwd(
 
 
 # ---------------------------------------------------------------------------------------------
-# autograd
+# torch ops: scratchformer::add_layer_norm and scratchformer::add_layer_norm_backward
+#
+# `torch.library.custom_op` rather than `triton_op` + `wrap_triton` (why: the module docstring;
+# a triton_op cannot be traced under the interpreter the tests run in), and the launchers do host-side work
+# (row views, the two-stage dw/db reduction, a per-device program count) that a custom op keeps
+# out of the traced graph. The op is opaque to torch.compile and to autocast (the caller casts).
+# Outputs never alias inputs: s is a fresh buffer even when residual is None and dropout_p is 0.
 # ---------------------------------------------------------------------------------------------
 
+_NONE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
 
-class AddLayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, rng_offset, return_residual, return_mask):
-        needs_grad = any(ctx.needs_input_grad[:4])
-        y, s, mean, rstd, mask = add_layer_norm_fwd(
-            x, residual, weight, bias, eps, dropout_p, seed, rng_offset,
-            store_s=return_residual or needs_grad, store_mask=return_mask,
-        )
-        ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
-        ctx.save_for_backward(s, weight, mean, rstd)
-        ctx.has_bias = bias is not None
-        ctx.dropout = (dropout_p, seed, rng_offset)
-        if mask is not None:
-            ctx.mark_non_differentiable(mask)
-        return y, s, mask
 
-    @staticmethod
-    def backward(ctx, dy, ds, dmask):
-        s, weight, mean, rstd = ctx.saved_tensors
-        if dy is None:  # only s was used downstream
-            dy = torch.zeros_like(s)
-        dropout_p, seed, rng_offset = ctx.dropout
-        need_dres = ctx.needs_input_grad[1]
-        dx, dres, dw, db = add_layer_norm_bwd(
-            dy, ds, s, weight, mean, rstd, has_bias=ctx.has_bias, dropout_p=dropout_p, seed=seed,
-            rng_offset=rng_offset, store_dres=need_dres,
-        )
-        if need_dres and dres is None:  # no dropout: dresidual == dx
-            dres = dx
-        return dx, dres if need_dres else None, dw, db, None, None, None, None, None, None
+@torch.library.custom_op(
+    "scratchformer::add_layer_norm",
+    mutates_args=(),
+    schema="(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
+    "SymInt offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
+    """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s empty (0,)
+    unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N rows."""
+    y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s=store_s)
+    return y, s if s is not None else x.new_empty(_NONE), mean, rstd
+
+
+@_add_layer_norm_op.register_fake
+def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
+    _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
+    M = x.numel() // x.shape[-1]
+    rows = x.new_empty(M, dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(x.shape if store_s else _NONE), rows, torch.empty_like(rows)
+
+
+@torch.library.custom_op(
+    "scratchformer::add_layer_norm_backward",
+    mutates_args=(),
+    schema="(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
+    "float dropout_p, SymInt seed, SymInt offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
+    """(dx, dres, dweight, dbias): dx in s's shape and dtype; dres likewise when store_dres and
+    dropout_p > 0, else empty (0,) (without dropout dres == dx); dweight and dbias (N,) in
+    weight's dtype, dbias empty (0,) without a bias."""
+    dx, dres, dw, db = add_layer_norm_bwd(
+        dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, seed=seed, rng_offset=offset,
+        store_dres=store_dres,
+    )
+    none = s.new_empty(_NONE)
+    return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(_NONE)
+
+
+@_add_layer_norm_backward_op.register_fake
+def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
+    dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else _NONE)
+    db = weight.new_empty(weight.shape if has_bias else _NONE)
+    return s.new_empty(s.shape), dres, weight.new_empty(weight.shape), db
+
+
+def _add_layer_norm_setup_context(ctx, inputs, output):
+    x, residual, weight, bias, eps, dropout_p, seed, offset, store_s = inputs
+    _y, s, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
+    if any(ctx.needs_input_grad[:4]):
+        ctx.save_for_backward(s, weight, mean, rstd)  # s = dropout(x) + residual, the norm's input
+    ctx.has_bias = bias is not None
+    ctx.dropout = (dropout_p, seed, offset)
+
+
+def _add_layer_norm_backward(ctx, dy, ds, dmean, drstd):
+    s, weight, mean, rstd = ctx.saved_tensors
+    if dy is None:  # only s was used downstream
+        dy = torch.zeros_like(s)
+    need_dres = ctx.needs_input_grad[1]
+    dx, dres, dw, db = _add_layer_norm_backward_op(
+        dy, ds, s, weight, mean, rstd, ctx.has_bias, *ctx.dropout, need_dres
+    )
+    if need_dres and not ctx.dropout[0] > 0.0:  # not stored without dropout: dresidual == dx
+        dres = dx
+    return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None
+
+
+_add_layer_norm_op.register_autograd(_add_layer_norm_backward, setup_context=_add_layer_norm_setup_context)
 
 
 def add_layer_norm(
@@ -343,10 +406,16 @@ def add_layer_norm(
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
-    y, s, mask = AddLayerNormFunction.apply(
-        x, residual, weight, bias, eps, float(dropout_p), int(seed), int(rng_offset),
-        bool(return_residual), bool(return_dropout_mask),
+    params = (x, residual, weight, bias)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
+    y, s, _, _ = torch.ops.scratchformer.add_layer_norm.default(
+        x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
+        bool(return_residual or needs_grad),
     )
+    if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask
+        with torch.no_grad():
+            mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, rng_offset, store_s=False,
+                                      store_mask=True)[4]
     out = (y, s) if return_residual else (y,)
     if return_dropout_mask:
         out = out + (mask,)

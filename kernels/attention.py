@@ -38,6 +38,20 @@ exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.
 operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 tiles to fp32
 before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
+Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
+causal, dropout_p, scale?, seed, offset) -> (out, lse)` and `scratchformer::attention_backward`
+-> (dq, dk, dv), autograd linking them (`register_autograd`). Dropout is a pure function of the
+(seed, offset) ints, so the backward op replays it; nothing is mutated, nothing aliases.
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
 attention); Dao-AILab/flash-attention `flash_attn_triton.py`.
 """
@@ -60,10 +74,11 @@ from ._common import (
     check_dtype,
     dropout_keep,
     dropout_seed_offset,
+    int_arg,
     upcast_dot,
 )
 
-__all__ = ["attention", "attention_fwd", "attention_bwd", "AttentionFunction", "HEAD_DIMS"]
+__all__ = ["attention", "attention_fwd", "attention_bwd", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 
@@ -568,7 +583,7 @@ def _check_lengths(name, lengths, B, L, device):
         raise ValueError(f"attention: {name} must have shape ({B},), got {tuple(lengths.shape)}")
     if lengths.device != device:
         raise ValueError(f"attention: {name} is on {lengths.device} but q is on {device}")
-    if not (_DEBUG or lengths.device.type == "cpu"):
+    if not (_DEBUG or lengths.device.type == "cpu") or torch.compiler.is_compiling():  # no host sync
         return lengths.clamp(0, L).to(torch.int32).contiguous()
     if B:
         lo, hi = int(lengths.min()), int(lengths.max())
@@ -692,20 +707,77 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
     return mask.bool()
 
 
-class AttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
-        out, lse = attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
-        ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths)
-        ctx.args = (causal, dropout_p, scale, seed, offset)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+# ---------------------------------------------------------------------------------------------
+# torch ops: scratchformer::attention and scratchformer::attention_backward
+#
+# `torch.library.custom_op`, not `triton_op` + `wrap_triton`: a triton_op's kernels cannot be
+# traced under Triton's interpreter (see the module docstring), so it could not run in the CPU
+# tests at all; the launchers also autotune with early_config_prune hooks and grid lambdas. A
+# custom op is opaque to the compiler: dynamo and
+# AOTAutograd see one node with the fake impl's shapes, Inductor calls the launcher at run time
+# (autotuning happens there, during CUDA-graph warm-up), and torch.export keeps the node.
+# Nothing is lost by opacity: the kernel is already fused, and its inputs need no fusion.
+# ---------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def backward(ctx, dout, dlse):  # lse is non-differentiable: dlse is ignored
-        q, k, v, out, lse, klen, qlen = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, klen, qlen, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None  # one slot per forward input
+
+@torch.library.custom_op(
+    "scratchformer::attention",
+    mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
+    "float dropout_p, float? scale, SymInt seed, SymInt offset) -> (Tensor, Tensor)",
+)
+def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+    """out (B, H, Lq, D) with BLHD memory, lse (B, H, Lq) fp32. Lengths are trusted (the public
+    entry point range-checks them); dropout is a pure function of (seed, offset)."""
+    return attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+
+
+@_attention_op.register_fake
+def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+    B, H, Lq, D = q.shape
+    out = q.new_empty(B, Lq, H, D).transpose(1, 2)  # BLHD memory viewed as BHLD, like the kernel's
+    return out, q.new_empty(B, H, Lq, dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "scratchformer::attention_backward",
+    mutates_args=(),
+    schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
+    "Tensor? query_lengths, bool causal, float dropout_p, float? scale, SymInt seed, SymInt offset) "
+    "-> (Tensor, Tensor, Tensor)",
+)
+def _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed,
+                           offset):
+    """(dq, dk, dv) shaped like q, k, v, in BLHD memory; the dropout mask is replayed from (seed, offset)."""
+    klen = None if key_lengths is None else key_lengths.to(torch.int32).contiguous()
+    qlen = None if query_lengths is None else query_lengths.to(torch.int32).contiguous()
+    return attention_bwd(dout, q, k, v, out, lse, klen, qlen, causal, dropout_p, scale, seed, offset)
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+    def blhd(t):
+        B, H, L, D = t.shape
+        return t.new_empty(B, L, H, D).transpose(1, 2)
+    return blhd(q), blhd(k), blhd(v)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
+        ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths)
+    ctx.args = (causal, dropout_p, scale, seed, offset)
+
+
+def _attention_backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
+    q, k, v, out, lse, key_lengths, query_lengths = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None  # one slot per op input
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
 
 
 def attention(
@@ -741,7 +813,10 @@ def attention(
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
     seed, offset = dropout_seed_offset(dropout_p, seed)
-    out, lse = AttentionFunction.apply(q, k, v, klen, qlen, causal, dropout_p, scale, seed, offset)
+    out, lse = torch.ops.scratchformer.attention.default(
+        q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale),
+        int_arg(seed), int_arg(offset),
+    )
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:
         B, H, Lq, _ = q.shape

@@ -28,6 +28,19 @@ dim is the token count (K = M up to 64k) while the output, d_model x d_ff, has f
 of 128x128 at d512/ff2048, fewer than an H100 has SMs): that wants split-K, which cuBLAS has and
 our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the tests cover both).
 
+Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
+seed, offset, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h
+empty unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2).
+`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
+Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
+body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
+torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
+device meta to a storage on different device cpu"), and the tests must run here. The launchers
+also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
+torch.compile (fullgraph) and
+torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
+CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
 bf16 under TRITON_INTERPRET=1 upcasts GEMM operands to fp32 (see kernels/matmul.py).
@@ -37,7 +50,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_device, check_dtype, dropout_seed_offset
+from ._common import check_device, check_dtype, dropout_seed_offset, int_arg
 from .matmul import matmul, matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -112,26 +125,87 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
     return dx, dw1, db1, dw2, db2
 
 
-class FFNFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, seed, rng_offset, return_mask):
-        needs_grad = any(ctx.needs_input_grad[:5])
-        y, a, pre, mask = ffn_fwd(
-            x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
-            rng_offset=rng_offset, store_pre=needs_grad and activation == "gelu", store_mask=return_mask,
-        )
-        ctx.save_for_backward(x, w1, w2, a, pre)
-        ctx.cfg = dict(activation=activation, has_b1=b1 is not None, has_b2=b2 is not None,
-                       dropout_p=dropout_p, seed=seed, rng_offset=rng_offset)
-        if mask is not None:
-            ctx.mark_non_differentiable(mask)
-        return y, mask
+# ---------------------------------------------------------------------------------------------
+# torch ops: scratchformer::ffn and scratchformer::ffn_backward
+#
+# `torch.library.custom_op` rather than `triton_op` + `wrap_triton`: the GEMMs are autotuned with
+# an early_config_prune hook, the weight gradients may go to torch.matmul (WGRAD_KERNEL), and a
+# triton_op cannot be traced under the interpreter the CPU tests use (module docstring). The op is opaque
+# to torch.compile (one node, fake impl for shapes) and to autocast (the caller casts).
+# ---------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def backward(ctx, dy, dmask):
-        x, w1, w2, a, pre = ctx.saved_tensors
-        dx, dw1, db1, dw2, db2 = ffn_bwd(dy, x, w1, w2, a, pre, needs_dx=ctx.needs_input_grad[0], **ctx.cfg)
-        return dx, dw1, db1, dw2, db2, None, None, None, None, None
+_NONE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
+
+
+@torch.library.custom_op(
+    "scratchformer::ffn",
+    mutates_args=(),
+    schema="(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
+    "SymInt offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
+)
+def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
+    """(y, a, h): y (..., d_model) contiguous; a = dropout(act(h)) (M, d_ff), which the backward
+    needs; the pre-activation h (M, d_ff) when store_pre (gelu with a gradient), else empty (0,)."""
+    y, a, pre, _ = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
+                           rng_offset=offset, store_pre=store_pre)
+    return y, a, pre if pre is not None else x.new_empty(_NONE)
+
+
+@_ffn_op.register_fake
+def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
+    _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)  # no data read
+    d_ff = w1.shape[0]
+    M = x.numel() // x.shape[-1]
+    return x.new_empty(x.shape), x.new_empty(M, d_ff), x.new_empty((M, d_ff) if store_pre else _NONE)
+
+
+@torch.library.custom_op(
+    "scratchformer::ffn_backward",
+    mutates_args=(),
+    schema="(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
+    "bool has_b2, float dropout_p, SymInt seed, SymInt offset, bool needs_dx) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+)
+def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
+    """(dx, dw1, db1, dw2, db2), each contiguous in its input's shape; dx, db1, db2 are empty (0,)
+    when not asked for (needs_dx, has_b1, has_b2)."""
+    dx, dw1, db1, dw2, db2 = ffn_bwd(
+        dy, x, w1, w2, a, pre, activation=activation, has_b1=has_b1, has_b2=has_b2, dropout_p=dropout_p,
+        seed=seed, rng_offset=offset, needs_dx=needs_dx,
+    )
+    def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
+        return t if t is not None else x.new_empty(_NONE)
+    return given(dx), dw1.contiguous(), given(db1), dw2.contiguous(), given(db2)
+
+
+@_ffn_backward_op.register_fake
+def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
+    d_model, d_ff = w2.shape
+    return (x.new_empty(x.shape if needs_dx else _NONE), w1.new_empty(w1.shape), w1.new_empty(d_ff if has_b1 else 0),
+            w2.new_empty(w2.shape), w2.new_empty(d_model if has_b2 else 0))
+
+
+def _ffn_setup_context(ctx, inputs, output):
+    x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre = inputs
+    _y, a, pre = output
+    ctx.mark_non_differentiable(a, pre)
+    if any(ctx.needs_input_grad[:5]):
+        ctx.save_for_backward(x, w1, w2, a, pre)
+    ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p, seed, offset)
+
+
+def _ffn_backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
+    x, w1, w2, a, pre = ctx.saved_tensors
+    activation, has_b1, has_b2, dropout_p, seed, offset = ctx.cfg
+    if activation == "gelu" and pre.numel() != a.numel():
+        raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
+                           "(store_pre=False)")
+    dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, ctx.needs_input_grad[0])
+    return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None,
+            None, None, None, None, None)
+
+
+_ffn_op.register_autograd(_ffn_backward, setup_context=_ffn_setup_context)
 
 
 def ffn(
@@ -159,7 +233,15 @@ def ffn(
     """
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
-    y, mask = FFNFunction.apply(
-        x, w1, b1, w2, b2, activation, float(dropout_p), int(seed), int(rng_offset), bool(return_dropout_mask)
+    params = (x, w1, b1, w2, b2)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
+    y, _, _ = torch.ops.scratchformer.ffn.default(
+        x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
+        needs_grad and activation == "gelu",
     )
+    mask = None
+    if return_dropout_mask:  # debug: replay the first GEMM's Philox stream into a stored mask
+        with torch.no_grad():
+            mask = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
+                           rng_offset=rng_offset, store_mask=True)[3]
     return (y, mask) if return_dropout_mask else y

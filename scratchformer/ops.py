@@ -66,8 +66,8 @@ class Ops:
 
 def value_checks(t: torch.Tensor) -> bool:
     """Whether checks that read t's values may run: on CPU always (no device sync), on other
-    devices only with SCRATCHFORMER_DEBUG=1."""
-    return DEBUG or t.device.type == "cpu"
+    devices only with SCRATCHFORMER_DEBUG=1; never inside a torch.compile trace (a graph break)."""
+    return (DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
 
 
 def resolve(kernel: str, device: torch.device | str = "cpu") -> str:

@@ -1,0 +1,80 @@
+"""`--compile`: torch.compile of a whole model, with dynamic shapes so length-bucketed batches do
+not recompile every step.
+
+Every backend compiles as one graph (no graph breaks; tests/test_torch_ops.py checks it): `eager`
+and `torch` are plain tensor code; `triton`'s hot paths are the `scratchformer::*` custom ops
+(kernels/attention.py, add_layer_norm.py, ffn.py; csrc/embed.cpp), each one opaque node with a
+fake impl, so the compiler traces around them and calls our kernels at run time.
+
+What `compile_model` does beyond `torch.compile`:
+- nothing to resolve: the model chose its ops when it was built (`build_model(cfg, device)`), so
+  the Triton entry points are imported before any trace;
+- `dynamic=True`: batch and length dims are symbolic from the first compile (parameters stay
+  static), instead of the default one static compile per new shape followed by a dynamic
+  recompile. Lengths 0 and 1 are still specialised by dynamo (a batch of one, a one-token
+  decoder step), so a run sees a handful of graphs, not one per bucket (the measured count is
+  in docs/training.md);
+- `torch._dynamo.config.capture_scalar_outputs = True` (process-wide): the Triton backend draws
+  a fresh dropout (seed, offset) per call with `torch.randint(...).item()`; captured, those stay
+  in the graph as unbacked SymInts instead of breaking it. (The draw is a CPU op, so with dropout
+  on, `mode="reduce-overhead"` CUDA graphs skip that graph; evaluation, without dropout, is
+  unaffected.)
+
+Generation (greedy, beam search) calls `model.encode` and `model.decode` with a KV cache, not
+`forward`: `compile_decoding` compiles those two methods in place. Outputs equal the uncompiled
+model's; the cache's fill level is a Python int, so the first step, the middle steps and the
+last one are separate graphs per batch size (measured: 7 graphs for 4 batch sizes x 10 steps),
+and past dynamo's recompile limit a call falls back to eager.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["compile_model", "compile_decoding"]
+
+
+def compile_model(
+    model: nn.Module,
+    *,
+    dynamic: bool | None = True,
+    backend: str | object = "inductor",
+    mode: str | None = None,
+    fullgraph: bool = False,
+
+) -> nn.Module:
+    """`torch.compile(model)` for training, evaluation and generation.
+
+    The returned module shares parameters and buffers with `model` (save `model.state_dict()`,
+    not the compiled wrapper's, whose keys gain an `_orig_mod.` prefix). dynamic=True marks
+    batch and length dims dynamic from the first call; None is torch's automatic dynamic (a
+    static first compile, then a recompile that makes the changed dims dynamic). backend "inductor"
+    on a GPU; "aot_eager" traces and runs on the CPU (the tests). fullgraph=True turns a graph
+    break into an error.
+    """
+    _capture_scalar_outputs()
+    return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
+
+
+def _capture_scalar_outputs() -> None:
+    """The dropout seed draws (`.item()`) stay in the graph as unbacked SymInts (see above)."""
+    torch._dynamo.config.capture_scalar_outputs = True
+
+
+def compile_decoding(
+    model: nn.Module,
+    *,
+    dynamic: bool | None = True,
+    backend: str | object = "inductor",
+    mode: str | None = None,
+) -> nn.Module:
+    """Compile `model.encode` and `model.decode` in place (instance attributes shadowing the
+    methods), for `scratchformer.model.decoding`'s greedy and beam search; returns `model`. A model
+    without them (the classifier) gets nothing compiled: use `compile_model` for its forward."""
+    _capture_scalar_outputs()
+    for name in ("encode", "decode"):
+        method = getattr(model, name, None)
+        if method is not None:
+            setattr(model, name, torch.compile(method, dynamic=dynamic, backend=backend, mode=mode))
+    return model

@@ -1,0 +1,282 @@
+"""Our Triton ops as torch.library custom ops (`scratchformer::*`), and the model under torch.compile.
+
+- `torch.library.opcheck` on every op and its backward op over small ragged shapes: schema,
+  fake impl (shapes, dtypes, strides equal the real outputs'), autograd registration, and
+  AOTAutograd with dynamic shapes (outputs and gradients equal eager);
+- torch.export of the triton model keeps the ops as nodes, with dynamic batch and lengths;
+- the whole model compiles with `torch.compile(fullgraph=True, backend="aot_eager")` for the
+  eager, torch and triton backends: zero graph breaks, outputs and gradients equal the
+  uncompiled model's (train mode with dropout too, on triton: the Philox seeds are drawn in the
+  graph from the same generator);
+- `compile_model` (dynamic shapes): a short training run over varied batch shapes compiles a
+  handful of graphs, not one per shape.
+
+On the CPU the kernels run in Triton's interpreter (slow): shapes and models are tiny.
+"""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from scratchformer.compile import compile_decoding, compile_model
+from scratchformer.kernels import add_layer_norm as LN
+from scratchformer.kernels import attention as A
+from scratchformer.kernels import ffn as F
+from scratchformer.model import ModelConfig, Transformer, greedy_decode
+
+OPS = torch.ops.scratchformer
+V = 20
+
+
+def _opcheck(op, args):
+    result = torch.library.opcheck(op, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def _grad(*tensors):
+    return [t.detach().requires_grad_() if t is not None else None for t in tensors]
+
+
+# ---------------------------------------------------------------------------------------------
+# opcheck
+# ---------------------------------------------------------------------------------------------
+
+ATTN_CASES = {
+    # name: (B, H, Lq, Lk, key lengths, query lengths, causal, dropout_p)
+    "dense": (2, 2, 7, 7, None, None, False, 0.0),
+    "ragged-causal": (2, 2, 7, 7, [7, 3], [7, 3], True, 0.0),
+    "cross-ragged-dropout": (2, 1, 5, 9, [9, 4], [5, 2], False, 0.3),
+    "decode-causal-dropout": (3, 2, 1, 6, [6, 2, 5], None, True, 0.2),
+}
+
+
+def _attn_inputs(case, device):
+    B, H, Lq, Lk, kl, ql, causal, p = ATTN_CASES[case]
+    q, k, v = _grad(torch.randn(B, H, Lq, 16, device=device), torch.randn(B, H, Lk, 16, device=device),
+                    torch.randn(B, H, Lk, 16, device=device))
+    kl = None if kl is None else torch.tensor(kl, device=device)
+    ql = None if ql is None else torch.tensor(ql, dtype=torch.int32, device=device)
+    return (q, k, v, kl, ql, causal, p, None, 1234, 77)
+
+
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_opcheck_attention(case, device):
+    args = _attn_inputs(case, device)
+    _opcheck(OPS.attention.default, args)
+    out, lse = OPS.attention(*args)
+    # BLHD memory viewed as BHLD, as the fake impl promises
+    B, H, Lq, D = args[0].shape
+    assert out.stride() == (Lq * H * D, D, H * D, 1) and lse.is_contiguous() and lse.dtype == torch.float32
+    dout = torch.randn_like(out)
+    bargs = (dout, *(t.detach() for t in args[:3]), out.detach(), lse, *args[3:])
+    _opcheck(OPS.attention_backward.default, bargs)
+
+
+LN_CASES = {
+    # name: (shape, residual, bias, dropout_p)
+    "residual-bias": ((2, 5, 32), True, True, 0.0),
+    "no-residual-no-bias-dropout": ((3, 24), False, False, 0.3),
+    "residual-dropout-ragged-N": ((2, 3, 40), True, True, 0.2),
+}
+
+
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_opcheck_add_layer_norm(case, device):
+    shape, has_res, has_bias, p = LN_CASES[case]
+    N = shape[-1]
+    x, r, w, b = _grad(torch.randn(shape, device=device), torch.randn(shape, device=device) if has_res else None,
+                       torch.randn(N, device=device), torch.randn(N, device=device) if has_bias else None)
+    _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, 99, 5, True))
+    with torch.no_grad():  # store_s=False: inference, s is an empty placeholder
+        _opcheck(OPS.add_layer_norm.default, (x.detach(), r, w.detach(), b, 1e-5, p, 99, 5, False))
+    y, s, mean, rstd = OPS.add_layer_norm(x, r, w, b, 1e-5, p, 99, 5, True)
+    dy, ds = torch.randn_like(y), torch.randn_like(s)
+    saved = (s.detach(), w.detach(), mean, rstd)
+    for ds_arg, store_dres in ((None, False), (ds, True)):
+        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, 99, 5, store_dres))
+
+
+FFN_CASES = {
+    # name: (leading shape, d_model, d_ff, activation, b1, b2, dropout_p)
+    "relu-bias": ((2, 5), 32, 48, "relu", True, True, 0.0),
+    "gelu-dropout-no-b1": ((7,), 16, 32, "gelu", False, True, 0.3),
+    "relu-dropout-no-b2": ((3, 3), 32, 16, "relu", True, False, 0.2),
+}
+
+
+@pytest.mark.parametrize("case", list(FFN_CASES))
+def test_opcheck_ffn(case, device):
+    lead, d, f, act, has_b1, has_b2, p = FFN_CASES[case]
+    x, w1, b1, w2, b2 = _grad(
+        torch.randn(*lead, d, device=device), torch.randn(f, d, device=device) / d**0.5,
+        torch.randn(f, device=device) if has_b1 else None, torch.randn(d, f, device=device) / f**0.5,
+        torch.randn(d, device=device) if has_b2 else None,
+    )
+    store_pre = act == "gelu"
+    _opcheck(OPS.ffn.default, (x, w1, b1, w2, b2, act, p, 42, 3, store_pre))
+    y, a, pre = OPS.ffn(x, w1, b1, w2, b2, act, p, 42, 3, store_pre)
+    assert a.shape == (x.numel() // d, f) and (pre.shape == a.shape) == store_pre
+    dy = torch.randn_like(y)
+    for needs_dx in (True, False):
+        _opcheck(OPS.ffn_backward.default, (dy, x.detach(), w1.detach(), w2.detach(), a.detach(), pre.detach(), act,
+                                            has_b1, has_b2, p, 42, 3, needs_dx))
+
+
+def test_public_entry_points_go_through_the_ops(device):
+    """The entry points' autograd runs the registered backward ops (no autograd.Function left)."""
+    x = torch.randn(2, 4, 32, device=device, requires_grad=True)
+    w = torch.ones(32, device=device, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        LN.add_layer_norm(x, None, w, None).sum().backward()
+        q = torch.randn(1, 1, 3, 16, device=device, requires_grad=True)
+        A.attention(q, q, q).sum().backward()
+        w1 = torch.randn(16, 16, device=device, requires_grad=True)
+        F.ffn(q[0, 0], w1, None, w1, None).sum().backward()
+    names = {e.name for e in prof.events()}
+    for op in ("add_layer_norm", "add_layer_norm_backward", "attention", "attention_backward", "ffn", "ffn_backward"):
+        op = f"scratchformer::{op}"
+        assert op in names, op
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole model under torch.compile
+# ---------------------------------------------------------------------------------------------
+
+
+def _model(kernel, **kw):
+    torch.manual_seed(0)
+    base = dict(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+                dropout=0.0)
+    base.update(kw)
+    return Transformer(ModelConfig(**base, kernel=kernel))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    src, tgt = torch.randint(4, V, (3, 7), generator=g), torch.randint(4, V, (3, 6), generator=g)
+    return src, torch.tensor([7, 2, 5]), tgt[:, :-1], torch.tensor([5, 5, 1]), tgt[:, 1:]
+
+
+def _loss_and_grads(model, batch, seed=0):
+    src, sl, tgt_in, tl, tgt_out = batch
+    torch.manual_seed(seed)
+    logits = model(src, sl, tgt_in, tl)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1))
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    return logits, grads
+
+
+@pytest.mark.parametrize(
+    "kernel,train",
+    [("eager", False), ("torch", False), ("triton", False), ("triton", True)],
+    ids=["eager", "torch", "triton", "triton-dropout"],
+)
+def test_model_compiles_fullgraph(kernel, train):
+    kw = dict(dropout=0.1, attn_dropout=0.1, ffn_dropout=0.1) if train else {}
+    model = _model(kernel, **kw).train(train)
+    batch = _batch()
+    ref_logits, ref_grads = _loss_and_grads(model, batch)  # eager first: resolves the backend
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    if train:  # in-graph dropout seeds (see scratchformer/compile.py)
+        torch._dynamo.config.capture_scalar_outputs = True
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=cnt)
+    try:
+        logits, grads = _loss_and_grads(compiled, batch)
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    assert cnt.frame_count >= 1 and not torch._dynamo.utils.counters["graph_break"], dict(
+        torch._dynamo.utils.counters["graph_break"])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    if kernel == "triton":  # the hot paths are our op nodes in the graph, not traced-through code
+        targets = {str(n.target) for gm in cnt.graphs for n in gm.graph.nodes if n.op == "call_function"}
+        for op in ("scratchformer.attention.default", "scratchformer.add_layer_norm.default",
+                   "scratchformer.ffn.default", "scratchformer.embed_sinusoidal.default"):
+            assert op in targets, (op, sorted(t for t in targets if "scratchformer" in t))
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-6)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    if train:  # a second call draws fresh dropout seeds (not baked into the graph)
+        torch._dynamo.config.capture_scalar_outputs = True
+        try:
+            again, _ = _loss_and_grads(compiled, batch, seed=1)
+        finally:
+            torch._dynamo.config.capture_scalar_outputs = False
+        assert not torch.equal(again, logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# compile_model: dynamic shapes, recompiles over a run with varied lengths
+# ---------------------------------------------------------------------------------------------
+
+MAX_GRAPHS = 3  # measured: 1 (docs/training.md, `--compile`)
+
+
+def test_compile_model_few_recompiles_over_varied_lengths():
+    """20 training steps (forward, backward, AdamW) on batches of varied size and lengths, as
+    length bucketing gives: compile_model's dynamic shapes keep the graph count at a handful."""
+    model = _model("eager", dropout=0.1).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = compile_model(model, backend=cnt)
+    g = torch.Generator().manual_seed(1)
+    shapes = set()
+    try:
+        for _ in range(20):
+            B, Ls, Lt = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 6), (2, 12), (2, 10)))
+            src, tgt = torch.randint(4, V, (B, Ls), generator=g), torch.randint(4, V, (B, Lt + 1), generator=g)
+            sl, tl = torch.randint(1, Ls + 1, (B,), generator=g), torch.randint(1, Lt + 1, (B,), generator=g)
+            sl[0], tl[0] = Ls, Lt
+            shapes.add((B, Ls, Lt))
+            logits = compiled(src, sl, tgt[:, :-1], tl)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    print(f"{len(shapes)} distinct (B, Ls, Lt) shapes over 20 steps -> {graphs} graph(s)")
+    assert len(shapes) >= 15
+    assert 1 <= graphs <= MAX_GRAPHS
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_compile_decoding_greedy_equals_uncompiled():
+    """compile_decoding: greedy decoding with the KV cache, compiled, gives the same tokens, with no
+    graph break (the cache's in-place appends are traced)."""
+    model = _model("eager").eval()
+    src, sl = _batch()[:2]
+    with torch.no_grad():
+        ref = greedy_decode(model, src, sl, max_len=4)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cnt = CompileCounterWithBackend("aot_eager")
+    try:
+        compile_decoding(model, backend=cnt)
+        with torch.no_grad():
+            out = greedy_decode(model, src, sl, max_len=4)
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    assert cnt.frame_count >= 2 and not torch._dynamo.utils.counters["graph_break"]
+    assert torch.equal(out, ref)
+
+
+def test_export_triton_model_with_dynamic_shapes():
+    """torch.export of the triton model: our ops stay as nodes (fake impls give the shapes), with
+    batch and lengths dynamic, and the exported program computes what the model does."""
+    model = _model("triton").eval()
+    src, sl, tgt_in, tl, _ = (t.contiguous() for t in _batch())  # a sliced tgt_in ties its stride to Lt + 1
+    with torch.no_grad():
+        ref = model(src, sl, tgt_in, tl)  # eager first: resolves the backend
+    B, Ls, Lt = (torch.export.Dim(n, min=2, max=512) for n in ("B", "Ls", "Lt"))
+    dynamic = ({0: B, 1: Ls}, {0: B}, {0: B, 1: Lt}, {0: B})
+    ep = torch.export.export(model, (src, sl, tgt_in, tl), dynamic_shapes=dynamic)
+    targets = {str(n.target) for n in ep.graph.nodes}
+    for op in ("attention", "add_layer_norm", "ffn", "embed_sinusoidal"):
+        assert f"scratchformer.{op}.default" in targets, op
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(src, sl, tgt_in, tl), ref, rtol=1e-5, atol=1e-6)
