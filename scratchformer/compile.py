@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["compile_model", "compile_decoding"]
+__all__ = ["compile_model", "compile_decoding", "compile_for_inference"]
 
 
 def compile_model(
@@ -78,3 +78,11 @@ def compile_decoding(
         if method is not None:
             setattr(model, name, torch.compile(method, dynamic=dynamic, backend=backend, mode=mode))
     return model
+
+
+def compile_for_inference(model: nn.Module, backend: str | object = "inductor") -> nn.Module:
+    """What `evaluate --compile` and `generate --compile` use: an encoder-decoder gets its
+    `encode`/`decode` compiled in place (the decoding loops call those), a classifier its forward."""
+    if hasattr(model, "decode"):
+        return compile_decoding(model, backend=backend)
+    return compile_model(model, backend=backend)

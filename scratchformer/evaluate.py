@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")
+    p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile the model (backend: inductor when given alone; aot_eager traces without "
+                   "code generation)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
     p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json")
@@ -84,7 +87,7 @@ def main(argv=None) -> dict:
     if not args.checkpoint:
         raise SystemExit("--checkpoint is required (or --baseline lead3)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
+    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))
     examples = run_split(source, args.split, run, args.limit)

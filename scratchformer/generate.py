@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
+    p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile the model (backend: inductor when given alone; aot_eager traces without "
+                   "code generation)")
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
@@ -71,6 +74,7 @@ def run_batch(args) -> dict:
         summary = predict_file(
             args.checkpoint, args.input or "-", args.output, field=args.field, fmt=args.format, resume=args.resume,
             overwrite=args.overwrite, save_every=args.save_every, device=args.device, kernel=args.kernel,
+            compile=args.compile,
             progress=not args.no_progress and sys.stderr.isatty(), beam_size=args.beam_size,
             length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
             max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
@@ -111,7 +115,7 @@ def main(argv=None) -> list[dict]:
             raise SystemExit("--output takes its inputs from --input FILE (or stdin), not --text")
         return run_batch(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel)
+    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
         texts = args.text
     elif args.input and args.input != "-":

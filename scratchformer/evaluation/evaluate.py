@@ -19,13 +19,16 @@ import torch.nn.functional as F
 
 from .. import data as D
 from ..checkpoint import find_checkpoint, load_checkpoint
-from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
+from ..compile import compile_for_inference
 from ..data.tokenizer import TokenizerPair
+from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
 
 
-def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None):
-    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict)."""
+def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None,
+             compile: str | None = None):
+    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict). kernel:
+    override the backend; compile: a torch.compile backend (`compile_for_inference`), None = eager."""
     path = find_checkpoint(checkpoint)
     ckpt = load_checkpoint(path)
     cfg_dict = dict(ckpt["config"])
@@ -34,6 +37,8 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
     model = build_model(ModelConfig.from_dict(cfg_dict), device)
     model.load_state_dict(ckpt["model"])
     model.eval()
+    if compile:
+        model = compile_for_inference(model, backend=compile)
     ckpt["path"] = str(path)
     return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
 

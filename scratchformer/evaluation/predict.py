@@ -279,7 +279,8 @@ def _json_line(rid, pred) -> str:
 
 def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, *, field: str | None = None,
                  fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
-                 device=None, kernel: str | None = None, progress: bool = False, **predict_kw) -> dict:
+                 device=None, kernel: str | None = None, compile: str | None = None, progress: bool = False,
+                 **predict_kw) -> dict:
     """Predict every input of a file and write ``{"id", "prediction"}`` lines to `output`, in input
     order (with `resume`, lines of ids not in the input are kept after them).
 
@@ -292,7 +293,7 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
                               "predictions and add the missing ones, or --overwrite to replace it")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, toks, ckpt = load_run(checkpoint, device, kernel)
+    model, toks, ckpt = load_run(checkpoint, device, kernel, compile)
     task = ckpt["task"]
     records = read_inputs(input, task, field, fmt)
     done: dict[str | int, str] = {}

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import data as D
-from ..model import PRESETS, ModelConfig, get_config
 from ..data.tokenizer import BPETokenizer, TokenizerPair
+from ..model import PRESETS, ModelConfig, get_config
 from .config import TrainConfig
 from .distributed import Dist
 from .runs import Logger

@@ -117,6 +117,9 @@ class TrainConfig:
     adam_eps: float = _optim(default=1e-9)
     label_smoothing: float = _optim(default=0.1)
     clip_norm: float = _optim(default=1.0, help="gradient clipping norm (0: off)")
+    compile: str | None = _optim(help="torch.compile the training step's model (dynamic shapes; backend: inductor "
+                                 "when given alone, aot_eager traces without code generation)", nargs="?",
+                                 const="inductor", metavar="BACKEND")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
     seed: int = _optim(default=0)

@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from .. import data as D
 from ..checkpoint import find_checkpoint, load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from ..compile import compile_model
+from ..data.tokenizer import TokenizerPair
 from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
 from ..model import ModelConfig, build_model, count_parameters
-from ..data.tokenizer import TokenizerPair
 from .build import TrainData, build_data, model_config
 from .config import TrainConfig, resumed
 from .distributed import Dist, setup_distributed, wrap_ddp
@@ -79,6 +80,8 @@ class Trainer:
         self.config, self.model, self.data, self.model_config = config, model, data, model_config
         self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
         self.net = wrap_ddp(model, self.dist, device)
+        if config.compile:  # the training step runs compiled; checkpoints hold self.model's (uncompiled) state
+            self.net = compile_model(self.net, backend=config.compile)
         cfg = config
         self.sampler = D.BucketBatchSampler(data.train_set.lengths(), batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
