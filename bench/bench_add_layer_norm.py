@@ -17,10 +17,9 @@ import functools
 
 import pytest
 import torch
+from conftest import copy_bandwidth_gbps, requires_cuda, run_bench
 
 from scratchformer import ops
-
-from conftest import copy_bandwidth_gbps, requires_cuda, run_bench
 
 pytestmark = [pytest.mark.benchmark(group="add_layer_norm"), requires_cuda]
 

@@ -17,8 +17,8 @@ the useful work 4·H·D·L·Σ len_b), and the peak memory of one call (torch.cu
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import requires_cuda, run_bench
+
 from scratchformer import ops
 from scratchformer.reference import attention_mask
 

@@ -25,8 +25,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import HAS_CUDA, copy_bandwidth_gbps, run_bench
+
 from scratchformer.reference import sinusoidal_positions
 
 _ext = pytest.importorskip("scratchformer._ext")

@@ -14,10 +14,9 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import requires_cuda, run_bench
 
 from scratchformer import ops
-
-from conftest import requires_cuda, run_bench
 
 pytestmark = [pytest.mark.benchmark(group="ffn"), requires_cuda]
 
@@ -30,7 +29,7 @@ def _eager_ffn(x, w1, b1, w2, b2):
     return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled():
     return torch.compile(_eager_ffn)
 

@@ -15,8 +15,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import requires_cuda, run_bench
+
 from scratchformer.compile import compile_model
 from scratchformer.model import build_model, get_config
 

@@ -8,6 +8,17 @@
 
 Nothing here knows about the model. Each op file (attention.py, add_layer_norm.py, matmul.py,
 ffn.py) imports what it needs from this module.
+
+The ops are registered as torch ops (`scratchformer::attention`, `add_layer_norm`, `ffn` and their
+backward ops) with `torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our
+kernels run in Triton's interpreter, and a triton_op's kernel there cannot be traced (the
+interpreter runs the body on fake tensors; torch 2.13, Triton 3.9, measured 2026-11: opcheck's
+fake-tensor test and torch.compile(backend="aot_eager") both fail with "Attempted to set the
+storage of a tensor on device meta to a storage on different device cpu"), and the tests must run
+here. The launchers also autotune with early_config_prune hooks. An opaque op with a fake impl
+traces under torch.compile (fullgraph) and torch.export, runs its launcher (and autotuning) at run
+time, and keeps no host sync inside, so CUDA graphs can capture it. Autocast does not look
+inside: `scratchformer.ops` casts first.
 """
 
 from __future__ import annotations
@@ -156,3 +167,12 @@ def attention_key_bounds(
 def int_arg(value):
     """An int op argument: int(value), except a SymInt traced by torch.compile, passed as is."""
     return value if isinstance(value, torch.SymInt) else int(value)
+
+
+NONE_SHAPE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
+
+
+def custom_op(name: str, schema: str):
+    """`torch.library.custom_op` for `scratchformer::<name>` with an explicit schema; our ops mutate
+    nothing and return fresh tensors (see the module docstring for why custom_op)."""
+    return torch.library.custom_op(f"scratchformer::{name}", mutates_args=(), schema=schema)

@@ -30,15 +30,7 @@ Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, w
 dropout_p, seed, offset, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
 output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
 `scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
-`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
-Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
-body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
-torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
-device meta to a storage on different device cpu"), and the tests must run here. The launchers
-also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
-torch.compile (fullgraph) and
-torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
-CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
 
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.
@@ -50,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_dtype, dropout_keep, dropout_seed_offset, int_arg
+from ._common import NONE_SHAPE, check_device, check_dtype, custom_op, dropout_keep, dropout_seed_offset, int_arg
 
 MAX_N = 16384
 
@@ -304,20 +296,16 @@ def add_layer_norm_bwd(
 # Outputs never alias inputs: s is a fresh buffer even when residual is None and dropout_p is 0.
 # ---------------------------------------------------------------------------------------------
 
-_NONE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
-
-
-@torch.library.custom_op(
-    "scratchformer::add_layer_norm",
-    mutates_args=(),
-    schema="(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
+@custom_op(
+    "add_layer_norm",
+    "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
     "SymInt offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s empty (0,)
     unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N rows."""
     y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s=store_s)
-    return y, s if s is not None else x.new_empty(_NONE), mean, rstd
+    return y, s if s is not None else x.new_empty(NONE_SHAPE), mean, rstd
 
 
 @_add_layer_norm_op.register_fake
@@ -325,13 +313,12 @@ def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
     M = x.numel() // x.shape[-1]
     rows = x.new_empty(M, dtype=torch.float32)
-    return x.new_empty(x.shape), x.new_empty(x.shape if store_s else _NONE), rows, torch.empty_like(rows)
+    return x.new_empty(x.shape), x.new_empty(x.shape if store_s else NONE_SHAPE), rows, torch.empty_like(rows)
 
 
-@torch.library.custom_op(
-    "scratchformer::add_layer_norm_backward",
-    mutates_args=(),
-    schema="(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
+@custom_op(
+    "add_layer_norm_backward",
+    "(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
     "float dropout_p, SymInt seed, SymInt offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
@@ -342,14 +329,14 @@ def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout
         dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, seed=seed, rng_offset=offset,
         store_dres=store_dres,
     )
-    none = s.new_empty(_NONE)
-    return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(_NONE)
+    none = s.new_empty(NONE_SHAPE)
+    return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(NONE_SHAPE)
 
 
 @_add_layer_norm_backward_op.register_fake
 def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
-    dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else _NONE)
-    db = weight.new_empty(weight.shape if has_bias else _NONE)
+    dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else NONE_SHAPE)
+    db = weight.new_empty(weight.shape if has_bias else NONE_SHAPE)
     return s.new_empty(s.shape), dres, weight.new_empty(weight.shape), db
 
 

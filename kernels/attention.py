@@ -42,15 +42,7 @@ Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths
 causal, dropout_p, scale?, seed, offset) -> (out, lse)` and `scratchformer::attention_backward`
 -> (dq, dk, dv), autograd linking them (`register_autograd`). Dropout is a pure function of the
 (seed, offset) ints, so the backward op replays it; nothing is mutated, nothing aliases.
-`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
-Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
-body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
-torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
-device meta to a storage on different device cpu"), and the tests must run here. The launchers
-also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
-torch.compile (fullgraph) and
-torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
-CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
 
 References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
 attention); Dao-AILab/flash-attention `flash_attn_triton.py`.
@@ -72,6 +64,7 @@ from ._common import (
     attention_key_bounds,
     check_device,
     check_dtype,
+    custom_op,
     dropout_keep,
     dropout_seed_offset,
     int_arg,
@@ -720,10 +713,9 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op(
-    "scratchformer::attention",
-    mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
+@custom_op(
+    "attention",
+    "(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
     "float dropout_p, float? scale, SymInt seed, SymInt offset) -> (Tensor, Tensor)",
 )
 def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
@@ -739,10 +731,9 @@ def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offse
     return out, q.new_empty(B, H, Lq, dtype=torch.float32)
 
 
-@torch.library.custom_op(
-    "scratchformer::attention_backward",
-    mutates_args=(),
-    schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
+@custom_op(
+    "attention_backward",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
     "Tensor? query_lengths, bool causal, float dropout_p, float? scale, SymInt seed, SymInt offset) "
     "-> (Tensor, Tensor, Tensor)",
 )

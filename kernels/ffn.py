@@ -31,15 +31,7 @@ our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the test
 Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
 seed, offset, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h
 empty unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2).
-`torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our kernels run in
-Triton's interpreter, and a triton_op's kernel there cannot be traced: the interpreter runs the
-body on fake tensors (torch 2.13, Triton 3.9, measured 2026-11: opcheck's fake-tensor test and
-torch.compile(backend="aot_eager") both fail with "Attempted to set the storage of a tensor on
-device meta to a storage on different device cpu"), and the tests must run here. The launchers
-also autotune with early_config_prune hooks. An opaque op with a fake impl traces under
-torch.compile (fullgraph) and
-torch.export, runs its launcher (and autotuning) at run time, and keeps no host sync inside, so
-CUDA graphs can capture it. Autocast does not look inside: `scratchformer.ops` casts first.
+Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
 
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
@@ -50,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_device, check_dtype, dropout_seed_offset, int_arg
+from ._common import NONE_SHAPE, check_device, check_dtype, custom_op, dropout_seed_offset, int_arg
 from .matmul import matmul, matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -134,13 +126,9 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
 # to torch.compile (one node, fake impl for shapes) and to autocast (the caller casts).
 # ---------------------------------------------------------------------------------------------
 
-_NONE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
-
-
-@torch.library.custom_op(
-    "scratchformer::ffn",
-    mutates_args=(),
-    schema="(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
+@custom_op(
+    "ffn",
+    "(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
     "SymInt offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
 )
 def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
@@ -148,7 +136,7 @@ def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     needs; the pre-activation h (M, d_ff) when store_pre (gelu with a gradient), else empty (0,)."""
     y, a, pre, _ = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
                            rng_offset=offset, store_pre=store_pre)
-    return y, a, pre if pre is not None else x.new_empty(_NONE)
+    return y, a, pre if pre is not None else x.new_empty(NONE_SHAPE)
 
 
 @_ffn_op.register_fake
@@ -156,13 +144,12 @@ def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)  # no data read
     d_ff = w1.shape[0]
     M = x.numel() // x.shape[-1]
-    return x.new_empty(x.shape), x.new_empty(M, d_ff), x.new_empty((M, d_ff) if store_pre else _NONE)
+    return x.new_empty(x.shape), x.new_empty(M, d_ff), x.new_empty((M, d_ff) if store_pre else NONE_SHAPE)
 
 
-@torch.library.custom_op(
-    "scratchformer::ffn_backward",
-    mutates_args=(),
-    schema="(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
+@custom_op(
+    "ffn_backward",
+    "(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
     "bool has_b2, float dropout_p, SymInt seed, SymInt offset, bool needs_dx) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
@@ -174,15 +161,16 @@ def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_
         seed=seed, rng_offset=offset, needs_dx=needs_dx,
     )
     def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
-        return t if t is not None else x.new_empty(_NONE)
+        return t if t is not None else x.new_empty(NONE_SHAPE)
     return given(dx), dw1.contiguous(), given(db1), dw2.contiguous(), given(db2)
 
 
 @_ffn_backward_op.register_fake
 def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
     d_model, d_ff = w2.shape
-    return (x.new_empty(x.shape if needs_dx else _NONE), w1.new_empty(w1.shape), w1.new_empty(d_ff if has_b1 else 0),
-            w2.new_empty(w2.shape), w2.new_empty(d_model if has_b2 else 0))
+    dx = x.new_empty(x.shape if needs_dx else NONE_SHAPE)
+    return dx, w1.new_empty(w1.shape), w1.new_empty(d_ff if has_b1 else 0), w2.new_empty(w2.shape), \
+        w2.new_empty(d_model if has_b2 else 0)
 
 
 def _ffn_setup_context(ctx, inputs, output):

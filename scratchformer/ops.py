@@ -36,8 +36,8 @@ import functools
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

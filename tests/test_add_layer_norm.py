@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, report_diff, requires_cuda
 
 from scratchformer import ops
 from scratchformer.kernels.add_layer_norm import add_layer_norm
 from scratchformer.reference import add_layer_norm_ref
-
-from conftest import DEVICE, report_diff, requires_cuda
 
 # (dtype, atol, rtol). fp32: both sides compute in fp32; only summation order differs.
 # fp16/bf16: y is one rounding of an fp32 value (<= 1 ulp: 2^-11 / 2^-8 relative), but the

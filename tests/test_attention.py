@@ -11,8 +11,8 @@ import math
 
 import pytest
 import torch
+from conftest import DEVICE, report_diff, requires_cuda
 
-from conftest import DEVICE, requires_cuda, report_diff
 from scratchformer import ops
 from scratchformer.kernels.attention import attention
 from scratchformer.reference import attention_mask, attention_ref
@@ -243,7 +243,9 @@ def _lowp_eager(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, 
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    mask = attention_mask(B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, device=q.device)
+    mask = attention_mask(
+        B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, device=q.device
+    )
     s = s.float()
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -286,7 +288,8 @@ def test_attention_low_precision(dtype, atol, Lq, Lk, causal, padded, D):
     q, k, v = leaves(*make_qkv(2, 2, Lq, Lk, D, dtype=dtype))
     kw = dict(causal=causal)
     if padded:
-        kw.update(key_lengths=torch.tensor([Lk, 3], device=DEVICE), query_lengths=torch.tensor([Lq - 2, Lq], device=DEVICE))
+        kw.update(key_lengths=torch.tensor([Lk, 3], device=DEVICE),
+                  query_lengths=torch.tensor([Lq - 2, Lq], device=DEVICE))
     _check_lowp(q, k, v, torch.randn(2, 2, Lq, D, dtype=dtype, device=DEVICE), atol, **kw)
 
 
@@ -331,7 +334,8 @@ def test_dropout_matches_ref_with_mask(Lq, Lk, causal, padded):
     q, k, v = leaves(*make_qkv(2, 2, Lq, Lk, 32))
     kw = dict(causal=causal, dropout_p=p)
     if padded:
-        kw.update(key_lengths=torch.tensor([Lk, 5], device=DEVICE), query_lengths=torch.tensor([Lq - 1, 3], device=DEVICE))
+        kw.update(key_lengths=torch.tensor([Lk, 5], device=DEVICE),
+                  query_lengths=torch.tensor([Lq - 1, 3], device=DEVICE))
     out, lse, mask = attention(q, k, v, seed=11, return_lse=True, return_dropout_mask=True, **kw)
     ref, ref_lse = attention_ref(q, k, v, dropout_mask=mask, return_lse=True, **kw)
     g = torch.randn_like(out)
@@ -363,13 +367,22 @@ BAD = {
     "batch": (_bad(q=torch.randn(3, 2, 8, 16)), r"shape mismatch"),
     "ndim": (_bad(q=torch.randn(2, 8, 16)), r"q must be \(B, H, L, D\), got shape \(2, 8, 16\)"),
     "dtype mix": (_bad(v=torch.randn(2, 2, 9, 16, dtype=torch.float16)), r"dtype mismatch"),
-    "dtype": (_bad(q=torch.randn(2, 2, 8, 16).double(), k=torch.randn(2, 2, 9, 16).double(), v=torch.randn(2, 2, 9, 16).double()), r"float64"),
+    "dtype": (
+        _bad(q=torch.randn(2, 2, 8, 16).double(), k=torch.randn(2, 2, 9, 16).double(),
+             v=torch.randn(2, 2, 9, 16).double()),
+        r"float64",
+    ),
     "device": (_bad(v=torch.empty(2, 2, 9, 16, device="meta")), r"different devices"),
-    "head dim": (_bad(q=torch.randn(2, 2, 8, 80), k=torch.randn(2, 2, 9, 80), v=torch.randn(2, 2, 9, 80)), r"head_dim must be 16, 32, 64 or 128, got 80"),
+    "head dim": (
+        _bad(q=torch.randn(2, 2, 8, 80), k=torch.randn(2, 2, 9, 80), v=torch.randn(2, 2, 9, 80)),
+        r"head_dim must be 16, 32, 64 or 128, got 80",
+    ),
     "key len high": (_bad(key_lengths=torch.tensor([9, 10])), r"key_lengths must lie in \[0, 9\], got min 9 max 10"),
     "key len negative": (_bad(key_lengths=torch.tensor([-1, 3])), r"key_lengths must lie in \[0, 9\], got min -1"),
     "query len high": (_bad(query_lengths=torch.tensor([9, 1])), r"query_lengths must lie in \[0, 8\]"),
-    "lengths dtype": (_bad(key_lengths=torch.tensor([9.0, 1.0])), r"key_lengths must be int32 or int64, got torch.float32"),
+    "lengths dtype": (
+        _bad(key_lengths=torch.tensor([9.0, 1.0])), r"key_lengths must be int32 or int64, got torch.float32"
+    ),
     "lengths shape": (_bad(key_lengths=torch.tensor([9, 1, 2])), r"key_lengths must have shape \(2,\), got \(3,\)"),
     "dropout": (_bad(dropout_p=1.0), r"dropout_p must be in \[0, 1\), got 1.0"),
 }

@@ -152,7 +152,8 @@ def test_model_flags_reach_the_config(tmp_path):
     train.main(TINY + ["--layers", "2", "--decoder-layers", "1", "--heads", "4", "--norm", "pre", "--max-steps", "1",
                        "--no-plots", "--kernel", "eager", "--out", str(tmp_path)])
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert (cfg["n_encoder_layers"], cfg["n_decoder_layers"], cfg["n_heads"], cfg["norm"], cfg["kernel"]) == (2, 1, 4, "pre", "eager")
+    got = (cfg["n_encoder_layers"], cfg["n_decoder_layers"], cfg["n_heads"], cfg["norm"], cfg["kernel"])
+    assert got == (2, 1, 4, "pre", "eager")
 
 
 def test_train_with_triton_kernels_in_the_interpreter(tmp_path):

@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -71,7 +71,7 @@ def _run(workload: str, autotune: str, tmp: str) -> dict:
         return json.load(fh)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _counts() -> dict:
     """All four recordings, two at a time (each is one single-threaded process)."""
     import tempfile

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import report_diff, requires_cuda
+
 from scratchformer import _ext, ops
 from scratchformer.reference import embed_ref, sinusoidal_positions
 

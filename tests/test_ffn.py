@@ -13,14 +13,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, report_diff, requires_cuda
 
 import scratchformer.kernels.ffn as ffn_mod
 from scratchformer import ops
 from scratchformer.kernels.ffn import ffn
 from scratchformer.kernels.matmul import matmul, matmul_dact
 from scratchformer.reference import ffn_ref
-
-from conftest import DEVICE, report_diff, requires_cuda
 
 # fp32: both sides accumulate in fp32 (TF32 off, conftest), only summation order differs.
 # fp16/bf16: flash-attention's rule. Our error against the fp32 reference (same rounded inputs,
@@ -210,7 +209,8 @@ def test_matmul_dact_matches_autograd(activation):
     h = torch.randn(33, 70, device=DEVICE, requires_grad=True)
     a = F.relu(h) if activation == "relu" else F.gelu(h)
     (dh_ref,) = torch.autograd.grad(a, h, g @ w)
-    dh, db = matmul_dact(g, w, a.detach() if activation == "relu" else h.detach(), activation=activation, bias_grad=True)
+    saved = a.detach() if activation == "relu" else h.detach()
+    dh, db = matmul_dact(g, w, saved, activation=activation, bias_grad=True)
     torch.testing.assert_close(dh, dh_ref, **FP32_TOL)
     torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
 
@@ -252,7 +252,8 @@ def test_ffn_bad_inputs():
     with pytest.raises(ValueError, match="different devices"):
         ffn(x, w1.to("meta"), b1, w2, b2)
     with pytest.raises(ValueError, match=r"d_model must be in \[16, 16384\], got 8"):
-        ffn(torch.randn(4, 8, device=DEVICE), torch.randn(100, 8, device=DEVICE), b1, torch.randn(8, 100, device=DEVICE), None)
+        x8, w1_8, w2_8 = (torch.randn(*s, device=DEVICE) for s in ((4, 8), (100, 8), (8, 100)))
+        ffn(x8, w1_8, b1, w2_8, None)
     with pytest.raises(ValueError, match="activation must be 'relu' or 'gelu', got 'tanh'"):
         ffn(x, w1, b1, w2, b2, activation="tanh")
     with pytest.raises(ValueError, match=r"matmul: inner dims differ"):

@@ -19,10 +19,10 @@ import torch
 from scratchformer import generate
 from scratchformer.checkpoint import save_checkpoint
 from scratchformer.data import DataError
+from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, load_run
 from scratchformer.model import ModelConfig, beam_search, build_model
-from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 
 WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
 MAX_SRC, MAX_TGT = 16, 10

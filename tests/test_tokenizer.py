@@ -2,9 +2,9 @@
 
 import pytest
 
-from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from scratchformer.data import synthetic_examples, texts_for_tokenizer
 from scratchformer.data.tokenizer import MIN_VOCAB, BPETokenizer, TokenizerPair
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 TEXTS = ["Two young, White males are outside near many bushes.", "Zwei junge weiße Männer sind im Freien.",
          "Amanda: I baked  cookies.\nJerry: Sure!"] * 20

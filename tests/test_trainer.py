@@ -81,8 +81,8 @@ def test_save_then_resume_continues_bit_for_bit(tmp_path):
 
 
 def test_evaluate_library_function():
-    from scratchformer.model import build_model, get_config
     from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+    from scratchformer.model import build_model, get_config
 
     ex = D.synthetic_examples("validation", 12)
     toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(ex, "both"), 300))

@@ -35,7 +35,9 @@ def _bundled_ptxas():
     return tools if all(os.access(t, os.X_OK) for t in tools) else None
 
 
-pytestmark = pytest.mark.skipif(_bundled_ptxas() is None, reason="Triton's bundled ptxas is missing (triton/backends/nvidia/bin)")
+pytestmark = pytest.mark.skipif(
+    _bundled_ptxas() is None, reason="Triton's bundled ptxas is missing (triton/backends/nvidia/bin)"
+)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
@@ -257,7 +258,8 @@ def _matmul(mods, dtypes):
                            dropout_p=0.1, seed=1234, bias_grad=True)
         if name == "fp16":
             continue
-        with scenario(f"{name} plain (no bias, no act), ragged M=1000 K=200 N=300", name, full=("smallest",), sweep=False):
+        what = f"{name} plain (no bias, no act), ragged M=1000 K=200 N=300"
+        with scenario(what, name, full=("smallest",), sweep=False):
             MM.matmul(_e(1000, 200, dtype=dt), _e(200, 300, dtype=dt))
         with scenario(f"{name} relu (dact), ragged", name, full=("smallest",), sweep=False):
             MM.matmul_dact(_e(1000, 200, dtype=dt), _e(200, 300, dtype=dt), _e(1000, 300, dtype=dt),
@@ -365,7 +367,8 @@ def shared_estimate(kernel, signature, constexprs, attrs, options, target, backe
         passes.ttgpuir.add_allocate_warp_groups(pm)
     passes.convert.add_scf_to_cf(pm)
     passes.gluon.add_inliner(pm)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, target.arch, get_ptx_version_from_options(options, target.arch))
+    ptx_version = get_ptx_version_from_options(options, target.arch)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, target.arch, ptx_version)
     pm.run(mod, "shared_estimate")
     return int(mod.get_int_attr("ttg.shared") or 0)
 
@@ -415,7 +418,8 @@ def run_job(i: int) -> dict:
             if job.kind == "sweep":
                 res["shared"] = shared_estimate(launch.kernel, sig, consts, attrs, options, target, backend)
             else:
-                k = triton.compile(ASTSource(launch.kernel, sig, consts, attrs), target=target, options=options.__dict__)
+                src = ASTSource(launch.kernel, sig, consts, attrs)
+                k = triton.compile(src, target=target, options=options.__dict__)
                 res["shared"] = int(k.metadata.shared)
                 res.update(_resources(k.asm["cubin"]))
         res["signature"] = " ".join(f"{n}:{t}" for n, t in sig.items() if t != "constexpr")
@@ -534,7 +538,8 @@ def main(argv=None) -> int:
     for i, kept in kept_of.items():
         summary.setdefault(launches[i].kernel.__name__, set()).add(len(kept))
     for name, counts in sorted(summary.items()):
-        print(f"  autotune {name}: {'/'.join(map(str, sorted(counts)))} configs kept after keep() for every captured shape")
+        kept = "/".join(map(str, sorted(counts)))
+        print(f"  autotune {name}: {kept} configs kept after keep() for every captured shape")
 
     # Jobs, deduplicated on what would actually be compiled.
     jobs: list[Job] = []

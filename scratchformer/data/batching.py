@@ -8,8 +8,8 @@ right-padded with PAD. Over-long sequences are truncated by `encode_examples` an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -120,10 +120,10 @@ class Batch:
     def _map(self, fn):
         return Batch(**{k: (None if v is None else fn(v)) for k, v in self.__dict__.items()})
 
-    def to(self, device, non_blocking: bool = False) -> "Batch":
+    def to(self, device, non_blocking: bool = False) -> Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
-    def pin_memory(self) -> "Batch":  # DataLoader(pin_memory=True) calls this on custom types
+    def pin_memory(self) -> Batch:  # DataLoader(pin_memory=True) calls this on custom types
         return self._map(lambda t: t.pin_memory())
 
     def __len__(self):

@@ -25,9 +25,9 @@ import gzip
 import json
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")

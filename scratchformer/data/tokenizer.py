@@ -13,8 +13,8 @@ share a vocabulary, else ``tokenizer.src.json`` and ``tokenizer.tgt.json``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -36,7 +36,7 @@ class BPETokenizer:
         self.tok = tok
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
         if vocab_size < MIN_VOCAB:
             raise ValueError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + 4 specials), got {vocab_size}")
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -54,11 +54,11 @@ class BPETokenizer:
         return cls(tok)
 
     @classmethod
-    def from_str(cls, s: str) -> "BPETokenizer":
+    def from_str(cls, s: str) -> BPETokenizer:
         return cls(Tokenizer.from_str(s))
 
     @classmethod
-    def load(cls, path: str | Path) -> "BPETokenizer":
+    def load(cls, path: str | Path) -> BPETokenizer:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"tokenizer file {path} does not exist")
@@ -136,12 +136,12 @@ class TokenizerPair:
         return {"src": self.src.to_str(), "tgt": None if self.shared else self.tgt.to_str()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokenizerPair":
+    def from_dict(cls, d: dict) -> TokenizerPair:
         src = BPETokenizer.from_str(d["src"])
         return cls(src, None if d.get("tgt") is None else BPETokenizer.from_str(d["tgt"]))
 
     @classmethod
-    def load(cls, paths: Sequence[str | Path]) -> "TokenizerPair":
+    def load(cls, paths: Sequence[str | Path]) -> TokenizerPair:
         """One file (shared vocabulary) or two (source, target)."""
         if len(paths) not in (1, 2):
             raise ValueError(f"give one tokenizer file (shared) or two (source, target), got {len(paths)}")
