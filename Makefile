@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.9.0
+RUFF_SPEC ?= ruff==0.17.6
 # The oldest Triton we support: the one CUDA torch 2.11 ships with (the GPU machines' torch).
 # `make test` also runs the kernel tests and the AOT compile check with it on CPU machines.
 TRITON_MIN_SPEC ?= triton==3.6.0
@@ -24,7 +25,7 @@ WHEEL_DIR := .whl
 GPU_WHEELS ?= rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1
 WHEELS_FROM ?=
 
-.PHONY: install train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run
+.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -38,7 +39,7 @@ $(STAMP): $(PY) $(EXT_SOURCES)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q "$(TRITON_SPEC)"
-	$(PY) -m pip install -q ninja setuptools wheel numpy pytest pytest-benchmark hypothesis
+	$(PY) -m pip install -q ninja setuptools wheel numpy pytest pytest-benchmark hypothesis "$(RUFF_SPEC)"
 	$(PY) -m pip install -q --no-build-isolation -e .
 	@touch $(STAMP)
 
@@ -55,7 +56,11 @@ cuda-check:
 compile-check: install
 	SCRATCHFORMER_COMPILE_CHECK=full $(PY) -m pytest tests/test_triton_compile.py -q -s
 
-test: install cuda-check
+# Lint first (seconds), then the suite.
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint cuda-check
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
 		$(MAKE) --no-print-directory test-triton-min; \
