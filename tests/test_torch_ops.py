@@ -16,13 +16,14 @@ On the CPU the kernels run in Triton's interpreter (slow): shapes and models are
 
 import pytest
 import torch
+from conftest import DEVICE
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from scratchformer.compile import compile_decoding, compile_model
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
 from scratchformer.kernels import ffn as F
-from scratchformer.model import ModelConfig, Transformer, greedy_decode
+from scratchformer.model import ModelConfig, build_model, greedy_decode
 
 OPS = torch.ops.scratchformer
 V = 20
@@ -148,13 +149,14 @@ def _model(kernel, **kw):
     base = dict(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                 dropout=0.0)
     base.update(kw)
-    return Transformer(ModelConfig(**base, kernel=kernel))
+    return build_model(ModelConfig(**base, kernel=kernel), DEVICE)
 
 
 def _batch():
     g = torch.Generator().manual_seed(3)
     src, tgt = torch.randint(4, V, (3, 7), generator=g), torch.randint(4, V, (3, 6), generator=g)
-    return src, torch.tensor([7, 2, 5]), tgt[:, :-1], torch.tensor([5, 5, 1]), tgt[:, 1:]
+    batch = src, torch.tensor([7, 2, 5]), tgt[:, :-1], torch.tensor([5, 5, 1]), tgt[:, 1:]
+    return tuple(t.to(DEVICE) for t in batch)
 
 
 def _loss_and_grads(model, batch, seed=0):
@@ -230,6 +232,7 @@ def test_compile_model_few_recompiles_over_varied_lengths():
             src, tgt = torch.randint(4, V, (B, Ls), generator=g), torch.randint(4, V, (B, Lt + 1), generator=g)
             sl, tl = torch.randint(1, Ls + 1, (B,), generator=g), torch.randint(1, Lt + 1, (B,), generator=g)
             sl[0], tl[0] = Ls, Lt
+            src, tgt, sl, tl = (t.to(DEVICE) for t in (src, tgt, sl, tl))
             shapes.add((B, Ls, Lt))
             logits = compiled(src, sl, tgt[:, :-1], tl)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))

@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 
 from .. import data as D
-from ..config import PRESETS
+from ..model import PRESETS
 
 KERNELS = ("auto", "eager", "torch", "triton")
 GROUPS = ("data", "tokenizer", "model", "optimisation", "evaluation, early stopping, checkpoints, logging")
