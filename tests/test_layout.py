@@ -1,13 +1,11 @@
 """The package's shape: imports run one way (no cycles), commands never import each other, and
-the training/evaluation modules stay readable (<= 400 lines, functions <= 60 lines)."""
+the package's modules stay readable (<= 400 lines, functions <= 60 lines)."""
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "scratchformer"
 COMMANDS = {"scratchformer.train", "scratchformer.evaluate", "scratchformer.generate", "scratchformer.ablate"}
-# The parts this layout owns; the model, data and kernel layers are measured by their own tests.
-SIZED = ("training", "evaluation", "train.py", "evaluate.py", "ablate.py")
 
 
 def _modules() -> dict[str, Path]:
@@ -75,11 +73,13 @@ def test_commands_never_import_each_other_and_libraries_never_import_commands():
     assert not any(d.startswith("scratchformer.training") for d in graph["scratchformer.evaluation.evaluate"])
 
 
-def test_training_and_evaluation_modules_stay_small():
+def test_package_modules_and_functions_stay_small():
+    """Every module of scratchformer/ <= 400 lines, every function <= 60 (the Triton kernels, a
+    link to ../kernels, are outside: their bodies are long by nature)."""
     too_long = []
     for p in sorted(PKG.rglob("*.py")):
         rel = p.relative_to(PKG)
-        if not (rel.parts[0] in SIZED or str(rel) in SIZED):
+        if rel.parts[0] == "kernels":
             continue
         src = p.read_text(encoding="utf-8")
         n = len(src.splitlines())
