@@ -7,8 +7,8 @@ import pytest
 
 from scratchformer.training.config import TrainConfig, build_parser, parse_args, resumed
 
-# The train command's options before TrainConfig existed (argparse written by hand): the
-# generated parser must offer exactly these, in this order.
+# The train command's options before TrainConfig existed (argparse written by hand), plus the ones
+# added since (NEW_FLAGS, at their place): the generated parser must offer exactly these, in order.
 OLD_FLAGS = [
     "-h", "--help", "--task", "--dataset", "--data", "--max-train-examples", "--max-valid-examples",
     "--valid-fraction", "--max-src-len", "--max-tgt-len", "--synthetic-seed", "--num-workers", "--threads",
@@ -21,6 +21,7 @@ OLD_FLAGS = [
     "--save-every", "--keep-checkpoints", "--resume", "--out", "--overwrite", "--device", "--log-every",
     "--no-progress", "--tensorboard", "--attention-example", "--no-plots",
 ]
+NEW_FLAGS = {"--compile": "--precision"}  # flag: the flag it comes before
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
 # no "overwrite" yet, "resume_path" added by --resume.
@@ -42,7 +43,10 @@ OLD_ARGS_JSON = """{"task": null, "dataset": "imdb", "data": null, "max_train_ex
 def test_parser_is_generated_from_every_field(capsys):
     parser = build_parser()
     flags = [s for a in parser._actions for s in a.option_strings]
-    assert flags == OLD_FLAGS
+    want = list(OLD_FLAGS)
+    for flag, before in NEW_FLAGS.items():
+        want.insert(want.index(before), flag)
+    assert flags == want
     dests = {a.dest for a in parser._actions} - {"help"}
     fields = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["cli"]}
     assert dests == fields  # one flag per field, nothing else
