@@ -15,7 +15,7 @@ TRITON_MIN_DIR := .triton-min
 KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_ffn.py \
 	tests/test_model_triton.py tests/test_triton_compile.py
 STAMP := $(VENV)/.scratchformer-installed
-EXT_SOURCES := setup.py $(wildcard csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)
+EXT_SOURCES := setup.py $(wildcard csrc/*.h csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)
 
 # What the GPU machines lack, as wheels for carrying (scripts/gpu/README.md): rouge-score (an sdist
 # on PyPI, built into a pure-Python wheel here) and the dependencies they do not have (nltk needs
@@ -57,7 +57,10 @@ compile-check: install
 	SCRATCHFORMER_COMPILE_CHECK=full $(PY) -m pytest tests/test_triton_compile.py -q -s
 
 # Lint first (seconds), then the suite.
-lint: install
+$(VENV)/bin/ruff: | install
+	$(PY) -m pip install -q "$(RUFF_SPEC)"
+
+lint: install $(VENV)/bin/ruff
 	$(VENV)/bin/ruff check .
 
 test: install lint cuda-check

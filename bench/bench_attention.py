@@ -2,7 +2,7 @@
 
     pytest bench/bench_attention.py --benchmark-only [--benchmark-json bench/results/<name>.json]
 
-Kernels (all through `scratchformer.ops.attention` unless said otherwise):
+Kernels (all through `scratchformer.ops.select(kernel, "cuda").attention` unless said otherwise):
 - triton:    ours (kernels/attention.py), lengths as key_lengths;
 - sdpa:      ops' torch backend: F.scaled_dot_product_attention, dense (flash) where it can be,
              a boolean mask built per call for padding / Lq != Lk causal;

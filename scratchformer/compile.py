@@ -42,7 +42,6 @@ def compile_model(
     backend: str | object = "inductor",
     mode: str | None = None,
     fullgraph: bool = False,
-
 ) -> nn.Module:
     """`torch.compile(model)` for training, evaluation and generation.
 

@@ -24,7 +24,7 @@ import torch
 from . import data as D
 from .checkpoint import CheckpointError
 from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
-from .evaluation.predict import predict_file
+from .evaluation.predict import OptionError, predict_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,8 +79,8 @@ def run_batch(args) -> dict:
             length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
             max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
             max_src_len=args.max_src_len, strict=args.strict)
-    except (ValueError, FileExistsError, CheckpointError) as e:  # DataError is a ValueError
-        raise SystemExit(f"error: {e}") from None
+    except (D.DataError, OptionError, FileExistsError, CheckpointError) as e:  # user errors only: a bug keeps
+        raise SystemExit(f"error: {e}") from None  # its traceback
     except KeyboardInterrupt:  # what was done is in OUTPUT.partial (see predict_file)
         raise SystemExit(130) from None
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""

@@ -172,6 +172,12 @@ def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
     T.main(["--resume", "--max-steps", "2", "--no-progress", "--no-plots"])  # no --out: the newest run
     assert load_checkpoint(folders[-1] / "last.pt")["progress"]["step"] == 2
     assert load_checkpoint(folders[0] / "last.pt")["progress"]["step"] == 1
+    # --resume naming an older run's checkpoint, no --out: that run continues; the newest is untouched
+    newest = {p.name: p.read_bytes() for p in folders[-1].iterdir() if p.is_file()}
+    T.main(["--resume", str(folders[0] / "last.pt"), "--max-steps", "3", "--no-progress", "--no-plots"])
+    assert load_checkpoint(folders[0] / "last.pt")["progress"]["step"] == 3
+    assert [s for s, _, _ in _train_rows(folders[0])] == [1, 2, 3]
+    assert {p.name: p.read_bytes() for p in folders[-1].iterdir() if p.is_file()} == newest
 
 
 def test_compile_flag_trains_like_eager_with_few_graphs(tmp_path):

@@ -1,3 +1,4 @@
 """Evaluation: evaluate.py (teacher-forced loss, decoding, scores, outputs: a library function),
-metrics.py (BLEU, chrF, ROUGE, accuracy, perplexity, Lead-3) and plots.py (PNG figures).
+metrics.py (BLEU, chrF, ROUGE, accuracy, perplexity, Lead-3), plots.py (PNG figures) and
+predict.py (batch inference over a file of inputs).
 Nothing here imports the training package."""

@@ -58,6 +58,10 @@ class InputRecord:
 # ---------------------------------------------------------------------------------------------
 
 
+class OptionError(ValueError):
+    """A prediction option the model or task cannot take (the command line reports it as a user error)."""
+
+
 def _open_text(path: str | Path):
     """A text stream of a file (gzip by its name) or of stdin ("-")."""
     if str(path) == "-":  # not closed afterwards: stdin is not ours
@@ -101,7 +105,7 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     empty file or undecodable text.
     """
     if task not in INPUT_FIELDS:
-        raise ValueError(f"unknown task {task!r}; choose one of {sorted(INPUT_FIELDS)}")
+        raise OptionError(f"unknown task {task!r}; choose one of {sorted(INPUT_FIELDS)}")
     field = field or INPUT_FIELDS[task]
     name = "<stdin>" if str(path) == "-" else str(path)
     records: list[InputRecord] = []
@@ -208,10 +212,10 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     task, args = ckpt["task"], ckpt["args"]
     max_src_len = max_src_len or args["max_src_len"]
     if max_src_len + 1 > model.cfg.max_len:
-        raise ValueError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
+        raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
     max_len = max_len or args["max_tgt_len"]
     if task != "classification" and not 1 <= max_len < model.cfg.max_len:
-        raise ValueError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
+        raise OptionError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
     dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source)
     bar = None
     if progress:

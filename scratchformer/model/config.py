@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 # Special token ids shared by the tokenizers, the data pipeline and decoding: the tokenizer fixes them.
-from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
+from ..special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
 
 
 @dataclass

@@ -29,9 +29,15 @@ def run_files(out: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def resume_folder(out: str | None) -> Path:
-    """The folder --resume continues: --out, or the newest run (runs/latest, resolved)."""
-    return Path(out) if out is not None else Path(os.path.realpath(RUNS_DIR / "latest"))
+def resume_folder(out: str | None, resume: str | None = None) -> Path:
+    """The folder --resume continues: --out; else the run the named checkpoint (or run folder)
+    belongs to, so a resume never writes into another run; else the newest run (runs/latest)."""
+    if out is not None:
+        return Path(out)
+    if resume not in (None, "last"):
+        named = Path(resume)
+        return named if named.is_dir() else named.parent
+    return Path(os.path.realpath(RUNS_DIR / "latest"))
 
 
 def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:

@@ -117,7 +117,7 @@ class Trainer:
         `given`: the options set on the command line (they override a resumed run's)."""
         ckpt = None
         if config.resume:
-            folder = resume_folder(config.out)
+            folder = resume_folder(config.out, config.resume)
             path = find_checkpoint(folder if config.resume == "last" else config.resume, prefer="last")
             ckpt = load_checkpoint(path)
             config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))

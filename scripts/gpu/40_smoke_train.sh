@@ -3,7 +3,7 @@
 # the eager reference from the same seed (300 steps each; pinned configs: about 20 compiles, see
 # tests/test_compile_budget.py). Both should reach about the same validation loss and exact match.
 source "$(dirname "$0")/prelude.sh"
-if [ "$DRY" = 1 ]; then  # CPU: the eager backend twice, 2 steps of a tiny model
+if [ "$DRY" = 1 ]; then  # CPU: the eager backend once, 2 steps of a tiny model
   KERNELS=${SMOKE_KERNELS:-"eager"}; STEPS=2; PREC=fp32
   EXTRA=(--max-train-examples 64 --d-model 32 --heads 2 --layers 1 --d-ff 64 --eval-every 2 --max-valid-examples 4 --eval-decode-examples 2)
 else

@@ -113,7 +113,7 @@ else
 fi
 
 # 3. the package from the checkout: kernels/ is scratchformer.kernels (setup.py's mapping)
-[ -e scratchformer/kernels ] || ln -s ../kernels scratchformer/kernels
+[ -e scratchformer/kernels ] || ln -sfn ../kernels scratchformer/kernels  # -n: never a link inside an existing one (steps may race)
 
 # 4. the extension: reuse one that loads (in place, or carried in .gpu_build/), else build it;
 # 5. the versions that matter (one python start for both: each costs seconds)
