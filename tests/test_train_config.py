@@ -5,7 +5,15 @@ import json
 
 import pytest
 
-from scratchformer.training.config import TrainConfig, build_parser, parse_args, resumed
+from scratchformer.training.config import (
+    ConfigError,
+    TrainConfig,
+    build_parser,
+    check_device,
+    check_for_task,
+    parse_args,
+    resumed,
+)
 
 # The train command's options before TrainConfig existed (argparse written by hand), plus the ones
 # added since (NEW_FLAGS, at their place): the generated parser must offer exactly these, in order.
@@ -128,3 +136,117 @@ def test_resume_keeps_the_run_config_except_given_flags():
     assert (cfg.max_steps, cfg.out, cfg.no_plots, cfg.resume, cfg.resume_path) == (
         99, "runs/y", True, "last", "runs/y/last.pt")
     assert (cfg.lr, cfg.schedule, cfg.dataset, cfg.epochs, cfg.no_progress) == (1e-3, "cosine", "imdb", 4, True)
+
+
+# --- options refused by name, before any work -------------------------------------------------
+
+BAD_OPTIONS = [
+    (["--max-steps", "0"], r"--max-steps must be an integer >= 1, got 0 \(leave it out"),
+    (["--max-steps", "-3"], r"--max-steps must be an integer >= 1, got -3"),
+    (["--epochs", "0"], r"--epochs must be an integer >= 1, got 0"),
+    (["--beam-size", "0"], r"--beam-size must be an integer >= 1, got 0"),
+    (["--beam-size", "-2"], r"--beam-size must be an integer >= 1, got -2"),
+    (["--max-train-examples", "0"], r"--max-train-examples must be an integer >= 1, got 0"),
+    (["--max-valid-examples", "-1"], r"--max-valid-examples must be an integer >= 1, got -1"),
+    (["--heads", "0"], r"--heads must be an integer >= 1, got 0"),
+    (["--d-model", "0"], r"--d-model must be an integer >= 2, got 0"),
+    (["--d-model", "64", "--heads", "5"], r"--d-model 64 is not divisible by --heads 5"),
+    (["--d-model", "33"], r"--d-model must be even"),
+    (["--layers", "0"], r"--layers must be an integer >= 1, got 0"),
+    (["--d-ff", "0"], r"--d-ff must be an integer >= 1, got 0"),
+    (["--vocab-size", "0"], r"--vocab-size must be an integer >= 260, got 0"),
+    (["--grad-accum", "0"], r"--grad-accum must be an integer >= 1, got 0"),
+    (["--log-every", "0"], r"--log-every must be an integer >= 1, got 0"),
+    (["--lr", "0"], r"--lr must be a finite number in \(0, inf\), got 0"),
+    (["--lr", "-1"], r"--lr must be a finite number in \(0, inf\), got -1"),
+    (["--lr", "nan"], r"--lr must be a finite number .*got nan"),
+    (["--lr", "inf"], r"--lr must be a finite number .*got inf"),
+    (["--dropout", "-0.1"], r"--dropout must be a finite number in \[0, 1\), got -0.1"),
+    (["--dropout", "1"], r"--dropout must be a finite number in \[0, 1\), got 1"),
+    (["--attn-dropout", "1.5"], r"--attn-dropout must be a finite number in \[0, 1\)"),
+    (["--label-smoothing", "1"], r"--label-smoothing must be a finite number in \[0, 1\)"),
+    (["--valid-fraction", "0"], r"--valid-fraction must be a finite number in \(0, 1\)"),
+    (["--clip-norm", "-1"], r"--clip-norm must be a finite number in \[0, inf\)"),
+    (["--adam-betas", "0.9", "1.0"], r"--adam-betas must be two numbers in \[0, 1\)"),
+    (["--data", "d", "--dataset", "multi30k"], r"--data d and --dataset multi30k both name the data"),
+    (["--resume", "--overwrite"], r"--resume continues a run and --overwrite replaces it"),
+    (["--tokenizer", "a", "b", "c"], r"--tokenizer takes one file \(shared\) or two"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_bad_options_are_refused_by_name(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_args(argv)
+
+
+def test_config_from_a_file_is_checked_too():
+    with pytest.raises(ConfigError, match=r"--schedule 'bogus' is not one of inverse_sqrt"):
+        TrainConfig.from_dict({**json.loads(OLD_ARGS_JSON), "schedule": "bogus"})
+    with pytest.raises(ConfigError, match=r"--max-steps must be an integer >= 1, got '3'"):
+        TrainConfig.from_dict({**json.loads(OLD_ARGS_JSON), "max_steps": "3"})
+    assert TrainConfig(max_steps=None).max_steps is None  # None is "unset", 0 is refused
+
+
+def test_checks_that_need_the_task():
+    cfg = TrainConfig(best_metric="bogus").resolved("translation", synthetic=True)
+    with pytest.raises(ConfigError, match=r"--best-metric bogus: translation validation computes loss, ppl, bleu"):
+        check_for_task(cfg, "translation")
+    with pytest.raises(ConfigError, match=r"--best-metric rougeL: translation validation computes"):
+        check_for_task(TrainConfig(best_metric="rougeL"), "translation")
+    check_for_task(TrainConfig(best_metric="rougeL", eval_decode_examples=5), "summarization")
+    with pytest.raises(ConfigError, match=r"--best-metric bleu is a decoding metric: it needs --eval-decode-examples"):
+        check_for_task(TrainConfig(best_metric="bleu", eval_decode_examples=0), "translation")
+    with pytest.raises(ConfigError, match=r"--best-metric bleu: classification validation computes loss, ppl, acc"):
+        check_for_task(TrainConfig(best_metric="bleu").resolved("classification", synthetic=False), "classification")
+    with pytest.raises(ConfigError, match=r"--decoder-layers 0 makes no decoder; translation needs at least 1"):
+        check_for_task(TrainConfig(decoder_layers=0), "translation")
+    with pytest.raises(ConfigError, match=r"--preset classifier is a classifier; pick a seq2seq preset"):
+        check_for_task(TrainConfig(preset="classifier"), "summarization")
+
+
+def test_device_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"--device cuda: this PyTorch (was built without CUDA|sees no GPU); use "
+                       r"--device cpu"):
+        check_device("cuda")
+    with pytest.raises(ConfigError, match=r"--device gpu0: not a device"):
+        check_device("gpu0")
+    check_device("cpu")
+    check_device(None)
+
+
+def test_resume_refuses_flags_that_cannot_change():
+    saved = json.loads(OLD_ARGS_JSON)
+    now, given = parse_args(["--resume", "--d-model", "128", "--heads", "8", "--lr", "3e-4", "--out", "runs/y"])
+    with pytest.raises(ConfigError, match=r"--resume continues the run of runs/y/last.pt as it was built: --d-model "
+                       r"128 \(the run has 64\); --heads 8 \(the run has 2\) cannot change; drop them"):
+        resumed(now, given, saved, "runs/y/last.pt")
+    # the same value as the run's is no change; lr, max-steps, evaluation flags may change
+    now, given = parse_args(["--resume", "--d-model", "64", "--lr", "3e-4", "--max-steps", "9", "--beam-size", "2"])
+    cfg = resumed(now, given, saved, "runs/y/last.pt")
+    assert (cfg.d_model, cfg.lr, cfg.max_steps, cfg.beam_size, cfg.overwrite) == (64, 3e-4, 9, 2, False)
+    now, given = parse_args(["--resume", "--lr", "3e-4"])
+    with pytest.raises(ConfigError, match=r"--lr cannot change when resuming a --schedule plateau run"):
+        resumed(now, given, {**saved, "schedule": "plateau"}, "runs/y/last.pt")
+    # a run started with --overwrite resumes (its saved overwrite is not a second wish to replace it)
+    assert resumed(*parse_args(["--resume"]), {**saved, "overwrite": True}, "r/last.pt").overwrite is False
+
+
+def test_model_config_refuses_impossible_sizes():
+    from scratchformer.model import ModelConfig, get_config
+
+    for kw, message in [(dict(d_model=0), r"d_model must be an integer >= 1, got 0"),
+                        (dict(n_heads=0), r"n_heads must be an integer >= 1, got 0"),
+                        (dict(n_encoder_layers=-1), r"n_encoder_layers must be an integer >= 0, got -1"),
+                        (dict(n_decoder_layers=-1), r"n_decoder_layers must be an integer >= 0, got -1"),
+                        (dict(n_decoder_layers=0), r"n_decoder_layers is 0: only the classifier"),
+                        (dict(src_vocab_size=0), r"src_vocab_size must be an integer >= 1, got 0"),
+                        (dict(tgt_vocab_size=0), r"tgt_vocab_size must be an integer >= 1, got 0"),
+                        (dict(d_ff=0), r"d_ff must be an integer >= 1, got 0"),
+                        (dict(layer_norm_eps=-1e-5), r"layer_norm_eps must be a positive finite number")]:
+        with pytest.raises(ValueError, match=message):
+            ModelConfig(**kw)
+    with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):
+        get_config("classifier", num_classes=1)
+    assert get_config("classifier").n_decoder_layers == 0  # the classifier has no decoder

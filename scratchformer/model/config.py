@@ -48,6 +48,7 @@ class ModelConfig:
     def __post_init__(self):
         if self.tgt_vocab_size is None:
             self.tgt_vocab_size = self.src_vocab_size
+        self._check_sizes()
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.d_model % 2 != 0:
@@ -69,6 +70,21 @@ class ModelConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
         if self.kernel not in ("auto", "eager", "torch", "triton"):
             raise ValueError(f"unknown kernel backend {self.kernel!r}; choose auto, eager, torch or triton")
+
+    def _check_sizes(self) -> None:
+        """Sizes are positive integers (layers: >= 0; no decoder only for the classifier)."""
+        lows = dict(src_vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, n_encoder_layers=0, n_decoder_layers=0,
+                    d_ff=1, max_len=1)
+        if self.num_classes is not None:
+            lows["num_classes"] = 2
+        for name, lo in lows.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if self.n_decoder_layers == 0 and self.num_classes is None:
+            raise ValueError("n_decoder_layers is 0: only the classifier (num_classes set) has no decoder")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < float("inf")):
+            raise ValueError(f"layer_norm_eps must be a positive finite number, got {self.layer_norm_eps!r}")
 
     @property
     def head_dim(self) -> int:

@@ -18,7 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
-from .config import parse_args
+from .config import ConfigError, parse_args
 from .trainer import train
 
 DEFAULT_GRID = [
@@ -52,18 +52,33 @@ def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
     return metric, flat
 
 
+def variant_folders(out: Path, variants: list[str], shared: list[str]) -> list[tuple[str, str, Path]]:
+    """(name, flags, run folder) per variant, all checked before the first run: NAME=FLAGS form,
+    flags that parse into a valid config, and a name that makes a safe folder name inside `out`
+    (letters, digits, '-', '_', '.'; not '.' or '..'; unique)."""
+    planned, seen = [], {}
+    for spec in variants:
+        if "=" not in spec:
+            raise ConfigError(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
+        name, flags = spec.split("=", 1)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+        if not slug:
+            raise ConfigError(f"variant name {name!r} makes no folder name: use letters, digits, '-', '_' or '.'")
+        if slug in seen:
+            raise ConfigError(f"variants {seen[slug]!r} and {name!r} would share the folder {out / slug}")
+        seen[slug] = name
+        parse_args([*shared, *shlex.split(flags), "--out", str(out / slug)])  # a bad flag: refused now
+        planned.append((name, flags, out / slug))
+    return planned
+
+
 def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None) -> tuple[str, list[dict]]:
     """Train every variant into out/<name>/ (shared train flags, then the variant's), write
     out/ablation.json and out/ablation.png. Returns (the compared metric, one result per variant)."""
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
     results = []
-    for spec in variants:
-        if "=" not in spec:
-            raise SystemExit(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
-        name, flags = spec.split("=", 1)
-        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "variant"
-        run_dir = out / slug
+    for name, flags, run_dir in variant_folders(out, variants, shared):
         print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}")
         final = train(*parse_args([*shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]))
         metric, flat = _final_metric(final, metric)

@@ -104,16 +104,45 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
     """Examples, tokenizers (given on resume, else made) and encodings of both splits."""
     task = source.task
     train_ex, valid_ex = load_data(cfg, source, log)
+    num_classes = class_count(source, train_ex, valid_ex) if task == "classification" else None  # before any work
     toks = make_tokenizers(cfg, task, train_ex, out, dist_, log) if tokenizers is None else tokenizers
     train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
              f"max_tgt_len-1 target tokens)")
     valid_set, sv = D.encode_examples(valid_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"valid: {sv}")
-    num_classes = None
-    if task == "classification":
-        num_classes = max(2, max(int(e.tgt) for e in train_ex) + 1, max(int(e.tgt) for e in valid_ex) + 1)
     return TrainData(source, train_ex, valid_ex, toks, train_set, valid_set, num_classes)
+
+
+def class_count(source: D.DataSource, train: list[D.Example], valid: list[D.Example]) -> int:
+    """The classifier's number of classes, every label checked first (a DataError naming the file,
+    the example and the label): against the label set of meta.json when it names one, else against
+    the observed training labels, which must fill at least half of 0..max (so one stray label of
+    100,000,000 is refused, not made into a 100M-class head)."""
+    folder = Path(source.folder) if source.folder else None
+    names = D.label_names(folder)
+    if names:
+        allowed, rule = set(names), f"the labels of {folder / 'meta.json'} are {', '.join(map(str, sorted(names)))}"
+    else:
+        seen = {e.tgt for e in train if isinstance(e.tgt, int) and e.tgt >= 0}
+        allowed = set(range(max(2, 2 * len(seen))))
+        rule = (f"without a label list in meta.json the labels must be 0..N-1 with at least half of them in the "
+                f"training data ({len(seen)} distinct seen, so at most {max(allowed)})")
+    for split, examples in (("train", train), ("validation", valid)):
+        for i, e in enumerate(examples):
+            if e.tgt not in allowed or isinstance(e.tgt, bool):
+                shown = f" (id {e.id})" if e.id is not None else ""
+                raise D.DataError(f"{_split_file(source, split)}, example {i + 1}{shown}: label {e.tgt!r} is not a "
+                                  f"known class: {rule}")
+    return max(2, max(names) + 1 if names else max(e.tgt for e in train + valid) + 1)
+
+
+def _split_file(source: D.DataSource, split: str) -> str:
+    """Where a split's examples came from, for messages (a carved validation split: the train file)."""
+    if source.folder:
+        found = D.find_split_file(Path(source.folder), split) or D.find_split_file(Path(source.folder), "train")
+        return str(found or source.folder)
+    return f"{source.kind} dataset {source.name} ({split})"
 
 
 _MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="dropout", attn_dropout="attn_dropout",

@@ -13,13 +13,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 
+import torch
+
 from .. import data as D
+from ..data.tokenizer import MIN_VOCAB
 from ..model import PRESETS
 
 KERNELS = ("auto", "eager", "torch", "triton")
+# What validation computes, per task: the names --best-metric may take. Decoding metrics (all but
+# loss, ppl, accuracy) need --eval-decode-examples > 0.
+METRICS = {
+    "translation": ("loss", "ppl", "bleu", "chrf", "exact_match"),
+    "summarization": ("loss", "ppl", "bleu", "chrf", "exact_match", "rouge1", "rouge2", "rougeL", "rougeLsum"),
+    "classification": ("loss", "ppl", "accuracy"),
+}
+TEACHER_FORCED = ("loss", "ppl", "accuracy")
+
+
+class ConfigError(ValueError):
+    """A training option (or a combination of options) that cannot work; the message names the flag."""
 GROUPS = ("data", "tokenizer", "model", "optimisation", "evaluation, early stopping, checkpoints, logging")
 
 
@@ -153,6 +169,7 @@ class TrainConfig:
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)  # JSON gives a list back
+        check_config(self)
 
     def to_dict(self) -> dict:
         """JSON-ready (tuples as lists): args.json and the checkpoint's "args"."""
@@ -174,6 +191,97 @@ class TrainConfig:
             if getattr(self, f.name) is None and by:
                 fill[f.name] = by.get("synthetic") if synthetic else by.get(task, by.get("real"))
         return dataclasses.replace(self, **fill)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: every option before any work (data, tokenizer, run folder)
+# ---------------------------------------------------------------------------------------------
+
+# The smallest value an integer option may take (None, where allowed, means unset: never 0).
+_AT_LEAST = dict(
+    max_train_examples=1, max_valid_examples=1, max_src_len=2, max_tgt_len=2, num_workers=0, threads=1,
+    vocab_size=MIN_VOCAB, tokenizer_examples=1, d_model=2, heads=1, layers=1, encoder_layers=0, decoder_layers=0,
+    d_ff=1, epochs=1, max_steps=1, batch_size=1, max_tokens=1, grad_accum=1, warmup_steps=0, plateau_patience=0,
+    eval_every=0, eval_decode_examples=0, patience=0, beam_size=1, save_every=0, keep_checkpoints=0, log_every=1,
+    attention_example=0,
+)
+# Float options: (lowest, highest, whether the highest is allowed); all must be finite.
+_RANGES = dict(
+    valid_fraction=(0.0, 1.0, False), dropout=(0.0, 1.0, False), attn_dropout=(0.0, 1.0, False),
+    lr=(0.0, math.inf, False), min_lr=(0.0, math.inf, False), weight_decay=(0.0, math.inf, False),
+    adam_eps=(0.0, math.inf, False), label_smoothing=(0.0, 1.0, False), clip_norm=(0.0, math.inf, False),
+)
+_POSITIVE = ("lr", "adam_eps", "valid_fraction")  # these may not be 0 either
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse options that cannot work, naming the flag (ConfigError). Runs whenever a TrainConfig
+    is made (parse_args, args.json, resume), so before any data is read or folder written."""
+    for name, lo in _AT_LEAST.items():
+        v = getattr(cfg, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise ConfigError(f"{flag(name)} must be an integer >= {lo}, got {v!r}"
+                              + (" (leave it out for no limit)" if name in ("max_steps", "max_train_examples",
+                                                                            "max_valid_examples", "epochs") else ""))
+    for name, (lo, hi, hi_ok) in _RANGES.items():
+        v = getattr(cfg, name)
+        if v is None:
+            continue
+        strict = name in _POSITIVE
+        bad = not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or (strict and v == lo)
+        if bad or v > hi or (v == hi and not hi_ok):
+            span = f"{'(' if strict else '['}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+            raise ConfigError(f"{flag(name)} must be a finite number in {span}, got {v!r}")
+    if len(cfg.adam_betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in cfg.adam_betas):
+        raise ConfigError(f"--adam-betas must be two numbers in [0, 1), got {list(cfg.adam_betas)}")
+    for f in dataclasses.fields(cfg):
+        choices, v = f.metadata["argparse"].get("choices"), getattr(cfg, f.name)
+        if choices and v is not None and v not in choices:
+            raise ConfigError(f"{flag(f.name)} {v!r} is not one of {', '.join(map(str, choices))}")
+    if cfg.d_model is not None and cfg.d_model % 2:
+        raise ConfigError(f"--d-model must be even (sinusoidal positions), got {cfg.d_model}")
+    if cfg.d_model is not None and cfg.heads is not None and cfg.d_model % cfg.heads:
+        raise ConfigError(f"--d-model {cfg.d_model} is not divisible by --heads {cfg.heads}")
+    if cfg.tokenizer is not None and len(cfg.tokenizer) not in (1, 2):
+        raise ConfigError(f"--tokenizer takes one file (shared) or two (source, target), got {len(cfg.tokenizer)}")
+    if cfg.data is not None and cfg.dataset != "synthetic":
+        raise ConfigError(f"--data {cfg.data} and --dataset {cfg.dataset} both name the data: give one")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
+
+
+def check_for_task(cfg: TrainConfig, task: str) -> None:
+    """The checks that need the task (known from the data source, before any example is read)."""
+    metric, names = cfg.best_metric, METRICS[task]
+    if metric is not None and metric not in names:
+        raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
+    if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
+        raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
+    if task != "classification":
+        if cfg.decoder_layers == 0:
+            raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
+        if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
+            raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
+
+
+def check_device(device: str | None) -> None:
+    """--device names a device this PyTorch can use (a clear message, not an AssertionError at .to())."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--device {device}: not a device ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "was built without CUDA" if torch.version.cuda is None else "sees no GPU"
+            raise ConfigError(f"--device {device}: this PyTorch {why}; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,8 +340,36 @@ def parse_args(argv=None) -> tuple[TrainConfig, frozenset[str]]:
     return TrainConfig(**given), frozenset(given)
 
 
+# What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
+# batching (the epoch position is counted in batches), the seed (the batch order), the optimizer's
+# and plateau schedule's settings (restored from the checkpoint) and the metric its best is in.
+# Everything else may change (--max-steps, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
+# checkpoint and logging flags, --device, --kernel, --precision, --compile).
+FIXED_ON_RESUME = (
+    "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",
+    "synthetic_seed", "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "preset", "d_model", "heads",
+    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "activation", "norm",
+    "final_norm", "tie_embeddings", "no_pos_encoding", "batch_size", "max_tokens", "schedule", "plateau_patience",
+    "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
+)
+
+
 def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str) -> TrainConfig:
-    """A resumed run's config: the checkpoint's, except the options given now (and --resume/--out)."""
-    base = TrainConfig.from_dict(saved)
+    """A resumed run's config: the checkpoint's, except the options given now (and --resume/--out).
+    An option in FIXED_ON_RESUME given with another value than the run's is refused by name."""
+    base = TrainConfig.from_dict({**saved, "overwrite": False, "resume": config.resume})
+    changed = [f"{flag(k)} {_shown(getattr(config, k))} (the run has {_shown(getattr(base, k))})"
+               for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(base, k)]
+    if changed:
+        raise ConfigError(f"--resume continues the run of {resume_path} as it was built: {'; '.join(changed)} "
+                          f"cannot change; drop {'it' if len(changed) == 1 else 'them'}, or start a new run "
+                          f"(another --out, or --overwrite)")
+    if "lr" in given and base.schedule == "plateau" and config.lr != base.lr:
+        raise ConfigError(f"--lr cannot change when resuming a --schedule plateau run (its lr, halved on plateaus, "
+                          f"continues from the checkpoint); the run has --lr {base.lr:g}")
     now = {k: getattr(config, k) for k in given | {"resume", "out"}}
     return dataclasses.replace(base, **now, resume_path=resume_path)
+
+
+def _shown(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)

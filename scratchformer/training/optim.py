@@ -91,6 +91,23 @@ def build_scheduler(optimizer, name: str, *, warmup: int, total: int, min_lr: fl
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
+def load_scheduler(scheduler, state: dict, lr: float) -> None:
+    """Restore a schedule's position (a resume) but keep its settings as built now: the peak `lr`
+    and the warmup / total / floor of the schedule function (LambdaLR saves its callable
+    objects' fields, and would bring the checkpoint's back). With unchanged settings the lr is the
+    checkpoint's, bit for bit. Plateau restores everything (its lr continues, halvings included)."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        scheduler.load_state_dict(state)
+        return
+    fns = list(scheduler.lr_lambdas)
+    scheduler.load_state_dict(state)
+    scheduler.lr_lambdas = fns
+    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    for group, fn in zip(scheduler.optimizer.param_groups, fns):
+        group["initial_lr"], group["lr"] = lr, lr * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
 def build_optimizer(model, lr: float, weight_decay: float, betas=(0.9, 0.98), eps: float = 1e-9, fused: bool = False):
     """AdamW; weight decay on matrices only (not biases, LayerNorm gains, the [CLS] vector)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]

@@ -6,27 +6,56 @@ import csv
 import datetime
 import json
 import os
-import shutil
+import re
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ..checkpoint import CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
+from .config import ConfigError
 from .distributed import Dist
 
 RUNS_DIR = Path("runs")
-# What a training run writes into its folder: `train` itself, and `evaluate --checkpoint RUN`
-# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png).
-RUN_FILE_PATTERNS = ("last.pt", "best.pt", "step_*.pt", "log.txt", "metrics.*", "train.csv", "valid.csv",
-                     "predictions.*.jsonl", "attention.*.png", "config.json", "args.json", "tokenizer*.json")
-RUN_SUBDIRS = ("plots", "tb")
+# What runs write into their folder, by exact name: `train` itself, and `evaluate --checkpoint RUN`
+# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png); a checkpoint's
+# NAME.tmp is a save cut short. --overwrite deletes these and nothing else.
+RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt(\.tmp)?|log\.txt|metrics\.jsonl|train\.csv|valid\.csv|config\.json"
+                      r"|args\.json|tokenizer(\.src|\.tgt)?\.json|metrics\.(final|train|validation|test)\.json"
+                      r"|predictions\.(train|validation|test)\.jsonl|attention\.(train|validation|test)\.\d+\.png")
+RUN_SUBDIRS = {"plots": re.compile(r"curves\.png|attention\.png"), "tb": re.compile(r"events\.out\.tfevents\..+")}
+CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
+# What a run writes before its first checkpoint: a folder holding only these (and no checkpoint)
+# is a run that stopped early (a data error, say); the next run there deletes them and starts afresh.
+EARLY_FILE = re.compile(r"log\.txt|metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
+                        r"|tokenizer(\.src|\.tgt)?\.json|(last|best|step_\d+)\.pt\.tmp")
+
+
+class RunFolderError(ConfigError):
+    """An --out that cannot take this run: a file, another run, or files no run wrote."""
+
+
+def folder_contents(out: Path) -> tuple[list[str], list[str]]:
+    """(the run files in `out`, checkpoints first; everything else in it), as names relative to
+    `out` ("plots/curves.png"). Both empty when `out` does not exist."""
+    if not out.is_dir():
+        return [], []
+    ours, foreign = [], []
+    for p in sorted(out.iterdir()):
+        if p.name in RUN_SUBDIRS and p.is_dir() and not p.is_symlink():
+            for q in sorted(p.iterdir()):
+                ok = RUN_SUBDIRS[p.name].fullmatch(q.name) and q.is_file() and not q.is_symlink()
+                (ours if ok else foreign).append(f"{p.name}/{q.name}")
+        elif RUN_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+            ours.append(p.name)
+        else:
+            foreign.append(p.name)
+    ours.sort(key=lambda n: not CHECKPOINT.fullmatch(n))  # checkpoints first (a stable sort)
+    return ours, foreign
 
 
 def run_files(out: Path) -> list[str]:
     """The files of an earlier run in `out`, checkpoints first (empty when there is none)."""
-    if not out.is_dir():
-        return []
-    found = (p.name for pattern in RUN_FILE_PATTERNS for p in sorted(out.glob(pattern)) if p.is_file())
-    return list(dict.fromkeys(found))
+    return folder_contents(out)[0]
 
 
 def resume_folder(out: str | None, resume: str | None = None) -> Path:
@@ -40,24 +69,64 @@ def resume_folder(out: str | None, resume: str | None = None) -> Path:
     return Path(os.path.realpath(RUNS_DIR / "latest"))
 
 
+def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
+    """(the checkpoint --resume continues, its contents, a warning or None). When last.pt is
+    unreadable (truncated, corrupt) the newest intact step_*.pt of its folder stands in, with a
+    warning naming both; any other unreadable checkpoint is refused (CheckpointError)."""
+    path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
+    try:
+        return path, load_checkpoint(path), None
+    except CheckpointError as e:
+        if path.name != "last.pt":
+            raise
+        error = e
+    for step in reversed(step_checkpoints(path.parent)):
+        try:
+            ckpt = load_checkpoint(step)
+        except CheckpointError:
+            continue
+        return step, ckpt, (f"warning: {path} is unreadable ({error}); resuming from {step}, the newest intact "
+                            f"step checkpoint")
+    raise CheckpointError(f"{error}; no intact step_*.pt in {path.parent} to resume from instead")
+
+
+def check_out(out: str | None, overwrite: bool) -> None:
+    """Refuse an --out that cannot take a new run, before any work (RunFolderError): a file; a
+    folder holding a run (unless --overwrite); with --overwrite, a folder holding files no run wrote.
+    A folder whose run stopped before its first checkpoint (a data error, say) is reusable."""
+    if out is None:
+        return
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"--out {folder} is a file, not a folder: name a folder for the run")
+    ours, foreign = folder_contents(folder)
+    if overwrite and foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise RunFolderError(f"--out {folder} holds {shown}, which no run wrote; --overwrite deletes only run "
+                             f"files: move {'it' if len(foreign) == 1 else 'them'} away, or choose another --out")
+    if any(CHECKPOINT.fullmatch(n) for n in ours) and not overwrite:
+        shown = ", ".join(ours[:5]) + (", ..." if len(ours) > 5 else "")
+        raise RunFolderError(f"--out {folder} already holds a training run ({shown}); pass --resume to continue "
+                             f"it, --overwrite to replace it, or another --out")
+
+
 def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:
     """The folder of a new (not resumed) run. Never writes into an earlier run unless told to:
     an explicit --out holding a run is refused (or, with --overwrite, emptied of that run's
-    files first); without --out every run gets its own runs/<date>-<time>, and runs/latest is
-    pointed at it. Rank 0 decides; the barrier / broadcast keep the other ranks from seeing a
-    folder rank 0 has already started writing."""
+    files first: `check_out`); a run that stopped before its first checkpoint leaves a folder that
+    is reused (its files deleted); without --out every run gets its own runs/<date>-<time>, and
+    runs/latest is pointed at it. Rank 0 decides; the barrier / broadcast keep the other ranks
+    from seeing a folder rank 0 has already started writing."""
     if out is not None:
+        check_out(out, overwrite)
         folder = Path(out)
-        held = run_files(folder)
-        if held and not overwrite:
-            shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-            raise SystemExit(f"--out {folder} already holds a training run ({shown}); pass --resume to continue "
-                             f"it, --overwrite to replace it, or another --out")
-        if held and dist_.main:
-            for name in held:
-                (folder / name).unlink()
+        if dist_.main:
+            for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
+                if overwrite or EARLY_FILE.fullmatch(name):
+                    (folder / name).unlink()
             for sub in RUN_SUBDIRS:
-                shutil.rmtree(folder / sub, ignore_errors=True)
+                if (folder / sub).is_dir() and not any((folder / sub).iterdir()):
+                    (folder / sub).rmdir()
         dist_.barrier()
         return folder
     name = _new_dated_folder() if dist_.main else None
@@ -67,9 +136,14 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:
 def _new_dated_folder() -> str:
     """Create runs/<date>-<time> (or -2, -3 ... when taken) and point runs/latest at it."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = next(n for n in [stamp] + [f"{stamp}-{i}" for i in range(2, 1000)] if not run_files(RUNS_DIR / n))
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    for name in [stamp] + [f"{stamp}-{i}" for i in range(2, 1000)]:
+        try:
+            (RUNS_DIR / name).mkdir()
+            break
+        except FileExistsError:
+            continue
     out = RUNS_DIR / name
-    out.mkdir(parents=True, exist_ok=True)
     latest, tmp = RUNS_DIR / "latest", RUNS_DIR / f".latest.{os.getpid()}"
     try:  # atomic: a new link renamed over the old one
         tmp.unlink(missing_ok=True)

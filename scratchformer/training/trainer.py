@@ -9,28 +9,25 @@ schedule, GradScaler, every rank's RNG states and the position inside the epoch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import data as D
-from ..checkpoint import find_checkpoint, load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from ..checkpoint import load_checkpoint, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from ..compile import compile_model
-from ..data.tokenizer import TokenizerPair
 from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
-from ..model import ModelConfig, build_model, count_parameters
-from .build import TrainData, build_data, model_config
-from .config import TrainConfig, resumed
-from .distributed import Dist, setup_distributed, wrap_ddp
+from ..model import ModelConfig
+from .build import TrainData
+from .config import TrainConfig
+from .distributed import Dist, wrap_ddp
+from .launch import create_trainer, precision_for
 from .optim import (
     HIGHER_IS_BETTER,
     build_optimizer,
@@ -38,9 +35,10 @@ from .optim import (
     classification_loss,
     is_better,
     label_smoothed_loss,
+    load_scheduler,
 )
 from .report import final_report
-from .runs import Logger, fresh_run_folder, resume_folder
+from .runs import Logger
 
 
 @dataclass
@@ -76,7 +74,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, model: torch.nn.Module, data: TrainData, *, model_config: ModelConfig,
                  out: Path, device: torch.device, log: Logger, dist: Dist | None = None):
-        config = dataclasses.replace(config, precision=_precision(config.precision, device))  # "auto" -> a dtype
+        config = dataclasses.replace(config, precision=precision_for(config.precision, device))  # "auto" -> a dtype
         self.config, self.model, self.data, self.model_config = config, model, data, model_config
         self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
         self.net = wrap_ddp(model, self.dist, device)
@@ -91,6 +89,9 @@ class Trainer:
         self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=D.collate,
                                                   num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
                                                   generator=torch.Generator().manual_seed(cfg.seed))
+        if self.sampler.batches_per_epoch(0) == 0:  # an epoch without a batch would loop for ever
+            raise D.DataError(f"no training batch: {len(data.train_set)} training examples for {self.dist.world} "
+                              f"process(es); check --max-train-examples and the train split")
         steps_per_epoch = math.ceil(self.sampler.batches_per_epoch(0) / cfg.grad_accum)
         self.total_steps: int = cfg.max_steps or steps_per_epoch * (cfg.epochs or 1)
         if cfg.epochs and cfg.max_steps:
@@ -104,6 +105,7 @@ class Trainer:
         self.progress = Progress()
         self.last_validated: int = -1  # step of the last validation
         self.last_saved: int = -1  # step of the last step checkpoint
+        self.saved_progress: dict | None = None  # the progress last.pt holds
         self.train_seconds: float = 0.0
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
         self._window = _Window()
@@ -114,43 +116,8 @@ class Trainer:
     @classmethod
     def create(cls, config: TrainConfig, given: frozenset[str] = frozenset()) -> Trainer:
         """A new run from `config`, or with --resume the run in the checkpoint, continued exactly.
-        `given`: the options set on the command line (they override a resumed run's)."""
-        ckpt = None
-        if config.resume:
-            folder = resume_folder(config.out, config.resume)
-            path = find_checkpoint(folder if config.resume == "last" else config.resume, prefer="last")
-            ckpt = load_checkpoint(path)
-            config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
-        dist_, device = setup_distributed(config.device)
-        resuming = ckpt is not None
-        out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
-        source = D.resolve_source(config.dataset, config.data, config.task)
-        config = config.resolved(source.task, source.kind == "synthetic")
-        config = dataclasses.replace(config, out=str(out), precision=_precision(config.precision, device))
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        _seed_everything(config.seed)
-        log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None)
-        log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
-                 f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
-        toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if resuming else None  # a resumed run keeps its own
-        data = build_data(config, source, out, dist_, log, toks)
-        mcfg = ModelConfig.from_dict(ckpt["config"]) if resuming else model_config(config, data)
-        if resuming and "kernel" in given:
-            mcfg.kernel = config.kernel
-        model = build_model(mcfg, device)
-        if dist_.main:
-            (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
-            (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
-        log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
-                 f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
-                 f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding} | kernel "
-                 f"{mcfg.kernel} -> {model.ops.name}")
-        trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
-        if resuming:
-            trainer.resume(ckpt)
-        log.info(trainer.describe())
-        return trainer
+        `given`: the options set on the command line (they override a resumed run's). See `launch`."""
+        return create_trainer(cls, config, given)
 
     def describe(self) -> str:
         cfg = self.config
@@ -178,7 +145,7 @@ class Trainer:
         """kind "step": step_<N>.pt and last.pt (older step files pruned); "best": best.pt. Rank 0 writes."""
         ckpt = self.state_dict()
         if kind == "step":
-            self.last_saved = self.progress.step
+            self.last_saved, self.saved_progress = self.progress.step, self.progress.to_dict()
         if not self.dist.main:
             return
         if kind == "best":
@@ -194,7 +161,7 @@ class Trainer:
         ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
+        load_scheduler(self.scheduler, ckpt["scheduler"], self.config.lr)  # today's --lr, --warmup-steps, --max-steps
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
@@ -230,7 +197,7 @@ class Trainer:
         self.train_seconds = time.time() - t_start
         if self.last_validated != prog.step:
             self.validate()  # the last steps were not validated yet
-        if self.last_saved != prog.step:
+        if self.saved_progress != prog.to_dict():  # last.pt is written after the final validation: its best is current
             self.save("step")
         return prog
 
@@ -355,20 +322,6 @@ class Trainer:
     def close(self) -> None:
         self.log.close()
         self.dist.close()
-
-
-def _precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if precision != "fp32" and device.type != "cuda":
-        raise SystemExit(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
-    return precision
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:

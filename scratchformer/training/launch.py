@@ -1,0 +1,82 @@
+"""Building a run: options checked, then the checkpoint (resume), device, data source, run folder,
+logger, data, model and Trainer, in that order, so that nothing is written before the options and
+the run folder are known to be good."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import data as D
+from ..data.tokenizer import TokenizerPair
+from ..model import ModelConfig, build_model, count_parameters
+from .build import build_data, model_config
+from .config import ConfigError, TrainConfig, check_device, check_for_task, resumed
+from .distributed import setup_distributed
+from .runs import Logger, check_out, fresh_run_folder, load_resume_checkpoint, resume_folder
+
+
+def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
+    """`cls(...)` (a Trainer) for a new run from `config`, or with --resume for the run in the
+    checkpoint, continued exactly. `given`: the options set on the command line."""
+    ckpt, warning = None, None
+    if config.resume:
+        folder = resume_folder(config.out, config.resume)
+        path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
+        config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
+    resuming = ckpt is not None
+    check_device(config.device)
+    source = D.resolve_source(config.dataset, config.data, config.task)
+    config = config.resolved(source.task, source.kind == "synthetic")
+    check_for_task(config, source.task)
+    if not resuming:
+        check_out(config.out, config.overwrite)
+    dist_, device = setup_distributed(config.device)
+    out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
+    config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    seed_everything(config.seed)
+    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None)
+    if warning:
+        log.info(warning)
+    log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
+             f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
+    toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if resuming else None  # a resumed run keeps its own
+    data = build_data(config, source, out, dist_, log, toks)
+    mcfg = ModelConfig.from_dict(ckpt["config"]) if resuming else model_config(config, data)
+    if resuming and "kernel" in given:
+        mcfg.kernel = config.kernel
+    model = build_model(mcfg, device)
+    if dist_.main:
+        (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
+        (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+    log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
+             f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
+             f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding} | kernel "
+             f"{mcfg.kernel} -> {model.ops.name}")
+    trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
+    if resuming:
+        trainer.resume(ckpt)
+    log.info(trainer.describe())
+    return trainer
+
+
+def precision_for(precision: str, device: torch.device) -> str:
+    """--precision on `device`: "auto" becomes bf16 on GPUs that have it, else fp32."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if precision != "fp32" and device.type != "cuda":
+        raise ConfigError(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
+    return precision
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
