@@ -152,7 +152,8 @@ def test_a_new_run_never_writes_into_an_earlier_one(tmp_path, monkeypatch):
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert {"last.pt", "best.pt", "train.csv", "metrics.jsonl"} <= set(before)
 
-    with pytest.raises(SystemExit, match=r"already holds a training run \(last\.pt, best\.pt.*--resume.*--overwrite"):
+    with pytest.raises(runs.RunFolderError,
+                       match=r"already holds a training run \(last\.pt, best\.pt.*--resume.*--overwrite"):
         T.main(TINY + ["--max-steps", "3", "--out", str(run)])
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 

@@ -18,7 +18,7 @@ from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
 from .config import ConfigError, TrainConfig, check_device, check_for_task, resumed
 from .distributed import setup_distributed
-from .runs import Logger, check_out, fresh_run_folder, load_resume_checkpoint, resume_folder
+from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
 
 
 def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
@@ -34,8 +34,6 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
     check_for_task(config, source.task)
-    if not resuming:
-        check_out(config.out, config.overwrite)
     dist_, device = setup_distributed(config.device)
     out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
     config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))

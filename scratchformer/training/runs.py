@@ -49,7 +49,8 @@ def folder_contents(out: Path) -> tuple[list[str], list[str]]:
             ours.append(p.name)
         else:
             foreign.append(p.name)
-    ours.sort(key=lambda n: not CHECKPOINT.fullmatch(n))  # checkpoints first (a stable sort)
+    order = {"last.pt": 0, "best.pt": 1}
+    ours.sort(key=lambda n: order.get(n, 2 if CHECKPOINT.fullmatch(n) else 3))  # checkpoints first (a stable sort)
     return ours, foreign
 
 
@@ -118,9 +119,9 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:
     runs/latest is pointed at it. Rank 0 decides; the barrier / broadcast keep the other ranks
     from seeing a folder rank 0 has already started writing."""
     if out is not None:
-        check_out(out, overwrite)
         folder = Path(out)
         if dist_.main:
+            check_out(out, overwrite)
             for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
                 if overwrite or EARLY_FILE.fullmatch(name):
                     (folder / name).unlink()

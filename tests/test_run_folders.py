@@ -1,0 +1,208 @@
+"""Run folders and training-loop safety: what train does with a bad --out, --overwrite, --resume,
+an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/failures-runs.md).
+Every refusal names the problem and leaves the disk as it was."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from scratchformer import ablate
+from scratchformer import data as D
+from scratchformer import train as T
+from scratchformer.checkpoint import CheckpointError, load_checkpoint
+from scratchformer.training.ablation import variant_folders
+from scratchformer.training.build import build_data, class_count, model_config
+from scratchformer.training.config import ConfigError, parse_args
+from scratchformer.training.distributed import Dist
+from scratchformer.training.runs import Logger, RunFolderError
+from scratchformer.training.trainer import Trainer
+
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
+        "--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples", "8",
+        "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
+
+
+def _snapshot(root):
+    """Every file under root: (bytes, mtime), so 'nothing changed' is checked exactly."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def test_bad_options_fail_before_any_folder_is_made(tmp_path):
+    for flags, message in [(["--lr", "-1"], r"--lr must be"), (["--max-steps", "0"], r"--max-steps must be"),
+                           (["--max-train-examples", "0"], r"--max-train-examples must be"),
+                           (["--best-metric", "bogus"], r"--best-metric bogus: translation validation computes"),
+                           (["--device", "cuda"] if not torch.cuda.is_available() else ["--grad-accum", "0"],
+                            r"--device cuda: this PyTorch|--grad-accum must be")]:
+        with pytest.raises(ConfigError, match=message):
+            T.main(TINY + flags + ["--out", str(tmp_path / "run")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_naming_a_file_is_refused(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    before = _snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"--out .*notes.txt is a file, not a folder"):
+        T.main(TINY + ["--max-steps", "1", "--out", str(f)])
+    assert _snapshot(tmp_path) == before
+
+
+def test_overwrite_deletes_only_run_files_and_refuses_foreign_ones(tmp_path):
+    """A user's metrics.py in --out survives: --overwrite refuses the folder, naming the file."""
+    run = tmp_path / "d"
+    run.mkdir()
+    (run / "metrics.py").write_text("print('my own code')\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"--out .*d holds metrics.py, which no run wrote; --overwrite deletes "
+                       r"only run files"):
+        T.main(TINY + ["--max-steps", "1", "--out", str(run), "--overwrite"])
+    assert _snapshot(tmp_path) == before
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])  # a new run beside it: allowed
+    (run / "plots").mkdir(exist_ok=True)
+    (run / "plots" / "mine.png").write_bytes(b"png")
+    before = _snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"holds metrics.py, plots/mine.png, which no run wrote"):
+        T.main(TINY + ["--max-steps", "1", "--out", str(run), "--overwrite"])
+    assert _snapshot(tmp_path) == before
+    assert (run / "metrics.py").read_text() == "print('my own code')\n"
+
+
+def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text('{"src": "a", "tgt": "b"}\n{"src": "a"}\n')
+    run = tmp_path / "run"
+    with pytest.raises(D.DataError, match=r"train.jsonl:2: missing field 'tgt'"):
+        T.main(TINY + ["--data", str(bad), "--task", "translation", "--out", str(run)])
+    assert not (run / "last.pt").exists()
+    (run / "notes.txt").write_text("kept")
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])  # same --out: accepted
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 1
+    assert "missing field" not in (run / "log.txt").read_text()  # the failed run's log went
+    assert (run / "notes.txt").read_text() == "kept"
+
+
+def test_an_epoch_without_a_batch_is_an_error_not_a_hang(tmp_path):
+    cfg, _ = parse_args(TINY + ["--eval-every", "2"])
+    cfg = cfg.resolved("translation", synthetic=True)
+    log = Logger(tmp_path, enabled=False)
+    data = build_data(cfg, D.resolve_source("synthetic"), tmp_path, Dist(), log)
+    mcfg = model_config(cfg, data)
+    data.train_set = D.EncodedDataset([], [], "translation")  # every example filtered away
+    with pytest.raises(D.DataError, match=r"no training batch: 0 training examples"):
+        Trainer(cfg, torch.nn.Linear(1, 1), data, model_config=mcfg, out=tmp_path, device=torch.device("cpu"), log=log)
+
+
+def test_resume_refuses_model_flags_and_args_json_stays_true(tmp_path):
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--schedule", "constant", "--out", str(run)])
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConfigError, match=r"--d-model 128 \(the run has 32\); --heads 8 \(the run has 2\) cannot "
+                       r"change"):
+        T.main(["--resume", "--out", str(run), "--d-model", "128", "--heads", "8", "--max-steps", "6"])
+    assert _snapshot(tmp_path) == before
+    # what may change does, and args.json says so: the new peak lr is the one used
+    T.main(["--resume", "--out", str(run), "--lr", "1e-4", "--max-steps", "6", "--no-progress", "--no-plots"])
+    args = json.loads((run / "args.json").read_text())
+    assert (args["lr"], args["max_steps"], args["d_model"], args["heads"]) == (1e-4, 6, 32, 2)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in rows if r["split"] == "train"}
+    assert lrs[4] == pytest.approx(2e-3) and lrs[5] == lrs[6] == pytest.approx(1e-4)
+
+
+def test_final_last_pt_holds_the_final_validation(tmp_path):
+    """--save-every 2 saves step 4 before the final validation at step 4: last.pt is written again
+    after it, so its best is current, and resuming with a larger --max-steps and a worse model
+    (a diverging lr) leaves best.pt alone."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "3", "--save-every", "2", "--out", str(run)])
+    valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in valid if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [3, 4] and valid[1]["loss"] < valid[0]["loss"]
+    last, best = load_checkpoint(run / "last.pt")["progress"], load_checkpoint(run / "best.pt")["progress"]
+    assert last["step"] == 4 and (last["best_step"], last["best"]) == (4, valid[1]["loss"]) == (best["best_step"],
+                                                                                               best["best"])
+    best_bytes = (run / "best.pt").read_bytes()
+    T.main(["--resume", "--out", str(run), "--max-steps", "6", "--lr", "30", "--eval-every", "1", "--no-progress",
+            "--no-plots"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] > valid[1]["loss"] for r in rows if r["split"] == "valid" and r["step"] > 4] == [True, True]
+    assert (run / "best.pt").read_bytes() == best_bytes
+    assert load_checkpoint(run / "last.pt")["progress"]["best_step"] == 4
+
+
+def test_corrupt_last_pt_falls_back_to_the_newest_intact_step_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--out", str(run)])
+    for name in ("last.pt", "step_0000004.pt"):
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2])  # truncated
+    capsys.readouterr()
+    T.main(["--resume", "--out", str(run), "--max-steps", "5", "--no-progress", "--no-plots"])
+    out = capsys.readouterr().out
+    assert f"warning: {run / 'last.pt'} is unreadable" in out and "is truncated" in out
+    assert f"resuming from {run / 'step_0000002.pt'}, the newest intact step checkpoint" in out
+    ck = load_checkpoint(run / "last.pt")
+    assert ck["progress"]["step"] == 5 and ck["args"]["resume_path"] == str(run / "step_0000002.pt")
+    train_steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(x)["split"] == "train"]
+    assert train_steps == [1, 2, 3, 4, 5]  # rows after step 2 were logged again by the resumed run, once
+    for p in [run / "last.pt", *run.glob("step_*.pt")]:
+        p.write_bytes(b"junk")
+    before = _snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match=r"last.pt is not a scratchformer checkpoint.*no intact step_\*.pt"):
+        T.main(["--resume", "--out", str(run), "--max-steps", "6", "--no-progress"])
+    assert _snapshot(tmp_path) == before
+
+
+def test_ablation_variant_names_stay_inside_out(tmp_path):
+    out = tmp_path / "ab"
+    for spec, message in [("..=", r"variant name '\.\.' makes no folder name"),
+                          ("=", r"variant name '' makes no folder name"),
+                          ("/=", r"variant name '/' makes no folder name"),
+                          ("a=--heads 0", r"--heads must be an integer >= 1, got 0"),
+                          ("noequals", r"must look like NAME=FLAGS")]:
+        with pytest.raises(ConfigError, match=message):
+            ablate.main(["--out", str(out), "--variants", "ok=", spec, "--", *TINY, "--max-steps", "1"])
+    assert list(tmp_path.iterdir()) == []  # refused before the first run: nothing written anywhere
+    with pytest.raises(ConfigError, match=r"variants 'a b' and 'a/b' would share the folder"):
+        variant_folders(out, ["a b=", "a/b="], [])
+    planned = variant_folders(out, ["../x=", "a/../../b=--norm pre", ".hidden="], [])
+    assert [p for _, _, p in planned] == [out / "x", out / "a-..-..-b", out / "hidden"]
+    assert all(os.path.dirname(p) == str(out) for _, _, p in planned)
+
+
+def _classification_folder(root, labels, meta_labels=None):
+    d = root / "clf"
+    d.mkdir()
+    rows = [{"text": f"text number {i} " + "good " * (i % 3), "label": lab} for i, lab in enumerate(labels)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    meta = {"task": "classification", **({"labels": meta_labels} if meta_labels else {})}
+    (d / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_a_huge_label_is_refused_before_a_head_is_built(tmp_path):
+    d = _classification_folder(tmp_path, [0, 1] * 8 + [100_000_000] + [1, 0])
+    with pytest.raises(D.DataError, match=rf"{d / 'train.jsonl'}, example 17: label 100000000 is not a known class: "
+                       r"without a label list in meta.json .* \(3 distinct seen, so at most 5\)"):
+        T.main(["--data", str(d), "--out", str(tmp_path / "run"), "--no-progress", "--max-steps", "1"])
+    assert not (tmp_path / "run" / "tokenizer.json").exists()  # refused before the tokenizer was trained
+
+
+def test_labels_checked_against_meta_json(tmp_path):
+    d = _classification_folder(tmp_path, [0, 1, 2, 1], meta_labels={"0": "neg", "1": "pos"})
+    source = D.resolve_source(data=str(d))
+    train, valid = D.load_split(source, "train"), D.load_split(source, "validation")
+    with pytest.raises(D.DataError, match=r"train.jsonl, example 3: label 2 is not a known class: the labels of "
+                       r".*meta.json are 0, 1"):
+        class_count(source, train, valid)
+    # meta.json's label set decides the head, also when training sees fewer classes
+    (d / "meta.json").write_text(json.dumps({"task": "classification", "labels": {"0": "a", "1": "b", "2": "c",
+                                                                                  "3": "d"}}))
+    assert class_count(source, train, valid) == 4
+    (d / "meta.json").write_text(json.dumps({"task": "classification"}))
+    assert class_count(source, train, valid) == 3  # dense observed labels 0..2
