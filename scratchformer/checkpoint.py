@@ -14,6 +14,7 @@ stopping state), the model config, the training arguments, the data source and t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -46,28 +47,55 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _save_error(e: OSError, path: Path) -> OSError:
+    """The error of a failed save, naming the file and its folder (same errno, so the same OSError subclass)."""
+    remedy = {errno.ENOSPC: "the disk is full: free some space (or keep fewer step checkpoints) and retry",
+              errno.EDQUOT: "the disk quota is exhausted: free some space and retry",
+              errno.EROFS: f"the folder {path.parent} is on a read-only file system: choose a writable folder",
+              errno.EACCES: f"the folder {path.parent} is not writable: choose a writable folder"}.get(e.errno, "")
+    where = f"cannot save checkpoint {path}: {e.strerror or e}"
+    return OSError(e.errno, "; ".join(filter(None, [where, remedy, f"any previous {path.name} is intact"])))
+
+
 def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write `state` to `path` atomically (temp file, fsync, rename)."""
+    """Write `state` to `path` atomically (temp file, fsync, rename). On failure (a full disk, a
+    read-only folder) the temp file is removed, a previous `path` is left as it was, and the
+    OSError names the file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        f.write(struct.pack("<Q", len(payload)))
-        f.write(hashlib.sha256(payload).digest())
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<Q", len(payload)))
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # a SIGKILL skips this: the next save overwrites the .tmp
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temp file to remove
+            pass
+        if isinstance(e, OSError) and e.errno is not None:
+            raise _save_error(e, path) from e
+        raise
     fsync_dir(path.parent)
     return path
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Read and verify a checkpoint; raises CheckpointError naming the file and the fault."""
+# What a checkpoint must hold to be run (`evaluation.evaluate.load_run`) or resumed (the trainer).
+RUN_KEYS = ("model", "config", "tokenizers", "task", "args")
+RESUME_KEYS = (*RUN_KEYS, "optimizer", "scheduler", "progress", "rng", "data")
+
+
+def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ...] = ()) -> dict:
+    """Read and verify a checkpoint; raises CheckpointError naming the file and the fault, also
+    when the checkpoint lacks a key of `require` (e.g. `RUN_KEYS`, `RESUME_KEYS`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -82,9 +110,17 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"{path} is corrupt: SHA-256 of the payload does not match the header")
     try:
-        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as e:  # the hash matched, so this is a version or content problem
         raise CheckpointError(f"{path}: cannot load payload ({e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: the payload is a {type(state).__name__}, not a checkpoint dict")
+    missing = [k for k in require if k not in state]
+    if missing:
+        have = ", ".join(map(repr, sorted(map(str, state)))) or "none"
+        raise CheckpointError(f"{path} is incomplete: no {', '.join(map(repr, missing))} (it holds {have}); "
+                              "not a checkpoint written by scratchformer's trainer?")
+    return state
 
 
 def rng_state() -> dict:
