@@ -76,8 +76,11 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     except IsADirectoryError:
         raise DataError(f"{name}: is a folder, not a file") from None
     except (gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{name}: not a valid gzip file ({e}); a file named .gz must be gzip-compressed "
-                        "(rename a plain text file without .gz)") from None
+        if lineno == 0 and str(e).startswith("Not a gzipped file"):
+            raise DataError(f"{name}: not a gzip file, though named .gz (no gzip header); "
+                            "rename a plain text file without .gz") from None
+        raise DataError(f"{name}: corrupt gzip data after {lineno} complete line(s) ({e}); copy or download "
+                        "the file again") from None
     except EOFError:
         raise DataError(f"{name}: the gzip stream is cut short after {lineno} complete line(s) (a truncated "
                         "file: copy or download it again)") from None

@@ -281,9 +281,8 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
     keyword arguments go to `predict_records`. Returns a summary dict (counts, seconds, examples/s).
-    Raises OptionError for an option no model can take (before any work), DataError for bad input,
-    FileExistsError for an existing output without resume/overwrite.
-    """
+    Raises OptionError for an option no model can take (checked first), DataError for bad input,
+    FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
     output, part = Path(output), partial_path(output)
     if not (resume or overwrite) and (output.exists() or part.exists()):
