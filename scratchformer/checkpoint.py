@@ -5,7 +5,9 @@ payload (32 bytes) | payload, where the payload is `torch.save` of a dict of ten
 strings, lists and dicts. Loading checks magic, length and hash *before* reading the payload,
 then reads it with ``torch.load(weights_only=True)``, which refuses anything but plain data.
 Writing goes to ``NAME.tmp``, is fsynced, then renamed over ``NAME`` (and the folder fsynced),
-so a crash leaves either the old file or the new one, never a torn one.
+so a crash leaves either the old file or the new one, never a torn one; a failed write (a full
+disk, a read-only folder) removes the temp file and names the path. `write_lines_atomic` does the
+same for the text files of a run (predictions, metrics).
 
 A training checkpoint holds: model, optimizer, scheduler and GradScaler states, RNG states
 (Python, NumPy, torch CPU and CUDA), progress (step, epoch, batch within the epoch, early
@@ -47,14 +49,51 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _save_error(e: OSError, path: Path) -> OSError:
-    """The error of a failed save, naming the file and its folder (same errno, so the same OSError subclass)."""
-    remedy = {errno.ENOSPC: "the disk is full: free some space (or keep fewer step checkpoints) and retry",
+def write_error(e: OSError, path: Path, what: str = "") -> OSError:
+    """The error of a failed atomic write, naming the file, what to do, and that a previous file is
+    intact (same errno, so the same OSError subclass: PermissionError stays one)."""
+    remedy = {errno.ENOSPC: "the disk is full: free some space and retry",
               errno.EDQUOT: "the disk quota is exhausted: free some space and retry",
-              errno.EROFS: f"the folder {path.parent} is on a read-only file system: choose a writable folder",
-              errno.EACCES: f"the folder {path.parent} is not writable: choose a writable folder"}.get(e.errno, "")
-    where = f"cannot save checkpoint {path}: {e.strerror or e}"
-    return OSError(e.errno, "; ".join(filter(None, [where, remedy, f"any previous {path.name} is intact"])))
+              errno.EROFS: f"the folder {path.parent} is on a read-only file system: write elsewhere",
+              errno.EACCES: f"the folder {path.parent} is not writable: write elsewhere",
+              errno.EPERM: f"the folder {path.parent} is not writable: write elsewhere"}.get(e.errno)
+    parts = [f"cannot write {what}{path}: {e.strerror or e}", remedy, f"any previous {path.name} is left as it was"]
+    return OSError(e.errno, "; ".join(filter(None, parts)))
+
+
+def _atomic(path: Path, tmp: Path, write, what: str = "") -> Path:
+    """Call write(tmp), fsync'd there, then rename tmp over path; on any failure remove tmp and
+    raise (an OSError with an errno as `write_error`)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:  # a SIGKILL skips this: the next write overwrites the temp file
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temp file to remove
+            pass
+        if isinstance(e, OSError) and e.errno is not None:
+            raise write_error(e, path, what) from e
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def write_lines_atomic(path: str | Path, lines) -> Path:
+    """Write lines (each without its newline) to `path` atomically: a temp file in the same
+    folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none;
+    a failure (a full disk, a read-only folder) removes the temp file and names `path`."""
+    path = Path(path)
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:  # open(), not mkstemp: the umask's mode, not 0600
+            for line in lines:
+                f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    return _atomic(path, path.with_name(f".{path.name}.{os.getpid()}.tmp"), write)
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
@@ -65,9 +104,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(tmp):
         with open(tmp, "wb") as f:
             f.write(MAGIC)
             f.write(struct.pack("<Q", len(payload)))
@@ -75,17 +113,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # a SIGKILL skips this: the next save overwrites the .tmp
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # a read-only folder: there is no temp file to remove
-            pass
-        if isinstance(e, OSError) and e.errno is not None:
-            raise _save_error(e, path) from e
-        raise
-    fsync_dir(path.parent)
-    return path
+
+    return _atomic(path, path.with_name(path.name + ".tmp"), write, "checkpoint ")
 
 
 # What a checkpoint must hold to be run (`evaluation.evaluate.load_run`) or resumed (the trainer).

@@ -88,13 +88,12 @@ def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
 
 def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
     """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
-    full disk) is an OSError saying so, and that the scores are above."""
+    full disk) is an OSError naming the file and saying that the scores are above."""
     try:
         write_outputs(out, stem, examples, outputs, result)
     except OSError as e:
-        raise OSError(e.errno, f"cannot write predictions.{stem}.jsonl and metrics.{stem}.json to {out} "
-                      f"({e.strerror or e}); the scores are printed above; pass --out DIR to save them elsewhere"
-                      ) from e
+        what = f"{e.filename}: {e.strerror}" if e.filename else (e.strerror or str(e))
+        raise OSError(e.errno, f"{what}; the scores are printed above; pass --out DIR to save them elsewhere") from e
     print(f"wrote {out / f'predictions.{stem}.jsonl'} and {out / f'metrics.{stem}.json'}")
 
 

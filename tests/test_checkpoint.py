@@ -97,7 +97,7 @@ def test_disk_full_while_saving(tmp_path, monkeypatch, where):
     monkeypatch.undo()
     print(e.value)
     assert e.value.errno == errno.ENOSPC
-    assert f"cannot save checkpoint {p}" in str(e.value) and "disk is full" in str(e.value)
+    assert f"cannot write checkpoint {p}" in str(e.value) and "disk is full" in str(e.value)
     assert _snapshot(tmp_path) == before
     assert C.load_checkpoint(p)["model"]["w"][0, 0] == 1.0
 
@@ -133,7 +133,7 @@ def test_read_only_folder_named(tmp_path, monkeypatch, code):
     monkeypatch.undo()
     print(e.value)
     assert e.value.errno == code and isinstance(e.value, PermissionError) == (code == errno.EACCES)
-    assert f"cannot save checkpoint {p}" in str(e.value) and f"the folder {folder} is" in str(e.value)
+    assert f"cannot write checkpoint {p}" in str(e.value) and f"the folder {folder} is" in str(e.value)
     assert _snapshot(folder) == before
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scratchformer import ablate, cli, evaluate, generate, train
+from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint
 from scratchformer.data import DataError
 from scratchformer.evaluation.predict import OptionError
@@ -327,17 +328,18 @@ def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(
 
     before = _snapshot(run)
 
-    def read_only(out, stem, *a):
-        raise OSError(errno.EROFS, "Read-only file system", str(out / f"predictions.{stem}.jsonl"))
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / ".predictions.validation.jsonl.1.tmp"))
 
-    monkeypatch.setattr(evaluate, "write_outputs", read_only)
+    monkeypatch.setattr(checkpoint_io, "open", read_only, raising=False)  # where run files are written
     assert cli.run(evaluate.main, args) == 2
     out = capsys.readouterr()
     print(out.out, out.err)
     assert "toy_mt/validation (4 examples, greedy): loss" in out.out and "bleu" in out.out  # the scores
     assert out.err.strip().splitlines()[-1] == (
-        f"error: cannot write predictions.validation.jsonl and metrics.validation.json to {run} (Read-only file "
-        "system); the scores are printed above; pass --out DIR to save them elsewhere")
+        f"error: cannot write {run / 'predictions.validation.jsonl'}: Read-only file system; the folder {run} is on "
+        "a read-only file system: write elsewhere; any previous predictions.validation.jsonl is left as it was; "
+        "the scores are printed above; pass --out DIR to save them elsewhere")
     assert _snapshot(run) == before and list(cwd.iterdir()) == []
 
 
@@ -351,7 +353,8 @@ def test_evaluate_read_only_run_folder_for_real(tmp_path, capsys):
     finally:
         run.chmod(0o755)
     out = capsys.readouterr()
-    assert "bleu" in out.out and f"to {run} (Permission denied); the scores are printed above" in out.err
+    assert "bleu" in out.out and f"the folder {run} is not writable" in out.err
+    assert "the scores are printed above" in out.err
     assert _snapshot(run) == before
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import data as D
-from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint
+from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint, write_lines_atomic
 from ..compile import compile_for_inference
 from ..data.tokenizer import TokenizerPair
 from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
@@ -248,16 +248,19 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
 
 
 def write_predictions(path: Path, examples, outputs) -> None:
-    """One JSON line per example: id, source, reference, and the prediction (or the output dict)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    """One JSON line per example: id, source, reference, and the prediction (or the output dict).
+    Atomic: a failure (a full disk, a read-only folder) leaves any previous file as it was."""
+
+    def rows():
         for e, p in zip(examples, outputs):
             row = {"id": e.id, "source": e.src, "reference": e.tgt}
             row.update(p if isinstance(p, dict) else {"prediction": p})
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            yield json.dumps(row, ensure_ascii=False)
+
+    write_lines_atomic(path, rows())
 
 
 def write_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
-    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json."""
+    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json, each written atomically."""
     write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs)
-    (out / f"metrics.{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_lines_atomic(out / f"metrics.{stem}.json", [json.dumps(result, indent=2)])

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import fsync_dir
+from ..checkpoint import fsync_dir, write_lines_atomic
 from ..data.files import display_name, read_lines
 from .evaluate import load_run, predict_labels, predict_seq2seq
 from .metrics import split_sentences
@@ -241,26 +240,6 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
 # ---------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------
-
-
-def write_lines_atomic(path: str | Path, lines) -> Path:
-    """Write lines (each without its newline) to `path` atomically: a temp file in the same
-    folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp: the umask's mode, not 0600
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
 
 
 def partial_path(output: str | Path) -> Path:
