@@ -1,7 +1,9 @@
 """Data: file parsing and its errors, truncation, batching (exactly once, budgets, padding)."""
 
+import errno
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from scratchformer import data as D
+from scratchformer.data import files
 from scratchformer.evaluation.predict import read_inputs
 from scratchformer.model import BOS_ID, EOS_ID, PAD_ID
 
@@ -135,12 +138,20 @@ def test_byte_order_mark_and_crlf_are_read(tmp_path, reader):
 
 
 @pytest.mark.parametrize("reader", READERS)
-def test_a_folder_or_missing_file_is_named(tmp_path, reader):
+def test_a_folder_or_missing_file_is_named(tmp_path, monkeypatch, reader):
     with pytest.raises(D.DataError, match=r"nope\.jsonl: no such file"):
         READERS[reader](tmp_path / "nope.jsonl")
     (tmp_path / "dir.jsonl").mkdir()
     with pytest.raises(D.DataError, match=r"dir\.jsonl: is a folder, not a file"):
         READERS[reader](tmp_path / "dir.jsonl")
+    path = write_jsonl(tmp_path / "locked.jsonl", [{"src": "a", "tgt": "b"}])
+
+    def refuse(f, mode="r"):  # simulated: the tests run as root, who reads anything
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(f))
+
+    monkeypatch.setattr(files, "open", refuse, raising=False)
+    with pytest.raises(D.DataError, match=r"locked\.jsonl: cannot read \(Permission denied\)"):
+        READERS[reader](path)
 
 
 def test_infer_task_reads_through_the_same_reader(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchformer import generate
+from scratchformer import cli, generate
 from scratchformer.checkpoint import save_checkpoint
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
@@ -417,3 +417,12 @@ def test_library_entries_check_options_too(runs, tmp_path):
     # The edges still decode: one token, one beam, no ratio.
     out = generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=1, max_len=1)
     assert isinstance(out[0]["output"], str)
+
+
+def test_generate_usage_errors(runs, tmp_path, monkeypatch):
+    with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--output", str(tmp_path / "p")])
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    with pytest.raises(cli.UsageError, match="no input text"):
+        generate.main(["--checkpoint", str(runs["translation"])])
+    assert list(tmp_path.iterdir()) == []
