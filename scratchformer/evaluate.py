@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from . import cli
 from . import data as D
 from .evaluation import metrics as M
@@ -67,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    """Refuse flags no evaluation can take, before any work (UsageError naming the flag)."""
+    """Refuse flags no evaluation can take, before any work (UsageError naming the flag); resolves --device."""
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
     for flag, value, low in (("--beam-size", args.beam_size, 1), ("--max-tokens", args.max_tokens, 1),
@@ -76,6 +74,7 @@ def check_args(args) -> None:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
     if not math.isfinite(args.length_penalty):
         raise cli.UsageError(f"--length-penalty must be a finite number, got {args.length_penalty}")
+    args.device = cli.resolve_device(args.device)  # a torch.device from here on
 
 
 def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
@@ -115,7 +114,7 @@ def main(argv=None) -> dict:
     check_args(args)
     if args.baseline == "lead3":
         return run_lead3(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    """Refuse flags no model can take, before any work (UsageError / OptionError naming the flag)."""
+    """Refuse flags no model can take, before any work (UsageError / OptionError naming the flag);
+    resolves --device."""
     if args.output and args.text:
         raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
     P.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, max_len=args.max_len,
@@ -82,6 +83,7 @@ def check_args(args) -> None:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
         raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
+    args.device = cli.resolve_device(args.device)  # a torch.device from here on
 
 
 def run_batch(args) -> dict:
@@ -130,7 +132,7 @@ def main(argv=None) -> list[dict]:
     check_args(args)
     if args.output:
         return run_batch(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
         texts = args.text

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from scratchformer import ablate, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
@@ -291,8 +292,6 @@ def test_commands_report_user_errors_in_one_line(tmp_path):
 def _eval_run(root: Path) -> Path:
     """A run folder without training: a tiny random model, its tokenizer and a local data folder
     (evaluate needs only the checkpoint's parts)."""
-    import torch
-
     from scratchformer.checkpoint import save_checkpoint
     from scratchformer.data import DataSource
     from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
@@ -391,3 +390,17 @@ def test_evaluate_and_generate_help_list_debug(capsys):
         with pytest.raises(SystemExit):
             mod.main(["--help"])
         assert "--debug" in capsys.readouterr().out and mod.run.__doc__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has a cuda device")
+@pytest.mark.parametrize("mod", [evaluate, generate])
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "--device cuda: no CUDA device here"),
+    ("gpu", r"--device gpu: not a device name \(cpu, cuda, cuda:1, ...\)"),
+])
+def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, message):
+    """`--device cuda` on a CPU build used to be torch's AssertionError after the checkpoint was read."""
+    monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
+    with pytest.raises(cli.UsageError, match=message):
+        mod.main(io_args + ["--device", device])
