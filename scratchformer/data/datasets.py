@@ -25,6 +25,7 @@ import json
 import os
 import random
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,16 +124,17 @@ def _check_record(rec, task: str, where: str) -> Example:
 
 def _read_jsonl(path: Path, task: str, limit: int | None):
     out = []
-    for lineno, line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
-        out.append(_check_record(rec, task, f"{path}:{lineno}"))
-        if limit is not None and len(out) >= limit:
-            break
+    with closing(read_lines(path)) as lines:  # closed also when `limit` stops early
+        for lineno, line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            if limit is not None and len(out) >= limit:
+                break
     return out
 
 
@@ -140,34 +142,35 @@ def _read_tsv(path: Path, task: str, limit: int | None):
     """Two columns (source, target) or more with a header row naming the fields."""
     fields = FIELDS[task]
     out = []
-    rows = csv.reader((line for _, line in read_lines(path)), delimiter="\t", quoting=csv.QUOTE_NONE)
-    header = None
-    for lineno, row in enumerate(rows, 1):
-        if not row or not any(c.strip() for c in row):
-            continue
-        if lineno == 1 and set(fields) <= set(row):
-            header = row
-            continue
-        if header is not None:
-            if len(row) != len(header):
-                raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated columns, got {len(row)}")
-            rec = dict(zip(header, row, strict=True))
-        else:
-            if len(row) != 2:
-                raise DataError(
-                    f"{path}:{lineno}: expected 2 tab-separated columns ({fields[0]}, {fields[1]}) "
-                    f"or a header row naming them, got {len(row)} columns"
-                )
-            rec = dict(zip(fields, row, strict=True))
-        if task == "classification":
-            try:
-                rec["label"] = int(rec["label"])
-            except ValueError:
-                got = rec["label"]
-                raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {got!r}") from None
-        out.append(_check_record(rec, task, f"{path}:{lineno}"))
-        if limit is not None and len(out) >= limit:
-            break
+    with closing(read_lines(path)) as numbered:  # closed also when `limit` stops early
+        rows = csv.reader((line for _, line in numbered), delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = None
+        for lineno, row in enumerate(rows, 1):
+            if not row or not any(c.strip() for c in row):
+                continue
+            if lineno == 1 and set(fields) <= set(row):
+                header = row
+                continue
+            if header is not None:
+                if len(row) != len(header):
+                    raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated columns, got {len(row)}")
+                rec = dict(zip(header, row, strict=True))
+            else:
+                if len(row) != 2:
+                    raise DataError(
+                        f"{path}:{lineno}: expected 2 tab-separated columns ({fields[0]}, {fields[1]}) "
+                        f"or a header row naming them, got {len(row)} columns"
+                    )
+                rec = dict(zip(fields, row, strict=True))
+            if task == "classification":
+                try:
+                    rec["label"] = int(rec["label"])
+                except ValueError:
+                    got = rec["label"]
+                    raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {got!r}") from None
+            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            if limit is not None and len(out) >= limit:
+                break
     return out
 
 
@@ -221,16 +224,17 @@ def infer_task(folder: Path) -> str:
     for split in SPLITS:
         p = find_split_file(folder, split)
         if p is not None and ".jsonl" in p.name:
-            for _, line in read_lines(p):
-                if line.strip():
-                    try:
-                        keys = set(json.loads(line))
-                    except (json.JSONDecodeError, TypeError):
+            with closing(read_lines(p)) as lines:
+                for _, line in lines:
+                    if line.strip():
+                        try:
+                            keys = set(json.loads(line))
+                        except (json.JSONDecodeError, TypeError):
+                            break
+                        for task, fields in FIELDS.items():
+                            if set(fields) <= keys:
+                                return task
                         break
-                    for task, fields in FIELDS.items():
-                        if set(fields) <= keys:
-                            return task
-                    break
     raise DataError(f"{folder}: cannot tell the task (no meta.json 'task' and no recognised fields); pass --task")
 
 
