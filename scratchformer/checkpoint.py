@@ -5,7 +5,9 @@ payload (32 bytes) | payload, where the payload is `torch.save` of a dict of ten
 strings, lists and dicts. Loading checks magic, length and hash *before* reading the payload,
 then reads it with ``torch.load(weights_only=True)``, which refuses anything but plain data.
 Writing goes to ``NAME.tmp``, is fsynced, then renamed over ``NAME`` (and the folder fsynced),
-so a crash leaves either the old file or the new one, never a torn one.
+so a crash leaves either the old file or the new one, never a torn one; a failed write (a full
+disk, a read-only folder) removes the temp file and names the path. `write_lines_atomic` does the
+same for the text files of a run (predictions, metrics).
 
 A training checkpoint holds: model, optimizer, scheduler and GradScaler states, RNG states
 (Python, NumPy, torch CPU and CUDA), progress (step, epoch, batch within the epoch, early
@@ -14,6 +16,7 @@ stopping state), the model config, the training arguments, the data source and t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -46,28 +49,82 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write `state` to `path` atomically (temp file, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getvalue()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        f.write(struct.pack("<Q", len(payload)))
-        f.write(hashlib.sha256(payload).digest())
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_error(e: OSError, path: Path, what: str = "") -> OSError:
+    """The error of a failed atomic write, naming the file, what to do, and that a previous file is
+    intact (same errno, so the same OSError subclass: PermissionError stays one)."""
+    remedy = {errno.ENOSPC: "the disk is full: free some space and retry",
+              errno.EDQUOT: "the disk quota is exhausted: free some space and retry",
+              errno.EROFS: f"the folder {path.parent} is on a read-only file system: write elsewhere",
+              errno.EACCES: f"the folder {path.parent} is not writable: write elsewhere",
+              errno.EPERM: f"the folder {path.parent} is not writable: write elsewhere"}.get(e.errno)
+    parts = [f"cannot write {what}{path}: {e.strerror or e}", remedy, f"any previous {path.name} is left as it was"]
+    return OSError(e.errno, "; ".join(filter(None, parts)))
+
+
+def _atomic(path: Path, tmp: Path, write, what: str = "") -> Path:
+    """Call write(tmp), fsync'd there, then rename tmp over path; on any failure remove tmp and
+    raise (an OSError with an errno as `write_error`)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:  # a SIGKILL skips this: the next write overwrites the temp file
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temp file to remove
+            pass
+        if isinstance(e, OSError) and e.errno is not None:
+            raise write_error(e, path, what) from e
+        raise
     fsync_dir(path.parent)
     return path
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Read and verify a checkpoint; raises CheckpointError naming the file and the fault."""
+def write_lines_atomic(path: str | Path, lines) -> Path:
+    """Write lines (each without its newline) to `path` atomically: a temp file in the same
+    folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none;
+    a failure (a full disk, a read-only folder) removes the temp file and names `path`."""
+    path = Path(path)
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:  # open(), not mkstemp: the umask's mode, not 0600
+            for line in lines:
+                f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    return _atomic(path, path.with_name(f".{path.name}.{os.getpid()}.tmp"), write)
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path:
+    """Write `state` to `path` atomically (temp file, fsync, rename). On failure (a full disk, a
+    read-only folder) the temp file is removed, a previous `path` is left as it was, and the
+    OSError names the file."""
+    path = Path(path)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<Q", len(payload)))
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return _atomic(path, path.with_name(path.name + ".tmp"), write, "checkpoint ")
+
+
+# What a checkpoint must hold to be run (`evaluation.evaluate.load_run`) or resumed (the trainer).
+RUN_KEYS = ("model", "config", "tokenizers", "task", "args")
+RESUME_KEYS = (*RUN_KEYS, "optimizer", "scheduler", "progress", "rng", "data")
+
+
+def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ...] = ()) -> dict:
+    """Read and verify a checkpoint; raises CheckpointError naming the file and the fault, also
+    when the checkpoint lacks a key of `require` (e.g. `RUN_KEYS`, `RESUME_KEYS`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -82,9 +139,17 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"{path} is corrupt: SHA-256 of the payload does not match the header")
     try:
-        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as e:  # the hash matched, so this is a version or content problem
         raise CheckpointError(f"{path}: cannot load payload ({e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: the payload is a {type(state).__name__}, not a checkpoint dict")
+    missing = [k for k in require if k not in state]
+    if missing:
+        have = ", ".join(map(repr, sorted(map(str, state)))) or "none"
+        raise CheckpointError(f"{path} is incomplete: no {', '.join(map(repr, missing))} (it holds {have}); "
+                              "not a checkpoint written by scratchformer's trainer?")
+    return state
 
 
 def rng_state() -> dict:

@@ -5,20 +5,22 @@
 
 Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
 ROUGE-1/2/L/Lsum (rouge-score, stemming on); classification: accuracy; every task: loss and
-perplexity under teacher forcing. Writes ``predictions.<split>.jsonl`` and ``metrics.<split>.json``
-into ``--out`` (default: the checkpoint's run folder). The work is
-`scratchformer.evaluation.evaluate.evaluate`; this is its command line.
+perplexity under teacher forcing. The scores are printed first (stdout), then
+``predictions.<split>.jsonl`` and ``metrics.<split>.json`` are written into ``--out`` (default: the
+folder of the checkpoint, i.e. its run folder, never the current directory; the Lead-3 baseline
+writes only with ``--out``). A folder that cannot be written ends the command with an error after
+the scores. The work is `scratchformer.evaluation.evaluate.evaluate`; this is its command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-import torch
-
+from . import cli
 from . import data as D
 from .evaluation import metrics as M
 from .evaluation.evaluate import (
@@ -55,38 +57,64 @@ def build_parser() -> argparse.ArgumentParser:
                    "code generation)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
-    p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json")
+    p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json (default: the "
+                   "folder of the checkpoint, i.e. its run folder; with --baseline lead3: none, scores only)")
     p.add_argument("--attention", type=int, metavar="INDEX", help="also draw the attention heatmap of example INDEX")
+    cli.add_debug_flag(p)
     return p
+
+
+def check_args(args) -> None:
+    """Refuse flags no evaluation can take, before any work (UsageError naming the flag); resolves --device."""
+    if args.baseline is None and not args.checkpoint:
+        raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
+    for flag, value, low in (("--beam-size", args.beam_size, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--limit", args.limit, 0), ("--attention", args.attention, 0)):
+        if value is not None and value < low:
+            raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
+    if not math.isfinite(args.length_penalty):
+        raise cli.UsageError(f"--length-penalty must be a finite number, got {args.length_penalty}")
+    args.device = cli.resolve_device(args.device)  # a torch.device from here on
 
 
 def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
     if args.data or args.dataset:
         return D.resolve_source(args.dataset or "synthetic", args.data, args.task)
     if ckpt_data is None:
-        raise SystemExit("give --data or --dataset (no checkpoint to take the data source from)")
+        raise cli.UsageError("give --data or --dataset (no checkpoint to take the data source from)")
     return D.DataSource(**ckpt_data)
+
+
+def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
+    """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
+    full disk) is an OSError naming the file and saying that the scores are above."""
+    try:
+        write_outputs(out, stem, examples, outputs, result)
+    except OSError as e:
+        what = f"{e.filename}: {e.strerror}" if e.filename else (e.strerror or str(e))
+        raise OSError(e.errno, f"{what}; the scores are printed above; pass --out DIR to save them elsewhere") from e
+    print(f"wrote {out / f'predictions.{stem}.jsonl'} and {out / f'metrics.{stem}.json'}")
 
 
 def run_lead3(args) -> dict:
     source = _source_from(args, None)
     if source.task != "summarization":
-        raise SystemExit(f"lead3 is a summarization baseline; this data is {source.task}")
+        raise cli.UsageError(f"lead3 is a summarization baseline; this data is {source.task}")
     examples = D.load_split(source, args.split, args.limit)
     hyps = [M.lead3(e.src) for e in examples]
     result = {"baseline": "lead3", "split": args.split, "n": len(examples), **M.rouge(hyps, [e.tgt for e in examples])}
-    write_outputs(Path(args.out or "."), f"{args.split}.lead3", examples, hyps, result)
-    print(f"lead3 on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}")
+    print(f"lead3 on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
+    if args.out:
+        save_outputs(Path(args.out), f"{args.split}.lead3", examples, hyps, result)
     return result
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
+    check_args(args)
     if args.baseline == "lead3":
         return run_lead3(args)
-    if not args.checkpoint:
-        raise SystemExit("--checkpoint is required (or --baseline lead3)")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))
@@ -97,24 +125,29 @@ def main(argv=None) -> dict:
     ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
                   beam_sizes=(args.beam_size,), length_penalty=args.length_penalty, max_tokens=args.max_tokens,
                   precision=args.precision, progress=sys.stderr.isatty())
-    result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples), "step": ckpt["progress"]["step"],
-              **ev.metrics}
+    result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
+              "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
     if source.task != "classification":
         result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size))
     result["seconds"] = round(time.time() - t0, 2)
+    # The scores first: a folder we cannot write to must not cost them.
+    print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
+          f"{format_metrics(result)}", flush=True)
     out = Path(args.out) if args.out else Path(ckpt["path"]).parent
-    write_outputs(out, args.split, examples, ev.outputs, result)
+    save_outputs(out, args.split, examples, ev.outputs, result)
     if args.attention is not None:
         from .evaluation.plots import plot_attention  # matplotlib: only when plotting
 
         w, rows, cols, title = attention_map(model, dataset, args.attention, toks, device=device,
                                              max_tgt_len=run.max_tgt_len)
         plot_attention(w, rows, cols, out / f"attention.{args.split}.{args.attention}.png", title=title)
-    print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
-          f"{format_metrics(result)}")
-    print(f"wrote {out / f'predictions.{args.split}.jsonl'} and {out / f'metrics.{args.split}.json'}")
     return result
 
 
+def run(argv=None) -> int:
+    """The command line: `main`, a user error as one line and exit status 2 (`cli.run`; --debug keeps the traceback)."""
+    return cli.run(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

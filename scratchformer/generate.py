@@ -10,6 +10,9 @@ prints ``label<TAB>confidence`` (label names from the data's meta.json when know
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl``/``.jsonl.gz`` records
 (ids kept) or plain text, written as ``{"id", "prediction"}`` lines, atomically; --resume continues.
+
+A user error (a bad flag, input file or checkpoint, an existing --output) is one line on stderr and
+exit status 2; --debug (or SCRATCHFORMER_DEBUG=1) shows the traceback (`scratchformer.cli`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from pathlib import Path
 
 import torch
 
+from . import cli
 from . import data as D
-from .checkpoint import CheckpointError
+from .data.files import read_lines
+from .evaluation import predict as P
 from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
-from .evaluation.predict import OptionError, predict_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,26 +67,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between snapshots to OUTPUT.partial (what --resume picks up after a kill)")
     b.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cli.add_debug_flag(p)
     return p
 
 
+def check_args(args) -> None:
+    """Refuse flags no model can take, before any work (UsageError / OptionError naming the flag);
+    resolves --device."""
+    if args.output and args.text:
+        raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
+    P.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, max_len=args.max_len,
+                    len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
+                    max_src_len=args.max_src_len)
+    if args.save_every < 0:
+        raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
+    if args.threads is not None and args.threads < 1:
+        raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
+    args.device = cli.resolve_device(args.device)  # a torch.device from here on
+
+
 def run_batch(args) -> dict:
-    """--output: predict a whole file (see `evaluation.predict.predict_file`)."""
+    """--output: predict a whole file (see `evaluation.predict.predict_file`). Ctrl-C keeps what
+    was done in OUTPUT.partial; errors go to the command line (`cli.run`)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        summary = predict_file(
-            args.checkpoint, args.input or "-", args.output, field=args.field, fmt=args.format, resume=args.resume,
-            overwrite=args.overwrite, save_every=args.save_every, device=args.device, kernel=args.kernel,
-            compile=args.compile,
-            progress=not args.no_progress and sys.stderr.isatty(), beam_size=args.beam_size,
-            length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
-            max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
-            max_src_len=args.max_src_len, strict=args.strict)
-    except (D.DataError, OptionError, FileExistsError, CheckpointError) as e:  # user errors only: a bug keeps
-        raise SystemExit(f"error: {e}") from None  # its traceback
-    except KeyboardInterrupt:  # what was done is in OUTPUT.partial (see predict_file)
-        raise SystemExit(130) from None
+    summary = P.predict_file(
+        args.checkpoint, args.input or "-", args.output, field=args.field, fmt=args.format, resume=args.resume,
+        overwrite=args.overwrite, save_every=args.save_every, device=args.device, kernel=args.kernel,
+        compile=args.compile,
+        progress=not args.no_progress and sys.stderr.isatty(), beam_size=args.beam_size,
+        length_penalty=args.length_penalty, max_len=args.max_len, len_ratio=args.len_ratio,
+        max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
+        max_src_len=args.max_src_len, strict=args.strict)
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -93,9 +109,12 @@ def run_batch(args) -> dict:
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
              max_len: int | None = None) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}]."""
+    P.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len)
     task = ckpt["task"]
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
+    if task != "classification" and max_tgt >= model.cfg.max_len:
+        raise P.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
     examples = [D.Example(t, 0 if task == "classification" else "", None) for t in texts]
     dataset, _ = D.encode_examples(examples, task, toks.src, toks.tgt, a["max_src_len"], max(2, max_tgt))
     if task == "classification":
@@ -110,22 +129,18 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
 
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    check_args(args)
     if args.output:
-        if args.text:
-            raise SystemExit("--output takes its inputs from --input FILE (or stdin), not --text")
         return run_batch(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
         texts = args.text
-    elif args.input and args.input != "-":
-        with open(args.input, encoding="utf-8") as f:
-            texts = [line.rstrip("\n") for line in f]
-    else:
-        texts = [line.rstrip("\n") for line in sys.stdin]
+    else:  # a file or stdin; DataError names the file and line of undecodable text
+        texts = [line for _, line in read_lines(args.input or "-")]
     texts = [t for t in texts if t.strip()]
     if not texts:
-        raise SystemExit("no input text (give --text, --input FILE, or lines on stdin)")
+        raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, max_len=args.max_len)
     for r in results:
@@ -138,5 +153,10 @@ def main(argv=None) -> list[dict]:
     return results
 
 
+def run(argv=None) -> int:
+    """The command line: `main`, a user error as one line and exit status 2 (`cli.run`; --debug keeps the traceback)."""
+    return cli.run(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

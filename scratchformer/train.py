@@ -8,6 +8,9 @@
     python -m scratchformer.train --resume --out runs/m30k  # continue exactly where it stopped
     python -m scratchformer.train ablate ...                # the ablation grid (python -m scratchformer.ablate)
 
+A user error (bad flag, data file, checkpoint, a full disk) ends the command with one line on
+stderr and exit status 2; --debug (or SCRATCHFORMER_DEBUG=1) shows the traceback (`scratchformer.cli`).
+
 A run folder (--out) holds config.json, args.json, the tokenizer(s), checkpoints (step_*.pt,
 last.pt, best.pt), metrics.jsonl, train.csv, valid.csv and plots/. The recipe: AdamW (0.9, 0.98),
 inverse-sqrt / cosine / plateau schedules with warmup, label smoothing (pad ignored), gradient
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import sys
 
+from . import cli
 from .training import ablation
 from .training.config import parse_args
 from .training.trainer import train
@@ -34,5 +38,10 @@ def main(argv=None) -> dict | list[dict]:
     return train(config, given)
 
 
+def run(argv=None) -> int:
+    """The command line: `main`, a user error as one line and exit status 2 (`cli.run`; --debug keeps the traceback)."""
+    return cli.run(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

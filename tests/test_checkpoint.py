@@ -1,5 +1,7 @@
 """Checkpoints: round trip, atomic writes, refusal of truncated/corrupt/unsafe files."""
 
+import errno
+import io
 import os
 import random
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from scratchformer import checkpoint as C
+from scratchformer.evaluation.evaluate import load_run
 
 
 def state(v=1.0):
@@ -47,8 +50,14 @@ def test_corrupt_refused(tmp_path):
         C.load_checkpoint(tmp_path / "missing.pt")
 
 
-def test_crash_during_save_keeps_previous(tmp_path, monkeypatch):
+def _snapshot(folder):
+    """Every file of a folder with its bytes: what must not change when a save fails."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_crash_during_save_keeps_previous_and_removes_the_temp_file(tmp_path, monkeypatch):
     p = C.save_checkpoint(tmp_path / "last.pt", state(1.0))
+    before = _snapshot(tmp_path)
 
     def crash(*a, **k):
         raise OSError("disk full (simulated)")
@@ -58,7 +67,127 @@ def test_crash_during_save_keeps_previous(tmp_path, monkeypatch):
         C.save_checkpoint(p, state(5.0))
     monkeypatch.undo()
     assert C.load_checkpoint(p)["model"]["w"][0, 0] == 1.0  # the old file is untouched
-    assert (tmp_path / "last.pt.tmp").exists()  # only the temp file holds the torn write
+    assert _snapshot(tmp_path) == before  # and the torn last.pt.tmp is gone
+
+
+@pytest.mark.parametrize("where", ["write", "fsync", "replace"])
+def test_disk_full_while_saving(tmp_path, monkeypatch, where):
+    """ENOSPC at any point of a save: the error names the file and says the disk is full, the
+    partial .tmp is removed, the previous checkpoint is intact."""
+    p = C.save_checkpoint(tmp_path / "last.pt", state(1.0))
+    before = _snapshot(tmp_path)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if where == "write":  # the payload reaches the disk in part, then the disk is full
+        real_open = open
+
+        class Full(io.FileIO):
+            def write(self, b):
+                super().write(b[:10])
+                full()
+
+        monkeypatch.setattr(C, "open", lambda f, mode="r": Full(f, "w") if "w" in mode else real_open(f, mode),
+                            raising=False)
+    else:
+        monkeypatch.setattr(C.os, where, full)
+    with pytest.raises(OSError) as e:
+        C.save_checkpoint(p, state(5.0))
+    monkeypatch.undo()
+    print(e.value)
+    assert e.value.errno == errno.ENOSPC
+    assert f"cannot write checkpoint {p}" in str(e.value) and "disk is full" in str(e.value)
+    assert _snapshot(tmp_path) == before
+    assert C.load_checkpoint(p)["model"]["w"][0, 0] == 1.0
+
+
+def test_interrupted_save_removes_the_temp_file(tmp_path, monkeypatch):
+    p = C.save_checkpoint(tmp_path / "last.pt", state(1.0))
+    before = _snapshot(tmp_path)
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C.os, "fsync", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        C.save_checkpoint(p, state(5.0))
+    monkeypatch.undo()
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+def test_read_only_folder_named(tmp_path, monkeypatch, code):
+    """A folder that refuses new files (read-only file system, no permission; simulated: the
+    tests run as root, which may write anywhere)."""
+    folder = tmp_path / "run"
+    p = C.save_checkpoint(folder / "last.pt", state(1.0))
+    before = _snapshot(folder)
+
+    def refuse(f, mode="r"):
+        raise OSError(code, os.strerror(code), str(f))
+
+    monkeypatch.setattr(C, "open", refuse, raising=False)
+    with pytest.raises(OSError) as e:
+        C.save_checkpoint(p, state(5.0))
+    monkeypatch.undo()
+    print(e.value)
+    assert e.value.errno == code and isinstance(e.value, PermissionError) == (code == errno.EACCES)
+    assert f"cannot write checkpoint {p}" in str(e.value) and f"the folder {folder} is" in str(e.value)
+    assert _snapshot(folder) == before
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_for_real(tmp_path):
+    folder = tmp_path / "run"
+    p = C.save_checkpoint(folder / "last.pt", state(1.0))
+    before = _snapshot(folder)
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError, match=f"the folder {folder} is not writable"):
+            C.save_checkpoint(p, state(5.0))
+    finally:
+        folder.chmod(0o755)
+    assert _snapshot(folder) == before
+
+
+def test_incomplete_checkpoint_names_the_missing_key(tmp_path):
+    """A valid container without the parts a run needs is a CheckpointError naming the file and
+    the key, not a KeyError later; a payload that is not a dict is refused too."""
+    p = C.save_checkpoint(tmp_path / "best.pt", {"model": {}, "tokenizers": {}, "task": "translation", "args": {}})
+    with pytest.raises(C.CheckpointError, match=rf"{p} is incomplete: no 'config' \(it holds 'args', 'model'"):
+        C.load_checkpoint(p, require=C.RUN_KEYS)
+    assert C.load_checkpoint(p)["task"] == "translation"  # nothing required: any dict loads
+    with pytest.raises(C.CheckpointError, match=rf"{p} is incomplete: no 'config'"):
+        load_run(tmp_path)
+    with pytest.raises(C.CheckpointError, match="'optimizer', 'scheduler', 'progress', 'rng', 'data'"):
+        C.load_checkpoint(p, require=C.RESUME_KEYS)
+    lst = C.save_checkpoint(tmp_path / "list.pt", [1, 2])
+    with pytest.raises(C.CheckpointError, match=rf"{lst}: the payload is a list, not a checkpoint dict"):
+        C.load_checkpoint(lst)
+
+
+def test_checkpoint_whose_parts_disagree(tmp_path):
+    """A config the model cannot be built from, a broken tokenizer, or weights of another shape:
+    CheckpointError naming the file (not a TypeError, KeyError or a torch RuntimeError)."""
+    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+    from scratchformer.model import ModelConfig, build_model
+
+    tok = BPETokenizer.train(["one two three four five six seven"] * 20, vocab_size=300, min_frequency=1)
+    shape = dict(src_vocab_size=tok.vocab_size, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
+    cfg, other = ModelConfig(d_model=32, **shape), ModelConfig(d_model=16, **shape)
+    base = {"tokenizers": TokenizerPair(tok).to_dict(), "task": "translation", "args": {}}
+    p = C.save_checkpoint(tmp_path / "a" / "best.pt", {**base, "model": build_model(other).state_dict(),
+                                                      "config": cfg.to_dict()})
+    with pytest.raises(C.CheckpointError, match=rf"{p}: the weights do not fit the checkpoint's config"):
+        load_run(p)
+    q = C.save_checkpoint(tmp_path / "b" / "best.pt", {**base, "model": {}, "config": {"d_model": 32, "bogus": 1}})
+    with pytest.raises(C.CheckpointError, match=rf"{q}: bad model config or tokenizer .*bogus"):
+        load_run(q)
+    r = C.save_checkpoint(tmp_path / "c" / "best.pt", {**base, "model": {}, "config": cfg.to_dict(),
+                                                      "tokenizers": {"src": "not a tokenizer"}})
+    with pytest.raises(C.CheckpointError, match=rf"{r}: bad model config or tokenizer"):
+        load_run(r)
 
 
 class Evil:

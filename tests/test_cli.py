@@ -1,8 +1,10 @@
 """The command lines, in process: train -> evaluate -> generate, lead-3, ablate, --help, DDP."""
 
+import errno
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -10,9 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from scratchformer import ablate, evaluate, generate, train
-from scratchformer.checkpoint import load_checkpoint
+from scratchformer import ablate, cli, evaluate, generate, train
+from scratchformer import checkpoint as checkpoint_io
+from scratchformer.checkpoint import CheckpointError, load_checkpoint
+from scratchformer.data import DataError
+from scratchformer.evaluation.predict import OptionError
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-size", "16", "--max-train-examples", "48", "--max-valid-examples", "12", "--eval-decode-examples", "6",
@@ -171,3 +177,230 @@ def test_train_with_triton_kernels_in_the_interpreter(tmp_path):
     assert json.loads((run / "config.json").read_text())["kernel"] == "triton"
     for mod in ("attention", "add_layer_norm", "ffn"):
         assert f"scratchformer.kernels.{mod}" in sys.modules
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: one line and exit status 2 (scratchformer.cli), --debug keeps the traceback
+# ---------------------------------------------------------------------------------------------
+
+
+def _raiser(e):
+    seen = []
+
+    def main(argv):
+        seen.append(argv)
+        if e is not None:
+            raise e
+
+    return main, seen
+
+
+@pytest.mark.parametrize("error, line", [
+    (DataError("data/train.jsonl:3: bad JSON"), "data/train.jsonl:3: bad JSON"),
+    (OptionError("--max-len must be >= 1, got -1"), "--max-len must be >= 1, got -1"),
+    (ValueError("--lr must be > 0, got -1.0"), "--lr must be > 0, got -1.0"),
+    (CheckpointError("run/last.pt is truncated"), "run/last.pt is truncated"),
+    (FileExistsError("preds.jsonl exists; pass --resume"), "preds.jsonl exists; pass --resume"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "in.txt"), "in.txt: No such file or directory"),
+    (PermissionError(errno.EACCES, "Permission denied", "/ro/run"), "/ro/run: Permission denied"),
+    (IsADirectoryError(errno.EISDIR, "Is a directory", "run"), "run: Is a directory"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "f/x"), "f/x: Not a directory"),
+    (OSError(errno.ENOSPC, "No space left on device", "run/x.pt"), "run/x.pt: No space left on device"),
+    (OSError(errno.EROFS, "Read-only file system", "run"), "run: Read-only file system"),
+    (OSError(errno.ENOSPC, "cannot save checkpoint run/last.pt: disk full"), "cannot save checkpoint run/last.pt"),
+])
+def test_cli_run_user_error_is_one_line(capsys, monkeypatch, error, line):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    main, _ = _raiser(error)
+    assert cli.run(main, ["--x"]) == cli.EXIT_USER_ERROR == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {line}") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("error", [RuntimeError("bug"), KeyError("k"), ZeroDivisionError(), AssertionError(),
+                                   OSError(errno.EIO, "Input/output error")])
+def test_cli_run_bug_keeps_its_traceback(capsys, monkeypatch, error):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    main, _ = _raiser(error)
+    with pytest.raises(type(error)):
+        cli.run(main, [])
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_run_debug_flag_env_interrupt_and_success(capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    main, seen = _raiser(DataError("bad"))
+    with pytest.raises(DataError):  # --debug: the error goes through with its traceback
+        cli.run(main, ["--a", "--debug", "--", "--debug"])
+    assert seen[-1] == ["--a", "--", "--debug"]  # taken off before "--" only: the rest is another command's
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(DataError):
+        cli.run(main, [])
+    monkeypatch.setenv(cli.DEBUG_ENV, "0")
+    assert cli.run(main, []) == 2
+    assert cli.run(_raiser(KeyboardInterrupt())[0], []) == cli.EXIT_INTERRUPTED == 130
+    assert cli.run(_raiser(None)[0], []) == 0
+    assert capsys.readouterr().err.splitlines() == ["error: bad", "interrupted"]
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def _command(args, debug_env=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop(cli.DEBUG_ENV, None)
+    if debug_env:
+        env[cli.DEBUG_ENV] = "1"
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_commands_report_user_errors_in_one_line(tmp_path):
+    """Each command, as a user runs it: a bad data file, a missing checkpoint, a bad flag -> exit
+    status 2 and one `error:` line naming the problem, no traceback; the inputs are left as they were.
+    --debug (or SCRATCHFORMER_DEBUG=1) shows the traceback instead."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_bytes("one\teins\ncafé\tKaffee\n".encode("latin-1"))
+    (tmp_path / "plain.jsonl.gz").write_text('{"src": "a", "tgt": "b"}\n')
+    (tmp_path / "in.txt").write_text("one two\n")
+    before = _snapshot(tmp_path)
+    cases = [
+        (["scratchformer.train", "--data", str(data), "--task", "translation", "--out", str(tmp_path / "out" / "r"),
+          "--no-progress"], rf"{data / 'train.tsv'}:2: not UTF-8 text \(byte 0xe9"),
+        (["scratchformer.evaluate", "--checkpoint", str(tmp_path / "nope")], rf"no checkpoint at {tmp_path / 'nope'}"),
+        (["scratchformer.generate", "--checkpoint", str(tmp_path / "nope"), "--input", str(tmp_path / "in.txt"),
+          "--output", str(tmp_path / "p.jsonl"), "--max-len", "-1"], r"--max-len must be >= 1, got -1"),
+        (["scratchformer.ablate", "--out", str(tmp_path / "out" / "ab"), "--variants", "base=", "--", "--data",
+          str(data), "--task", "translation", "--no-progress"], rf"{data / 'train.tsv'}:2: not UTF-8"),
+    ]
+    for args, message in cases:
+        p = _command(args)
+        print(args[0], p.returncode, p.stderr[-2000:])
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and re.search(message, last), last
+    after = _snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("out")} == before  # inputs untouched, no p.jsonl
+    p = _command(cases[2][0] + ["--debug"])
+    assert p.returncode == 1 and "Traceback" in p.stderr and "OptionError: --max-len must be >= 1" in p.stderr
+    p = _command(cases[1][0], debug_env=True)
+    assert p.returncode == 1 and "Traceback" in p.stderr and "CheckpointError: no checkpoint at" in p.stderr
+
+
+def _eval_run(root: Path) -> Path:
+    """A run folder without training: a tiny random model, its tokenizer and a local data folder
+    (evaluate needs only the checkpoint's parts)."""
+    from scratchformer.checkpoint import save_checkpoint
+    from scratchformer.data import DataSource
+    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+    from scratchformer.model import ModelConfig, build_model
+    from scratchformer.training.config import TrainConfig
+
+    data = _translation_folder(root)
+    tok = BPETokenizer.train(["one two three red house big eins zwei drei rot Haus groß"] * 20, vocab_size=300,
+                             min_frequency=1)
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                      d_ff=64, dropout=0.0, kernel="eager")
+    run = root / "run"
+    save_checkpoint(run / "best.pt", {
+        "model": build_model(cfg).state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
+        "task": "translation", "args": {**TrainConfig().to_dict(), "max_src_len": 16, "max_tgt_len": 10},
+        "data": DataSource("local", "toy_mt", "translation", str(data)).to_dict(), "progress": {"step": 0}})
+    return run
+
+
+def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(tmp_path, monkeypatch, capsys):
+    """evaluate without --out writes into the checkpoint's run folder, never the current directory;
+    when that folder refuses writes the scores are printed first and the error says so (exit 2)."""
+    run = _eval_run(tmp_path)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    args = ["--checkpoint", str(run / "best.pt"), "--split", "validation", "--limit", "4", "--max-tokens", "64"]
+    evaluate.main(args)
+    assert (run / "predictions.validation.jsonl").exists() and (run / "metrics.validation.json").exists()
+    assert list(cwd.iterdir()) == []
+    capsys.readouterr()
+
+    before = _snapshot(run)
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / ".predictions.validation.jsonl.1.tmp"))
+
+    monkeypatch.setattr(checkpoint_io, "open", read_only, raising=False)  # where run files are written
+    assert cli.run(evaluate.main, args) == 2
+    out = capsys.readouterr()
+    print(out.out, out.err)
+    assert "toy_mt/validation (4 examples, greedy): loss" in out.out and "bleu" in out.out  # the scores
+    assert out.err.strip().splitlines()[-1] == (
+        f"error: cannot write {run / 'predictions.validation.jsonl'}: Read-only file system; the folder {run} is on "
+        "a read-only file system: write elsewhere; any previous predictions.validation.jsonl is left as it was; "
+        "the scores are printed above; pass --out DIR to save them elsewhere")
+    assert _snapshot(run) == before and list(cwd.iterdir()) == []
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_evaluate_read_only_run_folder_for_real(tmp_path, capsys):
+    run = _eval_run(tmp_path)
+    before = _snapshot(run)
+    run.chmod(0o555)
+    try:
+        assert cli.run(evaluate.main, ["--checkpoint", str(run), "--split", "validation", "--limit", "2"]) == 2
+    finally:
+        run.chmod(0o755)
+    out = capsys.readouterr()
+    assert "bleu" in out.out and f"the folder {run} is not writable" in out.err
+    assert "the scores are printed above" in out.err
+    assert _snapshot(run) == before
+
+
+def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "toy_sum"
+    d.mkdir()
+    rows = [{"id": str(i), "document": f"first {i} . second . third . fourth .", "summary": f"first {i} ."}
+            for i in range(3)]
+    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    res = evaluate.main(["--baseline", "lead3", "--data", str(d), "--split", "validation"])
+    assert res["n"] == 3 and "rouge1" in capsys.readouterr().out
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+    (["--max-tokens", "-5"], "--max-tokens must be >= 1, got -5"),
+    (["--limit", "-1"], "--limit must be >= 0, got -1"),
+    (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
+    ([], "--checkpoint is required"),
+])
+def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
+    monkeypatch.setattr(evaluate, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    ckpt = [] if not flags else ["--checkpoint", str(tmp_path)]
+    with pytest.raises(cli.UsageError, match=re.escape(message)):
+        evaluate.main(ckpt + flags)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_and_generate_help_list_debug(capsys):
+    for mod in (evaluate, generate):
+        with pytest.raises(SystemExit):
+            mod.main(["--help"])
+        assert "--debug" in capsys.readouterr().out and mod.run.__doc__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has a cuda device")
+@pytest.mark.parametrize("mod", [evaluate, generate])
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "--device cuda: no CUDA device here"),
+    ("gpu", r"--device gpu: not a device name \(cpu, cuda, cuda:1, ...\)"),
+])
+def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, message):
+    """`--device cuda` on a CPU build used to be torch's AssertionError after the checkpoint was read."""
+    monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
+    with pytest.raises(cli.UsageError, match=message):
+        mod.main(io_args + ["--device", device])

@@ -1,7 +1,9 @@
 """Data: file parsing and its errors, truncation, batching (exactly once, budgets, padding)."""
 
+import errno
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 from scratchformer import data as D
+from scratchformer.data import files
+from scratchformer.evaluation.predict import read_inputs
 from scratchformer.model import BOS_ID, EOS_ID, PAD_ID
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -88,6 +92,78 @@ def test_empty_and_missing_split(tmp_path):
     src = D.resolve_source(data=str(tmp_path), task="translation")
     with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl"):
         D.load_split(src, "test")
+
+
+# One reader (`data.files.read_lines`) serves the split files and the inputs of batch inference: both
+# must turn every file fault into a DataError naming the file, and the line where there is one.
+READERS = {
+    "read_split": lambda p: D.read_split(p, "translation"),
+    "read_inputs": lambda p: read_inputs(p, "translation"),
+}
+GOOD = b'{"src": "a b", "tgt": "c"}\n'
+
+
+def _gz(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("name, content, message", [
+    # Latin-1 bytes on line 3: the line and the byte are named, not a bare UnicodeDecodeError.
+    ("train.jsonl", GOOD * 2 + '{"src": "café", "tgt": "c"}\n'.encode("latin-1"),
+     r"train\.jsonl:3: not UTF-8 text \(byte 0xe9 at byte 13 of the line\); save the file as UTF-8"),
+    ("train.tsv", "a\tb\nné\tx\n".encode("latin-1"), r"train\.tsv:2: not UTF-8 text \(byte 0xe9"),
+    ("train.jsonl.gz", _gz(GOOD + b'{"src": "\xff", "tgt": "c"}\n'), r"train\.jsonl\.gz:2: not UTF-8 text"),
+    ("train.jsonl", "\ufeff".encode() + GOOD[:1] + b"\xa0" + GOOD[1:], r"train\.jsonl:1: not UTF-8"),
+    # A plain file named .gz, a cut-short download, a flipped byte inside the compressed data.
+    ("train.jsonl.gz", GOOD * 3, r"train\.jsonl\.gz: not a gzip file, though named \.gz \(no gzip header\)"),
+    ("train.jsonl.gz", _gz(GOOD * 200)[:40], r"train\.jsonl\.gz: the gzip stream is cut short after \d+ complete"),
+    ("train.jsonl.gz", _gz(GOOD * 200)[:-6] + b"\xff" * 6, r"train\.jsonl\.gz: corrupt gzip data after \d+"),
+])
+def test_file_faults_name_the_file_and_line(tmp_path, reader, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(D.DataError, match=message) as e:
+        READERS[reader](path)
+    print(e.value)
+    assert str(e.value).startswith(str(path))
+    assert path.read_bytes() == content and sorted(tmp_path.iterdir()) == [path]  # reading changed nothing
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_byte_order_mark_and_crlf_are_read(tmp_path, reader):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes("\ufeff".encode() + GOOD.replace(b"\n", b"\r\n") * 2)
+    assert len(READERS[reader](path)) == 2
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_folder_or_missing_file_is_named(tmp_path, monkeypatch, reader):
+    with pytest.raises(D.DataError, match=r"nope\.jsonl: no such file"):
+        READERS[reader](tmp_path / "nope.jsonl")
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(D.DataError, match=r"dir\.jsonl: is a folder, not a file"):
+        READERS[reader](tmp_path / "dir.jsonl")
+    path = write_jsonl(tmp_path / "locked.jsonl", [{"src": "a", "tgt": "b"}])
+
+    def refuse(f, mode="r"):  # simulated: the tests run as root, who reads anything
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(f))
+
+    monkeypatch.setattr(files, "open", refuse, raising=False)
+    with pytest.raises(D.DataError, match=r"locked\.jsonl: cannot read \(Permission denied\)"):
+        READERS[reader](path)
+
+
+def test_infer_task_reads_through_the_same_reader(tmp_path):
+    (tmp_path / "train.jsonl").write_bytes(b'{"t\xe9xt": "a", "label": 0}\n')
+    with pytest.raises(D.DataError, match=r"train\.jsonl:1: not UTF-8"):
+        D.resolve_source(data=str(tmp_path))
+    (tmp_path / "meta.json").write_text('["not", "an object"]')
+    with pytest.raises(D.DataError, match=r"meta\.json: expected a JSON object, got list"):
+        D.resolve_source(data=str(tmp_path))
+    (tmp_path / "meta.json").write_text('{"task": "classification",\n "labels": }')
+    with pytest.raises(D.DataError, match=r"meta\.json:2: bad JSON"):
+        D.resolve_source(data=str(tmp_path))
 
 
 def test_read_tsv_positional_and_header(tmp_path):

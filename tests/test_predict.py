@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from scratchformer import generate
+from scratchformer import cli, generate
 from scratchformer.checkpoint import save_checkpoint
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
@@ -210,8 +211,15 @@ def test_missing_and_bad_files(tmp_path):
         P.read_inputs(tmp_path / "nope.jsonl", "translation")
     bad = tmp_path / "in.jsonl.gz"
     bad.write_bytes(b"not gzip at all")
-    with pytest.raises(DataError, match=r"in\.jsonl\.gz: cannot read"):
+    with pytest.raises(DataError, match=r"in\.jsonl\.gz: not a gzip file, though named \.gz"):
         P.read_inputs(bad, "translation")
+
+
+def test_stdin_that_is_not_utf8_names_the_line(monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO(b"one two\nr\xe9d house\n"), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    with pytest.raises(DataError, match=r"<stdin>:2: not UTF-8 text \(byte 0xe9"):
+        P.read_inputs("-", "translation")
 
 
 def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplog):
@@ -354,12 +362,67 @@ def test_generate_cli_batch_mode_and_text_mode(runs, tmp_path, capsys):
                              "--beam-size", "2", "--max-tokens", "8"])
     assert summary["predicted"] == 2 and [p["id"] for p in _read(out)] == ["a", "b"]
     assert "2 inputs, 2 predicted" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="exists; pass --resume"):
+    with pytest.raises(FileExistsError, match="exists; pass --resume"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out)])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "one"}\n')
-    with pytest.raises(SystemExit, match=r"bad\.jsonl:1: missing field 'src'"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: missing field 'src'"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(bad), "--output", str(out),
                        "--overwrite"])
     outs = generate.main(["--checkpoint", str(runs["classification"]), "--text", "red cat", "--text", "one"])
     assert [o["input"] for o in outs] == ["red cat", "one"] and all(o["label"] in (0, 1) for o in outs)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-len", "-1"], "--max-len must be >= 1, got -1"),
+    (["--max-len", "0"], "--max-len must be >= 1, got 0"),
+    (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+    (["--beam-size", "-3"], "--beam-size must be >= 1, got -3"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--max-src-len", "0"], "--max-src-len must be >= 1, got 0"),
+    (["--len-ratio", "-0.5"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got -0.5"),
+    (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
+    (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),
+    (["--save-every", "-1"], "--save-every must be >= 0 seconds"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+])
+@pytest.mark.parametrize("mode", ["text", "batch"])
+def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatch, flags, message, mode):
+    """`generate --max-len -1` used to emit one token: every decoding option is checked once, at the
+    entry, naming the flag, before the checkpoint is loaded or a file is written."""
+    for mod in (generate, P):
+        monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    io_args = ["--text", "one"] if mode == "text" else ["--input", str(src), "--output", str(tmp_path / "p.jsonl")]
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generate.main(["--checkpoint", str(runs["translation"]), *io_args, *flags])
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_library_entries_check_options_too(runs, tmp_path):
+    """predict_records / predict_file / generate.generate check the same options (one function)."""
+    model, toks, ck = load_run(runs["translation"])
+    with pytest.raises(P.OptionError, match="--max-len must be >= 1, got -1"):
+        P.predict_records(model, toks, ck, _records(["one two"]), device="cpu", max_len=-1)
+    with pytest.raises(P.OptionError, match="--beam-size must be >= 1, got 0"):
+        generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=0)
+    with pytest.raises(P.OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
+        generate.generate(model, toks, ck, ["one two"], device="cpu", max_len=model.cfg.max_len)
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    with pytest.raises(P.OptionError, match="--len-ratio must be >= 0"):
+        P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", len_ratio=-1.0)
+    assert not (tmp_path / "p.jsonl").exists()
+    # The edges still decode: one token, one beam, no ratio.
+    out = generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=1, max_len=1)
+    assert isinstance(out[0]["output"], str)
+
+
+def test_generate_usage_errors(runs, tmp_path, monkeypatch):
+    with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--output", str(tmp_path / "p")])
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    with pytest.raises(cli.UsageError, match="no input text"):
+        generate.main(["--checkpoint", str(runs["translation"])])
+    assert list(tmp_path.iterdir()) == []

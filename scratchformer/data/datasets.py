@@ -21,13 +21,15 @@ Malformed input raises `DataError` naming the file and line. Encoding and batchi
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import os
 import random
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+
+from .files import DataError, read_json, read_lines
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")
@@ -51,10 +53,6 @@ HUB = {
 # Local folder names that differ from the hub names (shared/data uses these).
 LOCAL_NAMES = {"iwslt2017": "iwslt2017_en_de", "knkarthick/samsum": "samsum", "bentrevett/multi30k": "multi30k"}
 DEFAULT_TASK = {"synthetic": "translation", **{k: v["task"] for k, v in HUB.items()}}
-
-
-class DataError(ValueError):
-    """Malformed or missing input data; the message names the file (and line) at fault."""
 
 
 @dataclass
@@ -125,24 +123,18 @@ def _check_record(rec, task: str, where: str) -> Example:
 
 
 def _read_jsonl(path: Path, task: str, limit: int | None):
-    opener = gzip.open if path.name.endswith(".gz") else open
     out = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
-                out.append(_check_record(rec, task, f"{path}:{lineno}"))
-                if limit is not None and len(out) >= limit:
-                    break
-    except (UnicodeDecodeError, OSError, EOFError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise DataError(f"{path}: cannot read ({e})") from None
+    with closing(read_lines(path)) as lines:  # closed also when `limit` stops early
+        for lineno, line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            if limit is not None and len(out) >= limit:
+                break
     return out
 
 
@@ -150,8 +142,8 @@ def _read_tsv(path: Path, task: str, limit: int | None):
     """Two columns (source, target) or more with a header row naming the fields."""
     fields = FIELDS[task]
     out = []
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    with closing(read_lines(path)) as numbered:  # closed also when `limit` stops early
+        rows = csv.reader((line for _, line in numbered), delimiter="\t", quoting=csv.QUOTE_NONE)
         header = None
         for lineno, row in enumerate(rows, 1):
             if not row or not any(c.strip() for c in row):
@@ -226,18 +218,14 @@ def infer_task(folder: Path) -> str:
     """The task of a local folder: meta.json's "task", else the fields of the first train record."""
     meta = folder / "meta.json"
     if meta.exists():
-        try:
-            task = json.loads(meta.read_text(encoding="utf-8")).get("task")
-        except json.JSONDecodeError as e:
-            raise DataError(f"{meta}: bad JSON ({e.msg})") from None
+        task = read_json(meta).get("task")
         if task in TASKS:
             return task
     for split in SPLITS:
         p = find_split_file(folder, split)
         if p is not None and ".jsonl" in p.name:
-            opener = gzip.open if p.name.endswith(".gz") else open
-            with opener(p, "rt", encoding="utf-8") as f:
-                for line in f:
+            with closing(read_lines(p)) as lines:
+                for _, line in lines:
                     if line.strip():
                         try:
                             keys = set(json.loads(line))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import data as D
-from ..checkpoint import find_checkpoint, load_checkpoint
+from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint, write_lines_atomic
 from ..compile import compile_for_inference
 from ..data.tokenizer import TokenizerPair
 from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
@@ -28,19 +28,26 @@ from . import metrics as M
 def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None,
              compile: str | None = None):
     """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict). kernel:
-    override the backend; compile: a torch.compile backend (`compile_for_inference`), None = eager."""
+    override the backend; compile: a torch.compile backend (`compile_for_inference`), None = eager.
+    Raises CheckpointError naming the file when it lacks a part (`RUN_KEYS`) or its parts disagree."""
     path = find_checkpoint(checkpoint)
-    ckpt = load_checkpoint(path)
-    cfg_dict = dict(ckpt["config"])
-    if kernel is not None:
-        cfg_dict["kernel"] = kernel
-    model = build_model(ModelConfig.from_dict(cfg_dict), device)
-    model.load_state_dict(ckpt["model"])
+    ckpt = load_checkpoint(path, require=RUN_KEYS)
+    try:  # data from a file: any fault is the file's
+        cfg = ModelConfig.from_dict({**ckpt["config"], **({"kernel": kernel} if kernel is not None else {})})
+        tokenizers = TokenizerPair.from_dict(ckpt["tokenizers"])
+    except Exception as e:
+        raise CheckpointError(f"{path}: bad model config or tokenizer in the checkpoint ({e})") from None
+    model = build_model(cfg, device)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[:2]
+        raise CheckpointError(f"{path}: the weights do not fit the checkpoint's config ({' '.join(first)})") from None
     model.eval()
     if compile:
         model = compile_for_inference(model, backend=compile)
     ckpt["path"] = str(path)
-    return model, TokenizerPair.from_dict(ckpt["tokenizers"]), ckpt
+    return model, tokenizers, ckpt
 
 
 def autocast_for(device: torch.device, precision: str):
@@ -241,16 +248,19 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
 
 
 def write_predictions(path: Path, examples, outputs) -> None:
-    """One JSON line per example: id, source, reference, and the prediction (or the output dict)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    """One JSON line per example: id, source, reference, and the prediction (or the output dict).
+    Atomic: a failure (a full disk, a read-only folder) leaves any previous file as it was."""
+
+    def rows():
         for e, p in zip(examples, outputs):
             row = {"id": e.id, "source": e.src, "reference": e.tgt}
             row.update(p if isinstance(p, dict) else {"prediction": p})
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            yield json.dumps(row, ensure_ascii=False)
+
+    write_lines_atomic(path, rows())
 
 
 def write_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
-    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json."""
+    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json, each written atomically."""
     write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs)
-    (out / f"metrics.{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_lines_atomic(out / f"metrics.{stem}.json", [json.dumps(result, indent=2)])

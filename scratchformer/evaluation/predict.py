@@ -21,22 +21,19 @@ predicts only the ids they lack, so a killed run loses at most one snapshot inte
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import logging
 import math
-import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import data as D
-from ..checkpoint import fsync_dir
+from ..checkpoint import fsync_dir, write_lines_atomic
+from ..data.files import display_name, read_lines
 from .evaluate import load_run, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 
@@ -62,18 +59,19 @@ class OptionError(ValueError):
     """A prediction option the model or task cannot take (the command line reports it as a user error)."""
 
 
-def _open_text(path: str | Path):
-    """A text stream of a file (gzip by its name) or of stdin ("-")."""
-    if str(path) == "-":  # not closed afterwards: stdin is not ours
-        if isinstance(sys.stdin, io.TextIOWrapper):
-            sys.stdin.reconfigure(encoding="utf-8")
-        return nullcontext(sys.stdin)
-    path = Path(path)
-    if not path.is_file():
-        raise D.DataError(f"{path}: no such file")
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: int | None = None,
+                  len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
+                  max_src_len: int | None = None, **_other) -> None:
+    """Refuse decoding and batching options no model can take, before any work: OptionError naming
+    the flag. None is the default (see `predict_records`); other keywords are not checked here."""
+    for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
+                        ("--batch-size", batch_size), ("--max-src-len", max_src_len)):
+        if value is not None and value < 1:
+            raise OptionError(f"{flag} must be >= 1, got {value}")
+    if not math.isfinite(length_penalty):
+        raise OptionError(f"--length-penalty must be a finite number, got {length_penalty}")
+    if len_ratio is not None and not (math.isfinite(len_ratio) and len_ratio >= 0):
+        raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
 
 
 def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
@@ -107,32 +105,24 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     if task not in INPUT_FIELDS:
         raise OptionError(f"unknown task {task!r}; choose one of {sorted(INPUT_FIELDS)}")
     field = field or INPUT_FIELDS[task]
-    name = "<stdin>" if str(path) == "-" else str(path)
+    name = display_name(path)
     records: list[InputRecord] = []
     seen: dict[str | int, int] = {}
-    try:
-        with _open_text(path) as f:
-            lines = iter(f)
-            if fmt == "auto" and str(path) != "-":
-                fmt = "jsonl" if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")) else "text"
-            for lineno, raw in enumerate(lines, start=1):
-                raw = raw.rstrip("\r\n")
-                if not raw.strip():
-                    continue
-                if fmt == "auto":  # stdin: the first non-blank line decides
-                    fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
-                if fmt == "jsonl":
-                    rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
-                else:
-                    rec = InputRecord(lineno, raw, lineno)
-                if rec.id in seen:
-                    raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {seen[rec.id]})")
-                seen[rec.id] = lineno
-                records.append(rec)
-    except UnicodeDecodeError as e:
-        raise D.DataError(f"{name}: not UTF-8 text ({e})") from None
-    except (OSError, EOFError) as e:  # a truncated or corrupt .gz
-        raise D.DataError(f"{name}: cannot read ({e})") from None
+    if fmt == "auto" and str(path) != "-":
+        fmt = "jsonl" if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")) else "text"
+    for lineno, raw in read_lines(path):  # DataError (file:line) for missing, undecodable or broken files
+        if not raw.strip():
+            continue
+        if fmt == "auto":  # stdin: the first non-blank line decides
+            fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
+        if fmt == "jsonl":
+            rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
+        else:
+            rec = InputRecord(lineno, raw, lineno)
+        if rec.id in seen:
+            raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {seen[rec.id]})")
+        seen[rec.id] = lineno
+        records.append(rec)
     if not records:
         raise D.DataError(f"{name}: no inputs (the file is empty)")
     return records
@@ -144,18 +134,16 @@ def read_done(path: str | Path) -> dict[str | int, str]:
     done: dict[str | int, str] = {}
     if not path.is_file():
         return done
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            raw = raw.rstrip("\n")
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise D.DataError(f"{path}:{lineno}: bad JSON in the existing output ({e.msg})") from None
-            if not isinstance(rec, dict) or "id" not in rec or "prediction" not in rec:
-                raise D.DataError(f"{path}:{lineno}: not an {{\"id\", \"prediction\"}} line")
-            done[rec["id"]] = raw
+    for lineno, raw in read_lines(path):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise D.DataError(f"{path}:{lineno}: bad JSON in the existing output ({e.msg})") from None
+        if not isinstance(rec, dict) or "id" not in rec or "prediction" not in rec:
+            raise D.DataError(f"{path}:{lineno}: not an {{\"id\", \"prediction\"}} line")
+        done[rec["id"]] = raw
     return done
 
 
@@ -209,6 +197,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     max_tokens / batch_size: the batch budget (padded source tokens / inputs). `on_result(records,
     predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
     """
+    check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
+                  max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len)
     task, args = ckpt["task"], ckpt["args"]
     max_src_len = max_src_len or args["max_src_len"]
     if max_src_len + 1 > model.cfg.max_len:
@@ -252,26 +242,6 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
 # ---------------------------------------------------------------------------------------------
 
 
-def write_lines_atomic(path: str | Path, lines) -> Path:
-    """Write lines (each without its newline) to `path` atomically: a temp file in the same
-    folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp: the umask's mode, not 0600
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
 def partial_path(output: str | Path) -> Path:
     output = Path(output)
     return output.with_name(output.name + ".partial")
@@ -290,8 +260,9 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
     keyword arguments go to `predict_records`. Returns a summary dict (counts, seconds, examples/s).
-    Raises DataError for bad input, FileExistsError for an existing output without resume/overwrite.
-    """
+    Raises OptionError for an option no model can take (checked first), DataError for bad input,
+    FileExistsError for an existing output without resume/overwrite."""
+    check_options(**predict_kw)
     output, part = Path(output), partial_path(output)
     if not (resume or overwrite) and (output.exists() or part.exists()):
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "

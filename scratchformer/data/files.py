@@ -1,0 +1,105 @@
+"""Reading text files line by line: plain or gzip (by the name), UTF-8, every fault a `DataError`.
+
+`read_lines(path)` is the one reader of line-based input (the split files of `datasets`, the
+inputs and outputs of batch inference): it yields ``(line number, text)`` and turns what can go
+wrong with a file into a message naming it, and the line where there is one:
+
+- a missing file, a folder, an unreadable file;
+- bytes that are not UTF-8 (the line and the byte; a leading byte-order mark is dropped);
+- a file named ``.gz`` that is not gzip, or a gzip stream that is cut short or corrupt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Malformed or missing input data; the message names the file (and line) at fault."""
+
+
+def display_name(path: str | Path) -> str:
+    return "<stdin>" if str(path) == "-" else str(path)
+
+
+def _open_binary(path: str | Path):
+    if str(path) == "-":
+        return None  # stdin: not ours to open or close
+    path = Path(path)
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _decode(raw: bytes, name: str, lineno: int) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{name}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                        "line); save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    if lineno == 1 and text.startswith("\ufeff"):  # a byte-order mark some editors write
+        text = text[1:]
+    return text.rstrip("\r\n")
+
+
+def _stdin_lines(name: str) -> Iterator[tuple[int, str]]:
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes underneath (a StringIO in tests): already decoded
+        for lineno, line in enumerate(sys.stdin, 1):
+            yield lineno, line.rstrip("\r\n")
+        return
+    for lineno, raw in enumerate(buffer, 1):
+        yield lineno, _decode(raw, name, lineno)
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, the line without its line ending) for every line of a UTF-8 text file,
+    gzip-compressed when its name ends in ``.gz``, or of stdin (``"-"``).
+
+    Raises DataError naming the file, and the line for undecodable bytes, when the file is missing,
+    a folder, unreadable, not UTF-8, not gzip though named ``.gz``, or a truncated or corrupt gzip.
+    """
+    name = display_name(path)
+    if str(path) == "-":
+        yield from _stdin_lines(name)
+        return
+    lineno = 0
+    try:
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                yield lineno, _decode(raw, name, lineno)
+    except FileNotFoundError:
+        raise DataError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{name}: is a folder, not a file") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        if lineno == 0 and str(e).startswith("Not a gzipped file"):
+            raise DataError(f"{name}: not a gzip file, though named .gz (no gzip header); "
+                            "rename a plain text file without .gz") from None
+        raise DataError(f"{name}: corrupt gzip data after {lineno} complete line(s) ({e}); copy or download "
+                        "the file again") from None
+    except EOFError:
+        raise DataError(f"{name}: the gzip stream is cut short after {lineno} complete line(s) (a truncated "
+                        "file: copy or download it again)") from None
+    except OSError as e:  # permission denied, an I/O error
+        raise DataError(f"{name}: cannot read ({e.strerror or e})") from None
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object from a UTF-8 file (a folder's meta.json); DataError names the file and the fault."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
