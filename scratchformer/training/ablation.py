@@ -18,6 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
+from ..cli import add_debug_flag
 from .config import ConfigError, parse_args
 from .trainer import train
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", help="metric of the bar chart (default: exact_match for seq2seq greedy, "
                    "accuracy for classification)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
+    add_debug_flag(p)
     return p
 
 

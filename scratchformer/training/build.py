@@ -9,7 +9,7 @@ from pathlib import Path
 from .. import data as D
 from ..data.tokenizer import BPETokenizer, TokenizerPair
 from ..model import PRESETS, ModelConfig, get_config
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .distributed import Dist
 from .runs import Logger
 
@@ -167,7 +167,7 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
         over.pop("tgt_vocab_size")
     else:
         if PRESETS[cfg.preset].get("num_classes"):
-            raise SystemExit(f"preset {cfg.preset!r} is a classifier; pick a seq2seq preset for {task}")
+            raise ConfigError(f"preset {cfg.preset!r} is a classifier; pick a seq2seq preset for {task}")
         over["num_classes"] = None
     over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), cfg.max_src_len + 1, cfg.max_tgt_len + 1)
     return get_config(cfg.preset, **over)

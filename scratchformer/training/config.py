@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import data as D
+from ..cli import add_debug_flag
 from ..data.tokenizer import MIN_VOCAB
 from ..model import PRESETS
 
@@ -330,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         if f.metadata["cli"]:
             _add_flag(groups[f.metadata["group"]], f, hints[f.name])
+    add_debug_flag(p)  # taken off by cli.run before parsing; listed for --help
     return p
 
 
@@ -337,6 +339,7 @@ def parse_args(argv=None) -> tuple[TrainConfig, frozenset[str]]:
     """(the config, the names of the options given on the command line). With --resume the
     checkpoint's config is the base and only the given options override it."""
     given = vars(build_parser().parse_args(argv))
+    given.pop("debug")
     return TrainConfig(**given), frozenset(given)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..checkpoint import CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
+from ..checkpoint import RESUME_KEYS, CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
 from .config import ConfigError
 from .distributed import Dist
 
@@ -76,14 +76,14 @@ def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str |
     warning naming both; any other unreadable checkpoint is refused (CheckpointError)."""
     path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
     try:
-        return path, load_checkpoint(path), None
+        return path, load_checkpoint(path, require=RESUME_KEYS), None
     except CheckpointError as e:
         if path.name != "last.pt":
             raise
         error = e
     for step in reversed(step_checkpoints(path.parent)):
         try:
-            ckpt = load_checkpoint(step)
+            ckpt = load_checkpoint(step, require=RESUME_KEYS)
         except CheckpointError:
             continue
         return step, ckpt, (f"warning: {path} is unreadable ({error}); resuming from {step}, the newest intact "
@@ -172,7 +172,7 @@ class Logger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise SystemExit(f"--tensorboard needs the tensorboard package ({e})") from None
+                raise ConfigError(f"--tensorboard needs the tensorboard package ({e})") from None
             self.tb = SummaryWriter(str(out / "tb"))
 
     def _truncate_after(self, step: int) -> None:

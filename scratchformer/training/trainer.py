@@ -25,7 +25,7 @@ from ..compile import compile_model
 from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
 from ..model import ModelConfig
 from .build import TrainData
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .distributed import Dist, wrap_ddp
 from .launch import create_trainer, precision_for
 from .optim import (
@@ -305,7 +305,7 @@ class Trainer:
         cfg, prog = self.config, self.progress
         metric = res.get(cfg.best_metric)
         if metric is None:
-            raise SystemExit(f"--best-metric {cfg.best_metric} is not computed here; have {sorted(res)}")
+            raise ConfigError(f"--best-metric {cfg.best_metric} is not computed here; have {sorted(res)}")
         if is_better(cfg.best_metric, metric, prog.best):
             prog.best, prog.best_step, prog.bad_evals = metric, prog.step, 0
         else:
