@@ -1,5 +1,5 @@
 """Run folders and training-loop safety: what train does with a bad --out, --overwrite, --resume,
-an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/failures-runs.md).
+an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/failures.md).
 Every refusal names the problem and leaves the disk as it was."""
 
 import json
