@@ -175,7 +175,10 @@ def _autocast(*tensors):
 
 
 def _check_number(op: str, name: str, value, *, positive: bool = False) -> None:
-    """A float argument: finite (NaN and inf refused), and > 0 where `positive`."""
+    """A float argument: finite (NaN and inf refused), and > 0 where `positive`. Not inside a
+    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
+    if torch.compiler.is_compiling():
+        return
     if not math.isfinite(value) or (positive and not value > 0):
         raise ValueError(f"{op}: {name} must be a finite number{' > 0' if positive else ''}, got {value}")
 
@@ -278,7 +281,7 @@ def _check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
     _check_number("embed", "scale", scale)
     V = weight.shape[0]
-    if tokens.numel() and value_checks(tokens):
+    if value_checks(tokens) and tokens.numel():  # no read (and no guard) under torch.compile
         bad = (tokens < 0) | (tokens >= V)
         if bool(bad.any()):
             where = tuple(bad.nonzero()[0].tolist())
