@@ -404,8 +404,9 @@ def add_layer_norm(
     `torch.manual_seed` makes runs reproducible.
 
     Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
-    in x's dtype (it takes a gradient too); with return_dropout_mask (debug), the bool keep mask
-    (x's shape) is appended: (y, mask) or (y, s, mask). Raises ValueError naming a bad input.
+    in x's dtype, exactly the values y normalises (it takes a gradient too); with
+    return_dropout_mask (debug), the bool keep mask (x's shape) is appended: (y, mask) or
+    (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
