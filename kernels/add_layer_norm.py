@@ -3,9 +3,19 @@
 Forward, per row of N features (statistics in fp32 whatever the storage dtype):
 
     x' = dropout(x) = x · keep / (1 - p)        keep ~ Bernoulli(1 - p), in-kernel Philox
-    s  = x' + residual                          (the Pre-LN residual stream; returned on request)
-    mean = Σ s / N,   var = Σ (s - mean)² / N,   rstd = 1 / sqrt(var + eps)
+    s  = round(x' + residual)                   summed in fp32, rounded once to x's dtype: the
+                                                Pre-LN residual stream, returned on request
+    mean = s₀ + Σ (s - s₀) / N                  shifted by the row's first value s₀: exact for
+                                                a constant row, however large
+    var = Σ (s - mean)² / N,   rstd = 1 / sqrt(var + eps)
     x̂ = (s - mean) · rstd,   y = x̂ · w + b
+
+Dtype contract (docs/numerics.md): the norm normalises s exactly as it is stored and returned
+(x's dtype), as `F.layer_norm(x + residual)` does in PyTorch and as the Mamba/flash-attention
+unfused paths do; the backward rebuilds x̂ from that saved s with the saved fp32 mean and rstd,
+so forward and backward see the same x̂ bit for bit. (Normalising the unrounded fp32 sum while
+saving the rounded one made the backward's x̂ differ by an ulp of s times rstd, up to
+1/sqrt(eps): fp16 x = 1, residual = 4e-4, N = 1 gave dx = -5.06 instead of 0.)
 
 Backward (tutorial 05's derivation), with g = dy · w the gradient reaching x̂:
 
@@ -18,8 +28,9 @@ dx (and dresidual) come from one pass over the rows; dw and db are a determinist
 reduction: each backward program owns a block of rows and writes its partial sums to one row of
 an (n_programs, N) fp32 buffer, then the host sums that buffer over programs (no atomics).
 
-The forward saves s (in x's dtype), mean and rstd (fp32). The dropout mask is not stored: the
-backward replays it from the same Philox (seed, offset) counters, row · N + col.
+The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
+dropout mask is not stored: the backward replays it from the same Philox (seed, offset)
+counters, row · N + col.
 
 Limits: 1 <= N <= 16384 (a whole row lives in one program, BLOCK_N = next_power_of_2(N)); any
 number of rows and leading dims; float32/float16/bfloat16 inputs; weight and bias in x's dtype
@@ -88,10 +99,15 @@ def _add_layer_norm_fwd_kernel(
             tl.store(mask_ptr + row * N + cols, keep.to(tl.int8), mask=in_row)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + row * stride_res_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    # The norm's input is s as stored and returned, in x's dtype: one rounding (a no-op for fp32),
+    # so the backward rebuilds from the saved s exactly the x̂ that made y.
+    s = s.to(x_ptr.dtype.element_ty).to(tl.float32)
     if STORE_S:
         tl.store(s_ptr + row * N + cols, s.to(s_ptr.dtype.element_ty), mask=in_row)
-    # y is normalised from the fp32 sum (like the reference), not from the rounded stored s.
-    mean = tl.sum(s, axis=0) / N
+    # Mean shifted by the row's first value (exact for a constant row at any magnitude), then the
+    # variance of the centred values (two passes, never E[s²] - mean²).
+    shift = tl.sum(tl.where(cols == 0, s, 0.0), axis=0)
+    mean = shift + tl.sum(tl.where(in_row, s - shift, 0.0), axis=0) / N
     d = tl.where(in_row, s - mean, 0.0)
     var = tl.sum(d * d, axis=0) / N
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -388,8 +404,9 @@ def add_layer_norm(
     `torch.manual_seed` makes runs reproducible.
 
     Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
-    in x's dtype (it takes a gradient too); with return_dropout_mask (debug), the bool keep mask
-    (x's shape) is appended: (y, mask) or (y, s, mask). Raises ValueError naming a bad input.
+    in x's dtype, exactly the values y normalises (it takes a gradient too); with
+    return_dropout_mask (debug), the bool keep mask (x's shape) is appended: (y, mask) or
+    (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)

@@ -23,16 +23,21 @@ Backends:
 ``auto`` is `triton` on CUDA and `eager` elsewhere. A backend whose kernels are missing raises an
 error naming what is missing: there is no silent fallback.
 
-Checks: each public op checks its inputs once. The Triton entry points (`kernels/<op>.py`) and the
-C++ op check their own; the eager and torch adapters here share one check per op. A check that
-reads tensor values (lengths within [0, L]) runs on CPU tensors, where reading is free, and on a
-GPU only with SCRATCHFORMER_DEBUG=1 (`value_checks`): a host sync per call stalls every step and
-breaks CUDA graphs and torch.compile.
+Checks: what is valid is decided here, once per op, and the same check runs in front of every
+backend (eager included), so all backends accept and refuse the same calls with the same message
+(docs/numerics.md lists the rules). The Triton entry points and the C++ op keep their own checks
+for what only they need (dtypes, head dims, sizes) and for callers that reach them directly. A
+check that reads tensor values (lengths within [0, L], token ids within [0, V)) runs on CPU
+tensors, where reading is free, and on a GPU only with SCRATCHFORMER_DEBUG=1 (`value_checks`): a
+host sync per call stalls every step and breaks CUDA graphs and torch.compile.
+Attention with no key at all (Lk = 0) is valid: every row sees no key, so the output is zeros,
+as for a row whose key length is 0.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import warnings
@@ -111,8 +116,9 @@ def _triton_ops() -> Ops:
 
     _ext._require()  # the embedding is the C++/CUDA op: say now, not mid-forward, when it is not built
     # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul.
-    return Ops("triton", _adapt(attention.attention, cast=3), add_layer_norm.add_layer_norm,
-               _adapt(ffn.ffn, cast=5), _ext.embed_sinusoidal)
+    return Ops("triton", _adapt(attention.attention, _check_attention, cast=3),
+               _adapt(add_layer_norm.add_layer_norm, _check_add_layer_norm),
+               _adapt(ffn.ffn, _check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, _check_embed))
 
 
 def _prepare_triton(device: torch.device) -> None:
@@ -164,8 +170,28 @@ def _autocast(*tensors):
 
 
 # ---------------------------------------------------------------------------------------------
-# checks of the eager and torch adapters (the Triton entry points and the C++ op check their own)
+# checks: one per op, in front of every backend
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_number(op: str, name: str, value, *, positive: bool = False) -> None:
+    """A float argument: finite (NaN and inf refused), and > 0 where `positive`. Not inside a
+    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
+    if torch.compiler.is_compiling():
+        return
+    if not math.isfinite(value) or (positive and not value > 0):
+        raise ValueError(f"{op}: {name} must be a finite number{' > 0' if positive else ''}, got {value}")
+
+
+def _check_dropout(op: str, p) -> None:
+    if not 0.0 <= p < 1.0:  # NaN fails too
+        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {p}")
+
+
+def _check_floating(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
 def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
@@ -183,7 +209,7 @@ def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, devi
             raise ValueError(f"{name} must lie in [0, {L}] (the sequence length), got min {lo} max {hi}")
 
 
-def _check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, **_):
+def _check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, scale=None, **_):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -203,11 +229,15 @@ def _check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p
         raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
     _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
     _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    _check_dropout("attention", dropout_p)
+    if scale is not None:
+        _check_number("attention", "scale", scale)
 
 
-def _check_add_layer_norm(x, residual, weight, bias, *_, **__):
+def _check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
+    _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
     N = x.shape[-1]
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
@@ -218,26 +248,45 @@ def _check_add_layer_norm(x, residual, weight, bias, *_, **__):
         )
     if residual is not None and residual.dtype != x.dtype:
         raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
+    _check_number("add_layer_norm", "eps", eps, positive=True)
+    _check_dropout("add_layer_norm", dropout_p)
 
 
-def _check_ffn(x, w1, b1, w2, b2, *, activation="relu", **_):
+def _check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    d_model = x.shape[-1]
-    if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
+    _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    d_model = x.shape[-1] if x.dim() else 0
+    if x.dim() < 1 or w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
         raise ValueError(
             f"ffn shape mismatch: x (..., {d_model}), w1 {tuple(w1.shape)} (want (d_ff, {d_model})), "
             f"w2 {tuple(w2.shape)} (want ({d_model}, d_ff))"
         )
+    for name, b, n, dim in (("b1", b1, w1.shape[0], "d_ff"), ("b2", b2, d_model, "d_model")):
+        if b is not None and b.shape != (n,):
+            raise ValueError(f"ffn: {name} must have shape ({n},) ({dim}), got {tuple(b.shape)}")
+    _check_dropout("ffn", dropout_p)
 
 
-def _check_embed(tokens, weight, *, pos_offset=0, **_):
+def _check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
     if tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
+    if tokens.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"embed: tokens must be (B, L) and weight (V, d_model), got {tuple(tokens.shape)} and "
+                         f"{tuple(weight.shape)}")
+    _check_floating("embed", weight=weight)
     if tokens.device != weight.device:
         raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
     if pos_offset < 0:
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
+    _check_number("embed", "scale", scale)
+    V = weight.shape[0]
+    if value_checks(tokens) and tokens.numel():  # no read (and no guard) under torch.compile
+        bad = (tokens < 0) | (tokens >= V)
+        if bool(bad.any()):
+            where = tuple(bad.nonzero()[0].tolist())
+            raise ValueError(f"embed: token id {int(tokens[where])} at {where} is out of range [0, {V}) "
+                             f"(vocabulary size {V})")
 
 
 def key_padding_mask_to_lengths(mask: torch.Tensor) -> torch.Tensor:
@@ -278,8 +327,15 @@ def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
 def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False):
     s = F.dropout(x, dropout_p) if dropout_p > 0 else x
     if residual is not None:
-        s = s + residual
-    y = F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
+        s = s + residual  # rounded to x's dtype: the norm normalises exactly the s it returns
+    if s.device.type == "cpu" and s.dtype in (torch.float16, torch.bfloat16):
+        # PyTorch's CPU LayerNorm for half types is not exact on constant rows (0.08, not 0, for a
+        # row of fp16 10000s; torch 2.13) and its backward loses bits: normalise in fp32 there,
+        # as its CUDA kernel does internally. One rounding of y, as in the other backends.
+        f32 = [None if t is None else t.float() for t in (weight, bias)]
+        y = F.layer_norm(s.float(), (s.shape[-1],), *f32, eps).to(s.dtype)
+    else:
+        y = F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
     return (y, s) if return_residual else y
 
 

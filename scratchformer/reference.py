@@ -9,8 +9,9 @@ Conventions shared by every backend (see `scratchformer/ops.py`):
 - attention tensors are (B, H, L, D) with arbitrary strides; padding is right padding given as
   per-sequence lengths; causal masks align bottom-right: query i sits at position Lk - Lq + i,
   which makes incremental decoding with a KV cache (Lq < Lk) exact.
-- a query row that may attend to no key (a sequence of length 0, or a row masked out entirely
-  by causality) produces zeros, as does a query row at or beyond `query_lengths[b]`.
+- a query row that may attend to no key (a sequence of length 0, no key at all (Lk = 0), or a
+  row masked out entirely by causality) produces zeros, as does a query row at or beyond
+  `query_lengths[b]`.
 
 These functions do not check their inputs: the eager backend reaches them through the adapters of
 `ops.select("eager")`, which do, once.
@@ -91,7 +92,8 @@ def attention_ref(q, k, v, *, key_lengths=None, query_lengths=None, causal=False
     if mask is not None:
         # A finite fill keeps fully masked rows NaN-free: they become uniform, then zeroed below.
         s = s.masked_fill(~mask, torch.finfo(acc).min)
-    m = s.amax(dim=-1, keepdim=True)
+    # Lk = 0: no key at all, every row is empty (zeros out, lse -inf), as in the other backends.
+    m = s.amax(dim=-1, keepdim=True) if Lk else s.new_zeros(B, H, Lq, 1)
     e = torch.exp(s - m)
     if mask is not None:
         e = e * mask
@@ -113,6 +115,10 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
     x and residual (..., N); weight, bias (N,). With return_residual also returns the pre-norm
     sum s = dropout(x) + residual (x's dtype), the residual stream a Pre-LN model carries on.
     dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask.
+
+    The sum is taken in fp32 and rounded once to x's dtype; the norm normalises that rounded s,
+    the values returned (docs/numerics.md). The mean is shifted by each row's first value, so a
+    constant row gives x̂ = 0 exactly at any magnitude; the variance is that of the centred values.
     """
     acc = _acc(x.dtype)
     xf = x.to(acc)
@@ -121,9 +127,13 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
     elif dropout_p > 0.0:
         xf = torch.nn.functional.dropout(xf, dropout_p)
     s = xf if residual is None else xf + residual.to(acc)
-    mean = s.mean(dim=-1, keepdim=True)
-    var = ((s - mean) ** 2).mean(dim=-1, keepdim=True)
-    y = (s - mean) * torch.rsqrt(var + eps) * weight.to(acc)
+    # Round s to x's dtype as a value change only: gradients flow on in acc precision, as in the kernel.
+    s = s + (s.to(x.dtype).to(acc) - s).detach()
+    shift = s[..., :1].detach()  # the mean does not depend on the shift: no gradient through it
+    mean = shift + (s - shift).mean(dim=-1, keepdim=True)
+    d = s - mean
+    var = (d * d).mean(dim=-1, keepdim=True)
+    y = d * torch.rsqrt(var + eps) * weight.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
     y = y.to(x.dtype)
@@ -184,5 +194,5 @@ def embed_ref(tokens, weight, *, scale, pos_offset=0, pos_encoding=True) -> torc
     if pos_encoding:
         L = tokens.shape[-1]
         pos = torch.arange(pos_offset, pos_offset + L, device=tokens.device)
-        x = x + sinusoidal_positions(pos, weight.shape[1], torch.float32).to(weight.dtype)
+        x = x + sinusoidal_positions(pos, weight.shape[1], weight.dtype)  # float64 table, one rounding
     return x

@@ -17,10 +17,11 @@ from scratchformer.kernels.add_layer_norm import add_layer_norm
 from scratchformer.reference import add_layer_norm_ref
 
 # (dtype, atol, rtol). fp32: both sides compute in fp32; only summation order differs.
-# fp16/bf16: y is one rounding of an fp32 value (<= 1 ulp: 2^-11 / 2^-8 relative), but the
-# backward reads the saved sum s rounded to the storage dtype, so x̂ and every gradient carry a
-# relative error of about one ulp times the row's dynamic range (|x̂| reaches ~3 to 4); dweight
-# adds that up over the rows. Hence a few ulps of headroom.
+# fp16/bf16: both sides round s = x + residual once to the storage dtype and normalise that s
+# (docs/numerics.md), so x̂ agrees up to fp32 summation order; y and every gradient are one
+# rounding of an fp32 value (<= 1 ulp: 2^-11 / 2^-8 relative) of a quantity that reaches |x̂| ~ 3
+# to 4, and dweight adds that up over the rows. Hence a few ulps of headroom. The exact cases
+# (forward and backward seeing the same x̂) are in test_layer_norm_numerics.py.
 DTYPES = [
     (torch.float32, 1e-4, 1e-4),
     (torch.float16, 1e-2, 1e-2),

@@ -177,8 +177,8 @@ def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
         from scratchformer.kernels import add_layer_norm, attention, ffn
 
         assert chosen.attention.__wrapped__ is attention.attention and chosen.ffn.__wrapped__ is ffn.ffn
-        assert chosen.add_layer_norm is add_layer_norm.add_layer_norm
-        assert chosen.embed is _ext.embed_sinusoidal
+        assert chosen.add_layer_norm.__wrapped__ is add_layer_norm.add_layer_norm
+        assert chosen.embed.__wrapped__ is _ext.embed_sinusoidal  # every op behind its ops.py check
     with pytest.raises(dataclasses.FrozenInstanceError):
         chosen.name = "other"
 

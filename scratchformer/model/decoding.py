@@ -8,6 +8,8 @@ first: decoding does not switch modes for you.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import BOS_ID, EOS_ID, PAD_ID
@@ -78,6 +80,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     _check(src, src_lengths, max_len)
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len)

@@ -1,0 +1,186 @@
+"""What each op accepts is decided once, in `scratchformer/ops.py`, for every backend: the eager
+spec, the torch peer and the triton kernels (Triton's interpreter here) refuse the same calls with
+the same message, and agree on the edge cases they accept (attention with no key at all).
+
+Decoding's public entry (`beam_search`) refuses a length penalty that cannot rank anything.
+"""
+
+import re
+
+import pytest
+import torch
+
+from scratchformer import ops
+from scratchformer.model import ModelConfig, Transformer, beam_search
+
+BACKENDS = ["eager", "torch", "triton"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return ops.select(request.param, "cpu")
+
+
+def _esc(value) -> str:
+    return re.escape(str(value))
+
+
+def _qkv(Lq=3, Lk=5, D=16, requires_grad=False):
+    return tuple(torch.randn(2, 2, L, D, requires_grad=requires_grad) for L in (Lq, Lk, Lk))
+
+
+# ---------------------------------------------------------------------------------------------
+# add_layer_norm
+# ---------------------------------------------------------------------------------------------
+
+
+def test_add_layer_norm_refuses_integer_inputs(backend):
+    """Integers were truncated by the eager spec (its output cast back to int32)."""
+    x = torch.arange(32, dtype=torch.int32).view(2, 16)
+    with pytest.raises(ValueError, match="add_layer_norm: x must be a floating-point tensor, got torch.int32"):
+        backend.add_layer_norm(x, None, torch.ones(16), None)
+    with pytest.raises(ValueError, match="add_layer_norm: weight must be a floating-point tensor, got torch.int64"):
+        backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16, dtype=torch.long), None)
+
+
+@pytest.mark.parametrize("eps", [-1e-5, 0.0, float("nan"), float("inf")])
+def test_add_layer_norm_refuses_bad_eps(backend, eps):
+    x, w = torch.randn(2, 16), torch.ones(16)
+    with pytest.raises(ValueError, match=rf"add_layer_norm: eps must be a finite number > 0, got {eps}"):
+        backend.add_layer_norm(x, None, w, None, eps)
+    with pytest.raises(ValueError, match=r"add_layer_norm: eps must be a finite number > 0"):
+        backend.add_layer_norm(x, None, w, None, eps=eps)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, float("nan")])
+def test_add_layer_norm_refuses_bad_dropout(backend, p):
+    with pytest.raises(ValueError, match=r"add_layer_norm: dropout_p must be in \[0, 1\)"):
+        backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16), None, dropout_p=p)
+
+
+def test_add_layer_norm_refuses_an_empty_row(backend):
+    with pytest.raises(ValueError, match=r"add_layer_norm: x must be \(\.\.\., N\) with N >= 1, got \(2, 0\)"):
+        backend.add_layer_norm(torch.randn(2, 0), None, torch.ones(0), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# ffn
+# ---------------------------------------------------------------------------------------------
+
+
+def _ffn_args(d_model=16, d_ff=32):
+    return (torch.randn(3, d_model), torch.randn(d_ff, d_model), torch.randn(d_ff), torch.randn(d_model, d_ff),
+            torch.randn(d_model))
+
+
+@pytest.mark.parametrize("which,shape", [("b1", (1,)), ("b1", (16,)), ("b2", (1,)), ("b2", (32,)), ("b1", (1, 32))])
+def test_ffn_refuses_a_bias_of_the_wrong_shape(backend, which, shape):
+    """A b1 of shape (1,) used to broadcast silently in the eager and torch backends."""
+    x, w1, b1, w2, b2 = _ffn_args()
+    b1, b2 = (torch.randn(shape), b2) if which == "b1" else (b1, torch.randn(shape))
+    want = "(32,) (d_ff)" if which == "b1" else "(16,) (d_model)"
+    with pytest.raises(ValueError, match=rf"ffn: {which} must have shape {_esc(want)}, got {_esc(shape)}"):
+        backend.ffn(x, w1, b1, w2, b2)
+
+
+def test_ffn_refuses_integer_weights_and_bad_dropout(backend):
+    x, w1, b1, w2, b2 = _ffn_args()
+    with pytest.raises(ValueError, match="ffn: w1 must be a floating-point tensor, got torch.int64"):
+        backend.ffn(x, w1.long(), b1, w2, b2)
+    with pytest.raises(ValueError, match=r"ffn: dropout_p must be in \[0, 1\), got nan"):
+        backend.ffn(x, w1, b1, w2, b2, dropout_p=float("nan"))
+
+
+def test_ffn_accepts_missing_biases_everywhere(backend):
+    x, w1, _, w2, _ = _ffn_args()
+    ref = ops.select("eager").ffn(x, w1, None, w2, None)
+    torch.testing.assert_close(backend.ffn(x, w1, None, w2, None), ref, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# embed
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, 10, 12345])
+def test_embed_refuses_an_out_of_range_token_id_naming_it(backend, bad):
+    """-1 used to return the last row (Python indexing) in eager, >= V a raw IndexError."""
+    tokens = torch.tensor([[1, 2, 3], [4, bad, 5]])
+    with pytest.raises(ValueError, match=rf"embed: token id {bad} at \(1, 1\) is out of range \[0, 10\)"):
+        backend.embed(tokens, torch.randn(10, 16), scale=1.0)
+
+
+def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
+    """Reading ids is a host sync on a GPU: it runs where `ops.value_checks` allows (CPU, or
+    SCRATCHFORMER_DEBUG=1), never inside torch.compile. A meta tensor cannot be read: it shows
+    whether the check tried."""
+    eager = ops.select("eager")
+    tokens, weight = torch.full((2, 3), -1, device="meta"), torch.empty(10, 16, device="meta")
+    monkeypatch.setattr(ops, "DEBUG", False)
+    assert eager.embed(tokens, weight, scale=1.0, pos_encoding=False).shape == (2, 3, 16)
+    monkeypatch.setattr(ops, "DEBUG", True)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        eager.embed(tokens, weight, scale=1.0, pos_encoding=False)
+
+
+def test_embed_refuses_bad_shapes_and_scales(backend):
+    w = torch.randn(10, 16)
+    with pytest.raises(ValueError, match=r"embed: tokens must be \(B, L\) and weight \(V, d_model\), got \(3,\)"):
+        backend.embed(torch.tensor([1, 2, 3]), w, scale=1.0)
+    with pytest.raises(ValueError, match="embed: weight must be a floating-point tensor, got torch.int64"):
+        backend.embed(torch.tensor([[1, 2]]), w.long(), scale=1.0)
+    with pytest.raises(ValueError, match="embed: scale must be a finite number, got nan"):
+        backend.embed(torch.tensor([[1, 2]]), w, scale=float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_attention_refuses_a_non_finite_scale(backend, scale):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=rf"attention: scale must be a finite number, got {scale}"):
+        backend.attention(q, k, v, scale=scale)
+
+
+def test_attention_accepts_a_finite_scale_everywhere(backend):
+    q, k, v = _qkv()
+    ref = ops.select("eager").attention(q, k, v, scale=0.5)
+    torch.testing.assert_close(backend.attention(q, k, v, scale=0.5), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["dense", "key-lengths", "causal"])
+def test_attention_with_no_key_is_zeros_in_every_backend(backend, case):
+    """Lk = 0: every query row sees no key, so it is zeros (the rule for an empty row), with zero
+    gradients; the eager spec used to crash in amax."""
+    q, k, v = _qkv(Lk=0, requires_grad=True)
+    kw = {"key-lengths": dict(key_lengths=torch.tensor([0, 0])), "causal": dict(causal=True)}.get(case, {})
+    out = backend.attention(q, k, v, **kw)
+    assert out.shape == q.shape and torch.equal(out, torch.zeros_like(q))
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out), allow_unused=True)
+    assert dq is None or torch.equal(dq, torch.zeros_like(q))
+    assert all(g is None or g.shape == k.shape for g in (dk, dv))
+
+
+def test_attention_refuses_bad_dropout_with_the_op_named(backend):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"attention: dropout_p must be in \[0, 1\), got nan"):
+        backend.attention(q, k, v, dropout_p=float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("penalty", [float("nan"), float("inf"), -float("inf")])
+def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
+    cfg = ModelConfig(src_vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+                      dropout=0.0)
+    model = Transformer(cfg).eval()
+    src, lengths = torch.randint(4, 12, (2, 5)), torch.tensor([5, 3])
+    with pytest.raises(ValueError, match=rf"length_penalty must be a finite number, got {penalty}"):
+        beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=penalty)
+    assert beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=0.6).shape[0] == 2
