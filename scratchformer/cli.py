@@ -22,8 +22,6 @@ import os
 import sys
 from collections.abc import Callable
 
-import torch
-
 from .checkpoint import CheckpointError
 
 EXIT_USER_ERROR = 2  # argparse's status for a bad command line
@@ -67,25 +65,6 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """Declare ``--debug`` so that ``--help`` lists it (`run` takes it off before parsing)."""
     parser.add_argument("--debug", action="store_true",
                         help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """``--device``: None = cuda when there is one, else cpu. UsageError for a name torch does not
-    know or a CUDA device this machine lacks (instead of torch's AssertionError much later)."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device {name}: not a device name (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise UsageError(f"--device {name}: no CUDA device here (torch {torch.__version__}, {build}); "
-                             "use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
 
 
 def run(main: Callable, argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
+from .device import resolve_device
 from .evaluation import metrics as M
 from .evaluation.evaluate import (
     attention_map,
@@ -74,7 +75,7 @@ def check_args(args) -> None:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
     if not math.isfinite(args.length_penalty):
         raise cli.UsageError(f"--length-penalty must be a finite number, got {args.length_penalty}")
-    args.device = cli.resolve_device(args.device)  # a torch.device from here on
+    args.device = resolve_device(args.device)  # a torch.device from here on
 
 
 def _source_from(args, ckpt_data: dict | None) -> D.DataSource:

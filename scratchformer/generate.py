@@ -27,6 +27,7 @@ import torch
 from . import cli
 from . import data as D
 from .data.files import read_lines
+from .device import resolve_device
 from .evaluation import predict as P
 from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
 
@@ -83,7 +84,7 @@ def check_args(args) -> None:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
         raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
-    args.device = cli.resolve_device(args.device)  # a torch.device from here on
+    args.device = resolve_device(args.device)  # a torch.device from here on
 
 
 def run_batch(args) -> dict:

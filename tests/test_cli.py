@@ -18,6 +18,7 @@ from scratchformer import ablate, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint
 from scratchformer.data import DataError
+from scratchformer.device import DeviceError
 from scratchformer.evaluation.predict import OptionError
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -402,5 +403,5 @@ def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, mes
     """`--device cuda` on a CPU build used to be torch's AssertionError after the checkpoint was read."""
     monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
-    with pytest.raises(cli.UsageError, match=message):
+    with pytest.raises(DeviceError, match=message):
         mod.main(io_args + ["--device", device])

@@ -4,12 +4,13 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
+from scratchformer.device import DeviceError, resolve_device
 from scratchformer.training.config import (
     ConfigError,
     TrainConfig,
     build_parser,
-    check_device,
     check_for_task,
     parse_args,
     resumed,
@@ -207,13 +208,12 @@ def test_checks_that_need_the_task():
 
 def test_device_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"--device cuda: this PyTorch (was built without CUDA|sees no GPU); use "
-                       r"--device cpu"):
-        check_device("cuda")
-    with pytest.raises(ConfigError, match=r"--device gpu0: not a device"):
-        check_device("gpu0")
-    check_device("cpu")
-    check_device(None)
+    with pytest.raises(DeviceError, match=r"--device cuda: no CUDA device here .*; use --device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(DeviceError, match=r"--device gpu0: not a device"):
+        resolve_device("gpu0")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cpu")
 
 
 def test_resume_refuses_flags_that_cannot_change():

@@ -17,8 +17,6 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-import torch
-
 from .. import data as D
 from ..cli import add_debug_flag
 from ..data.tokenizer import MIN_VOCAB
@@ -267,22 +265,6 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
             raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
         if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
-
-
-def check_device(device: str | None) -> None:
-    """--device names a device this PyTorch can use (a clear message, not an AssertionError at .to())."""
-    if device is None:
-        return
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as e:
-        raise ConfigError(f"--device {device}: not a device ({e})") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "was built without CUDA" if torch.version.cuda is None else "sees no GPU"
-            raise ConfigError(f"--device {device}: this PyTorch {why}; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible")
 
 
 # ---------------------------------------------------------------------------------------------

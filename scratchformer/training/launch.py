@@ -14,9 +14,10 @@ import torch
 
 from .. import data as D
 from ..data.tokenizer import TokenizerPair
+from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
-from .config import ConfigError, TrainConfig, check_device, check_for_task, resumed
+from .config import ConfigError, TrainConfig, check_for_task, resumed
 from .distributed import setup_distributed
 from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
 
@@ -30,7 +31,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
     resuming = ckpt is not None
-    check_device(config.device)
+    resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
     check_for_task(config, source.task)
