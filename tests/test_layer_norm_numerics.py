@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import report_diff
+from conftest import DEVICE, report_diff
 
 from scratchformer import ops, reference
 from scratchformer.model import ModelConfig, build_model
@@ -22,9 +22,17 @@ BACKENDS = ["eager", "torch", "triton"]
 HALF = [torch.float16, torch.bfloat16]
 
 
+@pytest.fixture(autouse=True)
+def _on_test_device():
+    """Tensors made in a test live on the test device: CUDA on a GPU machine (where the triton
+    backend runs for real), the CPU here (Triton's interpreter)."""
+    with torch.device(DEVICE):
+        yield
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    return ops.select(request.param, "cpu")
+    return ops.select(request.param, DEVICE)
 
 
 def _leaf(values, dtype):
@@ -139,7 +147,7 @@ def test_large_offset_rows_match_float64():
     w, b = torch.randn(64), torch.randn(64)
     exact = F.layer_norm(x.double(), (64,), w.double(), b.double(), 1e-5)
     for name in BACKENDS:
-        err = report_diff(name, ops.select(name, "cpu").add_layer_norm(x, None, w, b), exact)
+        err = report_diff(name, ops.select(name, DEVICE).add_layer_norm(x, None, w, b), exact)
         assert err < 3e-3  # ulp(1e4) ~ 1e-3 relative to a unit spread, times |w|
 
 
@@ -150,7 +158,7 @@ def test_float64_positions_are_exact(name):
     d, L, offset = 64, 50, 1000
     weight = torch.randn(20, d, dtype=torch.float64)
     tokens = torch.randint(0, 20, (2, L))
-    out = ops.select(name, "cpu").embed(tokens, weight, scale=1.0, pos_offset=offset)
+    out = ops.select(name, DEVICE).embed(tokens, weight, scale=1.0, pos_offset=offset)
     pos = torch.arange(offset, offset + L, dtype=torch.float64)[:, None]
     i = torch.arange(0, d, 2, dtype=torch.float64)
     angle = pos / 10000.0 ** (i / d)
@@ -163,7 +171,7 @@ def test_float64_positions_are_exact(name):
 def test_float64_eager_model_embedding_is_exact():
     cfg = ModelConfig(src_vocab_size=16, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                       dropout=0.0, kernel="eager")
-    model = build_model(cfg, "cpu").double()
+    model = build_model(cfg, DEVICE).double()
     tokens = torch.randint(4, 16, (2, 7))
     emb = model.encoder.embedding
     out = emb(tokens)

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from scratchformer import ops
 from scratchformer.model import ModelConfig, Transformer, beam_search
@@ -16,9 +17,17 @@ from scratchformer.model import ModelConfig, Transformer, beam_search
 BACKENDS = ["eager", "torch", "triton"]
 
 
+@pytest.fixture(autouse=True)
+def _on_test_device():
+    """Tensors made in a test live on the test device: CUDA on a GPU machine (where the triton
+    backend runs for real), the CPU here (Triton's interpreter)."""
+    with torch.device(DEVICE):
+        yield
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    return ops.select(request.param, "cpu")
+    return ops.select(request.param, DEVICE)
 
 
 def _esc(value) -> str:
