@@ -125,3 +125,54 @@ def test_args_json_records_the_resolved_config(tmp_path):
     args = json.loads((run / "args.json").read_text())
     assert args["overwrite"] is True and args["out"] == str(run) and args["precision"] == "fp32"
     assert args["max_src_len"] == 32 and args["preset"] == "tiny"  # data-dependent defaults, resolved
+
+
+def _train_rows(run):
+    lines = (run / "train.csv").read_text().splitlines()
+    return [dict(zip(lines[0].split(","), r.split(","))) for r in lines[1:]]
+
+
+def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
+    """--time-limit: the run stops after the step that passes it, saves last.pt there (no final
+    evaluation), and --resume continues to the same per-step losses as an uninterrupted run."""
+    base = TINY + ["--max-steps", "6", "--eval-every", "3", "--seed", "3"]
+    whole = T.main(base + ["--out", str(tmp_path / "whole")])
+    stopped = T.main(base + ["--out", str(tmp_path / "cut"), "--time-limit", "1e-9"])
+    assert stopped == {"stopped": "--time-limit 1e-09 s", "step": 1}
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["progress"]["step"] == 1
+    assert not (tmp_path / "cut" / "metrics.final.json").exists()
+    assert "continue with --resume --out" in (tmp_path / "cut" / "log.txt").read_text()
+    final = T.main(["--resume", "--out", str(tmp_path / "cut"), "--time-limit", "1e9"])
+    assert final["loss"] == whole["loss"]
+    cut, ref = _train_rows(tmp_path / "cut"), _train_rows(tmp_path / "whole")
+    assert [r["step"] for r in cut] == [r["step"] for r in ref] == [str(i) for i in range(1, 7)]
+    assert [r["loss"] for r in cut] == [r["loss"] for r in ref]
+
+
+def test_sigterm_stops_after_the_step_and_saves(tmp_path, monkeypatch):
+    """SIGTERM (or Ctrl-C) mid-run: the step finishes, last.pt is saved there, the command reports
+    an interruption (KeyboardInterrupt: exit 130 at the command line); --resume continues."""
+    import os
+    import signal
+
+    real_step = Trainer.train_step
+
+    def step_then_signal(self, group):
+        out = real_step(self, group)
+        if self.progress.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    run = tmp_path / "run"
+    try:
+        T.main(TINY + ["--max-steps", "5", "--out", str(run)])
+        raise AssertionError("SIGTERM did not stop the run")
+    except KeyboardInterrupt:
+        pass
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 2
+    assert "SIGTERM: stopped at step 2 of 5" in (run / "log.txt").read_text()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the run
+    monkeypatch.undo()
+    assert T.main(["--resume", "--out", str(run)])["loss"] > 0
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 5

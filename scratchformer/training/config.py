@@ -152,6 +152,8 @@ class TrainConfig:
     beam_size: int = _run(default=4, help="beam size of the final evaluation (1: greedy only)")
     save_every: int = _run(default=0, help="write step_N.pt and last.pt every N steps (0: at validations)")
     keep_checkpoints: int = _run(default=3, help="step checkpoints kept")
+    time_limit: float | None = _run(help="stop training after this many seconds, saving last.pt (no final "
+                                    "evaluation); --resume continues: a long run in chunks of bounded commands")
     resume: str | None = _run(help="continue from a checkpoint (default: OUT/last.pt), with its arguments",
                               nargs="?", const="last", metavar="CKPT")
     out: str | None = _run(help="run folder (default: a new runs/<date>-<time>, linked as runs/latest); one that "
@@ -209,8 +211,9 @@ _RANGES = dict(
     valid_fraction=(0.0, 1.0, False), dropout=(0.0, 1.0, False), attn_dropout=(0.0, 1.0, False),
     lr=(0.0, math.inf, False), min_lr=(0.0, math.inf, False), weight_decay=(0.0, math.inf, False),
     adam_eps=(0.0, math.inf, False), label_smoothing=(0.0, 1.0, False), clip_norm=(0.0, math.inf, False),
+    time_limit=(0.0, math.inf, False),
 )
-_POSITIVE = ("lr", "adam_eps", "valid_fraction")  # these may not be 0 either
+_POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit")  # these may not be 0 either
 
 
 def flag(name: str) -> str:

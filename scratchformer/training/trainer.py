@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -106,6 +108,8 @@ class Trainer:
         self.last_validated: int = -1  # step of the last validation
         self.last_saved: int = -1  # step of the last step checkpoint
         self.saved_progress: dict | None = None  # the progress last.pt holds
+        self.stop_reason: str | None = None  # why fit() stopped before its end: --time-limit, SIGINT, SIGTERM
+        self._t_start: float = time.time()
         self.train_seconds: float = 0.0
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
         self._window = _Window()
@@ -183,18 +187,25 @@ class Trainer:
         self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
                          desc="train", dynamic_ncols=True, mininterval=0.5)
         self._window = _Window()
-        t_start = time.time()
-        while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
-            if not self._epoch():
-                break
-            prog.epoch += 1
-            prog.batch = 0
-            if not cfg.eval_every:
-                self.validate()
-                if not cfg.save_every:
-                    self.save("step")
+        self._t_start = time.time()
+        with _stop_signals(self):
+            while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
+                if not self._epoch():
+                    break
+                prog.epoch += 1
+                prog.batch = 0
+                if not cfg.eval_every:
+                    self.validate()
+                    if not cfg.save_every:
+                        self.save("step")
         self._bar.close()
-        self.train_seconds = time.time() - t_start
+        self.train_seconds = time.time() - self._t_start
+        if self.stop_reason:  # stopped early: save where it stands (no validation); --resume continues exactly
+            if self.saved_progress != prog.to_dict():
+                self.save("step")
+            self.log.info(f"{self.stop_reason}: stopped at step {prog.step} of {self.total_steps}, saved "
+                          f"{self.out / 'last.pt'}; continue with --resume --out {self.out}")
+            return prog
         if self.last_validated != prog.step:
             self.validate()  # the last steps were not validated yet
         if self.saved_progress != prog.to_dict():  # last.pt is written after the final validation: its best is current
@@ -208,9 +219,19 @@ class Trainer:
         while group := list(islice(batches, self.config.grad_accum)):
             loss_sum, nll_sum, ntok, gnorm = self.train_step(group)
             self._after_step(loss_sum, nll_sum, ntok, gnorm)
-            if self.done():
+            if self.done() or self.should_stop():
                 return False
         return True
+
+    def should_stop(self) -> bool:
+        """Whether to stop after this step: --time-limit passed, or SIGINT / SIGTERM came. Under DDP
+        rank 0 decides for all (ranks that stopped at different steps would hang in all-reduce)."""
+        limit = self.config.time_limit
+        if self.stop_reason is None and limit and time.time() - self._t_start >= limit:
+            self.stop_reason = f"--time-limit {limit:g} s"
+        if self.dist.on and limit:
+            self.stop_reason = self.dist.broadcast(self.stop_reason)
+        return self.stop_reason is not None
 
     def train_step(self, group: list[D.Batch]) -> tuple[float, float, int, float]:
         """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm).
@@ -324,6 +345,29 @@ class Trainer:
         self.dist.close()
 
 
+@contextmanager
+def _stop_signals(trainer: Trainer):
+    """While fitting, SIGINT (Ctrl-C) and SIGTERM ask `trainer` to stop after the current step and
+    save last.pt; a second one interrupts at once. Not under DDP (each rank would get the signal at
+    another step) nor outside the main thread, where Python cannot take signals."""
+    if trainer.dist.on or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ask(signum, frame):
+        if trainer.stop_reason is not None:
+            raise KeyboardInterrupt
+        trainer.stop_reason = signal.Signals(signum).name
+        trainer.log.info(f"{trainer.stop_reason}: stopping after this step and saving last.pt (again: stop at once)")
+
+    previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
     """Train one run end to end: build (or resume), fit, final report. Returns the final
     validation metrics (empty on ranks other than 0)."""
@@ -331,6 +375,11 @@ def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
     try:
         trainer = Trainer.create(config, given)
         trainer.fit()
+        if trainer.stop_reason is not None:  # not finished: no final report
+            trainer.close()
+            if trainer.stop_reason.startswith("SIG"):
+                raise KeyboardInterrupt  # a command that was asked to stop says so (exit 130)
+            return {"stopped": trainer.stop_reason, "step": trainer.progress.step}
         final = trainer.final_report() if trainer.dist.main else {}
         trainer.close()
         return final
