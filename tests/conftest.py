@@ -43,3 +43,22 @@ def report_diff(name, ours, ref):
     d = (ours.float() - ref.float()).abs()
     print(f"{name}: max {d.max().item():.3e} mean {d.mean().item():.3e}")
     return d.max().item()
+
+
+BACKENDS = ("eager", "torch", "triton")
+
+
+@pytest.fixture
+def on_test_device():
+    """Tensors made in the test live on the test device: CUDA on a GPU machine (where the triton
+    backend runs for real), the CPU here (Triton's interpreter)."""
+    with torch.device(DEVICE):
+        yield
+
+
+@pytest.fixture(params=BACKENDS)
+def ops_backend(request):
+    """Each backend's op bundle (`scratchformer.ops.select`) on the test device."""
+    from scratchformer import ops
+
+    return ops.select(request.param, DEVICE)

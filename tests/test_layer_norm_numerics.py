@@ -13,62 +13,50 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, report_diff
+from conftest import BACKENDS, DEVICE, report_diff
 
 from scratchformer import ops, reference
 from scratchformer.model import ModelConfig, build_model
 
-BACKENDS = ["eager", "torch", "triton"]
 HALF = [torch.float16, torch.bfloat16]
 
-
-@pytest.fixture(autouse=True)
-def _on_test_device():
-    """Tensors made in a test live on the test device: CUDA on a GPU machine (where the triton
-    backend runs for real), the CPU here (Triton's interpreter)."""
-    with torch.device(DEVICE):
-        yield
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return ops.select(request.param, DEVICE)
+pytestmark = pytest.mark.usefixtures("on_test_device")
 
 
 def _leaf(values, dtype):
     return torch.tensor(values, dtype=dtype).requires_grad_()
 
 
-def _grads(backend, x, r, dy, *, eps=1e-5):
-    """(y, s, dx, dres, dw, db) of backend.add_layer_norm with unit weight and zero bias."""
+def _grads(ops_backend, x, r, dy, *, eps=1e-5):
+    """(y, s, dx, dres, dw, db) of ops_backend.add_layer_norm with unit weight and zero bias."""
     N = x.shape[-1]
     w = torch.ones(N, dtype=x.dtype, requires_grad=True)
     b = torch.zeros(N, dtype=x.dtype, requires_grad=True)
-    y, s = backend.add_layer_norm(x, r, w, b, eps, return_residual=True)
+    y, s = ops_backend.add_layer_norm(x, r, w, b, eps, return_residual=True)
     return (y, s, *torch.autograd.grad(y, (x, r, w, b), dy))
 
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("x0,r0", [(1.0, 4e-4), (1000.0, 0.3)])
-def test_one_feature_gives_exact_zero_gradients(backend, x0, r0, dtype):
+def test_one_feature_gives_exact_zero_gradients(ops_backend, x0, r0, dtype):
     """N = 1: x̂ = 0 whatever s is, so y = b and dx = 0 exactly (fp16 used to give dx = -5.06 for
     x = 1, r = 4e-4 and -inf for x = 1000, r = 0.3)."""
     x, r = _leaf([[x0]], dtype), _leaf([[r0]], dtype)
-    y, s, dx, dres, dw, db = _grads(backend, x, r, torch.ones(1, 1, dtype=dtype))
+    y, s, dx, dres, dw, db = _grads(ops_backend, x, r, torch.ones(1, 1, dtype=dtype))
     assert s.dtype == dtype and s.item() == (torch.tensor(x0, dtype=dtype) + torch.tensor(r0, dtype=dtype)).item()
     assert y.item() == 0.0 and dx.item() == 0.0 and dres.item() == 0.0 and db.item() == 1.0
-    if backend.name == "torch":  # PyTorch's CPU LayerNorm backward rebuilds x̂ with an fp32 cancellation
+    if ops_backend.name == "torch":  # PyTorch's CPU LayerNorm backward rebuilds x̂ with an fp32 cancellation
         assert abs(dw.item()) <= 2 * torch.finfo(torch.float32).eps * abs(s.item()) / math.sqrt(1e-5)
     else:
         assert dw.item() == 0.0
 
 
-def test_two_features_match_layer_norm_of_the_rounded_sum(backend):
+def test_two_features_match_layer_norm_of_the_rounded_sum(ops_backend):
     """fp16 [1, 1] + [4e-4, 0]: the sum rounds to [1, 1], so x̂ = 0 and dx = rstd · (dy - mean(dy))
     = ±0.5 / sqrt(1e-5) = ±158.11, which F.layer_norm gets (this used to be [-165.75, 150.5])."""
     x, r = _leaf([[1.0, 1.0]], torch.float16), _leaf([[4e-4, 0.0]], torch.float16)
     dy = torch.tensor([[1.0, 2.0]], dtype=torch.float16)
-    y, _, dx, dres, _, _ = _grads(backend, x, r, dy)
+    y, _, dx, dres, _, _ = _grads(ops_backend, x, r, dy)
     exact = 0.5 / math.sqrt(1e-5)
     assert torch.equal(y, torch.zeros_like(y))
     assert abs(dx[0, 0].item() + exact) < 0.1 and abs(dx[0, 1].item() - exact) < 0.1
@@ -86,7 +74,7 @@ def _exact_grads(s, w, b, dy, eps):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-def test_backward_sees_the_forward_xhat(backend, dtype):
+def test_backward_sees_the_forward_xhat(ops_backend, dtype):
     """Rows whose mean is large against their spread (where rounding s matters most): dx and dw
     equal the float64 gradients of LN at the returned s to a few ulps of the storage dtype."""
     x = (300.0 + torch.randn(33, 48)).to(dtype).requires_grad_()
@@ -94,7 +82,7 @@ def test_backward_sees_the_forward_xhat(backend, dtype):
     w = (1.0 + 0.5 * torch.randn(48)).to(dtype).requires_grad_()
     b = (0.5 * torch.randn(48)).to(dtype).requires_grad_()
     dy = torch.randn(33, 48).to(dtype)
-    y, s = backend.add_layer_norm(x, r, w, b, 1e-5, return_residual=True)
+    y, s = ops_backend.add_layer_norm(x, r, w, b, 1e-5, return_residual=True)
     dx, dres, dw, db = torch.autograd.grad(y, (x, r, w, b), dy)
     ds64, dw64, db64 = _exact_grads(s, w, b, dy, 1e-5)
     ulp = torch.finfo(dtype).eps
@@ -103,7 +91,7 @@ def test_backward_sees_the_forward_xhat(backend, dtype):
         assert err <= 4 * ulp * exact.abs().max().item(), name
 
 
-def test_bf16_weight_grads_as_close_as_pytorchs(backend):
+def test_bf16_weight_grads_as_close_as_pytorchs(ops_backend):
     """bf16 rows with mean >= 100x their spread: dw was about 3x worse than PyTorch's (F.layer_norm
     computing in fp32, as its CUDA kernel does, dw rounded to bf16); now as close, both measured
     against float64 at the same rounded s. (PyTorch's CPU bf16 kernel itself is far worse here.)"""
@@ -114,7 +102,7 @@ def test_bf16_weight_grads_as_close_as_pytorchs(backend):
     w = torch.ones(N, dtype=torch.bfloat16, requires_grad=True)
     b = torch.zeros(N, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(M, N).bfloat16()
-    y, s = backend.add_layer_norm(x, r, w, b, 1e-5, return_residual=True)
+    y, s = ops_backend.add_layer_norm(x, r, w, b, 1e-5, return_residual=True)
     (dw,) = torch.autograd.grad(y, (w,), dy)
     w32 = w.detach().float().requires_grad_()
     (dw_torch,) = torch.autograd.grad(F.layer_norm(s.detach().float(), (N,), w32, None, 1e-5), (w32,), dy.float())
@@ -130,13 +118,13 @@ CONSTANT_ROWS = [(dtype, value) for dtype in (torch.float32, *HALF) for value in
 
 @pytest.mark.parametrize("dtype,value", CONSTANT_ROWS)
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_constant_rows_normalise_to_zero(backend, value, dtype, with_residual):
+def test_constant_rows_normalise_to_zero(ops_backend, value, dtype, with_residual):
     """A constant row has x̂ = 0 at any magnitude (y was 0.295 for fp32 10000.123: a sum of 64
     copies did not divide back to the value); F.layer_norm gets 0 too."""
     x = torch.full((3, 64), value, dtype=dtype)
     r = torch.full((3, 64), 0.5, dtype=dtype) if with_residual else None
     w, b = torch.randn(64, dtype=dtype), torch.randn(64, dtype=dtype)
-    y = backend.add_layer_norm(x, r, w, b)
+    y = ops_backend.add_layer_norm(x, r, w, b)
     assert torch.equal(y, b.expand_as(y))
 
 

@@ -9,25 +9,11 @@ import re
 
 import pytest
 import torch
-from conftest import DEVICE
 
 from scratchformer import ops
 from scratchformer.model import ModelConfig, Transformer, beam_search
 
-BACKENDS = ["eager", "torch", "triton"]
-
-
-@pytest.fixture(autouse=True)
-def _on_test_device():
-    """Tensors made in a test live on the test device: CUDA on a GPU machine (where the triton
-    backend runs for real), the CPU here (Triton's interpreter)."""
-    with torch.device(DEVICE):
-        yield
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return ops.select(request.param, DEVICE)
+pytestmark = pytest.mark.usefixtures("on_test_device")
 
 
 def _esc(value) -> str:
@@ -43,33 +29,33 @@ def _qkv(Lq=3, Lk=5, D=16, requires_grad=False):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_add_layer_norm_refuses_integer_inputs(backend):
+def test_add_layer_norm_refuses_integer_inputs(ops_backend):
     """Integers were truncated by the eager spec (its output cast back to int32)."""
     x = torch.arange(32, dtype=torch.int32).view(2, 16)
     with pytest.raises(ValueError, match="add_layer_norm: x must be a floating-point tensor, got torch.int32"):
-        backend.add_layer_norm(x, None, torch.ones(16), None)
+        ops_backend.add_layer_norm(x, None, torch.ones(16), None)
     with pytest.raises(ValueError, match="add_layer_norm: weight must be a floating-point tensor, got torch.int64"):
-        backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16, dtype=torch.long), None)
+        ops_backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16, dtype=torch.long), None)
 
 
 @pytest.mark.parametrize("eps", [-1e-5, 0.0, float("nan"), float("inf")])
-def test_add_layer_norm_refuses_bad_eps(backend, eps):
+def test_add_layer_norm_refuses_bad_eps(ops_backend, eps):
     x, w = torch.randn(2, 16), torch.ones(16)
     with pytest.raises(ValueError, match=rf"add_layer_norm: eps must be a finite number > 0, got {eps}"):
-        backend.add_layer_norm(x, None, w, None, eps)
+        ops_backend.add_layer_norm(x, None, w, None, eps)
     with pytest.raises(ValueError, match=r"add_layer_norm: eps must be a finite number > 0"):
-        backend.add_layer_norm(x, None, w, None, eps=eps)
+        ops_backend.add_layer_norm(x, None, w, None, eps=eps)
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, float("nan")])
-def test_add_layer_norm_refuses_bad_dropout(backend, p):
+def test_add_layer_norm_refuses_bad_dropout(ops_backend, p):
     with pytest.raises(ValueError, match=r"add_layer_norm: dropout_p must be in \[0, 1\)"):
-        backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16), None, dropout_p=p)
+        ops_backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16), None, dropout_p=p)
 
 
-def test_add_layer_norm_refuses_an_empty_row(backend):
+def test_add_layer_norm_refuses_an_empty_row(ops_backend):
     with pytest.raises(ValueError, match=r"add_layer_norm: x must be \(\.\.\., N\) with N >= 1, got \(2, 0\)"):
-        backend.add_layer_norm(torch.randn(2, 0), None, torch.ones(0), None)
+        ops_backend.add_layer_norm(torch.randn(2, 0), None, torch.ones(0), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,27 +69,27 @@ def _ffn_args(d_model=16, d_ff=32):
 
 
 @pytest.mark.parametrize("which,shape", [("b1", (1,)), ("b1", (16,)), ("b2", (1,)), ("b2", (32,)), ("b1", (1, 32))])
-def test_ffn_refuses_a_bias_of_the_wrong_shape(backend, which, shape):
+def test_ffn_refuses_a_bias_of_the_wrong_shape(ops_backend, which, shape):
     """A b1 of shape (1,) used to broadcast silently in the eager and torch backends."""
     x, w1, b1, w2, b2 = _ffn_args()
     b1, b2 = (torch.randn(shape), b2) if which == "b1" else (b1, torch.randn(shape))
     want = "(32,) (d_ff)" if which == "b1" else "(16,) (d_model)"
     with pytest.raises(ValueError, match=rf"ffn: {which} must have shape {_esc(want)}, got {_esc(shape)}"):
-        backend.ffn(x, w1, b1, w2, b2)
+        ops_backend.ffn(x, w1, b1, w2, b2)
 
 
-def test_ffn_refuses_integer_weights_and_bad_dropout(backend):
+def test_ffn_refuses_integer_weights_and_bad_dropout(ops_backend):
     x, w1, b1, w2, b2 = _ffn_args()
     with pytest.raises(ValueError, match="ffn: w1 must be a floating-point tensor, got torch.int64"):
-        backend.ffn(x, w1.long(), b1, w2, b2)
+        ops_backend.ffn(x, w1.long(), b1, w2, b2)
     with pytest.raises(ValueError, match=r"ffn: dropout_p must be in \[0, 1\), got nan"):
-        backend.ffn(x, w1, b1, w2, b2, dropout_p=float("nan"))
+        ops_backend.ffn(x, w1, b1, w2, b2, dropout_p=float("nan"))
 
 
-def test_ffn_accepts_missing_biases_everywhere(backend):
+def test_ffn_accepts_missing_biases_everywhere(ops_backend):
     x, w1, _, w2, _ = _ffn_args()
     ref = ops.select("eager").ffn(x, w1, None, w2, None)
-    torch.testing.assert_close(backend.ffn(x, w1, None, w2, None), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ops_backend.ffn(x, w1, None, w2, None), ref, atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,11 +98,11 @@ def test_ffn_accepts_missing_biases_everywhere(backend):
 
 
 @pytest.mark.parametrize("bad", [-1, 10, 12345])
-def test_embed_refuses_an_out_of_range_token_id_naming_it(backend, bad):
+def test_embed_refuses_an_out_of_range_token_id_naming_it(ops_backend, bad):
     """-1 used to return the last row (Python indexing) in eager, >= V a raw IndexError."""
     tokens = torch.tensor([[1, 2, 3], [4, bad, 5]])
     with pytest.raises(ValueError, match=rf"embed: token id {bad} at \(1, 1\) is out of range \[0, 10\)"):
-        backend.embed(tokens, torch.randn(10, 16), scale=1.0)
+        ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0)
 
 
 def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
@@ -132,14 +118,14 @@ def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
         eager.embed(tokens, weight, scale=1.0, pos_encoding=False)
 
 
-def test_embed_refuses_bad_shapes_and_scales(backend):
+def test_embed_refuses_bad_shapes_and_scales(ops_backend):
     w = torch.randn(10, 16)
     with pytest.raises(ValueError, match=r"embed: tokens must be \(B, L\) and weight \(V, d_model\), got \(3,\)"):
-        backend.embed(torch.tensor([1, 2, 3]), w, scale=1.0)
+        ops_backend.embed(torch.tensor([1, 2, 3]), w, scale=1.0)
     with pytest.raises(ValueError, match="embed: weight must be a floating-point tensor, got torch.int64"):
-        backend.embed(torch.tensor([[1, 2]]), w.long(), scale=1.0)
+        ops_backend.embed(torch.tensor([[1, 2]]), w.long(), scale=1.0)
     with pytest.raises(ValueError, match="embed: scale must be a finite number, got nan"):
-        backend.embed(torch.tensor([[1, 2]]), w, scale=float("nan"))
+        ops_backend.embed(torch.tensor([[1, 2]]), w, scale=float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,35 +134,35 @@ def test_embed_refuses_bad_shapes_and_scales(backend):
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
-def test_attention_refuses_a_non_finite_scale(backend, scale):
+def test_attention_refuses_a_non_finite_scale(ops_backend, scale):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=rf"attention: scale must be a finite number, got {scale}"):
-        backend.attention(q, k, v, scale=scale)
+        ops_backend.attention(q, k, v, scale=scale)
 
 
-def test_attention_accepts_a_finite_scale_everywhere(backend):
+def test_attention_accepts_a_finite_scale_everywhere(ops_backend):
     q, k, v = _qkv()
     ref = ops.select("eager").attention(q, k, v, scale=0.5)
-    torch.testing.assert_close(backend.attention(q, k, v, scale=0.5), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ops_backend.attention(q, k, v, scale=0.5), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["dense", "key-lengths", "causal"])
-def test_attention_with_no_key_is_zeros_in_every_backend(backend, case):
+def test_attention_with_no_key_is_zeros_in_every_backend(ops_backend, case):
     """Lk = 0: every query row sees no key, so it is zeros (the rule for an empty row), with zero
     gradients; the eager spec used to crash in amax."""
     q, k, v = _qkv(Lk=0, requires_grad=True)
     kw = {"key-lengths": dict(key_lengths=torch.tensor([0, 0])), "causal": dict(causal=True)}.get(case, {})
-    out = backend.attention(q, k, v, **kw)
+    out = ops_backend.attention(q, k, v, **kw)
     assert out.shape == q.shape and torch.equal(out, torch.zeros_like(q))
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out), allow_unused=True)
     assert dq is None or torch.equal(dq, torch.zeros_like(q))
     assert all(g is None or g.shape == k.shape for g in (dk, dv))
 
 
-def test_attention_refuses_bad_dropout_with_the_op_named(backend):
+def test_attention_refuses_bad_dropout_with_the_op_named(ops_backend):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"attention: dropout_p must be in \[0, 1\), got nan"):
-        backend.attention(q, k, v, dropout_p=float("nan"))
+        ops_backend.attention(q, k, v, dropout_p=float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------
