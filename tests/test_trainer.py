@@ -3,16 +3,18 @@ before TrainConfig (old-format args) still resuming and evaluating."""
 
 import json
 
+import pytest
 import torch
 
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
 from scratchformer import train as T
-from scratchformer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.model import build_model
 from scratchformer.training.build import build_data, model_config
-from scratchformer.training.config import parse_args
+from scratchformer.training.config import ConfigError, parse_args
+from scratchformer.training.launch import create_trainer
 from scratchformer.training.distributed import Dist
 from scratchformer.training.runs import Logger
 from scratchformer.training.trainer import Trainer
@@ -176,3 +178,55 @@ def test_sigterm_stops_after_the_step_and_saves(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert T.main(["--resume", "--out", str(run)])["loss"] > 0
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 5
+
+
+# --init-from: the options of a run that are not the model's (TINY without the model and tokenizer flags)
+DATA_FLAGS = ["--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples",
+              "8", "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
+
+
+def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--out", str(first)])
+    cfg, given = parse_args(DATA_FLAGS + ["--max-steps", "2", "--lr", "1e-4", "--max-train-examples", "32",
+                                          "--init-from", str(first), "--out", str(second)])
+    trainer = create_trainer(Trainer, cfg, given)
+    start = load_checkpoint(first / "best.pt")["model"]
+    assert trainer.progress.step == 0 and not trainer.optimizer.state  # a new run, a new optimizer
+    assert all(torch.equal(v, start[k]) for k, v in trainer.model.state_dict().items())
+    assert trainer.model.cfg.d_model == 32 and trainer.config.init_from == str(first / "best.pt")
+    assert (second / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    assert "initialised from" in (second / "log.txt").read_text()
+    trainer.fit()
+    ck = load_checkpoint(second / "last.pt")
+    assert ck["progress"]["step"] == 2 and ck["args"]["init_from"] == str(first / "best.pt")
+    assert not torch.equal(ck["model"]["encoder.layers.0.ffn.w1.weight"], start["encoder.layers.0.ffn.w1.weight"])
+    # --resume continues the new run from its own checkpoint, not from the one it began with
+    T.main(["--resume", "--out", str(second), "--max-steps", "3"])
+    assert load_checkpoint(second / "last.pt")["progress"]["step"] == 3
+
+
+@pytest.mark.parametrize("flags, error, match", [
+    (["--d-model", "64", "--vocab-size", "500"], ConfigError, r"drop --vocab-size, --d-model \(only --kernel"),
+    (["--resume"], ConfigError, r"--init-from starts a new run .* and --resume continues a run: give one"),
+])
+def test_init_from_refuses_what_it_cannot_do(tmp_path, flags, error, match):
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
+    with pytest.raises(error, match=match):
+        T.main(DATA_FLAGS + ["--init-from", str(run), "--out", str(run if "--resume" in flags else tmp_path / "new"),
+                             *flags])
+    assert not (tmp_path / "new").exists()  # refused before the run folder was made
+
+
+def test_init_from_refuses_a_missing_checkpoint_and_another_task(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        T.main(DATA_FLAGS + ["--init-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "new")])
+    run, texts = tmp_path / "run", tmp_path / "texts"
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
+    texts.mkdir()
+    rows = [json.dumps({"text": f"review number {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}) for i in range(20)]
+    (texts / "train.jsonl").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ConfigError, match=r"is a translation model; the data is classification"):
+        T.main(DATA_FLAGS + ["--data", str(texts), "--init-from", str(run), "--out", str(tmp_path / "new")])
+    assert not (tmp_path / "new").exists()

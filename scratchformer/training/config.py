@@ -154,6 +154,9 @@ class TrainConfig:
     keep_checkpoints: int = _run(default=3, help="step checkpoints kept")
     time_limit: float | None = _run(help="stop training after this many seconds, saving last.pt (no final "
                                     "evaluation); --resume continues: a long run in chunks of bounded commands")
+    init_from: str | None = _run(help="start a new run from the model weights of a checkpoint or run folder (its "
+                                 "best.pt): that run's architecture and tokenizers, a new optimizer, schedule and "
+                                 "step count (a curriculum's next phase, fine-tuning on other data)", metavar="CKPT")
     resume: str | None = _run(help="continue from a checkpoint (default: OUT/last.pt), with its arguments",
                               nargs="?", const="last", metavar="CKPT")
     out: str | None = _run(help="run folder (default: a new runs/<date>-<time>, linked as runs/latest); one that "
@@ -340,6 +343,16 @@ FIXED_ON_RESUME = (
     "final_norm", "tie_embeddings", "no_pos_encoding", "batch_size", "max_tokens", "schedule", "plateau_patience",
     "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
+
+
+def check_init_from(given: frozenset[str], init_path: str) -> None:
+    """--init-from takes the architecture and tokenizers of its checkpoint: every model and tokenizer
+    option but the backend (--kernel) given with it is refused by name."""
+    taken = [flag(f.name) for f in dataclasses.fields(TrainConfig)
+             if f.name in given and f.metadata["group"] in ("model", "tokenizer") and f.name != "kernel"]
+    if taken:
+        raise ConfigError(f"--init-from {init_path} builds the model and tokenizers of that run: drop "
+                          f"{', '.join(taken)} (only --kernel may change)")
 
 
 def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str) -> TrainConfig:

@@ -13,28 +13,40 @@ import numpy as np
 import torch
 
 from .. import data as D
+from ..checkpoint import find_checkpoint, load_checkpoint
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
-from .config import ConfigError, TrainConfig, check_for_task, resumed
+from .config import ConfigError, TrainConfig, check_for_task, check_init_from, resumed
 from .distributed import setup_distributed
 from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
 
 
 def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     """`cls(...)` (a Trainer) for a new run from `config`, or with --resume for the run in the
-    checkpoint, continued exactly. `given`: the options set on the command line."""
-    ckpt, warning = None, None
+    checkpoint, continued exactly, or with --init-from a new run that starts from another run's
+    model and tokenizers. `given`: the options set on the command line."""
+    ckpt, warning, init = None, None, None
+    if config.resume and "init_from" in given:
+        raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
+                          "give one")
     if config.resume:
         folder = resume_folder(config.out, config.resume)
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
     resuming = ckpt is not None
+    if config.init_from and not resuming:  # a resumed run has its weights in its own checkpoint
+        path = find_checkpoint(config.init_from, prefer="best")
+        check_init_from(given, str(path))
+        init = load_checkpoint(path, require=("model", "config", "tokenizers", "task", "progress"))
+        config = dataclasses.replace(config, init_from=str(path))
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
     check_for_task(config, source.task)
+    if init is not None and init["task"] != source.task:
+        raise ConfigError(f"--init-from {config.init_from} is a {init['task']} model; the data is {source.task}")
     dist_, device = setup_distributed(config.device)
     out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
     config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))
@@ -46,12 +58,21 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
-    toks = TokenizerPair.from_dict(ckpt["tokenizers"]) if resuming else None  # a resumed run keeps its own
+    start = ckpt or init  # the run whose model and tokenizers this one keeps
+    toks = TokenizerPair.from_dict(start["tokenizers"]) if start else None
+    if init is not None and dist_.main:
+        toks.save(out)
     data = build_data(config, source, out, dist_, log, toks)
-    mcfg = ModelConfig.from_dict(ckpt["config"]) if resuming else model_config(config, data)
-    if resuming and "kernel" in given:
+    mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
+    if start and "kernel" in given:
         mcfg.kernel = config.kernel
+    if init is not None:
+        mcfg = _fit_init_config(mcfg, config, data)
     model = build_model(mcfg, device)
+    if init is not None:
+        model.load_state_dict(init["model"])
+        log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and "
+                 f"tokenizers; new optimizer and schedule")
     if dist_.main:
         (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
         (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -64,6 +85,15 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         trainer.resume(ckpt)
     log.info(trainer.describe())
     return trainer
+
+
+def _fit_init_config(mcfg: ModelConfig, config: TrainConfig, data) -> ModelConfig:
+    """The --init-from model's config for this run's data: the same classes, and a max_len (a guard;
+    positions are computed on the fly) that admits --max-src-len and --max-tgt-len."""
+    if data.num_classes is not None and data.num_classes != mcfg.num_classes:
+        raise ConfigError(f"--init-from {config.init_from} classifies into {mcfg.num_classes} classes; the data has "
+                          f"{data.num_classes}")
+    return dataclasses.replace(mcfg, max_len=max(mcfg.max_len, config.max_src_len + 1, config.max_tgt_len + 1))
 
 
 def precision_for(precision: str, device: torch.device) -> str:
