@@ -1,0 +1,63 @@
+"""Does a seq2seq checkpoint read its source? Two measures on the first N validation examples:
+
+- the decoder's loss (mean NLL per target token, teacher forcing) with each example's own source,
+  and with the sources rolled by one (every target paired with another example's source): a
+  decoder that ignores the encoder scores the same on both;
+- the encoder output of the first example: the norm of its mean over positions ("common") and the
+  mean distance of each position from that mean ("spread"). A collapsed encoder gives every
+  position the same vector: spread near 0.
+
+    python scripts/source_use.py --checkpoint runs/samsum/best.pt --data ../shared/data/samsum -n 24
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from scratchformer import data as D
+from scratchformer.data.batching import collate, encode_examples
+from scratchformer.evaluation.evaluate import load_run
+
+
+def spread(memory: torch.Tensor, length: int) -> tuple[float, float]:
+    m = memory[0, :length]
+    common = m.mean(0)
+    return common.norm().item(), (m - common).norm(dim=-1).mean().item()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", required=True, help="a data folder with a validation split")
+    p.add_argument("-n", type=int, default=24, help="validation examples (at least 2)")
+    a = p.parse_args(argv)
+    if a.n < 2:
+        raise SystemExit("error: -n must be at least 2 (the sources are rolled among the examples)")
+    torch.set_num_threads(1)
+    model, toks, ckpt = load_run(a.checkpoint, torch.device("cpu"), "eager")
+    model.eval()
+    source = D.resolve_source("synthetic", a.data, None)
+    examples = D.load_split(source, "validation", a.n)
+    args = ckpt["args"]
+    ds, _ = encode_examples(examples, ckpt["task"], toks.src, toks.tgt, args["max_src_len"], args["max_tgt_len"])
+    b = collate([ds[i] for i in range(len(ds))])
+    roll = torch.roll(torch.arange(len(ds)), 1)
+
+    @torch.no_grad()
+    def nll(src, lengths):
+        logits = model(src, lengths, b.tgt_in, b.tgt_lengths)
+        return F.cross_entropy(logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=D.PAD_ID).item()
+
+    own, other = nll(b.src, b.src_lengths), nll(b.src[roll], b.src_lengths[roll])
+    with torch.no_grad():
+        common, dev = spread(model.encode(b.src, b.src_lengths), int(b.src_lengths[0]))
+    print(f"{a.checkpoint} (step {ckpt['progress']['step']}), {len(ds)} validation examples")
+    print(f"  NLL/token: own source {own:.3f}, another example's source {other:.3f}, gap {other - own:.3f}")
+    print(f"  encoder output, example 0: common {common:.2f}, spread {dev:.3f}")
+
+
+if __name__ == "__main__":
+    main()
