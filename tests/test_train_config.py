@@ -30,7 +30,8 @@ OLD_FLAGS = [
     "--save-every", "--keep-checkpoints", "--resume", "--out", "--overwrite", "--device", "--log-every",
     "--no-progress", "--tensorboard", "--attention-example", "--no-plots",
 ]
-NEW_FLAGS = {"--compile": "--precision", "--time-limit": "--resume", "--init-from": "--resume"}  # flag: the flag it comes before
+# flag: the flag it comes before
+NEW_FLAGS = {"--compile": "--precision", "--time-limit": "--resume", "--init-from": "--resume"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
 # no "overwrite" yet, "resume_path" added by --resume.

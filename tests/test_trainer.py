@@ -14,8 +14,8 @@ from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.model import build_model
 from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
-from scratchformer.training.launch import create_trainer
 from scratchformer.training.distributed import Dist
+from scratchformer.training.launch import create_trainer
 from scratchformer.training.runs import Logger
 from scratchformer.training.trainer import Trainer
 
@@ -181,8 +181,9 @@ def test_sigterm_stops_after_the_step_and_saves(tmp_path, monkeypatch):
 
 
 # --init-from: the options of a run that are not the model's (TINY without the model and tokenizer flags)
-DATA_FLAGS = ["--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples",
-              "8", "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
+DATA_FLAGS = ["--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16",
+              "--eval-decode-examples", "8", "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots",
+              "--warmup-steps", "4"]
 
 
 def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_path):
@@ -225,7 +226,7 @@ def test_init_from_refuses_a_missing_checkpoint_and_another_task(tmp_path):
     run, texts = tmp_path / "run", tmp_path / "texts"
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
     texts.mkdir()
-    rows = [json.dumps({"text": f"review number {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}) for i in range(20)]
+    rows = [json.dumps({"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}) for i in range(20)]
     (texts / "train.jsonl").write_text("\n".join(rows) + "\n")
     with pytest.raises(ConfigError, match=r"is a translation model; the data is classification"):
         T.main(DATA_FLAGS + ["--data", str(texts), "--init-from", str(run), "--out", str(tmp_path / "new")])
