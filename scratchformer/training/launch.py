@@ -27,20 +27,13 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     """`cls(...)` (a Trainer) for a new run from `config`, or with --resume for the run in the
     checkpoint, continued exactly, or with --init-from a new run that starts from another run's
     model and tokenizers. `given`: the options set on the command line."""
-    ckpt, warning, init = None, None, None
-    if config.resume and "init_from" in given:
-        raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
-                          "give one")
+    ckpt, warning = None, None
     if config.resume:
         folder = resume_folder(config.out, config.resume)
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
     resuming = ckpt is not None
-    if config.init_from and not resuming:  # a resumed run has its weights in its own checkpoint
-        path = find_checkpoint(config.init_from, prefer="best")
-        check_init_from(given, str(path))
-        init = load_checkpoint(path, require=("model", "config", "tokenizers", "task", "progress"))
-        config = dataclasses.replace(config, init_from=str(path))
+    config, init = _init_checkpoint(config, given)
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
@@ -66,13 +59,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
     if start and "kernel" in given:
         mcfg.kernel = config.kernel
-    if init is not None:
-        mcfg = _fit_init_config(mcfg, config, data)
-    model = build_model(mcfg, device)
-    if init is not None:
-        model.load_state_dict(init["model"])
-        log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and "
-                 f"tokenizers; new optimizer and schedule")
+    model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, data, device, log)
     if dist_.main:
         (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
         (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -87,13 +74,32 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     return trainer
 
 
-def _fit_init_config(mcfg: ModelConfig, config: TrainConfig, data) -> ModelConfig:
-    """The --init-from model's config for this run's data: the same classes, and a max_len (a guard;
-    positions are computed on the fly) that admits --max-src-len and --max-tgt-len."""
+def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainConfig, dict | None]:
+    """--init-from: the config naming the checkpoint file, and that checkpoint; (config, None)
+    without it, or when resuming (a resumed run has its weights in its own checkpoint)."""
+    if config.resume and "init_from" in given:
+        raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
+                          "give one")
+    if not config.init_from or config.resume:
+        return config, None
+    path = find_checkpoint(config.init_from, prefer="best")
+    check_init_from(given, str(path))
+    init = load_checkpoint(path, require=("model", "config", "tokenizers", "task", "progress"))
+    return dataclasses.replace(config, init_from=str(path)), init
+
+
+def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, data, device, log):
+    """The --init-from model with its weights, for this run's data: the same classes, and a max_len
+    (a guard; positions are computed on the fly) that admits --max-src-len and --max-tgt-len."""
     if data.num_classes is not None and data.num_classes != mcfg.num_classes:
         raise ConfigError(f"--init-from {config.init_from} classifies into {mcfg.num_classes} classes; the data has "
                           f"{data.num_classes}")
-    return dataclasses.replace(mcfg, max_len=max(mcfg.max_len, config.max_src_len + 1, config.max_tgt_len + 1))
+    mcfg.max_len = max(mcfg.max_len, config.max_src_len + 1, config.max_tgt_len + 1)
+    model = build_model(mcfg, device)
+    model.load_state_dict(init["model"])
+    log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and tokenizers; "
+             f"new optimizer and schedule")
+    return model
 
 
 def precision_for(precision: str, device: torch.device) -> str:
