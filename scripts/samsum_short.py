@@ -18,6 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
+from scratchformer import data as D
 from scratchformer.data.tokenizer import BPETokenizer
 
 
@@ -29,10 +30,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, type=Path)
     a = p.parse_args(argv)
     tok = BPETokenizer.load(a.tokenizer)
-    with gzip.open(a.data / "train.jsonl.gz", "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    lengths = [len(ids) for ids in tok.encode_batch([r["document"] for r in rows])]
-    kept = [r for r, n in zip(rows, lengths, strict=True) if n <= a.max_src_tokens]
+    rows = D.read_split(a.data / "train.jsonl.gz", "summarization")  # validated: a bad record names its line
+    lengths = [len(ids) for ids in tok.encode_batch([e.src for e in rows])]
+    kept = [{"id": e.id, "document": e.src, "summary": e.tgt}
+            for e, n in zip(rows, lengths, strict=True) if n <= a.max_src_tokens]
     if not kept:
         raise SystemExit(f"error: no training dialogue has at most {a.max_src_tokens} tokens")
     a.out.mkdir(parents=True, exist_ok=True)
