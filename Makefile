@@ -12,6 +12,9 @@ RUFF_SPEC ?= ruff==0.17.6
 # `make test` also runs the kernel tests and the AOT compile check with it on CPU machines.
 TRITON_MIN_SPEC ?= triton==3.6.0
 TRITON_MIN_DIR := .triton-min
+# The GPU machines' torch (a CUDA 13.0 build): its headers check our CUDA glue on CPU machines.
+GPU_TORCH_SPEC ?= torch==2.11.0
+GPU_TORCH_DIR := .torch-cuda
 KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_ffn.py \
 	tests/test_model_triton.py tests/test_triton_compile.py
 STAMP := $(VENV)/.scratchformer-installed
@@ -25,7 +28,8 @@ WHEEL_DIR := .whl
 GPU_WHEELS ?= rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1
 WHEELS_FROM ?=
 
-.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run
+.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run gpu-ext \
+	test-gpu-stack
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -48,8 +52,22 @@ install: $(STAMP)
 train: install
 	$(PY) -m scratchformer.train $(ARGS)
 
-cuda-check:
-	bash csrc/check_cuda_compile.sh
+# The CUDA sources with nvcc, and the torch glue against the headers of the GPU machines' CUDA torch
+# (GPU_TORCH_SPEC: its cp312 wheel, about 530 MB, is fetched once and only torch/include kept).
+cuda-check: $(GPU_TORCH_DIR)/.installed
+	TORCH_CUDA_INCLUDE=$(abspath $(GPU_TORCH_DIR))/torch/include bash csrc/check_cuda_compile.sh
+
+$(GPU_TORCH_DIR)/.installed: | $(PY)
+	rm -rf $(GPU_TORCH_DIR) && mkdir -p $(GPU_TORCH_DIR)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 -d $(GPU_TORCH_DIR) "$(GPU_TORCH_SPEC)"
+	$(PY) -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(GPU_TORCH_DIR)/torch-*.whl')[0]); \
+		z.extractall('$(GPU_TORCH_DIR)', [n for n in z.namelist() if n.startswith('torch/include/') or n == 'torch/version.py'])"
+	rm -f $(GPU_TORCH_DIR)/torch-*.whl
+	@grep -q "^cuda: Optional\[str\] = '" $(GPU_TORCH_DIR)/torch/version.py || \
+		{ echo "$(GPU_TORCH_SPEC) from the registry is not a CUDA build:"; cat $(GPU_TORCH_DIR)/torch/version.py; exit 1; }
+	@grep "^__version__" $(GPU_TORCH_DIR)/torch/version.py
+	@touch $@
 
 # Every Triton kernel through Triton's compiler and ptxas for sm_90 and sm_80, all dtypes (slow;
 # `make test` runs the sm_90 bf16 subset).
@@ -89,6 +107,31 @@ wheels: $(PY)
 		*) echo "not pure Python, will not install on the GPU machine's Python 3.12: $$w"; exit 1;; esac; done
 	@ls -l $(WHEEL_DIR)
 
+# The GPU machines' software on this CPU machine (Python 3.12, CUDA torch GPU_TORCH_SPEC, Triton
+# TRITON_MIN_SPEC; about 4 GB, not part of `make test`). gpu-ext: the extension built with CUDA for
+# sm_80 and sm_90 into .gpu_build/ (with its sources' hash), which the GPU plan carries so that the
+# window skips the build (scripts/gpu/README.md). test-gpu-stack: the CPU suite with that torch.
+GPU_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+GPU_VENV := .venv-gpu
+GPU_CUDA_HOME ?= $(or $(CUDA_HOME),/usr/local/cuda)
+$(GPU_VENV)/.installed:
+	$(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q "$(GPU_TORCH_SPEC)" "$(TRITON_MIN_SPEC)" "numpy<2.3" ninja setuptools wheel \
+		tqdm tokenizers sacrebleu rouge-score matplotlib safetensors pytest pytest-benchmark hypothesis
+	@touch $@
+
+gpu-ext: $(GPU_VENV)/.installed
+	@[ -e "$(GPU_CUDA_HOME)/include/cuda_runtime.h" ] || { echo "no CUDA toolkit at $(GPU_CUDA_HOME): set GPU_CUDA_HOME"; exit 1; }
+	CUDA_HOME=$(GPU_CUDA_HOME) TORCH_CUDA_ARCH_LIST="8.0;9.0" $(GPU_VENV)/bin/python setup.py -q build_ext --inplace
+	rm -rf .gpu_build && mkdir -p .gpu_build && cp scratchformer/_C.cpython-312-*.so .gpu_build/ && strip -g .gpu_build/*.so
+	bash scripts/gpu/ext_sources.sh > .gpu_build/sources.sha256
+	@ls -l .gpu_build
+
+test-gpu-stack: gpu-ext
+	@[ -e scratchformer/kernels ] || ln -sfn ../kernels scratchformer/kernels
+	PYTHONPATH=$(CURDIR) $(GPU_VENV)/bin/python -m pytest tests -p no:cacheprovider \
+		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
+
 # Every step of the GPU plan on this CPU machine (tests/test_gpu_plan.py does the same in `make test`).
 gpu-dry-run: install
 	@for s in scripts/gpu/[0-9][0-9]_*.sh; do GPU_DRY_RUN=1 OUT=gpu_out/dry PY=$(abspath $(PY)) bash $$s || exit 1; done
@@ -97,4 +140,4 @@ bench: install
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TRITON_MIN_DIR) build *.egg-info scratchformer/_C*.so gpu_out
+	rm -rf $(VENV) $(GPU_VENV) $(TRITON_MIN_DIR) $(GPU_TORCH_DIR) .gpu_build build *.egg-info scratchformer/_C*.so gpu_out

@@ -153,8 +153,11 @@ def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ..
 
 
 def rng_state() -> dict:
+    """This process's random states, for an exact resume; "seed" (the seed torch's stream started
+    from: per rank under DDP) is a record, not restored."""
     np_state = np.random.get_state()
     state = {
+        "seed": torch.initial_seed(),
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
         "torch": torch.get_rng_state(),

@@ -153,6 +153,8 @@ def test_torchrun_ddp_gloo_two_processes(tmp_path):
     assert "x2 (DDP)" in p.stdout + p.stderr
     ck = load_checkpoint(tmp_path / "ddp" / "last.pt")
     assert ck["progress"]["step"] == 3 and isinstance(ck["rng"], list) and len(ck["rng"]) == 2
+    # each rank draws its dropout masks from a stream of its own, seeded apart after the model is built
+    assert [r["seed"] for r in ck["rng"]] == [0, 1]
 
 
 def test_model_flags_reach_the_config(tmp_path):

@@ -60,6 +60,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if start and "kernel" in given:
         mcfg.kernel = config.kernel
     model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, data, device, log)
+    if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
+        torch.manual_seed(config.seed + dist_.rank)
     if dist_.main:
         (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
         (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")

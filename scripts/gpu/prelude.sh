@@ -131,19 +131,26 @@ for dist in ("triton", "numpy", "pip", "setuptools", "rouge-score", "nltk", "sac
         print(dist, "MISSING")
 EOF
 }
+SOURCES_HASH=$(bash "$REPO/scripts/gpu/ext_sources.sh")
 if ! versions && compgen -G ".gpu_build/_C*.so" >/dev/null; then
-  cp .gpu_build/_C*.so scratchformer/ && versions && echo "== reusing the extension carried in .gpu_build/"
+  if [ "$(cat .gpu_build/sources.sha256 2>/dev/null)" = "$SOURCES_HASH" ]; then
+    cp .gpu_build/_C*.so scratchformer/ && versions && echo "== reusing the extension carried in .gpu_build/"
+  else
+    echo "== .gpu_build/ holds an extension built from other sources (sources.sha256): building"
+  fi
 fi
 if ! grep -q "| extension" "$WORK/env.txt"; then
   echo "== $(date -u +%T) building the extension (setup.py build_ext --inplace)"
   b0=$(date +%s)
+  # a GPU names its arch to torch's build; without one (a dry run with a CUDA torch) name them
+  if [ "$DRY" = 1 ] && [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then export TORCH_CUDA_ARCH_LIST="8.0;9.0"; fi
   "$PY" setup.py -q build_ext --inplace > "$WORK/build.txt" 2>&1 || { tail -30 "$WORK/build.txt"; exit 1; }
   echo "== built in $(( $(date +%s) - b0 )) s"
   versions || { cat "$WORK/env.txt"; exit 1; }
 fi
 cat "$WORK/env.txt"
 if [ "${PACK_EXT:-0}" = 1 ]; then  # step 00 sends the built extension back, for .gpu_build/
-  mkdir -p "$WORK/build" && cp scratchformer/_C*.so "$WORK/build/"
+  mkdir -p "$WORK/build" && cp scratchformer/_C*.so "$WORK/build/" && echo "$SOURCES_HASH" > "$WORK/build/sources.sha256"
 fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$WORK/env.txt"
