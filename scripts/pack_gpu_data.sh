@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
 # Copy the datasets a GPU run needs into .gpu_data/ (git-ignored) so the device tool can carry it:
 # the GPU machine gets the checkout, not ../shared. The carry limit is 64 MiB per call, so pick:
-#   bash scripts/pack_gpu_data.sh multi30k samsum imdb        # ~19 MiB
-#   bash scripts/pack_gpu_data.sh cnn_dailymail               # ~60 MiB on its own
-# then run with carry [".gpu_data"] and --data .gpu_data/<name>.
+#   bash scripts/pack_gpu_data.sh multi30k samsum iwslt2017_en_de samsum-short96   # ~8 MiB
+#   bash scripts/pack_gpu_data.sh cnn_dailymail                                    # ~53 MiB on its own
+# then run with carry [".gpu_data", ...] and SCRATCHFORMER_DATA=.gpu_data (scripts/gpu/50_train.sh).
+#   samsum-short96   the SAMSum curriculum's first phase: train dialogues of <= 96 tokens of the
+#                    tokenizer both phases share (results/samsum-cpu-small-curriculum/tokenizer.json,
+#                    copied to .gpu_data/samsum-tokenizer.json); scripts/samsum_short.py
+#   cnn_dailymail    documents cut at MAX_DOC_CHARS characters (default 4000; the model reads 512
+#                    tokens, about 2,300 characters), or it would not fit beside the wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=${SHARED_DATA:-../shared/data}
+py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python
 mkdir -p .gpu_data
 for name in "$@"; do
-  [ -d "$src/$name" ] || { echo "no dataset folder $src/$name" >&2; exit 1; }
   rm -rf ".gpu_data/$name"
-  cp -r "$src/$name" ".gpu_data/$name"
+  case $name in
+    samsum-short96)
+      tok=results/samsum-cpu-small-curriculum/tokenizer.json
+      "$py" scripts/samsum_short.py --data "$src/samsum" --tokenizer "$tok" --max-src-tokens 96 --out ".gpu_data/$name"
+      cp "$tok" .gpu_data/samsum-tokenizer.json ;;
+    cnn_dailymail)
+      [ -d "$src/$name" ] || { echo "no dataset folder $src/$name" >&2; exit 1; }
+      mkdir -p ".gpu_data/$name" && cp "$src/$name/meta.json" ".gpu_data/$name/"
+      "$py" - "$src/$name" ".gpu_data/$name" "${MAX_DOC_CHARS:-4000}" <<'PY'
+import gzip, json, pathlib, sys
+src, dst, cap = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+for path in sorted(src.glob("*.jsonl.gz")):
+    with gzip.open(path, "rt", encoding="utf-8") as f, gzip.open(dst / path.name, "wt", encoding="utf-8") as g:
+        for line in f:
+            row = json.loads(line)
+            row["document"] = row["document"][:cap]
+            g.write(json.dumps(row, ensure_ascii=False) + "\n")
+PY
+      ;;
+    *)
+      [ -d "$src/$name" ] || { echo "no dataset folder $src/$name" >&2; exit 1; }
+      cp -r "$src/$name" ".gpu_data/$name" ;;
+  esac
   chmod -R u+w ".gpu_data/$name"
 done
 du -sh .gpu_data

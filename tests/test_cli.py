@@ -128,6 +128,25 @@ def test_ablate_grid(tmp_path):
     assert load_checkpoint(tmp_path / "no-pe" / "last.pt")["config"]["pos_encoding"] is False
 
 
+def test_ablate_grid_continues_where_it_stopped(tmp_path):
+    """A grid in bounded commands: a variant stopped by --time-limit stops the grid (no summary);
+    the next command resumes that variant from its checkpoint, and a finished variant is read back."""
+    grid = ["--out", str(tmp_path), "--variants", "base=", "no-pe=--no-pos-encoding", "--", *TINY,
+            "--max-steps", "3", "--eval-every", "3", "--no-plots"]
+    assert ablate.main([*grid, "--time-limit", "0.001"]) == []  # base stops after its first step
+    assert load_checkpoint(tmp_path / "base" / "last.pt")["progress"]["step"] == 1
+    assert not (tmp_path / "no-pe").exists() and not (tmp_path / "ablation.json").exists()
+    grid += ["--time-limit", "3600"]  # a resumed run keeps its options unless given anew
+    res = ablate.main(grid)
+    assert [r["name"] for r in res] == ["base", "no-pe"] and (tmp_path / "ablation.json").exists()
+    assert "resumed from" in (tmp_path / "base" / "log.txt").read_text()
+    assert load_checkpoint(tmp_path / "base" / "last.pt")["progress"]["step"] == 3
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/*.pt")}
+    again = ablate.main(grid)  # everything finished: read back, nothing trained or rewritten
+    assert [r["final"] for r in again] == [r["final"] for r in res]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/*.pt")} == stamps
+
+
 def test_bad_data_is_a_clear_error(tmp_path):
     d = tmp_path / "bad"
     d.mkdir()

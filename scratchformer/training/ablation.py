@@ -8,6 +8,11 @@
 Each variant is ``NAME=FLAGS`` (train flags appended to the shared ones). Runs go to OUT/<name>/;
 OUT/ablation.json holds every run's final metrics and validation-loss curve, OUT/ablation.png the
 plot (final metric bars + validation loss curves).
+
+A grid continues where it stopped: run the same command again. A variant whose folder holds a
+finished run (its metrics.final.json) is read back, one with checkpoints but no final report is
+resumed, and a variant stopped by --time-limit (or Ctrl-C) stops the grid, which then writes no
+summary, so a grid runs in bounded commands (a GPU machine's 10-minute calls).
 """
 
 from __future__ import annotations
@@ -81,8 +86,11 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
 
     results = []
     for name, flags, run_dir in variant_folders(out, variants, shared):
-        print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}")
-        final = train(*parse_args([*shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]))
+        final = _run_variant(name, flags, run_dir, shared)
+        if "stopped" in final:
+            print(f"=== ablation stopped in {name} at step {final['step']} ({final['stopped']}): run the same "
+                  f"command again to continue")
+            return metric or "", []
         metric, flat = _final_metric(final, metric)
         curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
         results.append({"name": name, "flags": flags, "final": flat, "curve": curve})
@@ -92,12 +100,26 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     return metric, results
 
 
+def _run_variant(name: str, flags: str, run_dir: Path, shared: list[str]) -> dict:
+    """One variant's final report: read back when its run finished earlier, else trained (resumed
+    when it has checkpoints); {"stopped", "step"} when the run stopped before its end."""
+    done = run_dir / "metrics.final.json"
+    if done.is_file():
+        print(f"=== ablation {name}: finished earlier, read back from {done}")
+        return json.loads(done.read_text(encoding="utf-8"))
+    resume = ["--resume"] if list(run_dir.glob("*.pt")) else []
+    print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}{' (resumed)' if resume else ''}")
+    return train(*parse_args([*resume, *shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]))
+
+
 def main(argv=None) -> list[dict]:
     """The ablate command (`python -m scratchformer.ablate`, also `python -m scratchformer.train ablate`)."""
     args = build_parser().parse_args(argv)
     shared = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     out = Path(args.out)
     metric, results = run_grid(out, args.variants, shared, args.metric)
+    if not results:  # stopped: no summary yet
+        return results
     print(f"\n{'variant':<20} {metric:>12} {'valid loss':>11}")
     for r in results:
         final = r["final"]

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Step 50 (issue 18; later windows, after the plan's first window), estimate 9 min a call: one
+# training recipe (RECIPE=NAME, scripts/gpu/recipes.sh) with our kernels in bf16, in resumable
+# pieces. The run folder lives on the machine (GPU_RUNS, default /tmp/scratchformer-runs/RECIPE) and
+# survives between calls while the machine is warm, so the same call, repeated, goes on where the
+# last one stopped:
+#   1. train: a new run, or --resume of the one there, until the call's deadline less FINISH
+#      (--time-limit; the trainer saves last.pt there), or to its last step and its final report;
+#   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
+#      leaves a snapshot the next one continues);
+#   3. always: the run folder without checkpoints into the archive (log, metrics, curves,
+#      attention, validation predictions, test predictions), and "RECIPE: finished" or "continue".
+# An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues).
+# Data: bash scripts/pack_gpu_data.sh DATASET, and carry .gpu_data (with .whl and .gpu_build).
+source "$(dirname "$0")/prelude.sh"
+source "$REPO/scripts/gpu/recipes.sh"
+RECIPE=${RECIPE:?"RECIPE=NAME picks the run, one of: $RECIPES"}
+recipe "$RECIPE" || exit 1
+export SCRATCHFORMER_DATA=${GPU_DATA:-$REPO/.gpu_data}  # GPU_DATA: another folder (tests)
+RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
+RUN=$RUNS/$RECIPE
+if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on the same recipe's flags
+  FLAGS+=(--kernel eager --precision fp32 --max-train-examples 64 --max-valid-examples 8 --max-steps 3
+          --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots)
+  [ -z "$AFTER" ] && FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
+  VARIANTS=("${VARIANTS[@]:0:2}")
+  [ ${#GEN[@]} -gt 0 ] && GEN+=(--kernel eager --threads 1)
+  FINISH=10
+fi
+if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
+  echo "== no data: $SCRATCHFORMER_DATA/$DATASET (bash scripts/pack_gpu_data.sh $DATASET, then carry .gpu_data)"
+  exit 1
+fi
+if [ -n "$AFTER" ]; then
+  [ -e "$RUNS/$AFTER/metrics.final.json" ] || { echo "== $RECIPE starts from a finished $AFTER run: run RECIPE=$AFTER first"; exit 1; }
+  FLAGS+=(--init-from "$RUNS/$AFTER")
+fi
+mkdir -p "$RUNS"
+finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
+
+# 1. train until the deadline less what the end needs (TRAIN_SECONDS overrides, for tests)
+train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - FINISH - 60 ))}
+if ! finished && [ -z "${TRAIN_SECONDS:-}" ] && [ "$train_secs" -lt 30 ]; then
+  echo "== too little time left to train (${train_secs}s): call again"
+elif [ ${#VARIANTS[@]} -gt 0 ] && ! finished; then
+  run_cmd "$(limit 570)" train "$PY" -m scratchformer.ablate --out "$RUN" --variants "${VARIANTS[@]}" -- \
+    "${FLAGS[@]}" --time-limit "$train_secs"
+elif ! finished && compgen -G "$RUN/*.pt" >/dev/null; then
+  run_cmd "$(limit 570)" train "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$train_secs" --no-progress
+elif ! finished; then
+  run_cmd "$(limit 570)" train "$PY" -m scratchformer.train "${FLAGS[@]}" --out "$RUN" \
+    --time-limit "$train_secs" --no-progress
+fi
+
+# 2. the blind test inputs, once the run is finished
+inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
+if finished && [ ${#GEN[@]} -gt 0 ] && [ ! -e "$RUN/test_predictions.jsonl" ]; then
+  if [ -e "$inputs" ]; then
+    run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$RUN/best.pt" --input "$inputs" \
+      --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${GEN[@]}"
+  else
+    echo "== no $inputs: no test predictions"
+  fi
+fi
+
+# 3. the run folder, without checkpoints, into the archive
+mkdir -p "$WORK/run"
+(cd "$RUN" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
+if finished && { [ ${#GEN[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }; then
+  echo "== $RECIPE: finished"
+else
+  echo "== $RECIPE: not finished, call again to continue"
+fi

@@ -1,0 +1,57 @@
+# The training runs of issue 18, for scripts/gpu/50_train.sh (sourced). `recipe NAME` sets
+#   DATASET  the folder under .gpu_data/ the run reads (make it with scripts/pack_gpu_data.sh DATASET)
+#   FLAGS    the train flags of a new run (an ablation: the shared flags of the grid)
+#   VARIANTS an ablation grid's variants (scratchformer.ablate NAME=FLAGS); empty for one run
+#   GEN      generate flags for the test predictions (empty: none)
+#   FINISH   seconds the run's end needs after training: the final report (best.pt decoded on the
+#            whole validation split, greedy and beam) and the test predictions
+#   AFTER    the recipe whose finished run this one starts from (--init-from), or empty
+# These are first guesses: the CPU recipes of results/ (the only ones measured) with the step counts
+# and batches a GPU affords. No GPU has run them yet; tune on validation only.
+# shellcheck shell=bash
+
+RECIPES="multi30k multi30k-eager iwslt samsum-short samsum cnndm ablate-multi30k"
+
+# every run: our kernels in bf16, one seed, checkpoints every 500 steps (a call can end anywhere)
+COMMON=(--kernel triton --precision bf16 --seed 0 --save-every 500 --keep-checkpoints 2 --log-every 100)
+# Multi30k's CPU recipe (results/multi30k-cpu-small-1800: BLEU 36.06 at 1,801 steps, still rising) for
+# longer, with twice the tokens per step and the dropout small-data translation uses for long runs
+M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 --max-tokens 8192 --dropout 0.3
+      --lr 7e-4 --warmup-steps 800 --epochs 10000)
+
+recipe() {
+  DATASET=""; FLAGS=(); VARIANTS=(); GEN=(--beam-size 4); FINISH=240; AFTER=""
+  case "$1" in
+    multi30k)  # test2016 BLEU >= 41
+      DATASET=multi30k
+      FLAGS=("${M30K[@]}" --max-steps 8000 --eval-every 500 --eval-decode-examples 1014 --best-metric bleu) ;;
+    multi30k-eager)  # the same run on the eager reference, same seed: validation BLEU within 1.0
+      recipe multi30k; FLAGS+=(--kernel eager); return ;;
+    iwslt)  # 20,000 training pairs: the Multi30k recipe, a larger vocabulary; tst2017 BLEU >= 20
+      DATASET=iwslt2017_en_de
+      FLAGS=(--dataset iwslt2017_en_de --preset small --tie-embeddings all --vocab-size 10000 --max-tokens 8192
+             --dropout 0.3 --lr 7e-4 --warmup-steps 800 --epochs 10000 --max-steps 8000 --eval-every 500
+             --eval-decode-examples 500 --best-metric bleu) ;;
+    samsum-short)  # the curriculum's first phase (results/samsum-cpu-small-curriculum): dialogues <= 96 tokens
+      DATASET=samsum-short96; GEN=(); FINISH=120
+      FLAGS=(--data .gpu_data/samsum-short96 --tokenizer .gpu_data/samsum-tokenizer.json --preset small
+             --tie-embeddings all --max-tokens 8192 --lr 7e-4 --warmup-steps 400 --epochs 10000 --max-steps 2000
+             --eval-every 500 --eval-decode-examples 0) ;;
+    samsum)  # phase 2 from samsum-short's weights, every dialogue; ROUGE-1/2/L >= 37/14/34
+      DATASET=samsum; AFTER=samsum-short
+      FLAGS=(--dataset samsum --max-tokens 8192 --lr 5e-4 --warmup-steps 300 --epochs 10000 --max-steps 8000
+             --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
+    cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries)
+      DATASET=cnn_dailymail; GEN=(--beam-size 1); FINISH=420
+      FLAGS=(--dataset cnn_dailymail --preset base --tie-embeddings all --vocab-size 16000 --max-src-len 512
+             --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --max-steps 8000
+             --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
+    ablate-multi30k)  # one budget each: no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
+      DATASET=multi30k; GEN=(); FINISH=0
+      FLAGS=("${M30K[@]}" --max-steps 2000 --eval-every 500 --eval-decode-examples 1014)
+      VARIANTS=("baseline=" "no-pos-encoding=--no-pos-encoding" "heads-1=--heads 1" "layers-2=--layers 2"
+                "layers-6=--layers 6" "pre-ln=--norm pre") ;;
+    *) echo "unknown recipe '$1'; one of: $RECIPES" >&2; return 1 ;;
+  esac
+  FLAGS=("${COMMON[@]}" "${FLAGS[@]}")
+}
