@@ -4,8 +4,10 @@
 # pieces. The run folder lives on the machine (GPU_RUNS, default /tmp/scratchformer-runs/RECIPE) and
 # survives between calls while the machine is warm, so the same call, repeated, goes on where the
 # last one stopped:
-#   1. train: a new run, or --resume of the one there, until the call's deadline less FINISH
-#      (--time-limit; the trainer saves last.pt there), or to its last step and its final report;
+#   1. train: a new run, or --resume of the one there, until the call's deadline less two minutes
+#      for the start and the save (--time-limit; the trainer saves last.pt there), or to its last
+#      step and its final report. A start slower than that, or a final report that outlasts the
+#      call, ends in the call's SIGINT, on which the trainer also saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
 #   3. always: the run folder without checkpoints into the archive (log, metrics, curves,
@@ -25,7 +27,6 @@ if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on th
   [ -z "$AFTER" ] && FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
   [ ${#GEN[@]} -gt 0 ] && GEN+=(--kernel eager --threads 1)
-  FINISH=10
 fi
 if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
   echo "== no data: $SCRATCHFORMER_DATA/$DATASET (bash scripts/pack_gpu_data.sh $DATASET, then carry .gpu_data)"
@@ -38,8 +39,8 @@ fi
 mkdir -p "$RUNS"
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
 
-# 1. train until the deadline less what the end needs (TRAIN_SECONDS overrides, for tests)
-train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - FINISH - 60 ))}
+# 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests)
+train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 120) ))}
 if ! finished && [ -z "${TRAIN_SECONDS:-}" ] && [ "$train_secs" -lt 30 ]; then
   echo "== too little time left to train (${train_secs}s): call again"
 elif [ ${#VARIANTS[@]} -gt 0 ] && ! finished; then

@@ -3,8 +3,6 @@
 #   FLAGS    the train flags of a new run (an ablation: the shared flags of the grid)
 #   VARIANTS an ablation grid's variants (scratchformer.ablate NAME=FLAGS); empty for one run
 #   GEN      generate flags for the test predictions (empty: none)
-#   FINISH   seconds the run's end needs after training: the final report (best.pt decoded on the
-#            whole validation split, greedy and beam) and the test predictions
 #   AFTER    the recipe whose finished run this one starts from (--init-from), or empty
 # These are first guesses: the CPU recipes of results/ (the only ones measured) with the step counts
 # and batches a GPU affords. No GPU has run them yet; tune on validation only.
@@ -20,7 +18,7 @@ M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 -
       --lr 7e-4 --warmup-steps 800 --epochs 10000)
 
 recipe() {
-  DATASET=""; FLAGS=(); VARIANTS=(); GEN=(--beam-size 4); FINISH=240; AFTER=""
+  DATASET=""; FLAGS=(); VARIANTS=(); GEN=(--beam-size 4); AFTER=""
   case "$1" in
     multi30k)  # test2016 BLEU >= 41
       DATASET=multi30k
@@ -33,7 +31,7 @@ recipe() {
              --dropout 0.3 --lr 7e-4 --warmup-steps 800 --epochs 10000 --max-steps 8000 --eval-every 500
              --eval-decode-examples 500 --best-metric bleu) ;;
     samsum-short)  # the curriculum's first phase (results/samsum-cpu-small-curriculum): dialogues <= 96 tokens
-      DATASET=samsum-short96; GEN=(); FINISH=120
+      DATASET=samsum-short96; GEN=()
       FLAGS=(--data .gpu_data/samsum-short96 --tokenizer .gpu_data/samsum-tokenizer.json --preset small
              --tie-embeddings all --max-tokens 8192 --lr 7e-4 --warmup-steps 400 --epochs 10000 --max-steps 2000
              --eval-every 500 --eval-decode-examples 0) ;;
@@ -42,12 +40,12 @@ recipe() {
       FLAGS=(--dataset samsum --max-tokens 8192 --lr 5e-4 --warmup-steps 300 --epochs 10000 --max-steps 8000
              --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
     cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries)
-      DATASET=cnn_dailymail; GEN=(--beam-size 1); FINISH=420
+      DATASET=cnn_dailymail; GEN=(--beam-size 1)
       FLAGS=(--dataset cnn_dailymail --preset base --tie-embeddings all --vocab-size 16000 --max-src-len 512
              --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --max-steps 8000
              --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
     ablate-multi30k)  # one budget each: no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
-      DATASET=multi30k; GEN=(); FINISH=0
+      DATASET=multi30k; GEN=()
       FLAGS=("${M30K[@]}" --max-steps 2000 --eval-every 500 --eval-decode-examples 1014)
       VARIANTS=("baseline=" "no-pos-encoding=--no-pos-encoding" "heads-1=--heads 1" "layers-2=--layers 2"
                 "layers-6=--layers 6" "pre-ln=--norm pre") ;;
