@@ -1,8 +1,10 @@
 """End-to-end training step (forward, backward, AdamW step) per backend, bf16 autocast.
 
-Shapes (issue 7): `base` at CNN/DailyMail shapes (source ≤ 512, target ≤ 128 tokens, batch 16) and
-`small` at SAMSum shapes (source ≤ 256, target ≤ 64, batch 64), with real padding: lengths drawn
-from `bench/length_samples.json` (whitespace-token lengths of the training data, clipped).
+Shapes: `base` at CNN/DailyMail shapes (source <= 512, target <= 128 tokens, batch 16), `small` at
+SAMSum shapes (source <= 256, target <= 64, batch 64) and `small` at Multi30k shapes (a token-budget
+batch of 4,096 padded tokens, cut from length-sorted examples as the trainer's BucketBatchSampler
+cuts them), with real padding: lengths drawn from `bench/length_samples.json` (whitespace-token
+lengths of the training data, clipped).
 Backends: eager, torch, triton, and torch.compile of the eager model (`compile`) beside
 torch.compile of our triton model (`compile-triton`, its kernels as `scratchformer::*` op nodes in
 the graph), both through `scratchformer.compile.compile_model` with static shapes (one batch shape
@@ -18,28 +20,43 @@ import torch
 from conftest import requires_cuda, run_bench
 
 from scratchformer.compile import compile_model
+from scratchformer.data import BucketBatchSampler
 from scratchformer.model import build_model, get_config
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
 SHAPES = {
-    # name: preset, vocab, max source, max target, batch, length sample
-    "base-cnndm": ("base", 30522, 512, 128, 16, "cnn_dailymail"),
-    "small-samsum": ("small", 8000, 256, 64, 64, "samsum"),
+    # batch: sentences per batch, or max_tokens: a token budget (batch size * longest length)
+    "base-cnndm": dict(preset="base", vocab=30522, max_src=512, max_tgt=128, batch=16, sample="cnn_dailymail"),
+    "small-samsum": dict(preset="small", vocab=8000, max_src=256, max_tgt=64, batch=64, sample="samsum"),
+    "small-multi30k": dict(preset="small", vocab=8000, max_src=128, max_tgt=128, max_tokens=4096, sample="multi30k"),
 }
 
 
-def make_batch(shape, seed=0):
-    preset, vocab, Ls, Lt, B, sample = SHAPES[shape]
+def sample_lengths(shape, seed=0):
+    """(source lengths, target lengths incl. EOS) of one batch of `shape`, clipped to its maxima."""
+    spec = SHAPES[shape]
     with open(os.path.join(os.path.dirname(__file__), "length_samples.json")) as fh:
-        lengths = json.load(fh)[sample]["lengths"]
+        pairs = json.load(fh)[spec["sample"]]["lengths"]
+    sl = torch.tensor([min(max(s, 1), spec["max_src"]) for s, _ in pairs])
+    tl = torch.tensor([min(max(t + 1, 2), spec["max_tgt"]) for _, t in pairs])  # + EOS
+    if "max_tokens" in spec:  # the trainer's batching; the batch of median length stands for the epoch
+        sampler = BucketBatchSampler(torch.maximum(sl, tl + 1).tolist(), max_tokens=spec["max_tokens"], seed=seed)
+        batches = sorted(sampler, key=lambda b: int(torch.maximum(sl[b], tl[b]).max()))
+        idx = torch.tensor(batches[len(batches) // 2])
+    else:
+        idx = torch.randint(len(pairs), (spec["batch"],), generator=torch.Generator().manual_seed(seed))
+    return sl[idx], tl[idx]
+
+
+def make_batch(shape, seed=0, device="cuda"):
+    """src, src lengths, decoder input, decoder target, target lengths: random tokens, real lengths."""
+    sl, tl = sample_lengths(shape, seed)
     g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(len(lengths), (B,), generator=g)
-    sl = torch.tensor([min(max(lengths[i][0], 1), Ls) for i in idx])
-    tl = torch.tensor([min(max(lengths[i][1] + 1, 2), Lt) for i in idx])  # + BOS/EOS
-    src = torch.randint(4, vocab, (B, int(sl.max())), generator=g)
-    tgt = torch.randint(4, vocab, (B, int(tl.max()) + 1), generator=g)
-    return [t.cuda() for t in (src, sl, tgt[:, :-1], tgt[:, 1:], tl)]
+    vocab = SHAPES[shape]["vocab"]
+    src = torch.randint(4, vocab, (len(sl), int(sl.max())), generator=g)
+    tgt = torch.randint(4, vocab, (len(sl), int(tl.max()) + 1), generator=g)
+    return [t.to(device) for t in (src, sl, tgt[:, :-1], tgt[:, 1:], tl)]
 
 
 COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
@@ -48,7 +65,7 @@ COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backe
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
 def test_train_step(benchmark, shape, kernel):
-    preset, vocab = SHAPES[shape][:2]
+    preset, vocab = SHAPES[shape]["preset"], SHAPES[shape]["vocab"]
     torch.manual_seed(0)
     cfg = get_config(preset, src_vocab_size=vocab, kernel=COMPILED.get(kernel, kernel))
     model = build_model(cfg, "cuda").train()

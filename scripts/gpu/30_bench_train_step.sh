@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Step 30, estimate 3 min: the end-to-end training step (forward, backward, AdamW; bf16) per backend
-# at the issue-7 shapes, autotuned; torch.compile's variant costs about a minute of compiling.
+# Step 30, estimate 5 min (issue 17): the end-to-end training step (forward, backward, AdamW; bf16)
+# per backend at the base/CNN-DM, small/SAMSum and small/Multi30k shapes, autotuned (torch.compile's
+# variants cost about a minute of compiling); KV-cached greedy and beam-4 generation per backend;
+# then one profiled step per backend (bench/profile_train_step.py: where the GPU time goes, syncs).
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 source "$(dirname "$0")/prelude.sh"
-run_pytest 330 10 bench_train_step bench/bench_train_step.py --benchmark-only ${BENCH_K:+-k "$BENCH_K"} \
+run_pytest 270 10 bench_train_step bench/bench_train_step.py --benchmark-only ${BENCH_K:+-k "$BENCH_K"} \
   --benchmark-json="$WORK/bench_train_step.json" --benchmark-columns=median,iqr
+run_pytest 120 6 bench_generate bench/bench_generate.py --benchmark-only \
+  --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
+if [ "$DRY" = 1 ]; then  # CPU: the report's code path on one small step of the eager backend
+  run_cmd 120 profile "$PY" bench/profile_train_step.py --shape small-multi30k --kernels eager --steps 1 --device cpu
+else
+  for shape in base-cnndm small-multi30k; do
+    run_cmd 90 "profile-$shape" "$PY" bench/profile_train_step.py --shape "$shape" --out "$WORK/profile-$shape.txt"
+  done
+fi

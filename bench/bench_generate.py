@@ -1,0 +1,44 @@
+"""Generation speed per backend: KV-cached greedy and beam-4 decoding (issue 17).
+
+The `base` preset at CNN/DailyMail shapes: batch 32, source 512 tokens (all real: decoding speed
+is measured without padding's help), 128 new tokens per row. The model is untrained, so EOS is
+switched off (an id that is never produced): every row decodes exactly 128 tokens and every backend
+does the same work. bf16 weights (`model.to(torch.bfloat16)`, as inference runs). Reported in
+extra_info: new tokens/s (batch x 128 / time; beam search counts its best hypothesis only, not
+the beams) and peak memory.
+"""
+
+import pytest
+import torch
+from conftest import requires_cuda, run_bench
+
+from scratchformer.model import beam_search, build_model, get_config, greedy_decode
+
+pytestmark = [pytest.mark.benchmark(group="generate"), requires_cuda]
+
+BATCH, SRC_LEN, NEW_TOKENS, VOCAB = 32, 512, 128, 30522
+NO_EOS = -1  # never generated: fixed-length decoding
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam4"])
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_generate(benchmark, kernel, search):
+    torch.manual_seed(0)
+    cfg = get_config("base", src_vocab_size=VOCAB, kernel=kernel)
+    model = build_model(cfg, "cuda").to(torch.bfloat16).eval()
+    src = torch.randint(4, VOCAB, (BATCH, SRC_LEN), device="cuda")
+    src_len = torch.full((BATCH,), SRC_LEN, device="cuda")
+
+    def decode():
+        if search == "greedy":
+            out = greedy_decode(model, src, src_len, max_len=NEW_TOKENS, eos_id=NO_EOS)
+        else:
+            out = beam_search(model, src, src_len, beam_size=4, max_len=NEW_TOKENS, eos_id=NO_EOS)
+        assert out.shape == (BATCH, NEW_TOKENS), out.shape
+        return out
+
+    torch.cuda.reset_peak_memory_stats()
+    median = run_bench(benchmark, decode, warmup=2, rounds=5, preset="base", dtype="bf16", batch=BATCH,
+                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search)
+    benchmark.extra_info.update(kernel=kernel, new_tokens_per_s=BATCH * NEW_TOKENS / median,
+                                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)

@@ -1,0 +1,124 @@
+"""Where a training step's time goes, per backend (issue 17): one step of bench_train_step.py's
+set-up (forward, backward, AdamW; bf16 autocast) under torch.profiler.
+
+    python bench/profile_train_step.py --shape base-cnndm --out bench/results/<date>-<gpu>-profile.txt
+
+For each backend: the GPU kernels' time sorted into attention, LayerNorm, GEMM (every matmul:
+projections, the FFN, and the eager backend's attention products, which no kernel name tells
+apart), embedding, loss, optimizer and other, by kernel name (`CATEGORIES`); the top kernels; and
+the host-device synchronisations per step (the CUDA runtime's synchronize calls and blocking
+copies, from the CPU side of the trace). Steps run after a warm-up, so autotuning and compiling
+are not in the profile. `--device cpu` profiles CPU ops instead (a rehearsal: the same report on
+CPU op names, with no GPU kernels and no syncs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train_step import SHAPES, make_batch  # noqa: E402
+
+from scratchformer.model import build_model, get_config  # noqa: E402
+
+# (category, name fragments), first match wins on the lower-cased kernel (or op) name
+CATEGORIES = [
+    ("optimizer", ("adam", "multi_tensor")),
+    ("loss", ("nll_loss", "cross_entropy", "log_softmax")),
+    ("attention", ("attention", "attn", "flash", "fmha", "sdpa", "softmax")),
+    ("layernorm", ("layer_norm", "layernorm")),
+    ("embedding", ("embed", "index_select", "indexing_backward")),
+    ("gemm", ("gemm", "matmul", "xmma", "nvjet", "cutlass", "cublas", "addmm", "aten::mm", "aten::bmm", "linear")),
+]
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((cat for cat, frags in CATEGORIES if any(f in low for f in frags)), "other")
+
+
+def training_step(kernel: str, shape: str, device: str):
+    """A closure running one optimizer step of `shape` on `kernel`, as bench_train_step times it."""
+    spec = SHAPES[shape]
+    torch.manual_seed(0)
+    model = build_model(get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=kernel), device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda")
+    src, sl, tgt_in, tgt_out, tl = make_batch(shape, device=device)
+    mask = torch.arange(tgt_out.shape[1], device=device)[None] < tl[:, None]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+    def step():
+        with torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
+            logits = model(src, sl, tgt_in, tl)
+            loss = torch.nn.functional.cross_entropy(logits[mask].float(), tgt_out[mask], label_smoothing=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def profile_backend(kernel: str, shape: str, device: str, steps: int) -> str:
+    step = training_step(kernel, shape, device)
+    for _ in range(3):  # warm-up: autotuning, compiling, allocator
+        step()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    averages = prof.key_averages()
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA]
+    if kernels:
+        timed, unit = [(e.key, e.self_device_time_total, e.count) for e in kernels], "GPU kernels"
+    else:  # CPU: top-level-free self time of the ops
+        timed, unit = [(e.key, e.self_cpu_time_total, e.count) for e in averages], "CPU ops (self time)"
+    total = sum(t for _, t, _ in timed) or 1
+    shares = defaultdict(float)
+    for name, t, _ in timed:
+        shares[category(name)] += t
+    syncs = sum(e.count for e in averages if e.device_type == DeviceType.CPU and e.key in SYNCS)
+    lines = [f"== {kernel}: {total / steps / 1e3:.2f} ms of {unit} per step, {syncs / steps:g} host-device syncs "
+             f"per step ({', '.join(SYNCS)})",
+             "share by category: " + ", ".join(f"{c} {100 * t / total:.1f}%" for c, t in
+                                                 sorted(shares.items(), key=lambda kv: -kv[1]))]
+    lines.append(f"{'ms/step':>9} {'share':>6} {'calls':>6}  category    name")
+    for name, t, n in sorted(timed, key=lambda r: -r[1])[:15]:
+        share = 100 * t / total
+        lines.append(f"{t / steps / 1e3:9.3f} {share:5.1f}% {n // steps:6d}  {category(name):<10}  {name[:110]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="base-cnndm", choices=list(SHAPES))
+    p.add_argument("--kernels", nargs="+", default=["eager", "torch", "triton"])
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per backend (after 3 warm-up steps)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", help="write the report here too")
+    args = p.parse_args(argv)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    head = (f"training step profile: shape {args.shape} ({SHAPES[args.shape]}), {name}, torch {torch.__version__}, "
+            f"{'bf16 autocast' if args.device == 'cuda' else 'fp32'}, {args.steps} steps per backend\n"
+            f"command: python {' '.join(sys.argv)}")
+    sections = [profile_backend(k, args.shape, args.device, args.steps) for k in args.kernels]
+    report = "\n\n".join([head, *sections]) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
