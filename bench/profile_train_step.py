@@ -23,15 +23,16 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_train_step import SHAPES, make_batch  # noqa: E402
+from scratchformer.model import build_model, get_config
 
-from scratchformer.model import build_model, get_config  # noqa: E402
+# bench_train_step is imported where it is used: its `conftest` is bench/'s, which tests/ (importing
+# `category`) would shadow
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # (category, name fragments), first match wins on the lower-cased kernel (or op) name
 CATEGORIES = [
     ("optimizer", ("adam", "multi_tensor")),
-    ("loss", ("nll_loss", "cross_entropy", "log_softmax")),
+    ("loss", ("nll_loss", "cross_entropy", "log_softmax", "logsoftmax")),
     ("attention", ("attention", "attn", "flash", "fmha", "sdpa", "softmax")),
     ("layernorm", ("layer_norm", "layernorm")),
     ("embedding", ("embed", "index_select", "indexing_backward")),
@@ -47,6 +48,8 @@ def category(name: str) -> str:
 
 def training_step(kernel: str, shape: str, device: str):
     """A closure running one optimizer step of `shape` on `kernel`, as bench_train_step times it."""
+    from bench_train_step import SHAPES, make_batch
+
     spec = SHAPES[shape]
     torch.manual_seed(0)
     model = build_model(get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=kernel), device).train()
@@ -101,14 +104,18 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int) -> str:
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="base-cnndm", choices=list(SHAPES))
+    p.add_argument("--shape", default="base-cnndm", help="a shape of bench/bench_train_step.py")
     p.add_argument("--kernels", nargs="+", default=["eager", "torch", "triton"])
     p.add_argument("--steps", type=int, default=3, help="profiled steps per backend (after 3 warm-up steps)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", help="write the report here too")
     args = p.parse_args(argv)
+    from bench_train_step import SHAPES
+
+    if args.shape not in SHAPES:
+        p.error(f"--shape {args.shape}: choose one of {', '.join(SHAPES)}")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    head = (f"training step profile: shape {args.shape} ({SHAPES[args.shape]}), {name}, torch {torch.__version__}, "
+    head = (f"training step profile: shape {args.shape} (bench_train_step.py), {name}, torch {torch.__version__}, "
             f"{'bf16 autocast' if args.device == 'cuda' else 'fp32'}, {args.steps} steps per backend\n"
             f"command: python {' '.join(sys.argv)}")
     sections = [profile_backend(k, args.shape, args.device, args.steps) for k in args.kernels]
