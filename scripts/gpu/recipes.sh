@@ -39,7 +39,9 @@ recipe() {
       DATASET=samsum; AFTER=samsum-short
       FLAGS=(--dataset samsum --max-tokens 8192 --lr 5e-4 --warmup-steps 300 --epochs 10000 --max-steps 8000
              --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
-    cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries)
+    cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries).
+      # Check its encoder with scripts/source_use.py early: trained directly on long sources, SAMSum's
+      # collapsed to one vector (results/samsum-cpu-small-1600); a short-document first phase fixed it.
       DATASET=cnn_dailymail; GEN=(--beam-size 1)
       FLAGS=(--dataset cnn_dailymail --preset base --tie-embeddings all --vocab-size 16000 --max-src-len 512
              --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --max-steps 8000
