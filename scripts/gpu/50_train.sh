@@ -11,7 +11,8 @@
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
 #   3. always: the run folder without checkpoints into the archive (log, metrics, curves,
-#      attention, validation predictions, test predictions), and "RECIPE: finished" or "continue".
+#      attention, validation predictions, test predictions, a summarizer's encoder check), and
+#      "RECIPE: finished" or "continue".
 # An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues).
 # Data: bash scripts/pack_gpu_data.sh DATASET, and carry .gpu_data (with .whl and .gpu_build).
 source "$(dirname "$0")/prelude.sh"
@@ -23,7 +24,7 @@ RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
 RUN=$RUNS/$RECIPE
 if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on the same recipe's flags
   FLAGS+=(--kernel eager --precision fp32 --max-train-examples 64 --max-valid-examples 8 --max-steps 3
-          --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots)
+          --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64 --max-tgt-len 16)
   [ -z "$AFTER" ] && FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
   [ ${#GEN[@]} -gt 0 ] && GEN+=(--kernel eager --threads 1)
@@ -51,6 +52,12 @@ elif ! finished && compgen -G "$RUN/*.pt" >/dev/null; then
 elif ! finished; then
   run_cmd "$(limit 570)" train "$PY" -m scratchformer.train "${FLAGS[@]}" --out "$RUN" \
     --time-limit "$train_secs" --no-progress
+fi
+
+# a summarizer's encoder check (scripts/source_use.py): does the decoder read the source at all?
+if finished && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] && case $DATASET in samsum*|cnn*) true;; *) false;; esac; then
+  run_cmd 120 source_use "$PY" scripts/source_use.py --checkpoint "$RUN/best.pt" --data "$SCRATCHFORMER_DATA/$DATASET" \
+    -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
 
 # 2. the blind test inputs, once the run is finished
