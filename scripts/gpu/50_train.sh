@@ -60,21 +60,20 @@ if finished && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] && case $
     -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
 
-# 2. the blind test inputs, once the run is finished
+# 2. the blind test inputs, once the run that predicts them (a grid's PRED variant) is finished
 inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
-if finished && [ ${#GEN[@]} -gt 0 ] && [ ! -e "$RUN/test_predictions.jsonl" ]; then
-  if [ -e "$inputs" ]; then
-    run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$RUN/best.pt" --input "$inputs" \
-      --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${GEN[@]}"
-  else
-    echo "== no $inputs: no test predictions"
-  fi
+PRED_RUN=$RUN${PRED:+/$PRED}
+predicted() { [ ${#GEN[@]} -eq 0 ] || [ -e "$PRED_RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
+if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted; then
+  run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$PRED_RUN/best.pt" \
+    --input "$inputs" --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${GEN[@]}"
 fi
 
 # 3. the run folder, without checkpoints, into the archive
 mkdir -p "$WORK/run"
 (cd "$RUN" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
-if finished && { [ ${#GEN[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }; then
+if finished && predicted; then
+  if [ ${#GEN[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
   echo "== $RECIPE: finished"
 else
   echo "== $RECIPE: not finished, call again to continue"
