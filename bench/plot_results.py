@@ -30,18 +30,26 @@ def load(paths):
 
 
 def plot_attention(rows, out):
-    series = defaultdict(list)
+    """TFLOP/s against L per kernel: one panel per batch kind (dense, padded) and head dim."""
+    panels = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["group"] == "attention" and "tflops" in r and "L" in r:
-            series[(r.get("kernel"), r.get("mode"), r.get("causal"))].append((r["L"], r["tflops"]))
-    if not series:
+        if r["group"] == "attention" and "tflops" in r and "L" in r and not r["name"].startswith("test_memory"):
+            kind = "padded" if r["name"].startswith("test_padded") else "dense"
+            series = (r.get("kernel"), r.get("mode"), r.get("causal"))
+            panels[(kind, r.get("D"))][series].append((r["L"], r["tflops"]))
+    if not panels:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (kernel, mode, causal), pts in sorted(series.items(), key=str):
-        pts.sort()
-        ax.plot(*zip(*pts), marker="o", label=f"{kernel} {mode}{' causal' if causal else ''}")
-    ax.set(xscale="log", xlabel="sequence length", ylabel="TFLOP/s", title="attention")
-    ax.legend(fontsize=7)
+    kinds = sorted({k for k, _ in panels})
+    dims = sorted({d for _, d in panels}, key=lambda d: d or 0)
+    fig, axes = plt.subplots(len(kinds), len(dims), figsize=(6.5 * len(dims), 4.5 * len(kinds)), squeeze=False)
+    for key in panels:
+        ax = axes[kinds.index(key[0])][dims.index(key[1])]
+        for (kernel, mode, causal), pts in sorted(panels[key].items(), key=str):
+            pts.sort()
+            ax.plot(*zip(*pts), marker="o", label=f"{kernel} {mode}{' causal' if causal else ''}")
+        ax.set(xscale="log", xlabel="sequence length", ylabel="TFLOP/s (unmasked work)",
+               title=f"attention, {key[0]} batch, head dim {key[1]}")
+        ax.legend(fontsize=6)
     return _save(fig, out, "attention_tflops.png")
 
 
