@@ -24,7 +24,8 @@ def load(paths):
         with open(p) as fh:
             data = json.load(fh)
         for b in data.get("benchmarks", []):
-            rows.append({"group": b.get("group"), "name": b["name"], "params": b.get("params") or {},
+            params = b.get("params") or {}  # the test's parameters (L, kernel, ...), under what it recorded
+            rows.append({**params, "group": b.get("group"), "name": b["name"], "params": params,
                          "median": b["stats"]["median"], **b.get("extra_info", {})})
     return rows
 

@@ -16,3 +16,6 @@ else
     run_cmd 90 "profile-$shape" "$PY" bench/profile_train_step.py --shape "$shape" --out "$WORK/profile-$shape.txt"
   done
 fi
+if compgen -G "$WORK/bench_*.json" >/dev/null; then  # issue 16/17 ratios (none in a dry run: nothing timed)
+  run_cmd 60 targets "$PY" bench/targets.py "$WORK"/bench_*.json --out "$WORK/targets.md"
+fi

@@ -1,0 +1,159 @@
+"""The targets of issues 16 and 17 from saved pytest-benchmark JSON: every ratio, its target, met
+or missed, as a markdown table (for bench/results/README.md). Ratios compare cases of the same
+files, so they come from one run.
+
+    python bench/targets.py bench/results/<date>-<gpu>*.json [--out bench/results/<date>-<gpu>-targets.md]
+
+Issue 16: attention forward >= 1.0x SDPA's fastest named backend (flash, cuDNN, memory-efficient)
+at head dim 64 and 128 for L >= 2k, forward+backward >= 0.8x, the padded batch >= 2x SDPA with a
+mask; add+LayerNorm >= 80% of the copy bandwidth and >= 1.5x the unfused peer; the FFN >= 1.1x
+eager with its GEMM >= 85% of cuBLAS; the embedding >= 80% of the copy bandwidth and >= 2x eager.
+Issue 17: the triton training step >= 1.3x eager tokens/s, >= 1.0x torch and torch.compile, peak
+memory <= 0.7x eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_results import load  # noqa: E402
+
+SDPA_NAMED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+
+
+def _row(target, case, ours, peer, ratio, goal, higher=True):
+    met = ratio >= goal if higher else ratio <= goal
+    return {"target": target, "case": case, "ours": ours, "peer": peer, "ratio": ratio,
+            "goal": f"{'>=' if higher else '<='} {goal:g}", "met": met}
+
+
+def _by(rows, group, *keys):
+    """{(key values...): {kernel: row}} for one benchmark group."""
+    out = defaultdict(dict)
+    for r in rows:
+        if r.get("group") == group and "kernel" in r:
+            out[tuple(r.get(k) for k in keys)][r["kernel"]] = r
+    return out
+
+
+def attention(rows):
+    res = []
+    for (name, L, D, causal, mode), ks in sorted(_by(rows, "attention", "test", "L", "D", "causal", "mode").items(),
+                                                 key=str):
+        if "triton" not in ks or name == "test_memory_fwd_bwd":
+            continue
+        ours = ks["triton"]["tflops"]
+        case = f"{name.removeprefix('test_')} L={L} D={D}{' causal' if causal else ''} {mode}"
+        if name == "test_padded" and "sdpa_mask" in ks:
+            peer = ks["sdpa_mask"]["tflops"]
+            res.append(_row("attention, padded vs SDPA + mask", case, f"{ours:.0f} TFLOP/s", f"{peer:.0f}",
+                            ours / peer, 2.0))
+        named = {k: ks[k]["tflops"] for k in SDPA_NAMED if k in ks}
+        if name == "test_dense" and named and L >= 2048:
+            best = max(named, key=named.get)
+            res.append(_row(f"attention {mode} vs SDPA's fastest", case, f"{ours:.0f} TFLOP/s",
+                            f"{named[best]:.0f} ({best})", ours / named[best], 1.0 if mode == "fwd" else 0.8))
+    return res
+
+
+def add_layer_norm(rows):
+    res = []
+    for (r_, N, mode), ks in sorted(_by(rows, "add_layer_norm", "rows", "N", "mode").items(), key=str):
+        if "triton" not in ks or r_ is None:
+            continue
+        t = ks["triton"]
+        case = f"{r_} x {N} {mode}"
+        roof = t.get("copy_bandwidth_gbps")
+        if roof:
+            res.append(_row("add+LayerNorm vs copy bandwidth", case, f"{t['gbps']:.0f} GB/s", f"{roof:.0f}",
+                            t["gbps"] / roof, 0.8))
+        if "torch" in ks:
+            res.append(_row("add+LayerNorm vs unfused", case, f"{t['gbps']:.0f} GB/s", f"{ks['torch']['gbps']:.0f}",
+                            t["gbps"] / ks["torch"]["gbps"], 1.5))
+    return res
+
+
+def ffn(rows):
+    res = []
+    shapes = _by(rows, "ffn", "tokens", "d_model", "d_ff", "mode", "what")
+    for (tokens, d, f, mode, what), ks in sorted(shapes.items(), key=str):
+        if "triton" not in ks:
+            continue
+        case = f"{tokens} x {d} x {f}{' ' + mode if mode else ''}"
+        ours = ks["triton"]["tflops"]
+        if what == "matmul" and "torch" in ks:
+            res.append(_row("FFN's GEMM vs cuBLAS", case, f"{ours:.0f} TFLOP/s", f"{ks['torch']['tflops']:.0f}",
+                            ours / ks["torch"]["tflops"], 0.85))
+        elif what is None and "eager" in ks:
+            res.append(_row("FFN vs eager", case, f"{ours:.0f} TFLOP/s", f"{ks['eager']['tflops']:.0f}",
+                            ours / ks["eager"]["tflops"], 1.1))
+    return res
+
+
+def embed(rows):
+    res = []
+    for (n, d, dtype, mode), ks in sorted(_by(rows, "embed", "tokens", "d_model", "dtype", "mode").items(), key=str):
+        if "ours" not in ks:
+            continue
+        o = ks["ours"]
+        case = f"{n} tokens d={d} {dtype} {mode}"
+        roof = o.get("copy_bandwidth_gbps")
+        if roof and roof == roof:  # NaN on CPU
+            res.append(_row("embedding vs copy bandwidth", case, f"{o['gbps']:.0f} GB/s", f"{roof:.0f}",
+                            o["gbps"] / roof, 0.8))
+        if "eager" in ks:
+            res.append(_row("embedding vs eager", case, f"{o['gbps']:.0f} GB/s", f"{ks['eager']['gbps']:.0f}",
+                            o["gbps"] / ks["eager"]["gbps"], 2.0))
+    return res
+
+
+def train_step(rows):
+    res = []
+    for (shape,), ks in sorted(_by(rows, "train_step", "shape").items(), key=str):
+        if "triton" not in ks:
+            continue
+        t = ks["triton"]
+        for peer, goal in (("eager", 1.3), ("torch", 1.0), ("compile", 1.0)):
+            if peer in ks:
+                res.append(_row(f"training step vs {peer}", shape, f"{t['tokens_per_s']:,.0f} tok/s",
+                                f"{ks[peer]['tokens_per_s']:,.0f}", t["tokens_per_s"] / ks[peer]["tokens_per_s"], goal))
+        if "eager" in ks:
+            res.append(_row("training step peak memory vs eager", shape, f"{t['peak_mem_gib']:.2f} GiB",
+                            f"{ks['eager']['peak_mem_gib']:.2f}", t["peak_mem_gib"] / ks["eager"]["peak_mem_gib"],
+                            0.7, higher=False))
+    return res
+
+
+def table(rows) -> str:
+    for r in rows:  # the test function's name, for the attention groups' kinds
+        r["test"] = r["name"].split("[")[0]
+    found = attention(rows) + add_layer_norm(rows) + ffn(rows) + embed(rows) + train_step(rows)
+    if not found:
+        return "no targets: the files hold none of the benchmarks the targets compare\n"
+    devices = sorted({r.get("device", "?") for r in rows})
+    lines = [f"device: {', '.join(devices)}; met {sum(r['met'] for r in found)} of {len(found)}", "",
+             "| target | case | ours | peer | ratio | goal | |", "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+    lines += [f"| {r['target']} | {r['case']} | {r['ours']} | {r['peer']} | {r['ratio']:.2f} | {r['goal']} | "
+              f"{'met' if r['met'] else '**missed**'} |" for r in found]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("json", nargs="+", help="pytest-benchmark JSON files of one run")
+    p.add_argument("--out", help="write the table here too")
+    args = p.parse_args(argv)
+    text = table(load(args.json))
+    print(text, end="")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""bench/targets.py: issue 16/17 ratios from pytest-benchmark JSON, checked on a synthetic run whose
+ratios are known by construction (each case built to meet or miss its goal)."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import targets  # noqa: E402
+
+
+def _bench(group, name, params, **extra):
+    return {"group": group, "name": name, "params": params, "stats": {"median": 1e-3},
+            "extra_info": {"device": "NVIDIA H100", **extra}}
+
+
+def _run(tmp_path):
+    att = [_bench("attention", f"test_dense[fwd-{k}-full-h16d64-4096]",
+                  {"L": 4096, "H": 16, "D": 64, "causal": False, "kernel": k, "mode": "fwd"}, tflops=t)
+           for k, t in (("triton", 500.0), ("sdpa_flash", 450.0), ("sdpa_cudnn", 520.0), ("sdpa_mask", 100.0))]
+    att += [_bench("attention", f"test_dense[fwd-{k}-full-h16d64-1024]",  # L < 2k: no target
+                   {"L": 1024, "H": 16, "D": 64, "causal": False, "kernel": k, "mode": "fwd"}, tflops=100.0)
+            for k in ("triton", "sdpa_flash")]
+    att += [_bench("attention", f"test_padded[fwd+bwd-{k}-h16d64-4096]",
+                   {"L": 4096, "H": 16, "D": 64, "kernel": k, "mode": "fwd+bwd"}, tflops=t)
+            for k, t in (("triton", 300.0), ("sdpa_mask", 120.0))]
+    ln = [_bench("add_layer_norm", f"test_add_layer_norm[{k}]", {"rows": 65536, "N": 1024, "kernel": k, "mode": "fwd"},
+                 gbps=g, copy_bandwidth_gbps=3000.0) for k, g in (("triton", 2700.0), ("torch", 1500.0))]
+    ffn = [_bench("ffn", f"test_ffn[{k}]", {"tokens": 8192, "d_model": 4096, "d_ff": 4096, "kernel": k,
+                                            "mode": "fwd"}, tflops=t) for k, t in (("triton", 600.0), ("eager", 500.0))]
+    ffn += [_bench("ffn", f"test_matmul[{k}]", {"tokens": 8192, "d_model": 4096, "d_ff": 4096, "kernel": k},
+                   tflops=t, what="matmul") for k, t in (("triton", 640.0), ("torch", 700.0))]
+    step = [_bench("train_step", f"test_train_step[{k}-base-cnndm]", {"shape": "base-cnndm", "kernel": k},
+                   tokens_per_s=s, peak_mem_gib=m, shape="base-cnndm")
+            for k, s, m in (("triton", 130_000.0, 6.0), ("eager", 100_000.0, 10.0), ("torch", 140_000.0, 8.0))]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": att + ln + ffn + step}))
+    return targets.main([str(path), "--out", str(tmp_path / "t.md")])
+
+
+def test_every_ratio_against_its_goal(tmp_path):
+    text = _run(tmp_path)
+    rows = {(line.split("|")[1].strip(), line.split("|")[2].strip()): line.split("|")[5:8]
+            for line in text.splitlines() if line.startswith("| ") and "---" not in line and "target" not in line}
+    got = {k: (float(v[0]), v[2].strip()) for k, v in rows.items()}
+    assert got == {
+        ("attention fwd vs SDPA's fastest", "dense L=4096 D=64 fwd"): (round(500 / 520, 2), "**missed**"),
+        ("attention, padded vs SDPA + mask", "padded L=4096 D=64 fwd+bwd"): (2.5, "met"),
+        ("add+LayerNorm vs copy bandwidth", "65536 x 1024 fwd"): (0.9, "met"),
+        ("add+LayerNorm vs unfused", "65536 x 1024 fwd"): (1.8, "met"),
+        ("FFN vs eager", "8192 x 4096 x 4096 fwd"): (1.2, "met"),
+        ("FFN's GEMM vs cuBLAS", "8192 x 4096 x 4096"): (round(640 / 700, 2), "met"),
+        ("training step vs eager", "base-cnndm"): (1.3, "met"),
+        ("training step vs torch", "base-cnndm"): (round(130 / 140, 2), "**missed**"),
+        ("training step peak memory vs eager", "base-cnndm"): (0.6, "met"),
+    }
+    assert "met 7 of 9" in text and (tmp_path / "t.md").read_text() == text
+
+
+def test_no_targets_is_said(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"benchmarks": []}))
+    assert targets.main([str(path)]).startswith("no targets")
