@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
@@ -122,8 +123,7 @@ def main(argv=None) -> str:
     report = "\n\n".join([head, *sections]) + "\n"
     print(report)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(report)
+        Path(args.out).write_text(report, encoding="utf-8")
     return report
 
 

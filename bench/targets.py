@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plot_results import load  # noqa: E402
@@ -60,21 +61,27 @@ def attention(rows):
     return res
 
 
-def add_layer_norm(rows):
+def _memory_bound(op, groups, ours, peer, peer_goal, case):
+    """A memory-bound op: GB/s against the copy bandwidth measured in the same run (>= 80%) and
+    against its peer (>= peer_goal)."""
     res = []
-    for (r_, N, mode), ks in sorted(_by(rows, "add_layer_norm", "rows", "N", "mode").items(), key=str):
-        if "triton" not in ks or r_ is None:
+    for key, ks in sorted(groups.items(), key=str):
+        if ours not in ks:
             continue
-        t = ks["triton"]
-        case = f"{r_} x {N} {mode}"
-        roof = t.get("copy_bandwidth_gbps")
-        if roof:
-            res.append(_row("add+LayerNorm vs copy bandwidth", case, f"{t['gbps']:.0f} GB/s", f"{roof:.0f}",
-                            t["gbps"] / roof, 0.8))
-        if "torch" in ks:
-            res.append(_row("add+LayerNorm vs unfused", case, f"{t['gbps']:.0f} GB/s", f"{ks['torch']['gbps']:.0f}",
-                            t["gbps"] / ks["torch"]["gbps"], 1.5))
+        o, name = ks[ours], case(*key)
+        roof = o.get("copy_bandwidth_gbps")
+        if roof and roof == roof:  # NaN where no GPU measured it
+            res.append(_row(f"{op} vs copy bandwidth", name, f"{o['gbps']:.0f} GB/s", f"{roof:.0f}", o["gbps"] / roof,
+                            0.8))
+        if peer in ks:
+            res.append(_row(f"{op} vs {peer}", name, f"{o['gbps']:.0f} GB/s", f"{ks[peer]['gbps']:.0f}",
+                            o["gbps"] / ks[peer]["gbps"], peer_goal))
     return res
+
+
+def add_layer_norm(rows):
+    return _memory_bound("add+LayerNorm", _by(rows, "add_layer_norm", "rows", "N", "mode"), "triton", "torch", 1.5,
+                         lambda r, n, mode: f"{r} x {n} {mode}")
 
 
 def ffn(rows):
@@ -95,20 +102,8 @@ def ffn(rows):
 
 
 def embed(rows):
-    res = []
-    for (n, d, dtype, mode), ks in sorted(_by(rows, "embed", "tokens", "d_model", "dtype", "mode").items(), key=str):
-        if "ours" not in ks:
-            continue
-        o = ks["ours"]
-        case = f"{n} tokens d={d} {dtype} {mode}"
-        roof = o.get("copy_bandwidth_gbps")
-        if roof and roof == roof:  # NaN on CPU
-            res.append(_row("embedding vs copy bandwidth", case, f"{o['gbps']:.0f} GB/s", f"{roof:.0f}",
-                            o["gbps"] / roof, 0.8))
-        if "eager" in ks:
-            res.append(_row("embedding vs eager", case, f"{o['gbps']:.0f} GB/s", f"{ks['eager']['gbps']:.0f}",
-                            o["gbps"] / ks["eager"]["gbps"], 2.0))
-    return res
+    return _memory_bound("embedding", _by(rows, "embed", "tokens", "d_model", "dtype", "mode"), "ours", "eager", 2.0,
+                         lambda n, d, dtype, mode: f"{n} tokens d={d} {dtype} {mode}")
 
 
 def train_step(rows):
@@ -150,8 +145,7 @@ def main(argv=None) -> str:
     text = table(load(args.json))
     print(text, end="")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        Path(args.out).write_text(text, encoding="utf-8")
     return text
 
 
