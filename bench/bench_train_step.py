@@ -62,31 +62,40 @@ def make_batch(shape, seed=0, device="cuda"):
 COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
-def test_train_step(benchmark, shape, kernel):
-    preset, vocab = SHAPES[shape]["preset"], SHAPES[shape]["vocab"]
+def training_step(shape, kernel, device="cuda"):
+    """(step, batch): a closure running one optimizer step (forward, backward, AdamW) of `shape` on
+    `kernel` (a COMPILED case: torch.compile of that backend), bf16 autocast on CUDA, fp32 on CPU;
+    and the batch it trains on. bench/profile_train_step.py profiles the same closure."""
+    spec = SHAPES[shape]
     torch.manual_seed(0)
-    cfg = get_config(preset, src_vocab_size=vocab, kernel=COMPILED.get(kernel, kernel))
-    model = build_model(cfg, "cuda").train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
-    src, sl, tgt_in, tgt_out, tl = make_batch(shape)
-    mask = torch.arange(tgt_out.shape[1], device="cuda")[None] < tl[:, None]
+    cfg = get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=COMPILED.get(kernel, kernel))
+    model = build_model(cfg, device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda")
+    batch = make_batch(shape, device=device)
+    src, sl, tgt_in, tgt_out, tl = batch
+    mask = torch.arange(tgt_out.shape[1], device=device)[None] < tl[:, None]
     fwd = compile_model(model, dynamic=False) if kernel in COMPILED else model
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logits = fwd(src, sl, tgt_in, tl)
             loss = torch.nn.functional.cross_entropy(logits[mask].float(), tgt_out[mask], label_smoothing=0.1)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return step, batch
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
+def test_train_step(benchmark, shape, kernel):
+    step, (src, sl, tgt_in, _, tl) = training_step(shape, kernel)
     step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    median = run_bench(benchmark, step, warmup=3, rounds=10, shape=shape, preset=preset, dtype="bf16-autocast",
-                       batch=len(sl), src_max=src.shape[1], tgt_max=tgt_in.shape[1])
+    median = run_bench(benchmark, step, warmup=3, rounds=10, shape=shape, preset=SHAPES[shape]["preset"],
+                       dtype="bf16-autocast", batch=len(sl), src_max=src.shape[1], tgt_max=tgt_in.shape[1])
     tokens = int(sl.sum() + tl.sum())
     benchmark.extra_info.update(
         kernel=kernel, tokens_per_s=tokens / median, step_ms=median * 1e3, non_pad_tokens=tokens,

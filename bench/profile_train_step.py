@@ -1,5 +1,5 @@
 """Where a training step's time goes, per backend (issue 17): one step of bench_train_step.py's
-set-up (forward, backward, AdamW; bf16 autocast) under torch.profiler.
+`training_step` (forward, backward, AdamW; bf16 autocast) under torch.profiler.
 
     python bench/profile_train_step.py --shape base-cnndm --out bench/results/<date>-<gpu>-profile.txt
 
@@ -24,8 +24,6 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from scratchformer.model import build_model, get_config
-
 # bench_train_step is imported where it is used: its `conftest` is bench/'s, which tests/ (importing
 # `category`) would shadow
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,31 +45,10 @@ def category(name: str) -> str:
     return next((cat for cat, frags in CATEGORIES if any(f in low for f in frags)), "other")
 
 
-def training_step(kernel: str, shape: str, device: str):
-    """A closure running one optimizer step of `shape` on `kernel`, as bench_train_step times it."""
-    from bench_train_step import SHAPES, make_batch
-
-    spec = SHAPES[shape]
-    torch.manual_seed(0)
-    model = build_model(get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=kernel), device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda")
-    src, sl, tgt_in, tgt_out, tl = make_batch(shape, device=device)
-    mask = torch.arange(tgt_out.shape[1], device=device)[None] < tl[:, None]
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-
-    def step():
-        with torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
-            logits = model(src, sl, tgt_in, tl)
-            loss = torch.nn.functional.cross_entropy(logits[mask].float(), tgt_out[mask], label_smoothing=0.1)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
 def profile_backend(kernel: str, shape: str, device: str, steps: int) -> str:
-    step = training_step(kernel, shape, device)
+    from bench_train_step import training_step
+
+    step, _ = training_step(shape, kernel, device)
     for _ in range(3):  # warm-up: autotuning, compiling, allocator
         step()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
