@@ -145,6 +145,10 @@ def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ..
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: the payload is a {type(state).__name__}, not a checkpoint dict")
     missing = [k for k in require if k not in state]
+    if missing and "averaged_from" in state:
+        raise CheckpointError(f"{path} is the average of {len(state['averaged_from'])} checkpoints' weights "
+                              f"(scratchformer.average): it evaluates, generates and starts a run (--init-from), "
+                              f"but has no {', '.join(map(repr, missing))} to resume one from")
     if missing:
         have = ", ".join(map(repr, sorted(map(str, state)))) or "none"
         raise CheckpointError(f"{path} is incomplete: no {', '.join(map(repr, missing))} (it holds {have}); "
@@ -193,6 +197,37 @@ def prune_checkpoints(folder: str | Path, keep: int) -> None:
         return
     for p in step_checkpoints(folder)[:-keep]:
         p.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """The mean of the weights of checkpoints of one run, as Vaswani et al. (2017) average a run's last
+    5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the last of `paths`, no optimizer:
+    it cannot resume). Floating-point tensors are summed in float64 and cast back; any other tensor
+    must be equal in all. A checkpoint of another model or run (config, tokenizers, task, tensor
+    names or shapes) is a CheckpointError naming it."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
+    weights = first["model"]
+    total = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
+    last, steps = first, [first["progress"]["step"]]
+    for path in paths[1:]:
+        last = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
+        steps.append(last["progress"]["step"])
+        differ = [k for k in ("config", "tokenizers", "task") if last[k] != first[k]]
+        shapes = {k: tuple(v.shape) for k, v in last["model"].items()}
+        if differ or shapes != {k: tuple(v.shape) for k, v in weights.items()}:
+            what = ", ".join(differ) or "tensor names or shapes"
+            raise CheckpointError(f"{path} is not a checkpoint of {paths[0]}'s model: its {what} differ")
+        for k, v in last["model"].items():
+            if v.is_floating_point():
+                total[k] += v.double()
+            elif not torch.equal(v, total[k]):
+                raise CheckpointError(f"{path}: its {k} differs from {paths[0]}'s, and cannot be averaged")
+    model = {k: (v / len(paths)).to(weights[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    kept = {k: last[k] for k in ("version", "data", "num_classes", "args", "progress") if k in last}
+    return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model,
+            "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
 
 
 def find_checkpoint(path: str | Path, prefer: str = "best") -> Path:

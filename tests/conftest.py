@@ -5,7 +5,10 @@ decoration time), so it is set here, at collection, when no CUDA device is prese
 every kernel through Triton's CPU interpreter.
 """
 
+import gzip
+import json
 import os
+from pathlib import Path
 
 try:
     import torch
@@ -62,3 +65,26 @@ def ops_backend(request):
     from scratchformer import ops
 
     return ops.select(request.param, DEVICE)
+
+
+# A tiny model and run for end-to-end command tests (train, evaluate, generate, average).
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
+        "--batch-size", "16", "--max-train-examples", "48", "--max-valid-examples", "12", "--eval-decode-examples", "6",
+        "--beam-size", "2", "--log-every", "2", "--no-progress", "--preset", "tiny"]
+
+
+def translation_folder(root: Path) -> Path:
+    """A toy En->De word-for-word data folder (48 train, 12 validation pairs) under root."""
+    d = root / "toy_mt"
+    d.mkdir()
+    words = {"one": "eins", "two": "zwei", "three": "drei", "red": "rot", "house": "Haus", "big": "groß"}
+    keys = list(words)
+    rows = []
+    for i in range(60):
+        src = [keys[(i * 7 + j) % len(keys)] for j in range(2 + i % 4)]
+        rows.append({"src": " ".join(src), "tgt": " ".join(words[w] for w in src)})
+    for split, part in (("train", rows[:48]), ("validation", rows[48:])):
+        with gzip.open(d / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
+    (d / "meta.json").write_text(json.dumps({"task": "translation"}))
+    return d

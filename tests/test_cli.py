@@ -1,7 +1,6 @@
 """The command lines, in process: train -> evaluate -> generate, lead-3, ablate, --help, DDP."""
 
 import errno
-import gzip
 import json
 import os
 import re
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, translation_folder
 
 from scratchformer import ablate, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
@@ -21,9 +21,6 @@ from scratchformer.data import DataError
 from scratchformer.device import DeviceError
 from scratchformer.evaluation.predict import OptionError
 
-TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
-        "--batch-size", "16", "--max-train-examples", "48", "--max-valid-examples", "12", "--eval-decode-examples", "6",
-        "--beam-size", "2", "--log-every", "2", "--no-progress", "--preset", "tiny"]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -42,24 +39,8 @@ def test_help_lists_the_options(capsys):
         assert "--" in capsys.readouterr().out
 
 
-def _translation_folder(root: Path) -> Path:
-    d = root / "toy_mt"
-    d.mkdir()
-    words = {"one": "eins", "two": "zwei", "three": "drei", "red": "rot", "house": "Haus", "big": "groß"}
-    keys = list(words)
-    rows = []
-    for i in range(60):
-        src = [keys[(i * 7 + j) % len(keys)] for j in range(2 + i % 4)]
-        rows.append({"src": " ".join(src), "tgt": " ".join(words[w] for w in src)})
-    for split, part in (("train", rows[:48]), ("validation", rows[48:])):
-        with gzip.open(d / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
-    (d / "meta.json").write_text(json.dumps({"task": "translation"}))
-    return d
-
-
 def test_train_evaluate_generate_translation(tmp_path, capsys):
-    data = _translation_folder(tmp_path)
+    data = translation_folder(tmp_path)
     run = tmp_path / "run"
     res = train.main(TINY + ["--data", str(data), "--max-steps", "8", "--eval-every", "4", "--max-tokens", "256",
                              "--schedule", "cosine", "--out", str(run)])
@@ -187,7 +168,7 @@ def test_model_flags_reach_the_config(tmp_path):
 def test_train_with_triton_kernels_in_the_interpreter(tmp_path):
     """`--kernel triton` drives every hot path through our kernels (Triton interpreter on CPU, the
     C++ embedding op): two steps train, the loss is finite, and the run records the backend."""
-    data = _translation_folder(tmp_path)
+    data = translation_folder(tmp_path)
     run = tmp_path / "run_triton"
     res = train.main(TINY + ["--data", str(data), "--max-steps", "2", "--eval-every", "2", "--max-tokens", "128",
                              "--max-valid-examples", "4", "--eval-decode-examples", "2", "--beam-size", "1",
@@ -320,7 +301,7 @@ def _eval_run(root: Path) -> Path:
     from scratchformer.model import ModelConfig, build_model
     from scratchformer.training.config import TrainConfig
 
-    data = _translation_folder(root)
+    data = translation_folder(root)
     tok = BPETokenizer.train(["one two three red house big eins zwei drei rot Haus groß"] * 20, vocab_size=300,
                              min_frequency=1)
     torch.manual_seed(0)

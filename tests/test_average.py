@@ -1,0 +1,80 @@
+"""Checkpoint averaging (`scratchformer.average`): the mean of a run's weights, checked against the
+mean taken tensor by tensor here, on a real training run's step checkpoints."""
+
+import pytest
+import torch
+from conftest import TINY, translation_folder
+
+from scratchformer import average, cli, evaluate, train
+from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, step_checkpoints
+from scratchformer.evaluation.evaluate import load_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny translation run that kept its last 3 step checkpoints, 2 steps apart."""
+    root = tmp_path_factory.mktemp("avg")
+    folder = root / "run"
+    train.main(TINY + ["--data", str(translation_folder(root)), "--max-steps", "6", "--eval-every", "6",
+                       "--save-every", "2", "--keep-checkpoints", "3", "--lr", "3e-3", "--warmup-steps", "1",
+                       "--no-plots", "--out", str(folder)])
+    return folder
+
+
+def test_the_average_is_the_mean_of_the_weights(run, capsys):
+    steps = step_checkpoints(run)
+    assert [int(p.stem.split("_")[1]) for p in steps] == [2, 4, 6]
+    out = average.main([str(run), "--last", "3"])
+    assert out == run / "averaged.pt" and "steps 2, 4, 6" in capsys.readouterr().err
+    averaged = load_checkpoint(out)
+    weights = [load_checkpoint(p)["model"] for p in steps]
+    moved = 0
+    for name, mean in averaged["model"].items():
+        expected = torch.stack([w[name] for w in weights]).mean(0)
+        assert mean.dtype == weights[0][name].dtype and torch.allclose(mean, expected, rtol=1e-6, atol=1e-7), name
+        moved += not torch.equal(weights[0][name], weights[2][name])
+    assert moved > 0  # the run trained between its checkpoints: an average that took one of them would fail
+    assert averaged["progress"]["step"] == 6 and [a["step"] for a in averaged["averaged_from"]] == [2, 4, 6]
+    assert "optimizer" not in averaged
+
+
+def test_the_average_runs_and_starts_a_run_but_does_not_resume(run, tmp_path):
+    out = average.main([str(p) for p in step_checkpoints(run)[-2:]] + ["--output", str(tmp_path / "avg.pt")])
+    model, _, _ = load_run(out)
+    saved = load_checkpoint(out)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    m = evaluate.main(["--checkpoint", str(out), "--out", str(tmp_path / "eval")])
+    assert m["n"] == 12 and "bleu" in m
+    res = train.main(["--init-from", str(out), "--data", str(run.parent / "toy_mt"), "--max-steps", "1",
+                      "--batch-size", "16", "--eval-decode-examples", "0", "--beam-size", "1", "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "b")])
+    started = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert started["progress"]["step"] == 1 and started["args"]["init_from"] == str(out) and "bleu" in res["greedy"]
+    with pytest.raises(CheckpointError, match="average of 2 checkpoints.*no 'optimizer'"):
+        train.main(["--resume", str(out), "--out", str(tmp_path / "c"), "--max-steps", "8"])
+
+
+def test_refusals_name_the_problem(run, tmp_path):
+    steps = [str(p) for p in step_checkpoints(run)]
+    with pytest.raises(cli.UsageError, match="is a folder: give --last N"):
+        average.main([str(run)])
+    with pytest.raises(cli.UsageError, match="--last 5: .* holds 3 step checkpoints"):
+        average.main([str(run), "--last", "5"])
+    with pytest.raises(cli.UsageError, match="--last takes one run folder"):
+        average.main([steps[0], "--last", "1"])
+    with pytest.raises(cli.UsageError, match="given twice"):
+        average.main([steps[0], steps[0], "--output", str(tmp_path / "x.pt")])
+    with pytest.raises(cli.UsageError, match="is one of the checkpoints"):
+        average.main([*steps, "--output", steps[-1]])
+    (tmp_path / "taken.pt").write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        average.main([*steps, "--output", str(tmp_path / "taken.pt")])
+    assert (tmp_path / "taken.pt").read_bytes() == b"keep me"
+    # another model's checkpoint
+    other = load_checkpoint(steps[0])
+    other["config"] = {**other["config"], "d_ff": 128}
+    save_checkpoint(tmp_path / "other.pt", other)
+    with pytest.raises(CheckpointError, match="other.pt is not a checkpoint of .*its config differ"):
+        average.main([steps[0], str(tmp_path / "other.pt"), "--output", str(tmp_path / "y.pt")])
+    assert not (tmp_path / "y.pt").exists()
+    assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
