@@ -1,6 +1,11 @@
 """Checkpoint averaging (`scratchformer.average`): the mean of a run's weights, checked against the
 mean taken tensor by tensor here, on a real training run's step checkpoints."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import TINY, translation_folder
@@ -78,3 +83,28 @@ def test_refusals_name_the_problem(run, tmp_path):
         average.main([steps[0], str(tmp_path / "other.pt"), "--output", str(tmp_path / "y.pt")])
     assert not (tmp_path / "y.pt").exists()
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
+
+
+def _pick(run, *args):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "pick_checkpoint.py"
+    return subprocess.run([sys.executable, str(script), str(run), *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("best_metric, averaged_bleu, averaged_loss, picked", [
+    ("bleu", 31.0, 2.0, "averaged.pt"), ("bleu", 29.0, 1.0, "best.pt"),
+    ("loss", 31.0, 9.0, "averaged.pt"),  # a loss-picked run's predictions are judged decoded: by BLEU
+    ("loss", 29.0, 1.0, "best.pt")])
+def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, best_metric, averaged_bleu,
+                                                                       averaged_loss, picked):
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": best_metric}))
+    (tmp_path / "metrics.final.json").write_text(json.dumps(
+        {"loss": 1.5, "greedy": {"bleu": 28.0}, "beam4": {"bleu": 30.0, "chrf": 55.0}}))
+    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")  # no average yet
+    (tmp_path / "averaged.pt").write_bytes(b"")
+    (tmp_path / "averaged").mkdir()
+    (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(
+        {"decoding": "beam4", "loss": averaged_loss, "bleu": averaged_bleu, "chrf": 50.0}))
+    done = _pick(tmp_path, "--decoding", "beam4")
+    assert done.stdout.strip() == str(tmp_path / picked) and f"averaged.pt {averaged_bleu:.2f}" in done.stderr
+    wrong = _pick(tmp_path, "--decoding", "greedy")  # the average was scored with beam 4, not greedily
+    assert wrong.returncode != 0 and "decoded beam4" in wrong.stderr

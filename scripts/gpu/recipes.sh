@@ -5,21 +5,25 @@
 #   GEN      generate flags for the test predictions (empty: none)
 #   PRED     the grid's variant whose best.pt writes the test predictions (empty: the one run)
 #   AFTER    the recipe whose finished run this one starts from (--init-from), or empty
+#   AVERAGE  the step checkpoints averaged (scratchformer.average) for the test predictions, if that
+#            beats best.pt on validation (the Transformer averages its last 5); 1: best.pt only
+#   EVAL     evaluate flags for scoring that average (its precision: the run's)
 # These are first guesses: the CPU recipes of results/ (the only ones measured) with the step counts
 # and batches a GPU affords. No GPU has run them yet; tune on validation only.
 # shellcheck shell=bash
 
 RECIPES="multi30k iwslt samsum-short samsum cnndm ablate-multi30k"
 
-# every run: our kernels in bf16, one seed, checkpoints every 500 steps (a call can end anywhere)
-COMMON=(--kernel triton --precision bf16 --seed 0 --save-every 500 --keep-checkpoints 2 --log-every 100)
+# every run: our kernels in bf16, one seed, checkpoints every 250 steps (a call can end anywhere), the
+# last 5 kept for the average
+COMMON=(--kernel triton --precision bf16 --seed 0 --save-every 250 --keep-checkpoints 5 --log-every 100)
 # Multi30k's CPU recipe (results/multi30k-cpu-small-1800: BLEU 36.06 at 1,801 steps, still rising) for
 # longer, with twice the tokens per step and the dropout small-data translation uses for long runs
 M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 --max-tokens 8192 --dropout 0.3
       --lr 7e-4 --warmup-steps 800 --epochs 10000)
 
 recipe() {
-  DATASET=""; FLAGS=(); VARIANTS=(); GEN=(--beam-size 4); PRED=""; AFTER=""
+  DATASET=""; FLAGS=(); VARIANTS=(); GEN=(--beam-size 4); PRED=""; AFTER=""; AVERAGE=5; EVAL=(--precision bf16)
   case "$1" in
     multi30k)  # test2016 BLEU >= 41 (triton), and the same run on the eager reference, same seed, as a
       # grid: validation BLEU within 1.0, both loss curves in one plot (ablation.png)
