@@ -59,6 +59,12 @@ def test_beam_one_equals_greedy():
     assert (g == EOS_ID).any(), "test needs at least one finished row"
 
 
+def _repeats(seq, n) -> bool:
+    """Whether seq holds an n-gram twice (never, for n = 0: blocking off)."""
+    grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)] if n else []
+    return len(set(grams)) < len(grams)
+
+
 def _score(m, src, sl, seq, alpha):
     tgt_in = torch.tensor([[BOS_ID] + seq[:-1]])
     logits = m(src, sl, tgt_in)[0]
@@ -67,8 +73,10 @@ def _score(m, src, sl, seq, alpha):
     return logp[torch.arange(len(seq)), torch.tensor(seq)].sum().item() / len(seq) ** alpha
 
 
-def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search():
-    """On a tiny vocabulary, beam with K >= V^T is exhaustive: it must find the best sequence."""
+@pytest.mark.parametrize("no_repeat", [0, 1, 2])
+def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repeat):
+    """On a tiny vocabulary, beam with K >= V^T is exhaustive: it must find the best sequence (with
+    no_repeat_ngram n: the best of those that repeat no n-gram)."""
     torch.manual_seed(1)
     cfg = ModelConfig(src_vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                       dropout=0.0, kernel="eager")
@@ -81,17 +89,21 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search():
     for T in (1, 2, 3):  # sequences ending in EOS, or 3 tokens unfinished
         for body in itertools.product(words, repeat=T - 1):
             seq = list(body) + [EOS_ID]
+            if _repeats(seq, no_repeat):
+                continue
             s = _score(m, src, sl, seq, 1.0)
             if s > best:
                 best, best_seq = s, seq
     for body in itertools.product(words, repeat=3):
+        if _repeats(list(body), no_repeat):
+            continue
         s = _score(m, src, sl, list(body), 1.0)
         if s > best:
             best, best_seq = s, list(body)
-    out = beam_search(m, src, sl, beam_size=27, max_len=3, length_penalty=1.0)[0].tolist()
+    out = beam_search(m, src, sl, beam_size=27, max_len=3, length_penalty=1.0, no_repeat_ngram=no_repeat)[0].tolist()
     out = out[: out.index(EOS_ID) + 1] if EOS_ID in out else out
     assert out == best_seq
-    g = greedy_decode(m, src, sl, max_len=3)[0].tolist()
+    g = greedy_decode(m, src, sl, max_len=3, no_repeat_ngram=no_repeat)[0].tolist()
     g = g[: g.index(EOS_ID) + 1] if EOS_ID in g else g
     assert _score(m, src, sl, g, 1.0) <= best + 1e-6
 
@@ -113,3 +125,51 @@ def test_decoding_errors():
         greedy_decode(m, src, sl, max_len=0)
     with pytest.raises(ValueError, match="beam_size must be >= 1"):
         beam_search(m, src, sl, beam_size=0, max_len=5)
+    with pytest.raises(ValueError, match="no_repeat_ngram must be >= 0"):
+        beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
+
+
+def _repetitive_model():
+    """A model that, left alone, loops over a few tokens (a large bias on them, EOS out of reach)."""
+    m = _model()
+    with torch.no_grad():
+        m.generator.bias[EOS_ID] = -10.0
+        m.generator.bias[4:8] += 6.0
+    return m
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_greedy_matches_a_step_by_step_reference(n):
+    """Greedy with n-gram blocking = the full model's argmax over the tokens that would not repeat an
+    n-gram of the row so far (Python sets); without blocking the same model repeats itself."""
+    m = _repetitive_model()
+    src, sl = _src()
+    assert all(_repeats(row, n) for row in greedy_decode(m, src, sl, max_len=12).tolist())
+    out = greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=n)
+    for b in range(4):
+        seq = [BOS_ID]
+        for t in range(out.shape[1]):
+            logits = m(src[b : b + 1, : sl[b]], sl[b : b + 1], torch.tensor([seq]))[0, -1]
+            logits[[PAD_ID, BOS_ID]] = float("-inf")
+            body = seq[1:]
+            for i in range(len(body) - n + 1):
+                if tuple(body[i : i + n - 1]) == tuple(body[len(body) - n + 1 :]):
+                    logits[body[i + n - 1]] = float("-inf")
+            nxt = int(logits.argmax())
+            assert int(out[b, t]) == nxt, (b, t)
+            seq.append(nxt)
+        assert not _repeats(seq[1:], n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_beam(n):
+    """Beam search with blocking: no hypothesis repeats an n-gram, beam 1 is greedy with blocking, and a
+    row decodes the same alone as in a batch."""
+    m = _repetitive_model()
+    src, sl = _src()
+    out = beam_search(m, src, sl, beam_size=3, max_len=12, no_repeat_ngram=n)
+    assert not any(_repeats([x for x in row if x != PAD_ID], n) for row in out.tolist())
+    greedy = greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=n)
+    assert torch.equal(beam_search(m, src, sl, beam_size=1, max_len=12, no_repeat_ngram=n), greedy)
+    alone = beam_search(m, src[1:2, : sl[1]], sl[1:2], beam_size=3, max_len=12, no_repeat_ngram=n)[0]
+    assert torch.equal(out[1, : alone.shape[0]], alone)

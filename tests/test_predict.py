@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchformer import cli, generate
+from scratchformer import cli, evaluate, generate
 from scratchformer.checkpoint import save_checkpoint
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
@@ -384,6 +384,7 @@ def test_generate_cli_batch_mode_and_text_mode(runs, tmp_path, capsys):
     (["--len-ratio", "-0.5"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got -0.5"),
     (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
     (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),
+    (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     (["--save-every", "-1"], "--save-every must be >= 0 seconds"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
@@ -399,6 +400,34 @@ def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatc
     with pytest.raises(ValueError, match=re.escape(message)):
         generate.main(["--checkpoint", str(runs["translation"]), *io_args, *flags])
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("beam", ["1", "3"])
+def test_no_repeat_ngram_reaches_the_decoder(runs, tmp_path, monkeypatch, beam):
+    """generate --no-repeat-ngram and evaluate --no-repeat-ngram hand N to the decoder (whose blocking
+    `tests/test_decoding.py` checks against a reference), and it changes the outputs."""
+    from scratchformer.evaluation import evaluate as E
+
+    seen = []
+    for name in ("beam_search", "greedy_decode"):
+        real = getattr(E, name)
+        monkeypatch.setattr(E, name, lambda *a, _real=real, **k: seen.append(k["no_repeat_ngram"]) or _real(*a, **k))
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(12, 5))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    kw = ["--checkpoint", str(runs["translation"]), "--input", str(src), "--beam-size", beam, "--len-ratio", "0"]
+    generate.main([*kw, "--output", str(tmp_path / "free.jsonl")])
+    assert set(seen) == {0}
+    seen.clear()
+    generate.main([*kw, "--output", str(tmp_path / "blocked.jsonl"), "--no-repeat-ngram", "1"])
+    assert set(seen) == {1}
+    assert _read(tmp_path / "free.jsonl") != _read(tmp_path / "blocked.jsonl")
+    seen.clear()
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_jsonl(data / "validation.jsonl", [{"src": t, "tgt": t} for t in _texts(6, 7)])
+    m = evaluate.main(["--checkpoint", str(runs["translation"]), "--data", str(data), "--task", "translation",
+                       "--beam-size", beam, "--no-repeat-ngram", "2", "--out", str(tmp_path / "ev")])
+    assert set(seen) == {2} and m["no_repeat_ngram"] == 2
 
 
 def test_library_entries_check_options_too(runs, tmp_path):

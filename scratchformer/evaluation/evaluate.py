@@ -113,11 +113,12 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int, len_r
 
 @torch.no_grad()
 def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
-                    length_penalty: float = 1.0, max_tokens: int | None = 4096, precision: str = "fp32",
-                    progress: bool = False, batch_size: int | None = None, len_ratio: float | None = None,
-                    on_batch=None) -> list[str]:
-    """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy. `len_ratio`: see
-    `decode_max_len`. `on_batch(indices, outputs)`, if given, is called after every batch."""
+                    length_penalty: float = 1.0, no_repeat_ngram: int = 0, max_tokens: int | None = 4096,
+                    precision: str = "fp32", progress: bool = False, batch_size: int | None = None,
+                    len_ratio: float | None = None, on_batch=None) -> list[str]:
+    """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
+    no n-gram twice in an output (`model.decoding`). `len_ratio`: see `decode_max_len`.
+    `on_batch(indices, outputs)`, if given, is called after every batch."""
     model.eval()
     out: list[str | None] = [None] * len(dataset)
     loader = eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size)
@@ -131,9 +132,10 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         with autocast_for(device, precision):
             if beam_size > 1:
                 toks = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size, max_len=max_len,
-                                   length_penalty=length_penalty)
+                                   length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram)
             else:
-                toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len)
+                toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len,
+                                     no_repeat_ngram=no_repeat_ngram)
         ids, texts = batch.ids.tolist(), tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
@@ -220,7 +222,8 @@ class Evaluation:
 
 def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
              max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
-             max_tokens: int = 4096, precision: str = "fp32", progress: bool = False) -> Evaluation:
+             no_repeat_ngram: int = 0, max_tokens: int = 4096, precision: str = "fp32",
+             progress: bool = False) -> Evaluation:
     """Score `model` on `dataset` (encoded from `examples`, in the same order).
 
     Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy) or
@@ -239,7 +242,8 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
         return result
     for beam in beam_sizes:
         hyps = predict_seq2seq(model, subset, tokenizers.tgt, device=device, max_tgt_len=max_tgt_len, beam_size=beam,
-                               length_penalty=length_penalty, max_tokens=max_tokens, precision=precision,
+                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
+                               max_tokens=max_tokens, precision=precision,
                                progress=progress)
         result.decodings[decoding_name(beam)] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)
         if not result.outputs:

@@ -3,7 +3,9 @@
 Both return (B, T) int64 tokens without the leading BOS; a finished row holds its EOS and then
 PAD. The encoder runs once; decoder self-attention keys/values are cached per layer and the
 cross-attention keys/values are projected once (`Transformer.init_state`). Call `model.eval()`
-first: decoding does not switch modes for you.
+first: decoding does not switch modes for you. `no_repeat_ngram` n > 0 forbids a token that would
+repeat an n-gram already in the output (fairseq's --no-repeat-ngram-size, the trigram blocking of
+summarizers since Paulus et al. 2018).
 """
 
 from __future__ import annotations
@@ -22,18 +24,32 @@ def _next_logits(model, last, state, bos_id, pad_id):
     return logits
 
 
-def _check(src, src_lengths, max_len):
+def _block_repeats(scores, seq, n: int, pad_id: int):
+    """Set to -inf, in place, the scores (N, V) of the tokens that would complete an n-gram already
+    in seq (N, t), the tokens so far of each row: wherever the last n-1 tokens occurred before, the
+    token that followed them there. Tokens that follow no match map to PAD, which is -inf already."""
+    t = seq.shape[1]
+    if n < 1 or t < n:
+        return scores
+    prefixes = seq[:, : t - 1].unfold(1, n - 1, 1) if n > 1 else seq.new_empty(seq.shape[0], t, 0)  # (N, t-n+1, n-1)
+    match = (prefixes == seq[:, None, t - n + 1:]).all(-1)
+    return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
+
+
+def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0):
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
     if src_lengths is None:
         raise ValueError("src_lengths is required (B,) int")
 
 
 @torch.no_grad()
-def greedy_decode(model, src, src_lengths, *, max_len: int, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                  pad_id: int = PAD_ID) -> torch.Tensor:
+def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, bos_id: int = BOS_ID,
+                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
     """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
-    _check(src, src_lengths, max_len)
+    _check(src, src_lengths, max_len, no_repeat_ngram)
     B = src.shape[0]
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory, src_lengths, max_len)
@@ -41,7 +57,10 @@ def greedy_decode(model, src, src_lengths, *, max_len: int, bos_id: int = BOS_ID
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
     for _ in range(max_len):
-        nxt = _next_logits(model, last, state, bos_id, pad_id).argmax(-1).masked_fill(finished, pad_id)  # (B,)
+        logits = _next_logits(model, last, state, bos_id, pad_id)
+        if no_repeat_ngram and out:
+            _block_repeats(logits, torch.stack(out, dim=1), no_repeat_ngram, pad_id)
+        nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
         out.append(nxt)
         finished |= nxt == eos_id
         if bool(finished.all()):
@@ -68,16 +87,18 @@ def _keep_best(fin_seq, fin_score, cand_seq, cand_score, pad_id):
 
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
-                bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
+                no_repeat_ngram: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                pad_id: int = PAD_ID) -> torch.Tensor:
     """Beam search; returns the best hypothesis per row, (B, T).
 
     Hypotheses are ranked by sum(log p) / len**length_penalty (len counts the EOS; 0 = raw sum,
     1 = mean log-probability). As in fairseq, an EOS candidate is finished only when it ranks
     among the top beam_size candidates of its sentence, and a sentence stops once it holds
     beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len,
-    unfinished beams compete as they stand.
+    unfinished beams compete as they stand. Blocked repeats get -inf log-probability, unnormalised
+    (as fairseq).
     """
-    _check(src, src_lengths, max_len)
+    _check(src, src_lengths, max_len, no_repeat_ngram)
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
@@ -98,6 +119,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
 
     for t in range(max_len):
         logp = torch.log_softmax(_next_logits(model, last, state, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
+        if no_repeat_ngram:
+            _block_repeats(logp, alive_seq.view(B * K, t), no_repeat_ngram, pad_id)
         V = logp.shape[-1]
         cand = (alive_score[:, :, None] + logp.view(B, K, V)).view(B, K * V)
         top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
