@@ -120,7 +120,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     for t in range(max_len):
         logp = torch.log_softmax(_next_logits(model, last, state, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
         if no_repeat_ngram:
-            _block_repeats(logp, alive_seq.view(B * K, t), no_repeat_ngram, pad_id)
+            _block_repeats(logp, alive_seq.reshape(B * K, t), no_repeat_ngram, pad_id)
         V = logp.shape[-1]
         cand = (alive_score[:, :, None] + logp.view(B, K, V)).view(B, K * V)
         top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
