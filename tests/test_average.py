@@ -90,21 +90,25 @@ def _pick(run, *args):
     return subprocess.run([sys.executable, str(script), str(run), *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("best_metric, averaged_bleu, averaged_loss, picked", [
-    ("bleu", 31.0, 2.0, "averaged.pt"), ("bleu", 29.0, 1.0, "best.pt"),
-    ("loss", 31.0, 9.0, "averaged.pt"),  # a loss-picked run's predictions are judged decoded: by BLEU
-    ("loss", 29.0, 1.0, "best.pt")])
-def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, best_metric, averaged_bleu,
-                                                                       averaged_loss, picked):
+@pytest.mark.parametrize("best_metric, averaged, picked", [
+    ("bleu", {"bleu": 31.0, "loss": 2.0}, "averaged.pt"), ("bleu", {"bleu": 29.0, "loss": 1.0}, "best.pt"),
+    ("bleu", {"bleu": 30.0, "loss": 1.0}, "best.pt"),  # a tie keeps best.pt
+    ("loss", {"bleu": 31.0, "loss": 9.0}, "averaged.pt"),  # a loss-picked run's predictions are judged decoded
+    ("loss", {"bleu": 29.0, "loss": 1.0}, "best.pt"), ("chrf", {"chrf": 56.0, "bleu": 1.0}, "averaged.pt")])
+def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, best_metric, averaged, picked):
     (tmp_path / "args.json").write_text(json.dumps({"best_metric": best_metric}))
-    (tmp_path / "metrics.final.json").write_text(json.dumps(
-        {"loss": 1.5, "greedy": {"bleu": 28.0}, "beam4": {"bleu": 30.0, "chrf": 55.0}}))
-    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")  # no average yet
-    (tmp_path / "averaged.pt").write_bytes(b"")
-    (tmp_path / "averaged").mkdir()
-    (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(
-        {"decoding": "beam4", "loss": averaged_loss, "bleu": averaged_bleu, "chrf": 50.0}))
-    done = _pick(tmp_path, "--decoding", "beam4")
-    assert done.stdout.strip() == str(tmp_path / picked) and f"averaged.pt {averaged_bleu:.2f}" in done.stderr
-    wrong = _pick(tmp_path, "--decoding", "greedy")  # the average was scored with beam 4, not greedily
-    assert wrong.returncode != 0 and "decoded beam4" in wrong.stderr
+    scored = {"n": 1014, "decoding": "beam4", "no_repeat_ngram": 0}
+    for name, scores in (("best", {"bleu": 30.0, "chrf": 55.0, "loss": 1.5}), ("averaged", averaged)):
+        (tmp_path / f"{name}.pt").write_bytes(b"")
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.validation.json").write_text(json.dumps({**scored, **scores}))
+    done = _pick(tmp_path)
+    assert done.stdout.strip() == str(tmp_path / picked), done.stderr
+    assert "averaged.pt" in done.stderr and "best.pt" in done.stderr
+    # scored apart (another decoding): refused; no scores for the average: best.pt
+    greedy = {**scored, **averaged, "decoding": "greedy"}
+    (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(greedy))
+    wrong = _pick(tmp_path)
+    assert wrong.returncode != 0 and "scored differently (decoding)" in wrong.stderr
+    (tmp_path / "averaged" / "metrics.validation.json").unlink()
+    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")

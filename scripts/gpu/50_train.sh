@@ -27,8 +27,7 @@ if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on th
           --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64 --max-tgt-len 16)
   [ -z "$AFTER" ] && FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
-  [ ${#GEN[@]} -gt 0 ] && GEN+=(--kernel eager --threads 1)
-  AVERAGE=2 EVAL=(--kernel eager --precision fp32)
+  RUNTIME=(--kernel eager --precision fp32); AVERAGE=2; export OMP_NUM_THREADS=1
 fi
 if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
   echo "== no data: $SCRATCHFORMER_DATA/$DATASET (bash scripts/pack_gpu_data.sh $DATASET, then carry .gpu_data)"
@@ -61,31 +60,38 @@ if finished && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] && case $
     -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
 
-# 2. the blind test inputs, once the run that predicts them (a grid's PRED variant) is finished, from
-#    best.pt or the average of its last AVERAGE step checkpoints, whichever scores higher on validation
-#    decoded as the predictions are (scripts/pick_checkpoint.py)
+# 2. the blind test inputs, once the run that predicts them (a grid's PRED variant) is finished: best.pt
+#    and the average of its last AVERAGE step checkpoints are scored on validation decoded as the
+#    predictions will be (DECODE), and the better one writes them (scripts/pick_checkpoint.py)
 inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
 PRED_RUN=$RUN${PRED:+/$PRED}
-predicted() { [ ${#GEN[@]} -eq 0 ] || [ -e "$PRED_RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
-beam=1; for ((i = 0; i + 1 < ${#GEN[@]}; i++)); do [ "${GEN[i]}" = --beam-size ] && beam=${GEN[i+1]}; done
-if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted && [ ! -e "$PRED_RUN/averaged/metrics.validation.json" ] \
-    && [ "$AVERAGE" -gt 1 ] && run_cmd 120 average "$PY" -m scratchformer.average "$PRED_RUN" --last "$AVERAGE" --overwrite; then
-  run_cmd "$(limit 570)" average_eval "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/averaged.pt" \
-    --beam-size "$beam" --out "$PRED_RUN/averaged" "${EVAL[@]}"
-fi
+predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$PRED_RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
 if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted; then
-  decoding=$([ "$beam" = 1 ] && echo greedy || echo "beam$beam")
-  ckpt=$("$PY" scripts/pick_checkpoint.py "$PRED_RUN" --decoding "$decoding" 2> "$WORK/pick.txt") || ckpt=$PRED_RUN/best.pt
-  cat "$WORK/pick.txt"
-  run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" \
-    --input "$inputs" --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${GEN[@]}"
+  steps=$(compgen -G "$PRED_RUN/step_*.pt" | wc -l)
+  last=$(( steps < AVERAGE ? steps : AVERAGE ))
+  if [ "$last" -gt 1 ] && [ ! -e "$PRED_RUN/averaged.pt" ]; then
+    run_cmd 120 average "$PY" -m scratchformer.average "$PRED_RUN" --last "$last"
+  fi
+  scored=1
+  for name in best averaged; do
+    if [ -e "$PRED_RUN/$name.pt" ] && [ ! -e "$PRED_RUN/$name/metrics.validation.json" ]; then
+      run_cmd "$(limit 570)" "eval_$name" "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/$name.pt" \
+        --out "$PRED_RUN/$name" "${DECODE[@]}" "${RUNTIME[@]}" || scored=0
+    fi
+  done
+  if [ "$scored" = 1 ]; then
+    ckpt=$("$PY" scripts/pick_checkpoint.py "$PRED_RUN" 2> "$WORK/pick.txt") || ckpt=$PRED_RUN/best.pt
+    cat "$WORK/pick.txt"
+    run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
+      --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" "${RUNTIME[@]}"
+  fi
 fi
 
 # 3. the run folder, without checkpoints, into the archive
 mkdir -p "$WORK/run"
 (cd "$RUN" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
 if finished && predicted; then
-  if [ ${#GEN[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
+  if [ ${#DECODE[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
   echo "== $RECIPE: finished"
 else
   echo "== $RECIPE: not finished, call again to continue"
