@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
               "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
     if source.task != "classification":
         result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size),
-                      no_repeat_ngram=args.no_repeat_ngram)
+                      length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram)
     result["seconds"] = round(time.time() - t0, 2)
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "

@@ -8,10 +8,10 @@ validation. Prints the path; the scores and the choice go to stderr.
     python scripts/pick_checkpoint.py RUN      # -> RUN/averaged.pt or RUN/best.pt
 
 Each candidate RUN/NAME.pt is scored by RUN/NAME/metrics.validation.json, and all of them must have
-decoded the same examples the same way (beam, n-gram blocking), as the test predictions will be. The
-metric is the run's --best-metric, or the decoding metric when that is the loss (accuracy, ROUGE-L,
-BLEU): the predictions are decoded, so they are judged decoded. A tie keeps best.pt; a run without
-scores for the average keeps best.pt.
+decoded the same examples the same way (beam, length penalty, n-gram blocking), as the test
+predictions will be. The metric is the run's --best-metric, or the decoding metric when that is the
+loss (accuracy, ROUGE-L, BLEU): the predictions are decoded, so they are judged decoded. A tie keeps
+best.pt; a run without scores for the average keeps best.pt.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 CANDIDATES = ("best", "averaged")  # in order of preference on a tie
 DECODING_METRICS = ("accuracy", "rougeL", "bleu")  # the first in the scores: classification, summarization, translation
 LOWER_IS_BETTER = ("loss", "ppl")
-SAME = ("n", "decoding", "no_repeat_ngram")  # what the candidates' scores must share
+SAME = ("n", "decoding", "length_penalty", "no_repeat_ngram")  # what the candidates' scores must share
 
 
 def pick(run: Path) -> tuple[Path, str]:

@@ -427,7 +427,7 @@ def test_no_repeat_ngram_reaches_the_decoder(runs, tmp_path, monkeypatch, beam):
     _write_jsonl(data / "validation.jsonl", [{"src": t, "tgt": t} for t in _texts(6, 7)])
     m = evaluate.main(["--checkpoint", str(runs["translation"]), "--data", str(data), "--task", "translation",
                        "--beam-size", beam, "--no-repeat-ngram", "2", "--out", str(tmp_path / "ev")])
-    assert set(seen) == {2} and m["no_repeat_ngram"] == 2
+    assert set(seen) == {2} and m["no_repeat_ngram"] == 2 and m["length_penalty"] == 1.0
 
 
 def test_library_entries_check_options_too(runs, tmp_path):
