@@ -36,13 +36,17 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
-def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0):
+def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0):
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
     if src_lengths is None:
         raise ValueError("src_lengths is required (B,) int")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
 
 
 @torch.no_grad()
@@ -85,6 +89,15 @@ def _keep_best(fin_seq, fin_score, cand_seq, cand_score, pad_id):
     return fin_seq, fin_score
 
 
+def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penalty, pad_id):
+    """Sentences that ran out of steps (fewer than K finished): their unfinished beams compete too."""
+    open_ = n_fin < fin_seq.shape[1]
+    if not bool(open_.any()):
+        return fin_seq, fin_score
+    norm = (alive_score / float(alive_seq.shape[2]) ** length_penalty).masked_fill(~open_[:, None], float("-inf"))
+    return _keep_best(fin_seq, fin_score, alive_seq, norm, pad_id)
+
+
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
                 no_repeat_ngram: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
@@ -98,11 +111,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     unfinished beams compete as they stand. Blocked repeats get -inf log-probability, unnormalised
     (as fairseq).
     """
-    _check(src, src_lengths, max_len, no_repeat_ngram)
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty)
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len)
@@ -143,10 +152,5 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
         if bool((n_fin >= K).all()):
             break
 
-    # Sentences that ran out of steps: their unfinished beams compete too.
-    open_ = n_fin < K
-    if bool(open_.any()):
-        norm = (alive_score / float(alive_seq.shape[2]) ** length_penalty).masked_fill(~open_[:, None], neg_inf)
-        fin_seq, fin_score = _keep_best(fin_seq, fin_score, alive_seq, norm, pad_id)
-
+    fin_seq, _ = _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penalty, pad_id)
     return _trim(fin_seq[:, 0], pad_id)
