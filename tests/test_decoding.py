@@ -22,13 +22,13 @@ def _src():
     return torch.randint(4, V, (4, 8)), torch.tensor([8, 3, 1, 6])
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_kv_cache_equals_full_recompute(norm):
-    m = _model(norm=norm, final_norm=norm == "pre")
+@pytest.mark.parametrize("norm,copy", [("post", False), ("pre", False), ("post", True)])
+def test_kv_cache_equals_full_recompute(norm, copy):
+    m = _model(norm=norm, final_norm=norm == "pre", copy=copy)
     src, sl = _src()
     tgt = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, V, (4, 6))], 1)
     full = m(src, sl, tgt)  # (B, 7, V)
-    state = m.init_state(m.encode(src, sl), sl, max_len=7)
+    state = m.init_state(m.encode(src, sl), sl, max_len=7, src=src)
     steps = torch.stack([m.decode_step(tgt[:, i : i + 1], state) for i in range(7)], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
@@ -50,8 +50,9 @@ def test_greedy_matches_step_by_step_argmax_of_full_model():
             seq.append(nxt)
 
 
-def test_beam_one_equals_greedy():
-    m = _model()
+@pytest.mark.parametrize("copy", [False, True])
+def test_beam_one_equals_greedy(copy):
+    m = _model(copy=copy)
     src, sl = _src()
     g = greedy_decode(m, src, sl, max_len=12)
     for lp in (0.0, 1.0):
@@ -108,8 +109,9 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
     assert _score(m, src, sl, g, 1.0) <= best + 1e-6
 
 
-def test_beam_rows_are_independent_of_batching():
-    m = _model()
+@pytest.mark.parametrize("copy", [False, True])
+def test_beam_rows_are_independent_of_batching(copy):
+    m = _model(copy=copy)
     src, sl = _src()
     together = beam_search(m, src, sl, beam_size=3, max_len=10)
     for b in range(4):

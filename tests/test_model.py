@@ -43,10 +43,12 @@ def test_tying_shares_parameters():
     assert untied - count_parameters(m) == 2 * V * 32
 
 
-@pytest.mark.parametrize("norm,final_norm", [("post", False), ("pre", True), ("pre", False)])
-def test_padding_invariance(norm, final_norm):
-    """Extra right padding changes no output at unpadded positions, encoder or decoder."""
-    m = Transformer(_cfg(norm=norm, final_norm=final_norm)).eval()
+@pytest.mark.parametrize("norm,final_norm,copy", [("post", False, False), ("pre", True, False), ("pre", False, False),
+                                                  ("post", False, True)])
+def test_padding_invariance(norm, final_norm, copy):
+    """Extra right padding changes no output at unpadded positions, encoder or decoder (nor the copy
+    layer: junk source ids past the lengths are never copied)."""
+    m = Transformer(_cfg(norm=norm, final_norm=final_norm, copy=copy)).eval()
     src, sl, tgt, tl = _batch()
     pad_src = torch.cat([src, torch.randint(4, V, (3, 6))], 1)  # junk, not PAD: masks must hide it
     pad_tgt = torch.cat([tgt, torch.randint(4, V, (3, 4))], 1)

@@ -169,13 +169,14 @@ def _loss_and_grads(model, batch, seed=0):
 
 
 @pytest.mark.parametrize(
-    "kernel,train",
-    [("eager", False), ("torch", False), ("triton", False), ("triton", True)],
-    ids=["eager", "torch", "triton", "triton-dropout"],
+    "kernel,train,copy",
+    [("eager", False, False), ("torch", False, False), ("triton", False, False), ("triton", True, False),
+     ("triton", False, True)],
+    ids=["eager", "torch", "triton", "triton-dropout", "triton-copy"],
 )
-def test_model_compiles_fullgraph(kernel, train):
+def test_model_compiles_fullgraph(kernel, train, copy):
     kw = dict(dropout=0.1, attn_dropout=0.1, ffn_dropout=0.1) if train else {}
-    model = _model(kernel, **kw).train(train)
+    model = _model(kernel, copy=copy, **kw).train(train)
     batch = _batch()
     ref_logits, ref_grads = _loss_and_grads(model, batch)  # eager first: resolves the backend
     torch._dynamo.reset()

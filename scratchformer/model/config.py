@@ -40,6 +40,8 @@ class ModelConfig:
     tie_embeddings: str = "none"
     output_bias: bool = True
     pos_encoding: bool = True  # False: the no-positional-encoding ablation
+    # The pointer-generator output layer (copy.py): copy source tokens; needs a shared vocabulary.
+    copy: bool = False
     max_len: int = 4096  # longest sequence accepted (PE is computed on the fly; this is a guard)
     pad_id: int = PAD_ID
     num_classes: int | None = None  # set for the encoder-only classifier
@@ -64,6 +66,10 @@ class ModelConfig:
                 "tie_embeddings='all' needs a shared vocabulary, but src_vocab_size "
                 f"{self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"
             )
+        if self.copy and (self.num_classes is not None or self.src_vocab_size != self.tgt_vocab_size):
+            raise ValueError("copy needs an encoder-decoder model with one vocabulary for source and target, got "
+                             + ("a classifier" if self.num_classes is not None else
+                                f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"))
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:

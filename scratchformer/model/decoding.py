@@ -56,7 +56,7 @@ def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int
     _check(src, src_lengths, max_len, no_repeat_ngram)
     B = src.shape[0]
     memory = model.encode(src, src_lengths)
-    state = model.init_state(memory, src_lengths, max_len)
+    state = model.init_state(memory, src_lengths, max_len, src=src)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
@@ -114,7 +114,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty)
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
-    state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len)
+    state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
+                             src=src.repeat_interleave(K, 0))
 
     neg_inf = float("-inf")
     alive_seq = torch.empty(B, K, 0, dtype=torch.long, device=dev)

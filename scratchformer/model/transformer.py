@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .. import ops as backends
 from ..ops import Ops
 from .config import ModelConfig
+from .copy import PointerGenerator
 from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache
 
 
@@ -84,10 +85,12 @@ class Decoder(_Stack):
 
 class DecoderState:
     """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
-    step at a time and a cross-attention KV cache filled once from the encoder output."""
+    step at a time and a cross-attention KV cache filled once from the encoder output; with the
+    copy layer, the source ids and its attention keys."""
 
-    def __init__(self, caches, memory, src_lengths):
+    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None):
         self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, 0
+        self.src, self.copy_keys = src, copy_keys
 
     def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
         """Select batch rows. same_sources: every row keeps its source sentence (beam search
@@ -97,8 +100,9 @@ class DecoderState:
             if not same_sources:
                 cross_cache.reorder(index)
         if not same_sources:
-            self.memory = self.memory.index_select(0, index)
-            self.src_lengths = self.src_lengths.index_select(0, index)
+            for name in ("memory", "src_lengths", "src", "copy_keys"):
+                if getattr(self, name) is not None:
+                    setattr(self, name, getattr(self, name).index_select(0, index))
 
 
 def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *, vocab: int, max_len: int) -> None:
@@ -166,6 +170,7 @@ class Transformer(_Model):
         self.encoder = Encoder(cfg, src_emb, ops)
         self.decoder = Decoder(cfg, tgt_emb, ops)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        self.copy = PointerGenerator(cfg.d_model) if cfg.copy else None
         _init_linears(self)
         if cfg.tie_embeddings != "none":
             self.generator.weight = tgt_emb.weight
@@ -183,16 +188,25 @@ class Transformer(_Model):
     def _encode(self, src, src_lengths):
         return self.encoder(self.encoder.embedding(src), src_lengths)
 
-    def decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False):
-        """tgt (B, Lt) decoder input ids -> logits (B, Lt, V) [, cross-attention weights per layer]."""
+    def decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False, src=None):
+        """tgt (B, Lt) decoder input ids -> logits (B, Lt, V) [, cross-attention weights per layer].
+        With the copy layer (cfg.copy) the logits are log-probabilities, and the source ids `src`
+        (B, Ls) are needed: given here, or kept in `state`."""
         self._check("tgt", tgt, tgt_lengths)
-        return self._decode(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights)
+        if src is not None:
+            self._check("src", src, src_lengths)
+        elif self.copy is not None and state is None:
+            raise ValueError("this model copies from its source (cfg.copy): decode needs src=, the source ids")
+        return self._decode(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights, src=src)
 
-    def _decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False):
+    def _decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False, src=None):
         out = self.decoder(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights)
-        if need_weights:
-            return self.generator(out[0]), out[1]
-        return self.generator(out)
+        h, weights = out if need_weights else (out, None)
+        logits = self.generator(h)
+        if self.copy is not None:
+            keys = state.copy_keys if state is not None else self.copy.keys(memory)
+            logits = self.copy(h, logits, memory, keys, state.src if state is not None else src, src_lengths)
+        return (logits, weights) if need_weights else logits
 
     def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False):
         self._check("src", src, src_lengths)
@@ -200,10 +214,11 @@ class Transformer(_Model):
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src batch {src.shape[0]} != tgt batch {tgt.shape[0]}")
         memory = self._encode(src, src_lengths)
-        return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights)
+        return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
 
-    def init_state(self, memory, src_lengths, max_len: int) -> DecoderState:
-        """Decoding state for up to max_len target steps; cross-attention K/V computed here, once."""
+    def init_state(self, memory, src_lengths, max_len: int, src=None) -> DecoderState:
+        """Decoding state for up to max_len target steps; cross-attention K/V computed here, once
+        (and the copy layer's keys: it needs the source ids `src`)."""
         B, Ls, _ = memory.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         caches = []
@@ -211,7 +226,12 @@ class Transformer(_Model):
             self_cache = KVCache.empty(B, max_len, H, D, device=memory.device, dtype=memory.dtype)
             k, v = layer.cross_attn.project_kv(memory)
             caches.append((self_cache, KVCache(k.contiguous(), v.contiguous(), Ls)))
-        return DecoderState(caches, memory, src_lengths)
+        if self.copy is None:
+            return DecoderState(caches, memory, src_lengths)
+        if src is None:
+            raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
+        self._check("src", src, src_lengths)
+        return DecoderState(caches, memory, src_lengths, src, self.copy.keys(memory))
 
     def decode_step(self, tokens, state: DecoderState):
         """tokens (B, 1): the last emitted token of each row -> next-token logits (B, V)."""

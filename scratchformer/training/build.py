@@ -162,6 +162,8 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
         over["n_decoder_layers"] = cfg.decoder_layers
     if cfg.no_pos_encoding:
         over["pos_encoding"] = False
+    if cfg.copy:
+        over["copy"] = True
     if task == "classification":
         over["n_decoder_layers"], over["num_classes"] = 0, data.num_classes
         over.pop("tgt_vocab_size")

@@ -112,6 +112,8 @@ class TrainConfig:
     final_norm: bool | None = _model(help="LayerNorm after the last encoder/decoder layer")
     tie_embeddings: str | None = _model(choices=("none", "decoder", "all"))
     no_pos_encoding: bool = _model(default=False, help="ablation: no positional encoding")
+    copy: bool = _model(default=False, help="pointer-generator output layer: copy source tokens (See et al. 2017; "
+                        "for summarization from scratch); needs a shared vocabulary")
 
     # optimisation
     epochs: int | None = _optim(help="passes over the training data (None: by --max-steps)", by_data=dict(real=10))
@@ -257,6 +259,9 @@ def check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--data {cfg.data} and --dataset {cfg.dataset} both name the data: give one")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
+    if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):
+        raise ConfigError("--copy copies source tokens into the target: it needs one shared vocabulary (drop "
+                          + ("--separate-vocab)" if cfg.separate_vocab else "the second --tokenizer)"))
 
 
 def check_for_task(cfg: TrainConfig, task: str) -> None:
@@ -266,6 +271,8 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
         raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
     if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
         raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
+    if task == "classification" and cfg.copy:
+        raise ConfigError("--copy is for sequence-to-sequence tasks; a classifier has no target tokens to copy into")
     if task != "classification":
         if cfg.decoder_layers == 0:
             raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
@@ -340,8 +347,8 @@ FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",
     "synthetic_seed", "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "preset", "d_model", "heads",
     "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "activation", "norm",
-    "final_norm", "tie_embeddings", "no_pos_encoding", "batch_size", "max_tokens", "schedule", "plateau_patience",
-    "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
+    "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "schedule",
+    "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
 
 

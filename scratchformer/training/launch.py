@@ -67,7 +67,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
     log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
              f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
-             f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding} | kernel "
+             f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding}{' copy' * mcfg.copy} | kernel "
              f"{mcfg.kernel} -> {model.ops.name}")
     trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
     if resuming:

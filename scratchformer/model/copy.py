@@ -1,0 +1,71 @@
+"""The pointer-generator output layer (See, Liu and Manning, "Get To The Point", ACL 2017), the
+`--copy` option of a sequence-to-sequence model with one vocabulary for source and target.
+
+At each target position the decoder output h attends once more over the encoder output (one head,
+keys projected once per source): a (B, Lt, Ls). A gate p_gen = sigmoid(w · [h; context] + b) mixes
+the vocabulary distribution with the copy distribution, the attention scattered onto the source's
+token ids:
+
+    p(w) = p_gen · softmax(logits)(w) + (1 - p_gen) · sum_{j : src_j = w} a_j
+
+The layer returns log p (B, Lt, V) in fp32, a normalised distribution: every consumer of logits
+(log_softmax in the loss and in decoding, argmax, cross-entropy) gives the same answer on it.
+
+Why a summarizer wants it: trained from scratch on long sources without it, the decoder learns a
+language model long before cross-attention becomes selective, and the encoder output collapses to
+one vector for every position (`scripts/source_use.py`; results/cnndm-cpu-small-copy). The copy
+distribution rewards, from the first step, attention on the positions holding the next token,
+which needs position-specific encoder outputs. The attention here is a plain masked softmax in
+PyTorch in every backend (its probabilities are the output, which a flash kernel does not keep).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class PointerGenerator(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.gate = nn.Linear(2 * d_model, 1)
+        self.scale = 1.0 / math.sqrt(d_model)
+
+    def keys(self, memory: torch.Tensor) -> torch.Tensor:
+        """memory (B, Ls, d) -> copy-attention keys (B, Ls, d): once per source when decoding."""
+        return self.k_proj(memory)
+
+    def forward(self, h, logits, memory, keys, src, src_lengths):
+        """h (B, Lt, d) decoder output, logits (B, Lt, V) of the vocabulary, memory and keys (B, Ls, d),
+        src (B, Ls) token ids, src_lengths (B,) -> log p (B, Lt, V) fp32.
+
+        A row with an empty source has nothing to copy: its distribution is the vocabulary's alone.
+        The copy part is summed per distinct source token on (B, Lt, Ls) and written into the
+        vocabulary's log-probabilities at each token's first source position; only the vocabulary
+        part is ever dense (B, Lt, V): one extra column takes the writes of the other positions.
+        """
+        B, Lt, V = logits.shape
+        Ls = src.shape[1]
+        scores = torch.matmul(self.q_proj(h).float(), keys.float().transpose(1, 2)) * self.scale  # (B, Lt, Ls)
+        valid = torch.arange(Ls, device=src.device)[None, :] < src_lengths[:, None]  # (B, Ls)
+        attn = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
+        context = torch.matmul(attn, memory.float())  # (B, Lt, d)
+        z = self.gate(torch.cat([h.float(), context], dim=-1).to(self.gate.weight.dtype)).float()  # (B, Lt, 1)
+        z = z.masked_fill((src_lengths == 0)[:, None, None], float("inf"))  # nothing to copy: p_gen = 1
+
+        same = (src[:, :, None] == src[:, None, :]) & valid[:, None, :]  # (B, Ls, Ls): [j, k] valid k, same id
+        copy = torch.matmul(attn, same.transpose(1, 2).float())  # (B, Lt, Ls): copy probability of src_j's id
+        first = valid & ~(same & torch.ones(Ls, Ls, dtype=torch.bool, device=src.device).tril(-1)).any(-1)
+        where = torch.where(first, src, V)[:, None, :].expand(B, Lt, Ls)  # the rest write to column V
+
+        extra = logits.new_full((B, Lt, 1), float("-inf"))
+        log_gen = F.logsigmoid(z) + torch.log_softmax(torch.cat([logits, extra], dim=-1).float(), dim=-1)
+        # copy > 0 at first positions; clamped so that an underflow gives a finite gradient
+        mixed = torch.logaddexp(log_gen.gather(2, src[:, None, :].expand(B, Lt, Ls)),
+                                F.logsigmoid(-z) + copy.clamp_min(torch.finfo(torch.float32).tiny).log())
+        return log_gen.scatter(2, where, mixed)[..., :V]
