@@ -151,12 +151,12 @@ def test_bad_inputs_name_the_problem():
         Transformer(_cfg(max_len=8))(src, sl, tgt, tl)
 
 
-@pytest.mark.parametrize("kernel", ["eager", "torch"])
-def test_autocast_forward_backward_and_decoding(kernel):
+@pytest.mark.parametrize("kernel,copy", [("eager", False), ("torch", False), ("torch", True)])
+def test_autocast_forward_backward_and_decoding(kernel, copy):
     """bf16 autocast (CPU here; the same path runs on CUDA): close to fp32, and decoding works with
-    the fp32 KV caches that autocast leaves behind."""
+    the fp32 KV caches that autocast leaves behind. The copy layer returns fp32 log-probabilities."""
     torch.manual_seed(0)
-    m = Transformer(_cfg(kernel=kernel)).eval()
+    m = Transformer(_cfg(kernel=kernel, copy=copy)).eval()
     src, sl, tgt, tl = _batch()
     ref = m(src, sl, tgt, tl)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -165,7 +165,7 @@ def test_autocast_forward_backward_and_decoding(kernel):
         from scratchformer.model import greedy_decode
 
         greedy_decode(m, src, sl, max_len=4)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == (torch.float32 if copy else torch.bfloat16)
     for b in range(3):
         torch.testing.assert_close(out[b, : tl[b]].float(), ref[b, : tl[b]], atol=0.15, rtol=0.05)
 

@@ -35,9 +35,10 @@ recipe() {
       FLAGS=(--dataset iwslt2017_en_de --preset small --tie-embeddings all --vocab-size 10000 --max-tokens 8192
              --dropout 0.3 --lr 7e-4 --warmup-steps 800 --epochs 10000 --max-steps 8000 --eval-every 500
              --eval-decode-examples 500 --best-metric bleu) ;;
-    samsum-short)  # the curriculum's first phase (results/samsum-cpu-small-curriculum): dialogues <= 96 tokens
+    samsum-short)  # the curriculum's first phase (results/samsum-cpu-small-curriculum): dialogues <= 96 tokens;
+      # --copy (the pointer-generator: summaries copy the speakers' names), which phase 2 inherits
       DATASET=samsum-short96; DECODE=()
-      FLAGS=(--data .gpu_data/samsum-short96 --tokenizer .gpu_data/samsum-tokenizer.json --preset small
+      FLAGS=(--data .gpu_data/samsum-short96 --tokenizer .gpu_data/samsum-tokenizer.json --preset small --copy
              --tie-embeddings all --max-tokens 8192 --lr 7e-4 --warmup-steps 400 --epochs 10000 --max-steps 2000
              --eval-every 500 --eval-decode-examples 0) ;;
     samsum)  # phase 2 from samsum-short's weights, every dialogue; ROUGE-1/2/L >= 37/14/34. Trigram
@@ -46,10 +47,10 @@ recipe() {
       FLAGS=(--dataset samsum --max-tokens 8192 --lr 5e-4 --warmup-steps 300 --epochs 10000 --max-steps 8000
              --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
     cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries).
-      # Check its encoder with scripts/source_use.py early: trained directly on long sources, SAMSum's
-      # collapsed to one vector (results/samsum-cpu-small-1600); a short-document first phase fixed it.
+      # --copy: without it the encoder collapsed to one vector by step 400 on the CPU, even on 128-token
+      # sources; with it, it did not (results/cnndm-cpu-small-copy). Check with scripts/source_use.py early.
       DATASET=cnn_dailymail; DECODE=(--beam-size 1 --no-repeat-ngram 3)  # greedy: 4,490 test articles
-      FLAGS=(--dataset cnn_dailymail --preset base --tie-embeddings all --vocab-size 16000 --max-src-len 512
+      FLAGS=(--dataset cnn_dailymail --preset base --copy --tie-embeddings all --vocab-size 16000 --max-src-len 512
              --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --max-steps 8000
              --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
     ablate-multi30k)  # one budget each: no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
