@@ -35,15 +35,16 @@ def test_train_copy_builds_evaluates_and_generates(run, tmp_path):
     final = json.loads((folder / "metrics.final.json").read_text())
     assert "bleu" in json.dumps(final)
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"id": f"x{i}", "src": s}) + "\n" for i, s in enumerate(["one two", "red house"])))
+    lines = [json.dumps({"id": f"x{i}", "src": s}) + "\n" for i, s in enumerate(["one two", "red house"])]
+    src.write_text("".join(lines))
     out = tmp_path / "out.jsonl"
     generate.main(["--checkpoint", str(folder), "--input", str(src), "--output", str(out), "--beam-size", "2"])
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["x0", "x1"]
 
 
 def _source_use(checkpoint, data):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint), "--data", str(data), "-n", "6"],
-                          capture_output=True, text=True)
+    cmd = [sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint), "--data", str(data), "-n", "6"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
