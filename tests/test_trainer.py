@@ -2,6 +2,7 @@
 before TrainConfig (old-format args) still resuming and evaluating."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -136,7 +137,8 @@ def _train_rows(run):
 
 def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
     """--time-limit: the run stops after the step that passes it, saves last.pt there (no final
-    evaluation), and --resume continues to the same per-step losses as an uninterrupted run."""
+    evaluation), and --resume continues to the same per-step losses as an uninterrupted run; the
+    training time it reports adds the sessions'."""
     base = TINY + ["--max-steps", "6", "--eval-every", "3", "--seed", "3"]
     whole = T.main(base + ["--out", str(tmp_path / "whole")])
     stopped = T.main(base + ["--out", str(tmp_path / "cut"), "--time-limit", "1e-9"])
@@ -144,7 +146,13 @@ def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["progress"]["step"] == 1
     assert not (tmp_path / "cut" / "metrics.final.json").exists()
     assert "continue with --resume --out" in (tmp_path / "cut" / "log.txt").read_text()
+    ck = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert 0 < ck["progress"]["seconds"] < 600
+    ck["progress"]["seconds"] = 1000.0  # as if the sessions before had trained for 1000 s
+    save_checkpoint(tmp_path / "cut" / "last.pt", ck)
+    t0 = time.time()
     final = T.main(["--resume", "--out", str(tmp_path / "cut"), "--time-limit", "1e9"])
+    assert 1000 < final["train_seconds"] < 1000 + time.time() - t0  # the run's time, not this session's
     assert final["loss"] == whole["loss"]
     cut, ref = _train_rows(tmp_path / "cut"), _train_rows(tmp_path / "whole")
     assert [r["step"] for r in cut] == [r["step"] for r in ref] == [str(i) for i in range(1, 7)]

@@ -55,6 +55,7 @@ class Progress:
     bad_evals: int = 0
     stopped_early: bool = False
     tokens: int = 0
+    seconds: float = 0.0  # training time over every session of the run (--resume adds to it), as of last.pt
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -109,8 +110,9 @@ class Trainer:
         self.last_saved: int = -1  # step of the last step checkpoint
         self.saved_progress: dict | None = None  # the progress last.pt holds
         self.stop_reason: str | None = None  # why fit() stopped before its end: --time-limit, SIGINT, SIGTERM
-        self._t_start: float = time.time()
-        self.train_seconds: float = 0.0
+        self._t_start: float = time.time()  # this session's start: --time-limit counts from it
+        self._seconds_before: float = 0.0  # the run's training time before this session
+        self.train_seconds: float = 0.0  # the run's training time, every session, when fit() returns
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
         self._window = _Window()
         self._bar: tqdm | None = None
@@ -147,6 +149,8 @@ class Trainer:
 
     def save(self, kind: str) -> None:
         """kind "step": step_<N>.pt and last.pt (older step files pruned); "best": best.pt. Rank 0 writes."""
+        if kind == "step":
+            self.progress.seconds = self._elapsed()
         ckpt = self.state_dict()
         if kind == "step":
             self.last_saved, self.saved_progress = self.progress.step, self.progress.to_dict()
@@ -187,7 +191,7 @@ class Trainer:
         self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
                          desc="train", dynamic_ncols=True, mininterval=0.5)
         self._window = _Window()
-        self._t_start = time.time()
+        self._t_start, self._seconds_before = time.time(), prog.seconds
         with _stop_signals(self):
             while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
                 if not self._epoch():
@@ -199,7 +203,7 @@ class Trainer:
                     if not cfg.save_every:
                         self.save("step")
         self._bar.close()
-        self.train_seconds = time.time() - self._t_start
+        self.train_seconds = self._elapsed()
         if self.stop_reason:  # stopped early: save where it stands (no validation); --resume continues exactly
             if self.saved_progress != prog.to_dict():
                 self.save("step")
@@ -222,6 +226,10 @@ class Trainer:
             if self.done() or self.should_stop():
                 return False
         return True
+
+    def _elapsed(self) -> float:
+        """The run's training time so far: the sessions before this one, and this one."""
+        return self._seconds_before + time.time() - self._t_start
 
     def should_stop(self) -> bool:
         """Whether to stop after this step: --time-limit passed, or SIGINT / SIGTERM came. Under DDP
