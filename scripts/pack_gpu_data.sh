@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # Copy the datasets a GPU run needs into .gpu_data/ (git-ignored) so the device tool can carry it:
 # the GPU machine gets the checkout, not ../shared. The carry limit is 64 MiB per call, so pick:
-#   bash scripts/pack_gpu_data.sh multi30k samsum iwslt2017_en_de samsum-short96   # ~8 MiB
-#   rm -rf .gpu_data && bash scripts/pack_gpu_data.sh cnn_dailymail                # ~46 MiB, on its own
+#   bash scripts/pack_gpu_data.sh multi30k samsum iwslt2017_en_de   # ~8 MiB
+#   rm -rf .gpu_data && bash scripts/pack_gpu_data.sh cnn_dailymail # ~46 MiB, on its own
 # then run with carry [".gpu_data", ...] and SCRATCHFORMER_DATA=.gpu_data (scripts/gpu/50_train.sh).
-#   samsum-short96   the SAMSum curriculum's first phase: train dialogues of <= 96 tokens of the
-#                    tokenizer both phases share (results/samsum-cpu-small-curriculum/tokenizer.json,
-#                    copied to .gpu_data/samsum-tokenizer.json); scripts/samsum_short.py
 #   cnn_dailymail    documents cut at MAX_DOC_CHARS characters (default 3000), or it would not fit
 #                    beside the wheels and the checkout. Nothing the model reads is lost: 511 tokens
 #                    of a 16k byte-level BPE trained on CNN/DM cover at most 2,753 characters (median
@@ -20,10 +17,6 @@ mkdir -p .gpu_data
 for name in "$@"; do
   rm -rf ".gpu_data/$name"
   case $name in
-    samsum-short96)
-      tok=results/samsum-cpu-small-curriculum/tokenizer.json
-      "$py" scripts/samsum_short.py --data "$src/samsum" --tokenizer "$tok" --max-src-tokens 96 --out ".gpu_data/$name"
-      cp "$tok" .gpu_data/samsum-tokenizer.json ;;
     cnn_dailymail)
       [ -d "$src/$name" ] || { echo "no dataset folder $src/$name" >&2; exit 1; }
       mkdir -p ".gpu_data/$name" && cp "$src/$name/meta.json" ".gpu_data/$name/"

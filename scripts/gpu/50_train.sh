@@ -25,17 +25,13 @@ RUN=$RUNS/$RECIPE
 if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on the same recipe's flags
   FLAGS+=(--kernel eager --precision fp32 --max-train-examples 64 --max-valid-examples 8 --max-steps 3
           --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64 --max-tgt-len 16)
-  [ -z "$AFTER" ] && FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
+  FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
   RUNTIME=(--kernel eager --precision fp32); AVERAGE=2; export OMP_NUM_THREADS=1
 fi
 if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
   echo "== no data: $SCRATCHFORMER_DATA/$DATASET (bash scripts/pack_gpu_data.sh $DATASET, then carry .gpu_data)"
   exit 1
-fi
-if [ -n "$AFTER" ]; then
-  [ -e "$RUNS/$AFTER/metrics.final.json" ] || { echo "== $RECIPE starts from a finished $AFTER run: run RECIPE=$AFTER first"; exit 1; }
-  FLAGS+=(--init-from "$RUNS/$AFTER")
 fi
 mkdir -p "$RUNS"
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
