@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copy the datasets a GPU run needs into .gpu_data/ (git-ignored) so the device tool can carry it:
 # the GPU machine gets the checkout, not ../shared. The carry limit is 64 MiB per call, so pick:
-#   bash scripts/pack_gpu_data.sh multi30k samsum iwslt2017_en_de   # ~8 MiB
+#   bash scripts/pack_gpu_data.sh multi30k samsum iwslt2017_en_de   # ~7 MiB
 #   rm -rf .gpu_data && bash scripts/pack_gpu_data.sh cnn_dailymail # ~46 MiB, on its own
 # then run with carry [".gpu_data", ...] and SCRATCHFORMER_DATA=.gpu_data (scripts/gpu/50_train.sh).
 #   cnn_dailymail    documents cut at MAX_DOC_CHARS characters (default 3000), or it would not fit
