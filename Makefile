@@ -15,6 +15,11 @@ TRITON_MIN_DIR := .triton-min
 # The GPU machines' torch (a CUDA 13.0 build): its headers check our CUDA glue on CPU machines.
 GPU_TORCH_SPEC ?= torch==2.11.0
 GPU_TORCH_DIR := .torch-cuda
+# `make test` runs pytest in TEST_WORKERS processes (pytest-xdist), each taking whole files
+# (--dist loadfile: a file's tests run in order in one process, sharing its module fixtures, as
+# they would alone); TEST_WORKERS=0 runs them all in the calling process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_ffn.py \
 	tests/test_model_triton.py tests/test_triton_compile.py
 STAMP := $(VENV)/.scratchformer-installed
@@ -43,7 +48,7 @@ $(STAMP): $(PY) $(EXT_SOURCES)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q "$(TRITON_SPEC)"
-	$(PY) -m pip install -q ninja setuptools wheel numpy pytest pytest-benchmark hypothesis "$(RUFF_SPEC)"
+	$(PY) -m pip install -q ninja setuptools wheel numpy pytest pytest-benchmark pytest-xdist hypothesis "$(RUFF_SPEC)"
 	$(PY) -m pip install -q --no-build-isolation -e .
 	@touch $(STAMP)
 
@@ -82,7 +87,7 @@ lint: install $(VENV)/bin/ruff
 	$(VENV)/bin/ruff check .
 
 test: install lint cuda-check
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS)
 	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
 		$(MAKE) --no-print-directory test-triton-min; \
 	else echo "GPU machine: its own Triton ran the kernel tests above; skipping the $(TRITON_MIN_SPEC) lane"; fi
@@ -97,7 +102,7 @@ $(TRITON_MIN_DIR)/.installed: | install
 
 test-triton-min: install $(TRITON_MIN_DIR)/.installed
 	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -c "import triton, numpy; print('kernel tests with triton', triton.__version__, 'numpy', numpy.__version__)"
-	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -m pytest $(KERNEL_TESTS) -p no:cacheprovider \
+	PYTHONPATH=$(abspath $(TRITON_MIN_DIR)) $(PY) -m pytest $(KERNEL_TESTS) $(XDIST) -p no:cacheprovider \
 		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
 
 wheels: $(PY)

@@ -24,6 +24,12 @@ import pytest  # noqa: E402
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
+# Under pytest-xdist (`make test`: TEST_WORKERS) each worker takes its share of the cores; torch's
+# default, all of them in every worker, oversubscribes the machine.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
