@@ -45,10 +45,18 @@ def test_plan_shape():
         assert step in readme, step
 
 
-def _dry_run(step, out, **extra):
-    env = dict(os.environ, GPU_DRY_RUN="1", OUT=out, PY=sys.executable, **extra)
+def _step_env(**extra):
+    """The environment of a step run as on the GPU machine, from a shell: without this suite's
+    settings (the interpreter, pinned tiles, paths) nor pytest's own (an xdist worker's
+    PYTEST_XDIST_WORKER makes the steps' pytest-benchmark runs refuse --benchmark-only)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     for key in ("TRITON_INTERPRET", "SCRATCHFORMER_AUTOTUNE", "PYTHONPATH"):
         env.pop(key, None)
+    return dict(env, GPU_DRY_RUN="1", PY=sys.executable, **extra)
+
+
+def _dry_run(step, out, **extra):
+    env = _step_env(OUT=out, **extra)
     return subprocess.run(["bash", os.path.join(GPU, step)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -77,9 +85,8 @@ def test_dry_run_catches_a_broken_selection(tmp_path):
     step = tmp_path / "99_broken.sh"
     body = "run_pytest 60 1 broken tests/test_metrics.py -k no_test_has_this_name"
     step.write_text(f'source "{GPU}/prelude.sh"\n{body}\n')
-    env = dict(os.environ, GPU_DRY_RUN="1", OUT=str(tmp_path / "out"), PY=sys.executable)
-    env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
+                       text=True, timeout=300)
     assert p.returncode != 0, p.stdout[-2000:]
     assert os.listdir(tmp_path / "out") == ["99_broken.tar.gz"]  # packed even when failing
 
