@@ -138,6 +138,26 @@ def test_add_layer_norm_grad_of_broadcast_dy():
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_add_layer_norm_rows_per_tile(block_m, monkeypatch):
+    """The kernels take BLOCK_M rows at a time (`_block_m`: one on a GPU from 512 columns up, as
+    many as the interpreter likes here). Forcing the GPU's one row, and a tile that leaves 33 rows
+    ragged, gives the reference's outputs and gradients with dropout on, and the same dropout
+    mask: the Philox stream does not depend on the tiling."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    inputs = _inputs((33, 100), torch.float32)
+    _, _, free_mask = add_layer_norm(*inputs, dropout_p=0.3, seed=5, return_residual=True, return_dropout_mask=True)
+    monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
+    _, _, mask = add_layer_norm(*inputs, dropout_p=0.3, seed=5, return_residual=True, return_dropout_mask=True)
+    assert torch.equal(mask, free_mask)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=0.3, seed=5, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=0.3, dropout_mask=mask, return_residual=True),
+        inputs, 1e-5, 1e-5,
+    )
+
+
 def test_add_layer_norm_weight_grad_deterministic():
     """dweight/dbias use per-program partials and a fixed-order sum: bitwise repeatable."""
     x, r, w, b = _inputs((100, 256), torch.float32)

@@ -237,6 +237,8 @@ def _add_layer_norm(mods, dtypes):
             fwd_bwd(64, 4096, dt, dt, residual=True, bias=True, p=0.1, store_mask=True, ds=True, dres=True)
         with scenario(f"{name} plain N=1000 (ragged)", name, full=("all",)):
             fwd_bwd(64, 1000, dt, dt, residual=False, bias=False, p=0.0)
+        with scenario(f"{name} all-flags N=48 (several rows per tile)", name, full=("all",)):
+            fwd_bwd(64, 48, dt, dt, residual=True, bias=True, p=0.1, store_mask=True, ds=True, dres=True)
         if dt != torch.float32:
             with scenario(f"{name} residual+bias, fp32 weight/bias N=512", name, full=("all",)):
                 fwd_bwd(64, 512, dt, torch.float32, residual=True, bias=True, p=0.0, ds=True)
