@@ -665,9 +665,8 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     if Lq == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
-    pre_block = 16 if INTERPRET else 64
-    _attention_bwd_preprocess_kernel[(triton.cdiv(Lq, pre_block), B * H)](
-        out, do, delta, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=pre_block,
+    _attention_bwd_preprocess_kernel[(triton.cdiv(Lq, 64), B * H)](
+        out, do, delta, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
     )
     dummy = lse
     klen = key_lengths
@@ -694,9 +693,8 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
     """The keep mask (B, H, Lq, Lk) bool the kernels use for (seed, offset): the debug path."""
     mask = torch.empty(B, H, Lq, Lk, dtype=torch.int8, device=device)
     if mask.numel():
-        blk = 16 if INTERPRET else 64
-        grid = (triton.cdiv(Lq, blk), triton.cdiv(Lk, blk), B * H)
-        _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), int(seed), int(offset), BLOCK_M=blk, BLOCK_N=blk)
+        grid = (triton.cdiv(Lq, 64), triton.cdiv(Lk, 64), B * H)
+        _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), int(seed), int(offset), BLOCK_M=64, BLOCK_N=64)
     return mask.bool()
 
 
