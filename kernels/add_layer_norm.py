@@ -107,7 +107,8 @@ def _add_layer_norm_fwd_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     in_row = cols[None, :] < N
-    ok = (rows < M)[:, None] & in_row  # (BLOCK_M, BLOCK_N)
+    row_ok = rows < M
+    ok = row_ok[:, None] & in_row  # (BLOCK_M, BLOCK_N)
     at = rows[:, None] * N + cols[None, :]  # contiguous outputs
     s = tl.load(x_ptr + rows[:, None] * stride_x_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
@@ -129,8 +130,8 @@ def _add_layer_norm_fwd_kernel(
     d = tl.where(in_row, s - mean[:, None], 0.0)
     var = tl.sum(d * d, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(mean_ptr + rows, mean, mask=rows < M)
-    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
     w = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = d * rstd[:, None] * w[None, :]
     if HAS_BIAS:
@@ -175,11 +176,12 @@ def _add_layer_norm_bwd_kernel(
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(row_start, row_end, BLOCK_M):  # BLOCK_M rows at a time
         rows = start + tl.arange(0, BLOCK_M)
-        ok = (rows < row_end)[:, None] & in_row
+        row_ok = rows < row_end
+        ok = row_ok[:, None] & in_row
         at = rows[:, None] * N + cols[None, :]  # contiguous s, dx, dres
         s = tl.load(s_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=rows < row_end, other=0.0)[:, None]
-        rstd = tl.load(rstd_ptr + rows, mask=rows < row_end, other=0.0)[:, None]
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
         xhat = tl.where(ok, (s - mean) * rstd, 0.0)
         dy = tl.load(dy_ptr + rows[:, None] * stride_dy_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         g = dy * w  # dL/dx̂, zero outside the rows
@@ -317,9 +319,9 @@ def add_layer_norm_bwd(
     store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
     dres = torch.empty((M, N), dtype=s.dtype, device=s.device) if store_dres else None
     BLOCK_N = triton.next_power_of_2(N)
-    n_programs = _bwd_programs(M, s.device)
-    BLOCK_M = _block_m(triton.cdiv(M, n_programs), BLOCK_N)
-    rows_per_program = triton.cdiv(triton.cdiv(M, n_programs), BLOCK_M) * BLOCK_M  # whole row blocks
+    rows_per_program = triton.cdiv(M, _bwd_programs(M, s.device))
+    BLOCK_M = _block_m(rows_per_program, BLOCK_N)
+    rows_per_program = triton.cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks
     n_programs = triton.cdiv(M, rows_per_program) if M > 0 else 1
     dw_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device)
     db_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
