@@ -1,4 +1,5 @@
-"""End-to-end training step (forward, backward, AdamW step) per backend, bf16 autocast.
+"""End-to-end training step per backend, bf16 autocast: forward, the trainer's label-smoothed loss,
+backward, gradient clipping and the AdamW step, as `Trainer.train_step` takes them (no host sync).
 
 Shapes: `base` at CNN/DailyMail shapes (source <= 512, target <= 128 tokens, batch 16), `small` at
 SAMSum shapes (source <= 256, target <= 64, batch 64) and `small` at Multi30k shapes (a token-budget
@@ -20,8 +21,9 @@ import torch
 from conftest import requires_cuda, run_bench
 
 from scratchformer.compile import compile_model
-from scratchformer.data import BucketBatchSampler
+from scratchformer.data import PAD_ID, BucketBatchSampler
 from scratchformer.model import build_model, get_config
+from scratchformer.training.optim import label_smoothed_loss
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
@@ -50,22 +52,24 @@ def sample_lengths(shape, seed=0):
 
 
 def make_batch(shape, seed=0, device="cuda"):
-    """src, src lengths, decoder input, decoder target, target lengths: random tokens, real lengths."""
+    """src, src lengths, decoder input, decoder target (PAD past each length), target lengths: random
+    tokens, real lengths."""
     sl, tl = sample_lengths(shape, seed)
     g = torch.Generator().manual_seed(seed)
     vocab = SHAPES[shape]["vocab"]
     src = torch.randint(4, vocab, (len(sl), int(sl.max())), generator=g)
     tgt = torch.randint(4, vocab, (len(sl), int(tl.max()) + 1), generator=g)
-    return [t.to(device) for t in (src, sl, tgt[:, :-1], tgt[:, 1:], tl)]
+    tgt_out = tgt[:, 1:].masked_fill(torch.arange(tgt.shape[1] - 1)[None] >= tl[:, None], PAD_ID)
+    return [t.to(device) for t in (src, sl, tgt[:, :-1], tgt_out, tl)]
 
 
 COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
 
 
 def training_step(shape, kernel, device="cuda"):
-    """(step, batch): a closure running one optimizer step (forward, backward, AdamW) of `shape` on
-    `kernel` (a COMPILED case: torch.compile of that backend), bf16 autocast on CUDA, fp32 on CPU;
-    and the batch it trains on. bench/profile_train_step.py profiles the same closure."""
+    """(step, batch): a closure running one optimizer step of `shape` on `kernel` (a COMPILED case:
+    torch.compile of that backend), bf16 autocast on CUDA, fp32 on CPU; and the batch it trains on.
+    bench/profile_train_step.py profiles the same closure."""
     spec = SHAPES[shape]
     torch.manual_seed(0)
     cfg = get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=COMPILED.get(kernel, kernel))
@@ -73,14 +77,15 @@ def training_step(shape, kernel, device="cuda"):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda")
     batch = make_batch(shape, device=device)
     src, sl, tgt_in, tgt_out, tl = batch
-    mask = torch.arange(tgt_out.shape[1], device=device)[None] < tl[:, None]
+    ntok = int(tl.sum())  # the trainer counts these on the host, with the batch
     fwd = compile_model(model, dynamic=False) if kernel in COMPILED else model
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logits = fwd(src, sl, tgt_in, tl)
-            loss = torch.nn.functional.cross_entropy(logits[mask].float(), tgt_out[mask], label_smoothing=0.1)
-        loss.backward()
+            loss, _ = label_smoothed_loss(logits.flatten(0, 1), tgt_out.flatten(), 0.1)
+        (loss / ntok).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -43,6 +43,27 @@ def test_label_smoothed_loss_matches_hand_computation():
     assert float(l0) == pytest.approx(want_l0, rel=1e-6)
 
 
+def test_label_smoothed_loss_gradient_and_all_padding():
+    """Padding positions get no gradient (they are zeroed, not indexed out); the gradient matches
+    the smoothed-target cross-entropy in float64; a batch of padding only sums to 0."""
+    torch.manual_seed(0)
+    V, eps, pad = 9, 0.1, 0
+    logits = torch.randn(6, V, requires_grad=True)
+    target = torch.tensor([2, 0, 8, 0, 1, 5])
+    loss, _ = O.label_smoothed_loss(logits, target, eps, pad)
+    loss.backward()
+    ref_logits = logits.detach().double().requires_grad_()
+    q = torch.full((6, V), eps / (V - 2), dtype=torch.float64)
+    q[:, pad] = 0.0
+    q[torch.arange(6), target] = 1 - eps
+    q[target == pad] = 0.0
+    (-(q * torch.log_softmax(ref_logits, -1)).sum()).backward()
+    torch.testing.assert_close(logits.grad.double(), ref_logits.grad, rtol=1e-5, atol=1e-6)
+    assert torch.all(logits.grad[target == pad] == 0)
+    zero, zero_nll = O.label_smoothed_loss(torch.randn(3, V), torch.full((3,), pad), eps, pad)
+    assert float(zero) == 0.0 and float(zero_nll) == 0.0
+
+
 def _lrs(sched_name, steps, **kw):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=1.0)

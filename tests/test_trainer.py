@@ -6,9 +6,12 @@ import time
 
 import pytest
 import torch
+from conftest import requires_cuda
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
+from scratchformer import ops
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.evaluation.evaluate import evaluate
@@ -25,8 +28,8 @@ TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--v
         "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
 
 
-def _trainer(out, *flags) -> Trainer:
-    """A Trainer built by hand (no Trainer.create): synthetic data, CPU, logging off."""
+def _trainer(out, *flags, device="cpu") -> Trainer:
+    """A Trainer built by hand (no Trainer.create): synthetic data, on `device`, logging off."""
     cfg, _ = parse_args(TINY + ["--dropout", "0.1", "--eval-every", "2", "--batch-size", "8", *flags])
     cfg = cfg.resolved("translation", synthetic=True)
     torch.manual_seed(cfg.seed)
@@ -34,8 +37,8 @@ def _trainer(out, *flags) -> Trainer:
     log = Logger(out, enabled=False)
     data = build_data(cfg, D.resolve_source("synthetic"), out, Dist(), log)
     mcfg = model_config(cfg, data)
-    model = build_model(mcfg, "cpu")
-    return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device("cpu"), log=log)
+    model = build_model(mcfg, device)
+    return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log)
 
 
 def _batches(trainer, n):
@@ -59,6 +62,63 @@ def test_train_step_and_validate(tmp_path):
     assert {"loss", "ppl", "bleu", "chrf", "exact_match"} <= set(res)
     assert tr.progress.best == res["loss"] and tr.progress.best_step == 6 and tr.last_validated == 6
     assert (tmp_path / "best.pt").exists()  # a new best is saved at once
+
+
+aten = torch.ops.aten
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the ops that read tensor values on the host: item/float/bool, nonzero, boolean-mask
+    indexing. On a GPU each is a host-device sync: the host waits for the queue to drain."""
+
+    READS = (aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+             aten.equal.default, aten.is_nonzero.default)
+    INDEXING = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default)
+
+    def __init__(self, host_tensors=()):
+        super().__init__()
+        self.host_tensors = list(host_tensors)  # on a GPU these live on the host too: reading them is free
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        bool_index = func in self.INDEXING and any(i is not None and i.dtype == torch.bool for i in args[1])
+        if (func in self.READS or bool_index) and not any(a is t for a in args for t in self.host_tensors):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("flags", [[], ["--copy"]], ids=["plain", "copy"])
+def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
+    """A step queues its work and returns: loss, NLL and grad norm stay on the device until a train
+    row is logged, and the loss ignores padding without a boolean index. On a GPU the model's value
+    checks are off (`ops.value_checks`), and AdamW's step counters live on the host (fused AdamW:
+    on the device): the same here."""
+    monkeypatch.setattr(ops, "value_checks", lambda t: False)
+    tr = _trainer(tmp_path, *flags)
+    first, second = _batches(tr, 2)
+    tr.train_step(first)  # creates the optimizer's state
+    counters = [s["step"] for s in tr.optimizer.state.values()]
+    with _HostReads(counters) as rec:
+        loss, nll, ntok, gnorm = tr.train_step(second)
+    assert rec.reads == [], f"host reads in a training step: {rec.reads}"
+    assert all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in (loss, nll, gnorm)) and ntok > 0
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "triton"])
+def test_train_step_on_cuda_does_not_sync(tmp_path, kernel):
+    """The same on a GPU, by CUDA's own account: a second step (the first compiles and creates the
+    optimizer's state) under torch.cuda.set_sync_debug_mode("error")."""
+    tr = _trainer(tmp_path, "--kernel", kernel, "--precision", "bf16", device="cuda")
+    group = _batches(tr, 1)[0]
+    tr.train_step(group)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss, _, ntok, _ = tr.train_step(group)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert 0 < float(loss) / ntok < 20
 
 
 def test_save_then_resume_continues_bit_for_bit(tmp_path):

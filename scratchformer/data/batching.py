@@ -116,9 +116,16 @@ class Batch:
     tgt_out: torch.Tensor | None = None  # (B, Lt) y + EOS
     tgt_lengths: torch.Tensor | None = None  # (B,)
     labels: torch.Tensor | None = None  # (B,) classification
+    # target tokens (examples for classification), counted once where the batch is made, on the host:
+    # a count read from a batch already on a GPU would be a host-device sync
+    num_tgt_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.num_tgt_tokens is None:
+            self.num_tgt_tokens = int(self.tgt_lengths.sum()) if self.tgt_lengths is not None else len(self)
 
     def _map(self, fn):
-        return Batch(**{k: (None if v is None else fn(v)) for k, v in self.__dict__.items()})
+        return Batch(**{k: (fn(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
 
     def to(self, device, non_blocking: bool = False) -> Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -128,10 +135,6 @@ class Batch:
 
     def __len__(self):
         return self.src.shape[0]
-
-    @property
-    def num_tgt_tokens(self) -> int:
-        return int(self.tgt_lengths.sum()) if self.tgt_lengths is not None else len(self)
 
 
 def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int | None = None):

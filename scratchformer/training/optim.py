@@ -23,19 +23,20 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: flo
 
     logits (N, V), target (N,). The smoothed target puts 1 - eps on the gold token and spreads
     eps evenly over the V - 2 other tokens that are neither gold nor PAD (PAD is never a target;
-    annotated-transformer's LabelSmoothing). Positions whose target is PAD are ignored.
+    annotated-transformer's LabelSmoothing). Positions whose target is PAD are ignored: zeroed,
+    not indexed out, since a boolean index is a host-device sync and a copy of the kept rows.
     Returns (loss_sum, nll_sum), fp32 scalars.
     """
     lprobs = torch.log_softmax(logits.float(), dim=-1)
     keep = target != pad_id
-    lprobs, target = lprobs[keep], target[keep]
     nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
     if epsilon == 0.0:
-        return nll.sum(), nll.sum()
+        nll = torch.where(keep, nll, 0.0).sum()
+        return nll, nll
     V = lprobs.shape[-1]
     others = -(lprobs.sum(-1) - lprobs[:, pad_id]) - nll  # -sum of log p over non-gold, non-pad tokens
     loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
-    return loss.sum(), nll.sum()
+    return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float):

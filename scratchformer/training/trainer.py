@@ -63,10 +63,10 @@ class Progress:
 
 @dataclass
 class _Window:
-    """Sums since the last train row was logged."""
+    """Sums since the last train row was logged (loss and NLL: 0-dim tensors on the device until then)."""
 
-    loss: float = 0.0
-    nll: float = 0.0
+    loss: float | torch.Tensor = 0.0
+    nll: float | torch.Tensor = 0.0
     tokens: int = 0
     t0: float = field(default_factory=time.time)
 
@@ -241,15 +241,18 @@ class Trainer:
             self.stop_reason = self.dist.broadcast(self.stop_reason)
         return self.stop_reason is not None
 
-    def train_step(self, group: list[D.Batch]) -> tuple[float, float, int, float]:
-        """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm).
+    def train_step(self, group: list[D.Batch]) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm),
+        the sums and the norm as 0-dim fp32 tensors on the device.
 
         The loss is normalised by the group's target tokens (examples for classification), so
         accumulation equals one big batch; DDP syncs gradients on the group's last batch only.
+        Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
+        device until a train row is logged, so the host queues the next step while this one runs.
         """
         cfg = self.config
         ntok = sum(b.num_tgt_tokens for b in group)
-        loss_total, nll_total = 0.0, 0.0
+        loss_total = nll_total = torch.zeros((), device=self.device)
         for i, batch in enumerate(group):
             batch = batch.to(self.device, non_blocking=True)
             sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
@@ -261,11 +264,11 @@ class Trainer:
                     else:
                         loss, nll = label_smoothed_loss(logits, target, cfg.label_smoothing)
                 self.scaler.scale(loss / ntok).backward()
-            loss_total += float(loss.detach())
-            nll_total += float(nll.detach())
+            loss_total = loss_total + loss.detach()
+            nll_total = nll_total + nll.detach()
         self.scaler.unscale_(self.optimizer)
         clip = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach().float()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -276,7 +279,7 @@ class Trainer:
         self.progress.tokens += ntok
         return loss_total, nll_total, ntok, gnorm
 
-    def _after_step(self, loss_sum: float, nll_sum: float, ntok: int, gnorm: float) -> None:
+    def _after_step(self, loss_sum: torch.Tensor, nll_sum: torch.Tensor, ntok: int, gnorm: torch.Tensor) -> None:
         """Log a train row every --log-every steps; validate and save when due."""
         cfg, step, w = self.config, self.progress.step, self._window
         w.loss, w.nll, w.tokens = w.loss + loss_sum, w.nll + nll_sum, w.tokens + ntok
@@ -289,8 +292,9 @@ class Trainer:
         if (cfg.save_every and step % cfg.save_every == 0) or (validated and not cfg.save_every):
             self.save("step")
 
-    def _log_train_row(self, gnorm: float) -> None:
+    def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
+        w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
         lr = self.optimizer.param_groups[0]["lr"]
         dt = max(1e-9, time.time() - w.t0)
         row = {"split": "train", "step": prog.step, "epoch": prog.epoch + 1,
