@@ -106,7 +106,8 @@ def _add_layer_norm_fwd_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    in_row = cols[None, :] < N
+    col_ok = cols < N
+    in_row = col_ok[None, :]
     row_ok = rows < M
     ok = row_ok[:, None] & in_row  # (BLOCK_M, BLOCK_N)
     at = rows[:, None] * N + cols[None, :]  # contiguous outputs
@@ -132,10 +133,10 @@ def _add_layer_norm_fwd_kernel(
     rstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
-    w = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = d * rstd[:, None] * w[None, :]
     if HAS_BIAS:
-        y += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -170,8 +171,9 @@ def _add_layer_norm_bwd_kernel(
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
     cols = tl.arange(0, BLOCK_N)
-    in_row = cols[None, :] < N
-    w = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    col_ok = cols < N
+    in_row = col_ok[None, :]
+    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(row_start, row_end, BLOCK_M):  # BLOCK_M rows at a time
@@ -200,9 +202,9 @@ def _add_layer_norm_bwd_kernel(
         tl.store(dx_ptr + at, ds.to(dx_ptr.dtype.element_ty), mask=ok)
         dw_acc += tl.sum(dy * xhat, axis=0)
         db_acc += tl.sum(dy, axis=0)
-    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=cols < N)
+    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_ok)
     if HAS_BIAS:
-        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=cols < N)
+        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_ok)
 
 
 # ---------------------------------------------------------------------------------------------
