@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-penalty", type=float, default=1.0, help="beam search length penalty exponent")
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                    help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
+    p.add_argument("--min-len", type=int, default=0, metavar="N",
+                   help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")
@@ -73,7 +75,7 @@ def check_args(args) -> None:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
     for flag, value, low in (("--beam-size", args.beam_size, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--limit", args.limit, 0), ("--attention", args.attention, 0),
-                             ("--no-repeat-ngram", args.no_repeat_ngram, 0)):
+                             ("--no-repeat-ngram", args.no_repeat_ngram, 0), ("--min-len", args.min_len, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
     if not math.isfinite(args.length_penalty):
@@ -128,13 +130,14 @@ def main(argv=None) -> dict:
     t0 = time.time()
     ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
                   beam_sizes=(args.beam_size,), length_penalty=args.length_penalty,
-                  no_repeat_ngram=args.no_repeat_ngram, max_tokens=args.max_tokens,
+                  no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
                   precision=args.precision, progress=sys.stderr.isatty())
     result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
               "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
     if source.task != "classification":
         result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size),
-                      length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram)
+                      length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
+                      min_len=args.min_len)
     result["seconds"] = round(time.time() - t0, 2)
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "

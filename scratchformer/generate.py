@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                    help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
+    p.add_argument("--min-len", type=int, default=0, metavar="N",
+                   help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
@@ -80,7 +82,7 @@ def check_args(args) -> None:
     if args.output and args.text:
         raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
     P.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
-                    max_len=args.max_len,
+                    min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len)
     if args.save_every < 0:
@@ -100,8 +102,8 @@ def run_batch(args) -> dict:
         overwrite=args.overwrite, save_every=args.save_every, device=args.device, kernel=args.kernel,
         compile=args.compile,
         progress=not args.no_progress and sys.stderr.isatty(), beam_size=args.beam_size,
-        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, max_len=args.max_len,
-        len_ratio=args.len_ratio,
+        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
+        max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict)
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
@@ -112,10 +114,10 @@ def run_batch(args) -> dict:
 
 
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
-             no_repeat_ngram: int = 0, max_len: int | None = None) -> list[dict]:
+             no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}]."""
     P.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
-                    no_repeat_ngram=no_repeat_ngram)
+                    no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     task = ckpt["task"]
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
@@ -129,7 +131,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
     outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
-                           length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram)
+                           length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 
@@ -148,7 +150,8 @@ def main(argv=None) -> list[dict]:
     if not texts:
         raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
-                       length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, max_len=args.max_len)
+                       length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
+                       max_len=args.max_len)
     for r in results:
         if args.json:
             print(json.dumps(r, ensure_ascii=False))

@@ -8,7 +8,7 @@ validation. Prints the path; the scores and the choice go to stderr.
     python scripts/pick_checkpoint.py RUN      # -> RUN/averaged.pt or RUN/best.pt
 
 Each candidate RUN/NAME.pt is scored by RUN/NAME/metrics.validation.json, and all of them must have
-decoded the same examples the same way (beam, length penalty, n-gram blocking), as the test
+decoded the same examples the same way (beam, length penalty, n-gram blocking, minimum length), as the test
 predictions will be. The metric is the run's --best-metric, or the decoding metric when that is the
 loss (accuracy, ROUGE-L, BLEU): the predictions are decoded, so they are judged decoded. A tie keeps
 best.pt; a run without scores for the average keeps best.pt.
@@ -24,7 +24,8 @@ from pathlib import Path
 CANDIDATES = ("best", "averaged")  # in order of preference on a tie
 DECODING_METRICS = ("accuracy", "rougeL", "bleu")  # the first in the scores: classification, summarization, translation
 LOWER_IS_BETTER = ("loss", "ppl")
-SAME = ("n", "decoding", "length_penalty", "no_repeat_ngram")  # what the candidates' scores must share
+SAME = ("n", "decoding", "length_penalty", "no_repeat_ngram", "min_len")  # what the candidates' scores must share
+UNSET = {"min_len": 0}  # scores written before evaluate had --min-len
 
 
 def pick(run: Path) -> tuple[Path, str]:
@@ -33,7 +34,7 @@ def pick(run: Path) -> tuple[Path, str]:
               if (run / f"{name}.pt").is_file() and (run / name / "metrics.validation.json").is_file()}
     if "best" not in scores or len(scores) < 2:
         return run / "best.pt", f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CANDIDATES)}"
-    differ = [k for k in SAME if len({json.dumps(s.get(k)) for s in scores.values()}) > 1]
+    differ = [k for k in SAME if len({json.dumps(s.get(k, UNSET.get(k))) for s in scores.values()}) > 1]
     if differ:
         raise SystemExit(f"error: the candidates of {run} were scored differently ({', '.join(differ)}): score them "
                          "with the same evaluate flags")

@@ -98,7 +98,8 @@ def _pick(run, *args):
 def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, best_metric, averaged, picked):
     (tmp_path / "args.json").write_text(json.dumps({"best_metric": best_metric}))
     scored = {"n": 1014, "decoding": "beam4", "no_repeat_ngram": 0}
-    for name, scores in (("best", {"bleu": 30.0, "chrf": 55.0, "loss": 1.5}), ("averaged", averaged)):
+    # best.pt's scores predate --min-len (no "min_len" key): the same decoding as min_len 0
+    for name, scores in (("best", {"bleu": 30.0, "chrf": 55.0, "loss": 1.5}), ("averaged", {"min_len": 0, **averaged})):
         (tmp_path / f"{name}.pt").write_bytes(b"")
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.validation.json").write_text(json.dumps({**scored, **scores}))
@@ -110,5 +111,8 @@ def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, 
     (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(greedy))
     wrong = _pick(tmp_path)
     assert wrong.returncode != 0 and "scored differently (decoding)" in wrong.stderr
+    (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps({**scored, **averaged, "min_len": 40}))
+    wrong = _pick(tmp_path)
+    assert wrong.returncode != 0 and "scored differently (min_len)" in wrong.stderr
     (tmp_path / "averaged" / "metrics.validation.json").unlink()
     assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")

@@ -378,6 +378,7 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--max-tokens", "-5"], "--max-tokens must be >= 1, got -5"),
     (["--limit", "-1"], "--limit must be >= 0, got -1"),
     (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
+    (["--min-len", "-2"], "--min-len must be >= 0, got -2"),
     ([], "--checkpoint is required"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):

@@ -74,10 +74,11 @@ def _score(m, src, sl, seq, alpha):
     return logp[torch.arange(len(seq)), torch.tensor(seq)].sum().item() / len(seq) ** alpha
 
 
-@pytest.mark.parametrize("no_repeat", [0, 1, 2])
-def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repeat):
+@pytest.mark.parametrize("no_repeat,min_len", [(0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 2), (0, 3)])
+def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repeat, min_len):
     """On a tiny vocabulary, beam with K >= V^T is exhaustive: it must find the best sequence (with
-    no_repeat_ngram n: the best of those that repeat no n-gram)."""
+    no_repeat_ngram n: the best of those that repeat no n-gram; with min_len m: of those with at least
+    m tokens before their EOS, scored by the model's own log-probabilities)."""
     torch.manual_seed(1)
     cfg = ModelConfig(src_vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                       dropout=0.0, kernel="eager")
@@ -87,7 +88,7 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
 
     best, best_seq = float("-inf"), None
     words = [3, 4, 5]  # UNK and two ordinary tokens: everything but PAD, BOS, EOS
-    for T in (1, 2, 3):  # sequences ending in EOS, or 3 tokens unfinished
+    for T in range(min_len + 1, 4):  # sequences ending in EOS, or 3 tokens unfinished
         for body in itertools.product(words, repeat=T - 1):
             seq = list(body) + [EOS_ID]
             if _repeats(seq, no_repeat):
@@ -101,12 +102,13 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
         s = _score(m, src, sl, list(body), 1.0)
         if s > best:
             best, best_seq = s, list(body)
-    out = beam_search(m, src, sl, beam_size=27, max_len=3, length_penalty=1.0, no_repeat_ngram=no_repeat)[0].tolist()
+    kw = dict(max_len=3, no_repeat_ngram=no_repeat, min_len=min_len)
+    out = beam_search(m, src, sl, beam_size=27, length_penalty=1.0, **kw)[0].tolist()
     out = out[: out.index(EOS_ID) + 1] if EOS_ID in out else out
     assert out == best_seq
-    g = greedy_decode(m, src, sl, max_len=3, no_repeat_ngram=no_repeat)[0].tolist()
+    g = greedy_decode(m, src, sl, **kw)[0].tolist()
     g = g[: g.index(EOS_ID) + 1] if EOS_ID in g else g
-    assert _score(m, src, sl, g, 1.0) <= best + 1e-6
+    assert EOS_ID not in g[:min_len] and _score(m, src, sl, g, 1.0) <= best + 1e-6
 
 
 @pytest.mark.parametrize("copy", [False, True])
@@ -129,6 +131,54 @@ def test_decoding_errors():
         beam_search(m, src, sl, beam_size=0, max_len=5)
     with pytest.raises(ValueError, match="no_repeat_ngram must be >= 0"):
         beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
+    with pytest.raises(ValueError, match="min_len must be >= 0"):
+        greedy_decode(m, src, sl, max_len=5, min_len=-1)
+
+
+def _eos_at(row) -> int:
+    return row.index(EOS_ID) if EOS_ID in row else len(row)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_min_len_greedy_matches_a_step_by_step_reference(copy):
+    """With min_len m, greedy is the full model's argmax with EOS ruled out for the first m tokens;
+    the model used finishes most rows sooner without it."""
+    m = _model(copy=copy)
+    with torch.no_grad():
+        m.generator.bias[EOS_ID] = 6.0
+    src, sl = _src()
+    free = greedy_decode(m, src, sl, max_len=12).tolist()
+    assert sum(_eos_at(r) < 4 for r in free) >= 2, "test needs rows that finish early"
+    out = greedy_decode(m, src, sl, max_len=12, min_len=4)
+    for b in range(4):
+        seq = [BOS_ID]
+        for t in range(out.shape[1]):
+            logits = m(src[b : b + 1, : sl[b]], sl[b : b + 1], torch.tensor([seq]))[0, -1]
+            logits[[PAD_ID, BOS_ID] + ([EOS_ID] if t < 4 else [])] = float("-inf")
+            nxt = int(logits.argmax())
+            assert int(out[b, t]) == nxt, (b, t)
+            if nxt == EOS_ID:
+                assert (out[b, t + 1 :] == PAD_ID).all()
+                break
+            seq.append(nxt)
+        assert _eos_at(out[b].tolist()) >= 4
+
+
+def test_min_len_beam():
+    """Beam search with min_len: no hypothesis ends before it, beam 1 is greedy with it, min_len >=
+    max_len finishes no row, and a row decodes the same alone as in a batch."""
+    m = _model()
+    with torch.no_grad():
+        m.generator.bias[EOS_ID] = 6.0
+    src, sl = _src()
+    assert min(_eos_at(r) for r in beam_search(m, src, sl, beam_size=3, max_len=12).tolist()) < 4
+    out = beam_search(m, src, sl, beam_size=3, max_len=12, min_len=4)
+    assert all(_eos_at(r) >= 4 for r in out.tolist()) and (out == EOS_ID).any()
+    assert torch.equal(beam_search(m, src, sl, beam_size=1, max_len=12, min_len=4),
+                       greedy_decode(m, src, sl, max_len=12, min_len=4))
+    assert not (beam_search(m, src, sl, beam_size=3, max_len=5, min_len=5) == EOS_ID).any()
+    alone = beam_search(m, src[1:2, : sl[1]], sl[1:2], beam_size=3, max_len=12, min_len=4)[0]
+    assert torch.equal(out[1, : alone.shape[0]], alone)
 
 
 def _repetitive_model():

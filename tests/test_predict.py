@@ -23,7 +23,7 @@ from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, load_run
-from scratchformer.model import ModelConfig, beam_search, build_model
+from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
 
 WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
 MAX_SRC, MAX_TGT = 16, 10
@@ -43,13 +43,17 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def _make_run(folder: Path, task: str, seed: int = 0) -> Path:
+def _make_run(folder: Path, task: str, seed: int = 0, eos_bias: float | None = None) -> Path:
+    """An untrained model's run folder; eos_bias: the output layer's EOS bias (a model whose outputs end early)."""
     torch.manual_seed(seed)
     tok = BPETokenizer.train(_texts(200, 99), vocab_size=300, min_frequency=1)
     shape = dict(n_decoder_layers=0, num_classes=2, final_norm=True) if task == "classification" else {}
     cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, d_ff=64,
                       dropout=0.0, kernel="eager", **{"n_decoder_layers": 1, **shape})
     model = build_model(cfg)
+    if eos_bias is not None:
+        with torch.no_grad():
+            model.generator.bias[EOS_ID] = eos_bias
     folder.mkdir(parents=True)
     save_checkpoint(folder / "best.pt", {
         "model": model.state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
@@ -61,7 +65,8 @@ def _make_run(folder: Path, task: str, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {task: _make_run(root / task, task) for task in ("translation", "summarization", "classification")}
+    runs = {task: _make_run(root / task, task) for task in ("translation", "summarization", "classification")}
+    return {**runs, "ends_early": _make_run(root / "ends_early", "translation", eos_bias=4.0)}
 
 
 def _write_jsonl(path: Path, rows) -> Path:
@@ -385,6 +390,7 @@ def test_generate_cli_batch_mode_and_text_mode(runs, tmp_path, capsys):
     (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
     (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
+    (["--min-len", "-1"], "--min-len must be >= 0 (0: off), got -1"),
     (["--save-every", "-1"], "--save-every must be >= 0 seconds"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
@@ -402,32 +408,44 @@ def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatc
     assert sorted(tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("flag, values, run", [("--no-repeat-ngram", (1, 2), "translation"),
+                                               ("--min-len", (6, 5), "ends_early")])
 @pytest.mark.parametrize("beam", ["1", "3"])
-def test_no_repeat_ngram_reaches_the_decoder(runs, tmp_path, monkeypatch, beam):
-    """generate --no-repeat-ngram and evaluate --no-repeat-ngram hand N to the decoder (whose blocking
-    `tests/test_decoding.py` checks against a reference), and it changes the outputs."""
+def test_decoding_constraints_reach_the_decoder(runs, tmp_path, monkeypatch, beam, flag, values, run):
+    """generate and evaluate hand --no-repeat-ngram and --min-len to the decoder (whose constraints
+    `tests/test_decoding.py` checks against references), they change the outputs, and evaluate
+    records them with its scores."""
     from scratchformer.evaluation import evaluate as E
 
+    key = flag[2:].replace("-", "_")
     seen = []
     for name in ("beam_search", "greedy_decode"):
         real = getattr(E, name)
-        monkeypatch.setattr(E, name, lambda *a, _real=real, **k: seen.append(k["no_repeat_ngram"]) or _real(*a, **k))
+        monkeypatch.setattr(E, name, lambda *a, _real=real, **k: seen.append(k[key]) or _real(*a, **k))
     rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(12, 5))]
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
-    kw = ["--checkpoint", str(runs["translation"]), "--input", str(src), "--beam-size", beam, "--len-ratio", "0"]
+    kw = ["--checkpoint", str(runs[run]), "--input", str(src), "--beam-size", beam, "--len-ratio", "0"]
     generate.main([*kw, "--output", str(tmp_path / "free.jsonl")])
     assert set(seen) == {0}
     seen.clear()
-    generate.main([*kw, "--output", str(tmp_path / "blocked.jsonl"), "--no-repeat-ngram", "1"])
-    assert set(seen) == {1}
-    assert _read(tmp_path / "free.jsonl") != _read(tmp_path / "blocked.jsonl")
+    generate.main([*kw, "--output", str(tmp_path / "constrained.jsonl"), flag, str(values[0])])
+    assert set(seen) == {values[0]}
+    assert _read(tmp_path / "free.jsonl") != _read(tmp_path / "constrained.jsonl")
     seen.clear()
     data = tmp_path / "data"
     data.mkdir()
     _write_jsonl(data / "validation.jsonl", [{"src": t, "tgt": t} for t in _texts(6, 7)])
-    m = evaluate.main(["--checkpoint", str(runs["translation"]), "--data", str(data), "--task", "translation",
-                       "--beam-size", beam, "--no-repeat-ngram", "2", "--out", str(tmp_path / "ev")])
-    assert set(seen) == {2} and m["no_repeat_ngram"] == 2 and m["length_penalty"] == 1.0
+    m = evaluate.main(["--checkpoint", str(runs[run]), "--data", str(data), "--task", "translation",
+                       "--beam-size", beam, flag, str(values[1]), "--out", str(tmp_path / "ev")])
+    assert set(seen) == {values[1]} and m[key] == values[1] and m["length_penalty"] == 1.0
+
+
+def test_min_len_longer_than_any_output_is_refused(runs, tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    with pytest.raises(ValueError, match="--min-len 500 exceeds the longest output"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
+                       str(tmp_path / "p.jsonl"), "--min-len", "500"])
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_library_entries_check_options_too(runs, tmp_path):

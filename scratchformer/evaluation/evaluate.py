@@ -113,12 +113,16 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int, len_r
 
 @torch.no_grad()
 def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
-                    length_penalty: float = 1.0, no_repeat_ngram: int = 0, max_tokens: int | None = 4096,
-                    precision: str = "fp32", progress: bool = False, batch_size: int | None = None,
-                    len_ratio: float | None = None, on_batch=None) -> list[str]:
+                    length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
+                    max_tokens: int | None = 4096, precision: str = "fp32", progress: bool = False,
+                    batch_size: int | None = None, len_ratio: float | None = None, on_batch=None) -> list[str]:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
-    no n-gram twice in an output (`model.decoding`). `len_ratio`: see `decode_max_len`.
+    no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
+    `len_ratio`: see `decode_max_len` (a batch whose cap falls below min_len ends its rows at the cap).
     `on_batch(indices, outputs)`, if given, is called after every batch."""
+    if min_len > max_tgt_len:
+        raise ValueError(f"--min-len {min_len} exceeds the longest output, {max_tgt_len} tokens (--max-len, or the "
+                         "training max_tgt_len)")
     model.eval()
     out: list[str | None] = [None] * len(dataset)
     loader = eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size)
@@ -132,10 +136,10 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         with autocast_for(device, precision):
             if beam_size > 1:
                 toks = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size, max_len=max_len,
-                                   length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram)
+                                   length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
             else:
                 toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len,
-                                     no_repeat_ngram=no_repeat_ngram)
+                                     no_repeat_ngram=no_repeat_ngram, min_len=min_len)
         ids, texts = batch.ids.tolist(), tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
@@ -222,7 +226,7 @@ class Evaluation:
 
 def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
              max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
-             no_repeat_ngram: int = 0, max_tokens: int = 4096, precision: str = "fp32",
+             no_repeat_ngram: int = 0, min_len: int = 0, max_tokens: int = 4096, precision: str = "fp32",
              progress: bool = False) -> Evaluation:
     """Score `model` on `dataset` (encoded from `examples`, in the same order).
 
@@ -242,7 +246,7 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
         return result
     for beam in beam_sizes:
         hyps = predict_seq2seq(model, subset, tokenizers.tgt, device=device, max_tgt_len=max_tgt_len, beam_size=beam,
-                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
+                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
                                max_tokens=max_tokens, precision=precision,
                                progress=progress)
         result.decodings[decoding_name(beam)] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)

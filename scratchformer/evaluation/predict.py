@@ -61,7 +61,7 @@ class OptionError(ValueError):
 
 def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: int | None = None,
                   len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
-                  max_src_len: int | None = None, no_repeat_ngram: int = 0, **_other) -> None:
+                  max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0, **_other) -> None:
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
@@ -72,6 +72,8 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
         raise OptionError(f"--length-penalty must be a finite number, got {length_penalty}")
     if no_repeat_ngram < 0:
         raise OptionError(f"--no-repeat-ngram must be >= 0 (0: off), got {no_repeat_ngram}")
+    if min_len < 0:
+        raise OptionError(f"--min-len must be >= 0 (0: off), got {min_len}")
     if len_ratio is not None and not (math.isfinite(len_ratio) and len_ratio >= 0):
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
 
@@ -188,22 +190,23 @@ def format_prediction(pred, task: str):
 
 @torch.no_grad()
 def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, device, beam_size: int = 4,
-                    length_penalty: float = 1.0, no_repeat_ngram: int = 0, max_len: int | None = None,
-                    len_ratio: float | None = None, max_tokens: int | None = 4096, batch_size: int | None = None,
-                    precision: str = "fp32",
+                    length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
+                    max_len: int | None = None, len_ratio: float | None = None, max_tokens: int | None = 4096,
+                    batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
                     on_result=None, progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
     max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
     ceil(len_ratio * Ls) + 10 (`evaluate.decode_max_len`; None = the task's default, 0 = none).
-    no_repeat_ngram: n > 0 puts no n-gram twice in an output. max_tokens / batch_size: the batch
-    budget (padded source tokens / inputs). `on_result(records,
-    predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
+    no_repeat_ngram: n > 0 puts no n-gram twice in an output; min_len: at least that many tokens
+    before EOS. max_tokens / batch_size: the batch budget (padded source tokens / inputs).
+    `on_result(records, predictions)` is called after every batch; `progress` shows a tqdm bar in
+    examples/s.
     """
     check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
-                  no_repeat_ngram=no_repeat_ngram)
+                  no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     task, args = ckpt["task"], ckpt["args"]
     max_src_len = max_src_len or args["max_src_len"]
     if max_src_len + 1 > model.cfg.max_len:
@@ -234,7 +237,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                            precision=precision, on_batch=on_batch)
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
-                            length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
+                            length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
                             max_tokens=max_tokens, batch_size=batch_size,
                             precision=precision, len_ratio=len_ratio, on_batch=on_batch)
     finally:

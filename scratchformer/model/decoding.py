@@ -5,7 +5,9 @@ PAD. The encoder runs once; decoder self-attention keys/values are cached per la
 cross-attention keys/values are projected once (`Transformer.init_state`). Call `model.eval()`
 first: decoding does not switch modes for you. `no_repeat_ngram` n > 0 forbids a token that would
 repeat an n-gram already in the output (fairseq's --no-repeat-ngram-size, the trigram blocking of
-summarizers since Paulus et al. 2018).
+summarizers since Paulus et al. 2018). `min_len` m > 0 forbids EOS for the first m tokens, so an
+output holds at least m tokens before its EOS (fairseq's --min-len, Hugging Face's
+min_new_tokens; summarizers decode with one); with m >= max_len no row finishes.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
-def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0):
+def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0,
+           min_len: int = 0):
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if min_len < 0:
+        raise ValueError(f"min_len must be >= 0 (0: off), got {min_len}")
     if no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
     if src_lengths is None:
@@ -50,18 +55,20 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
 
 
 @torch.no_grad()
-def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, bos_id: int = BOS_ID,
-                  eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
+def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, min_len: int = 0,
+                  bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
     """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
-    _check(src, src_lengths, max_len, no_repeat_ngram)
+    _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len)
     B = src.shape[0]
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory, src_lengths, max_len, src=src)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
-    for _ in range(max_len):
+    for t in range(max_len):
         logits = _next_logits(model, last, state, bos_id, pad_id)
+        if t < min_len:
+            logits[:, eos_id] = float("-inf")
         if no_repeat_ngram and out:
             _block_repeats(logits, torch.stack(out, dim=1), no_repeat_ngram, pad_id)
         nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
@@ -100,7 +107,7 @@ def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_pe
 
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
-                no_repeat_ngram: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
                 pad_id: int = PAD_ID) -> torch.Tensor:
     """Beam search; returns the best hypothesis per row, (B, T).
 
@@ -108,10 +115,10 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     1 = mean log-probability). As in fairseq, an EOS candidate is finished only when it ranks
     among the top beam_size candidates of its sentence, and a sentence stops once it holds
     beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len,
-    unfinished beams compete as they stand. Blocked repeats get -inf log-probability, unnormalised
-    (as fairseq).
+    unfinished beams compete as they stand. Blocked repeats, and EOS before min_len, get -inf
+    log-probability, unnormalised (as fairseq): a hypothesis keeps the model's score.
     """
-    _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty)
+    _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len)
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
@@ -129,6 +136,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
 
     for t in range(max_len):
         logp = torch.log_softmax(_next_logits(model, last, state, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
+        if t < min_len:
+            logp[:, eos_id] = neg_inf
         if no_repeat_ngram:
             _block_repeats(logp, alive_seq.reshape(B * K, t), no_repeat_ngram, pad_id)
         V = logp.shape[-1]
