@@ -74,7 +74,7 @@ def check_args(args) -> None:
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
     for flag, value, low in (("--beam-size", args.beam_size, 1), ("--max-tokens", args.max_tokens, 1),
-                             ("--limit", args.limit, 0), ("--attention", args.attention, 0),
+                             ("--limit", args.limit, 1), ("--attention", args.attention, 0),
                              ("--no-repeat-ngram", args.no_repeat_ngram, 0), ("--min-len", args.min_len, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")

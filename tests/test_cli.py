@@ -376,7 +376,8 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
     (["--max-tokens", "-5"], "--max-tokens must be >= 1, got -5"),
-    (["--limit", "-1"], "--limit must be >= 0, got -1"),
+    (["--limit", "-1"], "--limit must be >= 1, got -1"),
+    (["--limit", "0"], "--limit must be >= 1, got 0"),  # it used to score one example
     (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
     (["--min-len", "-2"], "--min-len must be >= 0, got -2"),
     ([], "--checkpoint is required"),
