@@ -33,21 +33,26 @@ def test_kv_cache_equals_full_recompute(norm, copy):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_matches_step_by_step_argmax_of_full_model():
-    m = _model()
-    src, sl = _src()
-    out = greedy_decode(m, src, sl, max_len=10)
-    for b in range(4):
+def _assert_stepwise_argmax(m, src, sl, out, min_len=0):
+    """Each row of greedy output `out` is the full model's argmax, step by step, over all tokens but
+    PAD and BOS (and EOS for the first min_len steps), and holds only PAD after its EOS."""
+    for b in range(src.shape[0]):
         seq = [BOS_ID]
         for t in range(out.shape[1]):
             logits = m(src[b : b + 1, : sl[b]], sl[b : b + 1], torch.tensor([seq]))[0, -1]
-            logits[[PAD_ID, BOS_ID]] = float("-inf")
+            logits[[PAD_ID, BOS_ID] + ([EOS_ID] if t < min_len else [])] = float("-inf")
             nxt = int(logits.argmax())
-            assert int(out[b, t]) == nxt
+            assert int(out[b, t]) == nxt, (b, t)
             if nxt == EOS_ID:
                 assert (out[b, t + 1 :] == PAD_ID).all()
                 break
             seq.append(nxt)
+
+
+def test_greedy_matches_step_by_step_argmax_of_full_model():
+    m = _model()
+    src, sl = _src()
+    _assert_stepwise_argmax(m, src, sl, greedy_decode(m, src, sl, max_len=10))
 
 
 @pytest.mark.parametrize("copy", [False, True])
@@ -150,18 +155,8 @@ def test_min_len_greedy_matches_a_step_by_step_reference(copy):
     free = greedy_decode(m, src, sl, max_len=12).tolist()
     assert sum(_eos_at(r) < 4 for r in free) >= 2, "test needs rows that finish early"
     out = greedy_decode(m, src, sl, max_len=12, min_len=4)
-    for b in range(4):
-        seq = [BOS_ID]
-        for t in range(out.shape[1]):
-            logits = m(src[b : b + 1, : sl[b]], sl[b : b + 1], torch.tensor([seq]))[0, -1]
-            logits[[PAD_ID, BOS_ID] + ([EOS_ID] if t < 4 else [])] = float("-inf")
-            nxt = int(logits.argmax())
-            assert int(out[b, t]) == nxt, (b, t)
-            if nxt == EOS_ID:
-                assert (out[b, t + 1 :] == PAD_ID).all()
-                break
-            seq.append(nxt)
-        assert _eos_at(out[b].tolist()) >= 4
+    _assert_stepwise_argmax(m, src, sl, out, min_len=4)
+    assert all(_eos_at(r) >= 4 for r in out.tolist())
 
 
 def test_min_len_beam():
