@@ -138,20 +138,32 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
 
 
 def test_every_recipe_parses():
-    """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, so a
-    typo costs no GPU call."""
+    """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, and its
+    decoding (DECODE, RUNTIME) valid flags of both evaluate and generate that fit the run's longest
+    output (SCORE: of evaluate), so a typo costs no GPU call."""
+    from scratchformer import evaluate, generate
+    from scratchformer.data import resolve_source
     from scratchformer.training.config import parse_args
 
     names = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; echo $RECIPES'], capture_output=True,
                            text=True, check=True).stdout.split()
     assert {"multi30k", "iwslt", "samsum", "cnndm", "ablate-multi30k"} <= set(names)
     for name in names:
-        show = f'source "{GPU}/recipes.sh"; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}" "--" "${{VARIANTS[@]}}"'
+        show = (f'source "{GPU}/recipes.sh"; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}" -- "${{VARIANTS[@]}}" '
+                f'-- "${{DECODE[@]}}" "${{RUNTIME[@]}}" -- "${{SCORE[@]}}"')
         lines = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True).stdout.splitlines()
-        cut = lines.index("--")
-        flags, variants = lines[:cut], [v for v in lines[cut + 1:] if v]
+        cut = [i for i, line in enumerate(lines) if line == "--"]
+        assert len(cut) == 3, (name, lines)
+        flags, variants = lines[:cut[0]], [v for v in lines[cut[0] + 1:cut[1]] if v]
+        decode, score = lines[cut[1] + 1:cut[2]], lines[cut[2] + 1:]
         assert "--kernel" in flags and flags[flags.index("--precision") + 1] == "bf16", name
         for variant in variants or ["="]:
             extra = variant.split("=", 1)[1].split()
             config, _ = parse_args([*flags, *extra, "--out", "runs/x"])
             assert config.kernel == ("eager" if "eager" in extra else "triton"), (name, variant)
+        for command, inputs in ((evaluate, ["--checkpoint", "x.pt", *score]),
+                                (generate, ["--checkpoint", "x.pt", "--text", "a"])):
+            args = command.build_parser().parse_args([*inputs, *decode])
+            command.check_args(args)
+            longest = config.resolved(resolve_source(config.dataset, None, None).task, synthetic=False).max_tgt_len
+            assert args.min_len < longest, (name, decode)

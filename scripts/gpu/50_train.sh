@@ -72,7 +72,7 @@ if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted; then
   for name in best averaged; do
     if [ -e "$PRED_RUN/$name.pt" ] && [ ! -e "$PRED_RUN/$name/metrics.validation.json" ]; then
       run_cmd "$(limit 570)" "eval_$name" "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/$name.pt" \
-        --out "$PRED_RUN/$name" "${DECODE[@]}" "${RUNTIME[@]}" || scored=0
+        --out "$PRED_RUN/$name" "${DECODE[@]}" "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
     fi
   done
   if [ "$scored" = 1 ]; then
