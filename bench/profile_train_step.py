@@ -45,11 +45,11 @@ def category(name: str) -> str:
     return next((cat for cat, frags in CATEGORIES if any(f in low for f in frags)), "other")
 
 
-def profile_backend(kernel: str, shape: str, device: str, steps: int) -> str:
+def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: int = 3) -> str:
     from bench_train_step import training_step
 
     step, _ = training_step(shape, kernel, device)
-    for _ in range(3):  # warm-up: autotuning, compiling, allocator
+    for _ in range(warmup):  # autotuning, compiling, allocator
         step()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
@@ -84,7 +84,8 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="base-cnndm", help="a shape of bench/bench_train_step.py")
     p.add_argument("--kernels", nargs="+", default=["eager", "torch", "triton"])
-    p.add_argument("--steps", type=int, default=3, help="profiled steps per backend (after 3 warm-up steps)")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per backend")
+    p.add_argument("--warmup", type=int, default=3, help="unprofiled steps before them (autotuning, compiling)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", help="write the report here too")
     args = p.parse_args(argv)
@@ -94,9 +95,12 @@ def main(argv=None) -> str:
         p.error(f"--shape {args.shape}: choose one of {', '.join(SHAPES)}")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     head = (f"training step profile: shape {args.shape} (bench_train_step.py), {name}, torch {torch.__version__}, "
-            f"{'bf16 autocast' if args.device == 'cuda' else 'fp32'}, {args.steps} steps per backend\n"
+            f"{'bf16 autocast' if args.device == 'cuda' else 'fp32'}, {args.steps} steps per backend after "
+            f"{args.warmup} warm-up steps\n"
             f"command: python {' '.join(sys.argv)}")
-    sections = [profile_backend(k, args.shape, args.device, args.steps) for k in args.kernels]
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    sections = [profile_backend(k, args.shape, args.device, args.steps, args.warmup) for k in args.kernels]
     report = "\n\n".join([head, *sections]) + "\n"
     print(report)
     if args.out:

@@ -9,8 +9,9 @@ run_pytest 270 10 bench_train_step bench/bench_train_step.py --benchmark-only ${
   --benchmark-json="$WORK/bench_train_step.json" --benchmark-columns=median,iqr
 run_pytest 120 6 bench_generate bench/bench_generate.py --benchmark-only \
   --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
-if [ "$DRY" = 1 ]; then  # CPU: the report's code path on one small step of the eager backend
-  run_cmd 120 profile "$PY" bench/profile_train_step.py --shape small-multi30k --kernels eager --steps 1 --device cpu
+if [ "$DRY" = 1 ]; then  # CPU: the report's code path on one small step of the eager backend, no warm-up
+  run_cmd 120 profile "$PY" bench/profile_train_step.py --shape small-multi30k --kernels eager --steps 1 --warmup 0 \
+    --device cpu
 else
   for shape in base-cnndm small-multi30k; do
     run_cmd 90 "profile-$shape" "$PY" bench/profile_train_step.py --shape "$shape" --out "$WORK/profile-$shape.txt"
