@@ -50,7 +50,7 @@ recipe() {
       # sources; with it, it did not (results/cnndm-cpu-small-copy). Check with scripts/source_use.py early.
       # Decoding: BART's for CNN/DM (beam 4, trigram blocking, at least 55 tokens); on the CPU model,
       # beam 4 beat greedy by 0.9 ROUGE-1 (results/cnndm-cpu-small-copy) and --min-len 55 added 0.5
-      # (results/cnndm-cpu-small-copy-6000, -7742).
+      # (results/cnndm-cpu-small-copy-6000, -7742, -9254).
       # The 4,490 test articles resume across calls; the scores that pick the checkpoint use the
       # first 1,000 of the 4,368 validation articles, so each evaluation fits one call
       DATASET=cnn_dailymail; DECODE=(--beam-size 4 --no-repeat-ngram 3 --min-len 55); SCORE=(--limit 1000)
