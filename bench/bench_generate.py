@@ -5,7 +5,8 @@ is measured without padding's help), 128 new tokens per row. The model is untrai
 switched off (an id that is never produced): every row decodes exactly 128 tokens and every backend
 does the same work. bf16 weights (`model.to(torch.bfloat16)`, as inference runs). Reported in
 extra_info: new tokens/s (batch x 128 / time; beam search counts its best hypothesis only, not
-the beams) and peak memory.
+the beams) and peak memory. The end-of-decoding check (a host sync) runs every
+`GPU_CHECK_EVERY` steps, the GPU default.
 """
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from conftest import requires_cuda, run_bench
 
 from scratchformer.model import beam_search, build_model, get_config, greedy_decode
+from scratchformer.model.decoding import GPU_CHECK_EVERY
 
 pytestmark = [pytest.mark.benchmark(group="generate"), requires_cuda]
 
@@ -39,6 +41,6 @@ def test_generate(benchmark, kernel, search):
 
     torch.cuda.reset_peak_memory_stats()
     median = run_bench(benchmark, decode, warmup=2, rounds=5, preset="base", dtype="bf16", batch=BATCH,
-                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search)
+                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search, check_every=GPU_CHECK_EVERY)
     benchmark.extra_info.update(kernel=kernel, new_tokens_per_s=BATCH * NEW_TOKENS / median,
                                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)

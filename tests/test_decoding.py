@@ -138,6 +138,38 @@ def test_decoding_errors():
         beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
     with pytest.raises(ValueError, match="min_len must be >= 0"):
         greedy_decode(m, src, sl, max_len=5, min_len=-1)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="check_every must be an int >= 1"):
+            greedy_decode(m, src, sl, max_len=5, check_every=bad)
+        with pytest.raises(ValueError, match="check_every must be an int >= 1"):
+            beam_search(m, src, sl, beam_size=2, max_len=5, check_every=bad)
+
+
+@pytest.mark.parametrize("beam,no_repeat,min_len", [(1, 0, 0), (3, 0, 0), (1, 2, 2), (3, 2, 2)])
+def test_stop_check_interval_changes_only_the_number_of_steps(beam, no_repeat, min_len):
+    """Checking for the end every c steps (fewer host syncs on a GPU) decodes the same tokens as
+    checking every step; rows finished early are decoded on for up to c-1 steps and trimmed."""
+    m = _model()
+    src, sl = _src()
+    steps = []
+    decode_step = m.decode_step
+    m.decode_step = lambda *a: (steps.append(1), decode_step(*a))[1]
+    kw = dict(max_len=20, no_repeat_ngram=no_repeat, min_len=min_len)
+
+    def decode(c):
+        steps.clear()
+        out = (greedy_decode(m, src, sl, check_every=c, **kw) if beam == 1
+               else beam_search(m, src, sl, beam_size=beam, check_every=c, **kw))
+        return out, len(steps)
+
+    ref, ref_steps = decode(1)
+    assert ref_steps < kw["max_len"] and (ref == EOS_ID).any(1).all(), "test needs every row to finish early"
+    out, n = decode(None)  # the CPU default: every step
+    assert torch.equal(out, ref) and n == ref_steps
+    for c in (2, 3, 8, 64):
+        out, n = decode(c)
+        assert torch.equal(out, ref), c
+        assert n == min(-(-ref_steps // c) * c, kw["max_len"]), (c, n, ref_steps)
 
 
 def _eos_at(row) -> int:

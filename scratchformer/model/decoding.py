@@ -8,6 +8,13 @@ repeat an n-gram already in the output (fairseq's --no-repeat-ngram-size, the tr
 summarizers since Paulus et al. 2018). `min_len` m > 0 forbids EOS for the first m tokens, so an
 output holds at least m tokens before its EOS (fairseq's --min-len, Hugging Face's
 min_new_tokens; summarizers decode with one); with m >= max_len no row finishes.
+
+Asking whether every row is done reads a flag back to the host: on a GPU that waits for the step
+to finish, so the host cannot queue the next step's kernels meanwhile. `check_every` c asks only
+every c steps (default: every step on the CPU, where the read is free, every 8 on a GPU). The
+result is the same for any c: a finished row only adds PAD, a finished sentence's beams can no
+longer enter its hypotheses, and trailing all-PAD columns are trimmed; the price is at most c-1
+wasted steps at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import math
 import torch
 
 from .config import BOS_ID, EOS_ID, PAD_ID
+
+GPU_CHECK_EVERY = 8  # steps between stop checks on a GPU (each is a host sync)
 
 
 def _next_logits(model, last, state, bos_id, pad_id):
@@ -39,7 +48,8 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
 
 
 def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0,
-           min_len: int = 0):
+           min_len: int = 0, check_every: int | None = None) -> int:
+    """Checks the decoding arguments; returns the stop-check interval (see the module docstring)."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if min_len < 0:
@@ -52,13 +62,19 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    if check_every is None:
+        return 1 if src.device.type == "cpu" else GPU_CHECK_EVERY
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+        raise ValueError(f"check_every must be an int >= 1 (steps between stop checks), got {check_every!r}")
+    return check_every
 
 
 @torch.no_grad()
 def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, min_len: int = 0,
-                  bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
+                  bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
+                  check_every: int | None = None) -> torch.Tensor:
     """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
-    _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len)
+    every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every)
     B = src.shape[0]
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory, src_lengths, max_len, src=src)
@@ -74,10 +90,10 @@ def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int
         nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
         out.append(nxt)
         finished |= nxt == eos_id
-        if bool(finished.all()):
+        if (t + 1) % every == 0 and bool(finished.all()):
             break
         last = nxt[:, None]
-    return torch.stack(out, dim=1)
+    return _trim(torch.stack(out, dim=1), pad_id)
 
 
 def _trim(tokens, pad_id):
@@ -108,7 +124,7 @@ def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_pe
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
                 no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                pad_id: int = PAD_ID) -> torch.Tensor:
+                pad_id: int = PAD_ID, check_every: int | None = None) -> torch.Tensor:
     """Beam search; returns the best hypothesis per row, (B, T).
 
     Hypotheses are ranked by sum(log p) / len**length_penalty (len counts the EOS; 0 = raw sum,
@@ -118,7 +134,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     unfinished beams compete as they stand. Blocked repeats, and EOS before min_len, get -inf
     log-probability, unnormalised (as fairseq): a hypothesis keeps the model's score.
     """
-    _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len)
+    every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every)
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
@@ -159,7 +175,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
         alive_seq = seq.gather(1, pick[..., None].expand(-1, -1, t + 1))
         state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True)
         last = alive_seq[:, :, -1].reshape(B * K, 1)
-        if bool((n_fin >= K).all()):
+        if (t + 1) % every == 0 and bool((n_fin >= K).all()):
             break
 
     fin_seq, _ = _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penalty, pad_id)
