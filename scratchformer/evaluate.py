@@ -15,7 +15,6 @@ the scores. The work is `scratchformer.evaluation.evaluate.evaluate`; this is it
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from . import cli
 from . import data as D
 from .device import resolve_device
 from .evaluation import metrics as M
+from .evaluation.predict import check_options
 from .evaluation.evaluate import (
     attention_map,
     decoding_name,
@@ -70,16 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    """Refuse flags no evaluation can take, before any work (UsageError naming the flag); resolves --device."""
+    """Refuse flags no evaluation can take, before any work (UsageError / OptionError naming the flag);
+    resolves --device."""
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
-    for flag, value, low in (("--beam-size", args.beam_size, 1), ("--max-tokens", args.max_tokens, 1),
-                             ("--limit", args.limit, 1), ("--attention", args.attention, 0),
-                             ("--no-repeat-ngram", args.no_repeat_ngram, 0), ("--min-len", args.min_len, 0)):
+    for flag, value, low in (("--limit", args.limit, 1), ("--attention", args.attention, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
-    if not math.isfinite(args.length_penalty):
-        raise cli.UsageError(f"--length-penalty must be a finite number, got {args.length_penalty}")
+    check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, max_tokens=args.max_tokens,
+                  no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len)
     args.device = resolve_device(args.device)  # a torch.device from here on
 
 

@@ -379,13 +379,14 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--limit", "-1"], "--limit must be >= 1, got -1"),
     (["--limit", "0"], "--limit must be >= 1, got 0"),  # it used to score one example
     (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
-    (["--min-len", "-2"], "--min-len must be >= 0, got -2"),
+    (["--min-len", "-2"], "--min-len must be >= 0 (0: off), got -2"),
+    (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     ([], "--checkpoint is required"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
     monkeypatch.setattr(evaluate, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     ckpt = [] if not flags else ["--checkpoint", str(tmp_path)]
-    with pytest.raises(cli.UsageError, match=re.escape(message)):
+    with pytest.raises((cli.UsageError, OptionError), match=re.escape(message)):  # both exit 2, no traceback
         evaluate.main(ckpt + flags)
     assert list(tmp_path.iterdir()) == []
 
