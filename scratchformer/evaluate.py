@@ -23,7 +23,6 @@ from . import cli
 from . import data as D
 from .device import resolve_device
 from .evaluation import metrics as M
-from .evaluation.predict import check_options
 from .evaluation.evaluate import (
     attention_map,
     decoding_name,
@@ -32,6 +31,7 @@ from .evaluation.evaluate import (
     load_run,
     write_outputs,
 )
+from .evaluation.predict import check_options
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
 
