@@ -1,17 +1,22 @@
-"""The checkpoint of a finished run that writes its test predictions: best.pt, or the average of the
-run's last step checkpoints (averaged.pt, from `scratchformer.average`) when that scores higher on
-validation. Prints the path; the scores and the choice go to stderr.
+"""The checkpoint of a finished run that writes its test predictions, and the length penalty it
+decodes them with: best.pt, or the average of the run's last step checkpoints (averaged.pt, from
+`scratchformer.average`), whichever scores higher on validation, at the penalty of its best score.
+Prints the path and the penalty (tab-separated); the scores and the choice go to stderr.
 
     python -m scratchformer.average RUN --last 5
     python -m scratchformer.evaluate --checkpoint RUN/best.pt --beam-size 4 --out RUN/best
     python -m scratchformer.evaluate --checkpoint RUN/averaged.pt --beam-size 4 --out RUN/averaged
-    python scripts/pick_checkpoint.py RUN      # -> RUN/averaged.pt or RUN/best.pt
+    python -m scratchformer.evaluate --checkpoint RUN/averaged.pt --beam-size 4 --length-penalty 1.3 \
+        --out RUN/averaged-lp1.3            # optional: any NAME-lpX beside NAME is a candidate too
+    python scripts/pick_checkpoint.py RUN   # -> "RUN/averaged.pt<TAB>1.3", say
 
-Each candidate RUN/NAME.pt is scored by RUN/NAME/metrics.validation.json, and all of them must have
-decoded the same examples the same way (beam, length penalty, n-gram blocking, minimum length), as the test
-predictions will be. The metric is the run's --best-metric, or the decoding metric when that is the
-loss (accuracy, ROUGE-L, BLEU): the predictions are decoded, so they are judged decoded. A tie keeps
-best.pt; a run without scores for the average keeps best.pt.
+Each candidate RUN/NAME.pt is scored by RUN/NAME/metrics.validation.json and by every
+RUN/NAME-lpX/metrics.validation.json (the same decoding but for the length penalty X). All of them
+must have decoded the same examples the same way (beam, n-gram blocking, minimum length; only the
+length penalty may differ), as the test predictions will be. The metric is the run's --best-metric,
+or the decoding metric when that is the loss (accuracy, ROUGE-L, BLEU): the predictions are decoded,
+so they are judged decoded. A tie keeps best.pt, and the decoding without a tuned penalty; a run
+without scores for both checkpoints keeps best.pt (and prints no penalty).
 """
 
 from __future__ import annotations
@@ -21,19 +26,31 @@ import json
 import sys
 from pathlib import Path
 
-CANDIDATES = ("best", "averaged")  # in order of preference on a tie
+CHECKPOINTS = ("best", "averaged")  # in order of preference on a tie
 DECODING_METRICS = ("accuracy", "rougeL", "bleu")  # the first in the scores: classification, summarization, translation
 LOWER_IS_BETTER = ("loss", "ppl")
-SAME = ("n", "decoding", "length_penalty", "no_repeat_ngram", "min_len")  # what the candidates' scores must share
-UNSET = {"min_len": 0}  # scores written before evaluate had --min-len
+SAME = ("n", "decoding", "no_repeat_ngram", "min_len")  # what the candidates' scores must share
+UNSET = {"min_len": 0, "length_penalty": 1.0}  # scores written before evaluate had these flags
 
 
-def pick(run: Path) -> tuple[Path, str]:
-    """(the checkpoint, why)."""
-    scores = {name: json.loads((run / name / "metrics.validation.json").read_text()) for name in CANDIDATES
-              if (run / f"{name}.pt").is_file() and (run / name / "metrics.validation.json").is_file()}
-    if "best" not in scores or len(scores) < 2:
-        return run / "best.pt", f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CANDIDATES)}"
+def candidates(run: Path) -> dict[str, dict]:
+    """Scores by folder name, in order of preference on a tie: best, averaged, then best-lpX and
+    averaged-lpX; only those whose checkpoint is there."""
+    found: dict[str, dict] = {}
+    for lp in (False, True):
+        for name in CHECKPOINTS:
+            folders = sorted(run.glob(f"{name}-lp*")) if lp else [run / name]
+            for folder in folders:
+                if (run / f"{name}.pt").is_file() and (folder / "metrics.validation.json").is_file():
+                    found[folder.name] = json.loads((folder / "metrics.validation.json").read_text())
+    return found
+
+
+def pick(run: Path) -> tuple[Path, float | None, str]:
+    """(the checkpoint, the length penalty to decode with or None, why)."""
+    scores = candidates(run)
+    if not set(CHECKPOINTS) <= scores.keys():
+        return run / "best.pt", None, f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CHECKPOINTS)}"
     differ = [k for k in SAME if len({json.dumps(s.get(k, UNSET.get(k))) for s in scores.values()}) > 1]
     if differ:
         raise SystemExit(f"error: the candidates of {run} were scored differently ({', '.join(differ)}): score them "
@@ -42,19 +59,22 @@ def pick(run: Path) -> tuple[Path, str]:
     if metric in LOWER_IS_BETTER:
         metric = next((m for m in DECODING_METRICS if m in scores["best"]), metric)
     sign = -1 if metric in LOWER_IS_BETTER else 1
-    name = max(CANDIDATES, key=lambda c: (sign * scores[c][metric], -CANDIDATES.index(c)))
-    shown = ", ".join(f"{c}.pt {scores[c][metric]:.2f}" for c in CANDIDATES)
-    return run / f"{name}.pt", f"validation {metric} ({scores['best'].get('decoding')}): {shown}"
+    order = list(scores)
+    name = max(order, key=lambda c: (sign * scores[c][metric], -order.index(c)))
+    length_penalty = float(scores[name].get("length_penalty", UNSET["length_penalty"]))
+    shown = ", ".join(f"{c} {s[metric]:.2f}" for c, s in scores.items())
+    return run / f"{name.split('-lp')[0]}.pt", length_penalty, \
+        f"validation {metric} ({scores['best'].get('decoding')}): {shown}; length penalty {length_penalty:g}"
 
 
-def main(argv=None) -> Path:
+def main(argv=None) -> tuple[Path, float | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a finished run folder")
     args = p.parse_args(argv)
-    path, why = pick(args.run)
+    path, length_penalty, why = pick(args.run)
     print(f"{path.name}: {why}", file=sys.stderr)
-    print(path)
-    return path
+    print(path if length_penalty is None else f"{path}\t{length_penalty:g}")
+    return path, length_penalty
 
 
 if __name__ == "__main__":

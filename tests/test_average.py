@@ -2,6 +2,8 @@
 mean taken tensor by tensor here, on a real training run's step checkpoints."""
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,8 +106,22 @@ def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, 
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.validation.json").write_text(json.dumps({**scored, **scores}))
     done = _pick(tmp_path)
-    assert done.stdout.strip() == str(tmp_path / picked), done.stderr
-    assert "averaged.pt" in done.stderr and "best.pt" in done.stderr
+    assert done.stdout.strip() == f"{tmp_path / picked}\t1", done.stderr
+    assert re.search(r"best [\d.]+, averaged [\d.]+; length penalty 1$", done.stderr.strip()), done.stderr
+    # a length penalty scored beside: it wins only with a higher score, and names its checkpoint
+    metric = "chrf" if best_metric == "chrf" else "bleu"
+    for lp, gain, won in (("1.6", 0.0, picked), ("1.3", 0.5, "best.pt")):
+        (tmp_path / f"best-lp{lp}").mkdir()
+        lp_scores = {**scored, "bleu": 30.0, "chrf": 55.0, "loss": 1.5, "length_penalty": float(lp)}
+        lp_scores[metric] = max(30.0 if metric == "bleu" else 55.0, averaged.get(metric, 0.0)) + gain
+        (tmp_path / f"best-lp{lp}" / "metrics.validation.json").write_text(json.dumps(lp_scores))
+        done = _pick(tmp_path)
+        assert done.stdout.strip() == f"{tmp_path / won}\t{lp if gain else 1}", done.stderr
+    (tmp_path / "best.pt").rename(tmp_path / "best.pt.away")  # a candidate's scores without its checkpoint
+    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")
+    (tmp_path / "best.pt.away").rename(tmp_path / "best.pt")
+    for lp in ("1.6", "1.3"):
+        shutil.rmtree(tmp_path / f"best-lp{lp}")
     # scored apart (another decoding): refused; no scores for the average: best.pt
     greedy = {**scored, **averaged, "decoding": "greedy"}
     (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(greedy))

@@ -7,6 +7,7 @@ estimate of at most 9 minutes, wrap pytest in the prelude's helper (timeout -s I
 -x), and estimates that add up to less than the 30 minutes of a device session."""
 
 import gzip
+import itertools
 import json
 import os
 import re
@@ -124,9 +125,16 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     assert not [n for n in files if n.endswith(".pt")]
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "iwslt" / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids
-    # the predictions come from best.pt or the average of the last step checkpoints, picked on validation
-    assert {"run/averaged/metrics.validation.json", "run/best/metrics.validation.json"} <= set(files)
-    assert re.search(r"(averaged|best)\.pt: validation bleu \(beam4\): best\.pt [\d.]+, averaged\.pt [\d.]+", log), log
+    # the predictions come from best.pt or the average of the last step checkpoints, each scored on
+    # validation at the decoding's length penalty and at the recipe's others (the rehearsal: one), and
+    # are decoded at the picked score's penalty
+    assert {f"run/{name}/metrics.validation.json" for name in ("best", "averaged", "best-lp1.3", "averaged-lp1.3")
+            } <= set(files)
+    picked = re.search(r"(averaged|best)\.pt: validation bleu \(beam4\): best [\d.]+, averaged [\d.]+, "
+                       r"best-lp1\.3 [\d.]+, averaged-lp1\.3 [\d.]+; length penalty ([\d.]+)", log)
+    assert picked, log
+    generate = rf"generate .*--checkpoint \S*/{picked[1]}\.pt .*--length-penalty {re.escape(picked[2])} "
+    assert re.search(generate, log), log
     grid = _dry_run("50_train.sh", str(tmp_path / "o3"), **{**env, "RECIPE": "multi30k"})
     assert grid.returncode == 0, grid.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o3"), "50_train.sh")
@@ -139,8 +147,8 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
 
 def test_every_recipe_parses():
     """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, and its
-    decoding (DECODE, RUNTIME) valid flags of both evaluate and generate that fit the run's longest
-    output (SCORE: of evaluate), so a typo costs no GPU call."""
+    decoding (DECODE, RUNTIME, each of LENGTH_PENALTIES) valid flags of both evaluate and generate that
+    fit the run's longest output (SCORE: of evaluate), so a typo costs no GPU call."""
     from scratchformer import evaluate, generate
     from scratchformer.data import resolve_source
     from scratchformer.training.config import parse_args
@@ -150,20 +158,23 @@ def test_every_recipe_parses():
     assert {"multi30k", "iwslt", "samsum", "cnndm", "ablate-multi30k"} <= set(names)
     for name in names:
         show = (f'source "{GPU}/recipes.sh"; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}" -- "${{VARIANTS[@]}}" '
-                f'-- "${{DECODE[@]}}" "${{RUNTIME[@]}}" -- "${{SCORE[@]}}"')
+                f'-- "${{DECODE[@]}}" "${{RUNTIME[@]}}" -- "${{SCORE[@]}}" -- "${{LENGTH_PENALTIES[@]}}"')
         lines = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True).stdout.splitlines()
         cut = [i for i, line in enumerate(lines) if line == "--"]
-        assert len(cut) == 3, (name, lines)
+        assert len(cut) == 4, (name, lines)
         flags, variants = lines[:cut[0]], [v for v in lines[cut[0] + 1:cut[1]] if v]
-        decode, score = lines[cut[1] + 1:cut[2]], lines[cut[2] + 1:]
+        decode, score = lines[cut[1] + 1:cut[2]], lines[cut[2] + 1:cut[3]]
+        penalties = [["--length-penalty", lp] for lp in lines[cut[3] + 1:] if lp]
         assert "--kernel" in flags and flags[flags.index("--precision") + 1] == "bf16", name
         for variant in variants or ["="]:
             extra = variant.split("=", 1)[1].split()
             config, _ = parse_args([*flags, *extra, "--out", "runs/x"])
             assert config.kernel == ("eager" if "eager" in extra else "triton"), (name, variant)
-        for command, inputs in ((evaluate, ["--checkpoint", "x.pt", *score]),
-                                (generate, ["--checkpoint", "x.pt", "--text", "a"])):
-            args = command.build_parser().parse_args([*inputs, *decode])
+        for (command, inputs), penalty in itertools.product(((evaluate, ["--checkpoint", "x.pt", *score]),
+                                                             (generate, ["--checkpoint", "x.pt", "--text", "a"])),
+                                                            [[], *penalties]):
+            args = command.build_parser().parse_args([*inputs, *decode, *penalty])
             command.check_args(args)
+            assert not penalty or args.length_penalty == float(penalty[1]), (name, penalty)
             longest = config.resolved(resolve_source(config.dataset, None, None).task, synthetic=False).max_tgt_len
             assert args.min_len < longest, (name, decode)

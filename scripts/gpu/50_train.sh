@@ -27,7 +27,8 @@ if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on th
           --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64 --max-tgt-len 16)
   FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
-  RUNTIME=(--kernel eager --precision fp32); AVERAGE=2; export OMP_NUM_THREADS=1
+  RUNTIME=(--kernel eager --precision fp32); AVERAGE=2; LENGTH_PENALTIES=("${LENGTH_PENALTIES[@]:0:1}")
+  export OMP_NUM_THREADS=1
 fi
 if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
   echo "== no data: $SCRATCHFORMER_DATA/$DATASET (bash scripts/pack_gpu_data.sh $DATASET, then carry .gpu_data)"
@@ -58,7 +59,8 @@ fi
 
 # 2. the blind test inputs, once the run that predicts them (a grid's PRED variant) is finished: best.pt
 #    and the average of its last AVERAGE step checkpoints are scored on validation decoded as the
-#    predictions will be (DECODE), and the better one writes them (scripts/pick_checkpoint.py)
+#    predictions will be (DECODE), and again at each of the recipe's LENGTH_PENALTIES; the best
+#    score's checkpoint writes them, at its penalty (scripts/pick_checkpoint.py)
 inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
 PRED_RUN=$RUN${PRED:+/$PRED}
 predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$PRED_RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
@@ -70,16 +72,21 @@ if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted; then
   fi
   scored=1
   for name in best averaged; do
-    if [ -e "$PRED_RUN/$name.pt" ] && [ ! -e "$PRED_RUN/$name/metrics.validation.json" ]; then
-      run_cmd "$(limit 570)" "eval_$name" "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/$name.pt" \
-        --out "$PRED_RUN/$name" "${DECODE[@]}" "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
-    fi
+    for lp in "" "${LENGTH_PENALTIES[@]}"; do
+      out=$name${lp:+-lp$lp}
+      if [ -e "$PRED_RUN/$name.pt" ] && [ ! -e "$PRED_RUN/$out/metrics.validation.json" ]; then
+        run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/$name.pt" \
+          --out "$PRED_RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
+      fi
+    done
   done
   if [ "$scored" = 1 ]; then
-    ckpt=$("$PY" scripts/pick_checkpoint.py "$PRED_RUN" 2> "$WORK/pick.txt") || ckpt=$PRED_RUN/best.pt
+    picked=$("$PY" scripts/pick_checkpoint.py "$PRED_RUN" 2> "$WORK/pick.txt") || picked=$PRED_RUN/best.pt
+    IFS=$'\t' read -r ckpt lp <<< "$picked"
     cat "$WORK/pick.txt"
     run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
-      --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" "${RUNTIME[@]}"
+      --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
+      ${lp:+--length-penalty "$lp"} "${RUNTIME[@]}"
   fi
 fi
 
