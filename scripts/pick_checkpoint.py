@@ -33,17 +33,17 @@ SAME = ("n", "decoding", "no_repeat_ngram", "min_len")  # what the candidates' s
 UNSET = {"min_len": 0, "length_penalty": 1.0}  # scores written before evaluate had these flags
 
 
+def checkpoint_of(name: str) -> str:
+    """The checkpoint a scores folder decoded: best-lp1.3 -> best."""
+    return name.split("-lp")[0]
+
+
 def candidates(run: Path) -> dict[str, dict]:
     """Scores by folder name, in order of preference on a tie: best, averaged, then best-lpX and
     averaged-lpX; only those whose checkpoint is there."""
-    found: dict[str, dict] = {}
-    for lp in (False, True):
-        for name in CHECKPOINTS:
-            folders = sorted(run.glob(f"{name}-lp*")) if lp else [run / name]
-            for folder in folders:
-                if (run / f"{name}.pt").is_file() and (folder / "metrics.validation.json").is_file():
-                    found[folder.name] = json.loads((folder / "metrics.validation.json").read_text())
-    return found
+    names = [*CHECKPOINTS, *(f.name for c in CHECKPOINTS for f in sorted(run.glob(f"{c}-lp*")))]
+    return {name: json.loads((run / name / "metrics.validation.json").read_text()) for name in names
+            if (run / f"{checkpoint_of(name)}.pt").is_file() and (run / name / "metrics.validation.json").is_file()}
 
 
 def pick(run: Path) -> tuple[Path, float | None, str]:
@@ -59,11 +59,10 @@ def pick(run: Path) -> tuple[Path, float | None, str]:
     if metric in LOWER_IS_BETTER:
         metric = next((m for m in DECODING_METRICS if m in scores["best"]), metric)
     sign = -1 if metric in LOWER_IS_BETTER else 1
-    order = list(scores)
-    name = max(order, key=lambda c: (sign * scores[c][metric], -order.index(c)))
+    name = max(scores, key=lambda c: sign * scores[c][metric])  # the first of equals: candidates' order
     length_penalty = float(scores[name].get("length_penalty", UNSET["length_penalty"]))
     shown = ", ".join(f"{c} {s[metric]:.2f}" for c, s in scores.items())
-    return run / f"{name.split('-lp')[0]}.pt", length_penalty, \
+    return run / f"{checkpoint_of(name)}.pt", length_penalty, \
         f"validation {metric} ({scores['best'].get('decoding')}): {shown}; length penalty {length_penalty:g}"
 
 
