@@ -219,6 +219,30 @@ def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
     assert [r["loss"] for r in cut] == [r["loss"] for r in ref]
 
 
+def test_time_budget_ends_the_run_where_it_stands(tmp_path):
+    """--time-budget: training ends after the step that spends it as if that were its last step
+    (validated, best.pt, the final report; --time-limit only pauses). It counts the run's time over
+    every session: a resumed run whose earlier sessions spent it reports at once, without another
+    step, and one with budget left trains on to --max-steps."""
+    base = TINY + ["--max-steps", "40", "--eval-every", "20", "--seed", "3"]
+    T.main(base + ["--out", str(tmp_path / "spent"), "--time-budget", "1e-9"])
+    ck = load_checkpoint(tmp_path / "spent" / "last.pt")
+    assert ck["progress"]["step"] == 1 and ck["progress"]["out_of_time"] is True
+    assert (tmp_path / "spent" / "metrics.final.json").exists() and (tmp_path / "spent" / "best.pt").exists()
+    assert "--time-budget 1e-09 s spent: training ends at step 1 of 40" in (tmp_path / "spent" / "log.txt").read_text()
+
+    for name in ("over", "under"):  # a run paused at step 1 whose sessions have trained for 1000 s
+        T.main(base + ["--max-steps", "3", "--out", str(tmp_path / name), "--time-limit", "1e-9"])
+        ck = load_checkpoint(tmp_path / name / "last.pt")
+        ck["progress"]["seconds"] = 1000.0
+        save_checkpoint(tmp_path / name / "last.pt", ck)
+    for name, budget in (("over", "500"), ("under", "1e9")):
+        T.main(["--resume", "--out", str(tmp_path / name), "--time-budget", budget, "--time-limit", "1e9"])
+    over, under = (load_checkpoint(tmp_path / n / "last.pt")["progress"] for n in ("over", "under"))
+    assert (over["step"], over["out_of_time"]) == (1, True) and (tmp_path / "over" / "metrics.final.json").exists()
+    assert (under["step"], under["out_of_time"]) == (3, False)
+
+
 def test_sigterm_stops_after_the_step_and_saves(tmp_path, monkeypatch):
     """SIGTERM (or Ctrl-C) mid-run: the step finishes, last.pt is saved there, the command reports
     an interruption (KeyboardInterrupt: exit 130 at the command line); --resume continues."""

@@ -118,6 +118,10 @@ class TrainConfig:
     # optimisation
     epochs: int | None = _optim(help="passes over the training data (None: by --max-steps)", by_data=dict(real=10))
     max_steps: int | None = _optim(help="stop after N optimizer steps", by_data=dict(synthetic=1500))
+    time_budget: float | None = _optim(help="end training once the run has trained this many seconds (every "
+                                       "session: --resume counts the time before), as at its last step: final "
+                                       "validation and report. A run sized in time, not steps (a GPU window); a "
+                                       "cosine schedule still decays over --max-steps")
     batch_size: int | None = _optim(help="max sentences per batch", by_data=dict(synthetic=64))
     max_tokens: int | None = _optim(help="max padded tokens per batch (length-bucketed)", by_data=dict(
         real=4096, classification=16384))
@@ -216,9 +220,9 @@ _RANGES = dict(
     valid_fraction=(0.0, 1.0, False), dropout=(0.0, 1.0, False), attn_dropout=(0.0, 1.0, False),
     lr=(0.0, math.inf, False), min_lr=(0.0, math.inf, False), weight_decay=(0.0, math.inf, False),
     adam_eps=(0.0, math.inf, False), label_smoothing=(0.0, 1.0, False), clip_norm=(0.0, math.inf, False),
-    time_limit=(0.0, math.inf, False),
+    time_limit=(0.0, math.inf, False), time_budget=(0.0, math.inf, False),
 )
-_POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit")  # these may not be 0 either
+_POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit", "time_budget")  # these may not be 0 either
 
 
 def flag(name: str) -> str:
@@ -341,7 +345,7 @@ def parse_args(argv=None) -> tuple[TrainConfig, frozenset[str]]:
 # What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
 # batching (the epoch position is counted in batches), the seed (the batch order), the optimizer's
 # and plateau schedule's settings (restored from the checkpoint) and the metric its best is in.
-# Everything else may change (--max-steps, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
+# Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
 # checkpoint and logging flags, --device, --kernel, --precision, --compile).
 FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",

@@ -41,7 +41,7 @@ def final_report(trainer) -> dict:
         _plots(trainer)
     best_txt = f"best.pt = step {prog.best_step}, {cfg.best_metric} {prog.best:.4f}" if prog.best is not None else ""
     trainer.log.info(f"done: {prog.step} steps in {trainer.train_seconds:.0f}s"
-                     f"{' (early stop)' if prog.stopped_early else ''}; {best_txt}; run folder {out}")
+                     f"{' (early stop)' if prog.stopped_early else ''}{' (time budget)' if prog.out_of_time else ''}; {best_txt}; run folder {out}")
     for line in lines:
         trainer.log.info(line)
     return res

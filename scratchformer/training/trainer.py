@@ -54,6 +54,7 @@ class Progress:
     best_step: int = -1
     bad_evals: int = 0
     stopped_early: bool = False
+    out_of_time: bool = False  # --time-budget reached: training ended there
     tokens: int = 0
     seconds: float = 0.0  # training time over every session of the run (--resume adds to it), as of last.pt
 
@@ -130,7 +131,8 @@ class Trainer:
         batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
                             + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
         return (f"training: {self.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
-                f"{cfg.grad_accum}), {self.total_steps} steps, lr {cfg.lr:g} {cfg.schedule} warmup "
+                f"{cfg.grad_accum}), {self.total_steps} steps"
+                f"{f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, lr {cfg.lr:g} {cfg.schedule} warmup "
                 f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
 
     # --- checkpoints ------------------------------------------------------------------------
@@ -181,7 +183,8 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------
 
     def done(self) -> bool:
-        return self.progress.step >= self.total_steps or self.progress.stopped_early
+        prog = self.progress
+        return prog.step >= self.total_steps or prog.stopped_early or prog.out_of_time
 
     def fit(self) -> Progress:
         """Train to the step budget, the last epoch or early stopping; the last step is always
@@ -192,6 +195,8 @@ class Trainer:
                          desc="train", dynamic_ncols=True, mininterval=0.5)
         self._window = _Window()
         self._t_start, self._seconds_before = time.time(), prog.seconds
+        if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
+            self._check_budget()
         with _stop_signals(self):
             while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
                 if not self._epoch():
@@ -223,6 +228,7 @@ class Trainer:
         while group := list(islice(batches, self.config.grad_accum)):
             loss_sum, nll_sum, ntok, gnorm = self.train_step(group)
             self._after_step(loss_sum, nll_sum, ntok, gnorm)
+            self._check_budget()
             if self.done() or self.should_stop():
                 return False
         return True
@@ -230,6 +236,14 @@ class Trainer:
     def _elapsed(self) -> float:
         """The run's training time so far: the sessions before this one, and this one."""
         return self._seconds_before + time.time() - self._t_start
+
+    def _check_budget(self) -> None:
+        """--time-budget: once the run's training time (every session) reaches it, training ends as at
+        its last step (done(): final validation, report). Under DDP rank 0 decides for all."""
+        budget, prog = self.config.time_budget, self.progress
+        if budget and not prog.out_of_time and self.dist.broadcast(self._elapsed() >= budget):
+            prog.out_of_time = True
+            self.log.info(f"--time-budget {budget:g} s spent: training ends at step {prog.step} of {self.total_steps}")
 
     def should_stop(self) -> bool:
         """Whether to stop after this step: --time-limit passed, or SIGINT / SIGTERM came. Under DDP
