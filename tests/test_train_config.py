@@ -31,7 +31,8 @@ OLD_FLAGS = [
     "--no-progress", "--tensorboard", "--attention-example", "--no-plots",
 ]
 # flag: the flag it comes before
-NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision", "--time-limit": "--resume", "--init-from": "--resume"}
+NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision",
+             "--time-limit": "--resume", "--init-from": "--resume"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
 # no "overwrite" yet, "resume_path" added by --resume.

@@ -40,8 +40,8 @@ def final_report(trainer) -> dict:
     if not cfg.no_plots:
         _plots(trainer)
     best_txt = f"best.pt = step {prog.best_step}, {cfg.best_metric} {prog.best:.4f}" if prog.best is not None else ""
-    trainer.log.info(f"done: {prog.step} steps in {trainer.train_seconds:.0f}s"
-                     f"{' (early stop)' if prog.stopped_early else ''}{' (time budget)' if prog.out_of_time else ''}; {best_txt}; run folder {out}")
+    ended = " (early stop)" if prog.stopped_early else " (time budget)" if prog.out_of_time else ""
+    trainer.log.info(f"done: {prog.step} steps in {trainer.train_seconds:.0f}s{ended}; {best_txt}; run folder {out}")
     for line in lines:
         trainer.log.info(line)
     return res
