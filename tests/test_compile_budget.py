@@ -1,12 +1,13 @@
 """How many times would the Triton kernels compile on a GPU? Counted on the CPU, and kept in budget.
 
-A GPU window is 30 minutes and a Triton compile takes 1-3 s, so compiles are the dominant cost of
-the GPU tests and a real cost of training on length-bucketed batches. tests/compile_recorder.py
-stands in for Triton's compiler: in a subprocess without the interpreter (the kernels' real GPU
-autotune lists), it keys every launch as Triton 3.9's kernel cache does (specialisation of every
-argument, constexprs, launch options), lets the autotuner benchmark every pruned config of every
-new key, and launches nothing. Two workloads, each with autotuning on and with
-SCRATCHFORMER_AUTOTUNE=0 (one pinned config per kernel, as scripts/gpu/ runs the tests):
+A GPU window is 15 minutes and a Triton compile takes 1-3 s of CPU, so compiles are the dominant
+cost of the GPU tests (scripts/gpu/ runs them in many processes at once) and a real cost of training
+on length-bucketed batches. tests/compile_recorder.py stands in for Triton's compiler: in a
+subprocess without the interpreter (the kernels' real GPU autotune lists), it keys every launch as
+Triton 3.9's kernel cache does (specialisation of every argument, constexprs, launch options), lets
+the autotuner benchmark every pruned config of every new key, and launches nothing. Two workloads,
+each with autotuning on and with SCRATCHFORMER_AUTOTUNE=0 (one pinned config per kernel, as
+scripts/gpu/ runs the tests):
 
 - the kernel test suite (tests/test_attention.py, test_add_layer_norm.py, test_ffn.py,
   test_model_triton.py; its GPU-only cases are skipped on a CPU and not counted);
@@ -23,8 +24,8 @@ argument were specialised):
 | kernel tests | 3,169 | 1,323 | 246 | 2,050 / 351 |
 | 300 training steps | 290 | 139 | 18 | 207 / 54 |
 
-Budgets: the pinned suite must stay a few hundred compiles (at 1-3 s each it then fits the
-per-kernel steps of scripts/gpu/, 9 minutes each); the pinned training run a few dozen (a minute or
+Budgets: the pinned suite must stay a few hundred compiles (at 1-3 s each, over 14 processes, it
+then fits the 2-minute test step of scripts/gpu/); the pinned training run a few dozen (a minute or
 two of compiling in a 300-step smoke run); tuned runs cost the configs per key more (each new key
 benchmarks every pruned config), budgeted at about 1.3x what was measured, so a new
 specialisation, a raw length in a key or a longer config list shows up as a failure. The last test

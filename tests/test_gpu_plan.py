@@ -1,10 +1,11 @@
 """The staged GPU plan (scripts/gpu/) tried on the CPU, so a broken step is found here, not in a
-30-minute GPU window: every step runs with GPU_DRY_RUN=1 (the same commands; pytest only collects,
+15-minute GPU window: every step runs with GPU_DRY_RUN=1 (the same commands; pytest only collects,
 so paths, -k selections and markers are checked and GPU cases are skipped; the smoke run trains a
 tiny model for 2 steps) and must exit 0 leaving exactly one archive with its log and environment.
 The plan's shape is checked too: numbered steps that start with the shared prelude, state an
 estimate of at most 9 minutes, wrap pytest in the prelude's helper (timeout -s INT, --maxfail, never
--x), and estimates that add up to less than the 30 minutes of a device session."""
+-x), and the README's windows: every call's steps fit its CALL_SECONDS, and every window's calls,
+with the machine's start and a turnaround a call, fit the 15 minutes of device time a task has."""
 
 import gzip
 import itertools
@@ -20,6 +21,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = os.path.join(REPO, "scripts", "gpu")
 STEPS = sorted(f for f in os.listdir(GPU) if re.fullmatch(r"\d\d_\w+\.sh", f))
 FIRST_WINDOW = [s for s in STEPS if s < "50"]  # tests and benchmarks; 50_train (issue 18) is for later windows
+DEVICE_SECONDS = 15 * 60  # a task's device time, every call, start and idle together
+START_SECONDS, TURNAROUND_SECONDS = 90, 30  # a cold machine's start; a call's transfers and the gap before the next
+SPARE_SECONDS = 60  # left over: a window must not end on its last second
 
 
 def _estimate(text):
@@ -27,23 +31,39 @@ def _estimate(text):
     return int(m.group(1)) if m else None
 
 
+def _windows(readme):
+    """The README's window table -> {window: [(CALL_SECONDS, [step numbers])]}."""
+    windows = {}
+    for window, command in re.findall(r"^\| ([^|]+?) \| [A-Z] \| `([^`]*run\.sh[^`]*)` \|", readme, re.M):
+        seconds = int(re.search(r"CALL_SECONDS=(\d+)", command)[1])
+        steps = command.split("run.sh", 1)[1].split()
+        windows.setdefault(window.split(" (")[0], []).append((seconds, steps))
+    return windows
+
+
 def test_plan_shape():
-    assert [s[:2] for s in STEPS] == ["00", "10", "11", "12", "20", "21", "30", "40", "50"], STEPS
-    total = 0
+    assert [s[:2] for s in STEPS] == ["00", "10", "20", "21", "30", "40", "50"], STEPS
+    estimates = {}
     for step in STEPS:
         text = open(os.path.join(GPU, step)).read()
         code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         assert any(line.startswith("source ") and "prelude.sh" in line for line in code[:3]), step
-        est = _estimate(text)
-        assert est is not None and est <= 9, (step, est)
-        total += est if step in FIRST_WINDOW else 0
+        estimates[step[:2]] = _estimate(text)
+        assert estimates[step[:2]] is not None and estimates[step[:2]] <= 9, (step, estimates[step[:2]])
         assert " -x" not in text and "--exitfirst" not in text, step
         for line in code:  # pytest only through run_pytest (timeout -s INT, --maxfail, junit, archive)
             assert "-m pytest" not in line, (step, line)
-    assert total < 30, total
     readme = open(os.path.join(GPU, "README.md")).read()
     for step in STEPS:
         assert step in readme, step
+    windows = _windows(readme)
+    assert len(windows) >= 3 and {s[:2] for s in STEPS} == {n for calls in windows.values() for _, steps in calls
+                                                           for n in steps}, windows
+    for window, calls in windows.items():
+        used = START_SECONDS + sum(seconds + TURNAROUND_SECONDS for seconds, _ in calls)
+        assert used <= DEVICE_SECONDS - SPARE_SECONDS, (window, used)
+        for seconds, steps in calls:  # a call's steps fit its deadline (50 stops itself at any deadline)
+            assert sum(estimates[n] for n in steps if n != "50") * 60 <= seconds, (window, steps, seconds)
 
 
 def _step_env(**extra):
@@ -101,7 +121,7 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
     machine and says to call again; the next call resumes, finishes, predicts every blind test
     input; archives never hold checkpoints. A grid recipe (Multi30k on our kernels and on eager)
-    runs its variants and predicts with its PRED variant."""
+    runs its variants and writes their summary."""
     ids = [f"t{i}" for i in range(5)]
     pairs = [{"src": f"a man number {i} rides a bike", "tgt": f"ein mann nummer {i} faehrt rad"} for i in range(40)]
     for name in ("iwslt2017_en_de", "multi30k"):
@@ -135,27 +155,31 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     assert picked, log
     generate = rf"generate .*--checkpoint \S*/{picked[1]}\.pt .*--length-penalty {re.escape(picked[2])} "
     assert re.search(generate, log), log
-    grid = _dry_run("50_train.sh", str(tmp_path / "o3"), **{**env, "RECIPE": "multi30k"})
+    grid = _dry_run("50_train.sh", str(tmp_path / "o3"), **{**env, "RECIPE": "multi30k-eager"})
     assert grid.returncode == 0, grid.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o3"), "50_train.sh")
-    assert {"run/ablation.json", "run/eager/metrics.final.json", "run/triton/test_predictions.jsonl"} <= set(files)
-    assert "multi30k: finished" in log
-    kernels = {r["name"]: json.load(open(tmp_path / "runs" / "multi30k" / r["name"] / "config.json"))["kernel"]
-               for r in json.load(open(tmp_path / "runs" / "multi30k" / "ablation.json"))["runs"]}
+    assert {"run/ablation.json", "run/eager/metrics.final.json", "run/triton/metrics.final.json"} <= set(files)
+    assert "multi30k-eager: finished" in log
+    grid_runs = tmp_path / "runs" / "multi30k-eager"
+    kernels = {r["name"]: json.load(open(grid_runs / r["name"] / "config.json"))["kernel"]
+               for r in json.load(open(grid_runs / "ablation.json"))["runs"]}
     assert kernels == {"triton": "eager", "eager": "eager"}  # the CPU rehearsal runs both on eager
 
 
 def test_every_recipe_parses():
     """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, and its
     decoding (DECODE, RUNTIME, each of LENGTH_PENALTIES) valid flags of both evaluate and generate that
-    fit the run's longest output (SCORE: of evaluate), so a typo costs no GPU call."""
+    fit the run's longest output (SCORE: of evaluate), so a typo costs no GPU call. A recipe ends in
+    its window: its runs' time budgets together leave its first call (the README's window table)
+    three minutes for the start and the final reports; a grid, which predicts nothing, sets no DECODE."""
     from scratchformer import evaluate, generate
     from scratchformer.data import resolve_source
     from scratchformer.training.config import parse_args
 
     names = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; echo $RECIPES'], capture_output=True,
                            text=True, check=True).stdout.split()
-    assert {"multi30k", "iwslt", "samsum", "cnndm", "ablate-multi30k"} <= set(names)
+    assert {"multi30k", "multi30k-eager", "iwslt", "samsum", "cnndm", "ablate-multi30k"} <= set(names)
+    first_call = _windows(open(os.path.join(GPU, "README.md")).read())["3 and on"][0][0]
     for name in names:
         show = (f'source "{GPU}/recipes.sh"; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}" -- "${{VARIANTS[@]}}" '
                 f'-- "${{DECODE[@]}}" "${{RUNTIME[@]}}" -- "${{SCORE[@]}}" -- "${{LENGTH_PENALTIES[@]}}"')
@@ -166,10 +190,16 @@ def test_every_recipe_parses():
         decode, score = lines[cut[1] + 1:cut[2]], lines[cut[2] + 1:cut[3]]
         penalties = [["--length-penalty", lp] for lp in lines[cut[3] + 1:] if lp]
         assert "--kernel" in flags and flags[flags.index("--precision") + 1] == "bf16", name
+        grid_predicts = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; recipe {name}; '
+                                        '[ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ]'])
+        assert grid_predicts.returncode != 0, name
+        budget = 0.0
         for variant in variants or ["="]:
             extra = variant.split("=", 1)[1].split()
             config, _ = parse_args([*flags, *extra, "--out", "runs/x"])
             assert config.kernel == ("eager" if "eager" in extra else "triton"), (name, variant)
+            budget += config.time_budget or 0.0
+        assert budget <= first_call - 180, (name, budget, first_call)
         for (command, inputs), penalty in itertools.product(((evaluate, ["--checkpoint", "x.pt", *score]),
                                                              (generate, ["--checkpoint", "x.pt", "--text", "a"])),
                                                             [[], *penalties]):

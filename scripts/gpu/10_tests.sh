@@ -8,6 +8,7 @@
 # CPU-only checks a GPU adds nothing to (the AOT compile check, the compile-count recorder and the
 # CPU rehearsal of this plan). --durations names the slowest, for the next window's estimates.
 source "$(dirname "$0")/prelude.sh"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}  # the CPU tests' threads, times GPU_WORKERS processes
 WORKERS=$GPU_WORKERS run_pytest 300 25 tests tests --durations=20 \
   --ignore=tests/test_embed.py --ignore=tests/test_triton_compile.py --ignore=tests/test_compile_budget.py \
   --ignore=tests/test_gpu_plan.py

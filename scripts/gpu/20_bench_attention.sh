@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Step 20, estimate 5 min: attention benchmarks, autotuned (each new shape benchmarks every config:
-# about 30 compiles a shape), so a subset by default: BENCH_K picks another (pytest -k).
+# Step 20, estimate 3 min: attention benchmarks, autotuned (each new shape tries every pruned config:
+# a few dozen compiles a shape, compiled side by side first by warm_bench), so a subset by default:
+# BENCH_K picks another (pytest -k).
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 source "$(dirname "$0")/prelude.sh"
 # default: L = 4k, both head dims, full and causal, against every peer (SDPA's flash, cuDNN and
 # memory-efficient backends by name, SDPA with a mask, eager), and the padded batch at 4k: issue 16's
-# targets in one call; the L sweep (512 to 8k) goes in a later call with BENCH_K.
+# targets in one call; the L sweep (512 to 8k) goes in a later window with BENCH_K.
 K=${BENCH_K:-"(dense and 4096) or (padded and 4096 and h16d64) or (memory and 4096)"}
-run_pytest 420 20 bench_attention bench/bench_attention.py --benchmark-only -k "$K" \
+warm_bench 120 warm_attention "$K" bench/bench_attention.py
+run_pytest 300 20 bench_attention bench/bench_attention.py --benchmark-only -k "$K" \
   --benchmark-json="$WORK/bench_attention.json" --benchmark-columns=median,iqr
 if compgen -G "$WORK/bench_*.json" >/dev/null; then  # issue 16/17 ratios (none in a dry run: nothing timed)
   run_cmd 60 targets "$PY" bench/targets.py "$WORK"/bench_*.json --out "$WORK/targets.md"

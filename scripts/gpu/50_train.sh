@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Step 50 (issue 18; later windows, after the plan's first window), estimate 9 min a call: one
-# training recipe (RECIPE=NAME, scripts/gpu/recipes.sh) with our kernels in bf16, in resumable
-# pieces. The run folder lives on the machine (GPU_RUNS, default /tmp/scratchformer-runs/RECIPE) and
+# Step 50 (issue 18; windows 3 and on), estimate 8 min a call: one training recipe (RECIPE=NAME,
+# scripts/gpu/recipes.sh) with our kernels in bf16, in resumable pieces, one window of two calls a
+# recipe. The run folder lives on the machine (GPU_RUNS, default /tmp/scratchformer-runs/RECIPE) and
 # survives between calls while the machine is warm, so the same call, repeated, goes on where the
 # last one stopped:
-#   1. train: a new run, or --resume of the one there, until the call's deadline less two minutes
-#      for the start and the save (--time-limit; the trainer saves last.pt there), or to its last
-#      step and its final report. A start slower than that, or a final report that outlasts the
-#      call, ends in the call's SIGINT, on which the trainer also saves: the next call goes on;
+#   1. train: a new run, or --resume of the one there, to the end of its --time-budget (or
+#      --max-steps) and its final report, or until the call's deadline less two minutes for the
+#      start and the save (--time-limit: a pause, last.pt saved). A start slower than that, or a
+#      final report that outlasts the call, ends in the call's SIGINT, on which the trainer also
+#      saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
 #   3. always: the run folder without checkpoints into the archive (log, metrics, curves,
@@ -57,35 +58,34 @@ if finished && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] && case $
     -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
 
-# 2. the blind test inputs, once the run that predicts them (a grid's PRED variant) is finished: best.pt
+# 2. the blind test inputs, once the run is finished (a grid predicts nothing: its DECODE is empty): best.pt
 #    and the average of its last AVERAGE step checkpoints are scored on validation decoded as the
 #    predictions will be (DECODE), and again at each of the recipe's LENGTH_PENALTIES; the best
 #    score's checkpoint writes them, at its penalty (scripts/pick_checkpoint.py)
 inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
-PRED_RUN=$RUN${PRED:+/$PRED}
-predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$PRED_RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
-if [ -e "$PRED_RUN/metrics.final.json" ] && ! predicted; then
-  steps=$(compgen -G "$PRED_RUN/step_*.pt" | wc -l)
+predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
+if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
+  steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
   last=$(( steps < AVERAGE ? steps : AVERAGE ))
-  if [ "$last" -gt 1 ] && [ ! -e "$PRED_RUN/averaged.pt" ]; then
-    run_cmd 120 average "$PY" -m scratchformer.average "$PRED_RUN" --last "$last"
+  if [ "$last" -gt 1 ] && [ ! -e "$RUN/averaged.pt" ]; then
+    run_cmd 120 average "$PY" -m scratchformer.average "$RUN" --last "$last"
   fi
   scored=1
   for name in best averaged; do
     for lp in "" "${LENGTH_PENALTIES[@]}"; do
       out=$name${lp:+-lp$lp}
-      if [ -e "$PRED_RUN/$name.pt" ] && [ ! -e "$PRED_RUN/$out/metrics.validation.json" ]; then
-        run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$PRED_RUN/$name.pt" \
-          --out "$PRED_RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
+      if [ -e "$RUN/$name.pt" ] && [ ! -e "$RUN/$out/metrics.validation.json" ]; then
+        run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$RUN/$name.pt" \
+          --out "$RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
       fi
     done
   done
   if [ "$scored" = 1 ]; then
-    picked=$("$PY" scripts/pick_checkpoint.py "$PRED_RUN" 2> "$WORK/pick.txt") || picked=$PRED_RUN/best.pt
+    picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2> "$WORK/pick.txt") || picked=$RUN/best.pt
     IFS=$'\t' read -r ckpt lp <<< "$picked"
     cat "$WORK/pick.txt"
     run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
-      --output "$PRED_RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
+      --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
       ${lp:+--length-penalty "$lp"} "${RUNTIME[@]}"
   fi
 fi

@@ -49,13 +49,28 @@ limit() {
   echo "$s"
 }
 
+# GPU_WORKERS: how many pytest processes a test step runs side by side (pytest-xdist, one test at a
+# time each: --dist load). A Triton compile is 1-3 s of CPU work and the kernel tests need about 250
+# (tests/test_compile_budget.py) while their GPU work is small, so the machine's cores compile them
+# together: default its cores less 2, at most 14; 0 runs one process. Without xdist: one process.
+if [ -z "${GPU_WORKERS:-}" ]; then
+  GPU_WORKERS=$(( $(nproc) - 2 )); [ "$GPU_WORKERS" -gt 14 ] && GPU_WORKERS=14; [ "$GPU_WORKERS" -lt 2 ] && GPU_WORKERS=2
+fi
+if [ "$GPU_WORKERS" != 0 ] && ! "$PY" -c "import xdist" 2>/dev/null; then
+  echo "== pytest-xdist is missing: the tests run in one process"; GPU_WORKERS=0
+fi
+# WARM_WORKERS: the same for warm_bench's compile passes (a benchmark case holds more memory)
+WARM_WORKERS=${WARM_WORKERS:-$(( GPU_WORKERS < 6 ? GPU_WORKERS : 6 ))}
+
 # run_pytest SECONDS MAXFAIL NAME ARGS...: pytest under `timeout -s INT` (pytest then writes its
 # report and a --benchmark-json before exiting) with --maxfail, not -x, so one failure hides
 # nothing; its output is saved as NAME.txt and its junit XML as NAME.xml in the archive. A dry run
 # only collects (paths, -k selections and markers are checked; an empty selection fails).
+# WORKERS=N run_pytest ...: in N xdist processes (a test step: GPU_WORKERS); never for timing.
 run_pytest() {
   local secs maxfail name
   secs=$(limit "$1"); maxfail=$2; name=$3; shift 3
+  if [ "${WORKERS:-0}" != 0 ] && [ "$GPU_WORKERS" != 0 ]; then set -- -n "$WORKERS" --dist load "$@"; fi
   [ "$DRY" = 1 ] && set -- --collect-only "$@"
   echo "== $(date -u +%T) pytest $name (limit ${secs}s): $*"
   timeout -s INT -k 20 "$secs" "$PY" -m pytest -p no:cacheprovider --maxfail="$maxfail" -q -rfEs \
@@ -64,6 +79,24 @@ run_pytest() {
   [ "$rc" = 124 ] && echo "== $name: TIMED OUT after ${secs}s (partial results kept)"
   [ "$rc" != 0 ] && [ "$STATUS" = 0 ] && STATUS=$rc
   return "$rc"
+}
+
+# warm_bench SECONDS NAME K FILE...: the benchmark cases of the FILEs (within pytest -k K; empty: all)
+# that compile, ours ("triton") and torch.compile's ("compile"), each run once under --benchmark-disable in
+# WARM_WORKERS processes side by side (bench/conftest.py's run_bench warms a case up, then skips
+# it). Triton's and Inductor's on-disk caches then hold their binaries, and the timed run after it
+# (one process: timings must not share the GPU) loads them instead of compiling one by one, which
+# autotuning (a few dozen configs a shape) makes the larger part of a benchmark step. Autotuning's
+# choices made side by side are not cached (TRITON_CACHE_AUTOTUNING=0): the timed run tunes again,
+# on cached binaries. A failure here (memory, with several cases at once) costs the timed run only
+# its compiles: logged in NAME.txt, not the step's status (but in a dry run, where it means a
+# selection that matches nothing).
+warm_bench() {
+  local secs=$1 name=$2 sel="triton or compile" status=$STATUS
+  [ -n "$3" ] && sel="($3) and ($sel)"
+  shift 3
+  TRITON_CACHE_AUTOTUNING=0 WORKERS=$WARM_WORKERS run_pytest "$secs" 1000 "$name" "$@" --benchmark-disable -k "$sel"
+  [ "$DRY" = 1 ] || STATUS=$status
 }
 
 # run_cmd SECONDS NAME COMMAND...: any other command, under the same rules (output in NAME.txt).

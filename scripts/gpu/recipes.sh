@@ -5,16 +5,22 @@
 #   DECODE   the decoding of the test predictions, flags of both evaluate and generate (empty: none)
 #   SCORE    more evaluate flags for the validation scores that pick the checkpoint (--limit N: an
 #            evaluation does not resume, so each must fit one call)
-#   PRED     the grid's variant that writes the test predictions (empty: the one run)
 #   AVERAGE  how many of the last step checkpoints are averaged (scratchformer.average); the average
 #            writes the test predictions if it beats best.pt on validation (the Transformer averages
 #            its last 5); 1: best.pt only
+#   LENGTH_PENALTIES more --length-penalty values at which best.pt and the average are scored too
 #   RUNTIME  how evaluate and generate run (the run's precision)
-# These are first guesses: the CPU recipes of results/ (the only ones measured) with the step counts
-# and batches a GPU affords. No GPU has run them yet; tune on validation only.
+# These are first guesses: the CPU recipes of results/ (the only ones measured) with the batches a
+# GPU affords. No GPU has run them yet; tune on validation only.
+# Sized in time, not steps: a task lent a GPU has 15 minutes of device time, and a run cannot outlive
+# its machine (a checkpoint is over the carry limit), so each recipe ends in one window of two calls
+# (scripts/gpu/README.md): --time-budget ends its training (final report included) inside the first
+# call, whatever the throughput; --max-steps is then only a cap. The schedules are inverse-sqrt with
+# the average of the last checkpoints, which need no horizon (a cosine one decays over --max-steps).
 # shellcheck shell=bash
 
-RECIPES="multi30k iwslt samsum cnndm ablate-multi30k iwslt-subsets"
+RECIPES="multi30k multi30k-eager iwslt samsum cnndm ablate-multi30k iwslt-subsets"
+BUDGET=330  # a run's training seconds: the first call's 510 less the start, the final report and the packing
 
 # every run: our kernels in bf16, one seed, checkpoints every 250 steps (a call can end anywhere), the
 # last 5 kept for the average
@@ -27,35 +33,39 @@ COMMON=(--kernel triton --precision bf16 --seed 0 --save-every 250 --keep-checkp
 # a fixed budget (results/multi30k-cpu-small-cosine). Dropout 0.1 overfits from about step 2,000 of
 # 4,096 tokens (validation loss flat at 1.93 over 1,800 more steps while the training NLL fell to 0.69);
 # 0.3 does not overfit but was 1.7 BLEU behind at 2,400 steps, loss still falling
-# (results/multi30k-cpu-small-cool): at this recipe's ~7x the tokens 0.3 is a guess, and if it
-# underfits, the dropout to try next is 0.2, the best of the three at the CPU budget (validation loss
-# 1.885 at 2,400 steps against 1.928 / 1.991), but 0.2 had nearly settled by step 4,200 (loss 1.770,
-# 1.766, 1.764 at 3,600 / 3,900 / 4,200, training NLL 0.67 under it), so at ~3.8x its tokens 0.3 is
-# the better first guess. Its outputs run short (brevity penalty 0.95-0.97): a length penalty of
+# (results/multi30k-cpu-small-cool). 0.2 was the best of the three at the CPU budget (validation loss
+# 1.885 at 2,400 steps against 1.928 / 1.991) but had nearly settled by step 4,200 (loss 1.770, 1.766,
+# 1.764 at 3,600 / 3,900 / 4,200, training NLL 0.67 under it, 22M tokens in all), so for a GPU's
+# budget, several times those tokens if the small model trains at 100k+ tokens/s, 0.3 is the better
+# first guess; if the run reaches fewer tokens than the CPU one, use 0.2. Its outputs run short (brevity penalty 0.95-0.97): a length penalty of
 # 1.3, tuned on validation, gained 0.3 BLEU, so the recipe scores 1.3 and 1.6 beside 1.0
 M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 --max-tokens 8192 --dropout 0.3
       --lr 7e-4 --warmup-steps 800 --epochs 10000)
 # IWSLT's best CPU run's model and rates (results/iwslt-cpu-small-l3: 3+3 layers, dropout 0.3, peak lr
-# 1e-3, BLEU 11.21 against 8.94 for 4+4 layers, dropout 0.2, lr 7e-4), twice its tokens per step, a
-# larger vocabulary, and the rate decayed to zero by the last step: on the CPU a second phase that
-# decayed it to zero gained 1.2 BLEU more (results/iwslt-cpu-small-l3-cool), but on Multi30k at a
-# fixed 2,100 steps cosine and inverse-sqrt tied (BLEU 37.42 / 37.09, loss 1.927 / 1.928:
-# results/multi30k-cpu-small-cosine), so that gain was most likely the steps; cosine is kept as no worse
+# 1e-3, BLEU 11.21 against 8.94 for 4+4 layers, dropout 0.2, lr 7e-4), twice its tokens per step and a
+# larger vocabulary. On the CPU a second phase that decayed the rate to zero gained 1.2 BLEU more
+# (results/iwslt-cpu-small-l3-cool), but on Multi30k at a fixed 2,100 steps cosine and inverse-sqrt
+# tied (BLEU 37.42 / 37.09, loss 1.927 / 1.928: results/multi30k-cpu-small-cosine), so that gain was
+# most likely the steps: inverse-sqrt, which a time budget cannot cut short, and the average
 IWSLT=(--dataset iwslt2017_en_de --preset small --layers 3 --tie-embeddings all --vocab-size 10000 --max-tokens 8192
-       --dropout 0.3 --lr 1e-3 --schedule cosine --warmup-steps 800 --epochs 10000 --best-metric bleu)
+       --dropout 0.3 --lr 1e-3 --warmup-steps 800 --epochs 10000 --best-metric bleu)
 
 recipe() {
-  DATASET=""; FLAGS=(); VARIANTS=(); DECODE=(--beam-size 4); SCORE=(); PRED=""; AVERAGE=5; RUNTIME=(--precision bf16)
+  DATASET=""; FLAGS=(); VARIANTS=(); DECODE=(--beam-size 4); SCORE=(); AVERAGE=5; RUNTIME=(--precision bf16)
   LENGTH_PENALTIES=()
   case "$1" in
-    multi30k)  # test2016 BLEU >= 41 (triton), and the same run on the eager reference, same seed, as a
-      # grid: validation BLEU within 1.0, both loss curves in one plot (ablation.png)
-      DATASET=multi30k; PRED=triton; VARIANTS=("triton=" "eager=--kernel eager")
-      LENGTH_PENALTIES=(1.3 1.6)  # scored beside 1.0 on validation; the CPU submission's outputs ran short
-      FLAGS=("${M30K[@]}" --max-steps 8000 --eval-every 500 --eval-decode-examples 1014 --best-metric bleu) ;;
+    multi30k)  # test2016 BLEU >= 41, on our kernels
+      DATASET=multi30k; LENGTH_PENALTIES=(1.3 1.6)  # scored beside 1.0 on validation; the CPU model's outputs ran short
+      FLAGS=("${M30K[@]}" --time-budget "$BUDGET" --max-steps 20000 --eval-every 500 --eval-decode-examples 1014
+             --best-metric bleu) ;;
+    multi30k-eager)  # the same recipe on our kernels and on the eager reference, one seed, as a grid:
+      # validation BLEU within 1.0, both loss curves in one plot (ablation.png). Both runs take the
+      # same steps, so a fixed count that two runs fit in one window, not the time budget
+      DATASET=multi30k; DECODE=(); VARIANTS=("triton=" "eager=--kernel eager")
+      FLAGS=("${M30K[@]}" --max-steps 2000 --eval-every 250 --eval-decode-examples 1014 --best-metric bleu) ;;
     iwslt)  # 20,000 training pairs; tst2017 BLEU >= 20
       DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.3 1.6)
-      FLAGS=("${IWSLT[@]}" --max-steps 8000 --eval-every 500 --eval-decode-examples 500) ;;
+      FLAGS=("${IWSLT[@]}" --time-budget "$BUDGET" --max-steps 20000 --eval-every 500 --eval-decode-examples 500) ;;
     samsum)  # every dialogue, from scratch, with --copy (the pointer-generator): without it the encoder
       # collapsed and only a curriculum of short dialogues saved it (results/samsum-cpu-small-curriculum);
       # with it one phase reached validation perplexity 31.4 by step 1,800 on the CPU, the curriculum
@@ -63,7 +73,7 @@ recipe() {
       # the CPU submissions: beam 4, trigram blocking, length penalty 2.0
       DATASET=samsum; DECODE=(--beam-size 4 --no-repeat-ngram 3 --length-penalty 2.0)
       FLAGS=(--dataset samsum --preset small --copy --tie-embeddings all --vocab-size 8000 --max-tokens 8192
-             --lr 7e-4 --warmup-steps 400 --epochs 10000 --max-steps 8000 --eval-every 1000
+             --lr 7e-4 --warmup-steps 400 --epochs 10000 --time-budget "$BUDGET" --max-steps 20000 --eval-every 1000
              --eval-decode-examples 200 --best-metric rougeL) ;;
     cnndm)  # the 39k-article subset, base preset; ROUGE-1 >= 40 (a session of its own: no checkpoint carries).
       # --copy: without it the encoder collapsed to one vector by step 400 on the CPU, even on 128-token
@@ -75,18 +85,19 @@ recipe() {
       # first 1,000 of the 4,368 validation articles, so each evaluation fits one call
       DATASET=cnn_dailymail; DECODE=(--beam-size 4 --no-repeat-ngram 3 --min-len 55); SCORE=(--limit 1000)
       FLAGS=(--dataset cnn_dailymail --preset base --copy --tie-embeddings all --vocab-size 16000 --max-src-len 512
-             --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --max-steps 8000
-             --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
-    ablate-multi30k)  # one budget each: no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
+             --max-tgt-len 128 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --time-budget "$BUDGET"
+             --max-steps 20000 --eval-every 1000 --eval-decode-examples 200 --best-metric rougeL) ;;
+    ablate-multi30k)  # one budget each, in time (compute-matched: a 6-layer model takes fewer steps than
+      # a 2-layer one): no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
       DATASET=multi30k; DECODE=()
-      FLAGS=("${M30K[@]}" --max-steps 2000 --eval-every 500 --eval-decode-examples 1014)
+      FLAGS=("${M30K[@]}" --time-budget 50 --max-steps 20000 --eval-every 500 --eval-decode-examples 1014)
       VARIANTS=("baseline=" "no-pos-encoding=--no-pos-encoding" "heads-1=--heads 1" "layers-2=--layers 2"
                 "layers-6=--layers 6" "pre-ln=--norm pre") ;;
     iwslt-subsets)  # what the 20,000-pair subset costs (issue 18): the official split is not here, so
       # a learning curve instead, the iwslt recipe on its first 5,000, 10,000 and 20,000 pairs with one
-      # budget each, best.pt by BLEU on all of dev2010: BLEU per doubling of the data (ablation.png)
+      # time budget each, best.pt by BLEU on all of dev2010: BLEU per doubling of the data (ablation.png)
       DATASET=iwslt2017_en_de; DECODE=()
-      FLAGS=("${IWSLT[@]}" --max-steps 3000 --eval-every 500 --eval-decode-examples 888)
+      FLAGS=("${IWSLT[@]}" --time-budget 110 --max-steps 20000 --eval-every 500 --eval-decode-examples 888)
       VARIANTS=("pairs-5k=--max-train-examples 5000" "pairs-10k=--max-train-examples 10000" "pairs-20k=") ;;
     *) echo "unknown recipe '$1'; one of: $RECIPES" >&2; return 1 ;;
   esac
