@@ -81,18 +81,20 @@ run_pytest() {
   return "$rc"
 }
 
-# warm_bench SECONDS NAME K FILE...: the benchmark cases of the FILEs (within pytest -k K; empty: all)
-# that compile, ours ("triton") and torch.compile's ("compile"), each run once under --benchmark-disable in
-# WARM_WORKERS processes side by side (bench/conftest.py's run_bench warms a case up, then skips
-# it). Triton's and Inductor's on-disk caches then hold their binaries, and the timed run after it
-# (one process: timings must not share the GPU) loads them instead of compiling one by one, which
-# autotuning (a few dozen configs a shape) makes the larger part of a benchmark step. Autotuning's
-# choices made side by side are not cached (TRITON_CACHE_AUTOTUNING=0): the timed run tunes again,
-# on cached binaries. A failure here (memory, with several cases at once) costs the timed run only
-# its compiles: logged in NAME.txt, not the step's status (but in a dry run, where it means a
-# selection that matches nothing).
+# warm_bench SECONDS NAME K FILE...: the benchmark cases of the FILEs (within pytest -k K; empty:
+# all) that compile, ours ("triton") and torch.compile's ("compile"), each run once under
+# --benchmark-disable in WARM_WORKERS processes side by side (bench/conftest.py's run_bench warms
+# a case up, then skips it). Triton's and Inductor's on-disk caches then hold their binaries, and
+# the timed run after it (one process: timings must not share the GPU) loads them instead of
+# compiling one by one, which autotuning (a few dozen configs a shape) makes the larger part of a
+# benchmark step. Autotuning's choices made side by side are not cached
+# (TRITON_CACHE_AUTOTUNING=0): the timed run tunes again, on cached binaries. A failure here
+# (memory, with several cases at once) costs the timed run only its compiles: logged in NAME.txt,
+# not the step's status (but in a dry run, where it means a selection that matches nothing).
+# Without workers (WARM_WORKERS=0, no xdist) it does nothing.
 warm_bench() {
   local secs=$1 name=$2 sel="triton or compile" status=$STATUS
+  if [ "$WARM_WORKERS" = 0 ] || [ "$GPU_WORKERS" = 0 ]; then return 0; fi
   [ -n "$3" ] && sel="($3) and ($sel)"
   shift 3
   TRITON_CACHE_AUTOTUNING=0 WORKERS=$WARM_WORKERS run_pytest "$secs" 1000 "$name" "$@" --benchmark-disable -k "$sel"
