@@ -90,7 +90,7 @@ recipe() {
     ablate-multi30k)  # one budget each, in time (compute-matched: a 6-layer model takes fewer steps than
       # a 2-layer one): no positional encoding, 1 vs 8 heads, 2/4/6 layers, post- vs pre-LN
       DATASET=multi30k; DECODE=()
-      FLAGS=("${M30K[@]}" --time-budget 50 --max-steps 20000 --eval-every 500 --eval-decode-examples 1014)
+      FLAGS=("${M30K[@]}" --time-budget 40 --max-steps 20000 --eval-every 500 --eval-decode-examples 1014)
       VARIANTS=("baseline=" "no-pos-encoding=--no-pos-encoding" "heads-1=--heads 1" "layers-2=--layers 2"
                 "layers-6=--layers 6" "pre-ln=--norm pre") ;;
     iwslt-subsets)  # what the 20,000-pair subset costs (issue 18): the official split is not here, so
