@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
-import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -41,6 +39,7 @@ from .optim import (
 )
 from .report import final_report
 from .runs import Logger
+from .stopping import stop_on_signals
 
 
 @dataclass
@@ -197,7 +196,7 @@ class Trainer:
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
             self._check_budget()
-        with _stop_signals(self):
+        with stop_on_signals(self):
             while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
                 if not self._epoch():
                     break
@@ -369,29 +368,6 @@ class Trainer:
     def close(self) -> None:
         self.log.close()
         self.dist.close()
-
-
-@contextmanager
-def _stop_signals(trainer: Trainer):
-    """While fitting, SIGINT (Ctrl-C) and SIGTERM ask `trainer` to stop after the current step and
-    save last.pt; a second one interrupts at once. Not under DDP (each rank would get the signal at
-    another step) nor outside the main thread, where Python cannot take signals."""
-    if trainer.dist.on or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def ask(signum, frame):
-        if trainer.stop_reason is not None:
-            raise KeyboardInterrupt
-        trainer.stop_reason = signal.Signals(signum).name
-        trainer.log.info(f"{trainer.stop_reason}: stopping after this step and saving last.pt (again: stop at once)")
-
-    previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
