@@ -8,7 +8,7 @@
 One input per line (a file or stdin), or one --text. Output: one line per input; classification
 prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
-With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl``/``.jsonl.gz`` records
+With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
 (ids kept) or plain text, written as ``{"id", "prediction"}`` lines, atomically; --resume continues.
 
 A user error (a bad flag, input file or checkpoint, an existing --output) is one line on stderr and
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="input text (repeatable)")
     src.add_argument("--input", metavar="FILE",
-                     help="one input per line; with --output also .jsonl/.jsonl.gz records ('-' = stdin, the default)")
+                     help="one input per line; with --output also .jsonl(.gz/.xz) records ('-' = stdin, the default)")
     p.add_argument("--beam-size", type=int, default=4, help="1 = greedy")
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",

@@ -3,6 +3,7 @@
 import errno
 import gzip
 import json
+import lzma
 import os
 from pathlib import Path
 
@@ -18,10 +19,12 @@ from scratchformer.model import BOS_ID, EOS_ID, PAD_ID
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def write_jsonl(path, rows, gz=False):
+def write_jsonl(path, rows):
+    """rows as JSON lines (strings as they are), gzip- or xz-compressed when the name says so."""
     text = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows)
-    if gz:
-        with gzip.open(path, "wt", encoding="utf-8") as f:
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix)
+    if opener:
+        with opener(path, "wt", encoding="utf-8") as f:
             f.write(text)
     else:
         path.write_text(text, encoding="utf-8")
@@ -52,12 +55,13 @@ def test_synthetic_is_seeded_and_reverses():
 # --- parsing and errors ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gz", [False, True])
-def test_read_jsonl_translation(tmp_path, gz):
-    p = write_jsonl(tmp_path / ("train.jsonl.gz" if gz else "train.jsonl"),
-                    [{"src": "a b", "tgt": "c"}, "", {"src": "Grüße", "tgt": "x"}], gz=gz)
+@pytest.mark.parametrize("name", ["train.jsonl", "train.jsonl.gz", "train.jsonl.xz"])
+def test_read_jsonl_translation(tmp_path, name):
+    p = write_jsonl(tmp_path / name, [{"src": "a b", "tgt": "c"}, "", {"src": "Grüße", "tgt": "x"}])
     rows = D.read_split(p, "translation")
     assert [(r.src, r.tgt) for r in rows] == [("a b", "c"), ("Grüße", "x")]  # blank line skipped
+    assert D.find_split_file(tmp_path, "train") == p  # a folder's split is found by any of the names
+    assert [i.text for i in read_inputs(p, "translation")] == ["a b", "Grüße"]  # generate --input reads it too
 
 
 @pytest.mark.parametrize(
@@ -119,6 +123,10 @@ def _gz(data: bytes) -> bytes:
     ("train.jsonl.gz", GOOD * 3, r"train\.jsonl\.gz: not a gzip file, though named \.gz \(no gzip header\)"),
     ("train.jsonl.gz", _gz(GOOD * 200)[:40], r"train\.jsonl\.gz: the gzip stream is cut short after \d+ complete"),
     ("train.jsonl.gz", _gz(GOOD * 200)[:-6] + b"\xff" * 6, r"train\.jsonl\.gz: corrupt gzip data after \d+"),
+    # The same three for xz (scripts/pack_gpu_data.sh packs CNN/DailyMail so).
+    ("train.jsonl.xz", GOOD * 3, r"train\.jsonl\.xz: not an xz file, though named \.xz \(no xz header\)"),
+    ("train.jsonl.xz", lzma.compress(GOOD * 200)[:40], r"train\.jsonl\.xz: the xz stream is cut short after \d+"),
+    ("train.jsonl.xz", lzma.compress(GOOD * 200)[:-6] + b"\xff" * 6, r"train\.jsonl\.xz: corrupt xz data after \d+"),
 ])
 def test_file_faults_name_the_file_and_line(tmp_path, reader, name, content, message):
     path = tmp_path / name

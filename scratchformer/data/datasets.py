@@ -9,7 +9,7 @@ Sources, in the order `resolve_source` tries them:
 1. ``synthetic`` (the default): a generated, seeded corpus that needs no download; see
    `synthetic_examples`. It is a smoke task, not a benchmark.
 2. a local folder (``--data DIR``, or a folder named like ``--dataset`` under ``$SCRATCHFORMER_DATA``,
-   ``./data`` or ``../shared/data``) of ``{train,validation,test}.{jsonl,jsonl.gz,tsv,parquet}``
+   ``./data`` or ``../shared/data``) of ``{train,validation,test}.{jsonl,jsonl.gz,jsonl.xz,tsv,parquet}``
    with the field layout of ``shared/data/README.md``: translation ``{"src","tgt"}``,
    summarization ``{"id","document","summary"}``, classification ``{"text","label"}``.
 3. a Hugging Face hub name (`HUB`), loaded lazily with ``datasets.load_dataset`` (online only).
@@ -33,7 +33,7 @@ from .files import DataError, read_json, read_lines
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")
-EXTENSIONS = (".jsonl", ".jsonl.gz", ".tsv", ".parquet")
+EXTENSIONS = (".jsonl", ".jsonl.gz", ".jsonl.xz", ".tsv", ".parquet")
 
 # File field names per task, in (source, target) order; `id` is optional for summarization.
 FIELDS = {
@@ -194,14 +194,14 @@ def find_split_file(folder: Path, split: str) -> Path | None:
 
 
 def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Example]:
-    """Read one split file (.jsonl, .jsonl.gz, .tsv or .parquet), validating every record."""
+    """Read one split file (.jsonl, .jsonl.gz, .jsonl.xz, .tsv or .parquet), validating every record."""
     path = Path(path)
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
     if not path.exists():
         raise DataError(f"{path}: no such file")
     name = path.name
-    if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.xz")):
         rows = _read_jsonl(path, task, limit)
     elif name.endswith(".tsv"):
         rows = _read_tsv(path, task, limit)

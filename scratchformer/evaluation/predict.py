@@ -1,6 +1,6 @@
 """Batch inference: a file of inputs -> ``{"id", "prediction"}`` JSON lines, written atomically.
 
-Inputs (`read_inputs`): ``.jsonl`` / ``.jsonl.gz`` records holding the task's input field (``src``
+Inputs (`read_inputs`): ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.xz`` records holding the task's input field (``src``
 translation, ``document`` summarization, ``text`` classification; another with ``field``) and an
 optional ``id`` (a record without one gets its line number), or plain text with one input per
 line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if its first line is a
@@ -100,7 +100,7 @@ def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
 
 
 def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str = "auto") -> list[InputRecord]:
-    """The inputs of a file, in file order. fmt: "auto" (by the name: ``.jsonl``/``.jsonl.gz`` are
+    """The inputs of a file, in file order. fmt: "auto" (by the name: ``.jsonl`` (``.gz``, ``.xz``) are
     JSON lines, anything else text; stdin is sniffed), "jsonl" or "text".
 
     Raises DataError (file:line) on malformed JSON, a missing or empty field, a duplicate id, an
@@ -113,7 +113,7 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     records: list[InputRecord] = []
     seen: dict[str | int, int] = {}
     if fmt == "auto" and str(path) != "-":
-        fmt = "jsonl" if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")) else "text"
+        fmt = "jsonl" if name.removesuffix(".gz").removesuffix(".xz").endswith((".jsonl", ".json")) else "text"
     for lineno, raw in read_lines(path):  # DataError (file:line) for missing, undecodable or broken files
         if not raw.strip():
             continue
