@@ -62,7 +62,8 @@ fi
 #    and the average of its last AVERAGE step checkpoints are scored on validation decoded as the
 #    predictions will be (DECODE), and again at each of the recipe's LENGTH_PENALTIES; the best
 #    score's checkpoint writes them, at its penalty (scripts/pick_checkpoint.py)
-inputs=$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz
+inputs=$(compgen -G "$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl*" | head -1)  # .gz, or .xz (cnn_dailymail)
+inputs=${inputs:-$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz}
 predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
 if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
