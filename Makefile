@@ -122,7 +122,7 @@ GPU_CUDA_HOME ?= $(or $(CUDA_HOME),/usr/local/cuda)
 $(GPU_VENV)/.installed:
 	$(GPU_PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install -q "$(GPU_TORCH_SPEC)" "$(TRITON_MIN_SPEC)" "numpy<2.3" ninja setuptools wheel \
-		tqdm tokenizers sacrebleu rouge-score matplotlib safetensors pytest pytest-benchmark hypothesis
+		tqdm tokenizers sacrebleu rouge-score matplotlib safetensors pytest pytest-benchmark pytest-xdist hypothesis
 	@touch $@
 
 gpu-ext: $(GPU_VENV)/.installed
