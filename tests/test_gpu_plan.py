@@ -13,6 +13,7 @@ import json
 import lzma
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -210,3 +211,63 @@ def test_every_recipe_parses():
             assert not penalty or args.length_penalty == float(penalty[1]), (name, penalty)
             longest = config.resolved(resolve_source(config.dataset, None, None).task, synthetic=False).max_tgt_len
             assert args.min_len < longest, (name, decode)
+
+
+def _archive_of(folder, step, files):
+    """A step's archive as the device sends it back: `<step>.tar.gz` holding `files` (name -> text)."""
+    src = folder / f"src-{step}"
+    src.mkdir(parents=True)
+    for name, text in files.items():
+        (src / name).write_text(text)
+    with tarfile.open(folder / f"{step}.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=".")
+    shutil.rmtree(src)
+
+
+def _bench_json(cases, **extra):
+    """A pytest-benchmark file: cases (node id, kernel, median) of one H100 run on 2026-12-01."""
+    return json.dumps({"machine_info": {"node": "gpu"}, "benchmarks": [
+        {"group": "attention", "name": name, "fullname": f"bench/bench_attention.py::{name}",
+         "params": {"L": 4096, "H": 16, "D": 64, "causal": False, "kernel": kernel, "mode": "fwd"},
+         "stats": {"median": median}, "extra_info": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01",
+                                                      "tflops": 1.0 / median, **extra}}
+        for name, kernel, median in cases]})
+
+
+def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
+    """scripts/gpu/collect.py: the kernel benchmarks of a window's archives in one
+    <date>-<gpu>.json, the end-to-end ones in <date>-<gpu>-e2e.json, profiles beside them, the
+    targets table written from both; a later window's archive of the same day adds its cases and
+    replaces a case measured again; every step's exit line and pytest summary is reported."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    window1, window2, bench = tmp_path / "w1", tmp_path / "w2", tmp_path / "bench"
+    window1.mkdir()
+    window2.mkdir()
+    dense = [(f"test_dense[4096-h16d64-full-{k}-fwd]", k, m) for k, m in (("triton", 2e-3), ("sdpa_flash", 3e-3))]
+    _archive_of(window1, "20_bench_attention", {
+        "bench_attention.json": _bench_json(dense), "log.txt": "== 20_bench_attention: exit 0 after 171 s\n",
+        "bench_attention.txt": "...\n64 passed in 120.5s\n"})
+    _archive_of(window1, "30_bench_train_step", {
+        "bench_train_step.json": _bench_json([("test_train_step[triton-base-cnndm]", "triton", 0.1)]),
+        "profile-base-cnndm.txt": "top kernels\n", "log.txt": "== 30_bench_train_step: exit 124 after 380 s\n"})
+    written = collect.main([str(window1), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
+    stem = bench / "2026-12-01-h100"
+    assert {p.name for p in written} == {"2026-12-01-h100.json", "2026-12-01-h100-e2e.json",
+                                         "2026-12-01-h100-profile-base-cnndm.txt", "2026-12-01-h100-targets.md"}
+    kernels = json.loads(stem.with_suffix(".json").read_text())["benchmarks"]
+    assert [b["params"]["kernel"] for b in kernels] == ["triton", "sdpa_flash"]
+    assert len(json.loads((bench / "2026-12-01-h100-e2e.json").read_text())["benchmarks"]) == 1
+    assert "dense L=4096 D=64 fwd" in (bench / "2026-12-01-h100-targets.md").read_text()  # triton vs flash: 1.5x
+    out = capsys.readouterr().out
+    assert "20_bench_attention: == 20_bench_attention: exit 0 after 171 s" in out and "64 passed in 120.5s" in out
+    assert "exit 124 after 380 s" in out
+
+    again = [(dense[0][0], "triton", 1e-3), ("test_dense[2048-h16d64-full-triton-fwd]", "triton", 5e-4)]
+    _archive_of(window2, "20_bench_attention", {"bench_attention.json": _bench_json(again)})
+    collect.main([str(window2), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
+    kernels = json.loads(stem.with_suffix(".json").read_text())["benchmarks"]
+    medians = [(b["name"], b["stats"]["median"]) for b in kernels]
+    assert sorted(medians) == sorted([(dense[1][0], 3e-3), (dense[0][0], 1e-3), (again[1][0], 5e-4)])  # kept,
+    # replaced (once), added

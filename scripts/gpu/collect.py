@@ -1,0 +1,135 @@
+"""After a GPU window: the archives its calls sent back, filed where issues 16 and 17 want them.
+
+    python scripts/gpu/collect.py FILES_AT [FILES_AT ...] [--bench-dir bench/results] [--work gpu_out/collected]
+
+FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.gz` per step).
+1. Every archive is unpacked into WORK/<step>/ (git-ignored; a later call's archive of the same step
+   replaces the earlier one's folder).
+2. The benchmark JSON of the kernels (`bench_attention`, `bench_add_layer_norm`, `bench_ffn`,
+   `bench_embed`) go into one pytest-benchmark file, `BENCH_DIR/<date>-<gpu>.json`, and those of the
+   end-to-end step (`bench_train_step`, `bench_generate`) into `<date>-<gpu>-e2e.json`: date and GPU
+   from the cases' own extra_info. A file already there (an earlier window of the same day and GPU)
+   keeps its cases, a case measured again is replaced (by its pytest node id), so a file can hold
+   two windows' runs: each case's extra_info still names its own command.
+3. The profiles (`profile-<shape>.txt`) are copied beside them, `<date>-<gpu>-profile-<shape>.txt`;
+   then `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
+   `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
+4. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
+   run's summary line, and where a training recipe's run folder was unpacked (copy it to
+   `results/<name>/` with its README: scripts/gpu/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+E2E = ("bench_train_step", "bench_generate")
+
+
+def unpack(files_at: list[Path], work: Path) -> list[Path]:
+    """Every <step>.tar.gz under the FILES_AT folders into WORK/<step>/ -> those folders."""
+    archives = sorted(a for folder in files_at for a in Path(folder).glob("*.tar.gz"))
+    if not archives:
+        raise SystemExit(f"no <step>.tar.gz in {', '.join(map(str, files_at))}")
+    steps = []
+    for archive in archives:
+        dest = work / archive.name.removesuffix(".tar.gz")
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")  # no absolute paths, links out, devices
+        steps.append(dest)
+    return steps
+
+
+def gpu_slug(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the model, else the whole name made safe for a file name."""
+    model = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", device)
+    return (model[1] if model else re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-")).lower()
+
+
+def merge(jsons: list[Path], into: Path) -> int:
+    """The cases of `jsons` (pytest-benchmark files) added to `into` (created if missing): a case
+    whose node id is there already is replaced. -> the number of cases in `into`."""
+    merged = json.loads(into.read_text()) if into.exists() else None
+    for path in jsons:
+        data = json.loads(path.read_text())
+        if merged is None:
+            merged = {**data, "benchmarks": []}
+        new = {b["fullname"] for b in data["benchmarks"]}
+        merged["benchmarks"] = [b for b in merged["benchmarks"] if b["fullname"] not in new] + data["benchmarks"]
+    into.write_text(json.dumps(merged, indent=2) + "\n")
+    return len(merged["benchmarks"])
+
+
+def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
+    """Step 2 and 3 of the docstring -> the files written."""
+    groups: dict[str, list[Path]] = {}
+    for path in sorted(p for step in steps for p in step.glob("bench_*.json")):
+        data = json.loads(path.read_text())
+        if not data.get("benchmarks"):
+            print(f"{path}: no cases (a dry run, or a step cut short before its first)")
+            continue
+        info = data["benchmarks"][0].get("extra_info", {})
+        stem = f"{info.get('date', 'undated')}-{gpu_slug(info.get('device', 'unknown'))}"
+        groups.setdefault(stem + ("-e2e" if path.stem in E2E else ""), []).append(path)
+    written = []
+    for name, jsons in groups.items():
+        out = bench_dir / f"{name}.json"
+        print(f"{out}: {merge(jsons, out)} cases ({', '.join(p.stem for p in jsons)})")
+        written.append(out)
+    stems = sorted({name.removesuffix("-e2e") for name in groups})
+    for profile in sorted(p for step in steps for p in step.glob("profile-*.txt")):
+        for stem in stems:
+            written.append(bench_dir / f"{stem}-{profile.name}")
+            shutil.copyfile(profile, written[-1])
+    for stem in stems:
+        jsons = [str(p) for p in (bench_dir / f"{stem}.json", bench_dir / f"{stem}-e2e.json") if p.exists()]
+        targets = bench_dir / f"{stem}-targets.md"
+        subprocess.run([sys.executable, str(REPO / "bench/targets.py"), *jsons, "--out", str(targets)], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, str(REPO / "bench/plot_results.py"), *jsons, "--out",
+                        str(bench_dir / "plots" / stem)], check=True)
+        written.append(targets)
+    return written
+
+
+def report(steps: list[Path]) -> None:
+    """Step 4 of the docstring: what each step said of itself."""
+    for step in steps:
+        log = (step / "log.txt").read_text(errors="replace") if (step / "log.txt").exists() else ""
+        ends = re.findall(rf"== {re.escape(step.name)}: exit \d+ after \d+ s", log)
+        print(f"{step.name}: {ends[-1] if ends else 'no exit line (the call was cut short?)'}")
+        for txt in sorted(step.glob("*.txt")):
+            summary = [line for line in txt.read_text(errors="replace").splitlines()  # with -q or without
+                       if re.match(r"^[= ]*\d+(/\d+)? (passed|failed|errors?|skipped|deselected|tests? collected)\b"
+                                   r".* in [\d.]+s", line)]
+            if summary:
+                print(f"  {txt.stem}: {summary[-1].strip('= ')}")
+        if (step / "run").is_dir():
+            print(f"  training run folder: {step / 'run'} ({' '.join(re.findall(r'== (.+: (?:not )?finished)', log))})")
+
+
+def main(argv=None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files_at", nargs="+", type=Path, help="the folders holding the calls' <step>.tar.gz")
+    p.add_argument("--bench-dir", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--work", type=Path, default=REPO / "gpu_out" / "collected")
+    args = p.parse_args(argv)
+    steps = unpack(args.files_at, args.work)
+    args.bench_dir.mkdir(parents=True, exist_ok=True)
+    written = file_benchmarks(steps, args.bench_dir)
+    report(steps)
+    return written
+
+
+if __name__ == "__main__":
+    main()
