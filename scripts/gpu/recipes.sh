@@ -37,8 +37,9 @@ COMMON=(--kernel triton --precision bf16 --seed 0 --save-every 250 --keep-checkp
 # 1.885 at 2,400 steps against 1.928 / 1.991) but had nearly settled by step 4,200 (loss 1.770, 1.766,
 # 1.764 at 3,600 / 3,900 / 4,200, training NLL 0.67 under it, 22M tokens in all), so for a GPU's
 # budget, several times those tokens if the small model trains at 100k+ tokens/s, 0.3 is the better
-# first guess; if the run reaches fewer tokens than the CPU one, use 0.2. Its outputs run short (brevity penalty 0.95-0.97): a length penalty of
-# 1.3, tuned on validation, gained 0.3 BLEU, so the recipe scores 1.3 and 1.6 beside 1.0
+# first guess; if the run reaches fewer tokens than the CPU one, use 0.2. Its outputs run short
+# (brevity penalty 0.95-0.97): a length penalty of 1.3, tuned on validation, gained 0.3 BLEU, so the
+# recipe scores 1.3 and 1.6 beside 1.0
 M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 --max-tokens 8192 --dropout 0.3
       --lr 7e-4 --warmup-steps 800 --epochs 10000)
 # IWSLT's best CPU run's model and rates (results/iwslt-cpu-small-l3: 3+3 layers, dropout 0.3, peak lr
