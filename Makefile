@@ -137,9 +137,10 @@ test-gpu-stack: gpu-ext
 	PYTHONPATH=$(CURDIR) $(GPU_VENV)/bin/python -m pytest tests -p no:cacheprovider \
 		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
 
-# Every step of the GPU plan on this CPU machine (tests/test_gpu_plan.py does the same in `make test`).
+# The GPU plan's test and benchmark steps on this CPU machine (tests/test_gpu_plan.py does the same in
+# `make test`, and rehearses 50_train, which needs a recipe and its data, on a synthetic dataset).
 gpu-dry-run: install
-	@for s in scripts/gpu/[0-9][0-9]_*.sh; do GPU_DRY_RUN=1 OUT=gpu_out/dry PY=$(abspath $(PY)) bash $$s || exit 1; done
+	@for s in scripts/gpu/[0-4][0-9]_*.sh; do GPU_DRY_RUN=1 OUT=gpu_out/dry PY=$(abspath $(PY)) bash $$s || exit 1; done
 
 bench: install
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
