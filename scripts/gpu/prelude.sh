@@ -121,7 +121,7 @@ SITE=${GPU_SITE:-${TMPDIR:-/tmp}/scratchformer-site}
 if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
   stamp=$(ls "$REPO"/.whl/*.whl | xargs -n1 basename | sort | tr '\n' ' ')
   if [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$stamp" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       "$REPO"/.whl/*.whl && echo "$stamp" > "$SITE/.stamp" && echo "== installed wheels: $stamp"
   fi
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -153,7 +153,7 @@ fi
 # 4. the extension: reuse one that loads (in place, or carried in .gpu_build/), else build it;
 # 5. the versions that matter (one python start for both: each costs seconds)
 versions() {
-  "$PY" - > "$WORK/env.txt" 2>&1 <<'EOF'
+  timeout 120 "$PY" - > "$WORK/env.txt" 2>&1 <<'EOF'
 import importlib.metadata as md
 import torch
 import scratchformer._C  # noqa: F401  (fails here when the extension is missing or stale)
@@ -179,7 +179,8 @@ if ! grep -q "| extension" "$WORK/env.txt"; then
   b0=$(date +%s)
   # a GPU names its arch to torch's build; without one (a dry run with a CUDA torch) name them
   if [ "$DRY" = 1 ] && [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then export TORCH_CUDA_ARCH_LIST="8.0;9.0"; fi
-  "$PY" setup.py -q build_ext --inplace > "$WORK/build.txt" 2>&1 || { tail -30 "$WORK/build.txt"; exit 1; }
+  timeout "$(DRY=0 limit 300)" "$PY" setup.py -q build_ext --inplace > "$WORK/build.txt" 2>&1 ||
+    { tail -30 "$WORK/build.txt"; exit 1; }
   echo "== built in $(( $(date +%s) - b0 )) s"
   versions || { cat "$WORK/env.txt"; exit 1; }
 fi
