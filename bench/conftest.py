@@ -5,11 +5,13 @@ Each bench file is one pytest-benchmark group per op, parametrized over kernel, 
 """
 
 import datetime
+import os
 import platform
 import sys
 
 import pytest
 import torch
+import triton
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="GPU benchmark: needs a CUDA device")
@@ -28,7 +30,8 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, **
     """Time fn (no args) with pytest-benchmark; warm-up (autotune, compile) is not timed.
 
     flops / nbytes are the work of one call; TFLOP/s and GB/s from the median go into
-    extra_info together with the device, torch version and anything in **info (shapes, dtype).
+    extra_info together with the device, the torch and Triton versions, whether our kernels were
+    autotuned, the date, the command and anything in **info (shapes, dtype).
     Under --benchmark-disable the case only warms up (its compiles fill the on-disk caches that
     the timed run then reads) and is skipped.
     """
@@ -47,6 +50,8 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, **
     benchmark.extra_info.update(
         device=device_name(),
         torch=torch.__version__,
+        triton=triton.__version__,
+        autotune=os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0",  # False: pinned tiles (scripts/gpu/)
         date=datetime.date.today().isoformat(),
         command=" ".join(sys.argv),
         **{k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in info.items()},
