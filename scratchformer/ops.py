@@ -133,7 +133,14 @@ def _prepare_triton(device: torch.device) -> None:
         if loaded:
             raise RuntimeError(
                 "the triton backend on CPU needs TRITON_INTERPRET=1 before the kernels are "
-                f"imported, but {loaded} were already imported without it"
+                f"imported, but {loaded} were already imported without it; on a GPU machine build "
+                "the model (or put the op's inputs) on cuda"
+            )
+        if torch.cuda.is_available():  # turning the interpreter on here would run every kernel in it
+            raise RuntimeError(
+                "the triton backend was asked for on CPU on a machine with a GPU: build the model "
+                "(Transformer(cfg, device='cuda')) or put the op's inputs on cuda; for Triton's "
+                "interpreter on CPU, set TRITON_INTERPRET=1 before importing scratchformer"
             )
         os.environ["TRITON_INTERPRET"] = "1"
     if not _INTERPRETER_WARNED:

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import report_diff, requires_cuda
+from conftest import DEVICE, report_diff, requires_cuda
 
 from scratchformer import _ext, ops
 from scratchformer.reference import embed_ref, sinusoidal_positions
@@ -272,11 +272,11 @@ def test_torch_compile_fullgraph():
 
 @pytest.mark.parametrize("pos_offset", [0, 7])
 def test_ops_embed_triton_equals_eager(pos_offset):
-    tokens = torch.randint(0, 50, (3, 21))
-    weight = _weight(50, 32, torch.float32)
+    tokens = torch.randint(0, 50, (3, 21), device=DEVICE)
+    weight = _weight(50, 32, torch.float32, device=DEVICE)
     kw = dict(scale=math.sqrt(32), pos_offset=pos_offset, pos_encoding=True)
-    ours = ops.select("triton").embed(tokens, weight, **kw)
-    eager = ops.select("eager").embed(tokens, weight, **kw)
+    ours = ops.select("triton", DEVICE).embed(tokens, weight, **kw)
+    eager = ops.select("eager", DEVICE).embed(tokens, weight, **kw)
     report_diff("ops.embed triton vs eager", ours, eager)
     torch.testing.assert_close(ours, eager, rtol=1.3e-6, atol=1e-5)
 

@@ -20,9 +20,9 @@ def _pair(**kw):
     base = dict(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=48,
                 dropout=0.0)
     eager = Transformer(ModelConfig(**base, **kw, kernel="eager"))
-    triton = Transformer(ModelConfig(**base, **kw, kernel="triton"))
+    triton = Transformer(ModelConfig(**base, **kw, kernel="triton"), device=DEVICE)  # triton is chosen there
     triton.load_state_dict(eager.state_dict())
-    return eager.to(DEVICE), triton.to(DEVICE)
+    return eager.to(DEVICE), triton
 
 
 def _ints(low, high, shape):
@@ -72,8 +72,9 @@ def test_triton_classifier_matches_eager():
     torch.manual_seed(0)
     cfg = dict(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=0, d_ff=48,
                num_classes=2, final_norm=True, dropout=0.0)
-    eager, triton = Classifier(ModelConfig(**cfg, kernel="eager")), Classifier(ModelConfig(**cfg, kernel="triton"))
+    eager = Classifier(ModelConfig(**cfg, kernel="eager"))
+    triton = Classifier(ModelConfig(**cfg, kernel="triton"), device=DEVICE)
     triton.load_state_dict(eager.state_dict())
-    eager, triton = eager.to(DEVICE), triton.to(DEVICE)
+    eager = eager.to(DEVICE)
     tok, lengths = _ints(4, V, (2, 6)), _lengths(6, 2)
     torch.testing.assert_close(triton(tok, lengths), eager(tok, lengths), atol=2e-4, rtol=2e-4)

@@ -2,6 +2,9 @@
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -227,3 +230,18 @@ def test_interpreter_version_guard_names_the_fix():
     good = [("3.6.0", "2.2.6"), ("3.7.0", "2.4.6"), ("3.9.0", "2.3.0"), ("3.10.1", "3.0.0")]
     for triton_version, numpy_version in good:
         check_interpreter_versions(triton_version, numpy_version)
+
+
+def test_triton_on_cpu_on_a_gpu_machine_is_refused_not_interpreted():
+    """On a machine with a GPU, the triton backend asked for on CPU (a model built on the CPU, then
+    to be moved) must not turn Triton's interpreter on for the whole process, or every kernel, on
+    cuda too, would run in it (seen on an H100, 2026-11-26: the interpreter came up in a GPU test
+    run): it is refused, naming the fix. A fresh process, so that no kernel is imported yet; the GPU
+    is faked."""
+    code = ("import os, torch\ntorch.cuda.is_available = lambda: True\nfrom scratchformer import ops\n"
+            "try:\n    ops.select('triton', 'cpu')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
+            "print('interpreter:', os.environ.get('TRITON_INTERPRET'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "refused: the triton backend was asked for on CPU on a machine with a GPU" in p.stdout, p.stderr
+    assert "Transformer(cfg, device='cuda')" in p.stdout and "interpreter: None" in p.stdout
