@@ -55,24 +55,23 @@ def plot_attention(rows, out):
 
 
 def plot_layer_norm(rows, out):
-    series, roof = defaultdict(list), None
-    for r in rows:
-        if r["group"] == "add_layer_norm":
-            if "copy_gbps" in r:
-                roof = r["copy_gbps"]
-            if "gbps" in r and "hidden" in r:
-                series[(r.get("kernel"), r.get("mode"))].append((r["hidden"], r["gbps"]))
-    if not series:
+    """GB/s against the hidden size (N) per kernel and mode, at the run's largest row count, under
+    the copy bandwidth measured in the same run (bench_add_layer_norm.py's keys: rows, N)."""
+    cases = [r for r in rows if r["group"] == "add_layer_norm" and "gbps" in r and "N" in r]
+    roofs = [r["copy_bandwidth_gbps"] for r in rows if r["group"] == "add_layer_norm" and "copy_bandwidth_gbps" in r]
+    if not cases:
         return None
+    most = max(r["rows"] for r in cases)
+    series = defaultdict(dict)
+    for r in cases:
+        if r["rows"] == most:
+            series[(r.get("kernel"), r.get("mode"))][r["N"]] = r["gbps"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, pts in sorted(series.items(), key=str):
-        best = {}
-        for h, g in pts:
-            best[h] = max(best.get(h, 0), g)
-        ax.plot(sorted(best), [best[h] for h in sorted(best)], marker="o", label=" ".join(map(str, key)))
-    if roof:
-        ax.axhline(roof, color="k", ls="--", label=f"copy bandwidth {roof:.0f} GB/s")
-    ax.set(xscale="log", xlabel="hidden size", ylabel="GB/s", title="add + LayerNorm")
+        ax.plot(sorted(pts), [pts[n] for n in sorted(pts)], marker="o", label=" ".join(map(str, key)))
+    if roofs:
+        ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
+    ax.set(xscale="log", xlabel=f"hidden size ({most} rows)", ylabel="GB/s", title="add + LayerNorm")
     ax.legend(fontsize=7)
     return _save(fig, out, "add_layer_norm_gbps.png")
 

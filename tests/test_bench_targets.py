@@ -65,3 +65,16 @@ def test_no_targets_is_said(tmp_path):
     path = tmp_path / "empty.json"
     path.write_text(json.dumps({"benchmarks": []}))
     assert targets.main([str(path)]).startswith("no targets")
+
+
+def test_layer_norm_plot_reads_the_benchmark_keys(tmp_path):
+    """plot_results draws add+LayerNorm GB/s against N at the largest row count under the measured
+    copy roof, from the keys bench_add_layer_norm.py records (rows, N, copy_bandwidth_gbps): it once
+    looked for others and drew nothing from the first GPU run."""
+    import plot_results
+
+    rows = [{"group": "add_layer_norm", "name": "test_copy_bandwidth", "copy_bandwidth_gbps": 3000.0, "gbps": 2900.0}]
+    rows += [{"group": "add_layer_norm", "name": f"c{n}-{r}", "rows": r, "N": n, "kernel": "triton", "mode": "fwd",
+              "gbps": 1000.0 + n / 10, "copy_bandwidth_gbps": 3000.0} for n in (512, 4096) for r in (16384, 65536)]
+    path = plot_results.plot_layer_norm(rows, str(tmp_path))
+    assert path and os.path.getsize(path) > 0

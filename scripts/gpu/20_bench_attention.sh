@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Step 20, estimate 3 min: attention benchmarks, autotuned (each new shape tries every pruned config:
-# a few dozen compiles a shape, compiled side by side first by warm_bench), so a subset by default:
-# BENCH_K picks another (pytest -k).
+# Step 20, estimate 3 min (144 s on an H100 for the default subset): attention benchmarks, autotuned
+# (each new shape tries every pruned config: a few dozen compiles a shape, compiled side by side
+# first by warm_bench), so a subset by default: BENCH_K picks another (pytest -k).
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 source "$(dirname "$0")/prelude.sh"
 # default: L = 4k, both head dims, full and causal, against every peer (SDPA's flash, cuDNN and

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Step 21, estimate 2 min: add+LayerNorm, FFN and embedding benchmarks (autotuned GEMM), each group
-# its own JSON so a time-out loses at most one group. torch.compile's peers compile afresh per case
-# (10-20 s each; warm_bench compiles them side by side first), so by default they run at the issue-16
-# headline shapes only (65k rows; the base FFN at 16k tokens and 8192 x 4096 x 4096; 256k bf16
-# tokens); BENCH_K (pytest -k, every group) picks another subset.
+# Step 21, estimate 3 min (144 s on an H100): add+LayerNorm, FFN and embedding benchmarks (autotuned
+# GEMM), each group its own JSON so a time-out loses at most one group. torch.compile's peers
+# compile afresh per case (10-20 s each; warm_bench compiles them side by side first), so by default
+# they run at the issue-16 headline shapes only (65k rows; the base FFN at 16k tokens and 8192 x
+# 4096 x 4096; 256k bf16 tokens); BENCH_K (pytest -k, every group) picks another subset.
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 source "$(dirname "$0")/prelude.sh"
 declare -A SUBSET=([add_layer_norm]="not compile or 65536" [ffn]="not compile or t16384-d512 or t8192" [embed]="not compile or (bfloat16 and N262144)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step 50 (issue 18; windows 3 and on), estimate 8 min a call: one training recipe (RECIPE=NAME,
+# Step 50 (issue 18; windows 4 and on), estimate 8 min a call: one training recipe (RECIPE=NAME,
 # scripts/gpu/recipes.sh) with our kernels in bf16, in resumable pieces, one window of two calls a
 # recipe. The run folder lives on the machine (GPU_RUNS, default /tmp/scratchformer-runs/RECIPE) and
 # survives between calls while the machine is warm, so the same call, repeated, goes on where the
