@@ -182,7 +182,7 @@ def test_every_recipe_parses():
     names = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; echo $RECIPES'], capture_output=True,
                            text=True, check=True).stdout.split()
     assert {"multi30k", "multi30k-eager", "iwslt", "samsum", "cnndm", "ablate-multi30k"} <= set(names)
-    first_call = _windows(open(os.path.join(GPU, "README.md")).read())["3 and on"][0][0]
+    first_call = _windows(open(os.path.join(GPU, "README.md")).read())["4 and on"][0][0]
     for name in names:
         show = (f'source "{GPU}/recipes.sh"; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}" -- "${{VARIANTS[@]}}" '
                 f'-- "${{DECODE[@]}}" "${{RUNTIME[@]}}" -- "${{SCORE[@]}}" -- "${{LENGTH_PENALTIES[@]}}"')
