@@ -32,16 +32,8 @@ def display_name(path: str | Path) -> str:
     return "<stdin>" if str(path) == "-" else str(path)
 
 
-# a compressed file's suffix -> (its opener, its format's name, "not ..." in an error)
+# a file's suffix -> (its opener, its compression's name, "not ..." in an error); any other: plain
 COMPRESSED = {".gz": (gzip.open, "gzip", "a gzip file"), ".xz": (lzma.open, "xz", "an xz file")}
-
-
-def _open_binary(path: str | Path):
-    if str(path) == "-":
-        return None  # stdin: not ours to open or close
-    path = Path(path)
-    opener = COMPRESSED[path.suffix][0] if path.suffix in COMPRESSED else open
-    return opener(path, "rb")
 
 
 def _decode(raw: bytes, name: str, lineno: int) -> str:
@@ -76,9 +68,11 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     if str(path) == "-":
         yield from _stdin_lines(name)
         return
+    suffix = Path(path).suffix
+    opener, kind, a_file = COMPRESSED.get(suffix, (open, "", ""))
     lineno = 0
     try:
-        with _open_binary(path) as f:
+        with opener(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 yield lineno, _decode(raw, name, lineno)
     except FileNotFoundError:
@@ -86,16 +80,14 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     except IsADirectoryError:
         raise DataError(f"{name}: is a folder, not a file") from None
     except (gzip.BadGzipFile, zlib.error, lzma.LZMAError) as e:
-        suffix = Path(path).suffix
-        _, kind, a_file = COMPRESSED[suffix]
         if lineno == 0 and (str(e).startswith("Not a gzipped file") or "format not supported" in str(e)):
             raise DataError(f"{name}: not {a_file}, though named {suffix} (no {kind} header); "
                             f"rename a plain text file without {suffix}") from None
         raise DataError(f"{name}: corrupt {kind} data after {lineno} complete line(s) ({e}); copy or download "
                         "the file again") from None
     except EOFError:
-        raise DataError(f"{name}: the {COMPRESSED[Path(path).suffix][1]} stream is cut short after {lineno} complete "
-                        "line(s) (a truncated file: copy or download it again)") from None
+        raise DataError(f"{name}: the {kind} stream is cut short after {lineno} complete line(s) (a truncated "
+                        "file: copy or download it again)") from None
     except OSError as e:  # permission denied, an I/O error
         raise DataError(f"{name}: cannot read ({e.strerror or e})") from None
 
