@@ -150,7 +150,7 @@ def test_attention_output_layout():
     assert out.shape == (B, H, Lq, D) and out.dtype == q.dtype
     assert out.transpose(1, 2).is_contiguous()
     q, k, v = leaves(q, k, v)
-    grads = torch.autograd.grad(attention(q, k, v), (q, k, v), torch.randn(B, H, Lq, D))
+    grads = torch.autograd.grad(attention(q, k, v), (q, k, v), torch.randn(B, H, Lq, D, device=q.device))
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
 
 
@@ -158,12 +158,13 @@ def _einsum_attention(q, k, v, key_lengths, query_lengths, causal, scale):
     """Independent formulation in float64: per-batch loops, explicit allowed matrix, -inf fill."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    out = torch.zeros(B, H, Lq, D, dtype=torch.float64)
+    out = torch.zeros(B, H, Lq, D, dtype=torch.float64, device=q.device)
     for b in range(B):
-        allowed = torch.zeros(Lq, Lk, dtype=torch.bool)
+        allowed = torch.zeros(Lq, Lk, dtype=torch.bool, device=q.device)
         allowed[: int(query_lengths[b]), : int(key_lengths[b])] = True
         if causal:
-            allowed &= torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+            pos_k, pos_q = torch.arange(Lk, device=q.device), torch.arange(Lq, device=q.device)
+            allowed &= pos_k[None, :] <= pos_q[:, None] + (Lk - Lq)
         s = torch.einsum("hqd,hkd->hqk", q[b].double(), k[b].double()) * scale
         p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
         out[b] = torch.einsum("hqk,hkd->hqd", p, v[b].double())
@@ -173,7 +174,7 @@ def _einsum_attention(q, k, v, key_lengths, query_lengths, causal, scale):
 def test_attention_matches_einsum():
     """attention_ref alone would check the kernel against the eager backend's own formulation."""
     q, k, v = make_qkv(3, 2, 33, 40, 32)
-    kl, ql = torch.tensor([40, 17, 0]), torch.tensor([33, 20, 5])
+    kl, ql = torch.tensor([40, 17, 0], device=DEVICE), torch.tensor([33, 20, 5], device=DEVICE)
     q, k, v = leaves(q, k, v)
     out = attention(q, k, v, key_lengths=kl, query_lengths=ql, causal=True, scale=0.2)
     ref = _einsum_attention(q.detach(), k.detach(), v.detach(), kl, ql, True, 0.2)

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from conftest import DEVICE
 from scratchformer import ops
 from scratchformer.model import ModelConfig, Transformer, beam_search
 
@@ -177,7 +178,7 @@ def test_attention_refuses_bad_dropout_with_the_op_named(ops_backend):
 def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
     cfg = ModelConfig(src_vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                       dropout=0.0)
-    model = Transformer(cfg).eval()
+    model = Transformer(cfg, device=DEVICE).eval()
     src, lengths = torch.randint(4, 12, (2, 5)), torch.tensor([5, 3])
     with pytest.raises(ValueError, match=rf"length_penalty must be a finite number, got {penalty}"):
         beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=penalty)

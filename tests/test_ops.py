@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import report_diff
+from conftest import DEVICE, report_diff
 
 from scratchformer import ops, reference
 
@@ -160,7 +160,7 @@ def test_auto_resolves_by_device():
 
 
 @pytest.mark.parametrize("kernel,device,name", [
-    ("auto", "cpu", "eager"), ("eager", "cpu", "eager"), ("torch", "cpu", "torch"), ("triton", "cpu", "triton"),
+    ("auto", "cpu", "eager"), ("eager", "cpu", "eager"), ("torch", "cpu", "torch"), ("triton", DEVICE, "triton"),
     ("auto", None, "eager"), ("eager", "meta", "eager"), ("torch", "meta", "torch"),
 ])
 def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
@@ -200,7 +200,7 @@ def test_select_names_a_missing_extension(monkeypatch):
     monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: test")
     monkeypatch.setattr(ops, "_triton_ops", ops._triton_ops.__wrapped__)  # bypass the cache
     with pytest.raises(RuntimeError, match=r"extension is not available \(importing scratchformer._C failed: test\)"):
-        ops.select("triton", "cpu")
+        ops.select("triton", DEVICE)
 
 
 def test_value_checks_run_on_cpu_and_elsewhere_only_in_debug(monkeypatch):

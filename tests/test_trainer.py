@@ -187,7 +187,8 @@ def test_args_json_records_the_resolved_config(tmp_path):
     run = tmp_path / "run"
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
     args = json.loads((run / "args.json").read_text())
-    assert args["overwrite"] is True and args["out"] == str(run) and args["precision"] == "fp32"
+    resolved = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"  # auto
+    assert args["overwrite"] is True and args["out"] == str(run) and args["precision"] == resolved
     assert args["max_src_len"] == 32 and args["preset"] == "tiny"  # data-dependent defaults, resolved
 
 
@@ -286,7 +287,7 @@ def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_p
     trainer = create_trainer(Trainer, cfg, given)
     start = load_checkpoint(first / "best.pt")["model"]
     assert trainer.progress.step == 0 and not trainer.optimizer.state  # a new run, a new optimizer
-    assert all(torch.equal(v, start[k]) for k, v in trainer.model.state_dict().items())
+    assert all(torch.equal(v.cpu(), start[k]) for k, v in trainer.model.state_dict().items())
     assert trainer.model.cfg.d_model == 32 and trainer.config.init_from == str(first / "best.pt")
     assert (second / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
     assert "initialised from" in (second / "log.txt").read_text()
