@@ -44,7 +44,7 @@ def _windows(readme):
 
 
 def test_plan_shape():
-    assert [s[:2] for s in STEPS] == ["00", "10", "20", "21", "30", "40", "50"], STEPS
+    assert [s[:2] for s in STEPS] == ["00", "10", "20", "21", "30", "31", "40", "50"], STEPS
     estimates = {}
     for step in STEPS:
         text = open(os.path.join(GPU, step)).read()
@@ -101,6 +101,35 @@ def test_every_step_dry_run(tmp_path):
         if "run_pytest" in open(os.path.join(GPU, step)).read():
             assert re.search(r"\d+(/\d+)? tests? collected", log), (step, log[-2000:])
     assert "smoke_eager" in results["40_smoke_train.sh"].stdout
+    # step 31's profile: the report in profile-<shape>.txt, the command's log beside it under its own
+    # name (a cut run's traceback must not sit in a file named like a profile: collect.py files those)
+    with tarfile.open(os.path.join(outs["31_bench_generate_profile.sh"], "31_bench_generate_profile.tar.gz")) as tar:
+        profile = tar.extractfile("./profile-small-multi30k.txt").read().decode()
+        assert "./profile_log-small-multi30k.txt" in tar.getnames()
+    assert profile.startswith("training step profile:"), profile[:500]
+
+
+def test_targets_get_only_the_json_that_hold_something(tmp_path):
+    """pytest-benchmark (the GPU machine's version) creates its --benchmark-json at startup and leaves
+    it empty when it saves nothing (step 30's bench_generate.json on 2026-11-26): the prelude's
+    run_targets names such a file and runs bench/targets.py on the others; with none, it skips."""
+    case = _bench_json([("test_train_step[triton-base-cnndm]", "triton", 0.1)]).replace("attention", "train_step")
+    body = (f"printf '%s' '{case}' > \"$WORK/bench_train_step.json\"\n"
+            ': > "$WORK/bench_generate.json"\nrun_targets\n')
+    step = tmp_path / "98_targets.sh"
+    step.write_text(f'source "{GPU}/prelude.sh"\n{body}')
+    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "bench_generate.json: empty (nothing saved), left out" in p.stdout
+    targets = re.search(r"== \S+ targets \(limit \d+s\): (.*)", p.stdout)[1]
+    assert "bench_train_step.json" in targets and "bench_generate.json" not in targets, targets
+    files, _ = _archive(str(tmp_path / "out"), "98_targets.sh")
+    assert "targets.md" in files
+    step.write_text(f'source "{GPU}/prelude.sh"\n: > "$WORK/bench_generate.json"\nrun_targets\n')
+    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out2")), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and "== targets: skipped" in p.stdout, p.stdout[-3000:]
 
 
 def test_dry_run_catches_a_broken_selection(tmp_path):
@@ -251,11 +280,18 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
         "bench_attention.txt": "...\n64 passed in 120.5s\n"})
     _archive_of(window1, "30_bench_train_step", {
         "bench_train_step.json": _bench_json([("test_train_step[triton-base-cnndm]", "triton", 0.1)]),
-        "profile-base-cnndm.txt": "top kernels\n", "log.txt": "== 30_bench_train_step: exit 124 after 380 s\n"})
+        "log.txt": "== 30_bench_train_step: exit 124 after 380 s\n"})
+    _archive_of(window1, "31_bench_generate_profile", {  # pytest-benchmark's empty file, a profile cut short
+        "bench_generate.json": "", "profile-base-cnndm.txt": "training step profile: shape base-cnndm\ntop kernels\n",
+        "profile-small-multi30k.txt": "Traceback (most recent call last):\nKeyboardInterrupt\n"})
+    bench.mkdir()
+    good = "training step profile: shape small-multi30k, an earlier window's\n"
+    (bench / "2026-12-01-h100-profile-small-multi30k.txt").write_text(good)
     written = collect.main([str(window1), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
     stem = bench / "2026-12-01-h100"
     assert {p.name for p in written} == {"2026-12-01-h100.json", "2026-12-01-h100-e2e.json",
                                          "2026-12-01-h100-profile-base-cnndm.txt", "2026-12-01-h100-targets.md"}
+    assert (bench / "2026-12-01-h100-profile-small-multi30k.txt").read_text() == good  # not filed over
     kernels = json.loads(stem.with_suffix(".json").read_text())["benchmarks"]
     assert [b["params"]["kernel"] for b in kernels] == ["triton", "sdpa_flash"]
     assert len(json.loads((bench / "2026-12-01-h100-e2e.json").read_text())["benchmarks"]) == 1
@@ -263,6 +299,8 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "20_bench_attention: == 20_bench_attention: exit 0 after 171 s" in out and "64 passed in 120.5s" in out
     assert "exit 124 after 380 s" in out
+    assert re.search(r"bench_generate\.json: empty, skipped", out), out
+    assert re.search(r"profile-small-multi30k\.txt: not a finished profile \(its first line: 'Traceback", out), out
 
     again = [(dense[0][0], "triton", 1e-3), ("test_dense[2048-h16d64-full-triton-fwd]", "triton", 5e-4)]
     _archive_of(window2, "20_bench_attention", {"bench_attention.json": _bench_json(again)})

@@ -11,6 +11,4 @@ K=${BENCH_K:-"(dense and 4096) or (padded and 4096 and h16d64) or (memory and 40
 warm_bench 120 warm_attention "$K" bench/bench_attention.py
 run_pytest 300 20 bench_attention bench/bench_attention.py --benchmark-only -k "$K" \
   --benchmark-json="$WORK/bench_attention.json" --benchmark-columns=median,iqr
-if compgen -G "$WORK/bench_*.json" >/dev/null; then  # issue 16/17 ratios (none in a dry run: nothing timed)
-  run_cmd 60 targets "$PY" bench/targets.py "$WORK"/bench_*.json --out "$WORK/targets.md"
-fi
+run_targets  # issue 16/17 ratios over the JSON that hold something (none in a dry run: nothing timed)

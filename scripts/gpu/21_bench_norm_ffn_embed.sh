@@ -17,7 +17,6 @@ for g in add_layer_norm ffn embed; do
   run_pytest 150 20 "bench_$g" "bench/bench_$g.py" --benchmark-only ${k:+-k "$k"} \
     --benchmark-json="$WORK/bench_$g.json" --benchmark-columns=median,iqr
 done
-"$PY" bench/plot_results.py "$WORK"/bench_*.json --out "$WORK/plots" 2>&1 | tail -3 || true
-if compgen -G "$WORK/bench_*.json" >/dev/null; then  # issue 16/17 ratios (none in a dry run: nothing timed)
-  run_cmd 60 targets "$PY" bench/targets.py "$WORK"/bench_*.json --out "$WORK/targets.md"
-fi
+saved_json
+if [ "${#SAVED[@]}" != 0 ]; then "$PY" bench/plot_results.py "${SAVED[@]}" --out "$WORK/plots" 2>&1 | tail -3; fi
+run_targets  # issue 16/17 ratios over the JSON that hold something (none in a dry run: nothing timed)

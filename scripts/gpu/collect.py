@@ -11,8 +11,12 @@ FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.
    from the cases' own extra_info. A file already there (an earlier window of the same day and GPU)
    keeps its cases, a case measured again is replaced (by its pytest node id), so a file can hold
    two windows' runs: each case's extra_info still names its own command.
-3. The profiles (`profile-<shape>.txt`) are copied beside them, `<date>-<gpu>-profile-<shape>.txt`;
-   then `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
+   A benchmark JSON that is empty (pytest-benchmark creates it at startup and leaves it so when it
+   saved nothing), unreadable or without cases is skipped, and named.
+3. The profiles (`profile-<shape>.txt`) are copied beside them, `<date>-<gpu>-profile-<shape>.txt`,
+   each only if it is a finished report (its first line `training step profile: ...`): anything else
+   (a traceback of a cut run) is skipped and named, never filed over a good one; then
+   `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
 4. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
    run's summary line, and where a training recipe's run folder was unpacked (copy it to
@@ -32,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = ("bench_train_step", "bench_generate")
+PROFILE_HEAD = "training step profile:"  # bench/profile_train_step.py's report starts so; a cut run writes none
 
 
 def unpack(files_at: list[Path], work: Path) -> list[Path]:
@@ -74,7 +79,15 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
     """Step 2 and 3 of the docstring -> the files written."""
     groups: dict[str, list[Path]] = {}
     for path in sorted(p for step in steps for p in step.glob("bench_*.json")):
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        if not text.strip():
+            print(f"{path}: empty, skipped (pytest-benchmark creates it at startup: nothing was saved)")
+            continue
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            print(f"{path}: not JSON ({err}), skipped")
+            continue
         if not data.get("benchmarks"):
             print(f"{path}: no cases (a dry run, or a step cut short before its first)")
             continue
@@ -88,6 +101,10 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
         written.append(out)
     stems = sorted({name.removesuffix("-e2e") for name in groups})
     for profile in sorted(p for step in steps for p in step.glob("profile-*.txt")):
+        first = profile.read_text(errors="replace").partition("\n")[0]
+        if not first.startswith(PROFILE_HEAD):
+            print(f"{profile}: not a finished profile (its first line: {first[:80]!r}), not filed")
+            continue
         for stem in stems:
             written.append(bench_dir / f"{stem}-{profile.name}")
             shutil.copyfile(profile, written[-1])

@@ -59,8 +59,10 @@ fi
 if [ "$GPU_WORKERS" != 0 ] && ! "$PY" -c "import xdist" 2>/dev/null; then
   echo "== pytest-xdist is missing: the tests run in one process"; GPU_WORKERS=0
 fi
-# WARM_WORKERS: the same for warm_bench's compile passes (a benchmark case holds more memory)
-WARM_WORKERS=${WARM_WORKERS:-$(( GPU_WORKERS < 6 ? GPU_WORKERS : 6 ))}
+# WARM_WORKERS: the same for warm_bench's compile passes (a benchmark case holds more memory): at
+# most WARM_MAX (default 6), which a step sets before sourcing this to its compiling cases' count,
+# so that they go in one wave (step 30: 9, each a base or small model, a few GiB on an 80 GB GPU)
+WARM_WORKERS=${WARM_WORKERS:-$(( GPU_WORKERS < ${WARM_MAX:-6} ? GPU_WORKERS : ${WARM_MAX:-6} ))}
 
 # run_pytest SECONDS MAXFAIL NAME ARGS...: pytest under `timeout -s INT` (pytest then writes its
 # report and a --benchmark-json before exiting) with --maxfail, not -x, so one failure hides
@@ -112,6 +114,26 @@ run_cmd() {
   [ "$rc" = 124 ] && echo "== $name: TIMED OUT after ${secs}s"
   [ "$rc" != 0 ] && [ "$STATUS" = 0 ] && STATUS=$rc
   return "$rc"
+}
+
+# saved_json: SAVED=(the step's bench_*.json that hold something). pytest-benchmark (the GPU
+# machine's version) creates its --benchmark-json at startup and leaves it EMPTY when nothing was
+# saved (a run cut before its first case): such a file is named and left out, as a reader's JSON
+# parse would fail on it.
+saved_json() {
+  SAVED=()
+  local f
+  for f in "$WORK"/bench_*.json; do
+    if [ -s "$f" ]; then SAVED+=("$f"); elif [ -e "$f" ]; then echo "== $(basename "$f"): empty (nothing saved), left out"; fi
+  done
+}
+
+# run_targets: bench/targets.py (issue 16/17 ratios) over saved_json's files into targets.md;
+# skipped, and said so, when there are none (a dry run: nothing timed; a step cut before its first case).
+run_targets() {
+  saved_json
+  if [ "${#SAVED[@]}" = 0 ]; then echo "== targets: skipped, no benchmark JSON with anything saved"; return 0; fi
+  run_cmd 60 targets "$PY" bench/targets.py "${SAVED[@]}" --out "$WORK/targets.md"
 }
 
 echo "== $(date -u) $STEP on $(hostname), dry run: $DRY, SCRATCHFORMER_AUTOTUNE=$SCRATCHFORMER_AUTOTUNE"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Step 31, estimate 4 min (issue 17; right after step 30, on the same machine): one profiled
+# training step per backend at base/CNN-DM and small/Multi30k (bench/profile_train_step.py: GPU
+# time by category, top kernels, host-device syncs a step; 24 s for base/CNN-DM with pinned tiles
+# on an H100), then KV-cached greedy and beam-4 generation per backend, autotuned (our two cases
+# compiled first, side by side: 55 s for triton-greedy on an H100; the timed run of all 6 took 84 s
+# with pinned tiles). The profiles' triton part reuses what step 30 compiled and the configs its
+# timed run tuned (TRITON_CACHE_AUTOTUNING); on a fresh machine it compiles and tunes first (about
+# 2 min at base/CNN-DM) and is cut. Each profile's log is profile_log-<shape>.txt: the report
+# itself, profile-<shape>.txt, exists only when the profile finished (collect.py files no other).
+export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
+WARM_MAX=2
+source "$(dirname "$0")/prelude.sh"
+if [ "$DRY" = 1 ]; then  # CPU: the report's code path on one small step of the eager backend, no warm-up
+  run_cmd 120 profile_log-small-multi30k "$PY" bench/profile_train_step.py --shape small-multi30k --kernels eager \
+    --steps 1 --warmup 0 --device cpu --out "$WORK/profile-small-multi30k.txt"
+else
+  for shape in base-cnndm small-multi30k; do
+    run_cmd 75 "profile_log-$shape" "$PY" bench/profile_train_step.py --shape "$shape" --out "$WORK/profile-$shape.txt"
+  done
+fi
+warm_bench 90 warm_generate "" bench/bench_generate.py
+run_pytest 150 6 bench_generate bench/bench_generate.py --benchmark-only \
+  --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
+run_targets  # bench/targets.py has no generation targets yet: it says so (collect.py's table joins step 30's)
