@@ -106,7 +106,9 @@ def test_every_step_dry_run(tmp_path):
     with tarfile.open(os.path.join(outs["31_bench_generate_profile.sh"], "31_bench_generate_profile.tar.gz")) as tar:
         profile = tar.extractfile("./profile-small-multi30k.txt").read().decode()
         assert "./profile_log-small-multi30k.txt" in tar.getnames()
+        host = tar.extractfile("./host_overhead.txt").read().decode()  # bench/host_overhead.py, stubbed
     assert profile.startswith("training step profile:"), profile[:500]
+    assert host.startswith("host time per call,") and "| triton |" in host, host[:500]
 
 
 def test_targets_get_only_the_json_that_hold_something(tmp_path):
@@ -283,14 +285,16 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
         "log.txt": "== 30_bench_train_step: exit 124 after 380 s\n"})
     _archive_of(window1, "31_bench_generate_profile", {  # pytest-benchmark's empty file, a profile cut short
         "bench_generate.json": "", "profile-base-cnndm.txt": "training step profile: shape base-cnndm\ntop kernels\n",
-        "profile-small-multi30k.txt": "Traceback (most recent call last):\nKeyboardInterrupt\n"})
+        "profile-small-multi30k.txt": "Traceback (most recent call last):\nKeyboardInterrupt\n",
+        "host_overhead.txt": "host time per call, NVIDIA H100\n| triton | 1.0 |\n"})
     bench.mkdir()
     good = "training step profile: shape small-multi30k, an earlier window's\n"
     (bench / "2026-12-01-h100-profile-small-multi30k.txt").write_text(good)
     written = collect.main([str(window1), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
     stem = bench / "2026-12-01-h100"
     assert {p.name for p in written} == {"2026-12-01-h100.json", "2026-12-01-h100-e2e.json",
-                                         "2026-12-01-h100-profile-base-cnndm.txt", "2026-12-01-h100-targets.md"}
+                                         "2026-12-01-h100-profile-base-cnndm.txt", "2026-12-01-h100-host-overhead.txt",
+                                         "2026-12-01-h100-targets.md"}
     assert (bench / "2026-12-01-h100-profile-small-multi30k.txt").read_text() == good  # not filed over
     kernels = json.loads(stem.with_suffix(".json").read_text())["benchmarks"]
     assert [b["params"]["kernel"] for b in kernels] == ["triton", "sdpa_flash"]
@@ -300,7 +304,7 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     assert "20_bench_attention: == 20_bench_attention: exit 0 after 171 s" in out and "64 passed in 120.5s" in out
     assert "exit 124 after 380 s" in out
     assert re.search(r"bench_generate\.json: empty, skipped", out), out
-    assert re.search(r"profile-small-multi30k\.txt: not a finished profile \(its first line: 'Traceback", out), out
+    assert re.search(r"profile-small-multi30k\.txt: not a finished report \(its first line: 'Traceback", out), out
 
     again = [(dense[0][0], "triton", 1e-3), ("test_dense[2048-h16d64-full-triton-fwd]", "triton", 5e-4)]
     _archive_of(window2, "20_bench_attention", {"bench_attention.json": _bench_json(again)})

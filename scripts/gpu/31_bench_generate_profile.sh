@@ -22,4 +22,12 @@ fi
 warm_bench 90 warm_generate "" bench/bench_generate.py
 run_pytest 150 6 bench_generate bench/bench_generate.py --benchmark-only \
   --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
+# host time per op call and per step, per backend (bench/host_overhead.py: tiny shapes, one pinned
+# config per kernel, about 30 s of compiling); last, so a short call loses only this
+if [ "$DRY" = 1 ]; then
+  TRITON_INTERPRET=1 run_cmd 120 host_overhead_log "$PY" bench/host_overhead.py --device cpu --calls 5 \
+    --out "$WORK/host_overhead.txt"
+else
+  SCRATCHFORMER_AUTOTUNE=0 run_cmd 75 host_overhead_log "$PY" bench/host_overhead.py --out "$WORK/host_overhead.txt"
+fi
 run_targets  # bench/targets.py has no generation targets yet: it says so (collect.py's table joins step 30's)

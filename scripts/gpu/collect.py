@@ -13,8 +13,9 @@ FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.
    two windows' runs: each case's extra_info still names its own command.
    A benchmark JSON that is empty (pytest-benchmark creates it at startup and leaves it so when it
    saved nothing), unreadable or without cases is skipped, and named.
-3. The profiles (`profile-<shape>.txt`) are copied beside them, `<date>-<gpu>-profile-<shape>.txt`,
-   each only if it is a finished report (its first line `training step profile: ...`): anything else
+3. The profiles (`profile-<shape>.txt`) and the host-overhead report (`host_overhead.txt`) are
+   copied beside them, `<date>-<gpu>-profile-<shape>.txt` and `<date>-<gpu>-host-overhead.txt`,
+   each only if it is a finished report (its first line as `REPORTS` says): anything else
    (a traceback of a cut run) is skipped and named, never filed over a good one; then
    `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
@@ -36,7 +37,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = ("bench_train_step", "bench_generate")
-PROFILE_HEAD = "training step profile:"  # bench/profile_train_step.py's report starts so; a cut run writes none
+# the reports filed beside the JSON, by file name, and the first line a finished one starts with (a
+# cut run writes none, or its log would be a traceback)
+REPORTS = {"profile-*.txt": "training step profile:",  # bench/profile_train_step.py
+           "host_overhead.txt": "host time per call,"}  # bench/host_overhead.py
 
 
 def unpack(files_at: list[Path], work: Path) -> list[Path]:
@@ -100,14 +104,15 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
         print(f"{out}: {merge(jsons, out)} cases ({', '.join(p.stem for p in jsons)})")
         written.append(out)
     stems = sorted({name.removesuffix("-e2e") for name in groups})
-    for profile in sorted(p for step in steps for p in step.glob("profile-*.txt")):
-        first = profile.read_text(errors="replace").partition("\n")[0]
-        if not first.startswith(PROFILE_HEAD):
-            print(f"{profile}: not a finished profile (its first line: {first[:80]!r}), not filed")
-            continue
-        for stem in stems:
-            written.append(bench_dir / f"{stem}-{profile.name}")
-            shutil.copyfile(profile, written[-1])
+    for pattern, head in REPORTS.items():
+        for report in sorted(p for step in steps for p in step.glob(pattern)):
+            first = report.read_text(errors="replace").partition("\n")[0]
+            if not first.startswith(head):
+                print(f"{report}: not a finished report (its first line: {first[:80]!r}), not filed")
+                continue
+            for stem in stems:
+                written.append(bench_dir / f"{stem}-{report.name.replace('_', '-')}")
+                shutil.copyfile(report, written[-1])
     for stem in stems:
         jsons = [str(p) for p in (bench_dir / f"{stem}.json", bench_dir / f"{stem}-e2e.json") if p.exists()]
         targets = bench_dir / f"{stem}-targets.md"

@@ -1,0 +1,33 @@
+"""bench/host_overhead.py (issue 17: host time per op call and per step, per backend) runs on the
+CPU with Triton's launches stubbed: a row per backend, every figure a positive time; and it
+refuses to stub without the interpreter, naming what to set."""
+
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(REPO, "bench", "host_overhead.py")
+
+
+def _run(env_extra, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env_extra
+    return subprocess.run([sys.executable, TOOL, "--device", "cpu", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_row_of_positive_times_per_backend(tmp_path):
+    out = tmp_path / "host.md"
+    p = _run({"TRITON_INTERPRET": "1"}, "--calls", "20", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line for line in out.read_text().splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
+    assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch", "triton"]
+    for row in rows:
+        cells = [float(c) for c in row.strip("|").split("|")[1:]]
+        assert len(cells) == 7 and all(c > 0 for c in cells), row
+
+
+def test_stubbing_needs_the_interpreter():
+    p = _run({}, "--kernels", "triton", "--calls", "1")
+    assert p.returncode != 0 and "--stub-launches needs TRITON_INTERPRET=1" in p.stderr
