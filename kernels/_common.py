@@ -10,15 +10,26 @@ Nothing here knows about the model. Each op file (attention.py, add_layer_norm.p
 ffn.py) imports what it needs from this module.
 
 The ops are registered as torch ops (`scratchformer::attention`, `add_layer_norm`, `ffn` and their
-backward ops) with `torch.library.custom_op`, not `triton_op` + `wrap_triton`: on the CPU our
-kernels run in Triton's interpreter, and a triton_op's kernel there cannot be traced (the
-interpreter runs the body on fake tensors; torch 2.13, Triton 3.9, measured 2026-11: opcheck's
-fake-tensor test and torch.compile(backend="aot_eager") both fail with "Attempted to set the
-storage of a tensor on device meta to a storage on different device cpu"), and the tests must run
-here. The launchers also autotune with early_config_prune hooks. An opaque op with a fake impl
-traces under torch.compile (fullgraph) and torch.export, runs its launcher (and autotuning) at run
-time, and keeps no host sync inside, so CUDA graphs can capture it. Autocast does not look
-inside: `scratchformer.ops` casts first.
+backward ops) with `torch.library.define` + `impl` + `register_fake` (`define_op` below), and each
+op file links a forward op to its backward op with a `torch.autograd.Function` outside the ops.
+Why not `@torch.library.custom_op` + `register_autograd`: its Python wrappers cost tens of
+microseconds a call, and the training step is host-bound (issue 17: our kernels took 13.9 ms of
+an H100's time per base/CNN-DM step, the step 70 ms). Host time per call on the 2-core CPU
+machine with Triton's launches stubbed (`bench/host_overhead.py`, 2026-11-26), forward + backward,
+custom_op + register_autograd -> define + impl + Function: attention 163 -> 106 us (torch's SDPA
+96), add_layer_norm 151 -> 104 (F.layer_norm 34), ffn 221 -> 168 (torch 77); a step of the
+base-layered model 14.4 -> 11.0 ms (torch backend 7.6-8.1). The Function is the classic kind
+(`forward(ctx, ...)`): one with `setup_context` binds its arguments with inspect.signature on
+every call (torch 2.13), which cost more than the dispatcher. Why not `triton_op`
++ `wrap_triton`: on the CPU our kernels run in Triton's interpreter, and a triton_op's kernel
+there cannot be traced (the interpreter runs the body on fake tensors; torch 2.13, Triton 3.9,
+measured 2026-11: opcheck's fake-tensor test and torch.compile(backend="aot_eager") both fail
+with "Attempted to set the storage of a tensor on device meta to a storage on different device
+cpu"), and the tests must run here; the launchers also autotune with early_config_prune hooks.
+An opaque op with a fake impl traces under torch.compile (fullgraph; dynamo traces the
+autograd.Function around it) and torch.export, runs its launcher (and autotuning) at run time,
+and keeps no host sync inside, so CUDA graphs can capture it. Autocast does not look inside:
+`scratchformer.ops` casts first.
 """
 
 from __future__ import annotations
@@ -172,7 +183,20 @@ def int_arg(value):
 NONE_SHAPE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
 
 
-def custom_op(name: str, schema: str):
-    """`torch.library.custom_op` for `scratchformer::<name>` with an explicit schema; our ops mutate
-    nothing and return fresh tensors (see the module docstring for why custom_op)."""
-    return torch.library.custom_op(f"scratchformer::{name}", mutates_args=(), schema=schema)
+_LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive
+
+
+def define_op(name: str, schema: str):
+    """Decorator: `impl` becomes the torch op `scratchformer::<name>(schema)` on CPU (the
+    interpreter) and CUDA -> the op (an OpOverload; `torch.library.register_fake(op)` gives it
+    its fake impl). The dispatcher calls `impl` directly: no wrapper of ours or of
+    `torch.library.custom_op` in between (module docstring). Our ops mutate nothing and return
+    fresh tensors."""
+
+    def register(impl):
+        _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        for key in ("CPU", "CUDA"):
+            _LIBRARY.impl(name, impl, key)
+        return getattr(torch.ops.scratchformer, name).default
+
+    return register

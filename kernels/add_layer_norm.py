@@ -46,7 +46,7 @@ Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, w
 dropout_p, seed, offset, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
 output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
 `scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
-Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
+Linked by `AddLayerNormFunction` (how they are registered, and why: `kernels/_common.py`).
 
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.
@@ -63,7 +63,7 @@ from ._common import (
     NONE_SHAPE,
     check_device,
     check_dtype,
-    custom_op,
+    define_op,
     dropout_keep,
     dropout_seed_offset,
     int_arg,
@@ -342,16 +342,15 @@ def add_layer_norm_bwd(
 
 
 # ---------------------------------------------------------------------------------------------
-# torch ops: scratchformer::add_layer_norm and scratchformer::add_layer_norm_backward
-#
-# `torch.library.custom_op` rather than `triton_op` + `wrap_triton` (why: the module docstring;
-# a triton_op cannot be traced under the interpreter the tests run in), and the launchers do host-side work
-# (row views, the two-stage dw/db reduction, a per-device program count) that a custom op keeps
-# out of the traced graph. The op is opaque to torch.compile and to autocast (the caller casts).
-# Outputs never alias inputs: s is a fresh buffer even when residual is None and dropout_p is 0.
+# torch ops: scratchformer::add_layer_norm and scratchformer::add_layer_norm_backward, and the
+# autograd.Function linking them (why ops, and why autograd outside them: kernels/_common.py).
+# The launchers do host-side work (row views, the two-stage dw/db reduction, a per-device program
+# count) that an opaque op keeps out of the traced graph. The op is opaque to torch.compile and to
+# autocast (the caller casts). Outputs never alias inputs: s is a fresh buffer even when residual
+# is None and dropout_p is 0.
 # ---------------------------------------------------------------------------------------------
 
-@custom_op(
+@define_op(
     "add_layer_norm",
     "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
     "SymInt offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
@@ -363,7 +362,7 @@ def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, 
     return y, s if s is not None else x.new_empty(NONE_SHAPE), mean, rstd
 
 
-@_add_layer_norm_op.register_fake
+@torch.library.register_fake(_add_layer_norm_op)
 def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
     M = x.numel() // x.shape[-1]
@@ -371,7 +370,7 @@ def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
     return x.new_empty(x.shape), x.new_empty(x.shape if store_s else NONE_SHAPE), rows, torch.empty_like(rows)
 
 
-@custom_op(
+@define_op(
     "add_layer_norm_backward",
     "(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
     "float dropout_p, SymInt seed, SymInt offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
@@ -388,38 +387,40 @@ def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout
     return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(NONE_SHAPE)
 
 
-@_add_layer_norm_backward_op.register_fake
+@torch.library.register_fake(_add_layer_norm_backward_op)
 def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
     dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else NONE_SHAPE)
     db = weight.new_empty(weight.shape if has_bias else NONE_SHAPE)
     return s.new_empty(s.shape), dres, weight.new_empty(weight.shape), db
 
 
-def _add_layer_norm_setup_context(ctx, inputs, output):
-    x, residual, weight, bias, eps, dropout_p, seed, offset, store_s = inputs
-    _y, s, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
-    if any(ctx.needs_input_grad[:4]):
-        ctx.save_for_backward(s, weight, mean, rstd)  # s = dropout(x) + residual, the norm's input
-    ctx.has_bias = bias is not None
-    ctx.dropout = (dropout_p, seed, offset)
+class AddLayerNormFunction(torch.autograd.Function):
+    """Autograd of scratchformer::add_layer_norm: its backward op (inputs as the forward op's)."""
 
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
+        output = _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s)
+        _y, s, mean, rstd = output
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
+        if any(ctx.needs_input_grad[:4]):
+            ctx.save_for_backward(s, weight, mean, rstd)  # s = dropout(x) + residual, the norm's input
+        ctx.has_bias = bias is not None
+        ctx.dropout = (dropout_p, seed, offset)
+        return output
 
-def _add_layer_norm_backward(ctx, dy, ds, dmean, drstd):
-    s, weight, mean, rstd = ctx.saved_tensors
-    if dy is None:  # only s was used downstream
-        dy = torch.zeros_like(s)
-    need_dres = ctx.needs_input_grad[1]
-    dx, dres, dw, db = _add_layer_norm_backward_op(
-        dy, ds, s, weight, mean, rstd, ctx.has_bias, *ctx.dropout, need_dres
-    )
-    if need_dres and not ctx.dropout[0] > 0.0:  # not stored without dropout: dresidual == dx
-        dres = dx
-    return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None
-
-
-_add_layer_norm_op.register_autograd(_add_layer_norm_backward, setup_context=_add_layer_norm_setup_context)
+    @staticmethod
+    def backward(ctx, dy, ds, dmean, drstd):
+        s, weight, mean, rstd = ctx.saved_tensors
+        if dy is None:  # only s was used downstream
+            dy = torch.zeros_like(s)
+        need_dres = ctx.needs_input_grad[1]
+        dx, dres, dw, db = _add_layer_norm_backward_op(
+            dy, ds, s, weight, mean, rstd, ctx.has_bias, *ctx.dropout, need_dres
+        )
+        if need_dres and not ctx.dropout[0] > 0.0:  # not stored without dropout: dresidual == dx
+            dres = dx
+        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None
 
 
 def add_layer_norm(
@@ -451,7 +452,7 @@ def add_layer_norm(
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, s, _, _ = torch.ops.scratchformer.add_layer_norm.default(
+    y, s, _, _ = AddLayerNormFunction.apply(
         x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
         bool(return_residual or needs_grad),
     )

@@ -40,9 +40,9 @@ before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
 Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
 causal, dropout_p, scale?, seed, offset) -> (out, lse)` and `scratchformer::attention_backward`
--> (dq, dk, dv), autograd linking them (`register_autograd`). Dropout is a pure function of the
+-> (dq, dk, dv), `AttentionFunction` linking them. Dropout is a pure function of the
 (seed, offset) ints, so the backward op replays it; nothing is mutated, nothing aliases.
-Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
+How they are registered, and why: `kernels/_common.py`.
 
 References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
 attention); Dao-AILab/flash-attention `flash_attn_triton.py`.
@@ -64,7 +64,7 @@ from ._common import (
     attention_key_bounds,
     check_device,
     check_dtype,
-    custom_op,
+    define_op,
     dropout_keep,
     dropout_seed_offset,
     int_arg,
@@ -190,13 +190,15 @@ def _program(H, BLOCK: tl.constexpr):
 
 @triton.jit
 def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN: tl.constexpr):
-    """Key and query lengths of batch row b: the given lengths, or the full Lk / Lq."""
+    """Key and query lengths of batch row b: the given lengths (int32 or int64) clamped to [0, Lk]
+    / [0, Lq], or the full Lk / Lq. Clamping here costs the host nothing: on a GPU the entry
+    point does not read the lengths back (a host sync) and passes them as given."""
     klen = Lk
     if HAS_KLEN:
-        klen = tl.load(klen_ptr + b)
+        klen = tl.minimum(tl.maximum(tl.load(klen_ptr + b), 0), Lk).to(tl.int32)
     qlen = Lq
     if HAS_QLEN:
-        qlen = tl.load(qlen_ptr + b)
+        qlen = tl.minimum(tl.maximum(tl.load(qlen_ptr + b), 0), Lq).to(tl.int32)
     return klen, qlen
 
 
@@ -264,8 +266,8 @@ def _attention_fwd_kernel(
     v_ptr,  # (B, H, Lk, D) values
     o_ptr,  # (B, H, Lq, D) output, q's dtype
     lse_ptr,  # (B, H, Lq) fp32 row log-sum-exp, contiguous
-    klen_ptr,  # (B,) int32 key lengths (read only if HAS_KLEN)
-    qlen_ptr,  # (B,) int32 query lengths (read only if HAS_QLEN)
+    klen_ptr,  # (B,) int32/int64 key lengths (read only if HAS_KLEN)
+    qlen_ptr,  # (B,) int32/int64 query lengths (read only if HAS_QLEN)
     stride_q_b, stride_q_h, stride_q_l, stride_q_d,
     stride_k_b, stride_k_h, stride_k_l, stride_k_d,
     stride_v_b, stride_v_h, stride_v_l, stride_v_d,
@@ -398,7 +400,7 @@ def _attention_bwd_dkdv_kernel(
     do_ptr,  # (B, H, Lq, D) gradient of the output
     lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
     dk_ptr, dv_ptr,  # (B, H, Lk, D) outputs, k's dtype
-    klen_ptr, qlen_ptr,  # (B,) int32 lengths (read only if HAS_KLEN / HAS_QLEN)
+    klen_ptr, qlen_ptr,  # (B,) int32/int64 lengths (read only if HAS_KLEN / HAS_QLEN)
     stride_q_b, stride_q_h, stride_q_l, stride_q_d,
     stride_k_b, stride_k_h, stride_k_l, stride_k_d,
     stride_v_b, stride_v_h, stride_v_l, stride_v_d,
@@ -498,7 +500,7 @@ def _attention_bwd_dq_kernel(
     do_ptr,  # (B, H, Lq, D) gradient of the output
     lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
     dq_ptr,  # (B, H, Lq, D) output, q's dtype
-    klen_ptr, qlen_ptr,  # (B,) int32 lengths (read only if HAS_KLEN / HAS_QLEN)
+    klen_ptr, qlen_ptr,  # (B,) int32/int64 lengths (read only if HAS_KLEN / HAS_QLEN)
     stride_q_b, stride_q_h, stride_q_l, stride_q_d,
     stride_k_b, stride_k_h, stride_k_l, stride_k_d,
     stride_v_b, stride_v_h, stride_v_l, stride_v_d,
@@ -559,13 +561,15 @@ _bwd_dq = triton.autotune(
 
 
 # Reading lengths back to check their range is free on CPU but a host sync on a GPU (it stalls the
-# stream and breaks CUDA graphs): there it runs only with SCRATCHFORMER_DEBUG=1, and lengths are
-# clamped to [0, L] instead, which keeps the kernels in bounds and gives eager's result.
+# stream and breaks CUDA graphs): there it runs only with SCRATCHFORMER_DEBUG=1, and the kernels
+# clamp the lengths to [0, L] as they read them instead (`_seq_lengths`), which keeps them in
+# bounds and gives eager's result at no host cost.
 _DEBUG = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 
 
 def _check_lengths(name, lengths, B, L, device):
-    """Lengths (B,) int as the kernels read them: int32, contiguous, within [0, L]."""
+    """Lengths (B,) int32/int64 as the kernels read them: contiguous, range-checked where that is
+    free (see above)."""
     if lengths is None:
         return None
     if not isinstance(lengths, torch.Tensor):
@@ -577,16 +581,16 @@ def _check_lengths(name, lengths, B, L, device):
     if lengths.device != device:
         raise ValueError(f"attention: {name} is on {lengths.device} but q is on {device}")
     if not (_DEBUG or lengths.device.type == "cpu") or torch.compiler.is_compiling():  # no host sync
-        return lengths.clamp(0, L).to(torch.int32).contiguous()
+        return lengths.contiguous()
     if B:
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > L:
             raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
-    return lengths.to(torch.int32).contiguous()
+    return lengths.contiguous()
 
 
 def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p):
-    """The entry point's checks; returns the lengths as int32 (see _check_lengths)."""
+    """The entry point's checks; returns the lengths as the kernels read them (_check_lengths)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"attention: {name} must be a tensor, got {type(t).__name__}")
@@ -628,7 +632,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
                   scale=None, seed=0, offset=0):
     """Forward launcher. Returns out (B, H, Lq, D) in q's dtype with BLHD memory (a transposed
     (B, Lq, H, D) tensor, so out.transpose(1, 2).reshape(B, Lq, H·D) is free) and lse (B, H, Lq)
-    fp32, contiguous. Trusts its inputs as `attention` checked them: lengths int32 in [0, L]."""
+    fp32, contiguous. Trusts its inputs as `attention` checked them (lengths contiguous int32/int64)."""
     klen, qlen = key_lengths, query_lengths
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
@@ -651,7 +655,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
 def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, causal=False,
                   dropout_p=0.0, scale=None, seed=0, offset=0):
     """Backward launcher: (dq, dk, dv) shaped like q, k, v (BLHD memory, like the output).
-    Lengths must already be int32 (as attention_fwd / AttentionFunction pass them)."""
+    Lengths as attention_fwd takes them (contiguous int32/int64; the kernels clamp them)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -699,19 +703,17 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# torch ops: scratchformer::attention and scratchformer::attention_backward
-#
-# `torch.library.custom_op`, not `triton_op` + `wrap_triton`: a triton_op's kernels cannot be
-# traced under Triton's interpreter (see the module docstring), so it could not run in the CPU
-# tests at all; the launchers also autotune with early_config_prune hooks and grid lambdas. A
-# custom op is opaque to the compiler: dynamo and
+# torch ops: scratchformer::attention and scratchformer::attention_backward, and the
+# autograd.Function linking them (why ops, and why autograd outside them: kernels/_common.py).
+# The launchers autotune with early_config_prune hooks and grid lambdas. An op is opaque to the
+# compiler: dynamo and
 # AOTAutograd see one node with the fake impl's shapes, Inductor calls the launcher at run time
 # (autotuning happens there, during CUDA-graph warm-up), and torch.export keeps the node.
 # Nothing is lost by opacity: the kernel is already fused, and its inputs need no fusion.
 # ---------------------------------------------------------------------------------------------
 
 
-@custom_op(
+@define_op(
     "attention",
     "(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
     "float dropout_p, float? scale, SymInt seed, SymInt offset) -> (Tensor, Tensor)",
@@ -722,14 +724,14 @@ def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale,
     return attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
 
 
-@_attention_op.register_fake
+@torch.library.register_fake(_attention_op)
 def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
     B, H, Lq, D = q.shape
     out = q.new_empty(B, Lq, H, D).transpose(1, 2)  # BLHD memory viewed as BHLD, like the kernel's
     return out, q.new_empty(B, H, Lq, dtype=torch.float32)
 
 
-@custom_op(
+@define_op(
     "attention_backward",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
     "Tensor? query_lengths, bool causal, float dropout_p, float? scale, SymInt seed, SymInt offset) "
@@ -738,12 +740,10 @@ def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offse
 def _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed,
                            offset):
     """(dq, dk, dv) shaped like q, k, v, in BLHD memory; the dropout mask is replayed from (seed, offset)."""
-    klen = None if key_lengths is None else key_lengths.to(torch.int32).contiguous()
-    qlen = None if query_lengths is None else query_lengths.to(torch.int32).contiguous()
-    return attention_bwd(dout, q, k, v, out, lse, klen, qlen, causal, dropout_p, scale, seed, offset)
+    return attention_bwd(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
 
 
-@_attention_backward_op.register_fake
+@torch.library.register_fake(_attention_backward_op)
 def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
     def blhd(t):
         B, H, L, D = t.shape
@@ -751,22 +751,24 @@ def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, sc
     return blhd(q), blhd(k), blhd(v)
 
 
-def _attention_setup_context(ctx, inputs, output):
-    q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
-        ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths)
-    ctx.args = (causal, dropout_p, scale, seed, offset)
+class AttentionFunction(torch.autograd.Function):
+    """Autograd of scratchformer::attention: its backward op (inputs as the forward op's)."""
 
+    @staticmethod
+    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+        output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+        out, lse = output
+        ctx.mark_non_differentiable(lse)
+        if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
+            ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths)
+        ctx.args = (causal, dropout_p, scale, seed, offset)
+        return output
 
-def _attention_backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
-    q, k, v, out, lse, key_lengths, query_lengths = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None  # one slot per op input
-
-
-_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+    @staticmethod
+    def backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
+        q, k, v, out, lse, key_lengths, query_lengths = ctx.saved_tensors
+        dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None  # one slot per forward input
 
 
 def attention(
@@ -802,7 +804,9 @@ def attention(
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
     seed, offset = dropout_seed_offset(dropout_p, seed)
-    out, lse = torch.ops.scratchformer.attention.default(
+    if qlen is not None and qlen is klen and torch.compiler.is_compiling():
+        qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice
+    out, lse = AttentionFunction.apply(
         q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale),
         int_arg(seed), int_arg(offset),
     )

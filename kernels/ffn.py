@@ -31,7 +31,7 @@ our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the test
 Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
 seed, offset, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h
 empty unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2).
-Registered with `torch.library.custom_op` (why not `triton_op`: `kernels/_common.py`).
+Linked by `FFNFunction` (how they are registered, and why: `kernels/_common.py`).
 
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, check_device, check_dtype, custom_op, dropout_seed_offset, int_arg
+from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_seed_offset, int_arg
 from .matmul import matmul, matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -118,15 +118,13 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
 
 
 # ---------------------------------------------------------------------------------------------
-# torch ops: scratchformer::ffn and scratchformer::ffn_backward
-#
-# `torch.library.custom_op` rather than `triton_op` + `wrap_triton`: the GEMMs are autotuned with
-# an early_config_prune hook, the weight gradients may go to torch.matmul (WGRAD_KERNEL), and a
-# triton_op cannot be traced under the interpreter the CPU tests use (module docstring). The op is opaque
-# to torch.compile (one node, fake impl for shapes) and to autocast (the caller casts).
+# torch ops: scratchformer::ffn and scratchformer::ffn_backward, and the autograd.Function linking
+# them (why ops, and why autograd outside them: kernels/_common.py). The GEMMs are autotuned with
+# an early_config_prune hook and the weight gradients may go to torch.matmul (WGRAD_KERNEL). The
+# op is opaque to torch.compile (one node, fake impl for shapes) and to autocast (the caller casts).
 # ---------------------------------------------------------------------------------------------
 
-@custom_op(
+@define_op(
     "ffn",
     "(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
     "SymInt offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
@@ -139,7 +137,7 @@ def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     return y, a, pre if pre is not None else x.new_empty(NONE_SHAPE)
 
 
-@_ffn_op.register_fake
+@torch.library.register_fake(_ffn_op)
 def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)  # no data read
     d_ff = w1.shape[0]
@@ -147,7 +145,7 @@ def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
     return x.new_empty(x.shape), x.new_empty(M, d_ff), x.new_empty((M, d_ff) if store_pre else NONE_SHAPE)
 
 
-@custom_op(
+@define_op(
     "ffn_backward",
     "(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
     "bool has_b2, float dropout_p, SymInt seed, SymInt offset, bool needs_dx) "
@@ -165,7 +163,7 @@ def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_
     return given(dx), dw1.contiguous(), given(db1), dw2.contiguous(), given(db2)
 
 
-@_ffn_backward_op.register_fake
+@torch.library.register_fake(_ffn_backward_op)
 def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
     d_model, d_ff = w2.shape
     dx = x.new_empty(x.shape if needs_dx else NONE_SHAPE)
@@ -173,27 +171,29 @@ def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset
         w2.new_empty(d_model if has_b2 else 0)
 
 
-def _ffn_setup_context(ctx, inputs, output):
-    x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre = inputs
-    _y, a, pre = output
-    ctx.mark_non_differentiable(a, pre)
-    if any(ctx.needs_input_grad[:5]):
-        ctx.save_for_backward(x, w1, w2, a, pre)
-    ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p, seed, offset)
+class FFNFunction(torch.autograd.Function):
+    """Autograd of scratchformer::ffn: its backward op (inputs as the forward op's)."""
 
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
+        output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre)
+        _y, a, pre = output
+        ctx.mark_non_differentiable(a, pre)
+        if any(ctx.needs_input_grad[:5]):
+            ctx.save_for_backward(x, w1, w2, a, pre)
+        ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p, seed, offset)
+        return output
 
-def _ffn_backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
-    x, w1, w2, a, pre = ctx.saved_tensors
-    activation, has_b1, has_b2, dropout_p, seed, offset = ctx.cfg
-    if activation == "gelu" and pre.numel() != a.numel():
-        raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
-                           "(store_pre=False)")
-    dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, ctx.needs_input_grad[0])
-    return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None,
-            None, None, None, None, None)
-
-
-_ffn_op.register_autograd(_ffn_backward, setup_context=_ffn_setup_context)
+    @staticmethod
+    def backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
+        x, w1, w2, a, pre = ctx.saved_tensors
+        activation, has_b1, has_b2, dropout_p, seed, offset = ctx.cfg
+        if activation == "gelu" and pre.numel() != a.numel():
+            raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
+                               "(store_pre=False)")
+        dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, ctx.needs_input_grad[0])
+        return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
+                db2 if has_b2 else None, None, None, None, None, None)
 
 
 def ffn(
@@ -223,7 +223,7 @@ def ffn(
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, _, _ = torch.ops.scratchformer.ffn.default(
+    y, _, _ = FFNFunction.apply(
         x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
         needs_grad and activation == "gelu",
     )

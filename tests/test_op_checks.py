@@ -9,8 +9,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import DEVICE
+
 from scratchformer import ops
 from scratchformer.model import ModelConfig, Transformer, beam_search
 
