@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_seed_offset, int_arg
-from .matmul import matmul, matmul_dact
+from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
 WGRAD_KERNEL = "torch"  # "torch" (cuBLAS, split-K) or "triton" (our GEMM); see the docstring
@@ -80,22 +80,18 @@ def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=0, rng_
     inputs as `ffn` checked them."""
     d_model, d_ff = x.shape[-1], w1.shape[0]
     x2 = x.reshape(-1, d_model)  # a view when the leading dims allow; any strides are fine
-    out = matmul(
-        x2, w1.t(), bias=b1, activation=activation, dropout_p=dropout_p, seed=seed,
-        rng_offset=rng_offset, store_pre=store_pre, store_mask=store_mask,
-    )
-    out = out if isinstance(out, tuple) else (out,)
+    out = launch_matmul(x2, w1.t(), b1, activation, dropout_p, seed, rng_offset, store_pre, store_mask)
     a = out[0]
     pre = out[1] if store_pre else None
     mask = out[-1].view(*x.shape[:-1], d_ff) if store_mask else None
-    y = matmul(a, w2.t(), bias=b2)
+    y = launch_matmul(a, w2.t(), b2)[0]
     return y.view(*x.shape[:-1], d_model), a, pre, mask
 
 
 def _wgrad(a, b):
     """a (P, M) @ b (M, Q) for a weight gradient, reduced over tokens M; see WGRAD_KERNEL."""
     if WGRAD_KERNEL == "triton":
-        return matmul(a, b)
+        return launch_matmul(a, b)[0]
     return torch.matmul(a, b)
 
 
@@ -105,15 +101,13 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
     d_model = x.shape[-1]
     x2 = x.reshape(-1, d_model)
     g = dy.reshape(-1, d_model)
-    db2 = g.float().sum(0).to(w2.dtype) if has_b2 else None
+    db2 = g.sum(0, dtype=torch.float32).to(w2.dtype) if has_b2 else None  # fp32 sums, no fp32 copy of g
     dw2 = _wgrad(g.t(), a)  # (d_model, d_ff)
-    dh, db1 = matmul_dact(
-        g, w2, a if activation == "relu" else pre, activation=activation, dropout_p=dropout_p,
-        seed=seed, rng_offset=rng_offset, bias_grad=has_b1,
-    )
+    dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, seed, rng_offset,
+                                 has_b1)
     db1 = db1.to(w1.dtype) if has_b1 else None
     dw1 = _wgrad(dh.t(), x2)  # (d_ff, d_model)
-    dx = matmul(dh, w1).view(x.shape) if needs_dx else None
+    dx = launch_matmul(dh, w1)[0].view(x.shape) if needs_dx else None
     return dx, dw1, db1, dw2, db2
 
 

@@ -295,33 +295,13 @@ def _grid(M, N):
     return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
 
-def matmul(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    activation: str = "none",
-    dropout_p: float = 0.0,
-    seed: int = 0,
-    rng_offset: int = 0,
-    store_pre: bool = False,
-    store_mask: bool = False,
-):
-    """dropout(act(a @ b + bias)) in one kernel. a (M, K), b (K, N): any strides, same dtype
-    (float32/float16/bfloat16); bias (N,). fp32 accumulation, one rounding on store.
-
-    Returns c (M, N) contiguous in a's dtype; with store_pre also the pre-activation a @ b + bias
-    (needed by the gelu backward); with store_mask also the bool keep mask (debug).
-    """
-    dtype = _check_operands("matmul", a, b, bias)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"matmul: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng_offset=0, store_pre=False,
+                  store_mask=False):
+    """`matmul` without its checks, for callers that checked the same inputs at their own entry
+    (the FFN): (c,) + (pre,) if store_pre + (mask,) if store_mask."""
     M, K = a.shape
     N = b.shape[1]
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"matmul: dropout_p must be in [0, 1), got {dropout_p}")
+    dtype = a.dtype
     c = torch.empty((M, N), dtype=dtype, device=a.device)
     pre = torch.empty_like(c) if store_pre else None
     has_dropout = dropout_p > 0.0
@@ -344,7 +324,59 @@ def matmul(
         out += (pre,)
     if store_mask:
         out += (mask.bool(),)
-    return out if len(out) > 1 else c
+    return out
+
+
+def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=0, bias_grad=False):
+    """`matmul_dact` without its checks (see launch_matmul): (dH, column sums or None)."""
+    M, K = a.shape
+    N = b.shape[1]
+    aux = aux.contiguous()
+    dh = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    # Sized for the smallest BLOCK_M any config may pick; unused rows stay zero. Only with bias_grad
+    # (without, BIAS_GRAD is off and dh stands in for the pointer, never written through).
+    partial = None
+    if bias_grad:
+        partial = torch.zeros((max(triton.cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
+    if M > 0 and N > 0:
+        _matmul_dact_kernel[_grid(M, N)](
+            a, b, dh, aux, partial if bias_grad else dh, M, N, K, _m_bucket(M),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            dropout_p, seed, rng_offset,
+            ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
+            UPCAST=upcast_dot(a.dtype), INPUT_PRECISION=_input_precision(a.dtype),
+        )
+    return dh, (partial.sum(0) if bias_grad else None)
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    dropout_p: float = 0.0,
+    seed: int = 0,
+    rng_offset: int = 0,
+    store_pre: bool = False,
+    store_mask: bool = False,
+):
+    """dropout(act(a @ b + bias)) in one kernel. a (M, K), b (K, N): any strides, same dtype
+    (float32/float16/bfloat16); bias (N,). fp32 accumulation, one rounding on store.
+
+    Returns c (M, N) contiguous in a's dtype; with store_pre also the pre-activation a @ b + bias
+    (needed by the gelu backward); with store_mask also the bool keep mask (debug).
+    """
+    _check_operands("matmul", a, b, bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"matmul: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    N = b.shape[1]
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"matmul: dropout_p must be in [0, 1), got {dropout_p}")
+    out = launch_matmul(a, b, bias, activation, dropout_p, seed, rng_offset, store_pre, store_mask)
+    return out if len(out) > 1 else out[0]
 
 
 def matmul_dact(
@@ -364,23 +396,10 @@ def matmul_dact(
     output dropout(relu(h)), for gelu its pre-activation h. Returns dH (M, N) in a's dtype and,
     with bias_grad, its fp32 column sums (N,) (reduced over row tiles in a fixed order), else None.
     """
-    dtype = _check_operands("matmul_dact", a, b, aux)
+    _check_operands("matmul_dact", a, b, aux)
     if activation not in ("relu", "gelu"):
         raise ValueError(f"matmul_dact: activation must be 'relu' or 'gelu', got {activation!r}")
-    M, K = a.shape
-    N = b.shape[1]
+    M, N = a.shape[0], b.shape[1]
     if aux.shape != (M, N):
         raise ValueError(f"matmul_dact: aux must have shape ({M}, {N}), got {tuple(aux.shape)}")
-    aux = aux.contiguous()
-    dh = torch.empty((M, N), dtype=dtype, device=a.device)
-    # Sized for the smallest BLOCK_M any config may pick; unused rows stay zero.
-    partial = torch.zeros((max(triton.cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
-    if M > 0 and N > 0:
-        _matmul_dact_kernel[_grid(M, N)](
-            a, b, dh, aux, partial, M, N, K, _m_bucket(M),
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            dropout_p, seed, rng_offset,
-            ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
-            UPCAST=upcast_dot(dtype), INPUT_PRECISION=_input_precision(dtype),
-        )
-    return dh, (partial.sum(0) if bias_grad else None)
+    return launch_matmul_dact(a, b, aux, activation, dropout_p, seed, rng_offset, bias_grad)
