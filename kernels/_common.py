@@ -18,8 +18,8 @@ an H100's time per base/CNN-DM step, the step 70 ms). Host time per call on the 
 machine with Triton's launches stubbed (`bench/host_overhead.py`, 2026-11-26), forward + backward,
 custom_op + register_autograd -> define + impl + Function: attention 163 -> 106 us (torch's SDPA
 96), add_layer_norm 151 -> 104 (F.layer_norm 34), ffn 221 -> 150 (torch 75; its GEMMs launched
-unchecked since, `matmul.launch_matmul`); a step of the
-base-layered model 14.4 -> 11.0 ms (torch backend 7.6-8.1). The Function is the classic kind
+unchecked since, `matmul.launch_matmul`); a step of the base-layered model 14.4 -> 11.0 ms (torch
+backend 7.6-8.1). The Function is the classic kind
 (`forward(ctx, ...)`): one with `setup_context` binds its arguments with inspect.signature on
 every call (torch 2.13), which cost more than the dispatcher. Why not `triton_op`
 + `wrap_triton`: on the CPU our kernels run in Triton's interpreter, and a triton_op's kernel
