@@ -7,7 +7,9 @@ For each backend: the GPU kernels' time sorted into attention, LayerNorm, GEMM (
 projections, the FFN, and the eager backend's attention products, which no kernel name tells
 apart), embedding, loss, optimizer and other, by kernel name (`CATEGORIES`); the top kernels; and
 the host-device synchronisations per step (the CUDA runtime's synchronize calls and blocking
-copies, from the CPU side of the trace). Steps run after a warm-up, so autotuning and compiling
+copies, from the CPU side of the trace); and the host's side: the step's wall time unprofiled
+against the GPU kernels' time (the share the GPU idles), and the CPU-side events (ops, CUDA API
+calls such as kernel launches) with the most self time. Steps run after a warm-up, so autotuning and compiling
 are not in the profile. `--device cpu` profiles CPU ops instead (a rehearsal: the same report on
 CPU op names, with no GPU kernels and no syncs).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -53,6 +56,11 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
         step()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
+    start = time.perf_counter()  # the step's wall time, unprofiled (the profiler slows the host)
+    for _ in range(steps):
+        step()
+    sync()
+    wall_ms = (time.perf_counter() - start) / steps * 1e3
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -77,7 +85,22 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
     for name, t, n in sorted(timed, key=lambda r: -r[1])[:15]:
         share = 100 * t / total
         lines.append(f"{t / steps / 1e3:9.3f} {share:5.1f}% {n // steps:6d}  {category(name):<10}  {name[:110]}")
+    lines += host_lines(averages, wall_ms, total / steps / 1e3 if kernels else None, steps)
     return "\n".join(lines)
+
+
+def host_lines(averages, wall_ms: float, gpu_ms: float | None, steps: int) -> list[str]:
+    """The host's side: the unprofiled step's wall time against the GPU kernels' time (what share of
+    the step the GPU idles), and the CPU-side events with the most self time (ops, CUDA API calls
+    such as the launches), per step."""
+    idle = ""
+    if gpu_ms:
+        idle = f", the GPU kernels {gpu_ms:.2f} ms: idle {100 * max(0.0, 1 - gpu_ms / wall_ms):.0f}% of it"
+    host = sorted((e for e in averages if e.device_type == DeviceType.CPU), key=lambda e: -e.self_cpu_time_total)
+    lines = [f"host: the step takes {wall_ms:.2f} ms of wall time unprofiled{idle}; CPU events by self time:",
+             f"{'ms/step':>9} {'calls':>6}  name"]
+    lines += [f"{e.self_cpu_time_total / steps / 1e3:9.3f} {e.count // steps:6d}  {e.key[:110]}" for e in host[:12]]
+    return lines
 
 
 def main(argv=None) -> str:
