@@ -184,6 +184,18 @@ def int_arg(value):
 NONE_SHAPE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
 
 
+# Host-side integer helpers for the launchers and grids. triton.cdiv and triton.next_power_of_2 are
+# `constexpr_function`s (Triton 3.6 and 3.9), about 1 us a call through their wrapper against a few
+# ns here, and a launch makes several.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 _LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive
 
 

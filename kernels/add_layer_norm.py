@@ -61,12 +61,14 @@ import triton.language as tl
 from ._common import (
     INTERPRET,
     NONE_SHAPE,
+    cdiv,
     check_device,
     check_dtype,
     define_op,
     dropout_keep,
     dropout_seed_offset,
     int_arg,
+    next_pow2,
 )
 
 MAX_N = 16384
@@ -228,7 +230,7 @@ def _block_m(rows: int, block_n: int) -> int:
     alone would leave most of a warp idle). In the interpreter, whose cost is per program and per
     op, not per element, up to 16k elements: the whole (rows, N) block of a test at once."""
     budget = 1 << 14 if INTERPRET else 512
-    return max(1, min(budget // block_n, triton.next_power_of_2(max(rows, 1))))
+    return max(1, min(budget // block_n, next_pow2(max(rows, 1))))
 
 
 def _check_inputs(x, residual, weight, bias, eps, dropout_p):
@@ -273,10 +275,10 @@ def add_layer_norm_fwd(
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     has_dropout = dropout_p > 0.0
     mask = torch.empty((M, N), dtype=torch.int8, device=x.device) if (store_mask and has_dropout) else None
-    BLOCK_N = triton.next_power_of_2(N)
+    BLOCK_N = next_pow2(N)
     BLOCK_M = _block_m(M, BLOCK_N)
     if M > 0:
-        _add_layer_norm_fwd_kernel[(triton.cdiv(M, BLOCK_M),)](
+        _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
             x2, res2, weight, bias if bias is not None else weight, y,
             s if s is not None else y, mean, rstd, mask if mask is not None else y,
             x2.stride(0), res2.stride(0), M, N, eps, dropout_p, seed, rng_offset,
@@ -320,13 +322,14 @@ def add_layer_norm_bwd(
     dx = torch.empty((M, N), dtype=s.dtype, device=s.device)
     store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
     dres = torch.empty((M, N), dtype=s.dtype, device=s.device) if store_dres else None
-    BLOCK_N = triton.next_power_of_2(N)
-    rows_per_program = triton.cdiv(M, _bwd_programs(M, s.device))
+    BLOCK_N = next_pow2(N)
+    rows_per_program = cdiv(M, _bwd_programs(M, s.device))
     BLOCK_M = _block_m(rows_per_program, BLOCK_N)
-    rows_per_program = triton.cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks
-    n_programs = triton.cdiv(M, rows_per_program) if M > 0 else 1
-    dw_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device)
-    db_partial = torch.zeros((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
+    rows_per_program = cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks
+    n_programs = cdiv(M, rows_per_program) if M > 0 else 1
+    partial = torch.empty if M > 0 else torch.zeros  # every program writes its whole row (none run if M == 0)
+    dw_partial = partial((n_programs, N), dtype=torch.float32, device=s.device)
+    db_partial = partial((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
     if M > 0:
         _add_layer_norm_bwd_kernel[(n_programs,)](
             dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,

@@ -62,12 +62,14 @@ from ._common import (
     INTERPRET,
     LOG2E,
     attention_key_bounds,
+    cdiv,
     check_device,
     check_dtype,
     define_op,
     dropout_keep,
     dropout_seed_offset,
     int_arg,
+    next_pow2,
     upcast_dot,
 )
 
@@ -625,7 +627,7 @@ def _flags(q, klen, qlen, causal, dropout_p):
 def _keys(Lq, Lk):
     """Autotune keys: lengths bucketed to powers of two, at least 64 (every config's tiles are 32 to
     128, so shorter lengths, decoding's single query among them, are all one or two tiles)."""
-    return max(triton.next_power_of_2(Lq), 64), max(triton.next_power_of_2(Lk), 64)
+    return max(next_pow2(Lq), 64), max(next_pow2(Lk), 64)
 
 
 def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0,
@@ -642,7 +644,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     if out.numel() == 0:
         return out, lse
     dummy = lse  # never read when HAS_KLEN / HAS_QLEN is False
-    grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
+    grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
     _fwd[grid](
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -669,7 +671,7 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     if Lq == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
-    _attention_bwd_preprocess_kernel[(triton.cdiv(Lq, 64), B * H)](
+    _attention_bwd_preprocess_kernel[(cdiv(Lq, 64), B * H)](
         out, do, delta, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
     )
     dummy = lse
@@ -680,12 +682,12 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     )
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
-    _bwd_dkdv[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]), B * H)](
+    _bwd_dkdv[lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         *common, **flags,
     )
-    _bwd_dq[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)](
+    _bwd_dq[lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)](
         q, k, v, do, lse, delta, dq, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         *common, **flags,
@@ -697,7 +699,7 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
     """The keep mask (B, H, Lq, Lk) bool the kernels use for (seed, offset): the debug path."""
     mask = torch.empty(B, H, Lq, Lk, dtype=torch.int8, device=device)
     if mask.numel():
-        grid = (triton.cdiv(Lq, 64), triton.cdiv(Lk, 64), B * H)
+        grid = (cdiv(Lq, 64), cdiv(Lk, 64), B * H)
         _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), int(seed), int(offset), BLOCK_M=64, BLOCK_N=64)
     return mask.bool()
 

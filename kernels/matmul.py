@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import AUTOTUNE, INTERPRET, check_device, check_dtype, dropout_keep, upcast_dot
+from ._common import AUTOTUNE, INTERPRET, cdiv, check_device, check_dtype, dropout_keep, next_pow2, upcast_dot
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -288,11 +288,11 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 def _m_bucket(M):
     """M_BUCKET, the autotune key of the row count: next_power_of_2(M), at least 128 (the largest BLOCK_M)."""
-    return max(triton.next_power_of_2(M), 128)
+    return max(next_pow2(M), 128)
 
 
 def _grid(M, N):
-    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
 
 
 def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng_offset=0, store_pre=False,
@@ -337,7 +337,7 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=
     # (without, BIAS_GRAD is off and dh stands in for the pointer, never written through).
     partial = None
     if bias_grad:
-        partial = torch.zeros((max(triton.cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
+        partial = torch.zeros((max(cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
     if M > 0 and N > 0:
         _matmul_dact_kernel[_grid(M, N)](
             a, b, dh, aux, partial if bias_grad else dh, M, N, K, _m_bucket(M),
