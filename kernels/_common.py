@@ -196,6 +196,27 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+# The config a `triton.autotune`d kernel chose, by (kernel, key): see launch_tuned.
+_CHOSEN: dict = {}
+
+
+def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs) for a `triton.autotune`d kernel. `key` holds what the
+    Autotuner keys its choice on (its key arguments and the tensor arguments' dtypes): the first
+    launch of a key goes through the Autotuner (which tunes, or finds its cached choice), later
+    ones launch its chosen config directly. The Autotuner's own lookup builds argument dicts and
+    its key on every call: 12 us a launch of a 30-argument kernel (Triton 3.6, the CPU machine,
+    the launch itself stubbed), a hundred launches a training step. Our configs have no pre_hook
+    to run (reset_to_zero acts only while tuning)."""
+    config = _CHOSEN.get((kernel, key))
+    if config is None:
+        kernel[grid](*args, **kwargs)
+        if getattr(kernel, "best_config", None) is not None:  # None where Autotuner.run is stubbed (tools/)
+            _CHOSEN[(kernel, key)] = kernel.best_config
+    else:
+        kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
+
+
 _LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive
 
 

@@ -69,6 +69,7 @@ from ._common import (
     dropout_keep,
     dropout_seed_offset,
     int_arg,
+    launch_tuned,
     next_pow2,
     upcast_dot,
 )
@@ -624,6 +625,13 @@ def _flags(q, klen, qlen, causal, dropout_p):
     )
 
 
+def _tune_key(q, klen, qlen, causal, Lq, Lk):
+    """What the Autotuner keys a choice on (`_KEY`'s values and the tensors' dtypes), for
+    `launch_tuned`; q, k, v and the output share one dtype, lse is fp32."""
+    return (*_keys(Lq, Lk), q.shape[3], bool(causal), q.dtype, klen is not None and klen.dtype,
+            qlen is not None and qlen.dtype)
+
+
 def _keys(Lq, Lk):
     """Autotune keys: lengths bucketed to powers of two, at least 64 (every config's tiles are 32 to
     128, so shorter lengths, decoding's single query among them, are all one or two tiles)."""
@@ -645,7 +653,8 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
         return out, lse
     dummy = lse  # never read when HAS_KLEN / HAS_QLEN is False
     grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _fwd[grid](
+    launch_tuned(
+        _fwd, grid, _tune_key(q, klen, qlen, causal, Lq, Lk),
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
@@ -682,12 +691,15 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     )
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
-    _bwd_dkdv[lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H)](
+    tune_key = _tune_key(q, klen, qlen, causal, Lq, Lk)
+    launch_tuned(
+        _bwd_dkdv, lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H), tune_key,
         q, k, v, do, lse, delta, dk, dv, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         *common, **flags,
     )
-    _bwd_dq[lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)](
+    launch_tuned(
+        _bwd_dq, lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H), tune_key,
         q, k, v, do, lse, delta, dq, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         *common, **flags,

@@ -40,7 +40,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import AUTOTUNE, INTERPRET, cdiv, check_device, check_dtype, dropout_keep, next_pow2, upcast_dot
+from ._common import (
+    AUTOTUNE,
+    INTERPRET,
+    cdiv,
+    check_device,
+    check_dtype,
+    dropout_keep,
+    launch_tuned,
+    next_pow2,
+    upcast_dot,
+)
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -307,7 +317,9 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng
     has_dropout = dropout_p > 0.0
     mask = torch.empty((M, N), dtype=torch.int8, device=a.device) if (store_mask and has_dropout) else None
     if M > 0 and N > 0:
-        _matmul_fwd_kernel[_grid(M, N)](
+        # the Autotuner's key: M_BUCKET, N, K and the dtypes (a, b, c, bias and pre share one)
+        launch_tuned(
+            _matmul_fwd_kernel, _grid(M, N), (_m_bucket(M), N, K, dtype, mask is not None),
             a, b, c, bias if bias is not None else c, pre if pre is not None else c,
             mask if mask is not None else c,
             M, N, K, _m_bucket(M),
@@ -339,7 +351,8 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=
     if bias_grad:
         partial = torch.zeros((max(cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
     if M > 0 and N > 0:
-        _matmul_dact_kernel[_grid(M, N)](
+        launch_tuned(
+            _matmul_dact_kernel, _grid(M, N), (_m_bucket(M), N, K, a.dtype, bias_grad),
             a, b, dh, aux, partial if bias_grad else dh, M, N, K, _m_bucket(M),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             dropout_p, seed, rng_offset,

@@ -278,3 +278,21 @@ def test_ffn_gpu_sizes(rows, d_model, d_ff, activation, dtype, atol):
         _check_fp32(ours, ref, inputs, tol=dict(atol=1e-3, rtol=1e-3))  # K up to 8192 terms
     else:
         _check_low(ours, ref, inputs, atol)
+
+
+def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch):
+    """kernels/_common.launch_tuned: the Autotuner chooses once per key; later launches of the key
+    skip its per-call lookup and compute the same; a new key (another M bucket) asks it again."""
+    from scratchformer.kernels import _common
+    from scratchformer.kernels import matmul as MM
+
+    monkeypatch.setattr(_common, "_CHOSEN", {})
+    calls, run = [], MM._matmul_fwd_kernel.run
+    monkeypatch.setattr(MM._matmul_fwd_kernel, "run", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    a, b = torch.randn(8, 32, device=DEVICE), torch.randn(32, 16, device=DEVICE)
+    first, second = matmul(a, b), matmul(a, b)
+    assert len(calls) == 1 and torch.equal(first, second)
+    torch.testing.assert_close(second, a @ b, rtol=1e-5, atol=1e-5)
+    taller = torch.randn(300, 32, device=DEVICE)
+    torch.testing.assert_close(matmul(taller, b), taller @ b, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2
