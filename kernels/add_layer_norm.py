@@ -54,6 +54,8 @@ Liger-Kernel `ops/layer_norm.py`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -300,11 +302,13 @@ def add_layer_norm_fwd(
 
 def _bwd_programs(M: int, device: torch.device) -> int:
     """How many programs split the rows: a few per SM on a GPU, a handful in the interpreter."""
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4
-    return max(1, min(M, target))
+    return max(1, min(M, 4 * _sm_count(device) if device.type == "cuda" else 4))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """The GPU's SM count, read once per device (a properties lookup each backward call otherwise)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def add_layer_norm_bwd(
