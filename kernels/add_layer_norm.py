@@ -459,7 +459,8 @@ def add_layer_norm(
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, s, _, _ = AddLayerNormFunction.apply(
+    apply = AddLayerNormFunction.apply if needs_grad else _add_layer_norm_op  # no autograd node to build
+    y, s, _, _ = apply(
         x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
         bool(return_residual or needs_grad),
     )

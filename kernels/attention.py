@@ -820,7 +820,9 @@ def attention(
     seed, offset = dropout_seed_offset(dropout_p, seed)
     if qlen is not None and qlen is klen and torch.compiler.is_compiling():
         qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice
-    out, lse = AttentionFunction.apply(
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    apply = AttentionFunction.apply if needs_grad else _attention_op  # no autograd node to build: the op alone
+    out, lse = apply(
         q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale),
         int_arg(seed), int_arg(offset),
     )

@@ -217,7 +217,8 @@ def ffn(
     seed, rng_offset = dropout_seed_offset(dropout_p, seed)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    y, _, _ = FFNFunction.apply(
+    apply = FFNFunction.apply if needs_grad else _ffn_op  # no autograd node to build: the op alone
+    y, _, _ = apply(
         x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
         needs_grad and activation == "gelu",
     )

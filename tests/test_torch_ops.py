@@ -141,6 +141,29 @@ def test_public_entry_points_go_through_the_ops(device):
         assert op in names, op
 
 
+def test_without_grad_the_entry_points_call_the_ops_alone(device):
+    """No gradient wanted (inference, decoding): the entry points call the forward op without its
+    autograd.Function (no node to build: host time per call, bench/host_overhead.py), and give
+    what the autograd path gives."""
+    x = torch.randn(2, 4, 32, device=device, requires_grad=True)
+    w = torch.ones(32, device=device, requires_grad=True)
+    q = torch.randn(1, 2, 3, 16, device=device, requires_grad=True)
+    w1 = torch.randn(16, 16, device=device, requires_grad=True)
+    calls = {
+        "add_layer_norm": lambda: LN.add_layer_norm(x, None, w, None),
+        "attention": lambda: A.attention(q, q, q, key_lengths=torch.tensor([2], device=device)),
+        "ffn": lambda: F.ffn(q[0, 0], w1, None, w1, None),
+    }
+    for name, call in calls.items():
+        with_grad = call()
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            without = call()
+        names = {e.name for e in prof.events()}
+        assert with_grad.grad_fn is not None and without.grad_fn is None, name
+        assert f"scratchformer::{name}" in names and not any("Function" in n for n in names), (name, names)
+        torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # the whole model under torch.compile
 # ---------------------------------------------------------------------------------------------
