@@ -10,7 +10,9 @@ Two measures per backend:
 - each op (`attention` with key lengths, `add_layer_norm`, `ffn`) forward, and forward + backward,
   in microseconds per call;
 - a training step (forward, backward; no optimizer) of a model with the `base` preset's layers
-  (6 + 6, 8 heads) at d_model 64, in milliseconds: the number of calls a base step makes.
+  (6 + 6, 8 heads) at d_model 64, in milliseconds: the number of calls a base step makes;
+- greedy decoding with the KV cache on that model, in milliseconds per new token (no gradient:
+  the ops without their autograd).
 
 On the CPU, Triton kernels run in the interpreter, whose cost would swamp everything else:
 `--stub-launches` turns every Triton launch into a no-op (outputs are garbage), which measures the
@@ -75,6 +77,22 @@ def model_step(kernel: str, device: str):
     return step
 
 
+def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
+    """A closure decoding `new_tokens` greedily (no EOS) for a batch of 2 on the base-layered model."""
+    from scratchformer.model import build_model, get_config, greedy_decode
+
+    torch.manual_seed(0)
+    cfg = get_config("base", src_vocab_size=512, kernel=kernel, d_model=64, n_heads=4, d_ff=128)
+    model = build_model(cfg, device).eval()
+    src, lengths = torch.randint(4, 512, (2, 8), device=device), torch.tensor([8, 5], device=device)
+
+    @torch.no_grad()
+    def decode():
+        greedy_decode(model, src, lengths, max_len=new_tokens, eos_id=-1, check_every=new_tokens)  # no EOS: no sync
+
+    return decode
+
+
 def per_call(fn, calls: int, device: str) -> float:
     """Seconds per call of fn, after a warm-up (compiling, autotuning, the allocator)."""
     for _ in range(5):
@@ -97,6 +115,7 @@ def measure(kernel: str, device: str, calls: int) -> dict:
         row[f"{name} fwd"] = per_call(call, calls, device) * 1e6
         row[f"{name} fwd+bwd"] = per_call(lambda c=call: c().sum().backward(), calls, device) * 1e6
     row["step (ms)"] = per_call(model_step(kernel, device), max(calls // 20, 5), device) * 1e3
+    row["greedy (ms/token)"] = per_call(greedy_tokens(kernel, device), max(calls // 40, 3), device) * 1e3 / 16
     return row
 
 
@@ -104,7 +123,8 @@ def table(rows: dict) -> str:
     cols = list(next(iter(rows.values())))
     lines = ["| backend | " + " | ".join(f"{c} (us)" if "ms" not in c else c for c in cols) + " |",
              "| --- " * (len(cols) + 1) + "|"]
-    lines += [f"| {k} | " + " | ".join(f"{v:.1f}" for v in row.values()) + " |" for k, row in rows.items()]
+    lines += [f"| {k} | " + " | ".join(f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in row.values()) + " |"
+              for k, row in rows.items()]
     return "\n".join(lines)
 
 

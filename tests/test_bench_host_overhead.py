@@ -25,7 +25,7 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch", "triton"]
     for row in rows:
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
-        assert len(cells) == 7 and all(c > 0 for c in cells), row
+        assert len(cells) == 8 and all(c > 0 for c in cells), row
 
 
 def test_stubbing_needs_the_interpreter():
