@@ -14,15 +14,13 @@ backward ops) with `torch.library.define` + `impl` + `register_fake` (`define_op
 op file links a forward op to its backward op with a `torch.autograd.Function` outside the ops.
 Why not `@torch.library.custom_op` + `register_autograd`: its Python wrappers cost tens of
 microseconds a call, and the training step is host-bound (issue 17: our kernels took 13.9 ms of
-an H100's time per base/CNN-DM step, the step 70 ms). Host time per call on the 2-core CPU
-machine with Triton's launches stubbed (`bench/host_overhead.py`, 2026-11-26), forward + backward,
-custom_op + register_autograd -> define + impl + Function: attention 163 -> 106 us (torch's SDPA
-96), add_layer_norm 151 -> 104 (F.layer_norm 34), ffn 221 -> 150 (torch 75; its GEMMs launched
-unchecked since, `matmul.launch_matmul`); a step of the base-layered model 14.4 -> 11.0 ms (torch
-backend 7.6-8.1). The Function is the classic kind
-(`forward(ctx, ...)`): one with `setup_context` binds its arguments with inspect.signature on
-every call (torch 2.13), which cost more than the dispatcher. Why not `triton_op`
-+ `wrap_triton`: on the CPU our kernels run in Triton's interpreter, and a triton_op's kernel
+an H100's time per base/CNN-DM step, the step 70 ms); this registration alone cut an op call's
+forward + backward host time by a quarter to a third (`bench/host_overhead.py`; the figures of it and of the
+other cuts, `launch_tuned` below among them: `bench/results/2026-11-26-cpu-host-overhead.md`).
+The Function is the classic kind (`forward(ctx, ...)`): one with `setup_context` binds its
+arguments with inspect.signature on every call (torch 2.13), which cost more than the dispatcher;
+and without a gradient wanted the entry points call the op alone. Why not `triton_op` +
+`wrap_triton`: on the CPU our kernels run in Triton's interpreter, and a triton_op's kernel
 there cannot be traced (the interpreter runs the body on fake tensors; torch 2.13, Triton 3.9,
 measured 2026-11: opcheck's fake-tensor test and torch.compile(backend="aot_eager") both fail
 with "Attempted to set the storage of a tensor on device meta to a storage on different device
