@@ -279,6 +279,46 @@ DATA_FLAGS = ["--batch-size", "16", "--max-train-examples", "64", "--max-valid-e
               "--warmup-steps", "4"]
 
 
+class _Ranks:
+    """A Dist stand-in for a 2-process job whose rank 0 this is: counts the broadcasts."""
+
+    on, main = True, True
+
+    def __init__(self):
+        self.broadcasts = 0
+
+    def broadcast(self, obj):
+        self.broadcasts += 1
+        return obj
+
+
+def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):
+    """Under DDP the time checks are rank 0's, broadcast to all (ranks stopping at different steps
+    would hang in all-reduce), once every TIME_SYNC_EVERY steps (a broadcast is a host sync), and at
+    once at a resumed start; without --time-budget / --time-limit there is nothing to agree on."""
+    from scratchformer.training import trainer as TR
+
+    cfg, given = parse_args(DATA_FLAGS + ["--max-steps", "2", "--time-budget", "1e9", "--out", str(tmp_path / "r")])
+    trainer = create_trainer(Trainer, cfg, given)
+    trainer._t_start, trainer._seconds_before = time.time(), 0.0
+    trainer.dist = ranks = _Ranks()
+    for step in range(1, 2 * TR.TIME_SYNC_EVERY + 1):
+        trainer.progress.step = step
+        trainer._check_time()
+    assert ranks.broadcasts == 2 and not trainer.progress.out_of_time and trainer.stop_reason is None
+    trainer.config.time_limit = 1e-9  # passed, but acted on at the next agreement only
+    trainer.progress.step += 1
+    trainer._check_time()
+    assert ranks.broadcasts == 2 and trainer.stop_reason is None
+    trainer.config.time_budget = 1e-9
+    trainer._check_time(force=True)
+    assert ranks.broadcasts == 3 and trainer.progress.out_of_time and trainer.stop_reason == "--time-limit 1e-09 s"
+    trainer.config.time_budget = trainer.config.time_limit = None
+    trainer.progress.step = 3 * TR.TIME_SYNC_EVERY
+    trainer._check_time()
+    assert ranks.broadcasts == 3
+
+
 def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--out", str(first)])

@@ -41,6 +41,10 @@ from .report import final_report
 from .runs import Logger
 from .stopping import stop_on_signals
 
+# Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
+# which waits for the GPU (a host sync); --time-budget / --time-limit are decisions in seconds.
+TIME_SYNC_EVERY = 16
+
 
 @dataclass
 class Progress:
@@ -195,7 +199,7 @@ class Trainer:
         self._window = _Window()
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
-            self._check_budget()
+            self._check_time(force=True)
         with stop_on_signals(self):
             while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
                 if not self._epoch():
@@ -227,8 +231,8 @@ class Trainer:
         while group := list(islice(batches, self.config.grad_accum)):
             loss_sum, nll_sum, ntok, gnorm = self.train_step(group)
             self._after_step(loss_sum, nll_sum, ntok, gnorm)
-            self._check_budget()
-            if self.done() or self.should_stop():
+            self._check_time()
+            if self.done() or self.stop_reason is not None:
                 return False
         return True
 
@@ -236,23 +240,27 @@ class Trainer:
         """The run's training time so far: the sessions before this one, and this one."""
         return self._seconds_before + time.time() - self._t_start
 
-    def _check_budget(self) -> None:
-        """--time-budget: once the run's training time (every session) reaches it, training ends as at
-        its last step (done(): final validation, report). Under DDP rank 0 decides for all."""
-        budget, prog = self.config.time_budget, self.progress
-        if budget and not prog.out_of_time and self.dist.broadcast(self._elapsed() >= budget):
+    def _check_time(self, force: bool = False) -> None:
+        """After a step (or at a resumed start: `force`): once the run's training time (every
+        session) reaches --time-budget, training ends as at its last step (done(): final
+        validation, report); once this session passes --time-limit it stops after this step and
+        saves (stop_reason, which SIGINT / SIGTERM set outside DDP: stopping.py). Under DDP rank 0
+        decides for all (ranks that stopped at different steps would hang in all-reduce), in one
+        broadcast every TIME_SYNC_EVERY steps: a collective is a host sync, and these decisions
+        are in seconds."""
+        cfg, prog = self.config, self.progress
+        timed = cfg.time_budget or cfg.time_limit
+        if self.dist.on and (not timed or (not force and prog.step % TIME_SYNC_EVERY)):
+            return
+        if cfg.time_limit and self.stop_reason is None and time.time() - self._t_start >= cfg.time_limit:
+            self.stop_reason = f"--time-limit {cfg.time_limit:g} s"
+        spent = bool(cfg.time_budget) and not prog.out_of_time and self._elapsed() >= cfg.time_budget
+        if self.dist.on:
+            spent, self.stop_reason = self.dist.broadcast((spent, self.stop_reason))
+        if spent:
             prog.out_of_time = True
-            self.log.info(f"--time-budget {budget:g} s spent: training ends at step {prog.step} of {self.total_steps}")
-
-    def should_stop(self) -> bool:
-        """Whether to stop after this step: --time-limit passed, or SIGINT / SIGTERM came. Under DDP
-        rank 0 decides for all (ranks that stopped at different steps would hang in all-reduce)."""
-        limit = self.config.time_limit
-        if self.stop_reason is None and limit and time.time() - self._t_start >= limit:
-            self.stop_reason = f"--time-limit {limit:g} s"
-        if self.dist.on and limit:
-            self.stop_reason = self.dist.broadcast(self.stop_reason)
-        return self.stop_reason is not None
+            self.log.info(f"--time-budget {cfg.time_budget:g} s spent: training ends at step {prog.step} of "
+                          f"{self.total_steps}")
 
     def train_step(self, group: list[D.Batch]) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
         """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm),
