@@ -173,8 +173,6 @@ def _attention(mods, dtypes):
         return [x[:, :, i].transpose(1, 2) for i in range(3)]
 
     def fwd_bwd(q, k, v, klen=None, qlen=None, causal=False, p=0.0, seed=1234, offset=0):
-        klen = None if klen is None else klen.to(torch.int32)  # as attention() hands them to the launchers
-        qlen = None if qlen is None else qlen.to(torch.int32)
         out, lse = A.attention_fwd(q, k, v, klen, qlen, causal, p, None, seed, offset)
         A.attention_bwd(torch.empty_like(out), q, k, v, out, lse, klen, qlen, causal, p, None, seed, offset)
 
@@ -184,7 +182,7 @@ def _attention(mods, dtypes):
     for name in dtypes:
         dt = DTYPES[name]
         B, L = 2, 1024
-        lens = torch.full((B,), L, dtype=torch.int64)
+        lens = torch.full((B,), L, dtype=torch.int64)  # as the model passes them (the kernels read int64 too)
         big = name != "fp32"
         with scenario(f"{name} causal+klen+qlen+dropout D128", name, full=("max_shared", "smallest") if big else (),
                       sweep=name != "fp16"):
