@@ -29,11 +29,11 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import DataError, read_json, read_lines
+from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
 
 TASKS = ("translation", "summarization", "classification")
 SPLITS = ("train", "validation", "test")
-EXTENSIONS = (".jsonl", ".jsonl.gz", ".jsonl.xz", ".tsv", ".parquet")
+EXTENSIONS = (".jsonl", *(f".jsonl{c}" for c in COMPRESSED), ".tsv", ".parquet")
 
 # File field names per task, in (source, target) order; `id` is optional for summarization.
 FIELDS = {
@@ -201,7 +201,7 @@ def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Ex
     if not path.exists():
         raise DataError(f"{path}: no such file")
     name = path.name
-    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.xz")):
+    if uncompressed_name(name).endswith(".jsonl"):
         rows = _read_jsonl(path, task, limit)
     elif name.endswith(".tsv"):
         rows = _read_tsv(path, task, limit)

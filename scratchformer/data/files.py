@@ -36,6 +36,13 @@ def display_name(path: str | Path) -> str:
 COMPRESSED = {".gz": (gzip.open, "gzip", "a gzip file"), ".xz": (lzma.open, "xz", "an xz file")}
 
 
+def uncompressed_name(name: str) -> str:
+    """A file name without its compression suffix ("train.jsonl.xz" -> "train.jsonl"): what the
+    file holds, whatever it is packed in."""
+    suffix = Path(name).suffix
+    return name[: -len(suffix)] if suffix in COMPRESSED else name
+
+
 def _decode(raw: bytes, name: str, lineno: int) -> str:
     try:
         text = raw.decode("utf-8")

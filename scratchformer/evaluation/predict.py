@@ -33,7 +33,7 @@ import torch
 
 from .. import data as D
 from ..checkpoint import fsync_dir, write_lines_atomic
-from ..data.files import display_name, read_lines
+from ..data.files import display_name, read_lines, uncompressed_name
 from .evaluate import load_run, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 
@@ -113,7 +113,7 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     records: list[InputRecord] = []
     seen: dict[str | int, int] = {}
     if fmt == "auto" and str(path) != "-":
-        fmt = "jsonl" if name.removesuffix(".gz").removesuffix(".xz").endswith((".jsonl", ".json")) else "text"
+        fmt = "jsonl" if uncompressed_name(name).endswith((".jsonl", ".json")) else "text"
     for lineno, raw in read_lines(path):  # DataError (file:line) for missing, undecodable or broken files
         if not raw.strip():
             continue
