@@ -625,10 +625,10 @@ def _flags(q, klen, qlen, causal, dropout_p):
     )
 
 
-def _tune_key(q, klen, qlen, causal, Lq, Lk):
-    """What the Autotuner keys a choice on (`_KEY`'s values and the tensors' dtypes), for
-    `launch_tuned`; q, k, v and the output share one dtype, lse is fp32."""
-    return (*_keys(Lq, Lk), q.shape[3], bool(causal), q.dtype, klen is not None and klen.dtype,
+def _tune_key(q, klen, qlen, causal, keys):
+    """What the Autotuner keys a choice on (`_KEY`'s values, `keys` = _keys(Lq, Lk) among them, and
+    the tensors' dtypes), for `launch_tuned`; q, k, v and the output share one dtype, lse is fp32."""
+    return (*keys, q.shape[3], bool(causal), q.dtype, klen is not None and klen.dtype,
             qlen is not None and qlen.dtype)
 
 
@@ -653,11 +653,12 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
         return out, lse
     dummy = lse  # never read when HAS_KLEN / HAS_QLEN is False
     grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
+    keys = _keys(Lq, Lk)
     launch_tuned(
-        _fwd, grid, _tune_key(q, klen, qlen, causal, Lq, Lk),
+        _fwd, grid, _tune_key(q, klen, qlen, causal, keys),
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
+        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *keys,
         **_flags(q, klen, qlen, causal, dropout_p),
     )
     return out, lse
@@ -686,12 +687,11 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     dummy = lse
     klen = key_lengths
     qlen = query_lengths
-    common = (
-        H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *_keys(Lq, Lk),
-    )
+    keys = _keys(Lq, Lk)
+    common = (H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *keys)
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
-    tune_key = _tune_key(q, klen, qlen, causal, Lq, Lk)
+    tune_key = _tune_key(q, klen, qlen, causal, keys)
     launch_tuned(
         _bwd_dkdv, lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H), tune_key,
         q, k, v, do, lse, delta, dk, dv, *lens,

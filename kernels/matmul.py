@@ -318,11 +318,12 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng
     mask = torch.empty((M, N), dtype=torch.int8, device=a.device) if (store_mask and has_dropout) else None
     if M > 0 and N > 0:
         # the Autotuner's key: M_BUCKET, N, K and the dtypes (a, b, c, bias and pre share one)
+        bucket = _m_bucket(M)
         launch_tuned(
-            _matmul_fwd_kernel, _grid(M, N), (_m_bucket(M), N, K, dtype, mask is not None),
+            _matmul_fwd_kernel, _grid(M, N), (bucket, N, K, dtype, mask is not None),
             a, b, c, bias if bias is not None else c, pre if pre is not None else c,
             mask if mask is not None else c,
-            M, N, K, _m_bucket(M),
+            M, N, K, bucket,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
             dropout_p, seed, rng_offset,
             HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=has_dropout,
@@ -351,9 +352,10 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=
     if bias_grad:
         partial = torch.zeros((max(cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
     if M > 0 and N > 0:
+        bucket = _m_bucket(M)
         launch_tuned(
-            _matmul_dact_kernel, _grid(M, N), (_m_bucket(M), N, K, a.dtype, bias_grad),
-            a, b, dh, aux, partial if bias_grad else dh, M, N, K, _m_bucket(M),
+            _matmul_dact_kernel, _grid(M, N), (bucket, N, K, a.dtype, bias_grad),
+            a, b, dh, aux, partial if bias_grad else dh, M, N, K, bucket,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             dropout_p, seed, rng_offset,
             ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
