@@ -41,7 +41,7 @@ def test_generate(benchmark, kernel, search):
         return out
 
     torch.cuda.reset_peak_memory_stats()
-    median = run_bench(benchmark, decode, warmup=2, rounds=5, preset="base", dtype="bf16", batch=BATCH,
+    median = run_bench(benchmark, decode, warmup=2, rounds=5, graph=False, preset="base", dtype="bf16", batch=BATCH,
                        src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search, check_every=GPU_CHECK_EVERY)
     benchmark.extra_info.update(kernel=kernel, new_tokens_per_s=BATCH * NEW_TOKENS / median,
                                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)

@@ -11,6 +11,11 @@ torch.compile of our triton model (`compile-triton`, its kernels as `scratchform
 the graph), both through `scratchformer.compile.compile_model` with static shapes (one batch shape
 here; training uses dynamic=True). Reported in extra_info:
 non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
+
+Each case runs twice: `launches`, the step as the trainer runs it (every op launched from Python:
+on an H100 the host's side, not the GPU, set the pace of every backend, issue 17), and `graph`, the
+same step captured once in a CUDA graph and replayed (`scratchformer.training.cuda_graph`: no host
+work per kernel, so the device's time; AdamW `capturable`, autocast without its weight cache).
 """
 
 import json
@@ -23,6 +28,7 @@ from conftest import requires_cuda, run_bench
 from scratchformer.compile import compile_model
 from scratchformer.data import PAD_ID, BucketBatchSampler
 from scratchformer.model import build_model, get_config
+from scratchformer.training.cuda_graph import capture_step
 from scratchformer.training.optim import label_smoothed_loss
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
@@ -66,43 +72,68 @@ def make_batch(shape, seed=0, device="cuda"):
 COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
 
 
-def training_step(shape, kernel, device="cuda"):
+def training_step(shape, kernel, device="cuda", graph=False):
     """(step, batch): a closure running one optimizer step of `shape` on `kernel` (a COMPILED case:
     torch.compile of that backend), bf16 autocast on CUDA, fp32 on CPU; and the batch it trains on.
-    bench/profile_train_step.py profiles the same closure."""
+    With graph, the step is a CUDA graph's replay (`capture_step`). bench/profile_train_step.py
+    profiles the same closure."""
     spec = SHAPES[shape]
     torch.manual_seed(0)
     cfg = get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=COMPILED.get(kernel, kernel))
     model = build_model(cfg, device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda",
+                            capturable=graph)
     batch = make_batch(shape, device=device)
     src, sl, tgt_in, tgt_out, tl = batch
     ntok = int(tl.sum())  # the trainer counts these on the host, with the batch
     fwd = compile_model(model, dynamic=False) if kernel in COMPILED else model
 
-    def step():
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+    def update():
+        # a graph cannot hold autocast's cache of cast weights (torch.cuda.graph's documentation)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph):
             logits = fwd(src, sl, tgt_in, tl)
             loss, _ = label_smoothed_loss(logits.flatten(0, 1), tgt_out.flatten(), 0.1)
         (loss / ntok).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+
+    if graph:
+        return capture_step(update, opt), batch
+
+    def step():
+        update()
         opt.zero_grad(set_to_none=True)
 
     return step, batch
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
+SHAPE = pytest.mark.parametrize("shape", list(SHAPES))
+KERNEL = pytest.mark.parametrize("kernel", ["eager", "torch", "triton", *COMPILED])
+
+
+@SHAPE
+@KERNEL
 def test_train_step(benchmark, shape, kernel):
-    step, (src, sl, tgt_in, _, tl) = training_step(shape, kernel)
+    """The step as the trainer runs it: every op launched from Python."""
+    _bench_step(benchmark, shape, kernel, graph=False)
+
+
+@SHAPE
+@KERNEL
+def test_train_step_graph(benchmark, shape, kernel):
+    """The same step replayed as one CUDA graph: the device's time, no host work per kernel."""
+    _bench_step(benchmark, shape, kernel, graph=True)
+
+
+def _bench_step(benchmark, shape, kernel, graph):
+    step, (src, sl, tgt_in, _, tl) = training_step(shape, kernel, graph=graph)
     step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    median = run_bench(benchmark, step, warmup=3, rounds=10, shape=shape, preset=SHAPES[shape]["preset"],
+    median = run_bench(benchmark, step, warmup=3, rounds=10, graph=False, shape=shape, preset=SHAPES[shape]["preset"],
                        dtype="bf16-autocast", batch=len(sl), src_max=src.shape[1], tgt_max=tgt_in.shape[1])
     tokens = int(sl.sum() + tl.sum())
     benchmark.extra_info.update(
-        kernel=kernel, tokens_per_s=tokens / median, step_ms=median * 1e3, non_pad_tokens=tokens,
+        kernel=kernel, graph=graph, tokens_per_s=tokens / median, step_ms=median * 1e3, non_pad_tokens=tokens,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
     )

@@ -4,7 +4,9 @@
 
 Plots (those whose groups are present in the files): attention TFLOP/s against sequence length per
 kernel; add+LayerNorm GB/s against hidden size with the measured copy-bandwidth roof; end-to-end
-training tokens/s and peak memory per backend.
+training tokens/s and peak memory per backend (and per backend replayed as a CUDA graph). Kernel throughputs are from device time (CUDA-graph
+replay, `tflops_gpu` / `gbps_gpu`) where every case of the plot has it, else from wall time; the
+axis says which.
 """
 
 import argparse
@@ -30,14 +32,23 @@ def load(paths):
     return rows
 
 
+def basis(cases, metric):
+    """(the key to plot for `metric`, its axis note): device time where every case has it."""
+    if cases and all(f"{metric}_gpu" in r for r in cases):
+        return f"{metric}_gpu", "device time"
+    return metric, "wall time per call"
+
+
 def plot_attention(rows, out):
     """TFLOP/s against L per kernel: one panel per batch kind (dense, padded) and head dim."""
+    cases = [r for r in rows if r["group"] == "attention" and "tflops" in r and "L" in r
+             and not r["name"].startswith("test_memory")]
+    metric, note = basis(cases, "tflops")
     panels = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["group"] == "attention" and "tflops" in r and "L" in r and not r["name"].startswith("test_memory"):
-            kind = "padded" if r["name"].startswith("test_padded") else "dense"
-            series = (r.get("kernel"), r.get("mode"), r.get("causal"))
-            panels[(kind, r.get("D"))][series].append((r["L"], r["tflops"]))
+    for r in cases:
+        kind = "padded" if r["name"].startswith("test_padded") else "dense"
+        series = (r.get("kernel"), r.get("mode"), r.get("causal"))
+        panels[(kind, r.get("D"))][series].append((r["L"], r[metric]))
     if not panels:
         return None
     kinds = sorted({k for k, _ in panels})
@@ -48,7 +59,7 @@ def plot_attention(rows, out):
         for (kernel, mode, causal), pts in sorted(panels[key].items(), key=str):
             pts.sort()
             ax.plot(*zip(*pts), marker="o", label=f"{kernel} {mode}{' causal' if causal else ''}")
-        ax.set(xscale="log", xlabel="sequence length", ylabel="TFLOP/s (unmasked work)",
+        ax.set(xscale="log", xlabel="sequence length", ylabel=f"TFLOP/s (unmasked work; {note})",
                title=f"attention, {key[0]} batch, head dim {key[1]}")
         ax.legend(fontsize=6)
     return _save(fig, out, "attention_tflops.png")
@@ -62,16 +73,17 @@ def plot_layer_norm(rows, out):
     if not cases:
         return None
     most = max(r["rows"] for r in cases)
+    cases = [r for r in cases if r["rows"] == most]
+    metric, note = basis(cases, "gbps")
     series = defaultdict(dict)
     for r in cases:
-        if r["rows"] == most:
-            series[(r.get("kernel"), r.get("mode"))][r["N"]] = r["gbps"]
+        series[(r.get("kernel"), r.get("mode"))][r["N"]] = r[metric]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, pts in sorted(series.items(), key=str):
         ax.plot(sorted(pts), [pts[n] for n in sorted(pts)], marker="o", label=" ".join(map(str, key)))
     if roofs:
         ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
-    ax.set(xscale="log", xlabel=f"hidden size ({most} rows)", ylabel="GB/s", title="add + LayerNorm")
+    ax.set(xscale="log", xlabel=f"hidden size ({most} rows)", ylabel=f"GB/s ({note})", title="add + LayerNorm")
     ax.legend(fontsize=7)
     return _save(fig, out, "add_layer_norm_gbps.png")
 
@@ -81,11 +93,12 @@ def plot_train_step(rows, out):
     if not rs:
         return None
     shapes = sorted({r["shape"] for r in rs})
-    kernels = ["eager", "torch", "triton", "compile", "compile-triton"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    kernels = [k + suffix for suffix in ("", "\n(graph)") if any(bool(r.get("graph")) == bool(suffix) for r in rs)
+               for k in ("eager", "torch", "triton", "compile", "compile-triton")]
+    fig, axes = plt.subplots(1, 2, figsize=(10 * max(1, len(kernels) // 5), 4))
     width = 0.8 / len(shapes)
     for i, shape in enumerate(shapes):
-        vals = {r["kernel"]: r for r in rs if r["shape"] == shape}
+        vals = {r["kernel"] + ("\n(graph)" if r.get("graph") else ""): r for r in rs if r["shape"] == shape}
         xs = [j + i * width for j in range(len(kernels))]
         axes[0].bar(xs, [vals[k]["tokens_per_s"] if k in vals else 0 for k in kernels], width, label=shape)
         axes[1].bar(xs, [vals[k]["peak_mem_gib"] if k in vals else 0 for k in kernels], width, label=shape)

@@ -78,3 +78,48 @@ def test_layer_norm_plot_reads_the_benchmark_keys(tmp_path):
               "gbps": 1000.0 + n / 10, "copy_bandwidth_gbps": 3000.0} for n in (512, 4096) for r in (16384, 65536)]
     path = plot_results.plot_layer_norm(rows, str(tmp_path))
     assert path and os.path.getsize(path) > 0
+
+
+def _pair(ours, peer):
+    return [_bench("add_layer_norm", f"test_add_layer_norm[{k}]", {"rows": 16384, "N": 512, "kernel": k, "mode": "fwd"},
+                   copy_bandwidth_gbps=3000.0, **m) for k, m in (("triton", ours), ("torch", peer))]
+
+
+def _verdicts(tmp_path, benches):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": benches}))
+    text = targets.main([str(path)])
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[5:10]]
+            for line in text.splitlines() if line.startswith("| add")}
+
+
+def test_kernel_targets_judged_on_device_time_where_both_have_it(tmp_path):
+    """A small case: the wall time per call is the host's (ours 300 GB/s against torch's 900), the
+    device time the kernels' (2,600 against 1,500): judged on the latter, the wall ratio beside it."""
+    got = _verdicts(tmp_path, _pair(dict(gbps=300.0, gbps_gpu=2600.0), dict(gbps=900.0, gbps_gpu=1500.0)))
+    assert got["add+LayerNorm vs torch"] == [f"{2600 / 1500:.2f}", ">= 1.5", "met", "GPU", f"{300 / 900:.2f}"]
+    assert got["add+LayerNorm vs copy bandwidth"][:4] == [f"{2600 / 3000:.2f}", ">= 0.8", "met", "GPU"]
+
+
+def test_a_peer_without_device_time_puts_the_comparison_on_wall_time(tmp_path):
+    """Never one side's device time against the other's wall time (a peer whose capture failed)."""
+    got = _verdicts(tmp_path, _pair(dict(gbps=300.0, gbps_gpu=2600.0), dict(gbps=900.0)))
+    assert got["add+LayerNorm vs torch"] == [f"{300 / 900:.2f}", ">= 1.5", "**missed**", "wall", ""]
+
+
+def test_graphed_steps_are_compared_among_themselves(tmp_path):
+    """The CUDA-graph replays of the training step (bench_train_step.py's test_train_step_graph)
+    meet their goals against the other backends' replays, never against launched steps; files
+    from before the graph cases (no `graph` key) count as launched."""
+    def step(k, s, graph):
+        extra = {} if graph is None else {"graph": graph}
+        return _bench("train_step", f"test_train_step{'_graph' if graph else ''}[{k}-base-cnndm]",
+                      {"shape": "base-cnndm", "kernel": k}, tokens_per_s=s, peak_mem_gib=1.0, shape="base-cnndm",
+                      **extra)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": [step("triton", 100.0, None), step("torch", 200.0, False),
+                                               step("triton", 300.0, True), step("torch", 250.0, True)]}))
+    text = targets.main([str(path)])
+    got = {line.split("|")[2].strip(): line.split("|")[5].strip()
+           for line in text.splitlines() if line.startswith("| training step vs torch")}
+    assert got == {"base-cnndm": "0.50", "base-cnndm (CUDA graph)": "1.20"}

@@ -1,0 +1,98 @@
+"""`scratchformer.training.cuda_graph.capture_step`: a training step captured as a CUDA graph and
+replayed trains as the launched step does, on every backend, and its dropout draws afresh each
+replay (torch's and our Triton ops'). CUDA graphs need a GPU: everything here but the argument
+check is skipped on the CPU machine (GPU plan, step 10)."""
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+from scratchformer.model import ModelConfig, Transformer
+from scratchformer.training.cuda_graph import capture_step
+from scratchformer.training.optim import label_smoothed_loss
+
+V = 64
+
+
+def _model(kernel, dropout):
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=V, d_model=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,
+                      dropout=dropout, attn_dropout=dropout, ffn_dropout=dropout, kernel=kernel)
+    return Transformer(cfg, device="cuda").train()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, V, (4, 12), generator=g), torch.randint(4, V, (4, 9), generator=g)
+    sl, tl = torch.tensor([12, 7, 3, 9]), torch.tensor([8, 8, 2, 5])
+    tgt_out = tgt[:, 1:].masked_fill(torch.arange(8)[None] >= tl[:, None], 0)
+    return [t.cuda() for t in (src, sl, tgt[:, :-1], tgt_out, tl)]
+
+
+def _update(model, opt, batch, loss_out):
+    """One update (forward, backward, clipping, step) writing its loss into loss_out."""
+    src, sl, tgt_in, tgt_out, tl = batch
+
+    def update():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            logits = model(src, sl, tgt_in, tl)
+            loss, _ = label_smoothed_loss(logits.flatten(0, 1).float(), tgt_out.flatten(), 0.1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_out.copy_(loss.detach())
+    return update
+
+
+def test_capture_refuses_an_optimizer_that_is_not_capturable():
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], capturable=False)
+    with pytest.raises(ValueError, match="capturable=True"):
+        capture_step(lambda: None, opt)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_replays_train_as_launched_steps(kernel):
+    """No dropout: 3 warm-up updates + 4 replays end where 7 launched updates end (same init,
+    same batch), and the replayed loss falls."""
+    batch = _batch()
+    graphed, launched = _model(kernel, 0.0), _model(kernel, 0.0)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True) for m in (graphed, launched)]
+    loss = torch.zeros((), device="cuda")
+    replay = capture_step(_update(graphed, opts[0], batch, loss), opts[0], warmup=3)
+    losses = []
+    for _ in range(4):
+        replay()
+        losses.append(float(loss))
+    step = _update(launched, opts[1], batch, torch.zeros((), device="cuda"))
+    for _ in range(7):
+        opts[1].zero_grad(set_to_none=True)
+        step()
+    assert losses[-1] < losses[0], losses
+    for (name, a), b in zip(graphed.named_parameters(), launched.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "triton"])
+def test_replays_draw_fresh_dropout(kernel):
+    """With dropout (on embeddings and sublayers, attention probabilities, the FFN's hidden layer)
+    and a learning rate of 0, each replay sees the same parameters and batch: its loss differs
+    from the last replay's only through the dropout masks, so it must differ (a host-drawn seed
+    would be frozen into the graph and repeat it); without dropout it repeats exactly."""
+    batch = _batch()
+    for dropout in (0.3, 0.0):
+        model = _model(kernel, dropout)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        loss = torch.zeros((), device="cuda")
+        update = _update(model, opt, batch, loss)
+
+        replay = capture_step(update, opt, warmup=1)
+        seen = []
+        for _ in range(3):
+            replay()
+            seen.append(float(loss))
+        if dropout:
+            assert len(set(seen)) == 3, f"{kernel}: dropout repeated across replays: {seen}"
+        else:
+            assert len(set(seen)) == 1, f"{kernel}: without dropout replays differ: {seen}"
