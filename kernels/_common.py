@@ -2,7 +2,9 @@
 `@triton.jit` helpers and constants more than one kernel uses (each formula has one home here):
 
 - `LOG2E`: log2(e), for exp(x) = exp2(x · LOG2E);
-- `dropout_keep`: the Philox dropout stream every kernel draws from (and replays);
+- `dropout_keep`: the Philox dropout stream every kernel draws from (and replays), and
+  `load_dropout_rng`, which loads its (seed, offset) from the op's rng tensor (`dropout_rng`:
+  the RNG state lives in device memory, so CUDA graphs and torch.compile draw afresh per call);
 - `attention_key_bounds`: the key-loop bounds of an attention query block, shared by the
   attention forward and its dQ backward.
 
@@ -117,25 +119,28 @@ def upcast_dot(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
 
 
-def philox_seed_offset() -> tuple[int, int]:
-    """A (seed, offset) pair for in-kernel Philox dropout, drawn from torch's default CPU
-    generator (no device sync), so `torch.manual_seed` makes kernel dropout reproducible. Under
-    torch.compile (with `torch._dynamo.config.capture_scalar_outputs`, which
-    `scratchformer.compile.compile_model` sets) the draws stay in the graph: `.item()` gives
-    unbacked SymInts, fresh every step, that the ops' `SymInt seed, SymInt offset` args accept."""
-    seed = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()  # no int(): that would guard on it
-    offset = torch.randint(0, 2**31 - 1, (1,), device="cpu").item()
-    return seed, offset
+def dropout_rng(dropout_p: float, seed: int | None, device) -> torch.Tensor | None:
+    """The Philox state an op's dropout uses, as a (2,) int64 tensor [seed, offset] on `device`
+    that the kernels load (`load_dropout_rng`): None without dropout (p == 0: nothing is drawn);
+    [seed, 0] for a given int seed (a fixed stream); otherwise a pair drawn with `torch.randint` on
+    `device` from torch's generator for that device.
 
-
-def dropout_seed_offset(dropout_p: float, seed: int | None) -> tuple[int, int]:
-    """The (seed, offset) an op's dropout uses: (0, 0) without dropout (nothing is drawn); with
-    dropout (0 < p < 1) the given seed and offset 0, or a pair drawn by `philox_seed_offset`."""
-    if not 0.0 < dropout_p < 1.0:
-        return 0, 0
+    Why a tensor in device memory and not two host ints (FlashAttention-2's and Inductor's design):
+    - CUDA graphs: host ints passed to a launch are baked into a captured graph, so every replay
+      would reuse the first step's masks (a silent wrong answer). A draw on the device is a kernel
+      whose output the graph's kernels read, and torch's CUDA generator is graph-safe (a replay
+      advances its Philox offset), so every replay draws afresh;
+    - torch.compile traces the draw as an ordinary random op in the graph (no `.item()`, so no
+      unbacked SymInts and no `capture_scalar_outputs`), fresh on every call of the compiled graph;
+    - `torch.manual_seed` (and `torch.cuda.manual_seed`) keep runs reproducible, as before;
+    - host cost: one randint on the device per dropout op call, no host sync (the backward reuses
+      the forward's tensor); before, two CPU randints and two `.item()`s per call.
+    The backward, and the debug mask paths, replay the forward's mask from the same tensor."""
+    if not dropout_p > 0.0:
+        return None
     if seed is None:
-        return philox_seed_offset()
-    return seed, 0
+        return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64, device=device)
+    return torch.tensor([seed, 0], dtype=torch.int64, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +162,19 @@ def dropout_keep(seed, offset, rows, cols, row_len, dropout_p):
 
 
 @triton.jit
+def load_dropout_rng(rng_ptr, HAS_DROPOUT: tl.constexpr):
+    """(seed, offset) of the dropout stream, loaded from the int64[2] at rng_ptr (`dropout_rng`)
+    when HAS_DROPOUT; (0, 0) otherwise, and rng_ptr (then a dummy) is never read."""
+    if HAS_DROPOUT:
+        seed = tl.load(rng_ptr)
+        offset = tl.load(rng_ptr + 1)
+    else:
+        seed = 0
+        offset = 0
+    return seed, offset
+
+
+@triton.jit
 def attention_key_bounds(
     start_m, klen, qlen, shift, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
@@ -172,11 +190,6 @@ def attention_key_bounds(
     n_end = tl.where(start_m < qlen, tl.maximum(n_end, 0), 0)
     n_full = tl.minimum((tl.maximum(n_full, 0) // BLOCK_N) * BLOCK_N, n_end)
     return n_full, n_end
-
-
-def int_arg(value):
-    """An int op argument: int(value), except a SymInt traced by torch.compile, passed as is."""
-    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 NONE_SHAPE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute

@@ -34,8 +34,10 @@ program and per op rather than per element, up to 16k elements at once (a tiny m
 step went from 86 s to 5 s of add+LayerNorm there). A row's arithmetic is the same at any BLOCK_M.
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
-dropout mask is not stored: the backward replays it from the same Philox (seed, offset)
-counters, row · N + col.
+dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
+N + col, with the (seed, offset) both kernels load from one int64[2] tensor in device memory
+(`rng_ptr`, drawn on the device per call by `_common.dropout_rng`: a CUDA graph replay or a
+compiled call draws afresh).
 
 Limits: 1 <= N <= 16384 (a whole row lives in one tile, BLOCK_N = next_power_of_2(N)); any
 number of rows and leading dims; float32/float16/bfloat16 inputs; weight and bias in x's dtype
@@ -43,10 +45,11 @@ or float32. Rows may be strided (a row-stride argument); a last dim that is not 
 copied once by the launcher (`.contiguous()`), not rejected.
 
 Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, weight, bias?, eps,
-dropout_p, seed, offset, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
+dropout_p, rng?, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
 output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
 `scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
-Linked by `AddLayerNormFunction` (how they are registered, and why: `kernels/_common.py`).
+Linked by `AddLayerNormFunction`, which saves rng (the (2,) int64 [seed, offset] tensor; None
+without dropout) for the backward (how they are registered, and why: `kernels/_common.py`).
 
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.
@@ -68,8 +71,8 @@ from ._common import (
     check_dtype,
     define_op,
     dropout_keep,
-    dropout_seed_offset,
-    int_arg,
+    dropout_rng,
+    load_dropout_rng,
     next_pow2,
 )
 
@@ -81,7 +84,7 @@ MAX_N = 16384
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["M", "seed", "rng_offset"])  # N (fixed) keeps its alignment
+@triton.jit(do_not_specialize=["M"])  # N (fixed) keeps its alignment
 def _add_layer_norm_fwd_kernel(
     x_ptr,  # (M, N) input, row stride stride_x_row
     residual_ptr,  # (M, N) residual, or a dummy when HAS_RESIDUAL is False
@@ -98,8 +101,7 @@ def _add_layer_norm_fwd_kernel(
     N,  # hidden size
     eps,
     dropout_p,
-    seed,  # Philox seed
-    rng_offset,  # Philox counter base: element (row, col) uses rng_offset + row * N + col
+    rng_ptr,  # (2,) int64 Philox [seed, offset] (read if HAS_DROPOUT): (row, col) uses offset + row * N + col
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
@@ -117,6 +119,7 @@ def _add_layer_norm_fwd_kernel(
     at = rows[:, None] * N + cols[None, :]  # contiguous outputs
     s = tl.load(x_ptr + rows[:, None] * stride_x_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
+        seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
         keep = dropout_keep(seed, rng_offset, rows[:, None], cols[None, :], N, dropout_p)
         s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
         if STORE_MASK:
@@ -144,7 +147,7 @@ def _add_layer_norm_fwd_kernel(
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit(do_not_specialize=["M", "rows_per_program", "seed", "rng_offset"])
+@triton.jit(do_not_specialize=["M", "rows_per_program"])
 def _add_layer_norm_bwd_kernel(
     dy_ptr,  # (M, N) gradient of y, row stride stride_dy_row
     ds_out_ptr,  # (M, N) gradient of the returned s, or dummy when HAS_DS is False
@@ -162,8 +165,7 @@ def _add_layer_norm_bwd_kernel(
     N,  # hidden size
     rows_per_program,
     dropout_p,
-    seed,
-    rng_offset,
+    rng_ptr,  # (2,) int64 Philox [seed, offset], the forward's (read if HAS_DROPOUT)
     HAS_DS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     STORE_DRES: tl.constexpr,
@@ -180,6 +182,7 @@ def _add_layer_norm_bwd_kernel(
     w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)  # once, outside the row loop
     for start in range(row_start, row_end, BLOCK_M):  # BLOCK_M rows at a time
         rows = start + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
@@ -261,10 +264,11 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
 
 
 def add_layer_norm_fwd(
-    x, residual, weight, bias, eps=1e-5, dropout_p=0.0, seed=0, rng_offset=0, *, store_s=True, store_mask=False
+    x, residual, weight, bias, eps=1e-5, dropout_p=0.0, rng=None, *, store_s=True, store_mask=False
 ):
-    """Launch the forward. x, residual (..., N). Returns y (x's shape and dtype), s (same; None
-    unless store_s), mean, rstd ((M,) fp32) and the int8 keep mask (None unless store_mask).
+    """Launch the forward. x, residual (..., N); rng the (2,) int64 [seed, offset] tensor on x's
+    device (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape and dtype), s (same;
+    None unless store_s), mean, rstd ((M,) fp32) and the bool keep mask (None unless store_mask).
     Trusts its inputs as `add_layer_norm` checked them."""
     N = x.shape[-1]
     x2 = _rows(x, N)
@@ -283,7 +287,7 @@ def add_layer_norm_fwd(
         _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
             x2, res2, weight, bias if bias is not None else weight, y,
             s if s is not None else y, mean, rstd, mask if mask is not None else y,
-            x2.stride(0), res2.stride(0), M, N, eps, dropout_p, seed, rng_offset,
+            x2.stride(0), res2.stride(0), M, N, eps, dropout_p, rng if has_dropout else mean,
             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=has_dropout,
             STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             num_warps=_num_warps(BLOCK_M, BLOCK_N),
@@ -312,10 +316,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def add_layer_norm_bwd(
-    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, seed=0, rng_offset=0, store_dres=False
+    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, rng=None, store_dres=False
 ):
-    """Launch the backward. dy, ds_out (None allowed), s (..., N). Returns dx, dres (None unless
-    store_dres, or when it equals dx: dropout_p == 0), dweight (weight's dtype), dbias (or None)."""
+    """Launch the backward. dy, ds_out (None allowed), s (..., N); rng the forward's (its mask is
+    replayed). Returns dx, dres (None unless store_dres, or when it equals dx: dropout_p == 0),
+    dweight (weight's dtype), dbias (or None)."""
     N = s.shape[-1]
     s2 = s.reshape(-1, N)
     weight = weight.contiguous()
@@ -338,7 +343,7 @@ def add_layer_norm_bwd(
         _add_layer_norm_bwd_kernel[(n_programs,)](
             dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
             dw_partial, db_partial if db_partial is not None else dw_partial,
-            dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, seed, rng_offset,
+            dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, rng if has_dropout else mean,
             HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout, STORE_DRES=store_dres,
             HAS_BIAS=has_bias, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=_num_warps(BLOCK_M, BLOCK_N),
         )
@@ -359,18 +364,19 @@ def add_layer_norm_bwd(
 
 @define_op(
     "add_layer_norm",
-    "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, SymInt seed, "
-    "SymInt offset, bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
+    "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, Tensor? rng, "
+    "bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
+def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s):
     """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s empty (0,)
-    unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N rows."""
-    y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s=store_s)
+    unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N rows. Dropout is a pure
+    function of rng's (seed, offset) (a (2,) int64 tensor on x's device; None without dropout)."""
+    y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=store_s)
     return y, s if s is not None else x.new_empty(NONE_SHAPE), mean, rstd
 
 
 @torch.library.register_fake(_add_layer_norm_op)
-def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
+def _(x, residual, weight, bias, eps, dropout_p, rng, store_s):
     _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
     M = x.numel() // x.shape[-1]
     rows = x.new_empty(M, dtype=torch.float32)
@@ -380,54 +386,54 @@ def _(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
 @define_op(
     "add_layer_norm_backward",
     "(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
-    "float dropout_p, SymInt seed, SymInt offset, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
+    "float dropout_p, Tensor? rng, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
+def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres):
     """(dx, dres, dweight, dbias): dx in s's shape and dtype; dres likewise when store_dres and
     dropout_p > 0, else empty (0,) (without dropout dres == dx); dweight and dbias (N,) in
-    weight's dtype, dbias empty (0,) without a bias."""
+    weight's dtype, dbias empty (0,) without a bias. The mask is replayed from the forward's rng."""
     dx, dres, dw, db = add_layer_norm_bwd(
-        dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, seed=seed, rng_offset=offset,
-        store_dres=store_dres,
+        dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, rng=rng, store_dres=store_dres,
     )
     none = s.new_empty(NONE_SHAPE)
     return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(NONE_SHAPE)
 
 
 @torch.library.register_fake(_add_layer_norm_backward_op)
-def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, seed, offset, store_dres):
+def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres):
     dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else NONE_SHAPE)
     db = weight.new_empty(weight.shape if has_bias else NONE_SHAPE)
     return s.new_empty(s.shape), dres, weight.new_empty(weight.shape), db
 
 
 class AddLayerNormFunction(torch.autograd.Function):
-    """Autograd of scratchformer::add_layer_norm: its backward op (inputs as the forward op's)."""
+    """Autograd of scratchformer::add_layer_norm: its backward op (inputs as the forward op's; the
+    rng tensor is saved, so the backward replays the forward's dropout mask)."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, offset, store_s):
-        output = _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, seed, offset, store_s)
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s):
+        output = _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s)
         _y, s, mean, rstd = output
         ctx.mark_non_differentiable(mean, rstd)
         ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
         if any(ctx.needs_input_grad[:4]):
-            ctx.save_for_backward(s, weight, mean, rstd)  # s = dropout(x) + residual, the norm's input
+            ctx.save_for_backward(s, weight, mean, rstd, rng)  # s = dropout(x) + residual, the norm's input
         ctx.has_bias = bias is not None
-        ctx.dropout = (dropout_p, seed, offset)
+        ctx.dropout_p = dropout_p
         return output
 
     @staticmethod
     def backward(ctx, dy, ds, dmean, drstd):
-        s, weight, mean, rstd = ctx.saved_tensors
+        s, weight, mean, rstd, rng = ctx.saved_tensors
         if dy is None:  # only s was used downstream
             dy = torch.zeros_like(s)
         need_dres = ctx.needs_input_grad[1]
         dx, dres, dw, db = _add_layer_norm_backward_op(
-            dy, ds, s, weight, mean, rstd, ctx.has_bias, *ctx.dropout, need_dres
+            dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
         )
-        if need_dres and not ctx.dropout[0] > 0.0:  # not stored without dropout: dresidual == dx
+        if need_dres and not ctx.dropout_p > 0.0:  # not stored without dropout: dresidual == dx
             dres = dx
-        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None
+        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None
 
 
 def add_layer_norm(
@@ -447,8 +453,9 @@ def add_layer_norm(
     x (..., N) float32/float16/bfloat16, any leading dims and row strides (last dim contiguous,
     else copied); residual same shape and dtype as x, or None; weight (N,), bias (N,) or None, in
     x's dtype or float32; 1 <= N <= 16384. dropout_p drops x (not the residual) with in-kernel
-    Philox; seed (int) fixes the stream, else one is drawn from torch's default generator, so
-    `torch.manual_seed` makes runs reproducible.
+    Philox; seed (int) fixes the stream, else its (seed, offset) is drawn on x's device from
+    torch's generator for that device (`_common.dropout_rng`), so `torch.manual_seed` makes runs
+    reproducible and each call, CUDA graph replay or compiled call draws afresh.
 
     Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
     in x's dtype, exactly the values y normalises (it takes a gradient too); with
@@ -456,17 +463,16 @@ def add_layer_norm(
     (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
-    seed, rng_offset = dropout_seed_offset(dropout_p, seed)
+    rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     apply = AddLayerNormFunction.apply if needs_grad else _add_layer_norm_op  # no autograd node to build
     y, s, _, _ = apply(
-        x, residual, weight, bias, float(eps), float(dropout_p), int_arg(seed), int_arg(rng_offset),
-        bool(return_residual or needs_grad),
+        x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad),
     )
     if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask
         with torch.no_grad():
-            mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, rng_offset, store_s=False,
+            mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=False,
                                       store_mask=True)[4]
     out = (y, s) if return_residual else (y,)
     if return_dropout_mask:

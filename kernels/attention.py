@@ -19,7 +19,10 @@ Masks (the spec is `scratchformer.reference.attention_ref`):
 
 Dropout on the probabilities, in-kernel: keep(b, h, i, j) = rand(seed, offset + ((b·H + h)·Lq
 + i)·Lk + j) >= p (Philox via tl.rand, 64-bit counters), kept values scaled by 1/(1 - p). The
-backward regenerates the same mask from the same counters; nothing of size Lq×Lk is stored.
+kernels load (seed, offset) from an int64[2] tensor in device memory (`rng_ptr`, drawn on the
+device per call by `_common.dropout_rng`, so a CUDA graph replay or a compiled graph draws
+afresh). The backward regenerates the same mask from the same tensor and counters; nothing of
+size Lq×Lk is stored.
 
 Backward (S = scale·Q Kᵀ, P = softmax(S) row-wise, Z the keep mask, r = 1/(1 - p), O = (P∘Z·r) V):
     dV = (P∘Z·r)ᵀ dO
@@ -39,9 +42,10 @@ operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 
 before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
 Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
-causal, dropout_p, scale?, seed, offset) -> (out, lse)` and `scratchformer::attention_backward`
--> (dq, dk, dv), `AttentionFunction` linking them. Dropout is a pure function of the
-(seed, offset) ints, so the backward op replays it; nothing is mutated, nothing aliases.
+causal, dropout_p, scale?, rng?) -> (out, lse)` and `scratchformer::attention_backward`
+-> (dq, dk, dv), `AttentionFunction` linking them (it saves rng for the backward). Dropout is a
+pure function of the (seed, offset) in the rng tensor (None without dropout), so the backward op
+replays it; nothing is mutated, nothing aliases.
 How they are registered, and why: `kernels/_common.py`.
 
 References: Dao et al., FlashAttention-2 (2023); triton-lang/triton tutorial 06 (fused
@@ -67,9 +71,9 @@ from ._common import (
     check_dtype,
     define_op,
     dropout_keep,
-    dropout_seed_offset,
-    int_arg,
+    dropout_rng,
     launch_tuned,
+    load_dropout_rng,
     next_pow2,
     upcast_dot,
 )
@@ -141,10 +145,10 @@ def _configs(blocks_m, blocks_n, resident, pinned):
 # Lengths are bucketed to powers of two for the key so variable-length batches don't re-tune.
 _KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL"]
 # Integer arguments Triton would otherwise specialise on (== 1, % 16): every new sequence length,
-# head count, seed or offset would compile anew (tests/test_compile_budget.py counts this). Lengths
+# or head count would compile anew (tests/test_compile_budget.py counts this). Lengths
 # only bound masks and loops, so the specialisation buys nothing; strides keep theirs (== 1 and
 # 16-alignment feed vectorised loads, and they are stable across batches).
-_DNS = ["H", "Lq", "Lk", "seed", "rng_offset", "LQ_KEY", "LK_KEY"]
+_DNS = ["H", "Lq", "Lk", "LQ_KEY", "LK_KEY"]
 
 
 @triton.jit
@@ -277,7 +281,8 @@ def _attention_fwd_kernel(
     stride_o_b, stride_o_h, stride_o_l, stride_o_d,
     H, Lq, Lk,  # heads, query length, key length
     qk_scale,  # scale · log2(e)
-    dropout_p, seed, rng_offset,  # dropout probability, Philox seed and counter offset
+    dropout_p,  # dropout probability
+    rng_ptr,  # (2,) int64 Philox [seed, counter offset] (read only if HAS_DROPOUT)
     LQ_KEY, LK_KEY,  # autotune keys only: next_power_of_2(Lq), next_power_of_2(Lk)
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -297,6 +302,7 @@ def _attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     k_base = k_ptr + b * stride_k_b + h * stride_k_h
     v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     acc, l_i, m_i = _attention_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
@@ -321,13 +327,15 @@ def _attention_fwd_kernel(
     tl.store(lse_ptr + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "seed", "rng_offset"])
+@triton.jit(do_not_specialize=["Lq", "Lk"])
 def _dropout_mask_kernel(
     mask_ptr,  # (B, H, Lq, Lk) int8 keep mask, contiguous (debug path)
-    Lq, Lk, dropout_p, seed, rng_offset,
+    Lq, Lk, dropout_p,
+    rng_ptr,  # (2,) int64 Philox [seed, counter offset], as the attention kernels read it
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Writes the keep mask the attention kernels use, from the same `dropout_keep` counters."""
+    seed, rng_offset = load_dropout_rng(rng_ptr, True)
     pid_bh = tl.program_id(2).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -411,7 +419,8 @@ def _attention_bwd_dkdv_kernel(
     stride_dk_b, stride_dk_h, stride_dk_l, stride_dk_d,
     stride_dv_b, stride_dv_h, stride_dv_l, stride_dv_d,
     H, Lq, Lk, sm_scale, qk_scale,  # sm_scale = scale; qk_scale = scale · log2(e)
-    dropout_p, seed, rng_offset,
+    dropout_p,
+    rng_ptr,  # (2,) int64 Philox [seed, counter offset], the forward's (read only if HAS_DROPOUT)
     LQ_KEY, LK_KEY,  # autotune keys only
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -446,6 +455,7 @@ def _attention_bwd_dkdv_kernel(
     do_base = do_ptr + b * stride_do_b + h * stride_do_h
     lse_base = lse_ptr + pid_bh * Lq
     delta_base = delta_ptr + pid_bh * Lq
+    seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
@@ -510,7 +520,8 @@ def _attention_bwd_dq_kernel(
     stride_do_b, stride_do_h, stride_do_l, stride_do_d,
     stride_dq_b, stride_dq_h, stride_dq_l, stride_dq_d,
     H, Lq, Lk, sm_scale, qk_scale,
-    dropout_p, seed, rng_offset,
+    dropout_p,
+    rng_ptr,  # (2,) int64 Philox [seed, counter offset], the forward's (read only if HAS_DROPOUT)
     LQ_KEY, LK_KEY,  # autotune keys only
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -529,6 +540,7 @@ def _attention_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     k_base = k_ptr + b * stride_k_b + h * stride_k_h
     v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     dq = _attention_bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
@@ -639,10 +651,12 @@ def _keys(Lq, Lk):
 
 
 def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0,
-                  scale=None, seed=0, offset=0):
+                  scale=None, rng=None):
     """Forward launcher. Returns out (B, H, Lq, D) in q's dtype with BLHD memory (a transposed
     (B, Lq, H, D) tensor, so out.transpose(1, 2).reshape(B, Lq, H·D) is free) and lse (B, H, Lq)
-    fp32, contiguous. Trusts its inputs as `attention` checked them (lengths contiguous int32/int64)."""
+    fp32, contiguous. rng: the (2,) int64 [seed, offset] tensor on q's device (`dropout_rng`),
+    needed when dropout_p > 0. Trusts its inputs as `attention` checked them (lengths contiguous
+    int32/int64)."""
     klen, qlen = key_lengths, query_lengths
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
@@ -651,23 +665,24 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    dummy = lse  # never read when HAS_KLEN / HAS_QLEN is False
+    dummy = lse  # never read when HAS_KLEN / HAS_QLEN / HAS_DROPOUT is False
     grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
     keys = _keys(Lq, Lk)
     launch_tuned(
         _fwd, grid, _tune_key(q, klen, qlen, causal, keys),
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *keys,
+        H, Lq, Lk, scale * LOG2E.value, float(dropout_p), rng if dropout_p > 0.0 else dummy, *keys,
         **_flags(q, klen, qlen, causal, dropout_p),
     )
     return out, lse
 
 
 def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, causal=False,
-                  dropout_p=0.0, scale=None, seed=0, offset=0):
+                  dropout_p=0.0, scale=None, rng=None):
     """Backward launcher: (dq, dk, dv) shaped like q, k, v (BLHD memory, like the output).
-    Lengths as attention_fwd takes them (contiguous int32/int64; the kernels clamp them)."""
+    Lengths as attention_fwd takes them (contiguous int32/int64; the kernels clamp them); rng the
+    forward's, whose mask the kernels replay."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -688,7 +703,7 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     klen = key_lengths
     qlen = query_lengths
     keys = _keys(Lq, Lk)
-    common = (H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), int(seed), int(offset), *keys)
+    common = (H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), rng if dropout_p > 0.0 else dummy, *keys)
     flags = _flags(q, klen, qlen, causal, dropout_p)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
     tune_key = _tune_key(q, klen, qlen, causal, keys)
@@ -707,12 +722,13 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     return dq, dk, dv
 
 
-def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
-    """The keep mask (B, H, Lq, Lk) bool the kernels use for (seed, offset): the debug path."""
+def dropout_mask(B, H, Lq, Lk, dropout_p, rng, device):
+    """The keep mask (B, H, Lq, Lk) bool the kernels use for the [seed, offset] in rng (a (2,)
+    int64 tensor on `device`, `dropout_rng`'s): the debug path."""
     mask = torch.empty(B, H, Lq, Lk, dtype=torch.int8, device=device)
     if mask.numel():
         grid = (cdiv(Lq, 64), cdiv(Lk, 64), B * H)
-        _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), int(seed), int(offset), BLOCK_M=64, BLOCK_N=64)
+        _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), rng, BLOCK_M=64, BLOCK_N=64)
     return mask.bool()
 
 
@@ -730,16 +746,17 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, device):
 @define_op(
     "attention",
     "(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor? query_lengths, bool causal, "
-    "float dropout_p, float? scale, SymInt seed, SymInt offset) -> (Tensor, Tensor)",
+    "float dropout_p, float? scale, Tensor? rng) -> (Tensor, Tensor)",
 )
-def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+def _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
     """out (B, H, Lq, D) with BLHD memory, lse (B, H, Lq) fp32. Lengths are trusted (the public
-    entry point range-checks them); dropout is a pure function of (seed, offset)."""
-    return attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+    entry point range-checks them); dropout is a pure function of rng's (seed, offset) (a (2,)
+    int64 tensor on q's device; None without dropout)."""
+    return attention_fwd(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
 
 
 @torch.library.register_fake(_attention_op)
-def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
     B, H, Lq, D = q.shape
     out = q.new_empty(B, Lq, H, D).transpose(1, 2)  # BLHD memory viewed as BHLD, like the kernel's
     return out, q.new_empty(B, H, Lq, dtype=torch.float32)
@@ -748,17 +765,17 @@ def _(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offse
 @define_op(
     "attention_backward",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_lengths, "
-    "Tensor? query_lengths, bool causal, float dropout_p, float? scale, SymInt seed, SymInt offset) "
+    "Tensor? query_lengths, bool causal, float dropout_p, float? scale, Tensor? rng) "
     "-> (Tensor, Tensor, Tensor)",
 )
-def _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed,
-                           offset):
-    """(dq, dk, dv) shaped like q, k, v, in BLHD memory; the dropout mask is replayed from (seed, offset)."""
-    return attention_bwd(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+def _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, rng):
+    """(dq, dk, dv) shaped like q, k, v, in BLHD memory; the dropout mask is replayed from the
+    forward's rng tensor."""
+    return attention_bwd(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, rng)
 
 
 @torch.library.register_fake(_attention_backward_op)
-def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
+def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, scale, rng):
     def blhd(t):
         B, H, L, D = t.shape
         return t.new_empty(B, L, H, D).transpose(1, 2)
@@ -766,23 +783,24 @@ def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, sc
 
 
 class AttentionFunction(torch.autograd.Function):
-    """Autograd of scratchformer::attention: its backward op (inputs as the forward op's)."""
+    """Autograd of scratchformer::attention: its backward op (inputs as the forward op's; the
+    rng tensor is saved, so the backward replays the forward's dropout mask)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset):
-        output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed, offset)
+    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
+        output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
         out, lse = output
         ctx.mark_non_differentiable(lse)
         if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
-            ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths)
-        ctx.args = (causal, dropout_p, scale, seed, offset)
+            ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths, rng)
+        ctx.args = (causal, dropout_p, scale)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
-        q, k, v, out, lse, key_lengths, query_lengths = ctx.saved_tensors
-        dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None  # one slot per forward input
+        q, k, v, out, lse, key_lengths, query_lengths, rng = ctx.saved_tensors
+        dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args, rng)
+        return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
 
 
 def attention(
@@ -805,8 +823,10 @@ def attention(
     {16, 32, 64, 128}, CUDA tensors (or CPU under TRITON_INTERPRET=1). key_lengths /
     query_lengths (B,) int32/int64 in [0, L]: right padding. causal aligns bottom-right (query i
     at key position Lk - Lq + i). scale defaults to 1/sqrt(D). dropout_p in [0, 1) drops
-    attention probabilities with an in-kernel Philox mask; seed (int) makes it reproducible,
-    otherwise it is drawn from torch's default generator. Raises ValueError naming a bad input;
+    attention probabilities with an in-kernel Philox mask; seed (int) fixes the stream,
+    otherwise its (seed, offset) is drawn on q's device from torch's generator for that device
+    (`_common.dropout_rng`: `torch.manual_seed` makes runs reproducible, and each call, CUDA graph
+    replay or compiled call draws afresh). Raises ValueError naming a bad input;
     the lengths' range is checked where reading it is free (CPU) or with SCRATCHFORMER_DEBUG=1,
     and elsewhere clamped to [0, L] (no host sync).
 
@@ -817,21 +837,20 @@ def attention(
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p)
-    seed, offset = dropout_seed_offset(dropout_p, seed)
+    rng = dropout_rng(dropout_p, seed, q.device)
     if qlen is not None and qlen is klen and torch.compiler.is_compiling():
         qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     apply = AttentionFunction.apply if needs_grad else _attention_op  # no autograd node to build: the op alone
     out, lse = apply(
-        q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale),
-        int_arg(seed), int_arg(offset),
+        q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale), rng,
     )
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
         if dropout_p > 0.0:
-            mask = dropout_mask(B, H, Lq, Lk, dropout_p, seed, offset, q.device)
+            mask = dropout_mask(B, H, Lq, Lk, dropout_p, rng, q.device)
         else:
             mask = torch.ones(B, H, Lq, Lk, dtype=torch.bool, device=q.device)
         extra = extra + (mask,)

@@ -21,7 +21,9 @@ the dropout mask both come from a, which the backward needs anyway for dW2. gelu
 extra (M, d_ff) write in the forward and read in the backward, only when a gradient is needed):
 recomputing h would cost a whole x W1ᵀ GEMM (2·M·d_model·d_ff flops), far more time than moving
 M·d_ff elements on any GPU where the FFN is compute bound. gelu's dropout mask is replayed from
-the same Philox counters, not stored.
+the same Philox counters, not stored: the forward's (seed, offset) live in a (2,) int64 tensor in
+device memory (`_common.dropout_rng`, drawn on the device per call, so a CUDA graph replay or a
+compiled call draws afresh) that both GEMM epilogues load.
 
 Weight gradients: torch.matmul (cuBLAS) by default (`WGRAD_KERNEL = "torch"`). Their reduction
 dim is the token count (K = M up to 64k) while the output, d_model x d_ff, has few tiles (64 tiles
@@ -29,9 +31,10 @@ of 128x128 at d512/ff2048, fewer than an H100 has SMs): that wants split-K, whic
 our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the tests cover both).
 
 Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
-seed, offset, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h
-empty unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2).
-Linked by `FFNFunction` (how they are registered, and why: `kernels/_common.py`).
+rng?, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h empty
+unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2). Linked by
+`FFNFunction`, which saves rng (None without dropout) for the backward (how they are registered,
+and why: `kernels/_common.py`).
 
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_seed_offset, int_arg
+from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_rng
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -73,14 +76,14 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
         raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=0, rng_offset=0,
-            store_pre=False, store_mask=False):
-    """Launch the forward. x (..., d_model). Returns y (x's shape), a = dropout(act(h)) (M, d_ff),
+def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, rng=None, store_pre=False, store_mask=False):
+    """Launch the forward. x (..., d_model); rng the (2,) int64 [seed, offset] tensor on x's device
+    (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape), a = dropout(act(h)) (M, d_ff),
     h (M, d_ff) or None (store_pre), keep mask (..., d_ff) bool or None (store_mask). Trusts its
     inputs as `ffn` checked them."""
     d_model, d_ff = x.shape[-1], w1.shape[0]
     x2 = x.reshape(-1, d_model)  # a view when the leading dims allow; any strides are fine
-    out = launch_matmul(x2, w1.t(), b1, activation, dropout_p, seed, rng_offset, store_pre, store_mask)
+    out = launch_matmul(x2, w1.t(), b1, activation, dropout_p, rng, store_pre, store_mask)
     a = out[0]
     pre = out[1] if store_pre else None
     mask = out[-1].view(*x.shape[:-1], d_ff) if store_mask else None
@@ -95,16 +98,15 @@ def _wgrad(a, b):
     return torch.matmul(a, b)
 
 
-def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0, seed=0, rng_offset=0,
-            needs_dx=True):
-    """Launch the backward. dy (..., d_model). Returns dx (x's shape) or None, dw1, db1, dw2, db2."""
+def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0, rng=None, needs_dx=True):
+    """Launch the backward. dy (..., d_model); rng the forward's (gelu replays its mask). Returns dx
+    (x's shape) or None, dw1, db1, dw2, db2."""
     d_model = x.shape[-1]
     x2 = x.reshape(-1, d_model)
     g = dy.reshape(-1, d_model)
     db2 = g.sum(0, dtype=torch.float32).to(w2.dtype) if has_b2 else None  # fp32 sums, no fp32 copy of g
     dw2 = _wgrad(g.t(), a)  # (d_model, d_ff)
-    dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, seed, rng_offset,
-                                 has_b1)
+    dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, rng, has_b1)
     db1 = db1.to(w1.dtype) if has_b1 else None
     dw1 = _wgrad(dh.t(), x2)  # (d_ff, d_model)
     dx = launch_matmul(dh, w1)[0].view(x.shape) if needs_dx else None
@@ -120,19 +122,20 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
 
 @define_op(
     "ffn",
-    "(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, SymInt seed, "
-    "SymInt offset, bool store_pre) -> (Tensor, Tensor, Tensor)",
+    "(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation, float dropout_p, Tensor? rng, "
+    "bool store_pre) -> (Tensor, Tensor, Tensor)",
 )
-def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
+def _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
     """(y, a, h): y (..., d_model) contiguous; a = dropout(act(h)) (M, d_ff), which the backward
-    needs; the pre-activation h (M, d_ff) when store_pre (gelu with a gradient), else empty (0,)."""
-    y, a, pre, _ = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
-                           rng_offset=offset, store_pre=store_pre)
+    needs; the pre-activation h (M, d_ff) when store_pre (gelu with a gradient), else empty (0,).
+    Dropout is a pure function of rng's (seed, offset) ((2,) int64 on x's device; None without)."""
+    y, a, pre, _ = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, rng=rng,
+                           store_pre=store_pre)
     return y, a, pre if pre is not None else x.new_empty(NONE_SHAPE)
 
 
 @torch.library.register_fake(_ffn_op)
-def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
+def _(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)  # no data read
     d_ff = w1.shape[0]
     M = x.numel() // x.shape[-1]
@@ -142,15 +145,15 @@ def _(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
 @define_op(
     "ffn_backward",
     "(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor a, Tensor pre, str activation, bool has_b1, "
-    "bool has_b2, float dropout_p, SymInt seed, SymInt offset, bool needs_dx) "
+    "bool has_b2, float dropout_p, Tensor? rng, bool needs_dx) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
-def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
+def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, rng, needs_dx):
     """(dx, dw1, db1, dw2, db2), each contiguous in its input's shape; dx, db1, db2 are empty (0,)
-    when not asked for (needs_dx, has_b1, has_b2)."""
+    when not asked for (needs_dx, has_b1, has_b2). gelu's mask is replayed from the forward's rng."""
     dx, dw1, db1, dw2, db2 = ffn_bwd(
         dy, x, w1, w2, a, pre, activation=activation, has_b1=has_b1, has_b2=has_b2, dropout_p=dropout_p,
-        seed=seed, rng_offset=offset, needs_dx=needs_dx,
+        rng=rng, needs_dx=needs_dx,
     )
     def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
         return t if t is not None else x.new_empty(NONE_SHAPE)
@@ -158,7 +161,7 @@ def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_
 
 
 @torch.library.register_fake(_ffn_backward_op)
-def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset, needs_dx):
+def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, rng, needs_dx):
     d_model, d_ff = w2.shape
     dx = x.new_empty(x.shape if needs_dx else NONE_SHAPE)
     return dx, w1.new_empty(w1.shape), w1.new_empty(d_ff if has_b1 else 0), w2.new_empty(w2.shape), \
@@ -166,28 +169,29 @@ def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, seed, offset
 
 
 class FFNFunction(torch.autograd.Function):
-    """Autograd of scratchformer::ffn: its backward op (inputs as the forward op's)."""
+    """Autograd of scratchformer::ffn: its backward op (inputs as the forward op's; the rng tensor
+    is saved, so the backward replays the forward's dropout mask)."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre):
-        output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, seed, offset, store_pre)
+    def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
+        output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
         _y, a, pre = output
         ctx.mark_non_differentiable(a, pre)
         if any(ctx.needs_input_grad[:5]):
-            ctx.save_for_backward(x, w1, w2, a, pre)
-        ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p, seed, offset)
+            ctx.save_for_backward(x, w1, w2, a, pre, rng)
+        ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p)
         return output
 
     @staticmethod
     def backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
-        x, w1, w2, a, pre = ctx.saved_tensors
-        activation, has_b1, has_b2, dropout_p, seed, offset = ctx.cfg
+        x, w1, w2, a, pre, rng = ctx.saved_tensors
+        activation, has_b1, has_b2, dropout_p = ctx.cfg
         if activation == "gelu" and pre.numel() != a.numel():
             raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
                                "(store_pre=False)")
-        dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, ctx.needs_input_grad[0])
+        dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, rng, ctx.needs_input_grad[0])
         return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
-                db2 if has_b2 else None, None, None, None, None, None)
+                db2 if has_b2 else None, None, None, None, None)
 
 
 def ffn(
@@ -207,24 +211,24 @@ def ffn(
     x (..., d_model), any leading dims and strides; w1 (d_ff, d_model); b1 (d_ff,) or None;
     w2 (d_model, d_ff); b2 (d_model,) or None; all one dtype (float32/float16/bfloat16);
     16 <= d_model, d_ff <= 16384. activation "relu" or "gelu" (exact erf). dropout_p drops
-    act(h) with in-kernel Philox; seed fixes the stream, else it is drawn from torch's default
-    generator (so `torch.manual_seed` makes runs reproducible).
+    act(h) with in-kernel Philox; seed (int) fixes the stream, else its (seed, offset) is drawn
+    on x's device from torch's generator for that device (`_common.dropout_rng`: `torch.manual_seed`
+    makes runs reproducible, and each call, CUDA graph replay or compiled call draws afresh).
 
     Returns y (..., d_model) in x's dtype; with return_dropout_mask (debug), (y, mask) where mask
     (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
-    seed, rng_offset = dropout_seed_offset(dropout_p, seed)
+    rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
     apply = FFNFunction.apply if needs_grad else _ffn_op  # no autograd node to build: the op alone
     y, _, _ = apply(
-        x, w1, b1, w2, b2, activation, float(dropout_p), int_arg(seed), int_arg(rng_offset),
-        needs_grad and activation == "gelu",
+        x, w1, b1, w2, b2, activation, float(dropout_p), rng, needs_grad and activation == "gelu",
     )
     mask = None
     if return_dropout_mask:  # debug: replay the first GEMM's Philox stream into a stored mask
         with torch.no_grad():
-            mask = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
-                           rng_offset=rng_offset, store_mask=True)[3]
+            mask = ffn_fwd(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, rng=rng,
+                           store_mask=True)[3]
     return (y, mask) if return_dropout_mask else y

@@ -15,6 +15,8 @@ pre-activation h. For relu, aux is the stored *output* a = dropout(relu(h)) itse
 where the unit was kept and h > 0, which are the only places the gradient flows, so relu needs
 neither h nor the dropout mask (then dH = [a > 0] · (A · B) / (1 - p)). For gelu with dropout the
 keep mask is replayed from the same Philox counters as the forward: row · N + col + offset.
+Both kernels load (seed, offset) from a (2,) int64 tensor in device memory (`rng_ptr`; see
+`_common.dropout_rng`), so a CUDA graph replay or a compiled graph draws afresh.
 
 The column sums of dH (the bias gradient) are reduced deterministically: each row-tile writes
 its fp32 partial to row pid_m of an (n_row_tiles, N) buffer; the caller sums over tiles.
@@ -47,7 +49,9 @@ from ._common import (
     check_device,
     check_dtype,
     dropout_keep,
+    dropout_rng,
     launch_tuned,
+    load_dropout_rng,
     next_pow2,
     upcast_dot,
 )
@@ -94,9 +98,9 @@ def _configs() -> list[triton.Config]:
 
 CONFIGS = _configs()
 # M (the token count) changes with every batch: the key buckets it (M_BUCKET) and neither it nor the
-# bucket, the seed or the offset is specialised on (each new value would compile anew); N and K are
-# model dims, fixed in a run, and keep their 16-alignment specialisation (vectorised loads, EVEN_K).
-_DNS = ["M", "M_BUCKET", "seed", "rng_offset"]
+# bucket is specialised on (each new value would compile anew); N and K are model dims, fixed in a
+# run, and keep their 16-alignment specialisation (vectorised loads, EVEN_K).
+_DNS = ["M", "M_BUCKET"]
 MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS)
 
 # ---------------------------------------------------------------------------------------------
@@ -195,8 +199,7 @@ def _matmul_fwd_kernel(
     M_BUCKET,  # next_power_of_2(M): autotune key only
     stride_a_m, stride_a_k, stride_b_k, stride_b_n, stride_c_m, stride_c_n,
     dropout_p,
-    seed,  # Philox seed
-    rng_offset,  # Philox counter base: element (m, n) uses rng_offset + m * N + n
+    rng_ptr,  # (2,) int64 Philox [seed, offset] (read if HAS_DROPOUT): element (m, n) uses offset + m * N + n
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # 0 none, 1 relu, 2 gelu
     HAS_DROPOUT: tl.constexpr,
@@ -221,6 +224,7 @@ def _matmul_fwd_kernel(
     elif ACTIVATION == 2:
         acc = _gelu(acc)
     if HAS_DROPOUT:
+        seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
         keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)
         acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
         if STORE_MASK:
@@ -243,7 +247,8 @@ def _matmul_dact_kernel(
     M, N, K,
     M_BUCKET,  # next_power_of_2(M): autotune key only
     stride_a_m, stride_a_k, stride_b_k, stride_b_n,
-    dropout_p, seed, rng_offset,
+    dropout_p,
+    rng_ptr,  # (2,) int64 Philox [seed, offset], the forward's (read if HAS_DROPOUT and gelu)
     ACTIVATION: tl.constexpr,  # 1 relu (aux = output), 2 gelu (aux = pre-activation)
     HAS_DROPOUT: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
@@ -264,6 +269,7 @@ def _matmul_dact_kernel(
     else:
         acc = acc * _gelu_grad(aux)
         if HAS_DROPOUT:
+            seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
             keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)  # as the forward
             acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
     acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
@@ -305,10 +311,11 @@ def _grid(M, N):
     return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
 
 
-def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng_offset=0, store_pre=False,
+def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, store_pre=False,
                   store_mask=False):
     """`matmul` without its checks, for callers that checked the same inputs at their own entry
-    (the FFN): (c,) + (pre,) if store_pre + (mask,) if store_mask."""
+    (the FFN): (c,) + (pre,) if store_pre + (mask,) if store_mask. rng: the (2,) int64 [seed,
+    offset] tensor on a's device (`_common.dropout_rng`), needed when dropout_p > 0."""
     M, K = a.shape
     N = b.shape[1]
     dtype = a.dtype
@@ -325,7 +332,7 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng
             mask if mask is not None else c,
             M, N, K, bucket,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-            dropout_p, seed, rng_offset,
+            dropout_p, rng if has_dropout else c,
             HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=has_dropout,
             STORE_PRE=store_pre, STORE_MASK=mask is not None, UPCAST=upcast_dot(dtype),
             INPUT_PRECISION=_input_precision(dtype),
@@ -340,8 +347,9 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, seed=0, rng
     return out
 
 
-def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=0, bias_grad=False):
-    """`matmul_dact` without its checks (see launch_matmul): (dH, column sums or None)."""
+def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad=False):
+    """`matmul_dact` without its checks (see launch_matmul): (dH, column sums or None). rng: the
+    forward's (2,) int64 tensor, read for gelu with dropout (relu needs no mask)."""
     M, K = a.shape
     N = b.shape[1]
     aux = aux.contiguous()
@@ -357,7 +365,7 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, seed=0, rng_offset=
             _matmul_dact_kernel, _grid(M, N), (bucket, N, K, a.dtype, bias_grad),
             a, b, dh, aux, partial if bias_grad else dh, M, N, K, bucket,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            dropout_p, seed, rng_offset,
+            dropout_p, rng if dropout_p > 0.0 and activation == "gelu" else dh,
             ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
             UPCAST=upcast_dot(a.dtype), INPUT_PRECISION=_input_precision(a.dtype),
         )
@@ -371,13 +379,14 @@ def matmul(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     dropout_p: float = 0.0,
-    seed: int = 0,
-    rng_offset: int = 0,
+    seed: int | None = None,
     store_pre: bool = False,
     store_mask: bool = False,
 ):
     """dropout(act(a @ b + bias)) in one kernel. a (M, K), b (K, N): any strides, same dtype
-    (float32/float16/bfloat16); bias (N,). fp32 accumulation, one rounding on store.
+    (float32/float16/bfloat16); bias (N,). fp32 accumulation, one rounding on store. dropout_p
+    in [0, 1): seed (int) fixes the Philox stream (matmul_dact with the same seed replays its
+    mask), else it is drawn on a's device from torch's generator (`_common.dropout_rng`).
 
     Returns c (M, N) contiguous in a's dtype; with store_pre also the pre-activation a @ b + bias
     (needed by the gelu backward); with store_mask also the bool keep mask (debug).
@@ -390,7 +399,8 @@ def matmul(
         raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"matmul: dropout_p must be in [0, 1), got {dropout_p}")
-    out = launch_matmul(a, b, bias, activation, dropout_p, seed, rng_offset, store_pre, store_mask)
+    rng = dropout_rng(dropout_p, seed, a.device)
+    out = launch_matmul(a, b, bias, activation, dropout_p, rng, store_pre, store_mask)
     return out if len(out) > 1 else out[0]
 
 
@@ -401,15 +411,16 @@ def matmul_dact(
     *,
     activation: str,
     dropout_p: float = 0.0,
-    seed: int = 0,
-    rng_offset: int = 0,
+    seed: int | None = None,
     bias_grad: bool = False,
 ):
     """dH = (a @ b) ⊙ act'(·) ⊙ keep / (1 - p): the FFN's gradient through its activation.
 
     a (M, K) (the upstream gradient), b (K, N), any strides; aux (M, N): for relu the forward's
-    output dropout(relu(h)), for gelu its pre-activation h. Returns dH (M, N) in a's dtype and,
-    with bias_grad, its fp32 column sums (N,) (reduced over row tiles in a fixed order), else None.
+    output dropout(relu(h)), for gelu its pre-activation h. For gelu with dropout, seed is the
+    forward's `matmul(..., seed=...)`, whose mask is replayed (None draws a fresh one, as matmul
+    does). Returns dH (M, N) in a's dtype and, with bias_grad, its fp32 column sums (N,) (reduced
+    over row tiles in a fixed order), else None.
     """
     _check_operands("matmul_dact", a, b, aux)
     if activation not in ("relu", "gelu"):
@@ -417,4 +428,7 @@ def matmul_dact(
     M, N = a.shape[0], b.shape[1]
     if aux.shape != (M, N):
         raise ValueError(f"matmul_dact: aux must have shape ({M}, {N}), got {tuple(aux.shape)}")
-    return launch_matmul_dact(a, b, aux, activation, dropout_p, seed, rng_offset, bias_grad)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"matmul_dact: dropout_p must be in [0, 1), got {dropout_p}")
+    rng = dropout_rng(dropout_p, seed, a.device) if activation == "gelu" else None  # relu reads no mask
+    return launch_matmul_dact(a, b, aux, activation, dropout_p, rng, bias_grad)

@@ -8,8 +8,8 @@ under torch.compile.
 - torch.export of the triton model keeps the ops as nodes, with dynamic batch and lengths;
 - the whole model compiles with `torch.compile(fullgraph=True, backend="aot_eager")` for the
   eager, torch and triton backends: zero graph breaks, outputs and gradients equal the
-  uncompiled model's (train mode with dropout too, on triton: the Philox seeds are drawn in the
-  graph from the same generator);
+  uncompiled model's (train mode with dropout too, on triton: each op's Philox (seed, offset)
+  tensor is drawn in the graph from the same generator, and a second call draws afresh);
 - `compile_model` (dynamic shapes): a short training run over varied batch shapes compiles a
   handful of graphs, not one per shape.
 
@@ -40,6 +40,11 @@ def _grad(*tensors):
     return [t.detach().requires_grad_() if t is not None else None for t in tensors]
 
 
+def _rng(p, seed, offset, device):
+    """The ops' `Tensor? rng` argument: [seed, offset] int64 on device with dropout, else None."""
+    return torch.tensor([seed, offset], dtype=torch.int64, device=device) if p > 0.0 else None
+
+
 # ---------------------------------------------------------------------------------------------
 # opcheck
 # ---------------------------------------------------------------------------------------------
@@ -59,7 +64,7 @@ def _attn_inputs(case, device):
                     torch.randn(B, H, Lk, 16, device=device))
     kl = None if kl is None else torch.tensor(kl, device=device)
     ql = None if ql is None else torch.tensor(ql, dtype=torch.int32, device=device)
-    return (q, k, v, kl, ql, causal, p, None, 1234, 77)
+    return (q, k, v, kl, ql, causal, p, None, _rng(p, 1234, 77, device))
 
 
 @pytest.mark.parametrize("case", list(ATTN_CASES))
@@ -89,14 +94,15 @@ def test_opcheck_add_layer_norm(case, device):
     N = shape[-1]
     x, r, w, b = _grad(torch.randn(shape, device=device), torch.randn(shape, device=device) if has_res else None,
                        torch.randn(N, device=device), torch.randn(N, device=device) if has_bias else None)
-    _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, 99, 5, True))
+    rng = _rng(p, 99, 5, device)
+    _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, rng, True))
     with torch.no_grad():  # store_s=False: inference, s is an empty placeholder
-        _opcheck(OPS.add_layer_norm.default, (x.detach(), r, w.detach(), b, 1e-5, p, 99, 5, False))
-    y, s, mean, rstd = OPS.add_layer_norm(x, r, w, b, 1e-5, p, 99, 5, True)
+        _opcheck(OPS.add_layer_norm.default, (x.detach(), r, w.detach(), b, 1e-5, p, rng, False))
+    y, s, mean, rstd = OPS.add_layer_norm(x, r, w, b, 1e-5, p, rng, True)
     dy, ds = torch.randn_like(y), torch.randn_like(s)
     saved = (s.detach(), w.detach(), mean, rstd)
     for ds_arg, store_dres in ((None, False), (ds, True)):
-        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, 99, 5, store_dres))
+        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, rng, store_dres))
 
 
 FFN_CASES = {
@@ -116,13 +122,14 @@ def test_opcheck_ffn(case, device):
         torch.randn(d, device=device) if has_b2 else None,
     )
     store_pre = act == "gelu"
-    _opcheck(OPS.ffn.default, (x, w1, b1, w2, b2, act, p, 42, 3, store_pre))
-    y, a, pre = OPS.ffn(x, w1, b1, w2, b2, act, p, 42, 3, store_pre)
+    rng = _rng(p, 42, 3, device)
+    _opcheck(OPS.ffn.default, (x, w1, b1, w2, b2, act, p, rng, store_pre))
+    y, a, pre = OPS.ffn(x, w1, b1, w2, b2, act, p, rng, store_pre)
     assert a.shape == (x.numel() // d, f) and (pre.shape == a.shape) == store_pre
     dy = torch.randn_like(y)
     for needs_dx in (True, False):
         _opcheck(OPS.ffn_backward.default, (dy, x.detach(), w1.detach(), w2.detach(), a.detach(), pre.detach(), act,
-                                            has_b1, has_b2, p, 42, 3, needs_dx))
+                                            has_b1, has_b2, p, rng, needs_dx))
 
 
 def test_public_entry_points_go_through_the_ops(device):
@@ -206,14 +213,9 @@ def test_model_compiles_fullgraph(kernel, train, copy):
     ref_logits, ref_grads = _loss_and_grads(model, batch)  # eager first: resolves the backend
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    if train:  # in-graph dropout seeds (see scratchformer/compile.py)
-        torch._dynamo.config.capture_scalar_outputs = True
     cnt = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(model, fullgraph=True, backend=cnt)
-    try:
-        logits, grads = _loss_and_grads(compiled, batch)
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
+    compiled = torch.compile(model, fullgraph=True, backend=cnt)  # no dynamo flag, dropout or not
+    logits, grads = _loss_and_grads(compiled, batch)
     assert cnt.frame_count >= 1 and not torch._dynamo.utils.counters["graph_break"], dict(
         torch._dynamo.utils.counters["graph_break"])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
@@ -227,13 +229,10 @@ def test_model_compiles_fullgraph(kernel, train, copy):
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-6)
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-    if train:  # a second call draws fresh dropout seeds (not baked into the graph)
-        torch._dynamo.config.capture_scalar_outputs = True
-        try:
-            again, _ = _loss_and_grads(compiled, batch, seed=1)
-        finally:
-            torch._dynamo.config.capture_scalar_outputs = False
+    if train:  # a second call draws fresh dropout (seed, offset) tensors (not baked into the graph)
+        again, _ = _loss_and_grads(compiled, batch, seed=1)
         assert not torch.equal(again, logits)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 # ---------------------------------------------------------------------------------------------

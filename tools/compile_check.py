@@ -160,6 +160,11 @@ def _e(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype)
 
 
+def _rng(seed=1234):
+    """The dropout (seed, offset) as the ops pass it to the kernels: a (2,) int64 tensor."""
+    return torch.tensor([seed, 0], dtype=torch.int64)
+
+
 # ---------------------------------------------------------------------------------------------
 # scenarios: how each op's launchers are called (shapes as the model and bench/ use them)
 # ---------------------------------------------------------------------------------------------
@@ -172,9 +177,10 @@ def _attention(mods, dtypes):
         x = _e(B, L, 3, H, D, dtype=dt)
         return [x[:, :, i].transpose(1, 2) for i in range(3)]
 
-    def fwd_bwd(q, k, v, klen=None, qlen=None, causal=False, p=0.0, seed=1234, offset=0):
-        out, lse = A.attention_fwd(q, k, v, klen, qlen, causal, p, None, seed, offset)
-        A.attention_bwd(torch.empty_like(out), q, k, v, out, lse, klen, qlen, causal, p, None, seed, offset)
+    def fwd_bwd(q, k, v, klen=None, qlen=None, causal=False, p=0.0):
+        rng = _rng() if p > 0.0 else None
+        out, lse = A.attention_fwd(q, k, v, klen, qlen, causal, p, None, rng)
+        A.attention_bwd(torch.empty_like(out), q, k, v, out, lse, klen, qlen, causal, p, None, rng)
 
     # Budget (2 CI cores): bf16 gets every variant; fp16 (same element width as bf16, so the same
     # shared memory) its largest and smallest configs; fp32 (IEEE dots: 20-190 s per compile at
@@ -198,9 +204,9 @@ def _attention(mods, dtypes):
                           sweep=False):
                 # contiguous (B, H, L, D) tensors with ragged lengths: no 16-divisibility on Lq, Lk
                 q, k, v = _e(B, 2, 77, 16, dtype=dt), _e(B, 2, 100, 16, dtype=dt), _e(B, 2, 100, 16, dtype=dt)
-                fwd_bwd(q, k, v, causal=True, p=0.1, seed=2**40)  # a seed past int32: i64 argument
+                fwd_bwd(q, k, v, causal=True, p=0.1)
     with scenario("dropout mask (int8 out)", "int8", full=("all",)):
-        A.dropout_mask(2, 4, 1000, 1000, 0.1, 1234, 0, "cpu")
+        A.dropout_mask(2, 4, 1000, 1000, 0.1, _rng(), "cpu")
     # The benchmarks' shapes (bench/bench_attention.py): bf16, (H, D) in (16, 64), (8, 128),
     # L 128..16384, causal or key padding: configs must survive keep() for all of them.
     for L in (128, 512, 1024, 2048, 4096, 8192, 16384):
@@ -222,9 +228,10 @@ def _add_layer_norm(mods, dtypes):
         r = _e(M, N, dtype=dt) if residual else None
         w = _e(N, dtype=wdt)
         b = _e(N, dtype=wdt) if bias else None
-        y, s, mean, rstd, _ = LN.add_layer_norm_fwd(x, r, w, b, 1e-5, p, 1234, 0, store_s=True, store_mask=store_mask)
+        rng = _rng() if p > 0.0 else None
+        y, s, mean, rstd, _ = LN.add_layer_norm_fwd(x, r, w, b, 1e-5, p, rng, store_s=True, store_mask=store_mask)
         LN.add_layer_norm_bwd(torch.empty_like(y), torch.empty_like(y) if ds else None, s, w, mean, rstd,
-                              has_bias=bias, dropout_p=p, seed=1234, rng_offset=0, store_dres=dres)
+                              has_bias=bias, dropout_p=p, rng=rng, store_dres=dres)
 
     for name in dtypes:
         dt = DTYPES[name]
@@ -279,10 +286,10 @@ def _ffn(mods, dtypes):
                 with scenario(f"bf16 ffn {act} tokens={tokens} d{d} ff{ff}", "bf16", full=full, sweep=False):
                     x = _e(tokens, d)
                     w1, b1, w2, b2 = _e(ff, d), _e(ff), _e(d, ff), _e(d)
-                    y, a, pre, _ = F.ffn_fwd(x, w1, b1, w2, b2, activation=act, dropout_p=0.1, seed=1,
+                    y, a, pre, _ = F.ffn_fwd(x, w1, b1, w2, b2, activation=act, dropout_p=0.1, rng=_rng(1),
                                              store_pre=act == "gelu")
                     F.ffn_bwd(torch.empty_like(y), x, w1, w2, a, pre, activation=act, has_b1=True, has_b2=False,
-                              dropout_p=0.1, seed=1)
+                              dropout_p=0.1, rng=_rng(1))
 
 
 SCENARIOS: dict[str, Callable] = {
