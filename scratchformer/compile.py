@@ -13,12 +13,15 @@ What `compile_model` does beyond `torch.compile`:
   static), instead of the default one static compile per new shape followed by a dynamic
   recompile. Lengths 0 and 1 are still specialised by dynamo (a batch of one, a one-token
   decoder step), so a run sees a handful of graphs, not one per bucket (the measured count is
-  in docs/training.md);
-- `torch._dynamo.config.capture_scalar_outputs = True` (process-wide): the Triton backend draws
-  a fresh dropout (seed, offset) per call with `torch.randint(...).item()`; captured, those stay
-  in the graph as unbacked SymInts instead of breaking it. (The draw is a CPU op, so with dropout
-  on, `mode="reduce-overhead"` CUDA graphs skip that graph; evaluation, without dropout, is
-  unaffected.)
+  in docs/training.md).
+
+No dynamo flag is needed for the Triton backend's dropout: each op call draws its Philox
+(seed, offset) as a (2,) int64 tensor on the model's device (`torch.randint`,
+kernels/_common.py's `dropout_rng`), an ordinary random op in the graph whose output the op node
+reads; no `.item()`, so no unbacked SymInts (`capture_scalar_outputs`), and fresh masks on every
+call of the compiled graph. The draw runs on the device, so `mode="reduce-overhead"` (CUDA graphs)
+can capture training graphs with dropout too: torch's CUDA generator is graph-safe, and each
+replay draws afresh.
 
 Generation (greedy, beam search) calls `model.encode` and `model.decode` with a KV cache, not
 `forward`: `compile_decoding` compiles those two methods in place. Outputs equal the uncompiled
@@ -52,13 +55,7 @@ def compile_model(
     on a GPU; "aot_eager" traces and runs on the CPU (the tests). fullgraph=True turns a graph
     break into an error.
     """
-    _capture_scalar_outputs()
     return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
-
-
-def _capture_scalar_outputs() -> None:
-    """The dropout seed draws (`.item()`) stay in the graph as unbacked SymInts (see above)."""
-    torch._dynamo.config.capture_scalar_outputs = True
 
 
 def compile_decoding(
@@ -71,7 +68,6 @@ def compile_decoding(
     """Compile `model.encode` and `model.decode` in place (instance attributes shadowing the
     methods), for `scratchformer.model.decoding`'s greedy and beam search; returns `model`. A model
     without them (the classifier) gets nothing compiled: use `compile_model` for its forward."""
-    _capture_scalar_outputs()
     for name in ("encode", "decode"):
         method = getattr(model, name, None)
         if method is not None:

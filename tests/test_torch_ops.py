@@ -251,23 +251,21 @@ def test_compile_model_few_recompiles_over_varied_lengths():
     torch._dynamo.utils.counters.clear()
     cnt = CompileCounterWithBackend("aot_eager")
     compiled = compile_model(model, backend=cnt)
+    assert not torch._dynamo.config.capture_scalar_outputs  # compile_model sets no dynamo flag
     g = torch.Generator().manual_seed(1)
     shapes = set()
-    try:
-        for _ in range(20):
-            B, Ls, Lt = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 6), (2, 12), (2, 10)))
-            src, tgt = torch.randint(4, V, (B, Ls), generator=g), torch.randint(4, V, (B, Lt + 1), generator=g)
-            sl, tl = torch.randint(1, Ls + 1, (B,), generator=g), torch.randint(1, Lt + 1, (B,), generator=g)
-            sl[0], tl[0] = Ls, Lt
-            src, tgt, sl, tl = (t.to(DEVICE) for t in (src, tgt, sl, tl))
-            shapes.add((B, Ls, Lt))
-            logits = compiled(src, sl, tgt[:, :-1], tl)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
+    for _ in range(20):
+        B, Ls, Lt = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 6), (2, 12), (2, 10)))
+        src, tgt = torch.randint(4, V, (B, Ls), generator=g), torch.randint(4, V, (B, Lt + 1), generator=g)
+        sl, tl = torch.randint(1, Ls + 1, (B,), generator=g), torch.randint(1, Lt + 1, (B,), generator=g)
+        sl[0], tl[0] = Ls, Lt
+        src, tgt, sl, tl = (t.to(DEVICE) for t in (src, tgt, sl, tl))
+        shapes.add((B, Ls, Lt))
+        logits = compiled(src, sl, tgt[:, :-1], tl)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     print(f"{len(shapes)} distinct (B, Ls, Lt) shapes over 20 steps -> {graphs} graph(s)")
     assert len(shapes) >= 15
@@ -285,12 +283,10 @@ def test_compile_decoding_greedy_equals_uncompiled():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     cnt = CompileCounterWithBackend("aot_eager")
-    try:
-        compile_decoding(model, backend=cnt)
-        with torch.no_grad():
-            out = greedy_decode(model, src, sl, max_len=4)
-    finally:
-        torch._dynamo.config.capture_scalar_outputs = False
+    compile_decoding(model, backend=cnt)
+    assert not torch._dynamo.config.capture_scalar_outputs  # no dynamo flag set
+    with torch.no_grad():
+        out = greedy_decode(model, src, sl, max_len=4)
     assert cnt.frame_count >= 2 and not torch._dynamo.utils.counters["graph_break"]
     assert torch.equal(out, ref)
 
