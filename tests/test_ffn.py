@@ -215,6 +215,29 @@ def test_matmul_dact_matches_autograd(activation):
     torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
 
 
+def test_matmul_dropout_seed_and_replay():
+    """The GEMM's own entry points: a given seed fixes the mask (matmul with the same seed draws it
+    again, matmul_dact with it replays it, gelu), seed=None draws a fresh one per call from torch's
+    generator. The launches are those the FFN's dropout tests make (x W1ᵀ + b1 at d_model 48,
+    d_ff 100, fp32): no new compile for tests/test_compile_budget.py to count."""
+    p = 0.3
+    x = torch.randn(33, 48, device=DEVICE)
+    w1, b1, w2, _ = (t.detach() if t is not None else None for t in _params(48, 100, torch.float32))
+    c, h = matmul(x, w1.t(), bias=b1, activation="gelu", dropout_p=p, seed=5, store_pre=True)
+    _, mask = matmul(x, w1.t(), bias=b1, activation="gelu", dropout_p=p, seed=5, store_mask=True)
+    torch.testing.assert_close(c, F.gelu(h) * mask / (1 - p), **FP32_TOL)
+    g = torch.randn(33, 48, device=DEVICE)
+    hh = h.detach().requires_grad_()
+    (dh_ref,) = torch.autograd.grad(F.gelu(hh), hh, (g @ w2) * mask / (1 - p))
+    dh, db = matmul_dact(g, w2, h, activation="gelu", dropout_p=p, seed=5, bias_grad=True)
+    torch.testing.assert_close(dh, dh_ref, **FP32_TOL)
+    torch.manual_seed(1)
+    m1, m2 = (matmul(x, w1.t(), bias=b1, activation="gelu", dropout_p=p, store_mask=True)[1] for _ in range(2))
+    torch.manual_seed(1)
+    assert not torch.equal(m1, m2)
+    assert torch.equal(m1, matmul(x, w1.t(), bias=b1, activation="gelu", dropout_p=p, store_mask=True)[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # through the backend switch
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ under torch.compile.
   eager, torch and triton backends: zero graph breaks, outputs and gradients equal the
   uncompiled model's (train mode with dropout too, on triton: each op's Philox (seed, offset)
   tensor is drawn in the graph from the same generator, and a second call draws afresh);
+- dropout's RNG state: each dropout op call gets a fresh (2,) int64 [seed, offset] tensor drawn
+  on its device (kernels/_common.py's `dropout_rng`), which its backward op reuses; a compiled op
+  draws afresh per call with no dynamo flag; on a GPU, a CUDA graph of forward + backward draws
+  fresh masks on every replay, consistent between forward and backward;
 - `compile_model` (dynamic shapes): a short training run over varied batch shapes compiles a
   handful of graphs, not one per shape.
 
@@ -18,8 +22,9 @@ On the CPU the kernels run in Triton's interpreter (slow): shapes and models are
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, requires_cuda
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer.compile import compile_decoding, compile_model
 from scratchformer.kernels import add_layer_norm as LN
@@ -169,6 +174,186 @@ def test_without_grad_the_entry_points_call_the_ops_alone(device):
         assert with_grad.grad_fn is not None and without.grad_fn is None, name
         assert f"scratchformer::{name}" in names and not any("Function" in n for n in names), (name, names)
         torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout's RNG state: a (2,) int64 [seed, offset] tensor drawn on the op's device per call
+# ---------------------------------------------------------------------------------------------
+
+DROPOUT_OPS = ("attention", "add_layer_norm", "ffn")
+ENTRY_MODULES = {"attention": A, "add_layer_norm": LN, "ffn": F}
+
+
+def _dropout_case(name, device):
+    """(call, leaves): call(**kw) runs the op's entry point with dropout 0.3 on fixed fp32 inputs
+    (kw: seed, return_dropout_mask); leaves are the inputs that take a gradient. ffn is gelu, whose
+    backward replays the mask from the rng tensor (relu's reads it off the saved output)."""
+    g = torch.Generator().manual_seed(1)
+
+    def leaf(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device).requires_grad_()
+
+    if name == "attention":
+        q, k, v = leaf(2, 2, 9, 16), leaf(2, 2, 11, 16), leaf(2, 2, 11, 16)
+        return (lambda **kw: A.attention(q, k, v, causal=True, dropout_p=0.3, **kw)), [q, k, v]
+    if name == "add_layer_norm":
+        x, r, w, b = leaf(3, 5, 40), leaf(3, 5, 40), leaf(40), leaf(40)
+        return (lambda **kw: LN.add_layer_norm(x, r, w, b, dropout_p=0.3, **kw)), [x, r, w, b]
+    x, w1, b1, w2, b2 = leaf(3, 5, 32), leaf(48, 32, scale=32**-0.5), leaf(48), leaf(32, 48, scale=48**-0.5), leaf(32)
+    return (lambda **kw: F.ffn(x, w1, b1, w2, b2, activation="gelu", dropout_p=0.3, **kw)), [x, w1, b1, w2, b2]
+
+
+def test_dropout_rng_helper(device):
+    from scratchformer.kernels._common import dropout_rng
+
+    assert dropout_rng(0.0, None, device) is None and dropout_rng(0.0, 7, device) is None  # nothing drawn
+    given = dropout_rng(0.1, 2**40, device)
+    assert given.dtype == torch.int64 and given.tolist() == [2**40, 0]
+    torch.manual_seed(3)
+    drawn = dropout_rng(0.1, None, device)
+    assert drawn.dtype == torch.int64 and drawn.shape == (2,) and drawn.device.type == torch.device(device).type
+    assert ((drawn >= 0) & (drawn < 2**31 - 1)).all()
+    torch.manual_seed(3)
+    assert torch.equal(dropout_rng(0.1, None, device), drawn)  # torch's generator for that device
+
+
+@pytest.mark.parametrize("name", DROPOUT_OPS)
+def test_dropout_fresh_per_call_reproducible_with_manual_seed(name, device):
+    """seed=None: each call draws a fresh (seed, offset), so two calls drop different elements; the
+    same torch.manual_seed gives the same masks and outputs again."""
+    call, _ = _dropout_case(name, device)
+    torch.manual_seed(5)
+    (out1, m1), (out2, m2) = call(return_dropout_mask=True), call(return_dropout_mask=True)
+    assert not torch.equal(m1, m2) and not torch.equal(out1, out2)
+    torch.manual_seed(5)
+    (again1, n1), (again2, n2) = call(return_dropout_mask=True), call(return_dropout_mask=True)
+    assert torch.equal(m1, n1) and torch.equal(m2, n2)
+    assert torch.equal(out1, again1) and torch.equal(out2, again2)
+
+
+class _OpRng(TorchDispatchMode):
+    """Records the `rng` argument of every scratchformer:: op call: [(op name, rng, first tensor arg)]."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        schema = func._schema
+        if schema.name.startswith("scratchformer::"):
+            names = [a.name for a in schema.arguments]
+            if "rng" in names:
+                self.calls.append((schema.name.split("::")[1], args[names.index("rng")], args[0]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", DROPOUT_OPS)
+def test_dropout_rng_tensor_passed_to_the_op_and_its_backward(name, device):
+    """The forward op gets a (2,) int64 tensor on its own device; the backward op the same tensor
+    (saved, not redrawn), so it replays the forward's mask; a given seed gives [seed, 0]; without
+    dropout, None."""
+    call, leaves = _dropout_case(name, device)
+    with _OpRng() as rec:
+        out = call()
+        out.sum().backward()
+    (fwd_name, rng, first), (bwd_name, bwd_rng, _) = rec.calls
+    assert (fwd_name, bwd_name) == (name, f"{name}_backward")
+    assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.device == first.device
+    assert bwd_rng.data_ptr() == rng.data_ptr() and torch.equal(bwd_rng, rng)
+    with _OpRng() as rec:
+        call(seed=17)
+    assert rec.calls[0][1].tolist() == [17, 0] and rec.calls[0][1].device == first.device
+    module = ENTRY_MODULES[name]
+    x = leaves[0]
+    with _OpRng() as rec:  # no dropout: no tensor drawn
+        if name == "attention":
+            module.attention(x, x, x)
+        elif name == "add_layer_norm":
+            module.add_layer_norm(x, None, leaves[2], None)
+        else:
+            module.ffn(x, *leaves[1:], activation="gelu")
+    assert rec.calls[0][1] is None
+
+
+@pytest.mark.parametrize("name", DROPOUT_OPS)
+def test_compiled_dropout_op_draws_fresh_masks(name, device):
+    """torch.compile(fullgraph=True) of an entry point with dropout traces its (seed, offset) draw
+    as an ordinary op (no dynamo flag, no graph break, one graph): each call of the compiled graph
+    draws afresh, and under the same torch.manual_seed the outputs and gradients equal eager's."""
+    call, leaves = _dropout_case(name, device)
+
+    def fwd_bwd(fn):
+        out = fn()
+        return out, torch.autograd.grad(out.sum(), leaves)
+
+    torch.manual_seed(3)
+    ref = [fwd_bwd(call) for _ in range(2)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda: call(), fullgraph=True, backend=cnt)
+    assert not torch._dynamo.config.capture_scalar_outputs
+    torch.manual_seed(3)
+    got = [fwd_bwd(compiled) for _ in range(2)]
+    assert cnt.frame_count == 1 and not torch._dynamo.utils.counters["graph_break"]
+    graph_ops = {str(n.target) for gm in cnt.graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert any("randint" in t for t in graph_ops), graph_ops  # the draw is in the graph
+    assert not torch.equal(got[0][0], got[1][0])  # fresh masks per call
+    for (out, grads), (r_out, r_grads) in zip(got, ref, strict=True):
+        torch.testing.assert_close(out, r_out, rtol=1e-5, atol=1e-6)
+        for g, r in zip(grads, r_grads, strict=True):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", DROPOUT_OPS)
+def test_cuda_graph_replays_draw_fresh_consistent_masks(name, monkeypatch):
+    """A forward + backward of the op captured in a torch.cuda.CUDAGraph: each replay draws a new
+    (seed, offset) into the graph's rng tensor (torch's CUDA generator is graph-safe), so two
+    replays drop different elements; and each replay's outputs and gradients equal an eager call
+    fed that replay's rng, read back from the tensor: forward and backward used the same, fresh mask."""
+    module = ENTRY_MODULES[name]
+    real = module.dropout_rng
+    drawn = []
+
+    def recording(*args):
+        rng = real(*args)
+        drawn.append(rng)
+        return rng
+
+    monkeypatch.setattr(module, "dropout_rng", recording)
+    call, leaves = _dropout_case(name, "cuda")
+    dout = torch.randn_like(call())
+
+    def step():
+        out = call()
+        return (out, *torch.autograd.grad(out, leaves, dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile, autotune and warm the allocator outside the capture
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    drawn.clear()
+    with torch.cuda.graph(graph):
+        static = step()
+    (rng,) = drawn  # the graph's rng tensor: every replay redraws it in place
+    assert rng.is_cuda and rng.dtype == torch.int64
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(([t.clone() for t in static], rng.clone()))
+    (first, rng1), (second, rng2) = replays
+    assert not torch.equal(rng1, rng2), "the replays reused one (seed, offset)"
+    assert not torch.equal(first[0], second[0]), "the replays reused one dropout mask"
+    for got, replay_rng in replays:
+        monkeypatch.setattr(module, "dropout_rng", lambda *args, r=replay_rng: r.clone())
+        want = step()  # eager, with the replay's (seed, offset)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
