@@ -68,7 +68,8 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
             gpu = graph_time(fn)
             benchmark.extra_info["gpu_ms"] = gpu * 1e3
         except Exception as err:  # noqa: BLE001 - e.g. an op that syncs: recorded, the wall time stands
-            benchmark.extra_info["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            first_line = (str(err).splitlines() or [""])[0]
+            benchmark.extra_info["graph_error"] = f"{type(err).__name__}: {first_line}"
             torch.cuda.synchronize()
     for name, work, scale in (("tflops", flops, 1e12), ("gbps", nbytes, 1e9)):
         if work is not None:

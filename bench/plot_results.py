@@ -4,9 +4,9 @@
 
 Plots (those whose groups are present in the files): attention TFLOP/s against sequence length per
 kernel; add+LayerNorm GB/s against hidden size with the measured copy-bandwidth roof; end-to-end
-training tokens/s and peak memory per backend (and per backend replayed as a CUDA graph). Kernel throughputs are from device time (CUDA-graph
-replay, `tflops_gpu` / `gbps_gpu`) where every case of the plot has it, else from wall time; the
-axis says which.
+training tokens/s and peak memory per backend, launched and replayed as a CUDA graph. Kernel
+throughputs are from device time (CUDA-graph replay, `tflops_gpu` / `gbps_gpu`) where every case
+of the plot has it, else from wall time; the axis says which.
 """
 
 import argparse

@@ -87,13 +87,19 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("flags", [[], ["--copy"]], ids=["plain", "copy"])
+@pytest.mark.parametrize("flags", [[], ["--copy"], ["--kernel", "triton", "--attn-dropout", "0.1"]],
+                         ids=["plain", "copy", "triton-dropout"])
 def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     """A step queues its work and returns: loss, NLL and grad norm stay on the device until a train
     row is logged, and the loss ignores padding without a boolean index. On a GPU the model's value
     checks are off (`ops.value_checks`), and AdamW's step counters live on the host (fused AdamW:
-    on the device): the same here."""
+    on the device): the same here. Our Triton ops' dropout draws its Philox state on the device
+    (a host-drawn seed was a read here, and frozen into a CUDA graph: tests/test_cuda_graph.py)."""
     monkeypatch.setattr(ops, "value_checks", lambda t: False)
+    if "triton" in flags:
+        from scratchformer.kernels import attention
+
+        monkeypatch.setattr(attention, "value_checks", lambda t: False)
     tr = _trainer(tmp_path, *flags)
     first, second = _batches(tr, 2)
     tr.train_step(first)  # creates the optimizer's state
