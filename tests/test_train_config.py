@@ -32,6 +32,7 @@ OLD_FLAGS = [
 ]
 # flag: the flag it comes before
 NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision",
+             "--compile-mode": "--precision",
              "--time-limit": "--resume", "--init-from": "--resume"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
@@ -174,6 +175,8 @@ BAD_OPTIONS = [
     (["--data", "d", "--dataset", "multi30k"], r"--data d and --dataset multi30k both name the data"),
     (["--resume", "--overwrite"], r"--resume continues a run and --overwrite replaces it"),
     (["--tokenizer", "a", "b", "c"], r"--tokenizer takes one file \(shared\) or two"),
+    (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile"),
+    (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),
 ]
 
 

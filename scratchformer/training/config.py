@@ -23,6 +23,7 @@ from ..data.tokenizer import MIN_VOCAB
 from ..model import PRESETS
 
 KERNELS = ("auto", "eager", "torch", "triton")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=...)
 # What validation computes, per task: the names --best-metric may take. Decoding metrics (all but
 # loss, ppl, accuracy) need --eval-decode-examples > 0.
 METRICS = {
@@ -141,6 +142,9 @@ class TrainConfig:
     compile: str | None = _optim(help="torch.compile the training step's model (dynamic shapes; backend: inductor "
                                  "when given alone, aot_eager traces without code generation)", nargs="?",
                                  const="inductor", metavar="BACKEND")
+    compile_mode: str | None = _optim(help="torch.compile mode with --compile (inductor): reduce-overhead replays "
+                                      "each batch shape's compiled graphs as CUDA graphs (no host work per kernel; "
+                                      "GPU only)", choices=COMPILE_MODES)
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
     seed: int = _optim(default=0)
@@ -261,6 +265,9 @@ def check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--tokenizer takes one file (shared) or two (source, target), got {len(cfg.tokenizer)}")
     if cfg.data is not None and cfg.dataset != "synthetic":
         raise ConfigError(f"--data {cfg.data} and --dataset {cfg.dataset} both name the data: give one")
+    if cfg.compile_mode is not None and cfg.compile != "inductor":
+        raise ConfigError(f"--compile-mode {cfg.compile_mode} is an inductor mode: it needs --compile (inductor), "
+                          f"got --compile {cfg.compile}")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):

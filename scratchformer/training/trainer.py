@@ -86,7 +86,7 @@ class Trainer:
         self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
         self.net = wrap_ddp(model, self.dist, device)
         if config.compile:  # the training step runs compiled; checkpoints hold self.model's (uncompiled) state
-            self.net = compile_model(self.net, backend=config.compile)
+            self.net = compile_model(self.net, backend=config.compile, mode=config.compile_mode)
         cfg = config
         self.sampler = D.BucketBatchSampler(data.train_set.lengths(), batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,

@@ -3,7 +3,12 @@
 # the eager reference from the same seed, side by side (300 steps each; pinned configs: about 20
 # compiles, see tests/test_compile_budget.py). Both should reach about the same validation loss and
 # exact match; their speeds, measured while sharing the GPU, are not figures (step 30 has those).
+# SMOKE_KERNELS picks the runs: `triton-graphs` is our kernels under `--compile --compile-mode
+# reduce-overhead` (Inductor's CUDA graphs around our ops, a graph per batch shape; its compiles
+# make it a few minutes: window 2b runs it beside `triton`).
 source "$(dirname "$0")/prelude.sh"
+declare -A FLAGS=([triton]="--kernel triton" [eager]="--kernel eager" [torch]="--kernel torch"
+                  [triton-graphs]="--kernel triton --compile --compile-mode reduce-overhead")
 if [ "$DRY" = 1 ]; then  # CPU: the eager backend once, 2 steps of a tiny model
   KERNELS=${SMOKE_KERNELS:-"eager"}; STEPS=2; PREC=fp32
   EXTRA=(--max-train-examples 64 --d-model 32 --heads 2 --layers 1 --d-ff 64 --eval-every 2 --max-valid-examples 4 --eval-decode-examples 2)
@@ -12,7 +17,9 @@ else
 fi
 pids=()
 for k in $KERNELS; do
-  run_cmd 240 "smoke_$k" "$PY" -m scratchformer.train --kernel "$k" --precision "$PREC" --max-steps "$STEPS" \
+  [ -n "${FLAGS[$k]:-}" ] || { echo "== smoke: no run named $k (${!FLAGS[*]})"; STATUS=2; continue; }
+  # shellcheck disable=SC2086  # FLAGS[$k] is a list of flags
+  run_cmd 240 "smoke_$k" "$PY" -m scratchformer.train ${FLAGS[$k]} --precision "$PREC" --max-steps "$STEPS" \
     --seed 0 --out "$WORK/smoke-$k" --overwrite --no-progress --no-plots "${EXTRA[@]}" &
   pids+=($!)
 done
