@@ -370,3 +370,19 @@ def test_init_from_refuses_a_missing_checkpoint_and_another_task(tmp_path):
     with pytest.raises(ConfigError, match=r"is a translation model; the data is classification"):
         T.main(DATA_FLAGS + ["--data", str(texts), "--init-from", str(run), "--out", str(tmp_path / "new")])
     assert not (tmp_path / "new").exists()
+
+
+def test_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
+    """--compile --compile-mode reduce-overhead compiles the training step's model with that mode
+    (inductor's CUDA graphs; GPU only, so torch.compile itself is stood in for here)."""
+    from scratchformer.training import trainer as trainer_module
+
+    seen = {}
+
+    def fake_compile(net, **kwargs):
+        seen.update(kwargs)
+        return net
+
+    monkeypatch.setattr(trainer_module, "compile_model", fake_compile)
+    _trainer(tmp_path, "--compile", "--compile-mode", "reduce-overhead")
+    assert seen == {"backend": "inductor", "mode": "reduce-overhead"}
