@@ -2,12 +2,16 @@
 // csrc/embed.cpp; the sinusoid itself in csrc/sinusoid.h, shared with the CPU kernel). Only CUDA headers here, so nvcc compiles this file on a machine whose torch
 // has no CUDA; csrc/cuda/embed_cuda.cpp holds the torch side and calls the typed launchers below.
 //
-// Forward: thread (x, y) of a block owns the column pair (2i, 2i+1) and ROWS_PER_THREAD rows of
-// the flattened (B * L, d) output, blockDim.y rows apart. A warp covers 32 consecutive pairs of
-// one row (64 contiguous elements, one 2-element load/store per thread): coalesced. w_i =
-// 10000^(-2i/d) costs one double exp per thread, amortised over its rows; per element the angle
-// p * w_i and its reduction by pi/2 are a handful of double ops, then float polynomials (the
-// same scheme as the CPU kernel). Compute in fp32, one rounding on store.
+// Forward: thread (x, y) of a block owns the column pair (2i, 2i+1) at one position j of the
+// sequence and the rows of up to ROWS_PER_THREAD sequences at that position (rows b * L + j). A
+// warp covers 32 consecutive pairs of one row (64 contiguous elements, one 2-element load/store per
+// thread): coalesced. The positional term depends on (j, i) only, so each thread computes it once
+// and adds it to all its rows: w_i = 10000^(-2i/d) (one double exp), the angle (pos_offset + j) *
+// w_i, its reduction by pi/2 in double and the float polynomials cost one evaluation per thread,
+// not per element. (The 2026-11-26 H100 run had a thread walk 8 consecutive positions, one sincos
+// per element: bf16 reached half the copy bandwidth, fp32, with twice the bytes per sincos, 0.9 of
+// it: the bf16 kernel was bound by that arithmetic, not by memory.) Compute in fp32, one rounding on
+// store; the values are the same as before, element for element.
 //
 // Precision: no fast-math intrinsic is used: sin/cos are explicit float polynomials on |r| <=
 // pi/4 (Cephes sinf/cosf), the range reduction is in double, so --use_fast_math would not change
@@ -87,12 +91,16 @@ __global__ void embed_sinusoidal_fwd_kernel(
   const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;  // column pair
   const int64_t c = 2 * i;
   if (c >= d) return;
+  const int64_t pos_blocks = (L + blockDim.y - 1) / blockDim.y;
+  const int64_t j = static_cast<int64_t>(blockIdx.x % pos_blocks) * blockDim.y + threadIdx.y;  // position
+  if (j >= L) return;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x / pos_blocks) * kRowsPerThread;  // first sequence
   const bool has_y = c + 1 < d;  // false only for the last column of an odd d (no PE then)
-  const double freq = add_pe ? inv_freq(c, d) : 0.0;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y * kRowsPerThread + threadIdx.y;
+  float pe_x = 0.0f, pe_y = 0.0f;
+  if (add_pe) sincos_angle(static_cast<double>(pos_offset + j) * inv_freq(c, d), &pe_x, &pe_y);
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {
-    const int64_t r = row0 + static_cast<int64_t>(k) * blockDim.y;
+    const int64_t r = (b0 + k) * L + j;
     if (r >= rows) break;
     int64_t src_row = r;
     if (GATHER) {
@@ -116,14 +124,8 @@ __global__ void embed_sinusoidal_fwd_kernel(
       x0 = to_float(in[0]);
       if (has_y) x1 = to_float(in[1]);
     }
-    x0 *= scale;
-    x1 *= scale;
-    if (add_pe) {
-      float s, co;
-      sincos_angle(static_cast<double>(pos_offset + r % L) * freq, &s, &co);
-      x0 += s;
-      x1 += co;
-    }
+    x0 = x0 * scale + pe_x;  // pe_* are 0 without positions: x * scale + 0 == x * scale exactly
+    x1 = x1 * scale + pe_y;
     scalar_t* o = out + r * d + c;
     if (VEC) {
       Pair<scalar_t> v;
@@ -188,8 +190,10 @@ cudaError_t launch_fwd(const index_t* tokens, const scalar_t* src, scalar_t* out
   // 128 threads along the pairs when the row is wide enough, down to one warp; 256 per block.
   const unsigned tx = pairs >= 128 ? 128 : (pairs >= 64 ? 64 : 32);
   const unsigned ty = 256 / tx;
-  const int64_t rows_per_block = static_cast<int64_t>(ty) * kRowsPerThread;
-  const int64_t grid_x = (rows + rows_per_block - 1) / rows_per_block;
+  // blockIdx.x: ty positions x kRowsPerThread sequences (rows b * L + j; the last sequence may be
+  // short when rows is not a multiple of L)
+  const int64_t sequences = (rows + L - 1) / L;
+  const int64_t grid_x = (L + ty - 1) / ty * ((sequences + kRowsPerThread - 1) / kRowsPerThread);
   const int64_t grid_y = (pairs + tx - 1) / tx;
   if (grid_x > 0x7fffffffLL || grid_y > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
