@@ -175,6 +175,16 @@ def load_dropout_rng(rng_ptr, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
+def apply_dropout(x, rng_ptr, rows, cols, row_len, dropout_p):
+    """(x dropped out, keep mask) for a forward kernel: the op's stream (`load_dropout_rng`) at
+    positions (rows, cols) of a matrix row_len wide; dropped values zeroed, kept ones scaled by
+    1 / (1 - dropout_p). The backward kernels replay `keep` with `dropout_keep`."""
+    seed, offset = load_dropout_rng(rng_ptr, True)
+    keep = dropout_keep(seed, offset, rows, cols, row_len, dropout_p)
+    return tl.where(keep, x / (1.0 - dropout_p), 0.0), keep
+
+
+@triton.jit
 def attention_key_bounds(
     start_m, klen, qlen, shift, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):

@@ -66,6 +66,7 @@ import triton.language as tl
 from ._common import (
     INTERPRET,
     NONE_SHAPE,
+    apply_dropout,
     cdiv,
     check_device,
     check_dtype,
@@ -119,9 +120,7 @@ def _add_layer_norm_fwd_kernel(
     at = rows[:, None] * N + cols[None, :]  # contiguous outputs
     s = tl.load(x_ptr + rows[:, None] * stride_x_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
-        keep = dropout_keep(seed, rng_offset, rows[:, None], cols[None, :], N, dropout_p)
-        s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
+        s, keep = apply_dropout(s, rng_ptr, rows[:, None], cols[None, :], N, dropout_p)
         if STORE_MASK:
             tl.store(mask_ptr + at, keep.to(tl.int8), mask=ok)
     if HAS_RESIDUAL:

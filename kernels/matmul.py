@@ -45,6 +45,7 @@ import triton.language as tl
 from ._common import (
     AUTOTUNE,
     INTERPRET,
+    apply_dropout,
     cdiv,
     check_device,
     check_dtype,
@@ -224,9 +225,7 @@ def _matmul_fwd_kernel(
     elif ACTIVATION == 2:
         acc = _gelu(acc)
     if HAS_DROPOUT:
-        seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
-        keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)
-        acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
+        acc, keep = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
         if STORE_MASK:
             tl.store(mask_ptr + c_offs, keep.to(tl.int8), mask=in_c)
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
