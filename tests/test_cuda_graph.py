@@ -54,9 +54,11 @@ def test_capture_refuses_an_optimizer_that_is_not_capturable():
 @pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
 def test_replays_train_as_launched_steps(kernel):
     """No dropout: 3 warm-up updates + 4 replays end where 7 launched updates end (same init,
-    same batch), and the replayed loss falls."""
+    same batch; to within a few percent of how far the parameters moved, as atomics in a backward
+    may sum in another order), and the replayed loss falls."""
     batch = _batch()
     graphed, launched = _model(kernel, 0.0), _model(kernel, 0.0)
+    init = [p.detach().clone() for p in graphed.parameters()]
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True) for m in (graphed, launched)]
     loss = torch.zeros((), device="cuda")
     replay = capture_step(_update(graphed, opts[0], batch, loss), opts[0], warmup=3)
@@ -69,8 +71,9 @@ def test_replays_train_as_launched_steps(kernel):
         opts[1].zero_grad(set_to_none=True)
         step()
     assert losses[-1] < losses[0], losses
-    for (name, a), b in zip(graphed.named_parameters(), launched.parameters()):
-        torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3, msg=lambda m, name=name: f"{name}: {m}")
+    for (name, a), b, a0 in zip(graphed.named_parameters(), launched.parameters(), init):
+        moved = (b - a0).abs().max().item()
+        assert (a - b).abs().max().item() <= 0.05 * moved + 1e-7, f"{name}: replays {a - a0} vs launched {b - a0}"
 
 
 @requires_cuda
