@@ -217,7 +217,7 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-# The config a `triton.autotune`d kernel chose, by (kernel, key): see launch_tuned.
+# What a `triton.autotune`d kernel launches for a key once its config is chosen: see launch_tuned.
 _CHOSEN: dict = {}
 
 
@@ -225,17 +225,29 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs) for a `triton.autotune`d kernel. `key` holds what the
     Autotuner keys its choice on (its key arguments and the tensor arguments' dtypes): the first
     launch of a key goes through the Autotuner (which tunes, or finds its cached choice), later
-    ones launch its chosen config directly. The Autotuner's own lookup builds argument dicts and
-    its key on every call: 12 us a launch of a 30-argument kernel (Triton 3.6, the CPU machine,
-    the launch itself stubbed), a hundred launches a training step. Our configs have no pre_hook
-    to run (reset_to_zero acts only while tuning)."""
-    config = _CHOSEN.get((kernel, key))
-    if config is None:
-        kernel[grid](*args, **kwargs)
-        if getattr(kernel, "best_config", None) is not None:  # None where Autotuner.run is stubbed (tools/)
-            _CHOSEN[(kernel, key)] = kernel.best_config
-    else:
-        kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
+    ones launch the JIT function directly with the chosen config's meta-parameters. The Autotuner's
+    own lookup builds argument dicts and its key on every call: 12 us a launch of a 30-argument
+    kernel (Triton 3.6, the CPU machine, the launch itself stubbed), a hundred launches a training
+    step. A `triton.heuristics` layer under the Autotuner (matmul's EVEN_K) is evaluated once, at
+    that first launch, and its values kept with the config: it too built a dict of every argument
+    per launch (3 us). So a heuristic must be a function of the config and of arguments in the
+    autotune key only (EVEN_K: K, a key argument, and BLOCK_K). Our configs have no pre_hook to
+    run (reset_to_zero acts only while tuning)."""
+    chosen = _CHOSEN.get((kernel, key))
+    if chosen is not None:
+        fn, meta = chosen
+        fn[grid](*args, **kwargs, **meta)
+        return
+    kernel[grid](*args, **kwargs)
+    config = getattr(kernel, "best_config", None)
+    if config is None:  # None where Autotuner.run is stubbed (tools/)
+        return
+    fn, meta = kernel.fn, config.all_kwargs()
+    if isinstance(fn, triton.runtime.autotuner.Heuristics):
+        named = {**dict(zip(fn.arg_names, args)), **kwargs, **meta}
+        meta = {**meta, **{name: heuristic(named) for name, heuristic in fn.values.items()}}
+        fn = fn.fn
+    _CHOSEN[(kernel, key)] = (fn, meta)
 
 
 _LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive

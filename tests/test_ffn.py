@@ -319,3 +319,18 @@ def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch):
     taller = torch.randn(300, 32, device=DEVICE)
     torch.testing.assert_close(matmul(taller, b), taller @ b, rtol=1e-5, atol=1e-5)
     assert len(calls) == 2
+
+
+def test_a_tuned_launch_keeps_its_heuristics_per_key(monkeypatch):
+    """launch_tuned keeps matmul's EVEN_K (a `triton.heuristics` of K and BLOCK_K) with the chosen
+    config of each key: a K that is not a multiple of BLOCK_K (the masked K loop) and one that is,
+    each launched twice (the second time on the kept values), both equal a @ b."""
+    from scratchformer.kernels import _common
+
+    monkeypatch.setattr(_common, "_CHOSEN", {})
+    for K in (40, 64, 40):
+        a, b = torch.randn(8, K, device=DEVICE), torch.randn(K, 16, device=DEVICE)
+        for _ in range(2):
+            torch.testing.assert_close(matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    kept = {meta["EVEN_K"] for _, meta in _common._CHOSEN.values()}
+    assert kept == {True, False}, _common._CHOSEN
