@@ -30,9 +30,9 @@
 // original position, the sort is stable) in fp32, multiplies by scale, rounds once and writes
 // grad_weight[id, c]. Rows of absent ids (and padding_idx) keep the zeros the glue allocated.
 // No atomics, so the result is bit-identical run to run and matches the CPU kernel's order.
-// Cost: one run per block, so a very frequent id walks its run serially (4 columns per thread
-// keep loads in flight); a run of 10k tokens is the tail to measure on a GPU. Padding, usually
-// the most frequent id, is skipped.
+// Cost: one run per block, so a very frequent id walks its run serially (4 columns and 4 rows per
+// thread keep loads in flight); a run of 10k tokens is the tail to measure on a GPU. Padding,
+// usually the most frequent id, is skipped.
 #undef NDEBUG
 #include <cassert>
 #include <cstdint>
@@ -50,6 +50,7 @@ namespace {
 
 constexpr int kRowsPerThread = 8;  // forward: rows per thread, amortising its exp(double)
 constexpr int kBwdCols = 4;         // backward: columns per thread
+constexpr int kBwdRows = 4;         // backward: rows of a run loaded together
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -158,16 +159,38 @@ __global__ void embed_sinusoidal_bwd_kernel(
     }
     assert(id >= 0 && id < V);
   }
-  // kBwdCols columns per thread: independent loads in flight for each row m of the run.
+  // kBwdCols columns per thread and kBwdRows rows of the run per step, their loads issued together:
+  // a step waits on two loads in turn (the rows' ids and positions, then their gradient values),
+  // where one row at a time waited on three (id, position, value) per row. The sums still run over
+  // the rows in ascending m, one row after the other: the same order, the same result.
   for (int64_t c0 = threadIdx.x; c0 < d; c0 += static_cast<int64_t>(blockDim.x) * kBwdCols) {
     float acc[kBwdCols] = {};
-    for (int64_t m = n; m < N && sorted_ids[m] == id; ++m) {
-      const scalar_t* g = grad + positions[m] * d;
+    for (int64_t m = n; m < N; m += kBwdRows) {
+      bool in_run[kBwdRows];  // a prefix: the ids are sorted, so the run ends once
+      int64_t row[kBwdRows];
 #pragma unroll
-      for (int k = 0; k < kBwdCols; ++k) {
-        const int64_t c = c0 + static_cast<int64_t>(k) * blockDim.x;
-        if (c < d) acc[k] += to_float(g[c]);
+      for (int u = 0; u < kBwdRows; ++u) {
+        const int64_t mu = m + u < N ? m + u : N - 1;
+        in_run[u] = m + u < N && sorted_ids[mu] == id;
+        row[u] = positions[mu];
       }
+      float v[kBwdRows][kBwdCols];
+#pragma unroll
+      for (int u = 0; u < kBwdRows; ++u) {
+#pragma unroll
+        for (int k = 0; k < kBwdCols; ++k) {
+          const int64_t c = c0 + static_cast<int64_t>(k) * blockDim.x;
+          v[u][k] = in_run[u] && c < d ? to_float(grad[row[u] * d + c]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBwdRows; ++u) {
+#pragma unroll
+        for (int k = 0; k < kBwdCols; ++k) {
+          if (in_run[u]) acc[k] += v[u][k];
+        }
+      }
+      if (!in_run[kBwdRows - 1]) break;
     }
 #pragma unroll
     for (int k = 0; k < kBwdCols; ++k) {
