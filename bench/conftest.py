@@ -5,6 +5,7 @@ Each bench file is one pytest-benchmark group per op, parametrized over kernel, 
 """
 
 import datetime
+import math
 import os
 import platform
 import sys
@@ -65,7 +66,7 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
     gpu = None
     if HAS_CUDA and graph:
         try:
-            gpu = graph_time(fn)
+            gpu = graph_time(fn, calls=min(20, max(3, math.ceil(1e-3 / median))))  # >= ~1 ms of work a replay
             benchmark.extra_info["gpu_ms"] = gpu * 1e3
         except Exception as err:  # noqa: BLE001 - e.g. an op that syncs: recorded, the wall time stands
             first_line = (str(err).splitlines() or [""])[0]
@@ -79,17 +80,19 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
     return median
 
 
-FLUSH_BYTES = 256 << 20  # written between calls: more than any GPU's L2 (H100 50 MB, H200 60 MB)
+FLUSH_BYTES = 128 << 20  # written between calls: over twice the L2 of an H100 (50 MB) or an H200
 
 
-def graph_time(fn, calls: int = 5, rounds: int = 7) -> float:
+def graph_time(fn, calls: int = 3, rounds: int = 5) -> float:
     """Seconds of device time per call of fn, the host's side excluded, as kernel benchmarks time
     kernels (triton.testing.do_bench_cudagraph): `calls` calls of fn captured in one CUDA graph,
-    each after a write of FLUSH_BYTES (so no call finds its inputs in L2, as one call of a
+    each after a write of FLUSH_BYTES (so no call finds its inputs in L2, as one call inside a
     training step would not), the graph replayed `rounds` times (median); the writes' own time,
-    from a graph of the writes alone, is subtracted. fn runs once more first, on a side stream
-    (cuBLAS workspaces and lazy inits, as `torch.cuda.graph` asks). Raises if fn cannot be
-    captured (a host sync, a CPU tensor it moves, ...)."""
+    from a graph of the writes alone, is subtracted. run_bench asks for enough calls to make a
+    replay about a millisecond of work, so a replay's jitter is a small share of a call's time.
+    fn runs once more first, on a side stream (cuBLAS workspaces and lazy inits, as
+    `torch.cuda.graph` asks). Raises if fn cannot be captured (a host sync, a CPU tensor it
+    moves, ...)."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
     def replay_seconds(body) -> float:
