@@ -12,10 +12,11 @@ the graph), both through `scratchformer.compile.compile_model` with static shape
 here; training uses dynamic=True). Reported in extra_info:
 non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
 
-Each case runs twice: `launches`, the step as the trainer runs it (every op launched from Python:
-on an H100 the host's side, not the GPU, set the pace of every backend, issue 17), and `graph`, the
-same step captured once in a CUDA graph and replayed (`scratchformer.training.cuda_graph`: no host
-work per kernel, so the device's time; AdamW `capturable`, autocast without its weight cache).
+Each case runs twice: `test_train_step`, the step as the trainer runs it (every op launched from
+Python: on an H100 the host's side, not the GPU, set the pace of every backend, issue 17), and
+`test_train_step_graph`, the same step captured once in a CUDA graph and replayed
+(`scratchformer.training.cuda_graph`: no host work per kernel, so the device's time; AdamW
+`capturable`, autocast without its weight cache).
 """
 
 import json

@@ -25,8 +25,9 @@ def capture_step(update: Callable[[], object], optimizer: torch.optim.Optimizer,
     """The replay of a CUDA graph of one `update()` (forward, backward, clipping, optimizer step;
     no zero_grad): `warmup` updates first on a side stream (compiles, autotuning, cuBLAS
     workspaces, the optimizer's state), the gradients set to None, then one update captured.
-    What `update` returns at capture stays valid and is rewritten by each replay. Raises (from
-    CUDA) on anything a graph cannot hold, such as a host sync inside."""
+    What it returns is dropped: to read a figure (the loss), have `update` write it into a tensor
+    made before the capture, which each replay rewrites. Raises (from CUDA) on anything a graph
+    cannot hold, such as a host sync inside."""
     if any(g.get("capturable") is False for g in optimizer.param_groups):  # Adam(W)s have the flag; SGD needs none
         raise ValueError("capture_step: the optimizer must be created with capturable=True (its step count "
                          "on the device), or each replay would reuse the captured learning-rate factors")
