@@ -20,6 +20,10 @@ source "$(dirname "$0")/prelude.sh"
 source "$REPO/scripts/gpu/recipes.sh"
 RECIPE=${RECIPE:?"RECIPE=NAME picks the run, one of: $RECIPES"}
 recipe "$RECIPE" || exit 1
+# TRAIN_EXTRA: more train flags for a new run, e.g. "--compile --compile-mode reduce-overhead" once
+# window 2b's smoke has shown Inductor's CUDA graphs train as plain triton does, and faster
+read -r -a extra <<< "${TRAIN_EXTRA:-}"
+FLAGS+=("${extra[@]}")
 export SCRATCHFORMER_DATA=${GPU_DATA:-$REPO/.gpu_data}  # GPU_DATA: another folder (tests)
 RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
 RUN=$RUNS/$RECIPE
