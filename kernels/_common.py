@@ -176,9 +176,10 @@ def load_dropout_rng(rng_ptr, HAS_DROPOUT: tl.constexpr):
 
 @triton.jit
 def apply_dropout(x, rng_ptr, rows, cols, row_len, dropout_p):
-    """(x dropped out, keep mask) for a forward kernel: the op's stream (`load_dropout_rng`) at
-    positions (rows, cols) of a matrix row_len wide; dropped values zeroed, kept ones scaled by
-    1 / (1 - dropout_p). The backward kernels replay `keep` with `dropout_keep`."""
+    """(x dropped out, keep mask): the op's stream (`load_dropout_rng`) at positions (rows, cols)
+    of a matrix row_len wide; dropped values zeroed, kept ones scaled by 1 / (1 - dropout_p). A
+    backward applies it to the gradient with the forward's rng and positions (the same mask); one
+    that walks rows in a loop loads the rng once and calls `dropout_keep` instead."""
     seed, offset = load_dropout_rng(rng_ptr, True)
     keep = dropout_keep(seed, offset, rows, cols, row_len, dropout_p)
     return tl.where(keep, x / (1.0 - dropout_p), 0.0), keep

@@ -49,10 +49,8 @@ from ._common import (
     cdiv,
     check_device,
     check_dtype,
-    dropout_keep,
     dropout_rng,
     launch_tuned,
-    load_dropout_rng,
     next_pow2,
     upcast_dot,
 )
@@ -267,10 +265,8 @@ def _matmul_dact_kernel(
         acc = tl.where(aux > 0.0, acc / (1.0 - dropout_p), 0.0)
     else:
         acc = acc * _gelu_grad(aux)
-        if HAS_DROPOUT:
-            seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
-            keep = dropout_keep(seed, rng_offset, offs_m[:, None], offs_n[None, :], N, dropout_p)  # as the forward
-            acc = tl.where(keep, acc / (1.0 - dropout_p), 0.0)
+        if HAS_DROPOUT:  # the forward's mask and scale, replayed
+            acc, _ = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
     acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
     tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
     if BIAS_GRAD:
