@@ -65,7 +65,7 @@ cuda-check: $(GPU_TORCH_DIR)/.installed
 $(GPU_TORCH_DIR)/.installed: | $(PY)
 	rm -rf $(GPU_TORCH_DIR) && mkdir -p $(GPU_TORCH_DIR)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		--platform manylinux_2_28_x86_64 -d $(GPU_TORCH_DIR) "$(GPU_TORCH_SPEC)"
+		--platform manylinux_2_28_x86_64 --no-cache-dir -d $(GPU_TORCH_DIR) "$(GPU_TORCH_SPEC)"
 	$(PY) -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(GPU_TORCH_DIR)/torch-*.whl')[0]); \
 		z.extractall('$(GPU_TORCH_DIR)', [n for n in z.namelist() if n.startswith('torch/include/') or n == 'torch/version.py'])"
 	rm -f $(GPU_TORCH_DIR)/torch-*.whl
