@@ -7,6 +7,9 @@ does the same work. bf16 weights (`model.to(torch.bfloat16)`, as inference runs)
 extra_info: new tokens/s (batch x 128 / time; beam search counts its best hypothesis only, not
 the beams) and peak memory. The end-of-decoding check (a host sync) runs every
 `GPU_CHECK_EVERY` steps, the GPU default, passed explicitly so the recorded interval is the one run.
+Each case runs with launched steps (a launch per kernel) and with every decoding step replayed
+from a CUDA graph (`cuda_graph=True`: static caches, the graph captured once per call, its warm-up
+step and capture inside the timed call).
 """
 
 import pytest
@@ -22,26 +25,29 @@ BATCH, SRC_LEN, NEW_TOKENS, VOCAB = 32, 512, 128, 30522
 NO_EOS = -1  # never generated: fixed-length decoding
 
 
+@pytest.mark.parametrize("steps", ["launched", "graph"])
 @pytest.mark.parametrize("search", ["greedy", "beam4"])
 @pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
-def test_generate(benchmark, kernel, search):
+def test_generate(benchmark, kernel, search, steps):
     torch.manual_seed(0)
     cfg = get_config("base", src_vocab_size=VOCAB, kernel=kernel)
     model = build_model(cfg, "cuda").to(torch.bfloat16).eval()
     src = torch.randint(4, VOCAB, (BATCH, SRC_LEN), device="cuda")
     src_len = torch.full((BATCH,), SRC_LEN, device="cuda")
 
+    kw = dict(max_len=NEW_TOKENS, eos_id=NO_EOS, check_every=GPU_CHECK_EVERY, cuda_graph=steps == "graph")
+
     def decode():
         if search == "greedy":
-            out = greedy_decode(model, src, src_len, max_len=NEW_TOKENS, eos_id=NO_EOS, check_every=GPU_CHECK_EVERY)
+            out = greedy_decode(model, src, src_len, **kw)
         else:
-            out = beam_search(model, src, src_len, beam_size=4, max_len=NEW_TOKENS, eos_id=NO_EOS,
-                              check_every=GPU_CHECK_EVERY)
+            out = beam_search(model, src, src_len, beam_size=4, **kw)
         assert out.shape == (BATCH, NEW_TOKENS), out.shape
         return out
 
     torch.cuda.reset_peak_memory_stats()
     median = run_bench(benchmark, decode, warmup=2, rounds=5, graph=False, preset="base", dtype="bf16", batch=BATCH,
-                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search, check_every=GPU_CHECK_EVERY)
+                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search, check_every=GPU_CHECK_EVERY,
+                       steps=steps)
     benchmark.extra_info.update(kernel=kernel, new_tokens_per_s=BATCH * NEW_TOKENS / median,
                                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)

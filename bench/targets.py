@@ -9,7 +9,7 @@ at head dim 64 and 128 for L >= 2k, forward+backward >= 0.8x, the padded batch >
 mask; add+LayerNorm >= 80% of the copy bandwidth and >= 1.5x the unfused peer; the FFN >= 1.1x
 eager with its GEMM >= 85% of cuBLAS; the embedding >= 80% of the copy bandwidth and >= 2x eager.
 Issue 17: the triton training step >= 1.3x eager tokens/s, >= 1.0x torch and torch.compile, peak
-memory <= 0.7x eager.
+memory <= 0.7x eager. Issue 17's generation figures (no targets) follow the targets as a table.
 
 Kernel ratios are judged on device time (`tflops_gpu` / `gbps_gpu`: CUDA-graph replay, the host's
 side excluded; bench/conftest.py `graph_time`) where every case of the comparison has it, else on
@@ -141,11 +141,32 @@ def train_step(rows):
     return res
 
 
+def generation(rows) -> list[str]:
+    """Issue 17's generation figures (no targets): new tokens/s and peak memory per backend, search
+    and step kind, and the ratio to eager's launched steps of the same search."""
+    cases = _by([{**r, "steps": r.get("steps", "launched")} for r in rows], "generate", "search", "steps")
+    if not cases:
+        return []
+    lines = ["", "Generation (issue 17 asks for the figures; no targets): new tokens/s, ratio to eager with "
+             "launched steps", "", "| search | steps | kernel | new tokens/s | vs eager | peak GiB |",
+             "| --- | --- | --- | ---: | ---: | ---: |"]
+    for (search, steps), ks in sorted(cases.items()):
+        base = cases.get((search, "launched"), {}).get("eager")
+        for kernel, r in sorted(ks.items()):
+            ratio = f"{r['new_tokens_per_s'] / base['new_tokens_per_s']:.2f}" if base else ""
+            lines.append(f"| {search} | {steps} | {kernel} | {r['new_tokens_per_s']:,.0f} | {ratio} | "
+                         f"{r['peak_mem_gib']:.2f} |")
+    return lines
+
+
 def table(rows) -> str:
     for r in rows:  # the test function's name, for the attention groups' kinds
         r["test"] = r["name"].split("[")[0]
     found = attention(rows) + add_layer_norm(rows) + ffn(rows) + embed(rows) + train_step(rows)
+    gen = generation(rows)
     if not found:
+        if gen:
+            return "\n".join(gen[1:]) + "\n"
         return "no targets: the files hold none of the benchmarks the targets compare\n"
     devices = sorted({r.get("device", "?") for r in rows})
     lines = [f"device: {', '.join(devices)}; met {sum(r['met'] for r in found)} of {len(found)} "
@@ -155,7 +176,7 @@ def table(rows) -> str:
     lines += [f"| {r['target']} | {r['case']} | {r['ours']} | {r['peer']} | {r['ratio']:.2f} | {r['goal']} | "
               f"{'met' if r['met'] else '**missed**'} | {r['basis']} | "
               f"{'' if r['wall'] is None else format(r['wall'], '.2f')} |" for r in found]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + gen) + "\n"
 
 
 def main(argv=None) -> str:

@@ -123,3 +123,24 @@ def test_graphed_steps_are_compared_among_themselves(tmp_path):
     got = {line.split("|")[2].strip(): line.split("|")[5].strip()
            for line in text.splitlines() if line.startswith("| training step vs torch")}
     assert got == {"base-cnndm": "0.50", "base-cnndm (CUDA graph)": "1.20"}
+
+
+def test_generation_figures_follow_the_targets(tmp_path):
+    """bench_generate's cases (issue 17 asks for the figures, sets no target) as a table: new
+    tokens/s per search, step kind and backend, each against eager's launched steps of its search;
+    files from before the graph cases (no `steps`) count as launched."""
+    def gen(k, search, steps, tps):
+        extra = {} if steps is None else {"steps": steps}
+        return _bench("generate", f"test_generate[{k}-{search}]", {"kernel": k, "search": search},
+                      new_tokens_per_s=tps, peak_mem_gib=2.0, search=search, **extra)
+    path = tmp_path / "run.json"
+    cases = [gen("eager", "greedy", None, 1000.0), gen("triton", "greedy", None, 1500.0),
+             gen("triton", "greedy", "graph", 6000.0), gen("triton", "beam4", "graph", 900.0)]
+    path.write_text(json.dumps({"benchmarks": cases}))
+    text = targets.main([str(path)])
+    got = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:6]]
+           for line in text.splitlines() if line.startswith(("| greedy", "| beam4"))}
+    assert got == {("greedy", "launched", "eager"): ["1,000", "1.00"],
+                   ("greedy", "launched", "triton"): ["1,500", "1.50"],
+                   ("greedy", "graph", "triton"): ["6,000", "6.00"], ("beam4", "graph", "triton"): ["900", ""]}
+    assert not text.startswith("no targets")

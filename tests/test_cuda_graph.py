@@ -1,13 +1,15 @@
-"""`scratchformer.training.cuda_graph.capture_step`: a training step captured as a CUDA graph and
-replayed trains as the launched step does, on every backend, and its dropout draws afresh each
-replay (torch's and our Triton ops'). CUDA graphs need a GPU: everything here but the argument
-check is skipped on the CPU machine (GPU plan, step 10)."""
+"""CUDA graphs. `scratchformer.training.cuda_graph.capture_step`: a training step captured as a
+CUDA graph and replayed trains as the launched step does, on every backend, and its dropout draws
+afresh each replay (torch's and our Triton ops'). Decoding with cuda_graph=True (each step a
+replay) decodes what launched steps decode. CUDA graphs need a GPU: everything here but the
+argument check is skipped on the CPU machine (GPU plan, step 10; tests/test_decoding.py checks the
+static caches the decoding graph reads, on the CPU)."""
 
 import pytest
 import torch
 from conftest import requires_cuda
 
-from scratchformer.model import ModelConfig, Transformer
+from scratchformer.model import EOS_ID, ModelConfig, Transformer, beam_search, greedy_decode
 from scratchformer.training.cuda_graph import capture_step
 from scratchformer.training.optim import label_smoothed_loss
 
@@ -99,3 +101,27 @@ def test_replays_draw_fresh_dropout(kernel):
             assert len(set(seen)) == 3, f"{kernel}: dropout repeated across replays: {seen}"
         else:
             assert len(set(seen)) == 1, f"{kernel}: without dropout replays differ: {seen}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_decoding_equals_launched_steps(kernel, dtype):
+    """Greedy and beam-3 search (with n-gram blocking and a minimum length) replaying one CUDA
+    graph per step decode the tokens that launched steps do; rows finish at different steps."""
+    torch.manual_seed(0)
+    model = _model(kernel, 0.0).to(dtype).eval()
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] = 2.0  # some rows end early
+    g = torch.Generator().manual_seed(2)
+    src, sl = torch.randint(4, V, (6, 11), generator=g).cuda(), torch.tensor([11, 4, 9, 1, 7, 11]).cuda()
+    for search in ("greedy", "beam3"):
+        kw = dict(max_len=16, no_repeat_ngram=2, min_len=2)
+        if search == "beam3":
+            kw["beam_size"] = 3
+        decode = greedy_decode if search == "greedy" else beam_search
+        launched, graphed = (decode(model, src, sl, cuda_graph=c, **kw) for c in (False, True))
+        assert (launched == EOS_ID).any(), "test needs rows that finish"
+        # bf16: the position term's rounding may flip a near-tie; each row must agree up to that
+        agree = (launched == graphed).all(1).float().mean().item()
+        assert agree >= (1.0 if dtype == torch.float32 else 0.8), f"{kernel} {search}: {launched} vs {graphed}"

@@ -3,7 +3,16 @@
 import pytest
 import torch
 
-from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, beam_search, greedy_decode
+from scratchformer.model import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    ModelConfig,
+    StaticKVCache,
+    Transformer,
+    beam_search,
+    greedy_decode,
+)
 
 V = 30
 
@@ -31,6 +40,72 @@ def test_kv_cache_equals_full_recompute(norm, copy):
     state = m.init_state(m.encode(src, sl), sl, max_len=7, src=src)
     steps = torch.stack([m.decode_step(tgt[:, i : i + 1], state) for i in range(7)], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm,copy", [("post", False), ("pre", True)])
+def test_static_cache_steps_equal_the_growing_cache(norm, copy):
+    """init_state(static=True), what a CUDA graph of the step needs (fixed-size caches read whole,
+    masked by the device-side position; beams reordered in place), decodes as the growing cache
+    does, step by step and after reordering rows."""
+    m = _model(norm=norm, final_norm=norm == "pre", copy=copy)
+    src, sl = _src()
+    tgt = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, V, (4, 6))], 1)
+    memory = m.encode(src, sl)
+    grow = m.init_state(memory, sl, max_len=7, src=src)
+    static = m.init_state(memory, sl, max_len=7, src=src, static=True)
+    assert isinstance(static.caches[0][0], StaticKVCache) and static.pos.device == memory.device
+    order = torch.tensor([2, 2, 0, 1])
+    with torch.no_grad():
+        for i in range(7):
+            if i == 3:  # beam search's reorder, which keeps each row's source
+                grow.reorder(order, same_sources=True)
+                static.reorder(order, same_sources=True)
+            # the position term is added apart from the embedding kernel: a rounding's difference
+            torch.testing.assert_close(m.decode_step(tgt[:, i : i + 1], static), m.decode_step(tgt[:, i : i + 1], grow),
+                                       atol=1e-5, rtol=1e-5, msg=f"step {i}")
+    assert int(static.pos) == grow.pos == 7
+    with pytest.raises(ValueError, match="one step at a time"):
+        m.decode_step(tgt[:, :2], m.init_state(memory, sl, max_len=7, src=src, static=True))
+
+
+@pytest.mark.parametrize("beam,no_repeat,min_len", [(1, 0, 0), (3, 0, 0), (3, 2, 2)])
+def test_searches_over_static_caches_equal_the_growing_cache(monkeypatch, beam, no_repeat, min_len):
+    """Greedy and beam search over static caches (cuda_graph=True without the graph, which needs
+    CUDA: tests/test_cuda_graph.py replays it) decode the same tokens."""
+    m = _model(copy=beam == 3)
+    src, sl = _src()
+    kw = dict(max_len=12, no_repeat_ngram=no_repeat, min_len=min_len)
+
+    def decode():
+        return (greedy_decode(m, src, sl, **kw) if beam == 1 else beam_search(m, src, sl, beam_size=beam, **kw))
+
+    ref = decode()
+    init_state = m.init_state
+    monkeypatch.setattr(m, "init_state", lambda *a, static=False, **k: init_state(*a, static=True, **k))
+    assert torch.equal(decode(), ref)
+
+
+def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
+    """Auto mode (cuda_graph=None) on a GPU: a capture that raises warns once and the search goes
+    on with launched steps over the static caches, decoding what it would have; cuda_graph=True
+    raises it instead. (Here on the CPU, with the device's choice and the capture stood in for.)"""
+    from scratchformer.model import decoding
+
+    def capture(*a):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    m = _model()
+    src, sl = _src()
+    ref = greedy_decode(m, src, sl, max_len=10)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_graph_step", capture)
+    monkeypatch.setattr(decoding, "_CAPTURE_WARNED", False)
+    with pytest.warns(RuntimeWarning, match="CUDA graph failed .*not permitted.*; launching each step"):
+        assert torch.equal(greedy_decode(m, src, sl, max_len=10), ref)
+    assert torch.equal(beam_search(m, src, sl, beam_size=1, max_len=10), ref)  # warned once only
+    monkeypatch.setattr(decoding, "_check", lambda *a, **k: 1)  # past the CPU's device check
+    with pytest.raises(RuntimeError, match="not permitted"):
+        greedy_decode(m, src, sl, max_len=10, cuda_graph=True)
 
 
 def _assert_stepwise_argmax(m, src, sl, out, min_len=0):
@@ -138,6 +213,10 @@ def test_decoding_errors():
         beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
     with pytest.raises(ValueError, match="min_len must be >= 0"):
         greedy_decode(m, src, sl, max_len=5, min_len=-1)
+    with pytest.raises(ValueError, match="cuda_graph=True .* needs CUDA tensors, src is on cpu"):
+        greedy_decode(m, src, sl, max_len=5, cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph=True .* needs CUDA tensors, src is on cpu"):
+        beam_search(m, src, sl, beam_size=2, max_len=5, cuda_graph=True)
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="check_every must be an int >= 1"):
             greedy_decode(m, src, sl, max_len=5, check_every=bad)

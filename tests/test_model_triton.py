@@ -66,6 +66,10 @@ def test_triton_incremental_decoding_equals_full_recompute():
     steps = torch.stack([m.decode_step(tgt[:, i : i + 1], state) for i in range(5)], 1)
     torch.testing.assert_close(steps, full, atol=2e-4, rtol=2e-4)
     assert torch.equal(beam_search(m, src, sl, beam_size=1, max_len=5), greedy_decode(m, src, sl, max_len=5))
+    # static caches (a CUDA-graph decoding step's): the triton kernel masks the whole buffers by key_lengths
+    static = m.init_state(m.encode(src, sl), sl, max_len=5, static=True)
+    steps = torch.stack([m.decode_step(tgt[:, i : i + 1], static) for i in range(5)], 1)
+    torch.testing.assert_close(steps, full, atol=2e-4, rtol=2e-4)
 
 
 def test_triton_classifier_matches_eager():

@@ -15,6 +15,7 @@ from .layers import (
     FeedForward,
     KVCache,
     MultiHeadAttention,
+    StaticKVCache,
     attention_weights,
 )
 from .transformer import (
@@ -32,7 +33,7 @@ __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
     "greedy_decode", "beam_search",
     "AddNorm", "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "KVCache", "MultiHeadAttention",
-    "attention_weights",
+    "StaticKVCache", "attention_weights",
     "Classifier", "Decoder", "DecoderState", "Encoder", "Transformer", "build_model", "check_batch",
     "count_parameters",
 ]

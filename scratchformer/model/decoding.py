@@ -15,22 +15,92 @@ every c steps (default: every step on the CPU, where the read is free, every 8 o
 result is the same for any c: a finished row only adds PAD, a finished sentence's beams can no
 longer enter its hypotheses, and trailing all-PAD columns are trimmed; the price is at most c-1
 wasted steps at the end.
+
+CUDA graphs. On a GPU each decoding step is replayed from a CUDA graph: the decoder's caches are
+fixed-size (`StaticKVCache`, the step's position on the device) and the step is captured once per
+call, after one warm-up step; every later step is one copy of its tokens and one graph launch
+instead of a launch per kernel (a `base` decoder step is about 80 of them), the host's time that
+paced decoding. The search around it (argmax or top-k, n-gram blocking, beam bookkeeping) stays
+as it is. Outputs equal those of launched steps up to the rounding of the position term (added on
+the device, not by the embedding kernel). `cuda_graph`: None (default) = on for CUDA tensors
+unless SCRATCHFORMER_CUDA_GRAPHS=0 or SCRATCHFORMER_DEBUG=1 (whose value checks read the device),
+a capture that fails then warns once and the steps are launched; True insists (and raises); False
+launches every step (vLLM's --enforce-eager).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
+from .. import ops as backends
 from .config import BOS_ID, EOS_ID, PAD_ID
 
 GPU_CHECK_EVERY = 8  # steps between stop checks on a GPU (each is a host sync)
+_CAPTURE_WARNED = False
 
 
-def _next_logits(model, last, state, bos_id, pad_id):
+def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
+    if cuda_graph is not None:
+        return cuda_graph
+    return (device.type == "cuda" and os.environ.get("SCRATCHFORMER_CUDA_GRAPHS", "1") != "0"
+            and not backends.DEBUG)
+
+
+def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
+    """The decoding state and its step, tokens (N, 1) -> next-token logits (N, V)."""
+    graphs = _use_graphs(cuda_graph, memory.device)
+    state = model.init_state(memory, src_lengths, max_len, src=src, static=graphs)
+    launched = lambda last: model.decode_step(last, state)  # noqa: E731
+    if not graphs:
+        return state, launched
+    try:
+        return state, _graph_step(model, state, memory.shape[0])
+    except RuntimeError as e:
+        if cuda_graph:
+            raise
+        global _CAPTURE_WARNED
+        if not _CAPTURE_WARNED:
+            warnings.warn(f"decoding: capturing the step as a CUDA graph failed ({e}); launching each step "
+                          "(SCRATCHFORMER_CUDA_GRAPHS=0 skips the attempt)", RuntimeWarning, stacklevel=3)
+            _CAPTURE_WARNED = True
+        state.pos.zero_()
+        return state, launched
+
+
+def _graph_step(model, state, rows: int, warmup: int = 1):
+    """`model.decode_step` over static caches, captured as a CUDA graph. The warm-up steps (Triton
+    compiles and autotuning, cuBLAS workspaces) run on a side stream and the position is rewound
+    after them; the step returns the graph's logits buffer, which the next step rewrites."""
+    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=state.memory.device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    # under autocast, its cache of cast weights off: each cast is captured, none outlives its graph
+    amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"), dtype=torch.get_autocast_dtype("cuda"),
+               cache_enabled=False)
+    with torch.cuda.stream(side), torch.autocast(**amp):
+        for _ in range(warmup):
+            model.decode_step(tokens, state)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.autocast(**amp):
+        logits = model.decode_step(tokens, state)
+    state.pos.zero_()  # the capture ran nothing; the warm-up's writes at position 0 are rewritten
+
+    def step(last):
+        tokens.copy_(last)
+        graph.replay()
+        return logits
+
+    return step
+
+
+def _next_logits(step, last, bos_id, pad_id):
     """Next-token logits with PAD and BOS ruled out: neither may be generated."""
-    logits = model.decode_step(last, state)
+    logits = step(last)
     logits[:, [pad_id, bos_id]] = float("-inf")
     return logits
 
@@ -48,8 +118,11 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
 
 
 def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0,
-           min_len: int = 0, check_every: int | None = None) -> int:
+           min_len: int = 0, check_every: int | None = None, cuda_graph: bool | None = None) -> int:
     """Checks the decoding arguments; returns the stop-check interval (see the module docstring)."""
+    if cuda_graph and src.device.type != "cuda":
+        raise ValueError(f"cuda_graph=True replays the decoding step from a CUDA graph: it needs CUDA tensors, "
+                         f"src is on {src.device}")
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if min_len < 0:
@@ -72,17 +145,18 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
 @torch.no_grad()
 def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, min_len: int = 0,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
-                  check_every: int | None = None) -> torch.Tensor:
+                  check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
     """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
-    every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every)
+    every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
+                   cuda_graph=cuda_graph)
     B = src.shape[0]
     memory = model.encode(src, src_lengths)
-    state = model.init_state(memory, src_lengths, max_len, src=src)
+    _, step = _start(model, memory, src_lengths, max_len, src, cuda_graph)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
     for t in range(max_len):
-        logits = _next_logits(model, last, state, bos_id, pad_id)
+        logits = _next_logits(step, last, bos_id, pad_id)
         if t < min_len:
             logits[:, eos_id] = float("-inf")
         if no_repeat_ngram and out:
@@ -124,7 +198,7 @@ def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_pe
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
                 no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                pad_id: int = PAD_ID, check_every: int | None = None) -> torch.Tensor:
+                pad_id: int = PAD_ID, check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
     """Beam search; returns the best hypothesis per row, (B, T).
 
     Hypotheses are ranked by sum(log p) / len**length_penalty (len counts the EOS; 0 = raw sum,
@@ -134,11 +208,12 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     unfinished beams compete as they stand. Blocked repeats, and EOS before min_len, get -inf
     log-probability, unnormalised (as fairseq): a hypothesis keeps the model's score.
     """
-    every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every)
+    every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
+                   cuda_graph)
     B, K, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_lengths)
-    state = model.init_state(memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
-                             src=src.repeat_interleave(K, 0))
+    state, step = _start(model, memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
+                         src.repeat_interleave(K, 0), cuda_graph)
 
     neg_inf = float("-inf")
     alive_seq = torch.empty(B, K, 0, dtype=torch.long, device=dev)
@@ -151,7 +226,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     batch_base = torch.arange(B, device=dev)[:, None] * K
 
     for t in range(max_len):
-        logp = torch.log_softmax(_next_logits(model, last, state, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
+        logp = torch.log_softmax(_next_logits(step, last, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
         if t < min_len:
             logp[:, eos_id] = neg_inf
         if no_repeat_ngram:

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import Ops
-from ..reference import attention_mask
+from ..reference import attention_mask, sinusoidal_positions
 from .config import ModelConfig
 
 
@@ -55,10 +55,52 @@ class KVCache:
     def view(self):
         return self.k[:, : self.length].transpose(1, 2), self.v[:, : self.length].transpose(1, 2)
 
+    def key_lengths(self, batch: int) -> torch.Tensor | None:
+        """The keys a new query may see, when the views hold more than that (StaticKVCache);
+        None: every key of the views (a causal mask covers the rest)."""
+        return None
+
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search): index (B',) into the batch dimension."""
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
+
+
+class StaticKVCache(KVCache):
+    """A self-attention cache whose shapes and addresses never change, so a CUDA graph can replay
+    the decoding step that fills it (`decoding.py`, cuda_graph=True): the step index `pos` is a
+    (1,) int64 tensor on the device, shared by the decoder's layers and advanced by the decoder;
+    each step writes its key and value at `pos` and attention gets the whole (B, H, Lmax, D)
+    buffers, masked by key_lengths pos + 1 (gpt-fast's static cache)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor):
+        super().__init__(k, v)
+        self.pos = pos
+
+    @classmethod
+    def empty(cls, B, max_len, H, D, *, device, dtype, pos):
+        # zeros, not empty: the masked keys and values are read too (a probability of 0 times a
+        # NaN bit pattern left in fresh memory is NaN)
+        return cls(torch.zeros(B, max_len, H, D, device=device, dtype=dtype),
+                   torch.zeros(B, max_len, H, D, device=device, dtype=dtype), pos)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor):
+        if k.shape[1] != 1:
+            raise ValueError(f"StaticKVCache takes one step at a time, got {k.shape[1]}")
+        self.k.index_copy_(1, self.pos, k)  # past the capacity: index_copy_ raises (CPU) or asserts (CUDA)
+        self.v.index_copy_(1, self.pos, v)
+        return self.k.transpose(1, 2), self.v.transpose(1, 2)
+
+    def view(self):
+        raise TypeError("StaticKVCache has no host-side length: attention gets the whole buffers (append)")
+
+    def key_lengths(self, batch: int) -> torch.Tensor:
+        return (self.pos + 1).repeat(batch)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """In place: a captured step keeps reading these buffers."""
+        self.k.copy_(self.k.index_select(0, index))
+        self.v.copy_(self.v.index_select(0, index))
 
 
 def attention_weights(q, k, key_lengths=None, causal=False, scale=None):
@@ -105,7 +147,12 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = self.qkv_proj(x).view(B, Lq, 3, H, D).unbind(2)  # (B, Lq, H, D) views
             q = q.transpose(1, 2)
-            k, v = cache.append(k, v) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2))
+            if cache is None:
+                k, v = k.transpose(1, 2), v.transpose(1, 2)
+            else:
+                k, v = cache.append(k, v)
+                if (seen := cache.key_lengths(B)) is not None:  # a fixed-size cache: its filled part
+                    key_lengths, causal = seen, False
         out = self.ops.attention(
             q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
             dropout_p=self.attn_dropout if self.training else 0.0,
@@ -171,10 +218,14 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
         self.ops, self.scale, self.pos_encoding = ops, math.sqrt(d_model), pos_encoding
 
-    def forward(self, tokens, *, pos_offset: int = 0):
-        """tokens (B, L) int -> (B, L, d); positions start at pos_offset."""
-        return self.ops.embed(tokens, self.weight, scale=self.scale, pos_offset=pos_offset,
-                              pos_encoding=self.pos_encoding)
+    def forward(self, tokens, *, pos_offset: int | torch.Tensor = 0):
+        """tokens (B, L) int -> (B, L, d); positions start at pos_offset. A (1,) int64 device
+        tensor pos_offset (a CUDA-graph decoding step, L = 1): the position is read on the device."""
+        if not isinstance(pos_offset, torch.Tensor):
+            return self.ops.embed(tokens, self.weight, scale=self.scale, pos_offset=pos_offset,
+                                  pos_encoding=self.pos_encoding)
+        x = self.ops.embed(tokens, self.weight, scale=self.scale, pos_encoding=False)
+        return x + sinusoidal_positions(pos_offset, x.shape[-1], x.dtype) if self.pos_encoding else x
 
 
 def _add_norm(cfg: ModelConfig, ops: Ops) -> AddNorm:

@@ -24,7 +24,7 @@ from .. import ops as backends
 from ..ops import Ops
 from .config import ModelConfig
 from .copy import PointerGenerator
-from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache
+from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache, StaticKVCache
 
 
 class _Stack(nn.Module):
@@ -78,7 +78,7 @@ class Decoder(_Stack):
             x, delta, w = layer(x, delta, memory, src_lengths, tgt_lengths, cache=cache, need_weights=need_weights)
             weights.append(w)
         if state is not None:
-            state.pos += tgt.shape[1]
+            state.pos += tgt.shape[1]  # in place where pos is a device tensor (a static cache's step)
         x = self._finish(x, delta)
         return (x, weights) if need_weights else x
 
@@ -86,10 +86,11 @@ class Decoder(_Stack):
 class DecoderState:
     """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
     step at a time and a cross-attention KV cache filled once from the encoder output; with the
-    copy layer, the source ids and its attention keys."""
+    copy layer, the source ids and its attention keys. `pos`, the next step's position: a host
+    int, or with static caches (`StaticKVCache`) a (1,) int64 tensor on the device."""
 
-    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None):
-        self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, 0
+    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
+        self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, pos
         self.src, self.copy_keys = src, copy_keys
 
     def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
@@ -216,22 +217,27 @@ class Transformer(_Model):
         memory = self._encode(src, src_lengths)
         return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
 
-    def init_state(self, memory, src_lengths, max_len: int, src=None) -> DecoderState:
+    def init_state(self, memory, src_lengths, max_len: int, src=None, *, static: bool = False) -> DecoderState:
         """Decoding state for up to max_len target steps; cross-attention K/V computed here, once
-        (and the copy layer's keys: it needs the source ids `src`)."""
+        (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
+        the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
+        needs; one token a step."""
         B, Ls, _ = memory.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
+        pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
         caches = []
         for layer in self.decoder.layers:
-            self_cache = KVCache.empty(B, max_len, H, D, device=memory.device, dtype=memory.dtype)
+            kw = dict(device=memory.device, dtype=memory.dtype)
+            self_cache = StaticKVCache.empty(B, max_len, H, D, **kw, pos=pos) if static else KVCache.empty(
+                B, max_len, H, D, **kw)
             k, v = layer.cross_attn.project_kv(memory)
             caches.append((self_cache, KVCache(k.contiguous(), v.contiguous(), Ls)))
         if self.copy is None:
-            return DecoderState(caches, memory, src_lengths)
+            return DecoderState(caches, memory, src_lengths, pos=pos)
         if src is None:
             raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
         self._check("src", src, src_lengths)
-        return DecoderState(caches, memory, src_lengths, src, self.copy.keys(memory))
+        return DecoderState(caches, memory, src_lengths, src, self.copy.keys(memory), pos=pos)
 
     def decode_step(self, tokens, state: DecoderState):
         """tokens (B, 1): the last emitted token of each row -> next-token logits (B, V)."""

@@ -20,7 +20,7 @@ else
   done
 fi
 warm_bench 90 warm_generate "" bench/bench_generate.py
-run_pytest 150 6 bench_generate bench/bench_generate.py --benchmark-only \
+run_pytest 180 6 bench_generate bench/bench_generate.py --benchmark-only \
   --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
 # host time per op call and per step, per backend (bench/host_overhead.py: tiny shapes, one pinned
 # config per kernel, about 30 s of compiling); last, so a short call loses only this
