@@ -233,6 +233,31 @@ def test_collate_pads_right():
     assert c.labels.tolist() == [1, 0] and c.tgt_in is None and c.src.tolist() == [[5, 0], [6, 7]]
 
 
+def test_collate_pads_to_a_multiple_and_the_loss_is_unchanged():
+    """pad_multiple rounds each padded length up (src, tgt_in and tgt_out alike), keeps the lengths
+    and the tokens, and the model's loss on the wider batch is the loss on the tight one."""
+    from scratchformer.model import ModelConfig, Transformer
+    from scratchformer.training.optim import label_smoothed_loss
+
+    items = [(0, np.array([5, 6, 7, 8, 9, EOS_ID]), np.array([7, 8])), (1, np.array([8, EOS_ID]), np.array([9] * 5))]
+    tight, wide = D.collate(items), D.collate(items, pad_multiple=4)
+    assert wide.src.shape == (2, 8) and wide.tgt_in.shape == wide.tgt_out.shape == (2, 8)
+    for name in ("src", "tgt_in", "tgt_out"):
+        t, w = getattr(tight, name), getattr(wide, name)
+        assert torch.equal(w[:, : t.shape[1]], t) and (w[:, t.shape[1]:] == PAD_ID).all(), name
+    assert torch.equal(wide.src_lengths, tight.src_lengths) and torch.equal(wide.tgt_lengths, tight.tgt_lengths)
+    assert D.collate(items, pad_multiple=6).src.shape == (2, 6)  # already a multiple: unchanged
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(src_vocab_size=16, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                d_ff=64, dropout=0.0, kernel="eager")).eval()
+
+    def loss(b):
+        logits = m(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths)
+        return label_smoothed_loss(logits.flatten(0, 1), b.tgt_out.flatten(), 0.1)[0]
+
+    torch.testing.assert_close(loss(wide), loss(tight), atol=1e-6, rtol=1e-6)
+
+
 # --- batching ----------------------------------------------------------------------------------
 
 LENGTHS = np.random.default_rng(0).integers(1, 60, size=997).tolist()  # prime count: ragged last batch
@@ -252,6 +277,24 @@ def test_sampler_each_example_once_and_budget(batch_size, max_tokens):
             if max_tokens and len(b) > 1:
                 assert len(b) * max(LENGTHS[i] for i in b) <= max_tokens
         assert len(s) == len(batches)
+
+
+@pytest.mark.parametrize("multiple", [8, 16])
+def test_sampler_budget_counts_lengths_padded_to_the_multiple(multiple):
+    """With pad_multiple the token budget holds for the padded batch (lengths rounded up), every
+    example still comes once, and the batches take fewer distinct (rows, padded length) shapes."""
+    def shapes(sampler, m):
+        return {(len(b), max(-(-LENGTHS[i] // m) * m for i in b)) for b in sampler}
+
+    s = D.BucketBatchSampler(LENGTHS, max_tokens=500, seed=1, pad_multiple=multiple)
+    batches = list(s)
+    assert sorted(i for b in batches for i in b) == list(range(len(LENGTHS)))
+    for b in batches:
+        if len(b) > 1:
+            assert len(b) * max(-(-LENGTHS[i] // multiple) * multiple for i in b) <= 500
+    assert len(shapes(batches, multiple)) < len(shapes(D.BucketBatchSampler(LENGTHS, max_tokens=500, seed=1), 1))
+    with pytest.raises(ValueError, match="pad_multiple must be >= 1, got 0"):
+        D.BucketBatchSampler(LENGTHS, max_tokens=500, pad_multiple=0)
 
 
 def test_sampler_seeded_shuffle_and_resume_offset():

@@ -12,6 +12,7 @@ from scratchformer.checkpoint import load_checkpoint
 from scratchformer.model import Classifier, get_config
 from scratchformer.training import optim as O
 from scratchformer.training import runs
+from scratchformer.training.config import ConfigError
 
 # A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -119,6 +120,29 @@ def test_grad_accum_runs_and_counts_batches(tmp_path):
     ck = load_checkpoint(tmp_path / "last.pt")
     assert ck["progress"]["step"] == 3 and ck["progress"]["batch"] == 2  # 4 batches/epoch: step 3 = epoch 2, batch 2
     assert "greedy" in res and "beam2" in res
+
+
+def test_pad_multiple_pads_every_training_batch(tmp_path, monkeypatch):
+    """--pad-multiple 16 with sources of up to 20 tokens: every training batch's lengths are padded
+    to multiples of 16 (up to 32, past --max-src-len: the model is built long enough), the run
+    trains, and a resume may not change it (the batches would)."""
+    from scratchformer import data as D
+
+    widths, collate = set(), D.collate
+
+    def recording(items, pad_multiple=1):
+        b = collate(items, pad_multiple)
+        widths.update((b.src.shape[1], b.tgt_in.shape[1]))
+        return b
+
+    monkeypatch.setattr(D, "collate", recording)
+    out = tmp_path / "run"
+    res = T.main(TINY + ["--pad-multiple", "16", "--max-src-len", "20", "--max-steps", "3", "--eval-every", "3",
+                         "--out", str(out)])
+    assert widths and all(w % 16 == 0 for w in widths) and max(widths) == 32, widths
+    assert res["steps"] == 3 and math.isfinite(res["loss"])
+    with pytest.raises(ConfigError, match=r"--pad-multiple 8 \(the run has 16\) cannot change"):
+        T.main(["--resume", "--pad-multiple", "8", "--max-steps", "4", "--out", str(out), "--no-progress"])
 
 
 def test_early_stopping(tmp_path):

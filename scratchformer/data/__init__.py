@@ -16,6 +16,7 @@ from .batching import (
     collate,
     encode_examples,
     make_loader,
+    round_up,
 )
 from .datasets import (
     DE_NUMBERS,
@@ -65,4 +66,5 @@ __all__ = [
     "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB", "BPETokenizer", "TokenizerPair",
     # batching
     "EncodedDataset", "TruncationStats", "encode_examples", "Batch", "collate", "BucketBatchSampler", "make_loader",
+    "round_up",
 ]

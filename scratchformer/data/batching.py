@@ -137,10 +137,15 @@ class Batch:
         return self.src.shape[0]
 
 
-def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int | None = None):
+def round_up(n, multiple: int):
+    """n (an int or an integer array) rounded up to a multiple of `multiple`."""
+    return -(-n // multiple) * multiple
+
+
+def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int | None = None, multiple: int = 1):
     extra = (prefix is not None) + (suffix is not None)
     lengths = torch.tensor([len(s) + extra for s in seqs], dtype=torch.int64)
-    out = torch.full((len(seqs), int(lengths.max())), PAD_ID, dtype=torch.int64)
+    out = torch.full((len(seqs), round_up(int(lengths.max()), multiple)), PAD_ID, dtype=torch.int64)
     for i, s in enumerate(seqs):
         row = list(s)
         if prefix is not None:
@@ -151,14 +156,17 @@ def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int |
     return out, lengths
 
 
-def collate(items) -> Batch:
-    """items: [(index, src ids, tgt ids or int label)] -> Batch with dynamic (per-batch) padding."""
+def collate(items, pad_multiple: int = 1) -> Batch:
+    """items: [(index, src ids, tgt ids or int label)] -> Batch with dynamic (per-batch) padding,
+    each padded length rounded up to a multiple of `pad_multiple` (fairseq's --pad-to-multiple,
+    Hugging Face's pad_to_multiple_of): tensor-core-sized shapes, and fewer distinct ones for what
+    compiles or captures per shape (torch.compile's reduce-overhead records a CUDA graph for each)."""
     ids = torch.tensor([it[0] for it in items], dtype=torch.int64)
-    src, src_lengths = _pad([it[1] for it in items])
+    src, src_lengths = _pad([it[1] for it in items], multiple=pad_multiple)
     if isinstance(items[0][2], (int, np.integer)):
         return Batch(ids, src, src_lengths, labels=torch.tensor([int(it[2]) for it in items], dtype=torch.int64))
-    tgt_in, tgt_lengths = _pad([it[2] for it in items], prefix=BOS_ID)
-    tgt_out, _ = _pad([it[2] for it in items], suffix=EOS_ID)
+    tgt_in, tgt_lengths = _pad([it[2] for it in items], prefix=BOS_ID, multiple=pad_multiple)
+    tgt_out, _ = _pad([it[2] for it in items], suffix=EOS_ID, multiple=pad_multiple)
     return Batch(ids, src, src_lengths, tgt_in, tgt_out, tgt_lengths)
 
 
@@ -174,17 +182,22 @@ class BucketBatchSampler:
     DistributedSampler) and rank r takes batches r, r + R, ...
 
     `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
+    `pad_multiple`: lengths count rounded up to that multiple, as `collate(pad_multiple=...)` pads them,
+    so the budget holds for the padded batch and a pool's batches take few distinct shapes.
     """
 
     def __init__(self, lengths: Sequence[int], *, batch_size: int | None = None, max_tokens: int | None = None,
-                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0, pool_batches: int = 50):
+                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0, pool_batches: int = 50,
+                 pad_multiple: int = 1):
         if batch_size is None and max_tokens is None:
             raise ValueError("give batch_size, max_tokens or both")
         if batch_size is not None and batch_size < 1 or max_tokens is not None and max_tokens < 1:
             raise ValueError(f"batch_size and max_tokens must be positive, got {batch_size}, {max_tokens}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} must be in [0, {num_replicas})")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+        self.lengths = round_up(np.asarray(lengths, dtype=np.int64), pad_multiple)
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed = shuffle, seed
         self.num_replicas, self.rank, self.pool_batches = num_replicas, rank, pool_batches

@@ -171,5 +171,6 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
         if PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"preset {cfg.preset!r} is a classifier; pick a seq2seq preset for {task}")
         over["num_classes"] = None
-    over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), cfg.max_src_len + 1, cfg.max_tgt_len + 1)
+    longest = max(D.round_up(cfg.max_src_len, cfg.pad_multiple), D.round_up(cfg.max_tgt_len, cfg.pad_multiple))
+    over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), longest + 1)
     return get_config(cfg.preset, **over)

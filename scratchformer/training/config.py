@@ -126,6 +126,9 @@ class TrainConfig:
     batch_size: int | None = _optim(help="max sentences per batch", by_data=dict(synthetic=64))
     max_tokens: int | None = _optim(help="max padded tokens per batch (length-bucketed)", by_data=dict(
         real=4096, classification=16384))
+    pad_multiple: int = _optim(default=1, help="pad each training batch's lengths up to a multiple of N (8 or 16 "
+                               "on a GPU: tensor-core shapes, and few distinct batch shapes for --compile-mode "
+                               "reduce-overhead, which records a CUDA graph per shape)")
     grad_accum: int = _optim(default=1, help="batches accumulated per optimizer step")
     lr: float | None = _optim(help="peak learning rate", by_data=dict(synthetic=2e-3, real=5e-4, classification=1e-3))
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
@@ -217,7 +220,7 @@ _AT_LEAST = dict(
     vocab_size=MIN_VOCAB, tokenizer_examples=1, d_model=2, heads=1, layers=1, encoder_layers=0, decoder_layers=0,
     d_ff=1, epochs=1, max_steps=1, batch_size=1, max_tokens=1, grad_accum=1, warmup_steps=0, plateau_patience=0,
     eval_every=0, eval_decode_examples=0, patience=0, beam_size=1, save_every=0, keep_checkpoints=0, log_every=1,
-    attention_example=0,
+    attention_example=0, pad_multiple=1,
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = dict(
@@ -358,7 +361,7 @@ FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",
     "synthetic_seed", "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "preset", "d_model", "heads",
     "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "activation", "norm",
-    "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "schedule",
+    "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple", "schedule",
     "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
 

@@ -9,6 +9,7 @@ schedule, GradScaler, every rank's RNG states and the position inside the epoch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from contextlib import nullcontext
@@ -90,10 +91,12 @@ class Trainer:
         cfg = config
         self.sampler = D.BucketBatchSampler(data.train_set.lengths(), batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
-                                            num_replicas=self.dist.world, rank=self.dist.rank)
+                                            num_replicas=self.dist.world, rank=self.dist.rank,
+                                            pad_multiple=cfg.pad_multiple)
         # A private generator: DataLoader draws its base seed from it, not from the global RNG, so
         # creating an iterator mid-epoch on resume leaves dropout's random stream unchanged.
-        self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=D.collate,
+        collate = functools.partial(D.collate, pad_multiple=cfg.pad_multiple)
+        self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=collate,
                                                   num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
                                                   generator=torch.Generator().manual_seed(cfg.seed))
         if self.sampler.batches_per_epoch(0) == 0:  # an epoch without a batch would loop for ever
