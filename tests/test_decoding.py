@@ -85,6 +85,32 @@ def test_searches_over_static_caches_equal_the_growing_cache(monkeypatch, beam, 
     assert torch.equal(decode(), ref)
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, beam):
+    """The search around a captured step (its token input copied in, its one logits buffer edited
+    in place by the search and rewritten by the next replay, the position rewound after the
+    warm-up and the capture) decodes what launched steps decode. The CUDA graph is stood in for
+    by what a capture and a replay do to those buffers (the capture's call runs here, its effects
+    are rewritten as the warm-up's are); tests/test_cuda_graph.py replays real ones on a GPU."""
+    from scratchformer.model import decoding
+
+    def fake_capture(fn, warmup=1):
+        for _ in range(warmup):
+            fn()
+        out = fn()
+        return out, lambda: out.copy_(fn())
+
+    m = _model(copy=beam == 3)
+    src, sl = _src()
+    kw = dict(max_len=12, no_repeat_ngram=2, min_len=2)
+    search = (lambda: greedy_decode(m, src, sl, **kw)) if beam == 1 else (
+        lambda: beam_search(m, src, sl, beam_size=beam, **kw))
+    ref = search()
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_capture", fake_capture)
+    assert torch.equal(search(), ref)
+
+
 def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
     """Auto mode (cuda_graph=None) on a GPU: a capture that raises warns once and the search goes
     on with launched steps over the static caches, decoding what it would have; cuda_graph=True

@@ -71,11 +71,26 @@ def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
         return state, launched
 
 
-def _graph_step(model, state, rows: int, warmup: int = 1):
-    """`model.decode_step` over static caches, captured as a CUDA graph. The warm-up steps (Triton
-    compiles and autotuning, cuBLAS workspaces) run on a side stream and the position is rewound
-    after them; the step returns the graph's logits buffer, which the next step rewrites."""
+def _graph_step(model, state, rows: int):
+    """`model.decode_step` over static caches as a CUDA graph's replay: tokens (rows, 1) are copied
+    into the graph's input; the step returns the graph's logits buffer, which the next step
+    rewrites. The position is rewound after the warm-up; what it wrote at position 0 is rewritten
+    by the first real step before anything reads it."""
     tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=state.memory.device)
+    logits, replay = _capture(lambda: model.decode_step(tokens, state))
+    state.pos.zero_()
+
+    def step(last):
+        tokens.copy_(last)
+        replay()
+        return logits
+
+    return step
+
+
+def _capture(fn, warmup: int = 1):
+    """fn() captured as a CUDA graph -> (its output, the graph's replay). The warm-up calls (Triton
+    compiles and autotuning, cuBLAS workspaces) run on a side stream; the capture runs nothing."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     # under autocast, its cache of cast weights off: each cast is captured, none outlives its graph
@@ -83,19 +98,14 @@ def _graph_step(model, state, rows: int, warmup: int = 1):
                cache_enabled=False)
     with torch.cuda.stream(side), torch.autocast(**amp):
         for _ in range(warmup):
-            model.decode_step(tokens, state)
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.autocast(**amp):
-        logits = model.decode_step(tokens, state)
-    state.pos.zero_()  # the capture ran nothing; the warm-up's writes at position 0 are rewritten
-
-    def step(last):
-        tokens.copy_(last)
-        graph.replay()
-        return logits
-
-    return step
+    # thread_local: a training loader's pin-memory thread may allocate pinned memory meanwhile
+    # (validation decodes mid-epoch), which the default "global" mode would count against the capture
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.autocast(**amp):
+        out = fn()
+    return out, graph.replay
 
 
 def _next_logits(step, last, bos_id, pad_id):
