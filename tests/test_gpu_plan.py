@@ -313,3 +313,80 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     medians = [(b["name"], b["stats"]["median"]) for b in kernels]
     assert sorted(medians) == sorted([(dense[1][0], 3e-3), (dense[0][0], 1e-3), (again[1][0], 5e-4)])  # kept,
     # replaced (once), added
+
+
+def _cache_entry(monkeypatch, cache_dir, key, cubin_bytes=b"\x7fELF cubin"):
+    """One compiled kernel as Triton's own FileCacheManager writes it: metadata, binary, IR files,
+    the group file naming them (absolute paths), and an autotuner timings file."""
+    from triton.runtime.cache import FileCacheManager
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_dir))
+    m = FileCacheManager(key)
+    group = {name: m.put(data, name) for name, data in (("k.json", '{"name": "k"}'), ("k.cubin", cubin_bytes),
+                                                          ("k.ptx", "// ptx"), ("k.llir", "; llir"))}
+    m.put_group("k.json", group)
+    m.put('{"configs_timings": []}', "k.autotune.json")
+
+
+def test_triton_cache_travels_to_another_machine(tmp_path, monkeypatch):
+    """scripts/gpu/triton_cache.py: packed on one machine, restored at another path on the next,
+    Triton's own cache manager finds each kernel's metadata and binary there (a cache hit: no
+    compile) and its autotuner's timings; the IR files stay behind."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+    from triton.runtime.cache import FileCacheManager
+
+    first, second, archive = tmp_path / "first" / "cache", tmp_path / "second" / "cache", tmp_path / "c.tar.gz"
+    for key in ("a" * 32, "b" * 32):
+        _cache_entry(monkeypatch, first, key)
+    assert triton_cache.main(["pack", str(first), str(archive)]) == 0
+    names = sorted(tarfile.open(archive).getnames())
+    assert not any(n.endswith((".ptx", ".llir")) for n in names) and len(names) == 8, names
+    assert triton_cache.main(["restore", str(archive), str(second)]) == 0
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(second))
+    for key in ("a" * 32, "b" * 32):
+        m = FileCacheManager(key)
+        group = m.get_group("k.json")
+        assert set(group) == {"k.json", "k.cubin"} and all(p.startswith(str(second)) for p in group.values())
+        assert open(group["k.cubin"], "rb").read() == b"\x7fELF cubin"
+        assert m.get_file("k.autotune.json")
+
+
+def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, monkeypatch):
+    """Newest entries first while the archive stays under --max-mb (the device returns files of up
+    to 16 MiB); an archive whose members are not ENTRY/FILE is refused, not unpacked."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    cache = tmp_path / "cache"
+    for i, key in enumerate(("old" + "0" * 29, "new" + "0" * 29)):
+        _cache_entry(monkeypatch, cache, key, cubin_bytes=os.urandom(40_000))
+        for f in (cache / key).iterdir():
+            os.utime(f, (1000.0 + i, 1000.0 + i))
+    packed, skipped = triton_cache.pack(cache, tmp_path / "c.tar.gz", max_mb=60_000 / 2**20)
+    assert (packed, skipped) == (1, 1)
+    assert {n.split("/")[0] for n in tarfile.open(tmp_path / "c.tar.gz").getnames()} == {"new" + "0" * 29}
+    assert (tmp_path / "c.tar.gz").stat().st_size <= 60_000
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "c.tar.gz", arcname="../escape")
+    assert triton_cache.main(["restore", str(bad), str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "escape").exists()
+
+
+def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):
+    """run.sh restores the carried archive into TRITON_CACHE_DIR once per machine, and packs that
+    folder into $OUT/triton-cache.tar.gz at the end of the call, whatever its steps did."""
+    src = tmp_path / "src"
+    (src / "e").mkdir(parents=True)
+    (src / "e" / "k.json").write_text("{}")
+    carried = tmp_path / "carried.tar.gz"
+    with tarfile.open(carried, "w:gz") as tar:
+        tar.add(src / "e" / "k.json", arcname="e/k.json")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache), "TRITON_CACHE_CARRIED": str(carried)}
+    res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1 and "no step 99" in res.stdout, res.stdout + res.stderr
+    assert (cache / "e" / "k.json").exists() and (cache / ".restored").exists()
+    assert tarfile.open(out / "triton-cache.tar.gz").getnames() == ["e/k.json"]

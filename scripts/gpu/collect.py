@@ -19,7 +19,9 @@ FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.
    (a traceback of a cut run) is skipped and named, never filed over a good one; then
    `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
-4. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
+4. The Triton cache archive that `run.sh` sends back (`triton-cache.tar.gz`, the newest call's) is
+   copied to `.gpu_cache/`, which the next call carries (`scripts/gpu/triton_cache.py`).
+5. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
    run's summary line, and where a training recipe's run folder was unpacked (copy it to
    `results/<name>/` with its README: scripts/gpu/README.md).
 """
@@ -37,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = ("bench_train_step", "bench_generate")
+TRITON_CACHE = "triton-cache.tar.gz"  # run.sh's, not a step's archive
 # the reports filed beside the JSON, by file name, and the first line a finished one starts with (a
 # cut run writes none, or its log would be a traceback)
 REPORTS = {"profile-*.txt": "training step profile:",  # bench/profile_train_step.py
@@ -45,7 +48,7 @@ REPORTS = {"profile-*.txt": "training step profile:",  # bench/profile_train_ste
 
 def unpack(files_at: list[Path], work: Path) -> list[Path]:
     """Every <step>.tar.gz under the FILES_AT folders into WORK/<step>/ -> those folders."""
-    archives = sorted(a for folder in files_at for a in Path(folder).glob("*.tar.gz"))
+    archives = sorted(a for folder in files_at for a in Path(folder).glob("*.tar.gz") if a.name != TRITON_CACHE)
     if not archives:
         raise SystemExit(f"no <step>.tar.gz in {', '.join(map(str, files_at))}")
     steps = []
@@ -57,6 +60,19 @@ def unpack(files_at: list[Path], work: Path) -> list[Path]:
             tar.extractall(dest, filter="data")  # no absolute paths, links out, devices
         steps.append(dest)
     return steps
+
+
+def keep_triton_cache(files_at: list[Path], cache_dir: Path) -> Path | None:
+    """The newest call's Triton cache archive (run.sh packs it) into cache_dir, for the next call's
+    carry (`.gpu_cache`, scripts/gpu/triton_cache.py)."""
+    found = [a for folder in files_at if (a := Path(folder) / TRITON_CACHE).is_file()]
+    if not found:
+        return None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    newest = max(found, key=lambda a: a.stat().st_mtime)
+    shutil.copyfile(newest, cache_dir / TRITON_CACHE)
+    print(f"Triton cache of {newest.parent} kept in {cache_dir / TRITON_CACHE}: carry .gpu_cache next time")
+    return cache_dir / TRITON_CACHE
 
 
 def gpu_slug(device: str) -> str:
@@ -145,7 +161,9 @@ def main(argv=None) -> list[Path]:
     p.add_argument("files_at", nargs="+", type=Path, help="the folders holding the calls' <step>.tar.gz")
     p.add_argument("--bench-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--work", type=Path, default=REPO / "gpu_out" / "collected")
+    p.add_argument("--cache-dir", type=Path, default=REPO / ".gpu_cache", help="where the Triton cache archive goes")
     args = p.parse_args(argv)
+    keep_triton_cache(args.files_at, args.cache_dir)
     steps = unpack(args.files_at, args.work)
     args.bench_dir.mkdir(parents=True, exist_ok=True)
     written = file_benchmarks(steps, args.bench_dir)

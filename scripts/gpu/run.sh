@@ -4,8 +4,16 @@
 # CALL_SECONDS (default 570, the device allows 600 a command) is the call's budget: every step's
 # timeouts are capped to what is left of it, and a step that would start with under a minute left
 # is skipped (and named), so the call ends inside its limit and every archive comes back.
+# Triton's cache lives at a fixed path; the one carried in .gpu_cache/ (an earlier call's, possibly
+# on another machine) is restored into it first, and it goes back packed as $OUT/triton-cache.tar.gz
+# (scripts/gpu/triton_cache.py): a fresh machine then loads what an earlier one compiled and tuned.
 export GPU_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} ))
 here=$(cd "$(dirname "$0")" && pwd)
+carried=${TRITON_CACHE_CARRIED:-$here/../../.gpu_cache/triton-cache.tar.gz}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/scratchformer-triton-cache}
+if [ -f "$carried" ] && [ ! -e "$TRITON_CACHE_DIR/.restored" ]; then
+  python3 "$here/triton_cache.py" restore "$carried" "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/.restored"
+fi
 rc=0
 for n in "$@"; do
   step=$(ls "$here/${n}"_*.sh 2>/dev/null | head -1)
@@ -14,4 +22,7 @@ for n in "$@"; do
   if [ "$left" -lt 60 ]; then echo "== SKIPPED $(basename "$step"): ${left}s left in this call"; rc=1; continue; fi
   bash "$step" || rc=$?
 done
+if [ -n "${OUT:-}" ] && [ -d "$TRITON_CACHE_DIR" ]; then
+  python3 "$here/triton_cache.py" pack "$TRITON_CACHE_DIR" "$OUT/triton-cache.tar.gz"
+fi
 exit "$rc"

@@ -1,0 +1,104 @@
+"""Triton's on-disk cache carried from one GPU machine to the next: what was compiled (and tuned)
+in one call is a cache hit in the next, even on a fresh machine.
+
+    python scripts/gpu/triton_cache.py pack CACHE_DIR OUT.tar.gz [--max-mb 15]
+    python scripts/gpu/triton_cache.py restore IN.tar.gz CACHE_DIR
+
+Compiling is most of a GPU step's time (scripts/gpu/README.md), and a machine left idle for 30 s
+is given back: the next call starts bare and compiles everything again. Triton's cache is
+content-addressed (a kernel's source, its specialisation and options, Triton's own files, ptxas'
+version, the target, the libdevice file's hash, the TRITON_* variables): an entry made for the same
+kernel, Triton and chip elsewhere is the same entry, and anything changed misses it.
+
+pack: each entry folder's metadata (`*.json`: the kernel's, its `__grp__` group file, the
+autotuner's `*.autotune.json` timings) and binary (`*.cubin`), newest folders first, as long as
+the archive stays under --max-mb (the device returns files of at most 16 MiB); the IR files
+(ttir, ttgir, llir, ptx, source) are left out: a cache hit loads only the metadata and the binary.
+restore: the archive into CACHE_DIR, then each group file's child paths, which Triton writes as
+absolute paths of the machine that compiled, pointed at CACHE_DIR and cut to the files present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+KEEP = (".json", ".cubin")
+
+
+def _entries(cache: Path) -> list[Path]:
+    """Entry folders, newest first."""
+    dirs = [d for d in cache.iterdir() if d.is_dir()]
+    return sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.iterdir()), default=0.0), reverse=True)
+
+
+def pack(cache: Path, out: Path, max_mb: float = 15.0) -> tuple[int, int]:
+    """Archive the entries that fit; returns (entries packed, entries left out)."""
+    if not cache.is_dir():
+        raise FileNotFoundError(f"no Triton cache folder at {cache}")
+    limit = int(max_mb * 2**20)
+    packed = skipped = 0
+    with open(out, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for entry in _entries(cache):
+            files = sorted(f for f in entry.iterdir() if f.is_file() and f.name.endswith(KEEP))
+            size = sum(f.stat().st_size for f in files)
+            # the bytes written so far, plus this entry uncompressed: a bound that never overshoots
+            if not files or raw.tell() + size > limit:
+                skipped += bool(files)
+                continue
+            for f in files:
+                tar.add(f, arcname=f"{entry.name}/{f.name}")
+            packed += 1
+    return packed, skipped
+
+
+def restore(archive: Path, cache: Path) -> int:
+    """Unpack into `cache` and point the group files at it; returns the entries restored."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        for m in members:
+            parts = Path(m.name).parts
+            if len(parts) != 2 or any(p in ("", ".", "..") for p in parts) or os.path.isabs(m.name):
+                raise ValueError(f"{archive}: unexpected member {m.name!r} (want ENTRY/FILE)")
+        tar.extractall(cache, members=members, filter="data")
+    entries = {Path(m.name).parts[0] for m in members}
+    for name in entries:
+        for grp in (cache / name).glob("__grp__*"):
+            data = json.loads(grp.read_text())
+            moved = {child: str(cache / name / Path(path).name) for child, path in data.get("child_paths", {}).items()}
+            children = {c: p for c, p in moved.items() if os.path.exists(p)}
+            grp.write_text(json.dumps({"child_paths": children}))
+    return len(entries)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pack")
+    a.add_argument("cache", type=Path)
+    a.add_argument("out", type=Path)
+    a.add_argument("--max-mb", type=float, default=15.0)
+    b = sub.add_parser("restore")
+    b.add_argument("archive", type=Path)
+    b.add_argument("cache", type=Path)
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "pack":
+            packed, skipped = pack(args.cache, args.out, args.max_mb)
+            print(f"== Triton cache: {packed} entries packed into {args.out} "
+                  f"({args.out.stat().st_size / 2**20:.1f} MiB){f', {skipped} left out (size)' if skipped else ''}")
+        else:
+            print(f"== Triton cache: {restore(args.archive, args.cache)} entries restored into {args.cache}")
+    except (OSError, ValueError, tarfile.TarError, json.JSONDecodeError) as e:
+        print(f"== Triton cache {args.cmd} failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
