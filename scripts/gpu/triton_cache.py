@@ -52,6 +52,7 @@ def pack(cache: Path, out: Path, max_mb: float = 15.0) -> tuple[int, int]:
                 continue
             for f in files:
                 tar.add(f, arcname=f"{entry.name}/{f.name}")
+            tar.fileobj.flush()  # gzip's buffers into raw, so raw.tell() is what is written
             packed += 1
     return packed, skipped
 
