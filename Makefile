@@ -33,7 +33,7 @@ WHEEL_DIR := .whl
 GPU_WHEELS ?= rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1
 WHEELS_FROM ?=
 
-.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run gpu-ext \
+.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run gpu-ext gpu-prewarm \
 	test-gpu-stack
 
 $(PY):
@@ -136,6 +136,12 @@ test-gpu-stack: gpu-ext
 	@[ -e scratchformer/kernels ] || ln -sfn ../kernels scratchformer/kernels
 	PYTHONPATH=$(CURDIR) $(GPU_VENV)/bin/python -m pytest tests -p no:cacheprovider \
 		-W "ignore:Conversion of an array with ndim > 0:DeprecationWarning" $(PYTEST_ARGS)
+
+# Triton's cache for the next GPU window, compiled here in that stack (tools/prewarm.py: about
+# 10 minutes; run.sh restores what .gpu_cache/ carries)
+gpu-prewarm: gpu-ext
+	@[ -e scratchformer/kernels ] || ln -sfn ../kernels scratchformer/kernels
+	PYTHONPATH=$(CURDIR) $(GPU_VENV)/bin/python -m tools.prewarm $(PREWARM_ARGS)
 
 # The GPU plan's test and benchmark steps on this CPU machine (tests/test_gpu_plan.py does the same in
 # `make test`, and rehearses 50_train, which needs a recipe and its data, on a synthetic dataset).

@@ -30,20 +30,21 @@ from pathlib import Path
 KEEP = (".json", ".cubin")
 
 
-def _entries(cache: Path) -> list[Path]:
-    """Entry folders, newest first."""
+def _entries(cache: Path, newest_first: bool) -> list[Path]:
+    """Entry folders by the time they were written."""
     dirs = [d for d in cache.iterdir() if d.is_dir()]
-    return sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.iterdir()), default=0.0), reverse=True)
+    return sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.iterdir()), default=0.0), reverse=newest_first)
 
 
-def pack(cache: Path, out: Path, max_mb: float = 15.0) -> tuple[int, int]:
-    """Archive the entries that fit; returns (entries packed, entries left out)."""
+def pack(cache: Path, out: Path, max_mb: float = 15.0, newest_first: bool = True) -> tuple[int, int]:
+    """Archive the entries that fit, newest first (or oldest: tools/prewarm.py compiles the most
+    wanted first); returns (entries packed, entries left out)."""
     if not cache.is_dir():
         raise FileNotFoundError(f"no Triton cache folder at {cache}")
     limit = int(max_mb * 2**20)
     packed = skipped = 0
     with open(out, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for entry in _entries(cache):
+        for entry in _entries(cache, newest_first):
             files = sorted(f for f in entry.iterdir() if f.is_file() and f.name.endswith(KEEP))
             size = sum(f.stat().st_size for f in files)
             # the bytes written so far, plus this entry uncompressed: a bound that never overshoots

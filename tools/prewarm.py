@@ -1,0 +1,233 @@
+"""Triton's cache filled on the CPU machine with the kernels a GPU window compiles first, so the
+window's first minutes load them instead (scripts/gpu/triton_cache.py carries the archive).
+
+    .venv-gpu/bin/python -m tools.prewarm [--workloads model bench] [--jobs 2] \
+        [--out .gpu_cache/triton-cache.tar.gz]                                (from the repo root)
+
+What a GPU step spends first is compiling: every autotune config of every kernel specialisation
+its shapes reach, 1-3 s of CPU each (step 30's compile pass: 111-131 s per triton case on an
+H100's 16 cores). Triton's cache is content-addressed (scripts/gpu/triton_cache.py), so the
+same compile done here is the same cache entry there, provided it is the same Triton build (its
+key hashes libtriton.so, which differs per Python version: run this in the GPU machines' stack,
+`.venv-gpu`, Python 3.12 and Triton 3.6, `make gpu-prewarm`), the same kernel sources, the same
+target (sm_90) and the same cache-invalidating TRITON_* variables (none here, none there).
+
+How: the kernels are imported without the interpreter, Triton's active driver is a stand-in that
+reports an sm_90 device, and `JITFunction.run` always takes its `warmup=True` path: Triton's own
+binder, specialisation (16-byte divisibility from the real CPU tensors' pointers and ints),
+options, cache key and compile, then no launch. An autotuned kernel compiles every config its
+Autotuner keeps for that launch (`Autotuner.warmup`). What runs through them is the workload:
+- model: a bf16 training step (forward, backward) and the decoding that follows it (encoder,
+  decoder steps over static caches, as on a GPU) of the issue-18 recipes' models and the
+  benchmarks' presets: small (Post-LN, ReLU; Multi30k, IWSLT with 3 layers, SAMSum with --copy),
+  base (CNN/DM), and Pre-LN and GELU variants;
+- bench: the kernel benchmarks' own calls where they differ from the model's (attention at head
+  dim 128, causal and padded; the FFN with GELU).
+The outputs are garbage (no kernel runs): only shapes, dtypes, strides and flags matter, and
+those are what the model code produces. On the GPU the carried entries are cache hits exactly
+when all of the above match; a miss costs nothing but the compile it would have done anyway.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
+
+import argparse  # noqa: E402
+import concurrent.futures as cf  # noqa: E402
+import contextlib  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = GPUTarget("cuda", 90, 32)  # what an H100's (and H200's) driver reports
+
+
+class StandInDriver:
+    """Triton's active driver for compiling without a GPU: device 0, stream 0, an sm_90 target;
+    anything else it is asked for means a launch got past `compile_only`."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return TARGET
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"prewarm's stand-in driver has no {name!r}: something tried to run a kernel")
+
+
+@contextlib.contextmanager
+def compile_only(modules):
+    """Every launch compiles (every kept config of an autotuned one) and runs nothing; counts them."""
+    from triton.runtime import driver
+
+    counts = {"launches": 0}
+    saved_jit, saved_tuner = JITFunction.run, Autotuner.run
+    real = driver._active  # None on a machine without a GPU: no driver to restore
+
+    def jit_run(self, *args, grid, warmup, **kwargs):
+        counts["launches"] += 1
+        return saved_jit(self, *args, grid=grid, warmup=True, **kwargs)
+
+    def tuner_run(self, *args, **kwargs):
+        kwargs.pop("warmup", None)
+        return self.warmup(*args, **kwargs)
+
+    saved_checks = {m: m.check_device for m in modules if hasattr(m, "check_device")}
+    driver.set_active(StandInDriver())
+    JITFunction.run, Autotuner.run = jit_run, tuner_run
+    for m in saved_checks:
+        m.check_device = lambda *a, **k: None
+    try:
+        yield counts
+    finally:
+        JITFunction.run, Autotuner.run = saved_jit, saved_tuner
+        driver._active = real
+        for m, f in saved_checks.items():
+            m.check_device = f
+
+
+def _triton_model(cfg_kw: dict):
+    """A Transformer on the CPU running the triton backend's ops (no interpreter)."""
+    from scratchformer import ops
+    from scratchformer.model import Transformer, get_config
+
+    cfg = get_config(cfg_kw.pop("preset"), kernel="eager", **cfg_kw)
+    model = Transformer(cfg)
+    bundle = ops._triton_ops()
+    for m in model.modules():
+        if "ops" in vars(m):
+            m.ops = bundle
+    return model
+
+
+# (name, model config, batch rows, source length, target length): the recipes' models and the
+# benchmarks' presets, at lengths whose strides divide by 16 as the real batches' do
+MODELS = [
+    ("small post-LN relu (Multi30k, SAMSum --copy)", dict(preset="small", src_vocab_size=8000, copy=True), 64, 48, 48),
+    ("small 3 layers (IWSLT)", dict(preset="small", src_vocab_size=10000, n_encoder_layers=3, n_decoder_layers=3),
+     64, 64, 64),
+    ("base (CNN/DM --copy, bench base)", dict(preset="base", src_vocab_size=16000, copy=True), 4, 512, 128),
+    ("small pre-LN (ablation)", dict(preset="small", src_vocab_size=8000, norm="pre", final_norm=True), 32, 32, 32),
+    ("small gelu", dict(preset="small", src_vocab_size=8000, activation="gelu"), 32, 32, 32),
+]
+
+
+def model_workload(dropout: float = 0.1) -> None:
+    from scratchformer.model import BOS_ID
+    from scratchformer.training.optim import label_smoothed_loss
+
+    for name, kw, B, Ls, Lt in MODELS:
+        t0 = time.time()
+        kw = dict(kw, dropout=dropout, attn_dropout=dropout, ffn_dropout=dropout)
+        model = _triton_model(kw)
+        V = model.cfg.src_vocab_size
+        src, tgt = torch.randint(4, V, (B, Ls)), torch.randint(4, V, (B, Lt))
+        sl = torch.full((B,), Ls)
+        sl[1:] = torch.randint(Ls // 2, Ls + 1, (B - 1,))
+        tl = torch.full((B,), Lt)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model.train()
+            logits = model(src, sl, tgt, tl)
+            loss, _ = label_smoothed_loss(logits.flatten(0, 1).float(), tgt.flatten(), 0.1)
+        loss.backward()
+        model.eval()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(src, sl, tgt, tl)  # validation loss: no dropout
+            for beams in (1, 4):  # greedy and beam search's batch of B * 4 rows
+                rows = B * beams
+                memory = model.encode(src.repeat_interleave(beams, 0), sl.repeat_interleave(beams, 0))
+                state = model.init_state(memory, sl.repeat_interleave(beams, 0), Lt, static=True,
+                                         src=src.repeat_interleave(beams, 0))
+                last = torch.full((rows, 1), BOS_ID)
+                for _ in range(2):
+                    model.decode_step(last, state)
+        print(f"  model {name}: {time.time() - t0:.0f} s", flush=True)
+
+
+def bench_workload() -> None:
+    from scratchformer.kernels import attention, ffn
+
+    t0 = time.time()
+    for D, causal, padded in ((128, False, False), (128, True, False), (64, True, False), (128, False, True)):
+        q, k, v = (torch.randn(2, 16, 256, D, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        lengths = torch.tensor([256, 200]) if padded else None
+        out = attention.attention(q, k, v, key_lengths=lengths, query_lengths=lengths, causal=causal)
+        out.sum().backward()
+    for act in ("gelu", "relu"):
+        x = torch.randn(256, 1024, dtype=torch.bfloat16, requires_grad=True)
+        w1, w2 = torch.randn(4096, 1024, dtype=torch.bfloat16), torch.randn(1024, 4096, dtype=torch.bfloat16)
+        b1, b2 = torch.zeros(4096, dtype=torch.bfloat16), torch.zeros(1024, dtype=torch.bfloat16)
+        for t in (w1, w2, b1, b2):
+            t.requires_grad_(True)
+        ffn.ffn(x, w1, b1, w2, b2, activation=act).sum().backward()
+    print(f"  bench kernels: {time.time() - t0:.0f} s", flush=True)
+
+
+def norm_workload() -> None:
+    """One add+LayerNorm forward and backward: the tests' check of the mechanism (seconds)."""
+    from scratchformer.kernels import add_layer_norm
+
+    x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
+    w, b = torch.ones(256, requires_grad=True), torch.zeros(256, requires_grad=True)
+    add_layer_norm.add_layer_norm(x, None, w, b).sum().backward()
+
+
+WORKLOADS = {"model": model_workload, "bench": bench_workload, "norm": norm_workload}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", nargs="+", default=["model", "bench"], choices=list(WORKLOADS))
+    p.add_argument("--cache-dir", type=Path, help="compile into this Triton cache (default: a fresh temporary one)")
+    p.add_argument("--out", type=Path, default=REPO / ".gpu_cache" / "triton-cache.tar.gz")
+    p.add_argument("--max-mb", type=float, default=15.0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
+    args = p.parse_args(argv)
+    if sys.version_info[:2] != (3, 12) or not triton.__version__.startswith("3.6"):
+        print(f"note: the GPU machines run Python 3.12 and Triton 3.6; this is Python "
+              f"{sys.version_info.major}.{sys.version_info.minor} and Triton {triton.__version__}: its entries "
+              "will not be theirs (Triton's key hashes its own build)", file=sys.stderr)
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
+    os.environ.setdefault("SCRATCHFORMER_AUTOTUNE", "1")  # the benchmarks' and training's config lists
+    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    t0 = time.time()
+    # compiles in `--jobs` threads (MLIR's passes and ptxas run outside the GIL), each through the
+    # same compile() and cache as a synchronous one; all are finished when the block exits
+    with (compile_only([_common, attention, add_layer_norm, ffn, matmul]) as counts,
+          cf.ThreadPoolExecutor(args.jobs) as pool, AsyncCompileMode(pool)):
+        torch.manual_seed(0)
+        for name in args.workloads:
+            WORKLOADS[name]()
+    entries = sum(1 for d in cache.iterdir() if d.is_dir())
+    print(f"== {counts['launches']} launches compiled into {entries} cache entries in {time.time() - t0:.0f} s "
+          f"({cache})")
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    import triton_cache
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)  # the recipes' first
+    print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
+          f"{f', {skipped} left out (size)' if skipped else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
