@@ -42,20 +42,21 @@ def test_kv_cache_equals_full_recompute(norm, copy):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("norm,copy", [("post", False), ("pre", True)])
-def test_static_cache_steps_equal_the_growing_cache(norm, copy):
+@pytest.mark.parametrize("norm,copy,amp", [("post", False, False), ("pre", True, False), ("post", False, True)])
+def test_static_cache_steps_equal_the_growing_cache(norm, copy, amp):
     """init_state(static=True), what a CUDA graph of the step needs (fixed-size caches read whole,
     masked by the device-side position; beams reordered in place), decodes as the growing cache
-    does, step by step and after reordering rows."""
+    does, step by step and after reordering rows; under bf16 autocast too (the keys and values
+    come in bf16, the caches hold the encoder output's fp32)."""
     m = _model(norm=norm, final_norm=norm == "pre", copy=copy)
     src, sl = _src()
     tgt = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, V, (4, 6))], 1)
-    memory = m.encode(src, sl)
-    grow = m.init_state(memory, sl, max_len=7, src=src)
-    static = m.init_state(memory, sl, max_len=7, src=src, static=True)
-    assert isinstance(static.caches[0][0], StaticKVCache) and static.pos.device == memory.device
     order = torch.tensor([2, 2, 0, 1])
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        memory = m.encode(src, sl)
+        grow = m.init_state(memory, sl, max_len=7, src=src)
+        static = m.init_state(memory, sl, max_len=7, src=src, static=True)
+        assert isinstance(static.caches[0][0], StaticKVCache) and static.pos.device == memory.device
         for i in range(7):
             if i == 3:  # beam search's reorder, which keeps each row's source
                 grow.reorder(order, same_sources=True)
@@ -63,9 +64,9 @@ def test_static_cache_steps_equal_the_growing_cache(norm, copy):
             # the position term is added apart from the embedding kernel: a rounding's difference
             torch.testing.assert_close(m.decode_step(tgt[:, i : i + 1], static), m.decode_step(tgt[:, i : i + 1], grow),
                                        atol=1e-5, rtol=1e-5, msg=f"step {i}")
-    assert int(static.pos) == grow.pos == 7
-    with pytest.raises(ValueError, match="one step at a time"):
-        m.decode_step(tgt[:, :2], m.init_state(memory, sl, max_len=7, src=src, static=True))
+        assert int(static.pos) == grow.pos == 7
+        with pytest.raises(ValueError, match="one step at a time"):
+            m.decode_step(tgt[:, :2], m.init_state(memory, sl, max_len=7, src=src, static=True))
 
 
 @pytest.mark.parametrize("beam,no_repeat,min_len", [(1, 0, 0), (3, 0, 0), (3, 2, 2)])

@@ -87,8 +87,10 @@ class StaticKVCache(KVCache):
     def append(self, k: torch.Tensor, v: torch.Tensor):
         if k.shape[1] != 1:
             raise ValueError(f"StaticKVCache takes one step at a time, got {k.shape[1]}")
-        self.k.index_copy_(1, self.pos, k)  # past the capacity: index_copy_ raises (CPU) or asserts (CUDA)
-        self.v.index_copy_(1, self.pos, v)
+        # past the capacity index_copy_ raises (CPU) or asserts (CUDA); under autocast k and v come
+        # in its dtype and are stored in the cache's, as the growing cache's slice assignment does
+        self.k.index_copy_(1, self.pos, k.to(self.k.dtype))
+        self.v.index_copy_(1, self.pos, v.to(self.v.dtype))
         return self.k.transpose(1, 2), self.v.transpose(1, 2)
 
     def view(self):
