@@ -204,9 +204,9 @@ def main(argv=None) -> int:
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
     os.environ["TRITON_CACHE_DIR"] = str(cache)
     os.environ.setdefault("SCRATCHFORMER_AUTOTUNE", "1")  # the benchmarks' and training's config lists
-    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
-
     from triton.runtime._async_compile import AsyncCompileMode
+
+    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
 
     t0 = time.time()
     # compiles in `--jobs` threads (MLIR's passes and ptxas run outside the GIL), each through the
