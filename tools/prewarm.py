@@ -37,6 +37,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
 import argparse  # noqa: E402
 import concurrent.futures as cf  # noqa: E402
 import contextlib  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -189,41 +190,63 @@ def norm_workload() -> None:
 WORKLOADS = {"model": model_workload, "bench": bench_workload, "norm": norm_workload}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", nargs="+", default=["model", "bench"], choices=list(WORKLOADS))
-    p.add_argument("--cache-dir", type=Path, help="compile into this Triton cache (default: a fresh temporary one)")
-    p.add_argument("--out", type=Path, default=REPO / ".gpu_cache" / "triton-cache.tar.gz")
-    p.add_argument("--max-mb", type=float, default=15.0)
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
-    args = p.parse_args(argv)
-    if sys.version_info[:2] != (3, 12) or not triton.__version__.startswith("3.6"):
-        print(f"note: the GPU machines run Python 3.12 and Triton 3.6; this is Python "
-              f"{sys.version_info.major}.{sys.version_info.minor} and Triton {triton.__version__}: its entries "
-              "will not be theirs (Triton's key hashes its own build)", file=sys.stderr)
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
-    os.environ["TRITON_CACHE_DIR"] = str(cache)
-    os.environ.setdefault("SCRATCHFORMER_AUTOTUNE", "1")  # the benchmarks' and training's config lists
+def compile_pass(workloads: list[str], cache: Path, jobs: int) -> None:
+    """One process's compiles (the kernels' config lists are fixed at import, by the environment's
+    SCRATCHFORMER_AUTOTUNE)."""
     from triton.runtime._async_compile import AsyncCompileMode
 
     from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
 
     t0 = time.time()
-    # compiles in `--jobs` threads (MLIR's passes and ptxas run outside the GIL), each through the
+    # compiles in `jobs` threads (MLIR's passes and ptxas run outside the GIL), each through the
     # same compile() and cache as a synchronous one; all are finished when the block exits
     with (compile_only([_common, attention, add_layer_norm, ffn, matmul]) as counts,
-          cf.ThreadPoolExecutor(args.jobs) as pool, AsyncCompileMode(pool)):
+          cf.ThreadPoolExecutor(jobs) as pool, AsyncCompileMode(pool)):
         torch.manual_seed(0)
-        for name in args.workloads:
+        for name in workloads:
             WORKLOADS[name]()
     entries = sum(1 for d in cache.iterdir() if d.is_dir())
-    print(f"== {counts['launches']} launches compiled into {entries} cache entries in {time.time() - t0:.0f} s "
-          f"({cache})")
+    print(f"== SCRATCHFORMER_AUTOTUNE={os.environ.get('SCRATCHFORMER_AUTOTUNE')}: {counts['launches']} launches, "
+          f"{entries} cache entries so far, {time.time() - t0:.0f} s", flush=True)
+
+
+# the tile lists, in the order they are compiled and packed: pinned (one config per kernel: the
+# tests, the smoke runs and the issue-18 recipes) before tuned (every config: the benchmarks)
+TILES = {"pinned": "0", "tuned": "1"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", nargs="+", default=["model", "bench"], choices=list(WORKLOADS))
+    p.add_argument("--tiles", nargs="+", default=list(TILES), choices=list(TILES))
+    p.add_argument("--cache-dir", type=Path, help="compile into this Triton cache (default: a fresh temporary one)")
+    p.add_argument("--out", type=Path, default=REPO / ".gpu_cache" / "triton-cache.tar.gz")
+    p.add_argument("--max-mb", type=float, default=24.0, help="the archive's size cap (it travels in `carry`, "
+                   "whose 64 MiB it shares with the checkout, about 30 MB with the data)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
+    p.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)  # a child: compile, no pack
+    args = p.parse_args(argv)
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
+    if args.one_pass:
+        compile_pass(args.workloads, cache, args.jobs)
+        return 0
+    if sys.version_info[:2] != (3, 12) or not triton.__version__.startswith("3.6"):
+        print(f"note: the GPU machines run Python 3.12 and Triton 3.6; this is Python "
+              f"{sys.version_info.major}.{sys.version_info.minor} and Triton {triton.__version__}: its entries "
+              "will not be theirs (Triton's key hashes its own build)", file=sys.stderr)
+    for tiles in args.tiles:
+        env = {**os.environ, "SCRATCHFORMER_AUTOTUNE": TILES[tiles], "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "tools.prewarm", "--one-pass", "--workloads", *args.workloads,
+               "--cache-dir", str(cache), "--jobs", str(args.jobs)]
+        if subprocess.run(cmd, cwd=REPO, env=env).returncode != 0:
+            print(f"== prewarm: the {tiles} pass failed", file=sys.stderr)
+            return 1
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     import triton_cache
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)  # the recipes' first
+    packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)  # pinned, recipes first
     print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
           f"{f', {skipped} left out (size)' if skipped else ''}")
     return 0
