@@ -37,6 +37,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
 import argparse  # noqa: E402
 import concurrent.futures as cf  # noqa: E402
 import contextlib  # noqa: E402
+import hashlib  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -224,6 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-mb", type=float, default=24.0, help="the archive's size cap (it travels in `carry`, "
                    "whose 64 MiB it shares with the checkout, about 30 MB with the data)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
+    p.add_argument("--fresh", action="store_true", help="start empty, not from the archive already at --out")
     p.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)  # a child: compile, no pack
     args = p.parse_args(argv)
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
@@ -231,10 +234,19 @@ def main(argv=None) -> int:
     if args.one_pass:
         compile_pass(args.workloads, cache, args.jobs)
         return 0
+    from triton.runtime.cache import triton_key
+
+    # scripts/gpu/prelude.sh prints the GPU machine's: where the two differ, nothing carried can hit
+    print(f"== Triton {triton.__version__} build key {hashlib.sha256(triton_key().encode()).hexdigest()[:16]}")
     if sys.version_info[:2] != (3, 12) or not triton.__version__.startswith("3.6"):
         print(f"note: the GPU machines run Python 3.12 and Triton 3.6; this is Python "
               f"{sys.version_info.major}.{sys.version_info.minor} and Triton {triton.__version__}: its entries "
               "will not be theirs (Triton's key hashes its own build)", file=sys.stderr)
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    import triton_cache
+
+    if args.out.exists() and not args.fresh:  # what is carried now (a GPU window's, or an earlier prewarm)
+        print(f"== kept first: {triton_cache.restore(args.out, cache)} entries of {args.out}", flush=True)
     for tiles in args.tiles:
         env = {**os.environ, "SCRATCHFORMER_AUTOTUNE": TILES[tiles], "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-m", "tools.prewarm", "--one-pass", "--workloads", *args.workloads,
@@ -242,13 +254,13 @@ def main(argv=None) -> int:
         if subprocess.run(cmd, cwd=REPO, env=env).returncode != 0:
             print(f"== prewarm: the {tiles} pass failed", file=sys.stderr)
             return 1
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    import triton_cache
-
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)  # pinned, recipes first
+    # oldest first: what was carried, then the pinned tiles (the recipes first), then the tuned ones
+    packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)
     print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
           f"{f', {skipped} left out (size)' if skipped else ''}")
+    if args.cache_dir is None:  # the temporary cache (with its IR files: hundreds of MB) goes
+        shutil.rmtree(cache, ignore_errors=True)
     return 0
 
 

@@ -186,6 +186,12 @@ for dist in ("triton", "numpy", "pip", "setuptools", "rouge-score", "nltk", "sac
         print(dist, md.version(dist))
     except md.PackageNotFoundError:
         print(dist, "MISSING")
+try:  # what Triton's cache keys hash of Triton itself: equal to tools/prewarm.py's, its entries can hit
+    import hashlib
+    from triton.runtime.cache import triton_key
+    print("triton build key", hashlib.sha256(triton_key().encode()).hexdigest()[:16])
+except Exception as e:  # noqa: BLE001  (informative only)
+    print("triton build key unknown:", e)
 EOF
 }
 SOURCES_HASH=$(bash "$REPO/scripts/gpu/ext_sources.sh")
