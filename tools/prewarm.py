@@ -118,7 +118,8 @@ def _triton_model(cfg_kw: dict):
 
 
 # (name, model config, batch rows, source length, target length): the recipes' models and the
-# benchmarks' presets, at lengths whose strides divide by 16 as the real batches' do
+# benchmarks' presets. A kernel's specialisation follows its dims and strides modulo 16, which the
+# model's widths fix (the batch's lengths and row counts are not specialised on), its dtypes and flags
 MODELS = [
     ("small post-LN relu (Multi30k, SAMSum --copy)", dict(preset="small", src_vocab_size=8000, copy=True), 64, 48, 48),
     ("small 3 layers (IWSLT)", dict(preset="small", src_vocab_size=10000, n_encoder_layers=3, n_decoder_layers=3),
