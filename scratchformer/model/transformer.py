@@ -225,11 +225,10 @@ class Transformer(_Model):
         B, Ls, _ = memory.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
+        shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=memory.dtype)
         caches = []
         for layer in self.decoder.layers:
-            kw = dict(device=memory.device, dtype=memory.dtype)
-            self_cache = StaticKVCache.empty(B, max_len, H, D, **kw, pos=pos) if static else KVCache.empty(
-                B, max_len, H, D, **kw)
+            self_cache = StaticKVCache.empty(*shape, **kw, pos=pos) if static else KVCache.empty(*shape, **kw)
             k, v = layer.cross_attn.project_kv(memory)
             caches.append((self_cache, KVCache(k.contiguous(), v.contiguous(), Ls)))
         if self.copy is None:
