@@ -365,6 +365,10 @@ def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, 
             os.utime(f, (1000.0 + i, 1000.0 + i))
     packed, skipped = triton_cache.pack(cache, tmp_path / "c.tar.gz", max_mb=60_000 / 2**20)
     assert (packed, skipped) == (1, 1)
+    # xz, cut by a first try's ratio: random binaries do not compress, so again one of the two
+    assert triton_cache.pack(cache, tmp_path / "c.tar.xz", max_mb=60_000 / 2**20) == (1, 1)
+    assert (tmp_path / "c.tar.xz").stat().st_size <= 60_000
+    assert triton_cache.pack(cache, tmp_path / "all.tar.xz", max_mb=1) == (2, 0)
     assert {n.split("/")[0] for n in tarfile.open(tmp_path / "c.tar.gz").getnames()} == {"new" + "0" * 29}
     assert (tmp_path / "c.tar.gz").stat().st_size <= 60_000
     bad = tmp_path / "bad.tar.gz"
@@ -375,18 +379,24 @@ def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, 
 
 
 def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):
-    """run.sh restores the carried archive into TRITON_CACHE_DIR once per machine, and packs that
-    folder into $OUT/triton-cache.tar.gz at the end of the call, whatever its steps did."""
+    """run.sh restores the carried archives (prewarm's .tar.xz, a call's .tar.gz) into
+    TRITON_CACHE_DIR once per machine, and packs that folder into $OUT/triton-cache.tar.gz at the
+    end of the call, whatever its steps did."""
     src = tmp_path / "src"
     (src / "e").mkdir(parents=True)
     (src / "e" / "k.json").write_text("{}")
-    carried = tmp_path / "carried.tar.gz"
-    with tarfile.open(carried, "w:gz") as tar:
+    (src / "f").mkdir()
+    (src / "f" / "k.cubin").write_bytes(b"\x7fELF")
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    with tarfile.open(carried / "triton-cache.tar.gz", "w:gz") as tar:
         tar.add(src / "e" / "k.json", arcname="e/k.json")
+    with tarfile.open(carried / "prewarm.tar.xz", "w:xz") as tar:
+        tar.add(src / "f" / "k.cubin", arcname="f/k.cubin")
     out, cache = tmp_path / "out", tmp_path / "cache"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache), "TRITON_CACHE_CARRIED": str(carried)}
     res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
     assert res.returncode == 1 and "no step 99" in res.stdout, res.stdout + res.stderr
-    assert (cache / "e" / "k.json").exists() and (cache / ".restored").exists()
-    assert tarfile.open(out / "triton-cache.tar.gz").getnames() == ["e/k.json"]
+    assert (cache / "e" / "k.json").exists() and (cache / "f" / "k.cubin").exists() and (cache / ".restored").exists()
+    assert sorted(tarfile.open(out / "triton-cache.tar.gz").getnames()) == ["e/k.json", "f/k.cubin"]

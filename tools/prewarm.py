@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
+# before any kernel module is imported; "0", not unset, so that the tests' conftest (the plugin's
+# run) does not turn the interpreter on
+os.environ["TRITON_INTERPRET"] = "0"
 
 import argparse  # noqa: E402
 import concurrent.futures as cf  # noqa: E402
@@ -213,6 +215,47 @@ def compile_pass(workloads: list[str], cache: Path, jobs: int) -> None:
           f"{entries} cache entries so far, {time.time() - t0:.0f} s", flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# the kernel tests' launches (the GPU plan's step 10 runs them with pinned tiles): a pytest plugin,
+# `-p tools.prewarm`, in a run with asserts off (-O) as tests/compile_recorder.py's count is made
+# ---------------------------------------------------------------------------------------------
+
+SUITE = ["tests/test_attention.py", "tests/test_add_layer_norm.py", "tests/test_ffn.py", "tests/test_model_triton.py"]
+_SESSION = contextlib.ExitStack()
+
+
+def pytest_configure(config):
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    from scratchformer import ops
+    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
+
+    ops._prepare_triton = lambda device: None  # the triton backend on the CPU without the interpreter
+    torch.testing.assert_close = lambda *args, **kwargs: None  # outputs are never computed
+    _SESSION.enter_context(compile_only([_common, attention, add_layer_norm, ffn, matmul]))
+    pool = _SESSION.enter_context(cf.ThreadPoolExecutor(int(os.environ.get("PREWARM_JOBS", "1"))))
+    _SESSION.enter_context(AsyncCompileMode(pool))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SESSION.close()  # the outstanding compiles finish
+
+
+def tests_pass(cache: Path, jobs: int) -> None:
+    """The kernel test suite, compile-only, with pinned tiles (its failures are the garbage
+    outputs': only the launches count)."""
+    t0 = time.time()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "SCRATCHFORMER_AUTOTUNE": "0", "PYTHONPATH": str(REPO),
+           "TRITON_CACHE_DIR": str(cache), "PREWARM_JOBS": str(jobs)}
+    cmd = [sys.executable, "-O", "-m", "pytest", "--assert=plain", "-p", "tools.prewarm", "-p", "no:cacheprovider",
+           "-q", "-o", "addopts=", *SUITE]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    summary = res.stdout.strip().splitlines()[-1:] or res.stderr.strip().splitlines()[-1:]
+    entries = sum(1 for d in cache.iterdir() if d.is_dir())
+    print(f"== the kernel tests, pinned: {entries} cache entries so far, {time.time() - t0:.0f} s "
+          f"(pytest: {summary[0] if summary else 'no output'})", flush=True)
+
+
 # the tile lists, in the order they are compiled and packed: pinned (one config per kernel: the
 # tests, the smoke runs and the issue-18 recipes) before tuned (every config: the benchmarks)
 TILES = {"pinned": "0", "tuned": "1"}
@@ -223,11 +266,12 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", nargs="+", default=["model", "bench"], choices=list(WORKLOADS))
     p.add_argument("--tiles", nargs="+", default=list(TILES), choices=list(TILES))
     p.add_argument("--cache-dir", type=Path, help="compile into this Triton cache (default: a fresh temporary one)")
-    p.add_argument("--out", type=Path, default=REPO / ".gpu_cache" / "triton-cache.tar.gz")
-    p.add_argument("--max-mb", type=float, default=24.0, help="the archive's size cap (it travels in `carry`, "
-                   "whose 64 MiB it shares with the checkout, about 30 MB with the data)")
+    p.add_argument("--out", type=Path, default=REPO / ".gpu_cache" / "prewarm.tar.xz")
+    p.add_argument("--max-mb", type=float, default=16.0, help="the archive's size cap: it travels in `carry`, whose "
+                   "64 MiB it shares with the checkout (21 MB), the wheels, the extension, the data (7 MB) and a "
+                   "call's cache archive (15 MiB)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at a time")
-    p.add_argument("--fresh", action="store_true", help="start empty, not from the archive already at --out")
+    p.add_argument("--no-tests", dest="tests", action="store_false", help="leave out the kernel tests' launches")
     p.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)  # a child: compile, no pack
     args = p.parse_args(argv)
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="triton-prewarm-"))
@@ -243,11 +287,6 @@ def main(argv=None) -> int:
         print(f"note: the GPU machines run Python 3.12 and Triton 3.6; this is Python "
               f"{sys.version_info.major}.{sys.version_info.minor} and Triton {triton.__version__}: its entries "
               "will not be theirs (Triton's key hashes its own build)", file=sys.stderr)
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    import triton_cache
-
-    if args.out.exists() and not args.fresh:  # what is carried now (a GPU window's, or an earlier prewarm)
-        print(f"== kept first: {triton_cache.restore(args.out, cache)} entries of {args.out}", flush=True)
     for tiles in args.tiles:
         env = {**os.environ, "SCRATCHFORMER_AUTOTUNE": TILES[tiles], "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-m", "tools.prewarm", "--one-pass", "--workloads", *args.workloads,
@@ -255,8 +294,14 @@ def main(argv=None) -> int:
         if subprocess.run(cmd, cwd=REPO, env=env).returncode != 0:
             print(f"== prewarm: the {tiles} pass failed", file=sys.stderr)
             return 1
+    if args.tests:
+        tests_pass(cache, args.jobs)
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    import triton_cache
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    # oldest first: what was carried, then the pinned tiles (the recipes first), then the tuned ones
+    # oldest first, as compiled: the models' pinned tiles (the recipes), their tuned ones (the
+    # benchmarks, compiled serially on the GPU), then the tests' (which 14 processes compile there)
     packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)
     print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
           f"{f', {skipped} left out (size)' if skipped else ''}")

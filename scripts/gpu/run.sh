@@ -4,15 +4,19 @@
 # CALL_SECONDS (default 570, the device allows 600 a command) is the call's budget: every step's
 # timeouts are capped to what is left of it, and a step that would start with under a minute left
 # is skipped (and named), so the call ends inside its limit and every archive comes back.
-# Triton's cache lives at a fixed path; the one carried in .gpu_cache/ (an earlier call's, possibly
-# on another machine) is restored into it first, and it goes back packed as $OUT/triton-cache.tar.gz
-# (scripts/gpu/triton_cache.py): a fresh machine then loads what an earlier one compiled and tuned.
+# Triton's cache lives at a fixed path; the archives carried in .gpu_cache/ (tools/prewarm.py's,
+# prewarm.tar.xz, and an earlier call's, triton-cache.tar.gz) are restored into it first (once per
+# machine), and it goes back packed as $OUT/triton-cache.tar.gz (scripts/gpu/triton_cache.py): a
+# fresh machine then loads what was compiled and tuned before instead of compiling it again.
 export GPU_DEADLINE=$(( $(date +%s) + ${CALL_SECONDS:-570} ))
 here=$(cd "$(dirname "$0")" && pwd)
-carried=${TRITON_CACHE_CARRIED:-$here/../../.gpu_cache/triton-cache.tar.gz}
+carried=${TRITON_CACHE_CARRIED:-$here/../../.gpu_cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/scratchformer-triton-cache}
-if [ -f "$carried" ] && [ ! -e "$TRITON_CACHE_DIR/.restored" ]; then
-  python3 "$here/triton_cache.py" restore "$carried" "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/.restored"
+if [ ! -e "$TRITON_CACHE_DIR/.restored" ]; then
+  for archive in "$carried"/*.tar.xz "$carried"/*.tar.gz; do
+    [ -f "$archive" ] && python3 "$here/triton_cache.py" restore "$archive" "$TRITON_CACHE_DIR"
+  done
+  mkdir -p "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/.restored"
 fi
 rc=0
 for n in "$@"; do

@@ -1,8 +1,8 @@
 """Triton's on-disk cache carried from one GPU machine to the next: what was compiled (and tuned)
 in one call is a cache hit in the next, even on a fresh machine.
 
-    python scripts/gpu/triton_cache.py pack CACHE_DIR OUT.tar.gz [--max-mb 15]
-    python scripts/gpu/triton_cache.py restore IN.tar.gz CACHE_DIR
+    python scripts/gpu/triton_cache.py pack CACHE_DIR OUT.tar.gz|OUT.tar.xz [--max-mb 15]
+    python scripts/gpu/triton_cache.py restore ARCHIVE CACHE_DIR
 
 Compiling is most of a GPU step's time (scripts/gpu/README.md), and a machine left idle for 30 s
 is given back: the next call starts bare and compiles everything again. Triton's cache is
@@ -36,32 +36,57 @@ def _entries(cache: Path, newest_first: bool) -> list[Path]:
     return sorted(dirs, key=lambda d: max((f.stat().st_mtime for f in d.iterdir()), default=0.0), reverse=newest_first)
 
 
+def _kept(entry: Path) -> list[Path]:
+    return sorted(f for f in entry.iterdir() if f.is_file() and f.name.endswith(KEEP))
+
+
 def pack(cache: Path, out: Path, max_mb: float = 15.0, newest_first: bool = True) -> tuple[int, int]:
     """Archive the entries that fit, newest first (or oldest: tools/prewarm.py compiles the most
-    wanted first); returns (entries packed, entries left out)."""
+    wanted first); returns (entries packed, entries left out). OUT ending in .xz: xz, which packs
+    Triton's binaries twice as tightly as gzip (similar kernels, one solid stream) but cannot be
+    measured as it is written, so the entries are cut by the ratio of a first try; else gzip, cut
+    exactly (fast: what a GPU call sends back)."""
     if not cache.is_dir():
         raise FileNotFoundError(f"no Triton cache folder at {cache}")
+    entries = [(e, files) for e in _entries(cache, newest_first) if (files := _kept(e))]
     limit = int(max_mb * 2**20)
-    packed = skipped = 0
+    if out.name.endswith(".xz"):
+        return _pack_xz(entries, out, limit)
+    packed = 0
     with open(out, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for entry in _entries(cache, newest_first):
-            files = sorted(f for f in entry.iterdir() if f.is_file() and f.name.endswith(KEEP))
-            size = sum(f.stat().st_size for f in files)
+        for entry, files in entries:
             # the bytes written so far, plus this entry uncompressed: a bound that never overshoots
-            if not files or raw.tell() + size > limit:
-                skipped += bool(files)
+            if raw.tell() + sum(f.stat().st_size for f in files) > limit:
                 continue
             for f in files:
                 tar.add(f, arcname=f"{entry.name}/{f.name}")
             tar.fileobj.flush()  # gzip's buffers into raw, so raw.tell() is what is written
             packed += 1
-    return packed, skipped
+    return packed, len(entries) - packed
+
+
+def _pack_xz(entries, out: Path, limit: int) -> tuple[int, int]:
+    sizes = [sum(f.stat().st_size for f in files) for _, files in entries]
+    n = len(entries)
+    while True:
+        with tarfile.open(out, "w:xz", preset=6) as tar:
+            for entry, files in entries[:n]:
+                for f in files:
+                    tar.add(f, arcname=f"{entry.name}/{f.name}")
+        size = out.stat().st_size
+        if size <= limit or n == 0:
+            return n, len(entries) - n
+        # the longest prefix whose raw bytes, at this try's ratio, fill 97% of the limit (fewer than now)
+        budget, total, fit = 0.97 * limit * sum(sizes[:n]) / size, 0, 0
+        while fit < n and total + sizes[fit] <= budget:
+            total, fit = total + sizes[fit], fit + 1
+        n = min(fit, n - 1)
 
 
 def restore(archive: Path, cache: Path) -> int:
     """Unpack into `cache` and point the group files at it; returns the entries restored."""
     cache.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r:gz") as tar:
+    with tarfile.open(archive, "r:*") as tar:
         members = [m for m in tar.getmembers() if m.isfile()]
         for m in members:
             parts = Path(m.name).parts
