@@ -1,8 +1,9 @@
 """Triton's cache filled on the CPU machine with the kernels a GPU window compiles first, so the
 window's first minutes load them instead (scripts/gpu/triton_cache.py carries the archive).
 
-    .venv-gpu/bin/python -m tools.prewarm [--workloads model bench] [--jobs 2] \
-        [--out .gpu_cache/triton-cache.tar.gz]                                (from the repo root)
+    make gpu-prewarm        (= .venv-gpu/bin/python -m tools.prewarm [--workloads model bench]
+                            [--tiles pinned tuned] [--no-tests] [--jobs N] [--max-mb 16]
+                            [--out .gpu_cache/prewarm.tar.xz], from the repo root)
 
 What a GPU step spends first is compiling: every autotune config of every kernel specialisation
 its shapes reach, 1-3 s of CPU each (step 30's compile pass: 111-131 s per triton case on an
@@ -22,7 +23,11 @@ Autotuner keeps for that launch (`Autotuner.warmup`). What runs through them is 
   benchmarks' presets: small (Post-LN, ReLU; Multi30k, IWSLT with 3 layers, SAMSum with --copy),
   base (CNN/DM), and Pre-LN and GELU variants;
 - bench: the kernel benchmarks' own calls where they differ from the model's (attention at head
-  dim 128, causal and padded; the FFN with GELU).
+  dim 128, causal and padded; the FFN with GELU);
+each with the pinned tiles (SCRATCHFORMER_AUTOTUNE=0: the tests, smoke runs and recipes) and the
+tuned lists (the benchmarks), a process each (the lists are fixed at import); then the kernel
+tests themselves, pinned, with asserts off (`python -O -m pytest --assert=plain -p tools.prewarm`,
+as tests/compile_recorder.py counts them). Packed in that order into an xz archive of --max-mb.
 The outputs are garbage (no kernel runs): only shapes, dtypes, strides and flags matter, and
 those are what the model code produces. On the GPU the carried entries are cache hits exactly
 when all of the above match; a miss costs nothing but the compile it would have done anyway.
