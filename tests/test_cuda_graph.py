@@ -52,6 +52,26 @@ def test_capture_refuses_an_optimizer_that_is_not_capturable():
         capture_step(lambda: None, opt)
 
 
+def test_capture_step_sets_the_gradients_to_none_before_each_update(monkeypatch):
+    """What capture_step hands the capture (stood in for here: on a GPU the last call is recorded,
+    not run): `warmup` updates, then the captured one, each starting from no gradients, so the
+    captured backward creates them in the graph's pool and no replay accumulates."""
+    from scratchformer import graphs
+
+    calls = []
+    monkeypatch.setattr(graphs, "capture", lambda fn, warmup: ([fn() for _ in range(warmup + 1)], lambda: None))
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)  # capturable AdamW needs CUDA tensors
+
+    def update():
+        calls.append(w.grad is None)
+        (w * 2).sum().backward()
+        opt.step()
+
+    capture_step(update, opt, warmup=3)
+    assert calls == [True] * 4
+
+
 @requires_cuda
 @pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
 def test_replays_train_as_launched_steps(kernel):

@@ -93,6 +93,7 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
     warm-up and the capture) decodes what launched steps decode. The CUDA graph is stood in for
     by what a capture and a replay do to those buffers (the capture's call runs here, its effects
     are rewritten as the warm-up's are); tests/test_cuda_graph.py replays real ones on a GPU."""
+    from scratchformer import graphs
     from scratchformer.model import decoding
 
     def fake_capture(fn, warmup=1):
@@ -108,7 +109,7 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
         lambda: beam_search(m, src, sl, beam_size=beam, **kw))
     ref = search()
     monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
-    monkeypatch.setattr(decoding, "_capture", fake_capture)
+    monkeypatch.setattr(graphs, "capture", fake_capture)
     assert torch.equal(search(), ref)
 
 

@@ -36,6 +36,7 @@ import warnings
 
 import torch
 
+from .. import graphs
 from .. import ops as backends
 from .config import BOS_ID, EOS_ID, PAD_ID
 
@@ -77,7 +78,7 @@ def _graph_step(model, state, rows: int):
     rewrites. The position is rewound after the warm-up; what it wrote at position 0 is rewritten
     by the first real step before anything reads it."""
     tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=state.memory.device)
-    logits, replay = _capture(lambda: model.decode_step(tokens, state))
+    logits, replay = graphs.capture(lambda: model.decode_step(tokens, state))
     state.pos.zero_()
 
     def step(last):
@@ -86,26 +87,6 @@ def _graph_step(model, state, rows: int):
         return logits
 
     return step
-
-
-def _capture(fn, warmup: int = 1):
-    """fn() captured as a CUDA graph -> (its output, the graph's replay). The warm-up calls (Triton
-    compiles and autotuning, cuBLAS workspaces) run on a side stream; the capture runs nothing."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    # under autocast, its cache of cast weights off: each cast is captured, none outlives its graph
-    amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"), dtype=torch.get_autocast_dtype("cuda"),
-               cache_enabled=False)
-    with torch.cuda.stream(side), torch.autocast(**amp):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: a training loader's pin-memory thread may allocate pinned memory meanwhile
-    # (validation decodes mid-epoch), which the default "global" mode would count against the capture
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.autocast(**amp):
-        out = fn()
-    return out, graph.replay
 
 
 def _next_logits(step, last, bos_id, pad_id):

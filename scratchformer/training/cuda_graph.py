@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from .. import graphs
+
 
 def capture_step(update: Callable[[], object], optimizer: torch.optim.Optimizer, warmup: int = 3) -> Callable[[], None]:
     """The replay of a CUDA graph of one `update()` (forward, backward, clipping, optimizer step;
@@ -31,15 +33,9 @@ def capture_step(update: Callable[[], object], optimizer: torch.optim.Optimizer,
     if any(g.get("capturable") is False for g in optimizer.param_groups):  # Adam(W)s have the flag; SGD needs none
         raise ValueError("capture_step: the optimizer must be created with capturable=True (its step count "
                          "on the device), or each replay would reuse the captured learning-rate factors")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            optimizer.zero_grad(set_to_none=True)
-            update()
-    torch.cuda.current_stream().wait_stream(side)
-    optimizer.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)  # inside the capture: the gradients live in its pool
         update()
-    return graph.replay
+
+    return graphs.capture(step, warmup)[1]
