@@ -53,10 +53,10 @@ def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
 
 def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
     """The decoding state and its step, tokens (N, 1) -> next-token logits (N, V)."""
-    graphs = _use_graphs(cuda_graph, memory.device)
-    state = model.init_state(memory, src_lengths, max_len, src=src, static=graphs)
+    replayed = _use_graphs(cuda_graph, memory.device)
+    state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed)
     launched = lambda last: model.decode_step(last, state)  # noqa: E731
-    if not graphs:
+    if not replayed:
         return state, launched
     try:
         return state, _graph_step(model, state, memory.shape[0])
