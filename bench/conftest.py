@@ -14,6 +14,8 @@ import pytest
 import torch
 import triton
 
+from scratchformer.graphs import capture
+
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="GPU benchmark: needs a CUDA device")
 
@@ -90,31 +92,22 @@ def graph_time(fn, calls: int = 3, rounds: int = 5) -> float:
     training step would not), the graph replayed `rounds` times (median); the writes' own time,
     from a graph of the writes alone, is subtracted. run_bench asks for enough calls to make a
     replay about a millisecond of work, so a replay's jitter is a small share of a call's time.
-    fn runs once more first, on a side stream (cuBLAS workspaces and lazy inits, as
-    `torch.cuda.graph` asks). Raises if fn cannot be captured (a host sync, a CPU tensor it
+    The calls run once more first, on a side stream (`scratchformer.graphs.capture`: cuBLAS
+    workspaces and lazy inits). Raises if fn cannot be captured (a host sync, a CPU tensor it
     moves, ...)."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
     def replay_seconds(body) -> float:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                body()
-        graph.replay()  # the first replay uploads the graph
+        _, replay = capture(lambda: [body() for _ in range(calls)])
+        replay()  # the first replay uploads the graph
         times = []
         for _ in range(rounds):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            graph.replay()
+            replay()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        del graph
         return sorted(times)[len(times) // 2]
 
     writes = replay_seconds(flush.zero_)
