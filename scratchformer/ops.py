@@ -64,6 +64,7 @@ class Ops:
     add_layer_norm: Callable
     ffn: Callable
     embed: Callable
+    head_dims: tuple[int, ...] | None = None  # the attention head dims it runs (None: any)
 
     def __reduce__(self):  # pickled and deep-copied by name (torch.save(model), copy.deepcopy): same bundle back
         return _bundle, (self.name,)
@@ -84,12 +85,14 @@ def resolve(kernel: str, device: torch.device | str = "cpu") -> str:
     return kernel
 
 
-def select(kernel: str, device: torch.device | str | None = None) -> Ops:
-    """The `Ops` of backend `kernel` (auto | eager | torch | triton) for tensors on `device` (default CPU).
+def select(kernel: str, device: torch.device | str | None = None, head_dim: int | None = None) -> Ops:
+    """The `Ops` of backend `kernel` (auto | eager | torch | triton) for tensors on `device` (default CPU),
+    for a model whose attention heads are `head_dim` wide (None: not checked here).
 
-    Raises ValueError for an unknown backend or a device the backend cannot run on, and
-    NotImplementedError / RuntimeError naming what is missing when the triton backend's kernels or
-    the C++ extension cannot be loaded.
+    'auto' on CUDA is triton, or torch where triton's attention does not run that head dim. Raises
+    ValueError for an unknown backend, a device the backend cannot run on, or a head dim triton's
+    attention does not run (named with the ones it does), and NotImplementedError / RuntimeError
+    naming what is missing when the triton backend's kernels or the C++ extension cannot be loaded.
     """
     device = torch.device("cpu" if device is None else device)
     name = resolve(kernel, device)
@@ -98,7 +101,13 @@ def select(kernel: str, device: torch.device | str | None = None) -> Ops:
     if name == "torch":
         return TORCH
     _prepare_triton(device)
-    return _triton_ops()
+    ops = _triton_ops()
+    if head_dim is None or head_dim in ops.head_dims:
+        return ops
+    if kernel == "auto":
+        return TORCH
+    raise ValueError(f"the triton backend's attention runs head dim {', '.join(map(str, ops.head_dims))}, not "
+                     f"{head_dim} (d_model / heads): change --d-model or --heads, or use --kernel torch or eager")
 
 
 def _bundle(name: str) -> Ops:
@@ -118,7 +127,8 @@ def _triton_ops() -> Ops:
     # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul.
     return Ops("triton", _adapt(attention.attention, _check_attention, cast=3),
                _adapt(add_layer_norm.add_layer_norm, _check_add_layer_norm),
-               _adapt(ffn.ffn, _check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, _check_embed))
+               _adapt(ffn.ffn, _check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, _check_embed),
+               head_dims=attention.HEAD_DIMS)
 
 
 def _prepare_triton(device: torch.device) -> None:

@@ -197,7 +197,7 @@ def test_moving_a_model_chooses_its_ops_again(monkeypatch):
     m = build_model(_cfg(kernel="auto"))
     calls = []
     select = ops.select
-    monkeypatch.setattr(ops, "select", lambda k, d: calls.append((k, torch.device(d).type)) or select(k, d))
+    monkeypatch.setattr(ops, "select", lambda k, d, *a: calls.append((k, torch.device(d).type)) or select(k, d, *a))
     m.float()  # same device: nothing to choose
     assert calls == []
     m.to("meta")

@@ -2,6 +2,7 @@
 spec, the torch peer and the triton kernels (Triton's interpreter here) refuse the same calls with
 the same message, and agree on the edge cases they accept (attention with no key at all).
 
+A model refuses, when it is built, a backend that cannot run its attention heads' width.
 Decoding's public entry (`beam_search`) refuses a length penalty that cannot rank anything.
 """
 
@@ -9,10 +10,10 @@ import re
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, requires_cuda
 
 from scratchformer import ops
-from scratchformer.model import ModelConfig, Transformer, beam_search
+from scratchformer.model import Classifier, ModelConfig, Transformer, beam_search
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
 
@@ -170,15 +171,39 @@ def test_attention_refuses_bad_dropout_with_the_op_named(ops_backend):
 
 
 # ---------------------------------------------------------------------------------------------
+# the backend, chosen once where a model is built
+# ---------------------------------------------------------------------------------------------
+
+
+def _cfg(d_model, n_heads, kernel, **kw):
+    kw = dict(n_encoder_layers=1, n_decoder_layers=1, d_ff=32, dropout=0.0) | kw
+    return ModelConfig(src_vocab_size=12, d_model=d_model, n_heads=n_heads, kernel=kernel, **kw)
+
+
+@pytest.mark.parametrize("model", [Transformer, Classifier])
+def test_a_triton_model_refuses_a_head_dim_its_attention_does_not_run(model):
+    """At build, naming the head dims it runs: it was the first forward's error, mid-training."""
+    kw = dict(num_classes=2, n_decoder_layers=0) if model is Classifier else {}
+    with pytest.raises(ValueError, match=r"triton backend's attention runs head dim 16, 32, 64, 128, not 12 "
+                                         r"\(d_model / heads\): .*--kernel torch or eager"):
+        model(_cfg(24, 2, "triton", **kw), device=DEVICE)
+    assert model(_cfg(32, 2, "triton", **kw), device=DEVICE).ops.name == "triton"
+
+
+@requires_cuda
+def test_auto_runs_a_head_dim_triton_cannot_on_torch():
+    assert Transformer(_cfg(16, 2, "auto"), device="cuda").ops.name == "torch"
+    assert Transformer(_cfg(32, 2, "auto"), device="cuda").ops.name == "triton"
+
+
+# ---------------------------------------------------------------------------------------------
 # decoding
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("penalty", [float("nan"), float("inf"), -float("inf")])
 def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
-    cfg = ModelConfig(src_vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                      dropout=0.0)
-    model = Transformer(cfg, device=DEVICE).eval()
+    model = Transformer(_cfg(16, 2, "auto"), device=DEVICE).eval()
     src, lengths = torch.randint(4, 12, (2, 5)), torch.tensor([5, 3])
     with pytest.raises(ValueError, match=rf"length_penalty must be a finite number, got {penalty}"):
         beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=penalty)

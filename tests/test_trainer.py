@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import requires_cuda
+from conftest import DEVICE, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer import data as D
@@ -100,7 +100,8 @@ def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
         from scratchformer.kernels import attention
 
         monkeypatch.setattr(attention, "value_checks", lambda t: False)
-    tr = _trainer(tmp_path, *flags)
+    # triton on a GPU machine: its kernels on the GPU (the interpreter may not run with that stack)
+    tr = _trainer(tmp_path, *flags, device=DEVICE if "triton" in flags else "cpu")
     first, second = _batches(tr, 2)
     tr.train_step(first)  # creates the optimizer's state
     counters = [s["step"] for s in tr.optimizer.state.values()]

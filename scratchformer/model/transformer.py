@@ -140,7 +140,7 @@ class _Model(nn.Module):
         device = torch.device(device)
         if getattr(self, "ops", None) is not None and device.type == self._ops_device_type:
             return
-        chosen = backends.select(self.cfg.kernel, device)
+        chosen = backends.select(self.cfg.kernel, device, self.cfg.head_dim)
         for m in self.modules():
             if "ops" in vars(m):
                 m.ops = chosen
