@@ -77,7 +77,8 @@ def value_checks(t: torch.Tensor) -> bool:
 
 
 def resolve(kernel: str, device: torch.device | str = "cpu") -> str:
-    """The --kernel flag as a concrete backend name for `device` ('auto': triton on CUDA, else eager)."""
+    """The --kernel flag as a backend name for `device` ('auto': triton on CUDA, else eager; `select`
+    takes torch instead where triton's attention does not run the model's head dim)."""
     if kernel not in KERNELS + ("auto",):
         raise ValueError(f"unknown kernel backend {kernel!r}; choose one of {('auto',) + KERNELS}")
     if kernel == "auto":
