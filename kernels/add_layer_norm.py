@@ -32,6 +32,11 @@ Both kernels work on (BLOCK_M, BLOCK_N) tiles of BLOCK_M whole rows (`_block_m`)
 GPU from 512 columns up, several for narrower rows, and in Triton's interpreter, which pays per
 program and per op rather than per element, up to 16k elements at once (a tiny model's training
 step went from 86 s to 5 s of add+LayerNorm there). A row's arithmetic is the same at any BLOCK_M.
+On a GPU with autotuning on (`SCRATCHFORMER_AUTOTUNE`, the default) the forward's rows per
+program and warps are tuned per N among `_block_m`'s choice and tiles of 2-16 rows (`FWD_CONFIGS`):
+at N 512-1024, one row per program reached 0.44-0.60 of the copy bandwidth on an H100 (2026-11-26),
+while torch.compile's fused add+LayerNorm, whose persistent reductions give a program several
+rows at small N, beat it at every N.
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -64,6 +69,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    AUTOTUNE,
     INTERPRET,
     NONE_SHAPE,
     apply_dropout,
@@ -73,6 +79,7 @@ from ._common import (
     define_op,
     dropout_keep,
     dropout_rng,
+    launch_tuned,
     load_dropout_rng,
     next_pow2,
 )
@@ -213,6 +220,28 @@ def _add_layer_norm_bwd_kernel(
         tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_ok)
 
 
+# The forward's (BLOCK_M rows, warps) candidates on a GPU when autotuning (module docstring): per
+# launch, `_block_m`'s own choice, then those of the list whose tile holds at most 8k fp32 values
+# (32 a thread at 8 warps; 16 rows of 1024 took all 255 registers in the sm_90 compile check)
+# and at least 4 a thread.
+FWD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
+               for bm, w in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (16, 8))]
+
+
+def _prune_fwd(configs, nargs, **kwargs):
+    block_n = kwargs["BLOCK_N"]
+    bm = _block_m(nargs["M"], block_n)
+    own = (bm, _num_warps(bm, block_n))
+    kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= 1 << 13
+            and (c.kwargs["BLOCK_M"], c.num_warps) != own]
+    return [triton.Config({"BLOCK_M": own[0]}, num_warps=own[1])] + kept
+
+
+_add_layer_norm_fwd_tuned = triton.autotune(
+    FWD_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd},
+)(_add_layer_norm_fwd_kernel)
+
+
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
@@ -281,16 +310,19 @@ def add_layer_norm_fwd(
     has_dropout = dropout_p > 0.0
     mask = torch.empty((M, N), dtype=torch.int8, device=x.device) if (store_mask and has_dropout) else None
     BLOCK_N = next_pow2(N)
-    BLOCK_M = _block_m(M, BLOCK_N)
     if M > 0:
-        _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
-            x2, res2, weight, bias if bias is not None else weight, y,
-            s if s is not None else y, mean, rstd, mask if mask is not None else y,
-            x2.stride(0), res2.stride(0), M, N, eps, dropout_p, rng if has_dropout else mean,
-            HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=has_dropout,
-            STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-            num_warps=_num_warps(BLOCK_M, BLOCK_N),
-        )
+        args = (x2, res2, weight, bias if bias is not None else weight, y,
+                s if s is not None else y, mean, rstd, mask if mask is not None else y,
+                x2.stride(0), res2.stride(0), M, N, eps, dropout_p, rng if has_dropout else mean)
+        flags = dict(HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=has_dropout,
+                     STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_N=BLOCK_N)
+        if AUTOTUNE and not INTERPRET:  # the Autotuner's key: N and the dtypes (rng's and mask's too)
+            launch_tuned(_add_layer_norm_fwd_tuned, lambda meta: (cdiv(M, meta["BLOCK_M"]),),
+                         (N, x.dtype, weight.dtype, has_dropout, mask is not None), *args, **flags)
+        else:
+            BLOCK_M = _block_m(M, BLOCK_N)
+            _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
+                *args, **flags, BLOCK_M=BLOCK_M, num_warps=_num_warps(BLOCK_M, BLOCK_N))
     if store_mask and mask is None:  # dropout_p == 0: everything is kept
         mask = torch.ones((M, N), dtype=torch.int8, device=x.device)
     shape = x.shape

@@ -279,3 +279,59 @@ def test_add_layer_norm_gpu_sizes(rows, N, dtype, atol, rtol):
         lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, return_residual=True),
         inputs, atol, rtol,
     )
+
+
+@pytest.mark.parametrize("N", [16, 100, 256, 512, 1024, 4096, 16384])
+@pytest.mark.parametrize("rows", [3, 65536])
+def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
+    """The GPU's tuned forward (`_prune_fwd`) always offers `_block_m`'s own (rows, warps) first,
+    so tuning can only keep it or beat it, then list configs whose tile fits 8k fp32 values with
+    at least 4 a thread; each candidate once."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    bn = LN.next_pow2(N)
+    got = [(c.kwargs["BLOCK_M"], c.num_warps) for c in LN._prune_fwd(LN.FWD_CONFIGS, {"M": rows}, BLOCK_N=bn)]
+    bm = LN._block_m(rows, bn)
+    assert got[0] == (bm, LN._num_warps(bm, bn)) and len(set(got)) == len(got)
+    assert all(128 * w <= m * bn <= 1 << 13 for m, w in got[1:])
+    if N == 512:  # the missed case of 2026-11-26: tiles of several rows are offered
+        assert {(4, 8), (8, 8), (16, 8)} <= set(got)
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", range(9))
+def test_every_forward_tuning_candidate_matches_ref(config, monkeypatch):
+    """Each candidate tile of the tuned forward (forced), bf16 with dropout: the reference's
+    outputs and gradients under the same mask."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    c = LN.FWD_CONFIGS[config]
+    monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: c.kwargs["BLOCK_M"])
+    monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
+    monkeypatch.setattr(LN, "AUTOTUNE", False)
+    inputs = _inputs((1000, 512), torch.bfloat16)
+    _, _, mask = add_layer_norm(*inputs, dropout_p=0.2, seed=3, return_residual=True, return_dropout_mask=True)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=0.2, seed=3, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=0.2, dropout_mask=mask, return_residual=True),
+        inputs, *DTYPES[2][1:],
+    )
+
+
+@requires_cuda
+@pytest.mark.parametrize("N", [512, 1024])
+def test_tuned_forward_matches_ref(N, monkeypatch):
+    """The autotuned launch (tuning on the first call, the chosen tile launched directly after:
+    `launch_tuned`), twice, with and without dropout."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    monkeypatch.setattr(LN, "AUTOTUNE", True)
+    for p in (0.0, 0.2, 0.2):
+        inputs = _inputs((777, N), torch.bfloat16)
+        _, _, mask = add_layer_norm(*inputs, dropout_p=p, seed=3, return_residual=True, return_dropout_mask=True)
+        _check_all(
+            lambda x, r, w, b, p=p: add_layer_norm(x, r, w, b, dropout_p=p, seed=3, return_residual=True),
+            lambda x, r, w, b, p=p, m=mask: add_layer_norm_ref(x, r, w, b, dropout_p=p, dropout_mask=m,
+                                                               return_residual=True),
+            inputs, *DTYPES[2][1:],
+        )
