@@ -1,7 +1,9 @@
 """FFN throughput: TFLOP/s per kernel (triton, eager, compile), and our GEMM alone vs torch.matmul.
 
 kernel: triton = our fused FFN (kernels/ffn.py: Triton GEMMs with bias/activation/dropout
-epilogues; weight gradients on cuBLAS, see WGRAD_KERNEL there); eager = cuBLAS `F.linear` + a
+epilogues; weight gradients on cuBLAS, see WGRAD_KERNEL there); triton-tma = the same with the
+GEMMs on the persistent TMA kernels (kernels/matmul.py, `SCRATCHFORMER_TMA=1`; Hopper and later,
+skipped before); eager = cuBLAS `F.linear` + a
 separate activation kernel + `F.linear`; compile = `torch.compile` of that same eager function
 (static shapes, compiled afresh per case). bf16, relu, no dropout. Shapes (tokens x d_model x d_ff,
 issue 16): the base preset's 512 x 2048 at 4k-64k tokens, 16k x 1024 x 4096, and 8192 x 4096 x 4096.
@@ -25,6 +27,7 @@ pytestmark = [pytest.mark.benchmark(group="ffn"), requires_cuda]
 
 DTYPE = torch.bfloat16
 CASES = [(4096, 512, 2048), (16384, 512, 2048), (65536, 512, 2048), (16384, 1024, 4096), (8192, 4096, 4096)]
+TMA_CASES = [(16384, 512, 2048), (8192, 4096, 4096)]  # the base preset's, and the GEMM target's
 SHAPES = pytest.mark.parametrize("tokens,d_model,d_ff", CASES, ids=[f"t{t}-d{d}-ff{f}" for t, d, f in CASES])
 
 
@@ -32,8 +35,23 @@ def _eager_ffn(x, w1, b1, w2, b2):
     return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
 
 
+@pytest.fixture
+def tma(request, monkeypatch):
+    """triton-tma: our kernels with the TMA GEMMs switched on for the case."""
+    if request.getfixturevalue("kernel") != "triton-tma":
+        return
+    shape = tuple(request.getfixturevalue(k) for k in ("tokens", "d_model", "d_ff"))
+    if shape not in TMA_CASES:
+        pytest.skip("the TMA kernels are raced at two shapes (each case autotunes anew)")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA kernels need Hopper or later")
+    from scratchformer.kernels import matmul as MM
+
+    monkeypatch.setattr(MM, "TMA", True)
+
+
 def _impl(kernel):
-    if kernel == "triton":
+    if kernel in ("triton", "triton-tma"):
         ffn = ops.select("triton", "cuda").ffn
         return lambda *a: ffn(*a, activation="relu")
     if kernel == "eager":
@@ -43,9 +61,9 @@ def _impl(kernel):
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
-@pytest.mark.parametrize("kernel", ["triton", "eager", "compile"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "eager", "compile"])
 @SHAPES
-def test_ffn(benchmark, tokens, d_model, d_ff, kernel, mode):
+def test_ffn(benchmark, tma, tokens, d_model, d_ff, kernel, mode):
     grad = mode == "fwd_bwd"
     make = functools.partial(torch.randn, device="cuda", dtype=DTYPE, requires_grad=grad)
     x = make(tokens, d_model)
@@ -69,16 +87,16 @@ def test_ffn(benchmark, tokens, d_model, d_ff, kernel, mode):
     )
 
 
-@pytest.mark.parametrize("kernel", ["triton", "torch"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "torch"])
 @SHAPES
-def test_matmul(benchmark, tokens, d_model, d_ff, kernel):
+def test_matmul(benchmark, tma, tokens, d_model, d_ff, kernel):
     """The first projection's GEMM alone, no epilogue: (tokens, d_model) @ (d_model, d_ff)."""
     from scratchformer.kernels.matmul import matmul  # after ops.select's checks, GPU only
 
     a = torch.randn(tokens, d_model, device="cuda", dtype=DTYPE)
     w = torch.randn(d_ff, d_model, device="cuda", dtype=DTYPE)
     b = w.t()  # nn.Linear layout, as the FFN uses it
-    fn = (lambda: matmul(a, b)) if kernel == "triton" else (lambda: torch.matmul(a, b))
+    fn = (lambda: torch.matmul(a, b)) if kernel == "torch" else (lambda: matmul(a, b))
     run_bench(
         benchmark, fn, flops=2 * tokens * d_model * d_ff,
         tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, dtype=DTYPE, what="matmul",

@@ -108,11 +108,14 @@ def ffn(rows):
         if "triton" not in ks:
             continue
         case = f"{tokens} x {d} x {f}{' ' + mode if mode else ''}"
-        ours = ks["triton"]
-        if what == "matmul" and "torch" in ks:
-            res.append(_compare("FFN's GEMM vs cuBLAS", case, "tflops", "TFLOP/s", ours, ks["torch"], 0.85))
-        elif what is None and "eager" in ks:
-            res.append(_compare("FFN vs eager", case, "tflops", "TFLOP/s", ours, ks["eager"], 1.1))
+        for kernel, label in (("triton", ""), ("triton-tma", " (TMA)")):  # TMA: SCRATCHFORMER_TMA's kernels
+            if kernel not in ks:
+                continue
+            if what == "matmul" and "torch" in ks:
+                res.append(_compare(f"FFN's GEMM{label} vs cuBLAS", case, "tflops", "TFLOP/s", ks[kernel], ks["torch"],
+                                    0.85))
+            elif what is None and "eager" in ks:
+                res.append(_compare(f"FFN{label} vs eager", case, "tflops", "TFLOP/s", ks[kernel], ks["eager"], 1.1))
     return res
 
 

@@ -31,12 +31,28 @@ interpreter (measured 2026-11), so UPCAST (see `_common.upcast_dot`) converts th
 before the dot there; on a GPU bf16 dots run natively. fp32 inputs use IEEE fp32 dots unless
 `torch.backends.cuda.matmul.allow_tf32` is set, matching torch.matmul.
 
-Reference: Triton tutorial 03 (matrix multiplication).
+TMA kernels (`SCRATCHFORMER_TMA=1`, off by default until a GPU window has checked and measured
+them): on Hopper and later, when A's rows and B's rows (B row-major, or the transpose of a
+row-major weight, as the FFN passes W1ᵀ and W2ᵀ) are contiguous with 16-byte aligned bases and
+row strides, `_matmul_fwd_tma_kernel` and `_matmul_dact_tma_kernel` compute the same epilogues
+(shared jit functions) with the operands loaded by the tensor memory accelerator through
+descriptors built on the device (`tl.make_tensor_descriptor`; Triton's allocator gives them
+global memory, `_tma_scratch`), tiles past the edges read as zeros, and one persistent program
+per SM looping over the output tiles in the grouped order (`tl.range(..., flatten=True)` lets
+Triton pipeline across tiles). Why: the pointer kernels reached 0.66 of cuBLAS at 8192 x 4096 x
+4096 on an H100 (2026-11-26), and TMA-fed persistent kernels are how Triton's own Hopper
+tutorial (09) approaches cuBLAS. The dropout masks are the pointer kernels' (same Philox
+counters), so switching kernels changes no run's randomness. Not on sm_80: the launcher asks
+the device's capability.
+
+Reference: Triton tutorials 03 (matrix multiplication) and 09 (persistent matmul).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 
 import torch
 import triton
@@ -56,6 +72,9 @@ from ._common import (
 )
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
+# SCRATCHFORMER_TMA=1: on Hopper and later, GEMMs whose operands TMA can address run the persistent
+# TMA kernels (module docstring); off by default until a GPU window has checked and measured them.
+TMA: bool = os.environ.get("SCRATCHFORMER_TMA", "0") == "1"
 
 # ---------------------------------------------------------------------------------------------
 # configs
@@ -96,11 +115,26 @@ def _configs() -> list[triton.Config]:
 
 
 CONFIGS = _configs()
+
+
+def _tma_configs() -> list[triton.Config]:
+    """The TMA kernels' tiles: BLOCK_K 64 (128-byte rows of bf16, TMA's widest swizzle), each
+    passing keep() (so the dtype prune applies as to CONFIGS)."""
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=1)]
+    tiles = [(128, 128, 8), (128, 256, 8), (64, 256, 8), (128, 64, 4), (64, 128, 4)]
+    if not AUTOTUNE:
+        tiles = tiles[:1]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=w)
+            for bm, bn, w in tiles]
+
+
+TMA_CONFIGS = _tma_configs()
 # M (the token count) changes with every batch: the key buckets it (M_BUCKET) and neither it nor the
 # bucket is specialised on (each new value would compile anew); N and K are model dims, fixed in a
 # run, and keep their 16-alignment specialisation (vectorised loads, EVEN_K).
 _DNS = ["M", "M_BUCKET"]
-MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS)
+MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS + TMA_CONFIGS)
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -108,9 +142,9 @@ MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in CONFIGS)
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped ordering (tutorial 03): GROUP_M row-tiles share B column-tiles while in L2."""
-    pid = tl.program_id(0)
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile `pid`'s (row, column) tile indices in grouped order (tutorial 03): GROUP_M row-tiles
+    share B column-tiles while in L2."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -162,7 +196,7 @@ def _program_tile(
 ):
     """This program's output tile: the fp32 tile of A · B, its row-tile index pid_m, its rows
     (int64, for the stride math) and columns, and the mask of the elements inside (M, N)."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = _tile_acc(
         a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n, pid_m, pid_n,
         EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -182,6 +216,50 @@ def _gelu_grad(h):
     cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
     pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327  # 1 / sqrt(2 pi)
     return cdf + h * pdf
+
+
+@triton.jit
+def _fwd_epilogue(
+    acc, offs_m, offs_n, in_c, N, c_ptr, bias_ptr, pre_ptr, mask_ptr, stride_c_m, stride_c_n, dropout_p, rng_ptr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_PRE: tl.constexpr,
+    STORE_MASK: tl.constexpr,
+):
+    """matmul's epilogue on one fp32 tile: h = acc + bias; [store h]; a = act(h); a = dropout(a); store a."""
+    c_offs = offs_m[:, None] * stride_c_m + offs_n[None, :] * stride_c_n
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_PRE:
+        tl.store(pre_ptr + c_offs, acc.to(pre_ptr.dtype.element_ty), mask=in_c)
+    if ACTIVATION == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == 2:
+        acc = _gelu(acc)
+    if HAS_DROPOUT:
+        acc, keep = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
+        if STORE_MASK:
+            tl.store(mask_ptr + c_offs, keep.to(tl.int8), mask=in_c)
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+
+
+@triton.jit
+def _dact_epilogue(
+    acc, pid_m, offs_m, offs_n, in_c, N, c_ptr, aux_ptr, dbias_partial_ptr, dropout_p, rng_ptr,
+    ACTIVATION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BIAS_GRAD: tl.constexpr,
+):
+    """matmul_dact's epilogue on one fp32 tile of A · B (c and aux contiguous (M, N))."""
+    c_offs = offs_m[:, None] * N + offs_n[None, :]
+    aux = tl.load(aux_ptr + c_offs, mask=in_c, other=0.0).to(tl.float32)
+    if ACTIVATION == 1:
+        # a = dropout(relu(h)) > 0  <=>  kept and h > 0: mask and derivative in one test.
+        acc = tl.where(aux > 0.0, acc / (1.0 - dropout_p), 0.0)
+    else:
+        acc = acc * _gelu_grad(aux)
+        if HAS_DROPOUT:  # the forward's mask and scale, replayed
+            acc, _ = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
+    acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+    if BIAS_GRAD:
+        tl.store(dbias_partial_ptr + pid_m * N + offs_n, tl.sum(acc, axis=0), mask=offs_n < N)
 
 
 @triton.autotune(configs=CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune_by_dtype})
@@ -213,20 +291,10 @@ def _matmul_fwd_kernel(
         a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n,
         EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    c_offs = offs_m[:, None] * stride_c_m + offs_n[None, :] * stride_c_n
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    if STORE_PRE:
-        tl.store(pre_ptr + c_offs, acc.to(pre_ptr.dtype.element_ty), mask=in_c)
-    if ACTIVATION == 1:
-        acc = tl.maximum(acc, 0.0)
-    elif ACTIVATION == 2:
-        acc = _gelu(acc)
-    if HAS_DROPOUT:
-        acc, keep = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
-        if STORE_MASK:
-            tl.store(mask_ptr + c_offs, keep.to(tl.int8), mask=in_c)
-    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+    _fwd_epilogue(
+        acc, offs_m, offs_n, in_c, N, c_ptr, bias_ptr, pre_ptr, mask_ptr, stride_c_m, stride_c_n, dropout_p, rng_ptr,
+        HAS_BIAS, ACTIVATION, HAS_DROPOUT, STORE_PRE, STORE_MASK,
+    )
 
 
 @triton.autotune(
@@ -258,19 +326,115 @@ def _matmul_dact_kernel(
         a_ptr, b_ptr, M, N, K, stride_a_m, stride_a_k, stride_b_k, stride_b_n,
         EVEN_K, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    c_offs = offs_m[:, None] * N + offs_n[None, :]  # c and aux are contiguous
-    aux = tl.load(aux_ptr + c_offs, mask=in_c, other=0.0).to(tl.float32)
-    if ACTIVATION == 1:
-        # a = dropout(relu(h)) > 0  <=>  kept and h > 0: mask and derivative in one test.
-        acc = tl.where(aux > 0.0, acc / (1.0 - dropout_p), 0.0)
+    _dact_epilogue(
+        acc, pid_m, offs_m, offs_n, in_c, N, c_ptr, aux_ptr, dbias_partial_ptr, dropout_p, rng_ptr,
+        ACTIVATION, HAS_DROPOUT, BIAS_GRAD,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# TMA kernels (Hopper and later; opt-in, `TMA`): the same epilogues, operands fed by the tensor
+# memory accelerator, persistent programs
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tma_tile_acc(
+    a_desc, b_desc, K, off_m, off_n,
+    B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The (BLOCK_M, BLOCK_N) fp32 tile of A · B at (off_m, off_n): blocks past the edges load as
+    zeros (the descriptors' padding), so ragged M, N and K need no masks here."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        if B_KMAJOR:  # B is the transpose of a row-major (N, K) tensor (a weight)
+            b = b_desc.load([off_n, k * BLOCK_K]).T
+        else:
+            b = b_desc.load([k * BLOCK_K, off_n])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _tma_descriptors(
+    a_ptr, b_ptr, M, N, K, stride_a_m, stride_b_k, stride_b_n,
+    B_KMAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """A's and B's descriptors (row-major A; B row-major, or the transpose of a row-major tensor)."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if B_KMAJOR:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b_n, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
     else:
-        acc = acc * _gelu_grad(aux)
-        if HAS_DROPOUT:  # the forward's mask and scale, replayed
-            acc, _ = apply_dropout(acc, rng_ptr, offs_m[:, None], offs_n[None, :], N, dropout_p)
-    acc = tl.where(in_c, acc, 0.0)  # wrapped rows must not enter the bias sums
-    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
-    if BIAS_GRAD:
-        tl.store(dbias_partial_ptr + pid_m * N + offs_n, tl.sum(acc, axis=0), mask=offs_n < N)
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b_k, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    return a_desc, b_desc
+
+
+@triton.autotune(
+    configs=TMA_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune_by_dtype},
+)
+@triton.jit(do_not_specialize=_DNS)
+def _matmul_fwd_tma_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, pre_ptr, mask_ptr,  # as _matmul_fwd_kernel's; A row-major
+    M, N, K, M_BUCKET,
+    stride_a_m, stride_b_k, stride_b_n, stride_c_m, stride_c_n,
+    dropout_p, rng_ptr,
+    NUM_PROGRAMS: tl.constexpr,  # the grid: at most one program per SM, each looping over tiles
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_DROPOUT: tl.constexpr, STORE_PRE: tl.constexpr,
+    STORE_MASK: tl.constexpr, B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    a_desc, b_desc = _tma_descriptors(a_ptr, b_ptr, M, N, K, stride_a_m, stride_b_k, stride_b_n,
+                                      B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = _tma_tile_acc(a_desc, b_desc, K, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                            B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        _fwd_epilogue(
+            acc, offs_m, offs_n, in_c, N, c_ptr, bias_ptr, pre_ptr, mask_ptr, stride_c_m, stride_c_n, dropout_p,
+            rng_ptr, HAS_BIAS, ACTIVATION, HAS_DROPOUT, STORE_PRE, STORE_MASK,
+        )
+
+
+@triton.autotune(
+    configs=TMA_CONFIGS, key=["M_BUCKET", "N", "K"], reset_to_zero=["dbias_partial_ptr"],
+    prune_configs_by={"early_config_prune": _prune_by_dtype},
+)
+@triton.jit(do_not_specialize=_DNS)
+def _matmul_dact_tma_kernel(
+    a_ptr, b_ptr, c_ptr, aux_ptr, dbias_partial_ptr,  # as _matmul_dact_kernel's; A row-major
+    M, N, K, M_BUCKET,
+    stride_a_m, stride_b_k, stride_b_n,
+    dropout_p, rng_ptr,
+    NUM_PROGRAMS: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_DROPOUT: tl.constexpr, BIAS_GRAD: tl.constexpr, B_KMAJOR: tl.constexpr,
+    UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    a_desc, b_desc = _tma_descriptors(a_ptr, b_ptr, M, N, K, stride_a_m, stride_b_k, stride_b_n,
+                                      B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = _tma_tile_acc(a_desc, b_desc, K, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                            B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        _dact_epilogue(
+            acc, pid_m, offs_m, offs_n, in_c, N, c_ptr, aux_ptr, dbias_partial_ptr, dropout_p, rng_ptr,
+            ACTIVATION, HAS_DROPOUT, BIAS_GRAD,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +470,46 @@ def _grid(M, N):
     return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
 
 
+def _tma_grid(M, N):
+    return lambda meta: (min(meta["NUM_PROGRAMS"], cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """The TMA kernels' persistent programs: one per SM (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for the descriptors the TMA kernels build on the device (Triton's allocator)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """B_KMAJOR for the TMA kernels (B the transpose of a row-major (N, K) tensor: True; row-major:
+    False), or None where they do not run: TMA off, a GPU before Hopper, or operands TMA cannot
+    address (rows not contiguous, base or row stride not a multiple of 16 bytes)."""
+    if not TMA or (a.device.type == "cuda" and _capability(a.device) < 9):
+        return None
+    es = a.element_size()
+
+    def rows_ok(t, row_stride):
+        return t.data_ptr() % 16 == 0 and (row_stride * es) % 16 == 0
+
+    if a.stride(1) != 1 or not rows_ok(a, a.stride(0)):
+        return None
+    if b.stride(1) == 1 and rows_ok(b, b.stride(0)):
+        return False
+    if b.stride(0) == 1 and rows_ok(b, b.stride(1)):
+        return True
+    return None
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, store_pre=False,
                   store_mask=False):
     """`matmul` without its checks, for callers that checked the same inputs at their own entry
@@ -318,7 +522,22 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, s
     pre = torch.empty_like(c) if store_pre else None
     has_dropout = dropout_p > 0.0
     mask = torch.empty((M, N), dtype=torch.int8, device=a.device) if (store_mask and has_dropout) else None
-    if M > 0 and N > 0:
+    b_kmajor = _tma_layout(a, b) if M > 0 and N > 0 else None
+    if b_kmajor is not None:
+        triton.set_allocator(_tma_scratch)  # a context variable: set in the launching thread (autograd's too)
+        bucket = _m_bucket(M)
+        launch_tuned(
+            _matmul_fwd_tma_kernel, _tma_grid(M, N), (bucket, N, K, dtype, mask is not None, b_kmajor),
+            a, b, c, bias if bias is not None else c, pre if pre is not None else c,
+            mask if mask is not None else c,
+            M, N, K, bucket,
+            a.stride(0), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            dropout_p, rng if has_dropout else c, NUM_PROGRAMS=_programs(a.device),
+            HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=has_dropout,
+            STORE_PRE=store_pre, STORE_MASK=mask is not None, B_KMAJOR=b_kmajor, UPCAST=upcast_dot(dtype),
+            INPUT_PRECISION=_input_precision(dtype),
+        )
+    elif M > 0 and N > 0:
         # the Autotuner's key: M_BUCKET, N, K and the dtypes (a, b, c, bias and pre share one)
         bucket = _m_bucket(M)
         launch_tuned(
@@ -354,7 +573,19 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad
     partial = None
     if bias_grad:
         partial = torch.zeros((max(cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
-    if M > 0 and N > 0:
+    b_kmajor = _tma_layout(a, b) if M > 0 and N > 0 else None
+    if b_kmajor is not None:
+        triton.set_allocator(_tma_scratch)
+        bucket = _m_bucket(M)
+        launch_tuned(
+            _matmul_dact_tma_kernel, _tma_grid(M, N), (bucket, N, K, a.dtype, bias_grad, b_kmajor),
+            a, b, dh, aux, partial if bias_grad else dh, M, N, K, bucket,
+            a.stride(0), b.stride(0), b.stride(1),
+            dropout_p, rng if dropout_p > 0.0 and activation == "gelu" else dh, NUM_PROGRAMS=_programs(a.device),
+            ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
+            B_KMAJOR=b_kmajor, UPCAST=upcast_dot(a.dtype), INPUT_PRECISION=_input_precision(a.dtype),
+        )
+    elif M > 0 and N > 0:
         bucket = _m_bucket(M)
         launch_tuned(
             _matmul_dact_kernel, _grid(M, N), (bucket, N, K, a.dtype, bias_grad),

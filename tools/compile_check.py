@@ -104,6 +104,7 @@ class Launch:
     tuner: Autotuner | None
     args: tuple
     kwargs: dict  # as the launcher passed them (flags, and num_warps etc. when not autotuned)
+    only: tuple | None = None  # the targets it is compiled for (None: all), e.g. TMA's ("sm90",)
 
 
 _CAPTURE: dict[str, Any] = {"launches": None, "ctx": None}
@@ -148,8 +149,8 @@ def capture(modules):
 
 
 @contextlib.contextmanager
-def scenario(name, dtype, full=("max_shared",), sweep=True):
-    _CAPTURE["ctx"] = dict(op=_CAPTURE["op"], scenario=name, dtype=dtype, full=tuple(full), sweep=sweep)
+def scenario(name, dtype, full=("max_shared",), sweep=True, only=None):
+    _CAPTURE["ctx"] = dict(op=_CAPTURE["op"], scenario=name, dtype=dtype, full=tuple(full), sweep=sweep, only=only)
     try:
         yield
     finally:
@@ -271,6 +272,22 @@ def _matmul(mods, dtypes):
         with scenario(f"{name} relu (dact), ragged", name, full=("smallest",), sweep=False):
             MM.matmul_dact(_e(1000, 200, dtype=dt), _e(200, 300, dtype=dt), _e(1000, 300, dtype=dt),
                            activation="relu", dropout_p=0.1)
+    # The TMA kernels (SCRATCHFORMER_TMA=1; Hopper and later: sm_90 only), both layouts of B: the
+    # shared-memory sweep over every config, the largest and smallest compiled (8-25 s each)
+    tma, MM.TMA = MM.TMA, True
+    try:
+        for name in dtypes:
+            dt = DTYPES[name]
+            M, K, N = 4096, 512, 2048
+            full = ("max_shared", "smallest")
+            with scenario(f"{name} TMA bias+gelu+dropout+store_pre+store_mask, B^T", name, full=full, only=("sm90",)):
+                MM.matmul(_e(M, K, dtype=dt), _e(N, K, dtype=dt).t(), bias=_e(N, dtype=dt), activation="gelu",
+                          dropout_p=0.1, seed=1234, store_pre=True, store_mask=True)
+            with scenario(f"{name} TMA gelu+dropout+bias_grad", name, full=full, only=("sm90",)):
+                MM.matmul_dact(_e(M, K, dtype=dt), _e(K, N, dtype=dt), _e(M, N, dtype=dt), activation="gelu",
+                               dropout_p=0.1, seed=1234, bias_grad=True)
+    finally:
+        MM.TMA = tma
 
 
 def _ffn(mods, dtypes):
@@ -568,6 +585,8 @@ def main(argv=None) -> int:
         warnings.simplefilter("ignore")
         for li, ln in enumerate(launches):
             for tname in targets:
+                if ln.only is not None and tname not in ln.only:
+                    continue
                 if ln.tuner is None:
                     if ln.full and not a.no_full:
                         add("full", li, tname, _config_kwargs(ln, None), "launch")
