@@ -361,6 +361,22 @@ def _tma_tile_acc(
 
 
 @triton.jit
+def _tma_program_tile(
+    a_desc, b_desc, tile, M, N, K,
+    B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Output tile `tile` of a persistent program: as `_program_tile` returns it (fp32 tile, its
+    row-tile index, rows as int64, columns, the mask of the elements inside (M, N))."""
+    pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _tma_tile_acc(a_desc, b_desc, K, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                        B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return acc, pid_m, offs_m, offs_n, (offs_m[:, None] < M) & (offs_n[None, :] < N)
+
+
+@triton.jit
 def _tma_descriptors(
     a_ptr, b_ptr, M, N, K, stride_a_m, stride_b_k, stride_b_n,
     B_KMAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -394,12 +410,9 @@ def _matmul_fwd_tma_kernel(
                                       B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = _tma_tile_acc(a_desc, b_desc, K, pid_m * BLOCK_M, pid_n * BLOCK_N,
-                            B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        acc, pid_m, offs_m, offs_n, in_c = _tma_program_tile(
+            a_desc, b_desc, tile, M, N, K, B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        )
         _fwd_epilogue(
             acc, offs_m, offs_n, in_c, N, c_ptr, bias_ptr, pre_ptr, mask_ptr, stride_c_m, stride_c_n, dropout_p,
             rng_ptr, HAS_BIAS, ACTIVATION, HAS_DROPOUT, STORE_PRE, STORE_MASK,
@@ -425,12 +438,9 @@ def _matmul_dact_tma_kernel(
                                       B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = _tma_tile_acc(a_desc, b_desc, K, pid_m * BLOCK_M, pid_n * BLOCK_N,
-                            B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_c = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        acc, pid_m, offs_m, offs_n, in_c = _tma_program_tile(
+            a_desc, b_desc, tile, M, N, K, B_KMAJOR, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        )
         _dact_epilogue(
             acc, pid_m, offs_m, offs_n, in_c, N, c_ptr, aux_ptr, dbias_partial_ptr, dropout_p, rng_ptr,
             ACTIVATION, HAS_DROPOUT, BIAS_GRAD,
