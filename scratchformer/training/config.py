@@ -98,8 +98,8 @@ class TrainConfig:
     # model (None: the preset's value)
     preset: str | None = _model(help="model preset", choices=sorted(PRESETS), by_data=dict(
         synthetic="tiny", real="small", classification="classifier"))
-    kernel: str = _model(default="auto", help="backend of the hot paths: auto = triton on CUDA, eager on CPU",
-                         choices=KERNELS)
+    kernel: str = _model(default="auto", help="backend of the hot paths: auto = triton on CUDA (torch for a head "
+                         "dim triton does not run), eager on CPU", choices=KERNELS)
     d_model: int | None = _model(by_data=dict(synthetic=64))
     heads: int | None = _model(help="attention heads", by_data=dict(synthetic=4))
     layers: int | None = _model(help="encoder and decoder layers (both)", by_data=dict(synthetic=2))
