@@ -38,7 +38,7 @@ def test_tma_is_taken_only_where_tma_can_address_the_operands(tma, monkeypatch):
     assert MM._tma_layout(a, w.t()) is True and MM._tma_layout(a, w.t().contiguous()) is False
     assert MM._tma_layout(a.t().contiguous().t(), w.t()) is None  # A's rows not contiguous
     assert MM._tma_layout(torch.randn(64, 33, device=DEVICE)[:, :32], w.t()) is None  # row stride 132 bytes
-    assert MM._tma_layout(a, torch.randn(48, 33, device=DEVICE)[:, 1:].t()) is None  # base off 16 bytes
+    assert MM._tma_layout(a, torch.randn(48, 33, device=DEVICE)[:, 1:].t()) is None  # base, row stride unaligned
     monkeypatch.setattr(MM, "TMA", False)
     assert MM._tma_layout(a, w.t()) is None
 
@@ -69,23 +69,30 @@ def test_tma_dropout_mask_is_the_pointer_kernels(tma, monkeypatch, layout):
     monkeypatch.setattr(MM, "TMA", False)
     out_ptr = launch_matmul(a, b, bias, "gelu", 0.3, MM.dropout_rng(0.3, 7, a.device), True, True)
     assert torch.equal(out_tma[2], out_ptr[2])
-    for x, y in zip(out_tma[:2], out_ptr[:2]):
-        torch.testing.assert_close(x, y, **FP32_TOL)
+    c, pre, mask = out_tma
+    torch.testing.assert_close(pre, F.linear(a, b.t(), bias), **FP32_TOL)
+    torch.testing.assert_close(c, F.gelu(pre) * mask / 0.7, **FP32_TOL)
 
 
 @pytest.mark.parametrize("layout", ["kmajor", "rowmajor"])
 @pytest.mark.parametrize("activation,p", [("relu", 0.0), ("relu", 0.3), ("gelu", 0.0), ("gelu", 0.3)])
-def test_tma_dact_matches_the_pointer_kernel(tma, monkeypatch, activation, p, layout):
+def test_tma_dact_matches_autograd(tma, activation, p, layout):
+    """dH = (g B) act'(h) keep / (1 - p) against autograd through torch's activation, under the
+    forward's mask (matmul's, from the same rng: the counters depend on (row, col) only)."""
     g = torch.randn(33, 48, device=DEVICE)
-    b = _layouts(72, 48)[layout]
-    aux = torch.randn(33, 72, device=DEVICE)
-    aux = F.relu(aux) if activation == "relu" else aux
+    b = _layouts(72, 48)[layout]  # (48, 72)
+    h = torch.randn(33, 72, device=DEVICE, requires_grad=True)
     rng = MM.dropout_rng(p, 3, g.device)
+    keep = torch.ones(33, 72, device=DEVICE)
+    if p > 0:
+        keep = launch_matmul(torch.zeros(33, 16, device=DEVICE), torch.zeros(16, 72, device=DEVICE), None, "none",
+                             p, rng, False, True)[1].float()
+    a = ACT[activation](h) * keep / (1 - p)
+    (dh_ref,) = torch.autograd.grad(a, h, g @ b)
+    aux = a.detach() if activation == "relu" else h.detach()  # relu's saved output, gelu's pre-activation
     dh, db = launch_matmul_dact(g, b, aux, activation, p, rng, bias_grad=True)
-    monkeypatch.setattr(MM, "TMA", False)
-    dh_ref, db_ref = launch_matmul_dact(g, b, aux, activation, p, rng, bias_grad=True)
     torch.testing.assert_close(dh, dh_ref, **FP32_TOL)
-    torch.testing.assert_close(db, db_ref, **FP32_TOL)
+    torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)], ids=["fp32", "bf16"])
