@@ -1,6 +1,6 @@
 """CUDA graph capture of a callable: what decoding (`model/decoding.py`, one decoder step) and the
-training step (`training/cuda_graph.py`, one optimizer step) replay instead of launching each
-kernel from Python.
+training step (`training/cuda_graph.py`, one optimizer step; the trainer's `--cuda-graphs`, one
+graph per batch shape) replay instead of launching each kernel from Python.
 
 What a captured callable needs (torch.cuda.graph's documentation, "whole network capture"):
 fixed shapes and fixed input tensors (the caller copies new inputs into the ones captured with),
@@ -16,24 +16,43 @@ from collections.abc import Callable
 import torch
 
 
-def capture(fn: Callable[[], object], warmup: int = 1) -> tuple[object, Callable[[], None]]:
-    """fn() captured as a CUDA graph -> (what the captured call returned, the graph's replay).
+def _autocast() -> torch.autocast:
+    """The enclosing autocast's state with its cache of cast weights off (each cast is captured,
+    none outlives the graph)."""
+    return torch.autocast(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"),
+                          dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
 
-    The `warmup` calls first run on a side stream (Triton compiles and autotuning, cuBLAS
-    workspaces, an optimizer's state); the capture itself runs nothing. Under autocast, its cache
-    of cast weights is off for both (each cast is captured, none outlives the graph). The capture
-    tolerates other threads' CUDA calls (`capture_error_mode="thread_local"`: a DataLoader's
-    pin-memory thread allocating pinned memory meanwhile). Raises (from CUDA) on anything a graph
-    cannot hold, such as a host sync inside."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    amp = dict(device_type="cuda", enabled=torch.is_autocast_enabled("cuda"), dtype=torch.get_autocast_dtype("cuda"),
-               cache_enabled=False)
-    with torch.cuda.stream(side), torch.autocast(**amp):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
+
+def warm(fn: Callable[[], object], stream: torch.cuda.Stream) -> object:
+    """fn() run on `stream`, a side stream (what a capture on it needs first: Triton compiles and
+    autotuning, cuBLAS workspaces, an optimizer's state), ordered after the current stream's work
+    and before its next: -> what fn returned."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), _autocast():
+        out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
+def record(fn: Callable[[], object], stream: torch.cuda.Stream | None = None,
+           pool: tuple | None = None) -> tuple[object, Callable[[], None]]:
+    """fn() captured as a CUDA graph on `stream` (after `warm`) -> (what the captured call
+    returned, the graph's replay). The capture runs nothing. Graphs given one `pool`
+    (`torch.cuda.graph_pool_handle()`) share their memory: safe when what one replay leaves
+    behind is only its outputs, which the caller keeps referenced. The capture tolerates other
+    threads' CUDA calls (`capture_error_mode="thread_local"`: a DataLoader's pin-memory thread
+    allocating pinned memory meanwhile). Raises (from CUDA) on anything a graph cannot hold,
+    such as a host sync inside."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.autocast(**amp):
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"), _autocast():
         out = fn()
     return out, graph.replay
+
+
+def capture(fn: Callable[[], object], warmup: int = 1) -> tuple[object, Callable[[], None]]:
+    """fn() captured as a CUDA graph after `warmup` calls on a side stream -> (what the captured
+    call returned, the graph's replay). See `warm` and `record`."""
+    side = torch.cuda.Stream()
+    for _ in range(warmup):
+        warm(fn, side)
+    return record(fn, side)

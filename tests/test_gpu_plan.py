@@ -244,6 +244,26 @@ def test_every_recipe_parses():
             assert args.min_len < longest, (name, decode)
 
 
+def test_recipes_with_cuda_graphs():
+    """CUDA_GRAPHS=1: every recipe (and variant) trains with --cuda-graphs, its validations and
+    checkpoints GRAPH_SPACING times further apart in steps, and a run sized in time has its step
+    cap raised as much; a fixed-step grid keeps its steps."""
+    from scratchformer.training.config import parse_args
+
+    names = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; echo $RECIPES'], capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in names:
+        configs = {}
+        for graphs in ("0", "1"):
+            show = f'source "{GPU}/recipes.sh"; CUDA_GRAPHS={graphs} recipe {name} && printf "%s\\n" "${{FLAGS[@]}}"'
+            flags = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True).stdout.split()
+            configs[graphs], _ = parse_args([*flags, "--out", "runs/x"])
+        plain, graphed = configs["0"], configs["1"]
+        assert not plain.cuda_graphs and graphed.cuda_graphs, name
+        assert graphed.eval_every == 4 * plain.eval_every and graphed.save_every == 4 * plain.save_every, name
+        assert graphed.max_steps == plain.max_steps * (4 if plain.time_budget else 1), name
+
+
 def _archive_of(folder, step, files):
     """A step's archive as the device sends it back: `<step>.tar.gz` holding `files` (name -> text)."""
     src = folder / f"src-{step}"

@@ -387,3 +387,149 @@ def test_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_module, "compile_model", fake_compile)
     _trainer(tmp_path, "--compile", "--compile-mode", "reduce-overhead")
     assert seen == {"backend": "inductor", "mode": "reduce-overhead"}
+
+
+# --- --cuda-graphs: the training step replayed as a CUDA graph per batch shape ------------------
+
+def _cpu_stand_ins(monkeypatch):
+    """ShapeGraphs' CUDA parts stood in for on the CPU: `warm` runs the step at once; `record`
+    runs nothing (as a capture) and returns figures that each replay refills by running the
+    captured step again on the tensors it was captured with (its fixed batch, its token count):
+    what changes between replays reaches it only through them, as in a graph. AdamW keeps
+    capturable off here (capturable AdamW needs CUDA tensors); its learning rate is a tensor, as
+    on a GPU. The capture itself is the GPU tests' (below)."""
+    from scratchformer import graphs
+    from scratchformer.training import cuda_graph
+
+    def record(fn, stream=None, pool=None):
+        figures = torch.zeros(3)
+        return figures, lambda: figures.copy_(fn())
+
+    real = cuda_graph.make_capturable
+
+    def make_capturable(optimizer, device):
+        real(optimizer, device)
+        for group in optimizer.param_groups:
+            group["capturable"] = False
+
+    monkeypatch.setattr(graphs, "warm", lambda fn, stream: fn())
+    monkeypatch.setattr(graphs, "record", record)
+    monkeypatch.setattr(cuda_graph, "make_capturable", make_capturable)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+
+GRAPH_FLAGS = ["--batch-size", "4", "--pad-multiple", "8"]  # 16 batches an epoch, few shapes (lengths 8 or 16)
+
+
+def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch):
+    """A shape's first group runs launched, its second is captured and replayed, every later one
+    replayed: 14 steps (dropout on, one RNG stream) take the losses and end at the weights of 14
+    launched steps (bit for bit here), the learning rate a device tensor the schedule refills in
+    place. (Both runs take AdamW's tensor learning rate: with a float one the first step rounds
+    differently by an ulp, and the key projections' biases, whose gradients are rounding noise,
+    since softmax ignores a shift of all keys, take different full-sized Adam steps.)"""
+    from scratchformer.training import cuda_graph
+
+    _cpu_stand_ins(monkeypatch)
+    runs = {}
+    for name, flags in (("launched", []), ("graphed", ["--cuda-graphs"])):
+        tr = _trainer(tmp_path / name, *GRAPH_FLAGS, *flags)
+        cuda_graph.make_capturable(tr.optimizer, tr.device)  # the same AdamW arithmetic (a tensor lr) for both
+        groups = _batches(tr, 14)
+        torch.manual_seed(1)
+        runs[name] = tr, [tr.train_step(g) for g in groups], groups
+    (launched, ref, groups), (graphed, got, _) = runs["launched"], runs["graphed"]
+    shapes = [g[0].shape for g in groups]
+    assert len(set(shapes)) < len(shapes)  # some shapes repeat: replays happen
+    g = graphed.graphs
+    assert g.launched == len(set(shapes)) and g.replayed == 14 - g.launched > 0
+    assert set(g.graphs) == {(s,) for s in shapes if shapes.count(s) >= 2}
+    for (l0, n0, t0, g0), (l1, n1, t1, g1) in zip(ref, got):
+        assert t0 == t1
+        assert torch.equal(torch.stack((l1, n1, g1)), torch.stack((l0, n0, g0)))
+    sa, sb = launched.model.state_dict(), graphed.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    lr = graphed.optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and float(lr) == float(launched.optimizer.param_groups[0]["lr"])
+    assert float(lr) == pytest.approx(graphed.scheduler.base_lrs[0] * graphed.scheduler.lr_lambdas[0](14))
+
+
+def test_cuda_graphs_checkpoint_holds_plain_numbers(tmp_path, monkeypatch):
+    """A --cuda-graphs run's checkpoint has the learning rate as a number and capturable off, so
+    any run resumes it; resumed with --cuda-graphs the rate is a device tensor again."""
+    _cpu_stand_ins(monkeypatch)
+    a = _trainer(tmp_path / "a", *GRAPH_FLAGS, "--cuda-graphs")
+    for group in _batches(a, 3):
+        a.train_step(group)
+    a.save("step")
+    saved = load_checkpoint(tmp_path / "a" / "last.pt")["optimizer"]["param_groups"]
+    assert all(type(g["lr"]) is float and g["capturable"] is False for g in saved)
+    assert isinstance(a.optimizer.param_groups[0]["lr"], torch.Tensor)  # the run's own stays a tensor
+    b = _trainer(tmp_path / "b", *GRAPH_FLAGS)
+    b.resume(tmp_path / "a" / "last.pt")
+    assert b.optimizer.param_groups[0]["lr"] == pytest.approx(float(a.optimizer.param_groups[0]["lr"]))
+    b.train_step(_batches(b, 1)[0])  # a launched run steps from it
+
+
+def test_cuda_graphs_refuses_what_it_cannot_do(tmp_path):
+    """On a machine without a GPU the run is refused before its folder is made; fp16, DDP and
+    --compile are refused by name."""
+    from scratchformer.training.config import check_for_device
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="--cuda-graphs records CUDA graphs: it needs a GPU, and the device is cpu"):
+        T.main(TINY + ["--cuda-graphs", "--max-steps", "1", "--out", str(out), "--device", "cpu"])
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="--compile inductor compiles it.*give one"):
+        parse_args(["--cuda-graphs", "--compile"])
+    fp16, _ = parse_args(["--cuda-graphs", "--precision", "fp16"])
+    with pytest.raises(ConfigError, match="fp16: its loss scaling reads on the host"):
+        check_for_device(fp16, "cuda", 1)
+    bf16, _ = parse_args(["--cuda-graphs", "--precision", "bf16"])
+    with pytest.raises(ConfigError, match="one of 2 \\(DDP\\)"):
+        check_for_device(bf16, "cuda", 2)
+    check_for_device(bf16, "cuda", 1)
+    off, _ = parse_args(["--cuda-graphs", "--no-cuda-graphs"])
+    check_for_device(off, "cpu", 1)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel):
+    """Real CUDA graphs, bf16, no dropout: 14 steps over repeating batch shapes (a shape's first
+    launched, the rest replayed from per-shape graphs sharing one pool) take the losses of 14
+    launched steps and end near their weights (to within a few percent of how far the weights
+    moved: atomics in a backward may sum in another order); the learning rate's schedule reaches
+    the replays. Both runs' AdamW is the capturable one (see the CPU test above)."""
+    from scratchformer.training import cuda_graph
+
+    flags = [*GRAPH_FLAGS, "--kernel", kernel, "--precision", "bf16", "--dropout", "0", "--attn-dropout", "0"]
+    runs = {}
+    for name, extra in (("launched", []), ("graphed", ["--cuda-graphs"])):
+        tr = _trainer(tmp_path / name, *flags, *extra, device="cuda")
+        cuda_graph.make_capturable(tr.optimizer, tr.device)
+        init = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+        runs[name] = tr, [tr.train_step(g) for g in _batches(tr, 14)]
+    (launched, ref), (graphed, got) = runs["launched"], runs["graphed"]
+    assert graphed.graphs.replayed > 0 and len(graphed.graphs.graphs) > 0, graphed.graphs.describe()
+    for (l0, _, t0, _), (l1, _, t1, _) in zip(ref, got):
+        assert float(l1) / t1 == pytest.approx(float(l0) / t0, rel=2e-2)
+    assert float(got[-1][0]) / got[-1][2] < float(got[0][0]) / got[0][2]
+    sa, sb = launched.model.state_dict(), graphed.model.state_dict()
+    for k in sa:
+        moved = (sa[k].float() - init[k].float()).abs().max().item()
+        assert (sa[k].float() - sb[k].float()).abs().max().item() <= 0.05 * moved + 1e-6, k
+
+
+@requires_cuda
+def test_cuda_graphs_run_resumes_launched(tmp_path):
+    """`train --cuda-graphs` end to end on a GPU (our kernels, bf16): it trains, validates and
+    saves; the run resumes without graphs and finishes."""
+    run = tmp_path / "run"
+    T.main(TINY + [*GRAPH_FLAGS, "--cuda-graphs", "--kernel", "triton", "--precision", "bf16", "--max-steps", "24",
+                   "--eval-every", "12", "--save-every", "12", "--out", str(run)])
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 24
+    assert "cuda graphs:" in (run / "log.txt").read_text()
+    T.main(["--resume", "--no-cuda-graphs", "--max-steps", "28", "--out", str(run), "--no-progress", "--no-plots"])
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 28

@@ -133,8 +133,20 @@ class Batch:
     def pin_memory(self) -> Batch:  # DataLoader(pin_memory=True) calls this on custom types
         return self._map(lambda t: t.pin_memory())
 
+    def copy_(self, other: Batch, non_blocking: bool = False) -> None:
+        """Each of `other`'s tensors copied into this batch's, in place (same shapes): a CUDA
+        graph's fixed inputs refilled."""
+        for k, v in self.__dict__.items():
+            if isinstance(v, torch.Tensor):
+                v.copy_(getattr(other, k), non_blocking=non_blocking)
+
     def __len__(self):
         return self.src.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(B, Ls, Lt), or (B, Ls) for classification: the shapes of all its tensors follow."""
+        return tuple(self.src.shape) + (() if self.tgt_in is None else (self.tgt_in.shape[1],))
 
 
 def round_up(n, multiple: int):

@@ -50,12 +50,13 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
     return model, tokenizers, ckpt
 
 
-def autocast_for(device: torch.device, precision: str):
-    """The autocast context of a precision name ("fp32", "bf16", "fp16")."""
+def autocast_for(device: torch.device, precision: str, cache: bool = True):
+    """The autocast context of a precision name ("fp32", "bf16", "fp16"); `cache`: keep cast
+    weights for the context's life (off inside a CUDA graph's capture)."""
     if precision == "fp32":
         return nullcontext()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype, cache_enabled=cache)
 
 
 def eval_loader(dataset: D.EncodedDataset, max_tokens: int | None = 4096, batch_size: int | None = None,

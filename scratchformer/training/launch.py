@@ -18,7 +18,7 @@ from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
-from .config import ConfigError, TrainConfig, check_for_task, check_init_from, resumed
+from .config import ConfigError, TrainConfig, check_for_device, check_for_task, check_init_from, resumed
 from .distributed import setup_distributed
 from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
 
@@ -41,6 +41,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if init is not None and init["task"] != source.task:
         raise ConfigError(f"--init-from {config.init_from} is a {init['task']} model; the data is {source.task}")
     dist_, device = setup_distributed(config.device)
+    check_for_device(config, device.type, dist_.world)
     out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
     config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))
     if config.threads:

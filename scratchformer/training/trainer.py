@@ -27,6 +27,7 @@ from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_t
 from ..model import ModelConfig
 from .build import TrainData
 from .config import ConfigError, TrainConfig
+from .cuda_graph import ShapeGraphs
 from .distributed import Dist, wrap_ddp
 from .launch import create_trainer, precision_for
 from .optim import (
@@ -123,6 +124,7 @@ class Trainer:
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
         self._window = _Window()
         self._bar: tqdm | None = None
+        self.graphs: ShapeGraphs | None = None  # --cuda-graphs: made at the first step (after a resume's optimizer)
 
     # --- building a run ---------------------------------------------------------------------
 
@@ -146,8 +148,11 @@ class Trainer:
     def state_dict(self) -> dict:
         """The checkpoint: everything `resume` needs. Every rank calls it (the RNG states are gathered)."""
         rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:  # plain numbers (--cuda-graphs keeps tensors): any run resumes it
+            group.update(lr=float(group["lr"]), **({"capturable": False} if "capturable" in group else {}))
         return {
-            "version": 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "version": 1, "model": self.model.state_dict(), "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "config": self.model_config.to_dict(),
@@ -215,6 +220,8 @@ class Trainer:
                         self.save("step")
         self._bar.close()
         self.train_seconds = self._elapsed()
+        if self.graphs is not None:
+            self.log.info(self.graphs.describe())
         if self.stop_reason:  # stopped early: save where it stands (no validation); --resume continues exactly
             if self.saved_progress != prog.to_dict():
                 self.save("step")
@@ -267,21 +274,40 @@ class Trainer:
 
     def train_step(self, group: list[D.Batch]) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
         """One optimizer step over a group of batches -> (loss sum, NLL sum, target tokens, grad norm),
-        the sums and the norm as 0-dim fp32 tensors on the device.
+        the sums and the norm as 0-dim fp32 tensors on the device. With --cuda-graphs the update
+        replays its batch shape's CUDA graph (`ShapeGraphs`).
 
         The loss is normalised by the group's target tokens (examples for classification), so
         accumulation equals one big batch; DDP syncs gradients on the group's last batch only.
         Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
         device until a train row is logged, so the host queues the next step while this one runs.
         """
-        cfg = self.config
         ntok = sum(b.num_tgt_tokens for b in group)
+        if self.config.cuda_graphs and self.graphs is None:
+            self.graphs = ShapeGraphs(self._update, self.optimizer, self.device)
+        if self.graphs is not None:
+            loss_total, nll_total, gnorm = self.graphs(group, ntok)
+        else:
+            loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group], ntok)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.config.schedule != "plateau":
+            self.scheduler.step()
+        self.progress.step += 1
+        self.progress.batch += len(group)
+        self.progress.tokens += ntok
+        return loss_total, nll_total, ntok, gnorm
+
+    def _update(self, group: list[D.Batch], ntok: int | torch.Tensor,
+                graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forward, backward, clipping and the optimizer's step over batches on the device (no
+        zero_grad) -> (loss sum, NLL sum, grad norm). `graphed`: run or captured for a CUDA graph
+        (autocast without its cache of cast weights)."""
+        cfg = self.config
         loss_total = nll_total = torch.zeros((), device=self.device)
         for i, batch in enumerate(group):
-            batch = batch.to(self.device, non_blocking=True)
             sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
             with sync:
-                with autocast_for(self.device, cfg.precision):
+                with autocast_for(self.device, cfg.precision, cache=not graphed):
                     logits, target = loss_terms(self.net, batch)
                     if self.data.task == "classification":
                         loss, nll = classification_loss(logits, target, cfg.label_smoothing)
@@ -295,13 +321,7 @@ class Trainer:
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach().float()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if cfg.schedule != "plateau":
-            self.scheduler.step()
-        self.progress.step += 1
-        self.progress.batch += len(group)
-        self.progress.tokens += ntok
-        return loss_total, nll_total, ntok, gnorm
+        return loss_total, nll_total, gnorm
 
     def _after_step(self, loss_sum: torch.Tensor, nll_sum: torch.Tensor, ntok: int, gnorm: torch.Tensor) -> None:
         """Log a train row every --log-every steps; validate and save when due."""
@@ -319,7 +339,7 @@ class Trainer:
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
         w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
         dt = max(1e-9, time.time() - w.t0)
         row = {"split": "train", "step": prog.step, "epoch": prog.epoch + 1,
                "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),

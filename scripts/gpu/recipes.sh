@@ -117,4 +117,24 @@ recipe() {
     *) echo "unknown recipe '$1'; one of: $RECIPES" >&2; return 1 ;;
   esac
   FLAGS=("${COMMON[@]}" "${FLAGS[@]}")
+  if [ "${CUDA_GRAPHS:-0}" = 1 ]; then graphed; fi
+}
+
+# CUDA_GRAPHS=1: the runs replay each batch shape's step as a CUDA graph (train --cuda-graphs; the
+# launched step was host-bound on the H100: `small` at Multi30k shapes 50 ms a step, a few ms of it
+# on the GPU). Steps then take a fraction of the time, so validations and checkpoints, spaced in
+# steps, come GRAPH_SPACING (4) times further apart to keep their share of the budget, and a run sized
+# in time (--time-budget) has its --max-steps cap raised as much (a fixed-step grid keeps its steps).
+# Off until a window's step 10 (tests/test_trainer.py's test_cuda_graphs_*) and step 40 (smoke run
+# triton-cuda-graphs) have passed on a GPU.
+graphed() {
+  local i timed=0 k=${GRAPH_SPACING:-4}
+  [[ " ${FLAGS[*]} " == *" --time-budget "* ]] && timed=1
+  for ((i = 0; i < ${#FLAGS[@]} - 1; i++)); do
+    case "${FLAGS[i]}" in
+      --eval-every|--save-every) FLAGS[i + 1]=$((FLAGS[i + 1] * k)) ;;
+      --max-steps) [ "$timed" = 1 ] && FLAGS[i + 1]=$((FLAGS[i + 1] * k)) ;;
+    esac
+  done
+  FLAGS+=(--cuda-graphs)
 }
