@@ -200,6 +200,29 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     assert kernels == {"triton": "eager", "eager": "eager"}  # the CPU rehearsal runs both on eager
 
 
+def test_train_step_falls_back_to_launched_steps(tmp_path):
+    """CUDA_GRAPHS=1 and a run whose --cuda-graphs fails (here: refused, as the CPU has no GPU;
+    on a GPU: a capture CUDA refused) goes on launched in the same call, and its checkpoints say
+    so (a later call's resume stays launched)."""
+    from scratchformer.checkpoint import load_checkpoint
+
+    data = tmp_path / "data" / "multi30k"
+    data.mkdir(parents=True)
+    pairs = [{"src": f"a man number {i} rides a bike", "tgt": f"ein mann nummer {i} faehrt rad"} for i in range(40)]
+    for split, rows in (("train", pairs[:32]), ("validation", pairs[32:])):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="multi30k-tiny",
+               CUDA_GRAPHS="1", TRAIN_SECONDS="0.001")
+    res = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert "--cuda-graphs records CUDA graphs: it needs a GPU" in log and "--cuda-graphs failed (exit 2)" in log, log
+    run = tmp_path / "runs" / "multi30k-tiny"
+    args = json.load(open(run / "args.json"))
+    assert args["cuda_graphs"] is False and args["eval_every"] == 3  # the rehearsal's flags, launched
+    assert load_checkpoint(run / "last.pt")["args"]["cuda_graphs"] is False
+    assert "multi30k-tiny: not finished, call again" in log and res.returncode != 0  # the failure is reported
+
+
 def test_every_recipe_parses():
     """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, and its
     decoding (DECODE, RUNTIME, each of LENGTH_PENALTIES) valid flags of both evaluate and generate that

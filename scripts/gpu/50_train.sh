@@ -40,6 +40,25 @@ if [ -n "$DATASET" ] && [ ! -d "$SCRATCHFORMER_DATA/$DATASET" ]; then
   exit 1
 fi
 mkdir -p "$RUNS"
+# A run with --cuda-graphs (CUDA_GRAPHS=1) that fails (not a timeout or SIGINT: a capture CUDA refused)
+# goes on launched in the same call: resumed from its last checkpoint, or anew without one (the
+# checkpoints then say --no-cuda-graphs, so later calls' resumes stay launched)
+launched=()
+graphs_failed() {
+  local rc=$1 secs
+  case " ${FLAGS[*]} " in *" --cuda-graphs "*) ;; *) return "$rc" ;; esac
+  if [ "$rc" = 124 ] || [ "$rc" = 130 ] || [ ${#launched[@]} -gt 0 ] || [ ${#VARIANTS[@]} -gt 0 ]; then return "$rc"; fi
+  echo "== --cuda-graphs failed (exit $rc): training on launched steps"
+  launched=(--no-cuda-graphs)
+  secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 120) ))}
+  if compgen -G "$RUN/*.pt" >/dev/null; then
+    run_cmd "$(limit 570)" train_launched "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$secs" \
+      --no-progress "${launched[@]}"
+  else
+    run_cmd "$(limit 570)" train_launched "$PY" -m scratchformer.train "${FLAGS[@]}" "${launched[@]}" --out "$RUN" \
+      --overwrite --time-limit "$secs" --no-progress
+  fi
+}
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
 
 # 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests)
@@ -50,10 +69,11 @@ elif [ ${#VARIANTS[@]} -gt 0 ] && ! finished; then
   run_cmd "$(limit 570)" train "$PY" -m scratchformer.ablate --out "$RUN" --variants "${VARIANTS[@]}" -- \
     "${FLAGS[@]}" --time-limit "$train_secs"
 elif ! finished && compgen -G "$RUN/*.pt" >/dev/null; then
-  run_cmd "$(limit 570)" train "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$train_secs" --no-progress
+  run_cmd "$(limit 570)" train "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$train_secs" --no-progress \
+    "${launched[@]}" || graphs_failed $?
 elif ! finished; then
   run_cmd "$(limit 570)" train "$PY" -m scratchformer.train "${FLAGS[@]}" --out "$RUN" \
-    --time-limit "$train_secs" --no-progress
+    --time-limit "$train_secs" --no-progress || graphs_failed $?
 fi
 
 # a summarizer's encoder check (scripts/source_use.py): does the decoder read the source at all?
