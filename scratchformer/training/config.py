@@ -126,9 +126,8 @@ class TrainConfig:
     batch_size: int | None = _optim(help="max sentences per batch", by_data=dict(synthetic=64))
     max_tokens: int | None = _optim(help="max padded tokens per batch (length-bucketed)", by_data=dict(
         real=4096, classification=16384))
-    pad_multiple: int = _optim(default=1, help="pad each training batch's lengths up to a multiple of N (8 or 16 "
-                               "on a GPU: tensor-core shapes, and few distinct batch shapes for --compile-mode "
-                               "reduce-overhead, which records a CUDA graph per shape)")
+    pad_multiple: int = _optim(default=1, help="pad each training batch's lengths up to a multiple of N "
+                               "(tensor-core shapes; fewer batch shapes to compile or capture)")
     grad_accum: int = _optim(default=1, help="batches accumulated per optimizer step")
     lr: float | None = _optim(help="peak learning rate", by_data=dict(synthetic=2e-3, real=5e-4, classification=1e-3))
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
@@ -148,10 +147,8 @@ class TrainConfig:
     compile_mode: str | None = _optim(help="torch.compile mode with --compile (inductor): reduce-overhead replays "
                                       "each batch shape's compiled graphs as CUDA graphs (no host work per kernel; "
                                       "GPU only)", choices=COMPILE_MODES)
-    cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step (forward, backward, "
-                               "clipping, AdamW) as a CUDA graph, no compiler involved: no host work per kernel. "
-                               "A shape's first batch runs launched, its second is captured; GPU only, bf16 or "
-                               "fp32, one process")
+    cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step as a CUDA graph "
+                                      "(no compiler, no host work per kernel): one GPU, bf16 or fp32")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
     seed: int = _optim(default=0)
@@ -276,26 +273,12 @@ def check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--compile-mode {cfg.compile_mode} is an inductor mode: it needs --compile (inductor), "
                           f"got --compile {cfg.compile}")
     if cfg.cuda_graphs and cfg.compile:
-        raise ConfigError(f"--cuda-graphs captures the step of the uncompiled model; --compile {cfg.compile} compiles "
-                          f"it (its reduce-overhead mode has CUDA graphs of its own): give one")
+        raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):
         raise ConfigError("--copy copies source tokens into the target: it needs one shared vocabulary (drop "
                           + ("--separate-vocab)" if cfg.separate_vocab else "the second --tokenizer)"))
-
-
-def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
-    """The checks that need the device and the number of processes (known before the run folder is made)."""
-    if not cfg.cuda_graphs:
-        return
-    if device_type != "cuda":
-        raise ConfigError(f"--cuda-graphs records CUDA graphs: it needs a GPU, and the device is {device_type}")
-    if cfg.precision == "fp16":
-        raise ConfigError("--cuda-graphs with --precision fp16: its loss scaling reads on the host, every step, "
-                          "whether the gradients are finite, which a graph cannot hold; use bf16 or fp32")
-    if world > 1:
-        raise ConfigError(f"--cuda-graphs steps one process; this is one of {world} (DDP): drop --cuda-graphs")
 
 
 def check_for_task(cfg: TrainConfig, task: str) -> None:

@@ -18,7 +18,7 @@ from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
-from .config import ConfigError, TrainConfig, check_for_device, check_for_task, check_init_from, resumed
+from .config import ConfigError, TrainConfig, check_for_task, check_init_from, resumed
 from .distributed import setup_distributed
 from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
 
@@ -112,6 +112,19 @@ def precision_for(precision: str, device: torch.device) -> str:
     if precision != "fp32" and device.type != "cuda":
         raise ConfigError(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
     return precision
+
+
+def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
+    """The checks that need the device and the number of processes (known before the run folder is made)."""
+    if not cfg.cuda_graphs:
+        return
+    if device_type != "cuda":
+        raise ConfigError(f"--cuda-graphs records CUDA graphs: it needs a GPU, and the device is {device_type}")
+    if cfg.precision == "fp16":
+        raise ConfigError("--cuda-graphs with --precision fp16: its loss scaling reads on the host, every step, "
+                          "whether the gradients are finite, which a graph cannot hold; use bf16 or fp32")
+    if world > 1:
+        raise ConfigError(f"--cuda-graphs steps one process; this is one of {world} (DDP): drop --cuda-graphs")
 
 
 def seed_everything(seed: int) -> None:

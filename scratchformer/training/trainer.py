@@ -13,7 +13,6 @@ import functools
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from .optim import (
     label_smoothed_loss,
     load_scheduler,
 )
+from .progress import Progress, Window
 from .report import final_report
 from .runs import Logger
 from .stopping import stop_on_signals
@@ -46,35 +46,6 @@ from .stopping import stop_on_signals
 # Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
 # which waits for the GPU (a host sync); --time-budget / --time-limit are decisions in seconds.
 TIME_SYNC_EVERY = 16
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint as a plain dict."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0
-    batch: int = 0  # batches of this epoch consumed
-    best: float | None = None
-    best_step: int = -1
-    bad_evals: int = 0
-    stopped_early: bool = False
-    out_of_time: bool = False  # --time-budget reached: training ended there
-    tokens: int = 0
-    seconds: float = 0.0  # training time over every session of the run (--resume adds to it), as of last.pt
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class _Window:
-    """Sums since the last train row was logged (loss and NLL: 0-dim tensors on the device until then)."""
-
-    loss: float | torch.Tensor = 0.0
-    nll: float | torch.Tensor = 0.0
-    tokens: int = 0
-    t0: float = field(default_factory=time.time)
 
 
 class Trainer:
@@ -122,7 +93,7 @@ class Trainer:
         self._seconds_before: float = 0.0  # the run's training time before this session
         self.train_seconds: float = 0.0  # the run's training time, every session, when fit() returns
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
-        self._window = _Window()
+        self._window = Window()
         self._bar: tqdm | None = None
         self.graphs: ShapeGraphs | None = None  # --cuda-graphs: made at the first step (after a resume's optimizer)
 
@@ -204,7 +175,7 @@ class Trainer:
         self.model.train()
         self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
                          desc="train", dynamic_ncols=True, mininterval=0.5)
-        self._window = _Window()
+        self._window = Window()
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
             self._check_time(force=True)
@@ -349,7 +320,7 @@ class Trainer:
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
         self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
                       f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
-        self._window = _Window()
+        self._window = Window()
 
     # --- validation -------------------------------------------------------------------------
 

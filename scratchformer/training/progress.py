@@ -1,0 +1,39 @@
+"""Where a run stands: `Progress` (saved in every checkpoint; what an exact resume continues from)
+and the `Window` of sums a train row logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint as a plain dict."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # batches of this epoch consumed
+    best: float | None = None
+    best_step: int = -1
+    bad_evals: int = 0
+    stopped_early: bool = False
+    out_of_time: bool = False  # --time-budget reached: training ended there
+    tokens: int = 0
+    seconds: float = 0.0  # training time over every session of the run (--resume adds to it), as of last.pt
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Window:
+    """Sums since the last train row was logged (loss and NLL: 0-dim tensors on the device until then)."""
+
+    loss: float | torch.Tensor = 0.0
+    nll: float | torch.Tensor = 0.0
+    tokens: int = 0
+    t0: float = field(default_factory=time.time)
