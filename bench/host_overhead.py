@@ -12,7 +12,10 @@ Two measures per backend:
 - a training step (forward, backward; no optimizer) of a model with the `base` preset's layers
   (6 + 6, 8 heads) at d_model 64, in milliseconds: the number of calls a base step makes;
 - greedy decoding with the KV cache on that model, in milliseconds per new token (no gradient:
-  the ops without their autograd).
+  the ops without their autograd);
+- and once, backend aside: the training loader's collate of one 8,192-token batch of short
+  sentences (Multi30k's lengths), in milliseconds: host work on the training loop's thread each
+  step (`num_workers` 0), which a step replayed as a CUDA graph (`train --cuda-graphs`) waits on.
 
 On the CPU, Triton kernels run in the interpreter, whose cost would swamp everything else:
 `--stub-launches` turns every Triton launch into a no-op (outputs are garbage), which measures the
@@ -119,6 +122,19 @@ def measure(kernel: str, device: str, calls: int) -> dict:
     return row
 
 
+def collate_ms(calls: int) -> tuple[float, int]:
+    """(milliseconds per collate, sentences) of one 8,192-token batch of 8-24-token sentence pairs."""
+    import numpy as np
+
+    from scratchformer.data import collate
+
+    rng = np.random.default_rng(0)
+    n = 8192 // 24
+    items = [(i, rng.integers(4, 8000, rng.integers(8, 24)).astype(np.int32),
+              rng.integers(4, 8000, rng.integers(8, 24)).astype(np.int32)) for i in range(n)]
+    return per_call(lambda: collate(items), calls, "cpu") * 1e3, n
+
+
 def table(rows: dict) -> str:
     cols = list(next(iter(rows.values())))
     lines = ["| backend | " + " | ".join(f"{c} (us)" if "ms" not in c else c for c in cols) + " |",
@@ -142,6 +158,8 @@ def main(argv=None) -> str:
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton launches stubbed)"
     report = (f"host time per call, {where}, torch {torch.__version__}; tiny shapes (module docstring)\n\n"
               + table({k: measure(k, args.device, args.calls) for k in args.kernels}))
+    ms, n = collate_ms(args.calls)
+    report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)
     if args.out:
         with open(args.out, "w") as fh:

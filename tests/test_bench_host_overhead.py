@@ -31,6 +31,8 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     for row in rows:
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
         assert len(cells) == 8 and all(c > 0 for c in cells), row
+    collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
+    assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()
 
 
 def test_stubbing_needs_the_interpreter():

@@ -233,6 +233,26 @@ def test_collate_pads_right():
     assert c.labels.tolist() == [1, 0] and c.tgt_in is None and c.src.tolist() == [[5, 0], [6, 7]]
 
 
+def test_collate_equals_padding_row_by_row():
+    """The vectorised padding (one scatter of every token) against rows filled one at a time:
+    random lengths, empty sequences among them, int32 arrays and lists, every multiple."""
+    from scratchformer.data.batching import _pad
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        seqs = [rng.integers(4, 500, size=rng.integers(0, 9)).astype(np.int32) for _ in range(rng.integers(1, 7))]
+        if trial % 2:
+            seqs = [s.tolist() for s in seqs]
+        for prefix, suffix, multiple in [(None, None, 1), (BOS_ID, None, 4), (None, EOS_ID, 3), (BOS_ID, EOS_ID, 8)]:
+            rows = [([prefix] if prefix is not None else []) + list(s) + ([suffix] if suffix is not None else [])
+                    for s in seqs]
+            width = -(-max(map(len, rows)) // multiple) * multiple
+            want = torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.int64)
+            got, lengths = _pad(seqs, prefix, suffix, multiple)
+            assert torch.equal(got, want) and lengths.tolist() == [len(r) for r in rows], (seqs, prefix, suffix)
+            assert got.dtype == lengths.dtype == torch.int64
+
+
 def test_collate_pads_to_a_multiple_and_the_loss_is_unchanged():
     """pad_multiple rounds each padded length up (src, tgt_in and tgt_out alike), keeps the lengths
     and the tokens, and the model's loss on the wider batch is the loss on the tight one."""
