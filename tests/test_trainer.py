@@ -463,8 +463,9 @@ def test_cuda_graphs_checkpoint_holds_plain_numbers(tmp_path, monkeypatch):
     for group in _batches(a, 3):
         a.train_step(group)
     a.save("step")
-    saved = load_checkpoint(tmp_path / "a" / "last.pt")["optimizer"]["param_groups"]
-    assert all(type(g["lr"]) is float and g["capturable"] is False for g in saved)
+    ckpt = load_checkpoint(tmp_path / "a" / "last.pt")
+    assert all(type(g["lr"]) is float and g["capturable"] is False for g in ckpt["optimizer"]["param_groups"])
+    assert all(type(lr) is float for lr in ckpt["scheduler"]["_last_lr"])
     assert isinstance(a.optimizer.param_groups[0]["lr"], torch.Tensor)  # the run's own stays a tensor
     b = _trainer(tmp_path / "b", *GRAPH_FLAGS)
     b.resume(tmp_path / "a" / "last.pt")

@@ -119,12 +119,13 @@ class Trainer:
     def state_dict(self) -> dict:
         """The checkpoint: everything `resume` needs. Every rank calls it (the RNG states are gathered)."""
         rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
-        optimizer = self.optimizer.state_dict()
+        optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
         for group in optimizer["param_groups"]:  # plain numbers (--cuda-graphs keeps tensors): any run resumes it
             group.update(lr=float(group["lr"]), **({"capturable": False} if "capturable" in group else {}))
+        if "_last_lr" in scheduler:
+            scheduler["_last_lr"] = [float(lr) for lr in scheduler["_last_lr"]]
         return {
-            "version": 1, "model": self.model.state_dict(), "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
+            "version": 1, "model": self.model.state_dict(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "config": self.model_config.to_dict(),
             "args": self.config.to_dict(), "data": self.data.source.to_dict(),
