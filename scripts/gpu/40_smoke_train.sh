@@ -31,3 +31,11 @@ for pid in "${pids[@]}"; do  # run_cmd's status stays in its subshell: take each
   wait "$pid" || { rc=$?; [ "$STATUS" = 0 ] && STATUS=$rc; }
 done
 rm -f "$WORK"/smoke-*/*.pt  # checkpoints need not travel back
+# one line a run, for the call's output: its last train row (loss, tokens/s), its last validation
+# and, for a --cuda-graphs run, how many steps were replayed
+for k in $KERNELS; do
+  log=$WORK/smoke-$k/log.txt
+  [ -e "$log" ] || continue
+  echo "== smoke $k: $(grep -E '^step ' "$log" | tail -1) || $(grep -E '^valid step' "$log" | tail -1)" \
+       "$(grep -o 'cuda graphs: .*' "$log" | tail -1)"
+done
