@@ -21,6 +21,7 @@ Autotuner keeps for that launch (`Autotuner.warmup`). What runs through them is 
 - model: a bf16 training step (forward, backward) and the decoding that follows it (encoder,
   decoder steps over static caches, as on a GPU) of the issue-18 recipes' models and the
   benchmarks' presets: small (Post-LN, ReLU; Multi30k, IWSLT with 3 layers, SAMSum with --copy),
+  the multi30k-tiny recipe's d_model 128,
   base (CNN/DM), and Pre-LN and GELU variants;
 - bench: the kernel benchmarks' own calls where they differ from the model's (attention at head
   dim 128, causal and padded; the FFN with GELU);
@@ -131,6 +132,8 @@ MODELS = [
     ("small post-LN relu (Multi30k, SAMSum --copy)", dict(preset="small", src_vocab_size=8000, copy=True), 64, 48, 48),
     ("small 3 layers (IWSLT)", dict(preset="small", src_vocab_size=10000, n_encoder_layers=3, n_decoder_layers=3),
      64, 64, 64),
+    ("d_model 128, 4 heads, d_ff 256 (multi30k-tiny)", dict(preset="small", src_vocab_size=8000, d_model=128,
+                                                            n_heads=4, d_ff=256), 64, 48, 48),
     ("base (CNN/DM --copy, bench base)", dict(preset="base", src_vocab_size=16000, copy=True), 4, 512, 128),
     ("small pre-LN (ablation)", dict(preset="small", src_vocab_size=8000, norm="pre", final_norm=True), 32, 32, 32),
     ("small gelu", dict(preset="small", src_vocab_size=8000, activation="gelu"), 32, 32, 32),

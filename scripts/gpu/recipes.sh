@@ -65,9 +65,10 @@ recipe() {
       FLAGS=("${M30K[@]}" --time-budget "$BUDGET" --max-steps 20000 --eval-every 500 --eval-decode-examples 1014
              --best-metric bleu) ;;
     multi30k-tiny)  # the same target with a 2.4M model (d_model 128, 4 heads, d_ff 256): on the CPU it
-      # learned as fast per token as `small` and was still improving at 25M tokens (validation 39.80
-      # with the average, results/multi30k-cpu-tiny) where `small` overfit (results/multi30k-gpu, 40.63
-      # at 2x the tokens); here twice its tokens per step for the 330 s. Head dim 32: our kernels run it
+      # learned as fast per token as `small` and was still improving at 52M tokens (12,654 steps:
+      # validation 42.05 with the average of the last 5 and length penalty 1.6, results/multi30k-cpu-tiny)
+      # where `small` overfit (results/multi30k-gpu, 40.63); here twice its tokens per step for the
+      # 330 s (with CUDA_GRAPHS=1, many more steps). Head dim 32: our kernels run it (prewarmed)
       DATASET=multi30k; LENGTH_PENALTIES=(1.3 1.6)
       FLAGS=(--dataset multi30k --preset small --d-model 128 --heads 4 --layers 4 --d-ff 256 --tie-embeddings all
              --vocab-size 8000 --max-tokens 8192 --dropout 0.3 --lr 5e-3 --warmup-steps 2000 --epochs 10000
