@@ -82,9 +82,9 @@ class ShapeGraphs:
     second is captured (nothing runs) and replayed; every later one is copied into that graph's
     inputs and replayed. A shape seen once costs no capture. Token-budget batches take many
     shapes, but the common ones dominate: Multi30k's 8,192-token batches take 476 shapes in 300
-    epochs (18.5k steps; the sampler's batches, our 8,000-token BPE); at a capture's cost of 1.5
-    launched steps and a replay's of 0.1, capturing at the second sighting averages 0.14 launched
-    steps a step (at the third or fourth, no better).
+    epochs (18.5k steps; the sampler's batches, our 8,000-token BPE); if a capture costs 1.5
+    launched steps and a replay 0.1 (assumed, not measured), capturing at the second sighting
+    averages 0.14 launched steps a step (at the third or fourth, no better).
 
     The graphs share one pool: what a replay leaves behind is its figures (kept referenced here,
     so no later capture takes their memory; the caller gets a copy) and the gradients, which the
