@@ -2,7 +2,7 @@
 
 On an H100 the host's side (Python, dispatch, one launch per kernel) paced the training step of
 every backend (issue 17: our kernels' 13.9 ms of GPU time a base/CNN-DM step in 70-80 ms of wall
-time; the `small` model's Multi30k step 50 ms for a few ms of GPU work). A CUDA graph records the
+time; the `small` model's Multi30k step 50 ms, its GPU work not profiled). A CUDA graph records the
 step's kernels once and replays them with one launch. What a captured step needs (torch.cuda.graph's
 documentation, "whole network capture"):
 - fixed shapes and fixed input tensors: the caller copies each batch into the tensors the graph

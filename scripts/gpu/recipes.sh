@@ -122,10 +122,11 @@ recipe() {
 }
 
 # CUDA_GRAPHS=1: the runs replay each batch shape's step as a CUDA graph (train --cuda-graphs; the
-# launched step was host-bound on the H100: `small` at Multi30k shapes 50 ms a step, a few ms of it
-# on the GPU). Steps then take a fraction of the time, so validations and checkpoints, spaced in
-# steps, come GRAPH_SPACING (4) times further apart to keep their share of the budget, and a run sized
-# in time (--time-budget) has its --max-steps cap raised as much (a fixed-step grid keeps its steps).
+# launched step was host-bound on the H100: `small` at Multi30k shapes 50 ms a step; the profiled
+# base/CNN-DM step spent 13.9 of its 70 ms on the GPU). Steps then take a fraction of the time, so
+# validations and checkpoints, spaced in steps, come GRAPH_SPACING (4) times further apart to keep
+# their share of the budget, and a run sized in time (--time-budget) has its --max-steps cap raised
+# as much (a fixed-step grid keeps its steps).
 # Off until a window's step 10 (tests/test_trainer.py's test_cuda_graphs_*) and step 40 (smoke run
 # triton-cuda-graphs) have passed on a GPU.
 graphed() {
