@@ -49,6 +49,15 @@ def capture_step(update: Callable[[], object], optimizer: torch.optim.Optimizer,
     return graphs.capture(step, warmup)[1]
 
 
+def portable(optimizer_state: dict, scheduler_state: dict) -> None:
+    """A checkpoint's optimizer and schedule states as any run resumes them, in place: the
+    learning rates (which `make_capturable` made device tensors) plain numbers, capturable off."""
+    for group in optimizer_state["param_groups"]:
+        group.update(lr=float(group["lr"]), **({"capturable": False} if "capturable" in group else {}))
+    if "_last_lr" in scheduler_state:
+        scheduler_state["_last_lr"] = [float(lr) for lr in scheduler_state["_last_lr"]]
+
+
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """An optimizer a capture can hold, in place: `capturable` set (AdamW keeps its step count on
     the device: fused AdamW already does) and each group's learning rate a 0-dim tensor on
@@ -97,15 +106,14 @@ class ShapeGraphs:
         self.stream = torch.cuda.Stream(device)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, _Graph] = {}
-        self.seen: set[tuple] = set()  # shapes stepped
-        self.launched = self.replayed = 0  # steps run each way
+        self.seen: set[tuple] = set()  # shapes stepped: each one's first step was launched
+        self.replayed = 0
 
     def __call__(self, group: list[Batch], ntok: int) -> Figures:
         key = tuple(b.shape for b in group)
         graph = self.graphs.get(key)
         if graph is None and key not in self.seen:  # first of its shape: a launched step, on the capture stream
             self.seen.add(key)
-            self.launched += 1
             on_device = [b.to(self.device, non_blocking=True) for b in group]
             return graphs.warm(lambda: self.update(on_device, ntok, True), self.stream)
         if graph is None:
@@ -130,4 +138,4 @@ class ShapeGraphs:
 
     def describe(self) -> str:
         return (f"cuda graphs: {len(self.graphs)} batch shapes captured ({len(self.seen)} seen), "
-                f"{self.replayed} steps replayed, {self.launched} launched")
+                f"{self.replayed} steps replayed, {len(self.seen)} launched")

@@ -26,7 +26,7 @@ from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_t
 from ..model import ModelConfig
 from .build import TrainData
 from .config import ConfigError, TrainConfig
-from .cuda_graph import ShapeGraphs
+from .cuda_graph import ShapeGraphs, portable
 from .distributed import Dist, wrap_ddp
 from .launch import create_trainer, precision_for
 from .optim import (
@@ -120,10 +120,7 @@ class Trainer:
         """The checkpoint: everything `resume` needs. Every rank calls it (the RNG states are gathered)."""
         rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
         optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
-        for group in optimizer["param_groups"]:  # plain numbers (--cuda-graphs keeps tensors): any run resumes it
-            group.update(lr=float(group["lr"]), **({"capturable": False} if "capturable" in group else {}))
-        if "_last_lr" in scheduler:
-            scheduler["_last_lr"] = [float(lr) for lr in scheduler["_last_lr"]]
+        portable(optimizer, scheduler)  # plain numbers (--cuda-graphs keeps device tensors): any run resumes it
         return {
             "version": 1, "model": self.model.state_dict(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
