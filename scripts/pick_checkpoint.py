@@ -14,7 +14,7 @@ Each candidate RUN/NAME.pt is scored by RUN/NAME/metrics.validation.json and by 
 RUN/NAME-lpX/metrics.validation.json (the same decoding but for the length penalty X). All of them
 must have decoded the same examples the same way (beam, n-gram blocking, minimum length; only the
 length penalty may differ), as the test predictions will be. The metric is the run's --best-metric,
-or the decoding metric when that is the loss (accuracy, ROUGE-L, BLEU): the predictions are decoded,
+or the decoding metric when that is the loss (accuracy, ROUGE-Lsum, BLEU): the predictions are decoded,
 so they are judged decoded. A tie keeps best.pt, and the decoding without a tuned penalty; a run
 without scores for both checkpoints keeps best.pt (and prints no penalty).
 """
@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 CHECKPOINTS = ("best", "averaged")  # in order of preference on a tie
-DECODING_METRICS = ("accuracy", "rougeL", "bleu")  # the first in the scores: classification, summarization, translation
+# the first in the scores: classification, summarization, translation
+DECODING_METRICS = ("accuracy", "rougeLsum", "bleu")
 LOWER_IS_BETTER = ("loss", "ppl")
 SAME = ("n", "decoding", "no_repeat_ngram", "min_len")  # what the candidates' scores must share
 UNSET = {"min_len": 0, "length_penalty": 1.0}  # scores written before evaluate had these flags

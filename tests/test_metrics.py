@@ -36,6 +36,28 @@ def test_accuracy_perplexity_and_errors():
         M.perplexity(1.0, 0)
 
 
+def test_rouge_lsum_reads_sentences_of_one_line_summaries():
+    """rougeLsum is the summary-level LCS over sentences; SAMSum's references (and a model's
+    summaries) come on one line, so the texts are split into sentences before scoring. Reference:
+    rouge-score itself on the texts split by hand, one sentence per line."""
+    from rouge_score import rouge_scorer
+
+    ref = "Amanda baked cookies. Jerry will bring them to the party tomorrow."
+    hyp = "Jerry will bring cookies to the party. Amanda baked them."
+    by_hand = rouge_scorer.RougeScorer(["rougeL", "rougeLsum"], use_stemmer=True).score(
+        "Amanda baked cookies.\nJerry will bring them to the party tomorrow.",
+        "Jerry will bring cookies to the party.\nAmanda baked them.")
+    ours = M.rouge([hyp], [ref])
+    assert ours["rougeLsum"] == pytest.approx(100 * by_hand["rougeLsum"].fmeasure)
+    assert ours["rougeL"] == pytest.approx(100 * by_hand["rougeL"].fmeasure)
+    assert ours["rougeLsum"] > ours["rougeL"] + 10  # sentences out of order: the whole-text LCS misses one
+    # one sentence per line already (CNN/DM's highlights, our written summaries): scored the same
+    assert M.rouge([hyp.replace(". ", ".\n")], [ref]) == pytest.approx(ours)
+    # swapping two whole sentences costs rougeLsum nothing, rougeL half
+    swapped = M.rouge(["d e f. a b c."], ["a b c. d e f."])
+    assert swapped["rougeLsum"] == pytest.approx(100.0) and swapped["rougeL"] == pytest.approx(50.0)
+
+
 def test_lead3():
     doc = "first one . second one ! third one ? fourth one . fifth"
     assert M.lead3(doc) == "first one .\nsecond one !\nthird one ?"

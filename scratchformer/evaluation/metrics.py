@@ -48,13 +48,16 @@ def _rouge_scorer_module():
 
 
 def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
-    """Mean F1 of ROUGE-1/2/L/Lsum with stemming. rougeLsum splits sentences on newlines, so
-    multi-sentence texts should have one sentence per line (CNN/DM highlights do)."""
+    """Mean F1 of ROUGE-1/2/L/Lsum with stemming. rougeL is the LCS of the whole texts; rougeLsum
+    the summary-level LCS over their sentences, which rouge-score reads from newlines: both texts
+    are split here first (`split_sentences`, as Hugging Face's summarization scripts split with
+    nltk), so a summary written on one line (SAMSum's references) still gets its sentences.
+    The split changes no other score: rouge-score's tokenizer reads a newline as a space."""
     _check(hyps, refs)
     scorer = _rouge_scorer_module().RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_KEYS, 0.0)
     for h, r in zip(hyps, refs):
-        scores = scorer.score(r, h)  # (target, prediction)
+        scores = scorer.score(_one_per_line(r), _one_per_line(h))  # (target, prediction)
         for k in ROUGE_KEYS:
             totals[k] += scores[k].fmeasure
     return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
@@ -94,6 +97,10 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENT_END.split(text) if s and s.strip()]
 
 
+def _one_per_line(text: str) -> str:
+    return "\n".join(split_sentences(text))
+
+
 def lead3(document: str) -> str:
-    """The first three sentences, one per line (so rougeLsum sees sentence boundaries)."""
+    """The first three sentences, one per line."""
     return "\n".join(split_sentences(document)[:3])
