@@ -130,8 +130,8 @@ def _triton_model(cfg_kw: dict):
 # model's widths fix (the batch's lengths and row counts are not specialised on), its dtypes and flags
 MODELS = [
     ("small post-LN relu (Multi30k, SAMSum --copy)", dict(preset="small", src_vocab_size=8000, copy=True), 64, 48, 48),
-    ("small 3 layers (IWSLT)", dict(preset="small", src_vocab_size=10000, n_encoder_layers=3, n_decoder_layers=3),
-     64, 64, 64),
+    ("small 3 layers, d_ff 512, 4 heads (IWSLT)", dict(preset="small", src_vocab_size=8000, n_encoder_layers=3,
+                                                        n_decoder_layers=3, d_ff=512, n_heads=4), 64, 64, 64),
     ("d_model 128, 4 heads, d_ff 256 (multi30k-tiny)", dict(preset="small", src_vocab_size=8000, d_model=128,
                                                             n_heads=4, d_ff=256), 64, 48, 48),
     ("base (CNN/DM --copy, bench base)", dict(preset="base", src_vocab_size=16000, copy=True), 4, 512, 128),
