@@ -42,8 +42,14 @@ HEADS = pytest.mark.parametrize("H, D", [(16, 64), (8, 128)], ids=["h16d64", "h8
 
 
 def _qkv(B, L, H, D):
-    x = torch.randn(B, L, 3, H, D, device="cuda", dtype=DTYPE, requires_grad=True)
-    return [x[:, :, i].transpose(1, 2) for i in range(3)]  # (B, H, L, D) views, no copies
+    """q, k, v: (B, H, L, D) views of one (B, L, 3, H, D) tensor, no copies, each a leaf that
+    wants a gradient. Leaves, not views of a leaf: autograd runs a node's backward on the stream
+    its forward ran on, so the views' backward nodes, made on the default stream outside the CUDA
+    graph, would make the captured backward join that stream, which a capture cannot hold (the
+    likely cause of the 2026-11-26 H100 run's failed captures of every fwd+bwd case; the model's
+    own captured steps, whose views are made inside, and the FFN's, on leaves, captured)."""
+    x = torch.randn(B, L, 3, H, D, device="cuda", dtype=DTYPE)
+    return [x[:, :, i].transpose(1, 2).requires_grad_() for i in range(3)]
 
 
 def _eager_fits(B, H, Lq, Lk, mode):

@@ -1,9 +1,10 @@
 """FFN throughput: TFLOP/s per kernel (triton, eager, compile), and our GEMM alone vs torch.matmul.
 
 kernel: triton = our fused FFN (kernels/ffn.py: Triton GEMMs with bias/activation/dropout
-epilogues; weight gradients on cuBLAS, see WGRAD_KERNEL there); triton-tma = the same with the
-GEMMs on the persistent TMA kernels (kernels/matmul.py, `SCRATCHFORMER_TMA=1`; Hopper and later,
-skipped before); eager = cuBLAS `F.linear` + a
+epilogues; weight gradients on cuBLAS, see WGRAD_KERNEL there), its GEMMs on the persistent TMA
+kernels on Hopper and later (kernels/matmul.py, `SCRATCHFORMER_TMA`; `extra_info["tma"]` says
+whether they ran); triton-ptr = the same on the pointer kernels (TMA off), raced at two shapes on
+Hopper and later (before, triton is that already); eager = cuBLAS `F.linear` + a
 separate activation kernel + `F.linear`; compile = `torch.compile` of that same eager function
 (static shapes, compiled afresh per case). bf16, relu, no dropout. Shapes (tokens x d_model x d_ff,
 issue 16): the base preset's 512 x 2048 at 4k-64k tokens, 16k x 1024 x 4096, and 8192 x 4096 x 4096.
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.benchmark(group="ffn"), requires_cuda]
 
 DTYPE = torch.bfloat16
 CASES = [(4096, 512, 2048), (16384, 512, 2048), (65536, 512, 2048), (16384, 1024, 4096), (8192, 4096, 4096)]
-TMA_CASES = [(16384, 512, 2048), (8192, 4096, 4096)]  # the base preset's, and the GEMM target's
+PTR_CASES = [(16384, 512, 2048), (8192, 4096, 4096)]  # the base preset's, and the GEMM target's
 SHAPES = pytest.mark.parametrize("tokens,d_model,d_ff", CASES, ids=[f"t{t}-d{d}-ff{f}" for t, d, f in CASES])
 
 
@@ -36,22 +37,24 @@ def _eager_ffn(x, w1, b1, w2, b2):
 
 
 @pytest.fixture
-def tma(request, monkeypatch):
-    """triton-tma: our kernels with the TMA GEMMs switched on for the case."""
-    if request.getfixturevalue("kernel") != "triton-tma":
-        return
-    shape = tuple(request.getfixturevalue(k) for k in ("tokens", "d_model", "d_ff"))
-    if shape not in TMA_CASES:
-        pytest.skip("the TMA kernels are raced at two shapes (each case autotunes anew)")
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the TMA kernels need Hopper or later")
-    from scratchformer.kernels import matmul as MM
+def tma(request, monkeypatch) -> bool:
+    """Whether the case's GEMMs run on the TMA kernels; triton-ptr switches them off for the case."""
+    from scratchformer.kernels import matmul as MM  # after requires_cuda: GPU only
 
-    monkeypatch.setattr(MM, "TMA", True)
+    kernel = request.getfixturevalue("kernel")
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    if kernel == "triton-ptr":
+        shape = tuple(request.getfixturevalue(k) for k in ("tokens", "d_model", "d_ff"))
+        if shape not in PTR_CASES:
+            pytest.skip("the pointer kernels are raced against the TMA ones at two shapes (each case autotunes anew)")
+        if not hopper:
+            pytest.skip("before Hopper, triton is the pointer kernels")
+        monkeypatch.setattr(MM, "TMA", False)
+    return kernel == "triton" and hopper and MM.TMA is not False
 
 
 def _impl(kernel):
-    if kernel in ("triton", "triton-tma"):
+    if kernel in ("triton", "triton-ptr"):
         ffn = ops.select("triton", "cuda").ffn
         return lambda *a: ffn(*a, activation="relu")
     if kernel == "eager":
@@ -61,7 +64,7 @@ def _impl(kernel):
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
-@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "eager", "compile"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-ptr", "eager", "compile"])
 @SHAPES
 def test_ffn(benchmark, tma, tokens, d_model, d_ff, kernel, mode):
     grad = mode == "fwd_bwd"
@@ -83,11 +86,11 @@ def test_ffn(benchmark, tma, tokens, d_model, d_ff, kernel, mode):
     flops = 2 * 2 * tokens * d_model * d_ff * (3 if grad else 1)
     run_bench(
         benchmark, fwd_bwd if grad else fwd, flops=flops,
-        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, mode=mode, dtype=DTYPE,
+        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, mode=mode, dtype=DTYPE, tma=tma,
     )
 
 
-@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "torch"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-ptr", "torch"])
 @SHAPES
 def test_matmul(benchmark, tma, tokens, d_model, d_ff, kernel):
     """The first projection's GEMM alone, no epilogue: (tokens, d_model) @ (d_model, d_ff)."""
@@ -99,5 +102,5 @@ def test_matmul(benchmark, tma, tokens, d_model, d_ff, kernel):
     fn = (lambda: torch.matmul(a, b)) if kernel == "torch" else (lambda: matmul(a, b))
     run_bench(
         benchmark, fn, flops=2 * tokens * d_model * d_ff,
-        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, dtype=DTYPE, what="matmul",
+        tokens=tokens, d_model=d_model, d_ff=d_ff, kernel=kernel, dtype=DTYPE, what="matmul", tma=tma,
     )

@@ -108,9 +108,11 @@ def ffn(rows):
         if "triton" not in ks:
             continue
         case = f"{tokens} x {d} x {f}{' ' + mode if mode else ''}"
-        for kernel, label in (("triton", ""), ("triton-tma", " (TMA)")):  # TMA: SCRATCHFORMER_TMA's kernels
+        for kernel in ("triton", "triton-tma", "triton-ptr"):  # triton-tma: runs of before TMA was the default
             if kernel not in ks:
                 continue
+            label = " (TMA)" if kernel == "triton-tma" or ks[kernel].get("tma") else \
+                " (pointer kernels)" if kernel == "triton-ptr" else ""
             if what == "matmul" and "torch" in ks:
                 res.append(_compare(f"FFN's GEMM{label} vs cuBLAS", case, "tflops", "TFLOP/s", ks[kernel], ks["torch"],
                                     0.85))

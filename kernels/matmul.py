@@ -31,8 +31,8 @@ interpreter (measured 2026-11), so UPCAST (see `_common.upcast_dot`) converts th
 before the dot there; on a GPU bf16 dots run natively. fp32 inputs use IEEE fp32 dots unless
 `torch.backends.cuda.matmul.allow_tf32` is set, matching torch.matmul.
 
-TMA kernels (`SCRATCHFORMER_TMA=1`, off by default until a GPU window has checked and measured
-them): on Hopper and later, when A's rows and B's rows (B row-major, or the transpose of a
+TMA kernels (on by default on Hopper and later since a GPU window checked and measured them;
+`SCRATCHFORMER_TMA`, `TMA` below): when A's rows and B's rows (B row-major, or the transpose of a
 row-major weight, as the FFN passes W1ᵀ and W2ᵀ) are contiguous with 16-byte aligned bases and
 row strides, `_matmul_fwd_tma_kernel` and `_matmul_dact_tma_kernel` compute the same epilogues
 (shared jit functions) with the operands loaded by the tensor memory accelerator through
@@ -41,9 +41,11 @@ global memory, `_tma_scratch`), tiles past the edges read as zeros, and one pers
 per SM looping over the output tiles in the grouped order (`tl.range(..., flatten=True)` lets
 Triton pipeline across tiles). Why: the pointer kernels reached 0.66 of cuBLAS at 8192 x 4096 x
 4096 on an H100 (2026-11-26), and TMA-fed persistent kernels are how Triton's own Hopper
-tutorial (09) approaches cuBLAS. The dropout masks are the pointer kernels' (same Philox
-counters), so switching kernels changes no run's randomness. Not on sm_80: the launcher asks
-the device's capability.
+tutorial (09) approaches cuBLAS; they did, autotuned, on an H100 (2026-11-26, device time):
+0.91 and 0.97 of cuBLAS at 16k x 512 x 2048 and 8192 x 4096 x 4096 (the pointer kernels 0.74 and
+0.73), the FFN's forward + backward 5% and 11% faster (`bench/results/README.md`). The dropout
+masks are the pointer kernels' (same Philox counters), so switching kernels changes no run's
+randomness. Not on sm_80: the launcher asks the device's capability.
 
 Reference: Triton tutorials 03 (matrix multiplication) and 09 (persistent matmul).
 """
@@ -72,9 +74,19 @@ from ._common import (
 )
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
-# SCRATCHFORMER_TMA=1: on Hopper and later, GEMMs whose operands TMA can address run the persistent
-# TMA kernels (module docstring); off by default until a GPU window has checked and measured them.
-TMA: bool = os.environ.get("SCRATCHFORMER_TMA", "0") == "1"
+
+
+def _tma_setting(value: str) -> bool | None:
+    """SCRATCHFORMER_TMA: where GEMMs whose operands TMA can address run the persistent TMA kernels
+    (module docstring). "auto" (the default) -> None: on GPUs of Hopper and later; "1" -> True:
+    there and under the interpreter too (the tests' emulated descriptors); "0" -> False: never."""
+    settings = {"auto": None, "1": True, "0": False}
+    if value not in settings:
+        raise ValueError(f"SCRATCHFORMER_TMA={value!r}: expected one of auto, 1, 0")
+    return settings[value]
+
+
+TMA: bool | None = _tma_setting(os.environ.get("SCRATCHFORMER_TMA", "auto"))
 
 # ---------------------------------------------------------------------------------------------
 # configs
@@ -333,7 +345,7 @@ def _matmul_dact_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# TMA kernels (Hopper and later; opt-in, `TMA`): the same epilogues, operands fed by the tensor
+# TMA kernels (Hopper and later; `TMA`): the same epilogues, operands fed by the tensor
 # memory accelerator, persistent programs
 # ---------------------------------------------------------------------------------------------
 
@@ -497,9 +509,10 @@ def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     """B_KMAJOR for the TMA kernels (B the transpose of a row-major (N, K) tensor: True; row-major:
-    False), or None where they do not run: TMA off, a GPU before Hopper, or operands TMA cannot
-    address (rows not contiguous, base or row stride not a multiple of 16 bytes)."""
-    if not TMA or (a.device.type == "cuda" and _capability(a.device) < 9):
+    False), or None where they do not run: TMA off, a GPU before Hopper, the interpreter unless
+    TMA is True, or operands TMA cannot address (rows not contiguous, base or row stride not a
+    multiple of 16 bytes)."""
+    if TMA is False or (_capability(a.device) < 9 if a.device.type == "cuda" else TMA is None):
         return None
     es = a.element_size()
 

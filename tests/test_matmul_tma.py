@@ -1,4 +1,4 @@
-"""The GEMM's TMA kernels (kernels/matmul.py, `SCRATCHFORMER_TMA=1`: persistent programs, operands
+"""The GEMM's TMA kernels (kernels/matmul.py, `SCRATCHFORMER_TMA`: persistent programs, operands
 loaded through tensor descriptors) against torch and against the pointer kernels, every epilogue,
 both layouts of B, ragged M, N and K; and when they are taken at all (`_tma_layout`).
 
@@ -6,6 +6,8 @@ Here Triton's interpreter emulates the descriptors (blocks past an edge read as 
 padding does); on a GPU before Hopper the launcher never takes them; on an H100 these tests run
 them for real (GPU-only cases at the bottom at the FFN's shapes).
 """
+
+import os
 
 import pytest
 import torch
@@ -41,6 +43,21 @@ def test_tma_is_taken_only_where_tma_can_address_the_operands(tma, monkeypatch):
     assert MM._tma_layout(a, torch.randn(48, 33, device=DEVICE)[:, 1:].t()) is None  # base, row stride unaligned
     monkeypatch.setattr(MM, "TMA", False)
     assert MM._tma_layout(a, w.t()) is None
+
+
+def test_tma_by_default_on_hopper_gpus_only(monkeypatch):
+    """SCRATCHFORMER_TMA unset ("auto"): the TMA kernels where the device is a GPU of Hopper or
+    later, never in the interpreter (there only with "1", as these tests set it); "0" never; any
+    other value is refused by name."""
+    assert MM._tma_setting("auto") is None and MM._tma_setting("1") is True and MM._tma_setting("0") is False
+    with pytest.raises(ValueError, match="SCRATCHFORMER_TMA='yes'"):
+        MM._tma_setting("yes")
+    assert MM.TMA is None or "SCRATCHFORMER_TMA" in os.environ
+    monkeypatch.setattr(MM, "TMA", None)
+    a = torch.randn(64, 32, device=DEVICE)
+    w = torch.randn(48, 32, device=DEVICE)
+    hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert (MM._tma_layout(a, w.t()) is not None) == hopper
 
 
 @pytest.mark.parametrize("layout", ["kmajor", "rowmajor"])
