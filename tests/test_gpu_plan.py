@@ -71,11 +71,12 @@ def test_plan_shape():
 def _step_env(**extra):
     """The environment of a step run as on the GPU machine, from a shell: without this suite's
     settings (the interpreter, pinned tiles, paths) nor pytest's own (an xdist worker's
-    PYTEST_XDIST_WORKER makes the steps' pytest-benchmark runs refuse --benchmark-only)."""
+    PYTEST_XDIST_WORKER makes the steps' pytest-benchmark runs refuse --benchmark-only). The recipes
+    launch their steps here (CUDA_GRAPHS=0: a CPU captures no CUDA graph) unless a test says otherwise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     for key in ("TRITON_INTERPRET", "SCRATCHFORMER_AUTOTUNE", "PYTHONPATH"):
         env.pop(key, None)
-    return dict(env, GPU_DRY_RUN="1", PY=sys.executable, **extra)
+    return {**env, "GPU_DRY_RUN": "1", "PY": sys.executable, "CUDA_GRAPHS": "0", **extra}
 
 
 def _dry_run(step, out, **extra):
@@ -268,7 +269,7 @@ def test_every_recipe_parses():
 
 
 def test_recipes_with_cuda_graphs():
-    """CUDA_GRAPHS=1: every recipe (and variant) trains with --cuda-graphs, its validations and
+    """CUDA_GRAPHS=1 (the default): every recipe (and variant) trains with --cuda-graphs, its validations and
     checkpoints GRAPH_SPACING times further apart in steps, and a run sized in time has its step
     cap raised as much; a fixed-step grid keeps its steps."""
     from scratchformer.training.config import parse_args
@@ -283,6 +284,9 @@ def test_recipes_with_cuda_graphs():
             configs[graphs], _ = parse_args([*flags, "--out", "runs/x"])
         plain, graphed = configs["0"], configs["1"]
         assert not plain.cuda_graphs and graphed.cuda_graphs, name
+        default = f'source "{GPU}/recipes.sh"; unset CUDA_GRAPHS; recipe {name} && printf "%s\\n" "${{FLAGS[@]}}"'
+        flags = subprocess.run(["bash", "-c", default], capture_output=True, text=True, check=True).stdout.split()
+        assert "--cuda-graphs" in flags, f"{name}: the recipes replay CUDA graphs unless CUDA_GRAPHS=0"
         assert graphed.eval_every == 4 * plain.eval_every and graphed.save_every == 4 * plain.save_every, name
         assert graphed.max_steps == plain.max_steps * (4 if plain.time_budget else 1), name
 

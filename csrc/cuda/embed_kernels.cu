@@ -2,16 +2,20 @@
 // csrc/embed.cpp; the sinusoid itself in csrc/sinusoid.h, shared with the CPU kernel). Only CUDA headers here, so nvcc compiles this file on a machine whose torch
 // has no CUDA; csrc/cuda/embed_cuda.cpp holds the torch side and calls the typed launchers below.
 //
-// Forward: thread (x, y) of a block owns the column pair (2i, 2i+1) at one position j of the
-// sequence and the rows of up to ROWS_PER_THREAD sequences at that position (rows b * L + j). A
-// warp covers 32 consecutive pairs of one row (64 contiguous elements, one 2-element load/store per
-// thread): coalesced. The positional term depends on (j, i) only, so each thread computes it once
-// and adds it to all its rows: w_i = 10000^(-2i/d) (one double exp), the angle (pos_offset + j) *
-// w_i, its reduction by pi/2 in double and the float polynomials cost one evaluation per thread,
-// not per element. (The 2026-11-26 H100 run had a thread walk 8 consecutive positions, one sincos
-// per element: bf16 reached half the copy bandwidth, fp32, with twice the bytes per sincos, 0.9 of
-// it: the bf16 kernel was bound by that arithmetic, not by memory.) Compute in fp32, one rounding on
-// store; the values are the same as before, element for element.
+// Forward: thread (x, y) of a block owns 2 * PAIRS adjacent columns (one 16-byte access a row:
+// 8 bf16/fp16 or 4 fp32 columns, where d, strides and pointers allow; else one pair) at one
+// position j of the sequence, and the rows of up to kRowsPerThread sequences at that position
+// (rows b * L + j). A warp covers consecutive columns of one row: coalesced. The positional term
+// depends on (j, column) only, so each thread computes its pairs' once and adds them to all its
+// rows: w_i = 10000^(-2i/d) (one double exp), the angle (pos_offset + j) * w_i, its reduction by
+// pi/2 in double and the float polynomials cost one evaluation per pair and thread, not per
+// element. The thread loads all its rows' token ids, then all its rows' values, then stores: its
+// loads are in flight together. Compute in fp32, one rounding on store.
+// History, H100: a thread walking 8 positions, one sincos an element, reached half the copy
+// bandwidth in bf16 and 0.9 in fp32 (first run); one sincos per 8 rows barely moved bf16 (0.52-0.57,
+// device time, 2026-11-26 fourth window), whose accesses were 4 bytes against fp32's 8: so the
+// bytes a thread has in flight, not the arithmetic, bound it; hence the 16-byte accesses and the
+// staged loads (not yet measured on a GPU).
 //
 // Precision: no fast-math intrinsic is used: sin/cos are explicit float polynomials on |r| <=
 // pi/4 (Cephes sinf/cosf), the range reduction is in double, so --use_fast_math would not change
@@ -67,18 +71,22 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// Two adjacent elements, loaded and stored as one 4/8-byte access.
-template <typename T>
-struct alignas(2 * sizeof(T)) Pair {
-  T x, y;
+// 2 * PAIRS adjacent elements, loaded and stored as one access (16 bytes at the widest).
+template <typename T, int PAIRS>
+struct alignas(2 * PAIRS * sizeof(T)) Pairs {
+  T v[2 * PAIRS];
 };
 
 using sinusoid::inv_freq;  // csrc/sinusoid.h: the formula, shared with the CPU kernel
 using sinusoid::sincos_angle;
 
 // out[r, :] = src[row(r), :] * scale (+ PE(pos_offset + r % L)), row(r) = tokens[r] if GATHER
-// else r. VEC: d even, row strides even and pointers 2-element aligned (the launcher checks).
-template <typename scalar_t, typename index_t, bool GATHER, bool VEC>
+// else r. A thread owns the 2 * PAIRS columns from c = 2 * PAIRS * i. VEC: d, the row strides and
+// both pointers multiples of 2 * PAIRS elements (the launcher checks), so each row's columns are
+// one aligned access; otherwise element by element with a bound check (PAIRS is 1 then).
+// The rows are staged: every row's token id is loaded, then every row's values, then stored, so a
+// thread has all its loads in flight at once instead of one row's at a time.
+template <typename scalar_t, typename index_t, bool GATHER, int PAIRS, bool VEC>
 __global__ void embed_sinusoidal_fwd_kernel(
     const index_t* __restrict__ tokens,  // (rows,) token ids; unused unless GATHER
     const scalar_t* __restrict__ src,    // GATHER: weight (V, d); else x (rows, d)
@@ -89,53 +97,69 @@ __global__ void embed_sinusoidal_fwd_kernel(
     int64_t stride_src_row,              // elements between rows of src
     int64_t V,                           // rows of weight (GATHER bounds check)
     float scale, int64_t pos_offset, bool add_pe) {
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;  // column pair
-  const int64_t c = 2 * i;
+  constexpr int kCols = 2 * PAIRS;
+  const int64_t c = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kCols;  // first column
   if (c >= d) return;
   const int64_t pos_blocks = (L + blockDim.y - 1) / blockDim.y;
   const int64_t j = static_cast<int64_t>(blockIdx.x % pos_blocks) * blockDim.y + threadIdx.y;  // position
   if (j >= L) return;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x / pos_blocks) * kRowsPerThread;  // first sequence
-  const bool has_y = c + 1 < d;  // false only for the last column of an odd d (no PE then)
-  float pe_x = 0.0f, pe_y = 0.0f;
-  if (add_pe) sincos_angle(static_cast<double>(pos_offset + j) * inv_freq(c, d), &pe_x, &pe_y);
+  float pe[kCols];
+#pragma unroll
+  for (int p = 0; p < PAIRS; ++p) {
+    pe[2 * p] = pe[2 * p + 1] = 0.0f;  // 0 without positions: x * scale + 0 == x * scale exactly
+    if (add_pe && c + 2 * p < d) {
+      sincos_angle(static_cast<double>(pos_offset + j) * inv_freq(c + 2 * p, d), &pe[2 * p], &pe[2 * p + 1]);
+    }
+  }
+  int64_t src_row[kRowsPerThread];
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {
     const int64_t r = (b0 + k) * L + j;
-    if (r >= rows) break;
-    int64_t src_row = r;
-    if (GATHER) {
-      src_row = static_cast<int64_t>(tokens[r]);
-      if (src_row < 0 || src_row >= V) {
+    src_row[k] = r < rows ? (GATHER ? static_cast<int64_t>(tokens[r]) : r) : -1;
+  }
+  if (GATHER) {
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const int64_t r = (b0 + k) * L + j;
+      if (r < rows && (src_row[k] < 0 || src_row[k] >= V)) {
         if (threadIdx.x == 0) {
           printf("embed_sinusoidal: token id %lld at tokens[%lld, %lld] is out of range [0, %lld)\n",
-                 static_cast<long long>(src_row), static_cast<long long>(r / L),
+                 static_cast<long long>(src_row[k]), static_cast<long long>(r / L),
                  static_cast<long long>(r % L), static_cast<long long>(V));
         }
-        assert(src_row >= 0 && src_row < V);
+        assert(src_row[k] >= 0 && src_row[k] < V);
       }
     }
-    const scalar_t* in = src + src_row * stride_src_row + c;
-    float x0, x1 = 0.0f;
+  }
+  float x[kRowsPerThread][kCols];
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const scalar_t* in = src + (src_row[k] < 0 ? 0 : src_row[k]) * stride_src_row + c;
     if (VEC) {
-      const Pair<scalar_t> v = *reinterpret_cast<const Pair<scalar_t>*>(in);
-      x0 = to_float(v.x);
-      x1 = to_float(v.y);
+      Pairs<scalar_t, PAIRS> v;
+      if (src_row[k] >= 0) v = *reinterpret_cast<const Pairs<scalar_t, PAIRS>*>(in);
+#pragma unroll
+      for (int e = 0; e < kCols; ++e) x[k][e] = src_row[k] >= 0 ? to_float(v.v[e]) : 0.0f;
     } else {
-      x0 = to_float(in[0]);
-      if (has_y) x1 = to_float(in[1]);
+#pragma unroll
+      for (int e = 0; e < kCols; ++e) x[k][e] = src_row[k] >= 0 && c + e < d ? to_float(in[e]) : 0.0f;
     }
-    x0 = x0 * scale + pe_x;  // pe_* are 0 without positions: x * scale + 0 == x * scale exactly
-    x1 = x1 * scale + pe_y;
-    scalar_t* o = out + r * d + c;
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    if (src_row[k] < 0) continue;  // past the last row
+    scalar_t* o = out + ((b0 + k) * L + j) * d + c;
     if (VEC) {
-      Pair<scalar_t> v;
-      v.x = from_float<scalar_t>(x0);
-      v.y = from_float<scalar_t>(x1);
-      *reinterpret_cast<Pair<scalar_t>*>(o) = v;
+      Pairs<scalar_t, PAIRS> v;
+#pragma unroll
+      for (int e = 0; e < kCols; ++e) v.v[e] = from_float<scalar_t>(x[k][e] * scale + pe[e]);
+      *reinterpret_cast<Pairs<scalar_t, PAIRS>*>(o) = v;
     } else {
-      o[0] = from_float<scalar_t>(x0);
-      if (has_y) o[1] = from_float<scalar_t>(x1);
+#pragma unroll
+      for (int e = 0; e < kCols; ++e) {
+        if (c + e < d) o[e] = from_float<scalar_t>(x[k][e] * scale + pe[e]);
+      }
     }
   }
 }
@@ -200,8 +224,19 @@ __global__ void embed_sinusoidal_bwd_kernel(
   }
 }
 
-bool aligned2(const void* p, int64_t elem_size) {
-  return reinterpret_cast<uintptr_t>(p) % (2 * elem_size) == 0;
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename scalar_t, typename index_t, int PAIRS, bool VEC>
+void launch_fwd_kernel(const index_t* tokens, const scalar_t* src, scalar_t* out, int64_t rows,
+                       int64_t L, int64_t d, int64_t stride_src_row, int64_t V, float scale,
+                       int64_t pos_offset, bool add_pe, cudaStream_t stream, dim3 grid, dim3 block) {
+  if (tokens != nullptr) {
+    embed_sinusoidal_fwd_kernel<scalar_t, index_t, true, PAIRS, VEC><<<grid, block, 0, stream>>>(
+        tokens, src, out, rows, L, d, stride_src_row, V, scale, pos_offset, add_pe);
+  } else {
+    embed_sinusoidal_fwd_kernel<scalar_t, index_t, false, PAIRS, VEC><<<grid, block, 0, stream>>>(
+        tokens, src, out, rows, L, d, stride_src_row, V, scale, pos_offset, add_pe);
+  }
 }
 
 template <typename scalar_t, typename index_t>
@@ -209,29 +244,39 @@ cudaError_t launch_fwd(const index_t* tokens, const scalar_t* src, scalar_t* out
                        int64_t L, int64_t d, int64_t stride_src_row, int64_t V, float scale,
                        int64_t pos_offset, bool add_pe, cudaStream_t stream) {
   if (rows == 0 || d == 0) return cudaSuccess;
-  const int64_t pairs = (d + 1) / 2;
-  // 128 threads along the pairs when the row is wide enough, down to one warp; 256 per block.
-  const unsigned tx = pairs >= 128 ? 128 : (pairs >= 64 ? 64 : 32);
+  // Columns per thread: 16 bytes (8 bf16/fp16, 4 fp32) where d, the source's row stride and both
+  // pointers allow one aligned 16-byte access per row; else 2 (4/8 bytes) where they allow that;
+  // else 2 element by element. (The 2026-11-26 H100 run, 2 columns a thread: bf16 at 0.5-0.57 of
+  // the copy bandwidth, fp32, twice the bytes an access, 0.85-0.92: bytes in flight per thread.)
+  constexpr int kWide = 16 / (2 * sizeof(scalar_t));  // pairs in 16 bytes
+  auto fits = [&](int64_t cols) {
+    const int64_t bytes = cols * static_cast<int64_t>(sizeof(scalar_t));
+    return d % cols == 0 && stride_src_row % cols == 0 && aligned(src, bytes) && aligned(out, bytes);
+  };
+  const int cols = fits(2 * kWide) ? 2 * kWide : 2;
+  const bool vec = fits(2);
+  const int64_t groups = (d + cols - 1) / cols;  // threads along a row
+  // 128 threads along the row when it is wide enough, down to one warp; 256 per block.
+  const unsigned tx = groups >= 128 ? 128 : (groups >= 64 ? 64 : 32);
   const unsigned ty = 256 / tx;
   // blockIdx.x: ty positions x kRowsPerThread sequences (rows b * L + j; the last sequence may be
   // short when rows is not a multiple of L)
   const int64_t sequences = (rows + L - 1) / L;
   const int64_t grid_x = (L + ty - 1) / ty * ((sequences + kRowsPerThread - 1) / kRowsPerThread);
-  const int64_t grid_y = (pairs + tx - 1) / tx;
+  const int64_t grid_y = (groups + tx - 1) / tx;
   if (grid_x > 0x7fffffffLL || grid_y > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   const dim3 block(tx, ty);
-  const bool vec = d % 2 == 0 && stride_src_row % 2 == 0 && aligned2(src, sizeof(scalar_t)) &&
-                   aligned2(out, sizeof(scalar_t));
-  const bool gather = tokens != nullptr;
-#define SCRATCHFORMER_LAUNCH(GATHER, VEC)                                                  \
-  embed_sinusoidal_fwd_kernel<scalar_t, index_t, GATHER, VEC><<<grid, block, 0, stream>>>( \
-      tokens, src, out, rows, L, d, stride_src_row, V, scale, pos_offset, add_pe)
-  if (gather && vec) SCRATCHFORMER_LAUNCH(true, true);
-  else if (gather) SCRATCHFORMER_LAUNCH(true, false);
-  else if (vec) SCRATCHFORMER_LAUNCH(false, true);
-  else SCRATCHFORMER_LAUNCH(false, false);
-#undef SCRATCHFORMER_LAUNCH
+  if (cols == 2 * kWide) {
+    launch_fwd_kernel<scalar_t, index_t, kWide, true>(tokens, src, out, rows, L, d, stride_src_row, V, scale,
+                                                      pos_offset, add_pe, stream, grid, block);
+  } else if (vec) {
+    launch_fwd_kernel<scalar_t, index_t, 1, true>(tokens, src, out, rows, L, d, stride_src_row, V, scale,
+                                                  pos_offset, add_pe, stream, grid, block);
+  } else {
+    launch_fwd_kernel<scalar_t, index_t, 1, false>(tokens, src, out, rows, L, d, stride_src_row, V, scale,
+                                                   pos_offset, add_pe, stream, grid, block);
+  }
   return cudaGetLastError();
 }
 
