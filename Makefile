@@ -20,7 +20,7 @@ GPU_TORCH_DIR := .torch-cuda
 # they would alone); TEST_WORKERS=0 runs them all in the calling process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-KERNEL_TESTS := tests/test_attention.py tests/test_add_layer_norm.py tests/test_ffn.py tests/test_matmul_tma.py \
+KERNEL_TESTS := tests/test_attention.py tests/test_attention_tma.py tests/test_add_layer_norm.py tests/test_ffn.py tests/test_matmul_tma.py \
 	tests/test_model_triton.py tests/test_triton_compile.py
 STAMP := $(VENV)/.scratchformer-installed
 EXT_SOURCES := setup.py $(wildcard csrc/*.h csrc/*.cpp csrc/cuda/*.cpp csrc/cuda/*.cu)

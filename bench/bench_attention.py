@@ -4,6 +4,8 @@
 
 Kernels (all through `scratchformer.ops.select(kernel, "cuda").attention` unless said otherwise):
 - triton:    ours (kernels/attention.py), lengths as key_lengths;
+- triton-tma: ours with the blocks streamed through tensor descriptors (`SCRATCHFORMER_ATTENTION_TMA`,
+             off by default until raced: here at L 4k, dense (not causal) and padded, Hopper and later);
 - sdpa_flash, sdpa_cudnn, sdpa_efficient: F.scaled_dot_product_attention held to one backend by
              name (torch.nn.attention.sdpa_kernel), dense batches only (is_causal for causal); a
              backend that cannot take the case is skipped with its reason;
@@ -36,6 +38,7 @@ SDPA_BACKENDS = {  # bench kernel name -> torch.nn.attention.SDPBackend member
     "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
 }
 KERNELS = ["triton", *SDPA_BACKENDS, "sdpa", "sdpa_mask", "eager"]
+TMA_LENGTHS = [4096]  # where triton-tma is raced (each case autotunes anew)
 MODES = ["fwd", "fwd+bwd"]
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 HEADS = pytest.mark.parametrize("H, D", [(16, 64), (8, 128)], ids=["h16d64", "h8d128"])
@@ -59,6 +62,27 @@ def _eager_fits(B, H, Lq, Lk, mode):
     return copies * B * H * Lq * Lk * 4 < torch.cuda.get_device_properties(0).total_memory / 3
 
 
+@pytest.fixture
+def tma(request, monkeypatch) -> bool:
+    """Whether the case streams its blocks through tensor descriptors: triton-tma switches
+    SCRATCHFORMER_ATTENTION_TMA's path on for the case (at TMA_LENGTHS, on Hopper and later)."""
+    from scratchformer.kernels import attention as A  # after requires_cuda: GPU only
+
+    if request.getfixturevalue("kernel") != "triton-tma":
+        return request.getfixturevalue("kernel") == "triton" and bool(A.TMA) and _hopper()
+    if request.getfixturevalue("L") not in TMA_LENGTHS or "causal" in request.fixturenames and \
+            request.getfixturevalue("causal"):
+        pytest.skip(f"triton-tma is raced at L in {TMA_LENGTHS}, not causal (each case autotunes anew)")
+    if not _hopper():
+        pytest.skip("tensor descriptors need Hopper or later")
+    monkeypatch.setattr(A, "TMA", True)
+    return True
+
+
+def _hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
 def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
     """fn() -> out for one kernel; mask building for sdpa_mask happens here, outside the timing."""
     B, H, Lq, _ = q.shape
@@ -80,7 +104,7 @@ def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
         empty = ~mask.any(dim=-1, keepdim=True)
         mask = mask | empty  # rows with no key attend to everything, then are zeroed (as ops does)
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).masked_fill(empty, 0.0)
-    attention = ops.select({"sdpa": "torch"}.get(kernel, kernel), q.device).attention
+    attention = ops.select({"sdpa": "torch", "triton-tma": "triton"}.get(kernel, kernel), q.device).attention
     return lambda: attention(q, k, v, key_lengths=key_lengths, causal=causal)
 
 
@@ -124,24 +148,24 @@ def _bench(benchmark, kernel, mode, q, k, v, flops, *, key_lengths=None, causal=
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", ["triton", "triton-tma", *KERNELS[1:]])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @HEADS
 @pytest.mark.parametrize("L", LENGTHS)
-def test_dense(benchmark, L, H, D, causal, kernel, mode):
+def test_dense(benchmark, tma, L, H, D, causal, kernel, mode):
     B = TOKENS // L
     if kernel == "eager" and not _eager_fits(B, H, L, L, mode):
         pytest.skip(f"eager materialises {B}x{H}x{L}x{L} fp32 scores: does not fit")
     q, k, v = _qkv(B, L, H, D)
     flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
-    _bench(benchmark, kernel, mode, q, k, v, flops, causal=causal, tokens=B * L)
+    _bench(benchmark, kernel, mode, q, k, v, flops, causal=causal, tokens=B * L, tma=tma)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kernel", ["triton", "sdpa", "sdpa_mask", "eager"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "sdpa", "sdpa_mask", "eager"])
 @HEADS
 @pytest.mark.parametrize("L", LENGTHS)
-def test_padded(benchmark, L, H, D, kernel, mode):
+def test_padded(benchmark, tma, L, H, D, kernel, mode):
     """A padded batch of 16k slots: key lengths uniform in [L/2, L], key padding only (encoder
     self-attention). TFLOP/s counts the useful work only."""
     B = TOKENS // L
@@ -151,7 +175,8 @@ def test_padded(benchmark, L, H, D, kernel, mode):
     lengths = torch.randint(L // 2, L + 1, (B,), generator=gen).cuda()
     q, k, v = _qkv(B, L, H, D)
     flops = 4 * H * D * L * int(lengths.sum())  # useful work: every query row vs its valid keys
-    _bench(benchmark, kernel, mode, q, k, v, flops, key_lengths=lengths, fill=float(lengths.float().mean() / L))
+    _bench(benchmark, kernel, mode, q, k, v, flops, key_lengths=lengths, fill=float(lengths.float().mean() / L),
+           tma=tma)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

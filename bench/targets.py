@@ -63,19 +63,22 @@ def attention(rows):
     res = []
     for (name, L, D, causal, mode), ks in sorted(_by(rows, "attention", "test", "L", "D", "causal", "mode").items(),
                                                  key=str):
-        if "triton" not in ks or name == "test_memory_fwd_bwd":
+        if name == "test_memory_fwd_bwd":
             continue
-        ours = ks["triton"]
         case = f"{name.removeprefix('test_')} L={L} D={D}{' causal' if causal else ''} {mode}"
-        if name == "test_padded" and "sdpa_mask" in ks:
-            res.append(_compare("attention, padded vs SDPA + mask", case, "tflops", "TFLOP/s", ours, ks["sdpa_mask"],
-                                2.0))
-        named = [ks[k] for k in SDPA_NAMED if k in ks]
-        if name == "test_dense" and named and L >= 2048:
-            values, _ = _rates("tflops", ours, *named)
-            best = max(range(len(named)), key=lambda i: values[i + 1])
-            res.append(_compare(f"attention {mode} vs SDPA's fastest", case, "tflops", "TFLOP/s", ours, named[best],
-                                1.0 if mode == "fwd" else 0.8, f" ({named[best]['kernel']})"))
+        for kernel in ("triton", "triton-tma"):  # triton-tma: SCRATCHFORMER_ATTENTION_TMA's path
+            if kernel not in ks:
+                continue
+            ours, label = ks[kernel], " (TMA)" if kernel == "triton-tma" or ks[kernel].get("tma") else ""
+            if name == "test_padded" and "sdpa_mask" in ks:
+                res.append(_compare(f"attention{label}, padded vs SDPA + mask", case, "tflops", "TFLOP/s", ours,
+                                    ks["sdpa_mask"], 2.0))
+            named = [ks[k] for k in SDPA_NAMED if k in ks]
+            if name == "test_dense" and named and L >= 2048:
+                values, _ = _rates("tflops", ours, *named)
+                best = max(range(len(named)), key=lambda i: values[i + 1])
+                res.append(_compare(f"attention{label} {mode} vs SDPA's fastest", case, "tflops", "TFLOP/s", ours,
+                                    named[best], 1.0 if mode == "fwd" else 0.8, f" ({named[best]['kernel']})"))
     return res
 
 

@@ -35,6 +35,7 @@ and keeps no host sync inside, so CUDA graphs can capture it. Autocast does not 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -52,6 +53,43 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # runs, where tuning would cost more than it saves (scripts/gpu/). Read at import, like INTERPRET;
 # the interpreter always uses its one small config.
 AUTOTUNE: bool = os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0"
+
+
+def tma_setting(variable: str, default: str) -> bool | None:
+    """An op's switch of its TMA kernels (tensor-descriptor loads; Hopper and later), read from the
+    environment `variable`: "auto" -> None: on GPUs of Hopper and later; "1" -> True: there and
+    under the interpreter too (which emulates the descriptors: the tests); "0" -> False: never.
+    Any other value is refused by name."""
+    value = os.environ.get(variable, default)
+    settings = {"auto": None, "1": True, "0": False}
+    if value not in settings:
+        raise ValueError(f"{variable}={value!r}: expected one of auto, 1, 0")
+    return settings[value]
+
+
+def tma_enabled(setting: bool | None, device: torch.device) -> bool:
+    """Whether TMA kernels run on `device` under `setting` (`tma_setting`'s): on a GPU, when not
+    off and the GPU is Hopper or later; elsewhere (the interpreter) only when set to 1."""
+    if setting is False:
+        return False
+    return _capability(device) >= 9 if device.type == "cuda" else setting is True
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def tma_rows_ok(t: torch.Tensor, *row_strides: int) -> bool:
+    """Whether TMA can address t's rows: the last dim contiguous, the base and every other
+    stride (in `row_strides`, elements) multiples of 16 bytes."""
+    es = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in row_strides)
+
+
+def tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for the descriptors TMA kernels build on the device (`triton.set_allocator`)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -41,6 +41,18 @@ exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.
 operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 tiles to fp32
 before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
+TMA path (`SCRATCHFORMER_ATTENTION_TMA`, `TMA` below; off by default until a GPU window has raced
+it): the blocks each program streams (keys and values in the forward and dQ, queries and dO in
+dK/dV) are loaded by Hopper's tensor memory accelerator through tensor descriptors built on the
+device over each (batch, head)'s (rows, D) slab (`_slab`, `_stream_rows`), instead of one address
+per element; the slab's length is the masked loads' bound, so rows past it read as zeros just
+the same, and nothing else changes (masks, dropout counters, outputs: bit-identical in the
+interpreter, tests/test_attention_tma.py). Why: the pointer kernels reached 0.65-0.91 of cuDNN's
+forward on an H100 (2026-11-26), cuDNN's Hopper kernels are TMA-fed (FlashAttention-3's design),
+and the same change took our GEMM from 0.73 to 0.97 of cuBLAS. Taken where every streamed
+tensor's rows are contiguous with 16-byte aligned bases and strides (`_tma`), as the model's
+fused-projection views are.
+
 Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
 causal, dropout_p, scale?, rng?) -> (out, lse)` and `scratchformer::attention_backward`
 -> (dq, dk, dv), `AttentionFunction` linking them (it saves rng for the backward). Dropout is a
@@ -75,12 +87,21 @@ from ._common import (
     launch_tuned,
     load_dropout_rng,
     next_pow2,
+    tma_enabled,
+    tma_rows_ok,
+    tma_scratch,
+    tma_setting,
     upcast_dot,
 )
 
 __all__ = ["attention", "attention_fwd", "attention_bwd", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
+
+# SCRATCHFORMER_ATTENTION_TMA (`_common.tma_setting`: auto, 1, 0; off by default until a GPU window
+# has raced them): the kernels stream their key/value (forward, dQ) and query/dO (dK, dV) blocks
+# through tensor descriptors (`_stream_rows`), where the tensors' layout allows.
+TMA: bool | None = tma_setting("SCRATCHFORMER_ATTENTION_TMA", "0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +164,7 @@ def _configs(blocks_m, blocks_n, resident, pinned):
 
 
 # Lengths are bucketed to powers of two for the key so variable-length batches don't re-tune.
-_KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL"]
+_KEY = ["LQ_KEY", "LK_KEY", "HEAD_DIM", "IS_CAUSAL", "TMA"]
 # Integer arguments Triton would otherwise specialise on (== 1, % 16): every new sequence length,
 # or head count would compile anew (tests/test_compile_budget.py counts this). Lengths
 # only bound masks and loops, so the specialisation buys nothing; strides keep theirs (== 1 and
@@ -185,6 +206,38 @@ def _store_rows(base, offs_r, offs_d, stride_r, stride_d, n_rows, x):
     """Stores the fp32 tile x at rows offs_r < n_rows of base, cast once to base's dtype."""
     ptrs = _tile(base, offs_r, offs_d, stride_r, stride_d)
     tl.store(ptrs, x.to(base.dtype.element_ty), mask=offs_r[:, None] < n_rows)
+
+
+@triton.jit
+def _slab(base, n_rows, stride_r, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
+    """What `_stream_rows` reads blocks of BLOCK rows from: with TMA, a tensor descriptor of the
+    (n_rows, HEAD_DIM) slab at base (rows contiguous; the launcher checked the alignment), so rows
+    past n_rows read as zeros as the masked pointer loads do (n_rows at least 1: a descriptor has
+    no empty dimension, and a slab of none is never read); else base itself."""
+    if TMA:
+        src = tl.make_tensor_descriptor(base, shape=[tl.maximum(n_rows, 1), HEAD_DIM], strides=[stride_r, 1],
+                                        block_shape=[BLOCK, HEAD_DIM])
+    else:
+        src = base
+    return src
+
+
+@triton.jit
+def _stream_rows(
+    src, start, offs_r, offs_d, stride_r, stride_d, n_rows,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr, TRANS: tl.constexpr, TMA: tl.constexpr,
+):
+    """Rows start + offs_r of a slab (`_slab`), as `_load_rows` returns them: through the tensor
+    memory accelerator if TMA (Hopper's bulk copies, no address per element), else by pointers."""
+    if TMA:
+        x = src.load([start, 0])
+        if TRANS:
+            x = x.T
+        if UPCAST:
+            x = x.to(tl.float32)
+    else:
+        x = _load_rows(src, offs_r, offs_d, stride_r, stride_d, n_rows, UPCAST, MASKED, TRANS)
+    return x
 
 
 @triton.jit
@@ -236,13 +289,16 @@ def _attention_fwd_inner(
     offs_m, offs_d, lo, hi, klen, shift, qk_scale,
     dropout_p, seed, rng_base, Lk,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """Key blocks [lo, hi): MASKED=False only where every (row, col) of the tile is visible."""
+    """Key blocks [lo, hi): MASKED=False only where every (row, col) of the tile is visible.
+    k_base, v_base: the key and value slabs (`_slab`)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
-        v = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED)  # (BLOCK_N, D)
+        kT = _stream_rows(k_base, start_n, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True,
+                          TMA)  # (D, BLOCK_N)
+        v = _stream_rows(v_base, start_n, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED, False,
+                         TMA)  # (BLOCK_N, D)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         if MASKED:
             visible = offs_n[None, :] < klen
@@ -286,7 +342,7 @@ def _attention_fwd_kernel(
     LQ_KEY, LK_KEY,  # autotune keys only: next_power_of_2(Lq), next_power_of_2(Lk)
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
@@ -300,19 +356,19 @@ def _attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_base = k_ptr + b * stride_k_b + h * stride_k_h
-    v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    k_base = _slab(k_ptr + b * stride_k_b + h * stride_k_h, klen, stride_k_l, HEAD_DIM, BLOCK_N, TMA)
+    v_base = _slab(v_ptr + b * stride_v_b + h * stride_v_h, klen, stride_v_l, HEAD_DIM, BLOCK_N, TMA)
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     acc, l_i, m_i = _attention_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
         offs_m, offs_d, 0, n_full, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
-        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     acc, l_i, m_i = _attention_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
         offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
-        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
 
     # Epilogue: rows with no visible key (l = 0) and rows at or past qlen give 0 and lse = -inf.
@@ -376,13 +432,16 @@ def _attention_bwd_dkdv_inner(
     offs_n, offs_d, lo, hi, klen, Lq, shift, qk_scale,
     dropout_p, seed, rng_base, Lk,
     BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """Query blocks [lo, hi) against one key block; tiles are transposed (keys × queries)."""
+    """Query blocks [lo, hi) against one key block; tiles are transposed (keys × queries).
+    q_base, do_base: the query and output-gradient slabs (`_slab`)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qT = _load_rows(q_base, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST, MASKED, True)  # (D, BLOCK_M)
-        do = _load_rows(do_base, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED)  # (BLOCK_M, D)
+        qT = _stream_rows(q_base, start_m, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST, MASKED, True,
+                          TMA)  # (D, BLOCK_M)
+        do = _stream_rows(do_base, start_m, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED, False,
+                          TMA)  # (BLOCK_M, D)
         lse2, delta = _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
@@ -424,7 +483,7 @@ def _attention_bwd_dkdv_kernel(
     LQ_KEY, LK_KEY,  # autotune keys only
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_n, pid_bh, b, h = _program(H, BLOCK_N)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
@@ -451,8 +510,8 @@ def _attention_bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    q_base = q_ptr + b * stride_q_b + h * stride_q_h
-    do_base = do_ptr + b * stride_do_b + h * stride_do_h
+    q_base = _slab(q_ptr + b * stride_q_b + h * stride_q_h, Lq, stride_q_l, HEAD_DIM, BLOCK_M, TMA)
+    do_base = _slab(do_ptr + b * stride_do_b + h * stride_do_h, Lq, stride_do_l, HEAD_DIM, BLOCK_M, TMA)
     lse_base = lse_ptr + pid_bh * Lq
     delta_base = delta_ptr + pid_bh * Lq
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
@@ -460,17 +519,17 @@ def _attention_bwd_dkdv_kernel(
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_lo, m_mid, klen, Lq, shift, qk_scale,
-        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_mid, m_tail, klen, Lq, shift, qk_scale,
-        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_tail, m_hi, klen, Lq, shift, qk_scale,
-        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk = dk * sm_scale
     _store_rows(dk_ptr + b * stride_dk_b + h * stride_dk_h, offs_n, offs_d, stride_dk_l, stride_dk_d, Lk, dk)
@@ -484,13 +543,15 @@ def _attention_bwd_dq_inner(
     offs_m, offs_d, lo, hi, klen, shift, qk_scale,
     dropout_p, seed, rng_base, Lk,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """Key blocks [lo, hi) against one query block."""
+    """Key blocks [lo, hi) against one query block; k_base, v_base: the key and value slabs (`_slab`)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = _load_rows(k_base, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
-        vT = _load_rows(v_base, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED, True)  # (D, BLOCK_N)
+        kT = _stream_rows(k_base, start_n, offs_n, offs_d, stride_k_l, stride_k_d, klen, UPCAST, MASKED, True,
+                          TMA)  # (D, BLOCK_N)
+        vT = _stream_rows(v_base, start_n, offs_n, offs_d, stride_v_l, stride_v_d, klen, UPCAST, MASKED, True,
+                          TMA)  # (D, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])  # P
         if MASKED:
@@ -525,7 +586,7 @@ def _attention_bwd_dq_kernel(
     LQ_KEY, LK_KEY,  # autotune keys only
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_KLEN: tl.constexpr,
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m, pid_bh, b, h = _program(H, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
@@ -538,19 +599,19 @@ def _attention_bwd_dq_kernel(
     n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)  # as the forward
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_base = k_ptr + b * stride_k_b + h * stride_k_h
-    v_base = v_ptr + b * stride_v_b + h * stride_v_h
+    k_base = _slab(k_ptr + b * stride_k_b + h * stride_k_h, klen, stride_k_l, HEAD_DIM, BLOCK_N, TMA)
+    v_base = _slab(v_ptr + b * stride_v_b + h * stride_v_h, klen, stride_v_l, HEAD_DIM, BLOCK_N, TMA)
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     dq = _attention_bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
         offs_m, offs_d, 0, n_full, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
-        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        BLOCK_N, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dq = _attention_bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_k_l, stride_k_d, stride_v_l, stride_v_d,
         offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
-        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+        BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dq = dq * sm_scale
     _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
@@ -635,20 +696,30 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p):
     return klen, qlen
 
 
-def _flags(q, klen, qlen, causal, dropout_p):
+def _flags(q, klen, qlen, causal, dropout_p, tma):
     up = upcast_dot(q.dtype)
     return dict(
         HEAD_DIM=q.shape[3], IS_CAUSAL=bool(causal), HAS_KLEN=klen is not None,
         HAS_QLEN=qlen is not None, HAS_DROPOUT=dropout_p > 0.0, UPCAST=up,
-        DOT_PRECISION="ieee" if (q.dtype == torch.float32 or up) else "tf32",
+        DOT_PRECISION="ieee" if (q.dtype == torch.float32 or up) else "tf32", TMA=tma,
     )
 
 
-def _tune_key(q, klen, qlen, causal, keys):
+def _tune_key(q, klen, qlen, causal, keys, tma):
     """What the Autotuner keys a choice on (`_KEY`'s values, `keys` = _keys(Lq, Lk) among them, and
     the tensors' dtypes), for `launch_tuned`; q, k, v and the output share one dtype, lse is fp32."""
-    return (*keys, q.shape[3], bool(causal), q.dtype, klen is not None and klen.dtype,
+    return (*keys, q.shape[3], bool(causal), tma, q.dtype, klen is not None and klen.dtype,
             qlen is not None and qlen.dtype)
+
+
+def _tma(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels stream these (B, H, L, D) tensors' blocks through tensor descriptors
+    (`TMA`): on for their device, and every one's rows addressable at every (batch, head) and row
+    (`tma_rows_ok`). Sets Triton's allocator, which gives the descriptors their global memory."""
+    if not (tma_enabled(TMA, tensors[0].device) and all(tma_rows_ok(t, *t.stride()[:3]) for t in tensors)):
+        return False
+    triton.set_allocator(tma_scratch)  # a context variable: set in the launching thread (autograd's too)
+    return True
 
 
 def _keys(Lq, Lk):
@@ -675,12 +746,13 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     dummy = lse  # never read when HAS_KLEN / HAS_QLEN / HAS_DROPOUT is False
     grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
     keys = _keys(Lq, Lk)
+    tma = _tma(k, v)
     launch_tuned(
-        _fwd, grid, _tune_key(q, klen, qlen, causal, keys),
+        _fwd, grid, _tune_key(q, klen, qlen, causal, keys, tma),
         q, k, v, out, lse, dummy if klen is None else klen, dummy if qlen is None else qlen,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, Lq, Lk, scale * LOG2E.value, float(dropout_p), rng if dropout_p > 0.0 else dummy, *keys,
-        **_flags(q, klen, qlen, causal, dropout_p),
+        **_flags(q, klen, qlen, causal, dropout_p, tma),
     )
     return out, lse
 
@@ -711,9 +783,10 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     qlen = query_lengths
     keys = _keys(Lq, Lk)
     common = (H, Lq, Lk, scale, scale * LOG2E.value, float(dropout_p), rng if dropout_p > 0.0 else dummy, *keys)
-    flags = _flags(q, klen, qlen, causal, dropout_p)
+    tma = _tma(q, k, v, do)
+    flags = _flags(q, klen, qlen, causal, dropout_p, tma)
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
-    tune_key = _tune_key(q, klen, qlen, causal, keys)
+    tune_key = _tune_key(q, klen, qlen, causal, keys, tma)
     launch_tuned(
         _bwd_dkdv, lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H), tune_key,
         q, k, v, do, lse, delta, dk, dv, *lens,

@@ -37,7 +37,7 @@ row-major weight, as the FFN passes W1ᵀ and W2ᵀ) are contiguous with 16-byte
 row strides, `_matmul_fwd_tma_kernel` and `_matmul_dact_tma_kernel` compute the same epilogues
 (shared jit functions) with the operands loaded by the tensor memory accelerator through
 descriptors built on the device (`tl.make_tensor_descriptor`; Triton's allocator gives them
-global memory, `_tma_scratch`), tiles past the edges read as zeros, and one persistent program
+global memory, `_common.tma_scratch`), tiles past the edges read as zeros, and one persistent program
 per SM looping over the output tiles in the grouped order (`tl.range(..., flatten=True)` lets
 Triton pipeline across tiles). Why: the pointer kernels reached 0.66 of cuBLAS at 8192 x 4096 x
 4096 on an H100 (2026-11-26), and TMA-fed persistent kernels are how Triton's own Hopper
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 
 import torch
 import triton
@@ -70,23 +69,18 @@ from ._common import (
     dropout_rng,
     launch_tuned,
     next_pow2,
+    tma_enabled,
+    tma_rows_ok,
+    tma_scratch,
+    tma_setting,
     upcast_dot,
 )
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
-
-def _tma_setting(value: str) -> bool | None:
-    """SCRATCHFORMER_TMA: where GEMMs whose operands TMA can address run the persistent TMA kernels
-    (module docstring). "auto" (the default) -> None: on GPUs of Hopper and later; "1" -> True:
-    there and under the interpreter too (the tests' emulated descriptors); "0" -> False: never."""
-    settings = {"auto": None, "1": True, "0": False}
-    if value not in settings:
-        raise ValueError(f"SCRATCHFORMER_TMA={value!r}: expected one of auto, 1, 0")
-    return settings[value]
-
-
-TMA: bool | None = _tma_setting(os.environ.get("SCRATCHFORMER_TMA", "auto"))
+# SCRATCHFORMER_TMA (`_common.tma_setting`: auto, 1, 0): where GEMMs whose operands TMA can address run the
+# persistent TMA kernels (module docstring).
+TMA: bool | None = tma_setting("SCRATCHFORMER_TMA", "auto")
 
 # ---------------------------------------------------------------------------------------------
 # configs
@@ -502,35 +496,18 @@ def _programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global memory for the descriptors the TMA kernels build on the device (Triton's allocator)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     """B_KMAJOR for the TMA kernels (B the transpose of a row-major (N, K) tensor: True; row-major:
     False), or None where they do not run: TMA off, a GPU before Hopper, the interpreter unless
     TMA is True, or operands TMA cannot address (rows not contiguous, base or row stride not a
     multiple of 16 bytes)."""
-    if TMA is False or (_capability(a.device) < 9 if a.device.type == "cuda" else TMA is None):
+    if not tma_enabled(TMA, a.device) or not tma_rows_ok(a, a.stride(0)):
         return None
-    es = a.element_size()
-
-    def rows_ok(t, row_stride):
-        return t.data_ptr() % 16 == 0 and (row_stride * es) % 16 == 0
-
-    if a.stride(1) != 1 or not rows_ok(a, a.stride(0)):
-        return None
-    if b.stride(1) == 1 and rows_ok(b, b.stride(0)):
+    if tma_rows_ok(b, b.stride(0)):
         return False
-    if b.stride(0) == 1 and rows_ok(b, b.stride(1)):
+    if tma_rows_ok(b.t(), b.stride(1)):
         return True
     return None
-
-
-@functools.cache
-def _capability(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
 
 
 def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, store_pre=False,
@@ -547,7 +524,7 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, s
     mask = torch.empty((M, N), dtype=torch.int8, device=a.device) if (store_mask and has_dropout) else None
     b_kmajor = _tma_layout(a, b) if M > 0 and N > 0 else None
     if b_kmajor is not None:
-        triton.set_allocator(_tma_scratch)  # a context variable: set in the launching thread (autograd's too)
+        triton.set_allocator(tma_scratch)  # a context variable: set in the launching thread (autograd's too)
         bucket = _m_bucket(M)
         launch_tuned(
             _matmul_fwd_tma_kernel, _tma_grid(M, N), (bucket, N, K, dtype, mask is not None, b_kmajor),
@@ -598,7 +575,7 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad
         partial = torch.zeros((max(cdiv(M, MIN_BLOCK_M), 1), N), dtype=torch.float32, device=a.device)
     b_kmajor = _tma_layout(a, b) if M > 0 and N > 0 else None
     if b_kmajor is not None:
-        triton.set_allocator(_tma_scratch)
+        triton.set_allocator(tma_scratch)
         bucket = _m_bucket(M)
         launch_tuned(
             _matmul_dact_tma_kernel, _tma_grid(M, N), (bucket, N, K, a.dtype, bias_grad, b_kmajor),

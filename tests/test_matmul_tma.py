@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from conftest import DEVICE, requires_cuda
 
 import scratchformer.kernels.matmul as MM
+from scratchformer.kernels._common import tma_setting
 from scratchformer.kernels.ffn import ffn
 from scratchformer.kernels.matmul import launch_matmul, launch_matmul_dact, matmul
 from scratchformer.reference import ffn_ref
@@ -49,9 +50,14 @@ def test_tma_by_default_on_hopper_gpus_only(monkeypatch):
     """SCRATCHFORMER_TMA unset ("auto"): the TMA kernels where the device is a GPU of Hopper or
     later, never in the interpreter (there only with "1", as these tests set it); "0" never; any
     other value is refused by name."""
-    assert MM._tma_setting("auto") is None and MM._tma_setting("1") is True and MM._tma_setting("0") is False
+    for value, setting in (("auto", None), ("1", True), ("0", False)):
+        monkeypatch.setenv("SCRATCHFORMER_TMA", value)
+        assert tma_setting("SCRATCHFORMER_TMA", "auto") is setting
+    monkeypatch.setenv("SCRATCHFORMER_TMA", "yes")
     with pytest.raises(ValueError, match="SCRATCHFORMER_TMA='yes'"):
-        MM._tma_setting("yes")
+        tma_setting("SCRATCHFORMER_TMA", "auto")
+    monkeypatch.delenv("SCRATCHFORMER_TMA")
+    assert tma_setting("SCRATCHFORMER_TMA", "auto") is None
     assert MM.TMA is None or "SCRATCHFORMER_TMA" in os.environ
     monkeypatch.setattr(MM, "TMA", None)
     a = torch.randn(64, 32, device=DEVICE)

@@ -208,6 +208,16 @@ def _attention(mods, dtypes):
                 fwd_bwd(q, k, v, causal=True, p=0.1)
     with scenario("dropout mask (int8 out)", "int8", full=("all",)):
         A.dropout_mask(2, 4, 1000, 1000, 0.1, _rng(), "cpu")
+    # The TMA path (SCRATCHFORMER_ATTENTION_TMA=1; tensor descriptors: sm_90 only), bf16: every
+    # config's shared memory at D128 with every mask and dropout, the largest compiled
+    tma, A.TMA = A.TMA, True
+    try:
+        if "bf16" in dtypes:
+            lens = torch.full((2,), 1024, dtype=torch.int64)
+            with scenario("bf16 TMA causal+klen+qlen+dropout D128", "bf16", full=("max_shared",), only=("sm90",)):
+                fwd_bwd(*qkv(2, 1024, 8, 128, torch.bfloat16), lens, lens, causal=True, p=0.1)
+    finally:
+        A.TMA = tma
     # The benchmarks' shapes (bench/bench_attention.py): bf16, (H, D) in (16, 64), (8, 128),
     # L 128..16384, causal or key padding: configs must survive keep() for all of them.
     for L in (128, 512, 1024, 2048, 4096, 8192, 16384):

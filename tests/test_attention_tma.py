@@ -1,0 +1,116 @@
+"""Attention's TMA path (kernels/attention.py, `SCRATCHFORMER_ATTENTION_TMA`): the forward's and
+dQ's key/value blocks and dK/dV's query/dO blocks streamed through tensor descriptors (`_slab`,
+`_stream_rows`) instead of pointer loads, against the pointer kernels and the reference, every
+mask, dropout, head dims, both layouts the model passes; and when it is taken at all (`_tma`).
+
+Here Triton's interpreter emulates the descriptors (rows past a slab's length read as zeros, as
+TMA's padding does); the GPU-only case at the bottom runs them for real on Hopper.
+"""
+
+import pytest
+import torch
+from conftest import DEVICE, requires_cuda
+from test_attention import make_qkv, run_both
+
+import scratchformer.kernels.attention as A
+from scratchformer.kernels.attention import attention
+
+
+def _both_paths(monkeypatch, q, k, v, **kw):
+    """(out, lse, grads) of the TMA kernels and of the pointer kernels on the same inputs and dO,
+    and the reference's."""
+    results = []
+    for tma in (True, False):
+        monkeypatch.setattr(A, "TMA", tma)
+        torch.manual_seed(0)  # the same dO for both
+        results.append(run_both(q, k, v, **kw))
+    (tma_run, ref), (ptr_run, _) = results
+    return tma_run, ptr_run, ref
+
+
+def _assert_same(a, b, atol):
+    out, lse, grads = a
+    r_out, r_lse, r_grads = b
+    torch.testing.assert_close(out, r_out, atol=atol, rtol=0)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(r_lse))
+    torch.testing.assert_close(lse.nan_to_num(neginf=0), r_lse.nan_to_num(neginf=0), atol=atol, rtol=0)
+    for g, r in zip(grads, r_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=atol, rtol=0)
+
+
+CASES = {  # (Lq, Lk, causal, key_lengths, query_lengths)
+    "self": (33, 33, False, None, None),
+    "causal": (33, 33, True, None, None),
+    "cross": (7, 100, False, None, None),
+    "decode": (1, 100, True, None, None),
+    "more_queries": (100, 7, True, None, None),
+    "padded": (33, 33, True, [33, 0], [20, 33]),
+    "padded_cross": (7, 33, False, [1, 17], None),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "fused"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_tma_matches_pointer_kernels(monkeypatch, case, layout):
+    Lq, Lk, causal, klen, qlen = CASES[case]
+    q, k, v = make_qkv(2, 2, Lq, Lk, 32, layout=layout)
+    kw = dict(causal=causal)
+    if klen is not None:
+        kw["key_lengths"] = torch.tensor(klen, device=DEVICE)
+    if qlen is not None:
+        kw["query_lengths"] = torch.tensor(qlen, device=DEVICE)
+    assert A._tma(k, v) is False  # the module's setting (off by default) until a test sets it
+    monkeypatch.setattr(A, "TMA", True)
+    assert A._tma(q, k, v)
+    tma_run, ptr_run, ref = _both_paths(monkeypatch, q, k, v, **kw)
+    _assert_same(tma_run, ptr_run, atol=1e-6)
+    _assert_same(tma_run, ref, atol=2e-4)
+
+
+@pytest.mark.parametrize("D", [16, 64, 128])
+def test_tma_head_dims_and_dropout(monkeypatch, D):
+    q, k, v = make_qkv(1, 2, 33, 40, D, layout="fused")
+    kw = dict(causal=True, key_lengths=torch.tensor([35], device=DEVICE), dropout_p=0.3, seed=7)
+    tma_run, ptr_run, _ = _both_paths(monkeypatch, q, k, v, **kw)
+    _assert_same(tma_run, ptr_run, atol=1e-6)  # the same keep mask, replayed in the backward
+
+
+def test_tma_bf16_matches_pointer_kernels(monkeypatch):
+    q, k, v = make_qkv(2, 2, 33, 33, 64, dtype=torch.bfloat16, layout="fused")
+    tma_run, ptr_run, _ = _both_paths(monkeypatch, q, k, v, causal=True)
+    _assert_same(tma_run, ptr_run, atol=1e-2)
+
+
+def test_tma_is_taken_only_where_tma_can_address_the_rows(monkeypatch):
+    monkeypatch.setattr(A, "TMA", True)
+    q, k, v = make_qkv(2, 2, 8, 8, 16, layout="fused")
+    assert A._tma(q, k, v)
+    assert not A._tma(*make_qkv(2, 2, 8, 8, 16, layout="strided_d"))  # head dim not unit-stride
+    flat = torch.randn(2 * 2 * 8 * 16 + 1, device=DEVICE)
+    assert not A._tma(flat[1:].view(2, 2, 8, 16))  # base 4 bytes past a 16-byte boundary
+    rows = torch.randn(2, 2, 8, 17, device=DEVICE)[..., :16]
+    assert not A._tma(rows)  # rows 68 bytes apart
+    monkeypatch.setattr(A, "TMA", None)  # auto: GPUs of Hopper and later only
+    hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert A._tma(q, k, v) == hopper
+    monkeypatch.setattr(A, "TMA", False)
+    assert not A._tma(q, k, v)
+
+
+@requires_cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_large_cuda(monkeypatch, causal):
+    """bf16 at the benchmarks' sizes, padded keys: the TMA kernels against the pointer kernels."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    q, k, v = make_qkv(2, 4, 1000, 1000, 128, dtype=torch.bfloat16, layout="fused")
+    kw = dict(causal=causal, key_lengths=torch.tensor([1000, 517], device="cuda"))
+    outs = []
+    for tma in (True, False):
+        monkeypatch.setattr(A, "TMA", tma)
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        out = attention(qq, kk, vv, **kw)
+        torch.manual_seed(0)
+        outs.append((out, *torch.autograd.grad(out, (qq, kk, vv), torch.randn_like(out))))
+    for got, want in zip(*outs, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=0)
