@@ -364,6 +364,31 @@ def test_cuda_matches_cpu_and_ref(pos_offset, index_dtype, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["d6", "d12", "d256", "row_stride_odd", "base_unaligned"])
+def test_cuda_access_widths_match_cpu(layout, dtype):
+    """Each access width the forward launcher picks (csrc/cuda/embed_kernels.cu `launch_fwd`):
+    16 bytes a thread where d, the weight's row stride and its base allow (d256; d12 in fp32),
+    one pair where only pairs fit (d6; d12 in 16-bit), element by element otherwise (an odd row
+    stride; a base one element past an aligned one); the CPU op is the reference."""
+    V = 50
+    d = {"d6": 6, "d12": 12}.get(layout, 256)
+    weight = _weight(V, d + 1 if layout == "row_stride_odd" else d, dtype)
+    if layout == "row_stride_odd":
+        weight = weight[:, :d]
+    cuda_weight = weight.cuda()
+    if layout == "base_unaligned":
+        flat = torch.zeros(V * d + 1, dtype=dtype, device="cuda")
+        flat[1:] = cuda_weight.flatten()
+        cuda_weight = flat[1:].view(V, d)
+    tokens = torch.randint(0, V, (3, 41))
+    out = _ext.embed_sinusoidal(tokens.cuda(), cuda_weight, scale=2.0, pos_offset=5)
+    want = _ext.embed_sinusoidal(tokens, weight, scale=2.0, pos_offset=5)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.cpu(), want, rtol=eps, atol=eps * 4)  # FMA contraction: one ulp
+
+
+@requires_cuda
 @pytest.mark.parametrize("d", [64, 512, 1024])
 def test_cuda_pe_accuracy(d):
     L = 100_001 if d == 64 else 1_001
