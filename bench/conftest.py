@@ -73,24 +73,13 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
         except Exception as err:  # noqa: BLE001 - e.g. an op that syncs: recorded, the wall time stands
             first_line = (str(err).splitlines() or [""])[0]
             benchmark.extra_info["graph_error"] = f"{type(err).__name__}: {first_line}"
-            torch.cuda.synchronize()
-            _release_cuda_generator()
+            torch.cuda.synchronize()  # (graphs.record has put the CUDA generator right again)
     for name, work, scale in (("tflops", flops, 1e12), ("gbps", nbytes, 1e9)):
         if work is not None:
             benchmark.extra_info[name] = work / median / scale
             if gpu:
                 benchmark.extra_info[f"{name}_gpu"] = work / gpu / scale
     return median
-
-
-def _release_cuda_generator():
-    """After a failed capture: torch's CUDA generator stays marked as capturing (torch 2.11 sets
-    the mark back only when a capture ends well), and every later draw on the device raises
-    "Offset increment outside graph capture encountered unexpectedly" (2026-11-26, H100: one failed
-    capture failed the next 20 cases at their torch.randn). A clone of its state, put in its place,
-    holds the same seed and offset, unmarked."""
-    gen = torch.cuda.default_generators[torch.cuda.current_device()]
-    gen.graphsafe_set_state(gen.clone_state())
 
 
 FLUSH_BYTES = 128 << 20  # written between calls: over twice the L2 of an H100 (50 MB) or an H200

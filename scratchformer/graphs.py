@@ -42,11 +42,26 @@ def record(fn: Callable[[], object], stream: torch.cuda.Stream | None = None,
     behind is only its outputs, which the caller keeps referenced. The capture tolerates other
     threads' CUDA calls (`capture_error_mode="thread_local"`: a DataLoader's pin-memory thread
     allocating pinned memory meanwhile). Raises (from CUDA) on anything a graph cannot hold,
-    such as a host sync inside."""
+    such as a host sync inside; the CUDA generator stays usable then (`release_generator`)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"), _autocast():
-        out = fn()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"), _autocast():
+            out = fn()
+    except BaseException:
+        release_generator()
+        raise
     return out, graph.replay
+
+
+def release_generator() -> None:
+    """After a failed capture: torch's CUDA generator stays marked as capturing (torch 2.11 takes
+    the mark off only when a capture ends well), and every later draw from it on the device raises
+    "Offset increment outside graph capture encountered unexpectedly": a run that goes on launched
+    (decoding's fallback) would fail at its next dropout or `torch.randn` (2026-11-26, H100: one
+    failed capture in a benchmark failed the next 20 cases so). A clone of the generator's state,
+    put in its place, holds the same seed and offset and no mark."""
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    gen.graphsafe_set_state(gen.clone_state())
 
 
 def capture(fn: Callable[[], object], warmup: int = 1) -> tuple[object, Callable[[], None]]:

@@ -1,14 +1,18 @@
 """CUDA graphs. `scratchformer.training.cuda_graph.capture_step`: a training step captured as a
 CUDA graph and replayed trains as the launched step does, on every backend, and its dropout draws
 afresh each replay (torch's and our Triton ops'). Decoding with cuda_graph=True (each step a
-replay) decodes what launched steps decode. CUDA graphs need a GPU: everything here but the
-argument check is skipped on the CPU machine (GPU plan, step 10; tests/test_decoding.py checks the
-static caches the decoding graph reads, on the CPU)."""
+replay) decodes what launched steps decode; a failed capture leaves the CUDA generator usable.
+CUDA graphs need a GPU: everything here but the argument check and the failed capture's clean-up
+is skipped on the CPU machine (GPU plan, step 10; tests/test_decoding.py checks the static caches
+the decoding graph reads, on the CPU)."""
+
+import types
 
 import pytest
 import torch
 from conftest import requires_cuda
 
+from scratchformer import graphs
 from scratchformer.model import EOS_ID, ModelConfig, Transformer, beam_search, greedy_decode
 from scratchformer.training.cuda_graph import capture_step
 from scratchformer.training.optim import label_smoothed_loss
@@ -70,6 +74,68 @@ def test_capture_step_sets_the_gradients_to_none_before_each_update(monkeypatch)
 
     capture_step(update, opt, warmup=3)
     assert calls == [True] * 4
+
+
+class _Generator:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def clone_state(self):
+        self.calls.append("clone")
+        return "state"
+
+    def graphsafe_set_state(self, state):
+        self.calls.append(("set", state))
+
+
+def _capture_ending(error):
+    class Capture:  # torch.cuda.graph's stand-in: its exit is capture_end, which raises if the capture failed
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            if error:
+                raise RuntimeError(error)
+    return Capture
+
+
+def test_a_failed_capture_puts_the_generator_right(monkeypatch):
+    """graphs.record: a capture that fails (here its end, as CUDA reports an invalidated capture)
+    puts a clone of the CUDA generator's state in its place (torch 2.11 leaves the generator marked
+    as capturing, and every later draw on the device raises) and lets the error through; a capture
+    that ends well leaves the generator alone."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(torch.cuda, "default_generators", (_Generator(calls),))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "graph", _capture_ending("operation failed due to a previous error during capture"))
+    with pytest.raises(RuntimeError, match="during capture"):
+        graphs.record(lambda: None)
+    assert calls == ["clone", ("set", "state")]
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "graph", _capture_ending(None))
+    graphs.record(lambda: None)
+    assert calls == []
+
+
+@requires_cuda
+def test_the_generator_draws_after_a_failed_capture():
+    """A capture that fails (a host read inside) leaves torch's CUDA generator usable: a draw and
+    a dropout after it run (on torch 2.11 they raised "Offset increment outside graph capture
+    encountered unexpectedly"), and a later capture with a draw replays."""
+    x = torch.ones(64, device="cuda")
+    with pytest.raises(Exception):  # noqa: B017 - whatever CUDA and torch raise for it
+        graphs.record(lambda: float(x.sum()))
+    torch.cuda.synchronize()
+    torch.randn(8, device="cuda")
+    torch.nn.functional.dropout(x, 0.5)
+    out, replay = graphs.capture(lambda: torch.nn.functional.dropout(x, 0.5))
+    replay()
+    torch.cuda.synchronize()
+    assert out.shape == x.shape
 
 
 @requires_cuda
