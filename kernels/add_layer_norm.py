@@ -32,11 +32,13 @@ Both kernels work on (BLOCK_M, BLOCK_N) tiles of BLOCK_M whole rows (`_block_m`)
 GPU from 512 columns up, several for narrower rows, and in Triton's interpreter, which pays per
 program and per op rather than per element, up to 16k elements at once (a tiny model's training
 step went from 86 s to 5 s of add+LayerNorm there). A row's arithmetic is the same at any BLOCK_M.
-On a GPU with autotuning on (`SCRATCHFORMER_AUTOTUNE`, the default) the forward's rows per
-program and warps are tuned per N among `_block_m`'s choice and tiles of 2-16 rows (`FWD_CONFIGS`):
-at N 512-1024, one row per program reached 0.44-0.60 of the copy bandwidth on an H100 (2026-11-26),
-while torch.compile's fused add+LayerNorm, whose persistent reductions give a program several
-rows at small N, beat it at every N.
+On a GPU with autotuning on (`SCRATCHFORMER_AUTOTUNE`, the default) both kernels' rows per
+iteration and warps are tuned per N among `_block_m`'s choice and tiles of 2-16 rows
+(`TILE_CONFIGS`). The forward's tuning took it to 0.97-1.05 of the copy bandwidth at every N on an
+H100 (device time, 2026-11-26 fourth window; torch.compile's fused add+LayerNorm, whose persistent
+reductions give a program several rows at small N, had beaten the untuned one at every N); the
+backward, untuned then, reached 0.54-0.79, at N 512 on 4 programs of 1 row and 2 warps per SM:
+too few warps in flight to hide its loads, which its tuning targets.
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -176,10 +178,11 @@ def _add_layer_norm_bwd_kernel(
     HAS_DROPOUT: tl.constexpr,
     STORE_DRES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # rows per loop iteration (_block_m)
+    BLOCK_M: tl.constexpr,  # rows per loop iteration (_block_m, or tuned)
     BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    rows_per_program = tl.cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks (a program may get none)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
     cols = tl.arange(0, BLOCK_N)
@@ -220,26 +223,35 @@ def _add_layer_norm_bwd_kernel(
         tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_ok)
 
 
-# The forward's (BLOCK_M rows, warps) candidates on a GPU when autotuning (module docstring): per
-# launch, `_block_m`'s own choice, then those of the list whose tile holds at most 8k fp32 values
-# (32 a thread at 8 warps; 16 rows of 1024 took all 255 registers in the sm_90 compile check)
-# and at least 4 a thread.
-FWD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
-               for bm, w in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (16, 8))]
+# The (BLOCK_M rows, warps) candidates of both kernels on a GPU when autotuning (module docstring):
+# per launch, `_block_m`'s own choice, then those of the list whose tile holds at most
+# `max_values` fp32 values (the forward 8k, 32 a thread at 8 warps: 16 rows of 1024 took all 255
+# registers in the sm_90 compile check; the backward, with about twice the live tiles, 4k) and
+# at least 4 a thread.
+TILE_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
+                for bm, w in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (16, 8))]
 
 
-def _prune_fwd(configs, nargs, **kwargs):
-    block_n = kwargs["BLOCK_N"]
-    bm = _block_m(nargs["M"], block_n)
-    own = (bm, _num_warps(bm, block_n))
-    kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= 1 << 13
-            and (c.kwargs["BLOCK_M"], c.num_warps) != own]
-    return [triton.Config({"BLOCK_M": own[0]}, num_warps=own[1])] + kept
+def _pruner(rows_arg: str, max_values: int):
+    """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg."""
+    def prune(configs, nargs, **kwargs):
+        block_n = kwargs["BLOCK_N"]
+        bm = _block_m(nargs[rows_arg], block_n)
+        own = (bm, _num_warps(bm, block_n))
+        kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values
+                and (c.kwargs["BLOCK_M"], c.num_warps) != own]
+        return [triton.Config({"BLOCK_M": own[0]}, num_warps=own[1])] + kept
+    return prune
 
 
+_prune_fwd = _pruner("M", 1 << 13)
+_prune_bwd = _pruner("rows_per_program", 1 << 12)
 _add_layer_norm_fwd_tuned = triton.autotune(
-    FWD_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd},
+    TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd},
 )(_add_layer_norm_fwd_kernel)
+_add_layer_norm_bwd_tuned = triton.autotune(
+    TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_bwd},
+)(_add_layer_norm_bwd_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,21 +375,24 @@ def add_layer_norm_bwd(
     store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
     dres = torch.empty((M, N), dtype=s.dtype, device=s.device) if store_dres else None
     BLOCK_N = next_pow2(N)
-    rows_per_program = cdiv(M, _bwd_programs(M, s.device))
-    BLOCK_M = _block_m(rows_per_program, BLOCK_N)
-    rows_per_program = cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks
-    n_programs = cdiv(M, rows_per_program) if M > 0 else 1
+    n_programs = _bwd_programs(M, s.device) if M > 0 else 1
+    rows_per_program = cdiv(M, n_programs)  # the kernel rounds it up to whole BLOCK_M blocks
     partial = torch.empty if M > 0 else torch.zeros  # every program writes its whole row (none run if M == 0)
     dw_partial = partial((n_programs, N), dtype=torch.float32, device=s.device)
     db_partial = partial((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
     if M > 0:
-        _add_layer_norm_bwd_kernel[(n_programs,)](
-            dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
-            dw_partial, db_partial if db_partial is not None else dw_partial,
-            dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, rng if has_dropout else mean,
-            HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout, STORE_DRES=store_dres,
-            HAS_BIAS=has_bias, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=_num_warps(BLOCK_M, BLOCK_N),
-        )
+        args = (dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
+                dw_partial, db_partial if db_partial is not None else dw_partial,
+                dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, rng if has_dropout else mean)
+        flags = dict(HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout, STORE_DRES=store_dres, HAS_BIAS=has_bias,
+                     BLOCK_N=BLOCK_N)
+        if AUTOTUNE and not INTERPRET:  # as the forward's; the key: N, the dtypes and the flags
+            launch_tuned(_add_layer_norm_bwd_tuned, (n_programs,),
+                         (N, s.dtype, dy2.dtype, weight.dtype, *flags.values()), *args, **flags)
+        else:
+            BLOCK_M = _block_m(rows_per_program, BLOCK_N)
+            _add_layer_norm_bwd_kernel[(n_programs,)](
+                *args, **flags, BLOCK_M=BLOCK_M, num_warps=_num_warps(BLOCK_M, BLOCK_N))
     dw = dw_partial.sum(0).to(weight.dtype)  # second stage: a fixed-order reduction
     db = db_partial.sum(0).to(weight.dtype) if has_bias else None
     shape = s.shape

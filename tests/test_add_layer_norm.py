@@ -290,7 +290,7 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
     from scratchformer.kernels import add_layer_norm as LN
 
     bn = LN.next_pow2(N)
-    got = [(c.kwargs["BLOCK_M"], c.num_warps) for c in LN._prune_fwd(LN.FWD_CONFIGS, {"M": rows}, BLOCK_N=bn)]
+    got = [(c.kwargs["BLOCK_M"], c.num_warps) for c in LN._prune_fwd(LN.TILE_CONFIGS, {"M": rows}, BLOCK_N=bn)]
     bm = LN._block_m(rows, bn)
     assert got[0] == (bm, LN._num_warps(bm, bn)) and len(set(got)) == len(got)
     assert all(128 * w <= m * bn <= 1 << 13 for m, w in got[1:])
@@ -298,14 +298,34 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
         assert {(4, 8), (8, 8), (16, 8)} <= set(got)
 
 
-@requires_cuda
-@pytest.mark.parametrize("config", range(9))
-def test_every_forward_tuning_candidate_matches_ref(config, monkeypatch):
-    """Each candidate tile of the tuned forward (forced), bf16 with dropout: the reference's
-    outputs and gradients under the same mask."""
+@pytest.mark.parametrize("N", [16, 512, 1024, 4096, 16384])
+@pytest.mark.parametrize("rows_per_program", [1, 125])
+def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_program, monkeypatch):
+    """The tuned backward (`_prune_bwd`): `_block_m`'s own tile for its rows per program first,
+    then the tiles of at most 4k fp32 values (it keeps about twice the forward's live tiles) with
+    at least 4 a thread. At N 512 (0.54 of the copy bandwidth untuned: one row and 2 warps a
+    program, 4 programs an SM) it offers more rows and warps."""
     from scratchformer.kernels import add_layer_norm as LN
 
-    c = LN.FWD_CONFIGS[config]
+    monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's heuristic (the interpreter's packs rows)
+    bn = LN.next_pow2(N)
+    got = [(c.kwargs["BLOCK_M"], c.num_warps)
+           for c in LN._prune_bwd(LN.TILE_CONFIGS, {"rows_per_program": rows_per_program}, BLOCK_N=bn)]
+    bm = LN._block_m(rows_per_program, bn)
+    assert got[0] == (bm, LN._num_warps(bm, bn)) and len(set(got)) == len(got)
+    assert all(128 * w <= m * bn <= 1 << 12 for m, w in got[1:])
+    if N == 512 and rows_per_program > 1:
+        assert got[0] == (1, 2) and {(2, 8), (4, 8), (8, 8)} <= set(got)
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", range(9))
+def test_every_tuning_candidate_matches_ref(config, monkeypatch):
+    """Each candidate tile of the tuned kernels (forced, forward and backward), bf16 with dropout:
+    the reference's outputs and gradients under the same mask."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    c = LN.TILE_CONFIGS[config]
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: c.kwargs["BLOCK_M"])
     monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
     monkeypatch.setattr(LN, "AUTOTUNE", False)
@@ -320,9 +340,9 @@ def test_every_forward_tuning_candidate_matches_ref(config, monkeypatch):
 
 @requires_cuda
 @pytest.mark.parametrize("N", [512, 1024])
-def test_tuned_forward_matches_ref(N, monkeypatch):
-    """The autotuned launch (tuning on the first call, the chosen tile launched directly after:
-    `launch_tuned`), twice, with and without dropout."""
+def test_tuned_kernels_match_ref(N, monkeypatch):
+    """The autotuned launches of the forward and the backward (tuning on the first call, the chosen
+    tile launched directly after: `launch_tuned`), twice, with and without dropout."""
     from scratchformer.kernels import add_layer_norm as LN
 
     monkeypatch.setattr(LN, "AUTOTUNE", True)
