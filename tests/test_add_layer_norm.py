@@ -318,6 +318,25 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
         assert got[0] == (1, 2) and {(2, 8), (4, 8), (8, 8)} <= set(got)
 
 
+@pytest.mark.parametrize("block_m", [1, 2, 4, 16])
+def test_backward_rows_split_into_whole_blocks(block_m, monkeypatch):
+    """The backward's programs each take cdiv(rows, programs) rows rounded up to whole BLOCK_M
+    blocks, in the kernel (as the tuned launch needs): 37 rows over 5 programs at every BLOCK_M,
+    some programs left without rows (their dw/db partials must be zeros), fp32 with dropout,
+    against the reference."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
+    monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 5)
+    inputs = _inputs((37, 48), torch.float32)
+    _, _, mask = add_layer_norm(*inputs, dropout_p=0.2, seed=3, return_residual=True, return_dropout_mask=True)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=0.2, seed=3, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=0.2, dropout_mask=mask, return_residual=True),
+        inputs, *DTYPES[0][1:],
+    )
+
+
 @requires_cuda
 @pytest.mark.parametrize("config", range(9))
 def test_every_tuning_candidate_matches_ref(config, monkeypatch):
