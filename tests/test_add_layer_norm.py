@@ -326,6 +326,8 @@ def test_backward_rows_split_into_whole_blocks(block_m, monkeypatch):
     against the reference."""
     from scratchformer.kernels import add_layer_norm as LN
 
+    if not LN.INTERPRET:  # each forced block size would be a compile of its own on a GPU
+        pytest.skip("the interpreter's check of the split (the GPU runs every real tile in the forced-candidate test)")
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
     monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 5)
     inputs = _inputs((37, 48), torch.float32)

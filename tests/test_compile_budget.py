@@ -9,8 +9,8 @@ the autotuner benchmark every pruned config of every new key, and launches nothi
 each with autotuning on and with SCRATCHFORMER_AUTOTUNE=0 (one pinned config per kernel, as
 scripts/gpu/ runs the tests):
 
-- the kernel test suite (tests/test_attention.py, test_add_layer_norm.py, test_ffn.py,
-  test_model_triton.py; its GPU-only cases are skipped on a CPU and not counted);
+- the kernel test suite (tests/test_attention.py, test_attention_tma.py, test_add_layer_norm.py,
+  test_ffn.py, test_model_triton.py; its GPU-only cases are skipped on a CPU and not counted);
 - a 300-step bf16 training run of the `small` model's structure on SAMSum-like lengths (new
   lengths and token counts nearly every step), with greedy decoding every 100 steps.
 
@@ -31,6 +31,12 @@ were already unspecialised, and the pointer that replaces them is always 16-byte
 all-specialised ones fell (training 219 -> 202 tuned, 65 -> 48 pinned; suite 2,135 -> 2,131, 391 ->
 387), as there is no seed or offset left to specialise.
 
+2026-11-26, after the fourth GPU window: the suite counts tests/test_attention_tma.py too (the
+attention kernels with their TMA path forced: about 35 pinned compiles) and add+LayerNorm's backward is
+autotuned like its forward: suite 1,839 tuned / 334 pinned (all-specialised 2,610 / 428; 14 GPU
+processes compiled the pinned suite's ~300 inside 103 s of pytest that day), training 144 / 19;
+the suite's budgets went from 1,700 / 300 to 2,100 / 370.
+
 Budgets: the pinned suite must stay a few hundred compiles (at 1-3 s each, over 14 processes, it
 then fits the 2-minute test step of scripts/gpu/); the pinned training run a few dozen (a minute or
 two of compiling in a 300-step smoke run); tuned runs cost the configs per key more (each new key
@@ -50,12 +56,13 @@ from functools import cache
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUITE = ["tests/test_attention.py", "tests/test_add_layer_norm.py", "tests/test_ffn.py", "tests/test_model_triton.py"]
+SUITE = ["tests/test_attention.py", "tests/test_attention_tma.py", "tests/test_add_layer_norm.py", "tests/test_ffn.py",
+         "tests/test_model_triton.py"]
 STEPS = 300
 
 BUDGET = {  # (workload, autotune) -> most compiles allowed, all kernels together
-    ("suite", "1"): 1700,
-    ("suite", "0"): 300,
+    ("suite", "1"): 2100,
+    ("suite", "0"): 370,
     ("train", "1"): 180,
     ("train", "0"): 40,
 }
