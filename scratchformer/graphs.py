@@ -59,9 +59,13 @@ def release_generator() -> None:
     "Offset increment outside graph capture encountered unexpectedly": a run that goes on launched
     (decoding's fallback) would fail at its next dropout or `torch.randn` (2026-11-26, H100: one
     failed capture in a benchmark failed the next 20 cases so). A clone of the generator's state,
-    put in its place, holds the same seed and offset and no mark."""
+    put in its place, holds the same seed and no mark. Graphs captured before keep the old state
+    and advance it from the same offset at each replay, so the new one starts 2^50 further on:
+    the two never draw the same numbers."""
     gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    offset = gen.get_offset()
     gen.graphsafe_set_state(gen.clone_state())
+    gen.set_offset(offset + (1 << 50))
 
 
 def capture(fn: Callable[[], object], warmup: int = 1) -> tuple[object, Callable[[], None]]:

@@ -87,6 +87,12 @@ class _Generator:
     def graphsafe_set_state(self, state):
         self.calls.append(("set", state))
 
+    def get_offset(self):
+        return 12
+
+    def set_offset(self, offset):
+        self.calls.append(("offset", offset))
+
 
 def _capture_ending(error):
     class Capture:  # torch.cuda.graph's stand-in: its exit is capture_end, which raises if the capture failed
@@ -105,8 +111,9 @@ def _capture_ending(error):
 def test_a_failed_capture_puts_the_generator_right(monkeypatch):
     """graphs.record: a capture that fails (here its end, as CUDA reports an invalidated capture)
     puts a clone of the CUDA generator's state in its place (torch 2.11 leaves the generator marked
-    as capturing, and every later draw on the device raises) and lets the error through; a capture
-    that ends well leaves the generator alone."""
+    as capturing, and every later draw on the device raises), its offset moved past what graphs
+    captured before will draw, and lets the error through; a capture that ends well leaves the
+    generator alone."""
     calls = []
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
     monkeypatch.setattr(torch.cuda, "default_generators", (_Generator(calls),))
@@ -114,7 +121,7 @@ def test_a_failed_capture_puts_the_generator_right(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", _capture_ending("operation failed due to a previous error during capture"))
     with pytest.raises(RuntimeError, match="during capture"):
         graphs.record(lambda: None)
-    assert calls == ["clone", ("set", "state")]
+    assert calls == ["clone", ("set", "state"), ("offset", 12 + 2**50)]  # past what older graphs draw
     calls.clear()
     monkeypatch.setattr(torch.cuda, "graph", _capture_ending(None))
     graphs.record(lambda: None)
