@@ -63,6 +63,16 @@ def _check_all(fn_ours, fn_ref, inputs, atol, rtol, *, with_s=True):
         torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
+def _check_with_dropout(inputs, p, atol, rtol):
+    """`_check_all` of ours against the reference fed our dropout mask (seed 3)."""
+    _, _, mask = add_layer_norm(*inputs, dropout_p=p, seed=3, return_residual=True, return_dropout_mask=True)
+    _check_all(
+        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=p, seed=3, return_residual=True),
+        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=p, dropout_mask=mask, return_residual=True),
+        inputs, atol, rtol,
+    )
+
+
 # Rows: 1 (a single program), 7 and 33 (not multiples of the backward's rows per program), 100.
 # Hidden: 16 (smallest claimed), 48 and 100 (not powers of two: masked tails), 256.
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES, ids=DTYPE_IDS)
@@ -330,13 +340,7 @@ def test_backward_rows_split_into_whole_blocks(block_m, monkeypatch):
         pytest.skip("the interpreter's check of the split (the GPU runs every real tile in the forced-candidate test)")
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
     monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 5)
-    inputs = _inputs((37, 48), torch.float32)
-    _, _, mask = add_layer_norm(*inputs, dropout_p=0.2, seed=3, return_residual=True, return_dropout_mask=True)
-    _check_all(
-        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=0.2, seed=3, return_residual=True),
-        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=0.2, dropout_mask=mask, return_residual=True),
-        inputs, *DTYPES[0][1:],
-    )
+    _check_with_dropout(_inputs((37, 48), torch.float32), 0.2, *DTYPES[0][1:])
 
 
 @requires_cuda
@@ -350,13 +354,7 @@ def test_every_tuning_candidate_matches_ref(config, monkeypatch):
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: c.kwargs["BLOCK_M"])
     monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
     monkeypatch.setattr(LN, "AUTOTUNE", False)
-    inputs = _inputs((1000, 512), torch.bfloat16)
-    _, _, mask = add_layer_norm(*inputs, dropout_p=0.2, seed=3, return_residual=True, return_dropout_mask=True)
-    _check_all(
-        lambda x, r, w, b: add_layer_norm(x, r, w, b, dropout_p=0.2, seed=3, return_residual=True),
-        lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, dropout_p=0.2, dropout_mask=mask, return_residual=True),
-        inputs, *DTYPES[2][1:],
-    )
+    _check_with_dropout(_inputs((1000, 512), torch.bfloat16), 0.2, *DTYPES[2][1:])
 
 
 @requires_cuda
@@ -368,11 +366,4 @@ def test_tuned_kernels_match_ref(N, monkeypatch):
 
     monkeypatch.setattr(LN, "AUTOTUNE", True)
     for p in (0.0, 0.2, 0.2):
-        inputs = _inputs((777, N), torch.bfloat16)
-        _, _, mask = add_layer_norm(*inputs, dropout_p=p, seed=3, return_residual=True, return_dropout_mask=True)
-        _check_all(
-            lambda x, r, w, b, p=p: add_layer_norm(x, r, w, b, dropout_p=p, seed=3, return_residual=True),
-            lambda x, r, w, b, p=p, m=mask: add_layer_norm_ref(x, r, w, b, dropout_p=p, dropout_mask=m,
-                                                               return_residual=True),
-            inputs, *DTYPES[2][1:],
-        )
+        _check_with_dropout(_inputs((777, N), torch.bfloat16), p, *DTYPES[2][1:])

@@ -10,10 +10,11 @@ TMA's padding does); the GPU-only case at the bottom runs them for real on Hoppe
 import pytest
 import torch
 from conftest import DEVICE, requires_cuda
-from test_attention import make_qkv, run_both
+from test_attention import LOWP, _check_lowp, assert_matches_fp32, leaves, make_qkv, run_both
 
 import scratchformer.kernels.attention as A
 from scratchformer.kernels.attention import attention
+from scratchformer.reference import attention_ref
 
 
 def _both_paths(monkeypatch, q, k, v, **kw):
@@ -69,14 +70,27 @@ def test_tma_matches_pointer_kernels(monkeypatch, case, layout):
 
 @pytest.mark.parametrize("D", [16, 64, 128])
 def test_tma_head_dims_and_dropout(monkeypatch, D):
+    """Dropout on the TMA path: the reference fed its keep mask (forward and backward replay one
+    mask), and the pointer kernels' results for the same seed."""
     q, k, v = make_qkv(1, 2, 33, 40, D, layout="fused")
-    kw = dict(causal=True, key_lengths=torch.tensor([35], device=DEVICE), dropout_p=0.3, seed=7)
-    tma_run, ptr_run, _ = _both_paths(monkeypatch, q, k, v, **kw)
-    _assert_same(tma_run, ptr_run, atol=1e-6)  # the same keep mask, replayed in the backward
+    kw = dict(causal=True, key_lengths=torch.tensor([35], device=DEVICE), dropout_p=0.3)
+    monkeypatch.setattr(A, "TMA", True)
+    ql, kl, vl = leaves(q, k, v)
+    out, lse, mask = attention(ql, kl, vl, seed=7, return_lse=True, return_dropout_mask=True, **kw)
+    ref, ref_lse = attention_ref(ql, kl, vl, dropout_mask=mask, return_lse=True, **kw)
+    g = torch.randn_like(out)
+    assert_matches_fp32((out, lse, torch.autograd.grad(out, (ql, kl, vl), g)),
+                        (ref, ref_lse, torch.autograd.grad(ref, (ql, kl, vl), g)))
+    tma_run, ptr_run, _ = _both_paths(monkeypatch, q, k, v, seed=7, **kw)
+    _assert_same(tma_run, ptr_run, atol=1e-6)
 
 
-def test_tma_bf16_matches_pointer_kernels(monkeypatch):
-    q, k, v = make_qkv(2, 2, 33, 33, 64, dtype=torch.bfloat16, layout="fused")
+def test_tma_bf16_matches_ref_and_pointer_kernels(monkeypatch):
+    """bf16 on the TMA path: within the low-precision yardstick of the fp32 reference (as the
+    pointer kernels are held in test_attention.py), and equal to the pointer kernels."""
+    q, k, v = leaves(*make_qkv(2, 2, 33, 33, 64, dtype=torch.bfloat16, layout="fused"))
+    monkeypatch.setattr(A, "TMA", True)
+    _check_lowp(q, k, v, torch.randn(2, 2, 33, 64, dtype=torch.bfloat16, device=DEVICE), LOWP[1][1], causal=True)
     tma_run, ptr_run, _ = _both_paths(monkeypatch, q, k, v, causal=True)
     _assert_same(tma_run, ptr_run, atol=1e-2)
 
