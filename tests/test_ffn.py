@@ -303,15 +303,21 @@ def test_ffn_gpu_sizes(rows, d_model, d_ff, activation, dtype, atol):
         _check_low(ours, ref, inputs, atol)
 
 
-def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch):
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch, tma):
     """kernels/_common.launch_tuned: the Autotuner chooses once per key; later launches of the key
-    skip its per-call lookup and compute the same; a new key (another M bucket) asks it again."""
+    skip its per-call lookup and compute the same; a new key (another M bucket) asks it again. Both
+    GEMM families (the TMA kernels are Hopper's default, so each is pinned here)."""
     from scratchformer.kernels import _common
     from scratchformer.kernels import matmul as MM
 
+    monkeypatch.setattr(MM, "TMA", tma)
+    if tma and not MM.tma_enabled(True, torch.device(DEVICE)):
+        pytest.skip("the TMA kernels need Hopper or later (or the interpreter)")
     monkeypatch.setattr(_common, "_CHOSEN", {})
-    calls, run = [], MM._matmul_fwd_kernel.run
-    monkeypatch.setattr(MM._matmul_fwd_kernel, "run", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    kernel = MM._matmul_fwd_tma_kernel if tma else MM._matmul_fwd_kernel
+    calls, run = [], kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **kw: calls.append(1) or run(*a, **kw))
     a, b = torch.randn(8, 32, device=DEVICE), torch.randn(32, 16, device=DEVICE)
     first, second = matmul(a, b), matmul(a, b)
     assert len(calls) == 1 and torch.equal(first, second)
@@ -324,9 +330,12 @@ def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch):
 def test_a_tuned_launch_keeps_its_heuristics_per_key(monkeypatch):
     """launch_tuned keeps matmul's EVEN_K (a `triton.heuristics` of K and BLOCK_K) with the chosen
     config of each key: a K that is not a multiple of BLOCK_K (the masked K loop) and one that is,
-    each launched twice (the second time on the kept values), both equal a @ b."""
+    each launched twice (the second time on the kept values), both equal a @ b. The pointer
+    kernels' (pinned: Hopper's default GEMMs are the TMA kernels, whose K loop is unmasked)."""
     from scratchformer.kernels import _common
+    from scratchformer.kernels import matmul as MM
 
+    monkeypatch.setattr(MM, "TMA", False)
     monkeypatch.setattr(_common, "_CHOSEN", {})
     for K in (40, 64, 40):
         a, b = torch.randn(8, K, device=DEVICE), torch.randn(K, 16, device=DEVICE)
