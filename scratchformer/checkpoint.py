@@ -203,8 +203,9 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     """The mean of the weights of checkpoints of one run, as Vaswani et al. (2017) average a run's last
     5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the last of `paths`, no optimizer:
     it cannot resume). Floating-point tensors are summed in float64 and cast back; any other tensor
-    must be equal in all. A checkpoint of another model or run (config, tokenizers, task, tensor
-    names or shapes) is a CheckpointError naming it."""
+    must be equal in all. Tied weights (`--tie-embeddings`: names that share one tensor) stay one
+    tensor, so the average is no larger than the model. A checkpoint of another model or run
+    (config, tokenizers, task, tensor names or shapes) is a CheckpointError naming it."""
     if not paths:
         raise ValueError("no checkpoints to average")
     first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
@@ -225,9 +226,19 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
             elif not torch.equal(v, total[k]):
                 raise CheckpointError(f"{path}: its {k} differs from {paths[0]}'s, and cannot be averaged")
     model = {k: (v / len(paths)).to(weights[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    for names in _tied(weights):
+        model.update(dict.fromkeys(names[1:], model[names[0]]))
     kept = {k: last[k] for k in ("version", "data", "num_classes", "args", "progress") if k in last}
     return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model,
             "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
+
+
+def _tied(weights: dict) -> list[list[str]]:
+    """The groups of names in a state dict that are one tensor (same storage, offset, shape, strides)."""
+    groups: dict[tuple, list[str]] = {}
+    for k, v in weights.items():
+        groups.setdefault((v.untyped_storage().data_ptr(), v.storage_offset(), v.shape, v.stride()), []).append(k)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def find_checkpoint(path: str | Path, prefer: str = "best") -> Path:

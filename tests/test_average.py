@@ -45,6 +45,29 @@ def test_the_average_is_the_mean_of_the_weights(run, capsys):
     assert "optimizer" not in averaged
 
 
+def test_tied_weights_stay_one_tensor(tmp_path):
+    """A run with --tie-embeddings all: its three embedding matrices (encoder, decoder, output) are
+    one tensor in each checkpoint and in their average, which is then no larger on disk than a step
+    checkpoint's weights (an untied average holds the matrix three times over)."""
+    folder = tmp_path / "tied"
+    train.main(TINY + ["--data", str(translation_folder(tmp_path)), "--max-steps", "2", "--eval-every", "2",
+                       "--save-every", "1", "--keep-checkpoints", "2", "--tie-embeddings", "all", "--no-plots",
+                       "--out", str(folder)])
+    steps = step_checkpoints(folder)
+    out = average.main([str(folder), "--last", "2"])
+    model = load_checkpoint(out)["model"]
+    shared = {}
+    for name, t in model.items():
+        shared.setdefault(t.untyped_storage().data_ptr(), []).append(name)
+    tied = [names for names in shared.values() if len(names) > 1]
+    assert len(tied) == 1 and len(tied[0]) == 3, tied
+    first, second = (load_checkpoint(p)["model"][tied[0][0]] for p in steps)
+    assert not torch.equal(first, second) and torch.allclose(model[tied[0][1]], (first + second) / 2)
+    weights_only = tmp_path / "weights.pt"
+    torch.save(load_checkpoint(steps[-1])["model"], weights_only)
+    assert out.stat().st_size < weights_only.stat().st_size + 64 * 1024
+
+
 def test_the_average_runs_and_starts_a_run_but_does_not_resume(run, tmp_path):
     out = average.main([str(p) for p in step_checkpoints(run)[-2:]] + ["--output", str(tmp_path / "avg.pt")])
     model, _, _ = load_run(out)

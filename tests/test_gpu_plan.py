@@ -172,12 +172,20 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
     assert "iwslt: not finished, call again" in log and "run/test_predictions.jsonl" not in files
     assert os.path.exists(tmp_path / "runs" / "iwslt" / "last.pt")
+    # the unfinished call brings back the average of its step checkpoints: a model that runs
+    from scratchformer.checkpoint import load_checkpoint, step_checkpoints
+    from scratchformer.evaluation.evaluate import load_run
+
+    averaged = tmp_path / "o1" / "50_iwslt-averaged.pt"
+    steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "runs" / "iwslt")]
+    assert steps and [a["step"] for a in load_checkpoint(averaged)["averaged_from"]] == steps[-5:]
+    load_run(averaged)
     second = _dry_run("50_train.sh", str(tmp_path / "o2"), **env)
     assert second.returncode == 0, second.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o2"), "50_train.sh")
     assert "resumed from" in log and "iwslt: finished" in log, log[-3000:]
     assert {"run/metrics.final.json", "run/test_predictions.jsonl", "run/log.txt"} <= set(files)
-    assert not [n for n in files if n.endswith(".pt")]
+    assert not [n for n in files if n.endswith(".pt")] and not os.path.exists(tmp_path / "o2" / "50_iwslt-averaged.pt")
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "iwslt" / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids
     # the predictions come from best.pt or the average of the last step checkpoints, each scored on

@@ -11,7 +11,9 @@
 #      saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
-#   3. always: the run folder without checkpoints into the archive (log, metrics, curves,
+#   3. a call that ends unfinished: the average of the newest step checkpoints beside the archive
+#      (50_RECIPE-averaged.pt, when it fits 16 MiB), a model the CPU can score and predict with;
+#   4. always: the run folder without checkpoints into the archive (log, metrics, curves,
 #      attention, validation predictions, test predictions, a summarizer's encoder check), and
 #      "RECIPE: finished" or "continue".
 # An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues).
@@ -115,7 +117,22 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   fi
 fi
 
-# 3. the run folder, without checkpoints, into the archive
+# 3. a call that leaves a run unfinished brings back the average of its newest AVERAGE step checkpoints
+#    beside the archive (weights, config and tokenizers: tied embeddings once), when the file fits the
+#    device's 16 MiB a file: should the window end here, that model still evaluates and predicts on the
+#    CPU (scratchformer.evaluate / generate --kernel torch). Replaced at each call; a grid brings none.
+averaged_out=$OUT/50_$RECIPE-averaged.pt
+if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/null; then
+  steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
+  run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
+    --output "$averaged_out" --overwrite
+  if [ -e "$averaged_out" ] && [ "$(stat -c %s "$averaged_out")" -gt $(( 16 * 1024 * 1024 )) ]; then
+    echo "== $averaged_out: $(du -h "$averaged_out" | cut -f1), over the 16 MiB a file that comes back: left out"
+    rm -f "$averaged_out"
+  fi
+fi
+
+# 4. the run folder, without checkpoints, into the archive
 mkdir -p "$WORK/run"
 (cd "$RUN" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
 if finished && predicted; then
