@@ -151,7 +151,7 @@ def _archive(out, step):
         return {os.path.normpath(m.name): m for m in tar.getmembers()}, tar.extractfile("./log.txt").read().decode()
 
 
-def test_train_step_goes_on_where_it_stopped(tmp_path):
+def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
     machine and says to call again; the next call resumes, finishes, predicts every blind test
     input; archives never hold checkpoints. A grid recipe (Multi30k on our kernels and on eager)
@@ -176,7 +176,11 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     from scratchformer.checkpoint import load_checkpoint, step_checkpoints
     from scratchformer.evaluation.evaluate import load_run
 
-    averaged = tmp_path / "o1" / "50_iwslt-averaged.pt"
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    (averaged,) = collect.join_parts([tmp_path / "o1"], tmp_path / "collected")
+    assert averaged.name == "50_iwslt-averaged.pt"
     steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "runs" / "iwslt")]
     assert steps and [a["step"] for a in load_checkpoint(averaged)["averaged_from"]] == steps[-5:]
     load_run(averaged)
@@ -185,7 +189,7 @@ def test_train_step_goes_on_where_it_stopped(tmp_path):
     files, log = _archive(str(tmp_path / "o2"), "50_train.sh")
     assert "resumed from" in log and "iwslt: finished" in log, log[-3000:]
     assert {"run/metrics.final.json", "run/test_predictions.jsonl", "run/log.txt"} <= set(files)
-    assert not [n for n in files if n.endswith(".pt")] and not os.path.exists(tmp_path / "o2" / "50_iwslt-averaged.pt")
+    assert not [n for n in files if n.endswith(".pt")] and not list((tmp_path / "o2").glob("*.part*"))
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "iwslt" / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids
     # the predictions come from best.pt or the average of the last step checkpoints, each scored on
@@ -318,6 +322,21 @@ def _bench_json(cases, **extra):
          "stats": {"median": median}, "extra_info": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01",
                                                       "tflops": 1.0 / median, **extra}}
         for name, kernel, median in cases]})
+
+
+def test_collect_joins_pieces_in_order(tmp_path, monkeypatch):
+    """collect.join_parts: split's pieces (part0 .. part2 here, as `split -d` names them) joined in
+    their numeric order give the file back byte for byte; a folder without pieces adds nothing."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    data = os.urandom(3000)
+    calls = tmp_path / "call"
+    calls.mkdir()
+    for i in (2, 0, 1):
+        (calls / f"50_x-averaged.pt.part{i}").write_bytes(data[i * 1024:(i + 1) * 1024])
+    (joined,) = collect.join_parts([calls, tmp_path], tmp_path / "work")
+    assert joined == tmp_path / "work" / "50_x-averaged.pt" and joined.read_bytes() == data
 
 
 def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):

@@ -11,8 +11,9 @@
 #      saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
-#   3. a call that ends unfinished: the average of the newest step checkpoints beside the archive
-#      (50_RECIPE-averaged.pt, when it fits 16 MiB), a model the CPU can score and predict with;
+#   3. a call that ends unfinished: the average of the newest step checkpoints beside the archive, in
+#      15-MiB pieces (50_RECIPE-averaged.pt.part*, joined by collect.py), a model the CPU can score
+#      and predict with;
 #   4. always: the run folder without checkpoints into the archive (log, metrics, curves,
 #      attention, validation predictions, test predictions, a summarizer's encoder check), and
 #      "RECIPE: finished" or "continue".
@@ -118,18 +119,23 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
 fi
 
 # 3. a call that leaves a run unfinished brings back the average of its newest AVERAGE step checkpoints
-#    beside the archive (weights, config and tokenizers: tied embeddings once), when the file fits the
-#    device's 16 MiB a file: should the window end here, that model still evaluates and predicts on the
+#    (weights, config and tokenizers; tied embeddings once) in pieces of 15 MiB beside the archive
+#    (50_RECIPE-averaged.pt.part0, 1, ...: a file comes back only under 16 MiB; collect.py joins
+#    them), up to 45 MiB: should the window end here, that model still evaluates and predicts on the
 #    CPU (scratchformer.evaluate / generate --kernel torch). Replaced at each call; a grid brings none.
-averaged_out=$OUT/50_$RECIPE-averaged.pt
 if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/null; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
-  run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
-    --output "$averaged_out" --overwrite
-  if [ -e "$averaged_out" ] && [ "$(stat -c %s "$averaged_out")" -gt $(( 16 * 1024 * 1024 )) ]; then
-    echo "== $averaged_out: $(du -h "$averaged_out" | cut -f1), over the 16 MiB a file that comes back: left out"
-    rm -f "$averaged_out"
+  averaged=$RUNS/$RECIPE-averaged.pt
+  rm -f "$OUT/50_$RECIPE-averaged.pt.part"*
+  if run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
+       --output "$averaged" --overwrite; then
+    if [ "$(stat -c %s "$averaged")" -le $(( 45 * 1024 * 1024 )) ]; then
+      split -b 15M -d -a 1 "$averaged" "$OUT/50_$RECIPE-averaged.pt.part"
+    else
+      echo "== $averaged: $(du -h "$averaged" | cut -f1), over the 45 MiB brought back: left on the machine"
+    fi
   fi
+  rm -f "$averaged"
 fi
 
 # 4. the run folder, without checkpoints, into the archive

@@ -21,7 +21,10 @@ FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
 4. The Triton cache archive that `run.sh` sends back (`triton-cache.tar.gz`, the newest call's) is
    copied to `.gpu_cache/`, which the next call carries (`scripts/gpu/triton_cache.py`).
-5. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
+5. The pieces of an unfinished training run's averaged weights (`50_<recipe>-averaged.pt.part0`,
+   `part1`, ...: step 50 splits them, as a file comes back only under 16 MiB) are joined into
+   WORK/50_<recipe>-averaged.pt, a checkpoint `scratchformer.evaluate` and `generate` take.
+6. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
    run's summary line, and where a training recipe's run folder was unpacked (copy it to
    `results/<name>/` with its README: scripts/gpu/README.md).
 """
@@ -73,6 +76,22 @@ def keep_triton_cache(files_at: list[Path], cache_dir: Path) -> Path | None:
     shutil.copyfile(newest, cache_dir / TRITON_CACHE)
     print(f"Triton cache of {newest.parent} kept in {cache_dir / TRITON_CACHE}: carry .gpu_cache next time")
     return cache_dir / TRITON_CACHE
+
+
+def join_parts(files_at: list[Path], work: Path) -> list[Path]:
+    """Step 5 of the docstring: each <name>.part0, part1, ... of a FILES_AT folder, in order, into WORK/<name>."""
+    joined = []
+    for folder in files_at:
+        names = {p.name.rsplit(".part", 1)[0] for p in Path(folder).glob("*.part[0-9]*")}
+        for name in sorted(names):
+            parts = sorted(Path(folder).glob(f"{name}.part[0-9]*"), key=lambda p: int(p.name.rsplit(".part", 1)[1]))
+            work.mkdir(parents=True, exist_ok=True)
+            with open(work / name, "wb") as out:
+                for part in parts:
+                    out.write(part.read_bytes())
+            print(f"{work / name}: {len(parts)} pieces joined (an unfinished run's averaged weights)")
+            joined.append(work / name)
+    return joined
 
 
 def gpu_slug(device: str) -> str:
@@ -141,7 +160,7 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
 
 
 def report(steps: list[Path]) -> None:
-    """Step 4 of the docstring: what each step said of itself."""
+    """Step 6 of the docstring: what each step said of itself."""
     for step in steps:
         log = (step / "log.txt").read_text(errors="replace") if (step / "log.txt").exists() else ""
         ends = re.findall(rf"== {re.escape(step.name)}: exit \d+ after \d+ s", log)
@@ -165,6 +184,7 @@ def main(argv=None) -> list[Path]:
     args = p.parse_args(argv)
     keep_triton_cache(args.files_at, args.cache_dir)
     steps = unpack(args.files_at, args.work)
+    join_parts(args.files_at, args.work)
     args.bench_dir.mkdir(parents=True, exist_ok=True)
     written = file_benchmarks(steps, args.bench_dir)
     report(steps)
