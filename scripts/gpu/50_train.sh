@@ -5,8 +5,9 @@
 # survives between calls while the machine is warm, so the same call, repeated, goes on where the
 # last one stopped:
 #   1. train: a new run, or --resume of the one there, to the end of its --time-budget (or
-#      --max-steps) and its final report, or until the call's deadline less two minutes for the
-#      start and the save (--time-limit: a pause, last.pt saved). A start slower than that, or a
+#      --max-steps) and its final report, or until the call's deadline less 75 s for the start,
+#      the save and step 3's average (--time-limit: a pause, last.pt saved; the fifth window's
+#      run ended 15 s after its --time-limit, the average took ~5 s). A start slower than that, or a
 #      final report that outlasts the call, ends in the call's SIGINT, on which the trainer also
 #      saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
@@ -53,7 +54,7 @@ graphs_failed() {
   if [ "$rc" = 124 ] || [ "$rc" = 130 ] || [ ${#launched[@]} -gt 0 ] || [ ${#VARIANTS[@]} -gt 0 ]; then return "$rc"; fi
   echo "== --cuda-graphs failed (exit $rc): training on launched steps"
   launched=(--no-cuda-graphs)
-  secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 120) ))}
+  secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 75) ))}
   if compgen -G "$RUN/*.pt" >/dev/null; then
     run_cmd "$(limit 570)" train_launched "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$secs" \
       --no-progress "${launched[@]}"
@@ -65,7 +66,7 @@ graphs_failed() {
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
 
 # 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests)
-train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 120) ))}
+train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 75) ))}
 if ! finished && [ -z "${TRAIN_SECONDS:-}" ] && [ "$train_secs" -lt 30 ]; then
   echo "== too little time left to train (${train_secs}s): call again"
 elif [ ${#VARIANTS[@]} -gt 0 ] && ! finished; then
