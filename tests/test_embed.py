@@ -414,6 +414,44 @@ def test_cuda_grad_deterministic_and_equals_cpu(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [6, 96, 130])
+def test_cuda_grad_every_row_written_at_each_width(d, dtype):
+    """The backward kernel writes every row of grad_weight itself (no zero-fill before it): the rows
+    of ids that never occur (most of a 5,000-row vocabulary here) and padding_idx's come out exactly
+    zero even where the allocator hands back memory full of NaN; 16 bytes a thread where d allows
+    (96; 130 in neither width: a column a thread; 6 in fp32 neither), equal to the CPU kernel bit for bit."""
+    V, padding_idx = 5000, 11
+    tokens = torch.randint(0, 40, (8, 64))
+    tokens[:, ::4] = padding_idx
+    tokens[0, 0] = V - 1  # the last row, and a run of one
+    grad = torch.randn(8, 64, d).to(dtype)
+    torch.full((V * d + 4096,), float("nan"), dtype=dtype, device="cuda")  # freed: its block is reused
+    got = OP.embed_sinusoidal_backward(grad.cuda(), tokens.cuda(), V, 3.0, padding_idx).cpu()
+    want = OP.embed_sinusoidal_backward(grad, tokens, V, 3.0, padding_idx)
+    absent = torch.ones(V, dtype=torch.bool)
+    absent[tokens.unique()] = False
+    absent[padding_idx] = True
+    assert not got.isnan().any() and torch.count_nonzero(got[absent]) == 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # same order, same roundings
+
+
+@requires_cuda
+@pytest.mark.parametrize("bad", [-3, 10])
+def test_cuda_grad_bad_token_id_device_assert(bad):
+    """The backward's out-of-range ids (the sorted ids' first and last, checked by the kernel)."""
+    code = (
+        "import torch; from scratchformer import _ext\n"
+        f"t = torch.tensor([[1, {bad}, 2]], device='cuda'); g = torch.randn(1, 3, 8, device='cuda')\n"
+        "torch.ops.scratchformer.embed_sinusoidal_backward(g, t, 10, 1.0, -1); torch.cuda.synchronize()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert f"token id {bad} is out of range [0, 10)" in res.stdout + res.stderr
+    assert "device-side assert" in res.stderr
+
+
+@requires_cuda
 def test_opcheck_cuda():
     _opcheck_all("cuda")
 

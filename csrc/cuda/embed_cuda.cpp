@@ -102,8 +102,8 @@ at::Tensor embed_sinusoidal_backward_cuda(const at::Tensor& grad_in, const at::T
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous();
   const int64_t N = tokens_in.numel(), d = grad.size(2);
-  at::Tensor grad_weight = at::zeros({num_weights, d}, grad.options());
-  if (N == 0 || d == 0) return grad_weight;
+  if (N == 0 || d == 0) return at::zeros({num_weights, d}, grad.options());
+  at::Tensor grad_weight = at::empty({num_weights, d}, grad.options());  // the kernel writes every row
   // Stable sort: equal ids keep ascending positions, which fixes the summation order.
   const auto [sorted_ids, positions] =
       at::sort(tokens_in.reshape({-1}).to(at::kLong), /*stable=*/true, /*dim=*/0,
