@@ -170,7 +170,8 @@ __global__ void embed_sinusoidal_fwd_kernel(
 }
 
 // The first index m of sorted_ids[0, N) with sorted_ids[m] >= v.
-__device__ __forceinline__ int64_t lower_bound(const int64_t* __restrict__ sorted_ids, int64_t N, int64_t v) {
+__device__ __forceinline__ int64_t lower_bound(const int64_t* __restrict__ sorted_ids, int64_t N,
+                                               int64_t v) {
   int64_t lo = 0, hi = N;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -202,7 +203,8 @@ __global__ void embed_sinusoidal_bwd_kernel(
   if (v >= V) return;
   const int64_t start = lower_bound(sorted_ids, N, v);
   const int64_t end = v == padding_idx ? start : lower_bound(sorted_ids, N, v + 1);
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * COLS; c < d; c += static_cast<int64_t>(blockDim.x) * COLS) {
+  const int64_t step = static_cast<int64_t>(blockDim.x) * COLS;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * COLS; c < d; c += step) {
     float acc[COLS] = {};
     for (int64_t m = start; m < end; m += kBwdRows) {
       // the rows' positions, then their values, then the sums in ascending m: loads in flight
