@@ -16,7 +16,9 @@ must have decoded the same examples the same way (beam, n-gram blocking, minimum
 length penalty may differ), as the test predictions will be. The metric is the run's --best-metric,
 or the decoding metric when that is the loss (accuracy, ROUGE-Lsum, BLEU): the predictions are decoded,
 so they are judged decoded. A tie keeps best.pt, and the decoding without a tuned penalty; a run
-without scores for both checkpoints keeps best.pt (and prints no penalty).
+without scores for both checkpoints keeps best.pt (and prints no penalty). A folder that holds only
+one of the two, neither the other's file nor its scores (an unfinished GPU run's average, brought
+back alone: scripts/gpu/finish_on_cpu.sh), picks among that one's scores.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def candidates(run: Path) -> dict[str, dict]:
 def pick(run: Path) -> tuple[Path, float | None, str]:
     """(the checkpoint, the length penalty to decode with or None, why)."""
     scores = candidates(run)
-    if not set(CHECKPOINTS) <= scores.keys():
+    present = [c for c in CHECKPOINTS if (run / f"{c}.pt").is_file() or (run / c).is_dir()]  # a file or scores
+    if not present or not set(present) <= scores.keys():
         return run / "best.pt", None, f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CHECKPOINTS)}"
     differ = [k for k in SAME if len({json.dumps(s.get(k, UNSET.get(k))) for s in scores.values()}) > 1]
     if differ:
@@ -58,13 +61,13 @@ def pick(run: Path) -> tuple[Path, float | None, str]:
                          "with the same evaluate flags")
     metric = json.loads((run / "args.json").read_text()).get("best_metric") or "loss"
     if metric in LOWER_IS_BETTER:
-        metric = next((m for m in DECODING_METRICS if m in scores["best"]), metric)
+        metric = next((m for m in DECODING_METRICS if m in scores[present[0]]), metric)
     sign = -1 if metric in LOWER_IS_BETTER else 1
     name = max(scores, key=lambda c: sign * scores[c][metric])  # the first of equals: candidates' order
     length_penalty = float(scores[name].get("length_penalty", UNSET["length_penalty"]))
     shown = ", ".join(f"{c} {s[metric]:.2f}" for c, s in scores.items())
     return run / f"{checkpoint_of(name)}.pt", length_penalty, \
-        f"validation {metric} ({scores['best'].get('decoding')}): {shown}; length penalty {length_penalty:g}"
+        f"validation {metric} ({scores[present[0]].get('decoding')}): {shown}; length penalty {length_penalty:g}"
 
 
 def main(argv=None) -> tuple[Path, float | None]:

@@ -110,6 +110,21 @@ def test_refusals_name_the_problem(run, tmp_path):
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
 
 
+def test_pick_checkpoint_with_the_average_alone(tmp_path):
+    """An unfinished GPU run brings back its average and no best.pt (scripts/gpu/finish_on_cpu.sh):
+    the pick is among the average's scores, its best length penalty; with none scored, best.pt as before."""
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    (tmp_path / "averaged.pt").write_bytes(b"")
+    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")
+    for name, bleu, lp in (("averaged", 40.0, 1.0), ("averaged-lp1.3", 41.0, 1.3), ("averaged-lp1.6", 40.5, 1.6)):
+        (tmp_path / name).mkdir()
+        scores = {"n": 9, "decoding": "beam4", "bleu": bleu, "length_penalty": lp}
+        (tmp_path / name / "metrics.validation.json").write_text(json.dumps(scores))
+    done = _pick(tmp_path)
+    assert done.stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1.3", done.stderr
+    assert "validation bleu (beam4): averaged 40.00, averaged-lp1.3 41.00, averaged-lp1.6 40.50" in done.stderr
+
+
 def _pick(run, *args):
     script = Path(__file__).resolve().parents[1] / "scripts" / "pick_checkpoint.py"
     return subprocess.run([sys.executable, str(script), str(run), *args], capture_output=True, text=True)

@@ -184,6 +184,17 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     steps = [int(p.stem.split("_")[1]) for p in step_checkpoints(tmp_path / "runs" / "iwslt")]
     assert steps and [a["step"] for a in load_checkpoint(averaged)["averaged_from"]] == steps[-5:]
     load_run(averaged)
+    # ... which finish_on_cpu.sh scores at the recipe's decoding and penalties and predicts with
+    finish = tmp_path / "finish"
+    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(averaged), str(finish)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SCRATCHFORMER_DATA": env["GPU_DATA"], "PY": sys.executable})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    scored = {f.parent.name: json.loads(f.read_text()) for f in finish.glob("*/metrics.validation.json")}
+    assert set(scored) == {"averaged", "averaged-lp1.3", "averaged-lp1.6"}
+    assert {m["decoding"] for m in scored.values()} == {"beam4"}
+    assert [json.loads(line)["id"] for line in open(finish / "test_predictions.jsonl")] == ids
+    assert "test predictions from averaged.pt" in done.stdout
     second = _dry_run("50_train.sh", str(tmp_path / "o2"), **env)
     assert second.returncode == 0, second.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o2"), "50_train.sh")

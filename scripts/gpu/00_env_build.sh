@@ -6,4 +6,7 @@
 PACK_EXT=1
 source "$(dirname "$0")/prelude.sh"
 [ "$DRY" = 1 ] || run_cmd 120 cuda_compile_check bash csrc/check_cuda_compile.sh  # make test runs it on CPUs
-WORKERS=$GPU_WORKERS run_pytest 240 10 test_embed tests/test_embed.py
+# Not test_torch_compile_fullgraph: Inductor's CPU code generation, which CI runs on its CPUs; on the
+# GPU machine it took 62 of the step's 74 s of pytest (fifth window). Its CUDA twin stays.
+WORKERS=$GPU_WORKERS run_pytest 240 10 test_embed tests/test_embed.py \
+  --deselect tests/test_embed.py::test_torch_compile_fullgraph

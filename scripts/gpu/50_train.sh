@@ -123,7 +123,7 @@ fi
 #    (weights, config and tokenizers; tied embeddings once) in pieces of 15 MiB beside the archive
 #    (50_RECIPE-averaged.pt.part0, 1, ...: a file comes back only under 16 MiB; collect.py joins
 #    them), up to 45 MiB: should the window end here, that model still evaluates and predicts on the
-#    CPU (scratchformer.evaluate / generate --kernel torch). Replaced at each call; a grid brings none.
+#    CPU (scripts/gpu/finish_on_cpu.sh: step 2 there). Replaced at each call; a grid brings none.
 if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/null; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
   averaged=$RUNS/$RECIPE-averaged.pt
