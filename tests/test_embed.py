@@ -420,7 +420,7 @@ def test_cuda_grad_every_row_written_at_each_width(d, dtype):
     """The backward kernel writes every row of grad_weight itself (no zero-fill before it): the rows
     of ids that never occur (most of a 5,000-row vocabulary here) and padding_idx's come out exactly
     zero even where the allocator hands back memory full of NaN; 16 bytes a thread where d allows
-    (96; 130 in neither width: a column a thread; 6 in fp32 neither), equal to the CPU kernel bit for bit."""
+    (96), a column a thread otherwise (6, 130); equal to the CPU kernel bit for bit."""
     V, padding_idx = 5000, 11
     tokens = torch.randint(0, 40, (8, 64))
     tokens[:, ::4] = padding_idx
