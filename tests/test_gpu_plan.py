@@ -153,7 +153,8 @@ def _archive(out, step):
 
 def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
-    machine and says to call again; the next call resumes, finishes, predicts every blind test
+    machine, says to call again and brings back the average of its step checkpoints (which
+    finish_on_cpu.sh scores and predicts with); the next call resumes, finishes, predicts every blind test
     input; archives never hold checkpoints. A grid recipe (Multi30k on our kernels and on eager)
     runs its variants and writes their summary."""
     ids = [f"t{i}" for i in range(5)]
