@@ -445,10 +445,7 @@ def test_cuda_grad_bad_token_id_device_assert(bad):
         f"t = torch.tensor([[1, {bad}, 2]], device='cuda'); g = torch.randn(1, 3, 8, device='cuda')\n"
         "torch.ops.scratchformer.embed_sinusoidal_backward(g, t, 10, 1.0, -1); torch.cuda.synchronize()\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode != 0
-    assert f"token id {bad} is out of range [0, 10)" in res.stdout + res.stderr
-    assert "device-side assert" in res.stderr
+    _fails_with_device_assert(code, f"token id {bad} is out of range [0, 10)")
 
 
 @requires_cuda
@@ -474,9 +471,15 @@ def test_cuda_bad_token_id_device_assert():
         "t = torch.tensor([[1, 70000]], device='cuda'); w = torch.randn(10, 8, device='cuda')\n"
         "_ext.embed_sinusoidal(t, w, scale=1.0); torch.cuda.synchronize()\n"
     )
+    _fails_with_device_assert(code, "token id 70000")
+
+
+def _fails_with_device_assert(code, message):
+    """`code` in a child process (a device-side assert poisons the CUDA context) ends in a
+    device-side assert whose printed line names `message`."""
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
-    assert "token id 70000" in res.stdout + res.stderr
+    assert message in res.stdout + res.stderr
     assert "device-side assert" in res.stderr
 
 
