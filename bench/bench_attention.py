@@ -3,9 +3,10 @@
     pytest bench/bench_attention.py --benchmark-only [--benchmark-json bench/results/<name>.json]
 
 Kernels (all through `scratchformer.ops.select(kernel, "cuda").attention` unless said otherwise):
-- triton:    ours (kernels/attention.py), lengths as key_lengths;
-- triton-tma: ours with the blocks streamed through tensor descriptors (`SCRATCHFORMER_ATTENTION_TMA`,
-             off by default until raced: here at L 4k, dense (not causal) and padded, Hopper and later);
+- triton:    ours (kernels/attention.py) on its pointer kernels, lengths as key_lengths;
+- triton-tma: ours with the blocks streamed through tensor descriptors (`SCRATCHFORMER_ATTENTION_TMA=1`;
+             the default, `auto`, takes them at head dim 128 on Hopper and later, where they won
+             this race): here at L 4k, dense (not causal) and padded, Hopper and later;
 - sdpa_flash, sdpa_cudnn, sdpa_efficient: F.scaled_dot_product_attention held to one backend by
              name (torch.nn.attention.sdpa_kernel), dense batches only (is_causal for causal); a
              backend that cannot take the case is skipped with its reason;
@@ -64,12 +65,14 @@ def _eager_fits(B, H, Lq, Lk, mode):
 
 @pytest.fixture
 def tma(request, monkeypatch) -> bool:
-    """Whether the case streams its blocks through tensor descriptors: triton-tma switches
-    SCRATCHFORMER_ATTENTION_TMA's path on for the case (at TMA_LENGTHS, on Hopper and later)."""
+    """Whether the case streams its blocks through tensor descriptors: triton pins the pointer
+    kernels, triton-tma switches SCRATCHFORMER_ATTENTION_TMA's path on (at TMA_LENGTHS, on Hopper
+    and later), whatever the environment's setting, so the two race at every head dim."""
     from scratchformer.kernels import attention as A  # after requires_cuda: GPU only
 
     if request.getfixturevalue("kernel") != "triton-tma":
-        return request.getfixturevalue("kernel") == "triton" and bool(A.TMA) and _hopper()
+        monkeypatch.setattr(A, "TMA", False)  # the other kernels never read it
+        return False
     if request.getfixturevalue("L") not in TMA_LENGTHS or "causal" in request.fixturenames and \
             request.getfixturevalue("causal"):
         pytest.skip(f"triton-tma is raced at L in {TMA_LENGTHS}, not causal (each case autotunes anew)")

@@ -38,7 +38,10 @@ iteration and warps are tuned per N among `_block_m`'s choice and tiles of 2-16 
 H100 (device time, 2026-11-26 fourth window; torch.compile's fused add+LayerNorm, whose persistent
 reductions give a program several rows at small N, had beaten the untuned one at every N); the
 backward, untuned then, reached 0.54-0.79, at N 512 on 4 programs of 1 row and 2 warps per SM:
-too few warps in flight to hide its loads, which its tuning targets.
+too few warps in flight to hide its loads, which its tuning targets. Tuned (sixth window) it
+measured the same within 2%: the tuner found no tile better than the heuristic's. Multi-row tiles
+had paid a cross-warp reduction of dw and db every iteration; they now accumulate per tile
+element and reduce once per program (not yet measured on a GPU).
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -189,8 +192,11 @@ def _add_layer_norm_bwd_kernel(
     col_ok = cols < N
     in_row = col_ok[None, :]
     w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # dw, db accumulate per element of the tile and are summed over its rows once, after the loop:
+    # a sum over rows every iteration would be a cross-warp reduction (shared memory and a
+    # barrier) per BLOCK_M rows whenever the tile's rows span warps
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)  # once, outside the row loop
     for start in range(row_start, row_end, BLOCK_M):  # BLOCK_M rows at a time
         rows = start + tl.arange(0, BLOCK_M)
@@ -216,11 +222,11 @@ def _add_layer_norm_bwd_kernel(
             keep = dropout_keep(seed, rng_offset, rows[:, None], cols[None, :], N, dropout_p)  # the forward's mask
             ds = tl.where(keep, ds / (1.0 - dropout_p), 0.0)
         tl.store(dx_ptr + at, ds.to(dx_ptr.dtype.element_ty), mask=ok)
-        dw_acc += tl.sum(dy * xhat, axis=0)
-        db_acc += tl.sum(dy, axis=0)
-    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_ok)
+        dw_acc += dy * xhat
+        db_acc += dy
+    tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
     if HAS_BIAS:
-        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_ok)
+        tl.store(db_partial_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
 
 
 # The (BLOCK_M rows, warps) candidates of both kernels on a GPU when autotuning (module docstring):

@@ -41,17 +41,20 @@ exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.
 operands returns garbage, so `_common.upcast_dot` makes the kernels upcast bf16 tiles to fp32
 before every dot there (UPCAST constexpr); on a GPU bf16 dots run natively.
 
-TMA path (`SCRATCHFORMER_ATTENTION_TMA`, `TMA` below; off by default until a GPU window has raced
-it): the blocks each program streams (keys and values in the forward and dQ, queries and dO in
-dK/dV) are loaded by Hopper's tensor memory accelerator through tensor descriptors built on the
-device over each (batch, head)'s (rows, D) slab (`_slab`, `_stream_rows`), instead of one address
-per element; the slab's length is the masked loads' bound, so rows past it read as zeros just
-the same, and nothing else changes (masks, dropout counters, outputs: bit-identical in the
-interpreter, tests/test_attention_tma.py). Why: the pointer kernels reached 0.65-0.91 of cuDNN's
-forward on an H100 (2026-11-26), cuDNN's Hopper kernels are TMA-fed (FlashAttention-3's design),
-and the same change took our GEMM from 0.73 to 0.97 of cuBLAS. Taken where every streamed
-tensor's rows are contiguous with 16-byte aligned bases and strides (`_tma`), as the model's
-fused-projection views are.
+TMA path (`SCRATCHFORMER_ATTENTION_TMA`, `TMA` below; by default, `auto`, on Hopper and later at
+head dim 128, where it won the race): the blocks each program streams (keys and values in the
+forward and dQ, queries and dO in dK/dV) are loaded by Hopper's tensor memory accelerator through
+tensor descriptors built on the device over each (batch, head)'s (rows, D) slab (`_slab`,
+`_stream_rows`), instead of one address per element; the slab's length is the masked loads' bound,
+so rows past it read as zeros just the same, and nothing else changes (masks, dropout counters,
+outputs: bit-identical in the interpreter, tests/test_attention_tma.py). Why: the pointer kernels
+reached 0.65-0.91 of cuDNN's forward on an H100 (2026-11-26), cuDNN's Hopper kernels are TMA-fed
+(FlashAttention-3's design), and the same change took our GEMM from 0.73 to 0.97 of cuBLAS. Raced on
+an H100 (2026-11-26, sixth window, L 4k, bf16, device time): at head dim 128 the forward went from
+475 to 552 TFLOP/s and forward + backward from 373 to 393; at head dim 64 it lost 3% (431 -> 418,
+343 -> 332, padded likewise), so `auto` takes it at head dim 128 only (`TMA_MIN_HEAD_DIM`); 1 takes
+it at every head dim. Taken where every streamed tensor's rows are contiguous with 16-byte aligned
+bases and strides (`_tma`), as the model's fused-projection views are.
 
 Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
 causal, dropout_p, scale?, rng?) -> (out, lse)` and `scratchformer::attention_backward`
@@ -98,10 +101,12 @@ __all__ = ["attention", "attention_fwd", "attention_bwd", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 
-# SCRATCHFORMER_ATTENTION_TMA (`_common.tma_setting`: auto, 1, 0; off by default until a GPU window
-# has raced them): the kernels stream their key/value (forward, dQ) and query/dO (dK, dV) blocks
-# through tensor descriptors (`_stream_rows`), where the tensors' layout allows.
-TMA: bool | None = tma_setting("SCRATCHFORMER_ATTENTION_TMA", "0")
+# SCRATCHFORMER_ATTENTION_TMA (`_common.tma_setting`: auto, the default, 1, 0): the kernels stream
+# their key/value (forward, dQ) and query/dO (dK, dV) blocks through tensor descriptors
+# (`_stream_rows`), where the tensors' layout allows; `auto` only from TMA_MIN_HEAD_DIM up, the
+# head dims where they beat the pointer kernels on an H100 (module docstring).
+TMA: bool | None = tma_setting("SCRATCHFORMER_ATTENTION_TMA", "auto")
+TMA_MIN_HEAD_DIM = 128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,8 +719,11 @@ def _tune_key(q, klen, qlen, causal, keys, tma):
 
 def _tma(*tensors: torch.Tensor) -> bool:
     """Whether the kernels stream these (B, H, L, D) tensors' blocks through tensor descriptors
-    (`TMA`): on for their device, and every one's rows addressable at every (batch, head) and row
-    (`tma_rows_ok`). Sets Triton's allocator, which gives the descriptors their global memory."""
+    (`TMA`): on for their device (under `auto`, from head dim TMA_MIN_HEAD_DIM up), and every
+    one's rows addressable at every (batch, head) and row (`tma_rows_ok`). Sets Triton's
+    allocator, which gives the descriptors their global memory."""
+    if TMA is None and tensors[0].shape[-1] < TMA_MIN_HEAD_DIM:
+        return False
     if not (tma_enabled(TMA, tensors[0].device) and all(tma_rows_ok(t, *t.stride()[:3]) for t in tensors)):
         return False
     triton.set_allocator(tma_scratch)  # a context variable: set in the launching thread (autograd's too)

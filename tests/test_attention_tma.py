@@ -60,7 +60,7 @@ def test_tma_matches_pointer_kernels(monkeypatch, case, layout):
         kw["key_lengths"] = torch.tensor(klen, device=DEVICE)
     if qlen is not None:
         kw["query_lengths"] = torch.tensor(qlen, device=DEVICE)
-    assert A._tma(k, v) is False  # the module's setting (off by default) until a test sets it
+    assert A._tma(k, v) is False  # the module's default (auto: Hopper at head dim 128 only) until a test sets it
     monkeypatch.setattr(A, "TMA", True)
     assert A._tma(q, k, v)
     tma_run, ptr_run, ref = _both_paths(monkeypatch, q, k, v, **kw)
@@ -104,11 +104,14 @@ def test_tma_is_taken_only_where_tma_can_address_the_rows(monkeypatch):
     assert not A._tma(flat[1:].view(2, 2, 8, 16))  # base 4 bytes past a 16-byte boundary
     rows = torch.randn(2, 2, 8, 17, device=DEVICE)[..., :16]
     assert not A._tma(rows)  # rows 68 bytes apart
-    monkeypatch.setattr(A, "TMA", None)  # auto: GPUs of Hopper and later only
+    monkeypatch.setattr(A, "TMA", None)  # auto: GPUs of Hopper and later, at head dim 128 only
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-    assert A._tma(q, k, v) == hopper
+    assert not A._tma(q, k, v)  # head dim 16: the pointer kernels won there
+    q128, k128, v128 = make_qkv(2, 2, 8, 8, A.TMA_MIN_HEAD_DIM, layout="fused")
+    assert A._tma(q128, k128, v128) == hopper
     monkeypatch.setattr(A, "TMA", False)
     assert not A._tma(q, k, v)
+    assert not A._tma(q128, k128, v128)
 
 
 @requires_cuda

@@ -135,6 +135,20 @@ def test_targets_get_only_the_json_that_hold_something(tmp_path):
     assert p.returncode == 0 and "== targets: skipped" in p.stdout, p.stdout[-3000:]
 
 
+def test_tests_step_runs_the_named_part(tmp_path):
+    """TEST_PATHS runs a part of the suite in step 10 (the files of the kernels changed since a
+    full run), and a path that does not exist fails the step rather than collecting nothing."""
+    part = "tests/test_attention_tma.py tests/test_metrics.py"
+    p = _dry_run("10_tests.sh", str(tmp_path / "part"), TEST_PATHS=part)
+    assert p.returncode == 0, p.stdout[-2000:]
+    with tarfile.open(tmp_path / "part" / "10_tests.tar.gz") as tar:  # pytest's whole output (the log has its tail)
+        listing = tar.extractfile("./tests.txt").read().decode()
+    collected = set(re.findall(r"^(tests/\w+\.py)::", listing, re.M))
+    assert collected == set(part.split()), collected
+    p = _dry_run("10_tests.sh", str(tmp_path / "bad"), TEST_PATHS="tests/test_no_such_file.py")
+    assert p.returncode != 0, p.stdout[-2000:]
+
+
 def test_dry_run_catches_a_broken_selection(tmp_path):
     """A step whose pytest selection matches nothing (a renamed file, a stale -k) fails the dry run."""
     step = tmp_path / "99_broken.sh"

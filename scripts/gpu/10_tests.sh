@@ -9,9 +9,12 @@
 # AOT compile check, the compile-count recorder and the CPU rehearsal of this plan). --durations
 # names the slowest, for the next window's estimates. Its limit, 360 s, leaves room over the 281 s
 # measured: attention's lengths may now be int32 or int64 in the kernels (two variants where a test
-# passes both), and fp32 at head dim 128 compiles for a minute.
+# passes both), and fp32 at head dim 128 compiles for a minute. TEST_PATHS (default: tests) runs a
+# part instead, e.g. the test files of the kernels changed since the last full run, when a window
+# cannot spare the whole suite's minutes.
 source "$(dirname "$0")/prelude.sh"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}  # the CPU tests' threads, times GPU_WORKERS processes
-WORKERS=$GPU_WORKERS run_pytest 360 25 tests tests --durations=20 \
+read -ra paths <<< "${TEST_PATHS:-tests}"
+WORKERS=$GPU_WORKERS run_pytest 360 25 tests "${paths[@]}" --durations=20 \
   --ignore=tests/test_embed.py --ignore=tests/test_triton_compile.py --ignore=tests/test_compile_budget.py \
   --ignore=tests/test_gpu_plan.py
