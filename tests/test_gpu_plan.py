@@ -149,6 +149,17 @@ def test_tests_step_runs_the_named_part(tmp_path):
     assert p.returncode != 0, p.stdout[-2000:]
 
 
+def test_bench_step_runs_the_named_groups(tmp_path):
+    """BENCH_GROUPS picks step 21's benchmark groups (one kernel measured again after a change);
+    a group it does not have fails the step by name."""
+    p = _dry_run("21_bench_norm_ffn_embed.sh", str(tmp_path / "one"), BENCH_GROUPS="add_layer_norm")
+    assert p.returncode == 0, p.stdout[-2000:]
+    assert "pytest bench_add_layer_norm" in p.stdout
+    assert "bench_ffn" not in p.stdout and "bench_embed" not in p.stdout
+    p = _dry_run("21_bench_norm_ffn_embed.sh", str(tmp_path / "bad"), BENCH_GROUPS="add_layer_norm layernorm")
+    assert p.returncode != 0 and "no group 'layernorm'" in p.stderr + p.stdout
+
+
 def test_dry_run_catches_a_broken_selection(tmp_path):
     """A step whose pytest selection matches nothing (a renamed file, a stale -k) fails the dry run."""
     step = tmp_path / "99_broken.sh"

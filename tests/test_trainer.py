@@ -422,7 +422,8 @@ def _cpu_stand_ins(monkeypatch):
 GRAPH_FLAGS = ["--batch-size", "4", "--pad-multiple", "8"]  # 16 batches an epoch, few shapes (lengths 8 or 16)
 
 
-def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("model_flags", [[], ["--copy"]], ids=["plain", "copy"])  # copy: SAMSum's, CNN/DM's
+def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     """A shape's first group runs launched, its second is captured and replayed, every later one
     replayed: 14 steps (dropout on, one RNG stream) take the losses and end at the weights of 14
     launched steps (bit for bit here), the learning rate a device tensor the schedule refills in
@@ -434,7 +435,7 @@ def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch):
     _cpu_stand_ins(monkeypatch)
     runs = {}
     for name, flags in (("launched", []), ("graphed", ["--cuda-graphs"])):
-        tr = _trainer(tmp_path / name, *GRAPH_FLAGS, *flags)
+        tr = _trainer(tmp_path / name, *GRAPH_FLAGS, *model_flags, *flags)
         cuda_graph.make_capturable(tr.optimizer, tr.device)  # the same AdamW arithmetic (a tensor lr) for both
         groups = _batches(tr, 14)
         torch.manual_seed(1)
@@ -496,8 +497,9 @@ def test_cuda_graphs_refuses_what_it_cannot_do(tmp_path):
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
-def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel):
+@pytest.mark.parametrize("kernel, model_flags", [("eager", []), ("torch", []), ("triton", []), ("triton", ["--copy"])],
+                         ids=["eager", "torch", "triton", "triton-copy"])
+def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel, model_flags):
     """Real CUDA graphs, bf16, no dropout: 14 steps over repeating batch shapes (a shape's first
     launched, the rest replayed from per-shape graphs sharing one pool) take the losses of 14
     launched steps and end near their weights (to within a few percent of how far the weights
@@ -505,7 +507,8 @@ def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel):
     the replays. Both runs' AdamW is the capturable one (see the CPU test above)."""
     from scratchformer.training import cuda_graph
 
-    flags = [*GRAPH_FLAGS, "--kernel", kernel, "--precision", "bf16", "--dropout", "0", "--attn-dropout", "0"]
+    flags = [*GRAPH_FLAGS, *model_flags, "--kernel", kernel, "--precision", "bf16", "--dropout", "0",
+             "--attn-dropout", "0"]
     runs = {}
     for name, extra in (("launched", []), ("graphed", ["--cuda-graphs"])):
         tr = _trainer(tmp_path / name, *flags, *extra, device="cuda")

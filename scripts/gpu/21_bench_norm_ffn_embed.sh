@@ -3,16 +3,22 @@
 # GEMM), each group its own JSON so a time-out loses at most one group. torch.compile's peers
 # compile afresh per case (10-20 s each; warm_bench compiles them side by side first), so by default
 # they run at the issue-16 headline shapes only (65k rows; the base FFN at 16k tokens and 8192 x
-# 4096 x 4096; 256k bf16 tokens); BENCH_K (pytest -k, every group) picks another subset.
+# 4096 x 4096; 256k bf16 tokens); BENCH_K (pytest -k, every group) picks another subset, and
+# BENCH_GROUPS (default: all three) the groups, e.g. BENCH_GROUPS=add_layer_norm after a change to
+# that kernel alone (about a minute).
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 source "$(dirname "$0")/prelude.sh"
 declare -A SUBSET=([add_layer_norm]="not compile or 65536" [ffn]="not compile or t16384-d512 or t8192" [embed]="not compile or (bfloat16 and N262144)")
-files=(); warm_k=""  # one compile pass for the three files, each within its own subset
-for g in add_layer_norm ffn embed; do
+read -ra groups <<< "${BENCH_GROUPS:-add_layer_norm ffn embed}"
+for g in "${groups[@]}"; do
+  [ -n "${SUBSET[$g]+set}" ] || { echo "BENCH_GROUPS: no group '$g' (one of: ${!SUBSET[*]})" >&2; exit 2; }
+done
+files=(); warm_k=""  # one compile pass for the groups' files, each within its own subset
+for g in "${groups[@]}"; do
   files+=("bench/bench_$g.py"); warm_k+="${warm_k:+ or }(bench_$g and (${BENCH_K:-${SUBSET[$g]}}))"
 done
 warm_bench 120 warm_norm_ffn_embed "$warm_k" "${files[@]}"
-for g in add_layer_norm ffn embed; do
+for g in "${groups[@]}"; do
   k=${BENCH_K:-${SUBSET[$g]}}
   run_pytest 150 20 "bench_$g" "bench/bench_$g.py" --benchmark-only ${k:+-k "$k"} \
     --benchmark-json="$WORK/bench_$g.json" --benchmark-columns=median,iqr
