@@ -15,6 +15,7 @@ import torch
 import triton
 
 from scratchformer.graphs import capture
+from scratchformer.kernels._common import tuned_launches
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="GPU benchmark: needs a CUDA device")
@@ -44,6 +45,7 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
     too (`graph_time`) and kept beside it: `gpu_ms`, `tflops_gpu`, `gbps_gpu` (`graph_error` if
     the capture failed). The kernel targets are judged on those (bench/targets.py).
     """
+    tuned_launches(clear=True)
     for _ in range(warmup):
         fn()
     sync()
@@ -65,6 +67,10 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
         command=" ".join(sys.argv),
         **{k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in info.items()},
     )
+    tuned = tuned_launches()  # which config each of our autotuned kernels ran in this case
+    if tuned:
+        benchmark.extra_info["configs"] = {name: {k: v for k, v in meta.items() if isinstance(v, (int, float, str))}
+                                           for name, meta in tuned.items()}
     gpu = None
     if HAS_CUDA and graph:
         try:

@@ -258,6 +258,18 @@ def next_pow2(n: int) -> int:
 
 # What a `triton.autotune`d kernel launches for a key once its config is chosen: see launch_tuned.
 _CHOSEN: dict = {}
+# kernel name -> the meta-parameters of its latest tuned launch (`tuned_launches`)
+_LAUNCHED: dict[str, dict] = {}
+
+
+def tuned_launches(clear: bool = False) -> dict[str, dict]:
+    """{kernel name: the config (tile sizes, num_warps, num_stages) of its latest launch through
+    `launch_tuned`}: which of its candidates each autotuned kernel ran, for a benchmark case to
+    record beside its time. clear=True empties the record after reading it."""
+    launched = dict(_LAUNCHED)
+    if clear:
+        _LAUNCHED.clear()
+    return launched
 
 
 def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
@@ -276,6 +288,7 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
     if chosen is not None:
         fn, meta = chosen
         fn[grid](*args, **kwargs, **meta)
+        _LAUNCHED[fn.__name__] = meta
         return
     kernel[grid](*args, **kwargs)
     config = getattr(kernel, "best_config", None)
@@ -287,6 +300,7 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
         meta = {**meta, **{name: heuristic(named) for name, heuristic in fn.values.items()}}
         fn = fn.fn
     _CHOSEN[(kernel, key)] = (fn, meta)
+    _LAUNCHED[fn.__name__] = meta
 
 
 _LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive

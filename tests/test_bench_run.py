@@ -44,3 +44,28 @@ def test_a_saved_case_names_what_it_ran_on(tmp_path):
 def test_a_compile_pass_times_nothing(tmp_path):
     cases, out = _bench(tmp_path, "--benchmark-disable")
     assert not cases and " skipped" in out and "passed" not in out and "compiled and tuned, nothing timed" in out
+
+
+def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
+    """run_bench records which config each of our autotuned kernels ran in the case
+    (kernels/_common.tuned_launches: the latest launch per kernel through launch_tuned), and none
+    left over from an earlier case."""
+    import importlib.util
+    import types
+
+    from scratchformer.kernels import _common
+
+    spec = importlib.util.spec_from_file_location("bench_conftest", os.path.join(REPO, "bench", "conftest.py"))
+    bench_conftest = importlib.util.module_from_spec(spec)  # tests/ has its own module named conftest
+    spec.loader.exec_module(bench_conftest)
+
+    monkeypatch.setattr(_common, "_LAUNCHED", {"_left_over_kernel": {"BLOCK": 8}})
+
+    def launch():  # stands in for a launch_tuned call (its GPU path is tests/test_ffn.py's)
+        _common._LAUNCHED["_some_kernel"] = {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3, "pre_hook": None}
+
+    bench = types.SimpleNamespace(disabled=False, extra_info={}, stats=types.SimpleNamespace(
+        stats=types.SimpleNamespace(median=1e-3)), pedantic=lambda fn, **kw: fn())
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", False)  # wall time only: no graph here
+    bench_conftest.run_bench(bench, launch, nbytes=1)
+    assert bench.extra_info["configs"] == {"_some_kernel": {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3}}
