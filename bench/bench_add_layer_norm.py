@@ -9,8 +9,11 @@ compiled afresh per case); eager = the reference in plain tensor ops. bf16, rows
 Bytes that must move (e = 2 bytes, params ignored):
   fwd      read x, residual; write y                                  3 · M · N · e
   fwd+bwd  + read dy and the saved sum s; write dx (= dresidual)      6 · M · N · e
+  bwd      the backward alone, after one forward: read dy, s; write dx  3 · M · N · e
 Ours also writes s in the forward when a gradient is needed (7 · M · N · e in fwd+bwd), so the
 fwd+bwd GB/s understates its traffic by 1/7; it is what the op costs relative to the minimum.
+bwd times the backward by itself (`torch.autograd.grad(..., retain_graph=True)` of one saved
+forward), which fwd+bwd's figure mixes with the forward's.
 `test_copy_bandwidth` records the device's measured copy bandwidth, the roof for these numbers.
 GPU only: everything here is skipped without CUDA.
 """
@@ -44,13 +47,13 @@ def _add_layer_norm(kernel):
     return torch.compile(ops.select("torch", "cuda").add_layer_norm, dynamic=False)
 
 
-@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd", "bwd"])
 @pytest.mark.parametrize("kernel", ["triton", "torch", "compile", "eager"])
 @pytest.mark.parametrize("N", [512, 1024, 4096, 8192])
 @pytest.mark.parametrize("rows", [16384, 65536])
 def test_add_layer_norm(benchmark, rows, N, kernel, mode):
     add_layer_norm = _add_layer_norm(kernel)
-    grad = mode == "fwd_bwd"
+    grad = mode != "fwd"
     x = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
     r = torch.randn(rows, N, device="cuda", dtype=DTYPE, requires_grad=grad)
     w = torch.randn(N, device="cuda", dtype=DTYPE, requires_grad=grad)
@@ -65,9 +68,16 @@ def test_add_layer_norm(benchmark, rows, N, kernel, mode):
         y = add_layer_norm(x, r, w, b, 1e-5)
         return torch.autograd.grad(y, (x, r, w, b), dy)
 
+    timed = {"fwd": fwd, "fwd_bwd": fwd_bwd}.get(mode)
+    if mode == "bwd":
+        saved = add_layer_norm(x, r, w, b, 1e-5)  # one forward; each call runs its backward again
+
+        def timed():
+            return torch.autograd.grad(saved, (x, r, w, b), dy, retain_graph=True)
+
     e = x.element_size()
-    nbytes = (6 if grad else 3) * rows * N * e
+    nbytes = (6 if mode == "fwd_bwd" else 3) * rows * N * e
     run_bench(
-        benchmark, fwd_bwd if grad else fwd, nbytes=nbytes,
+        benchmark, timed, nbytes=nbytes,
         rows=rows, N=N, kernel=kernel, mode=mode, dtype=DTYPE, copy_bandwidth_gbps=_roof_gbps(),
     )
