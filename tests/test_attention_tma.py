@@ -109,6 +109,9 @@ def test_tma_is_taken_only_where_tma_can_address_the_rows(monkeypatch):
     assert not A._tma(q, k, v)  # head dim 16: the pointer kernels won there
     q128, k128, v128 = make_qkv(2, 2, 8, 8, A.TMA_MIN_HEAD_DIM, layout="fused")
     assert A._tma(q128, k128, v128) == hopper
+    with monkeypatch.context() as m:  # the head-dim rule itself, on any machine: as if on Hopper
+        m.setattr(A, "tma_enabled", lambda setting, device: setting is not False)
+        assert A._tma(q128, k128, v128) and not A._tma(q, k, v)
     monkeypatch.setattr(A, "TMA", False)
     assert not A._tma(q, k, v)
     assert not A._tma(q128, k128, v128)
