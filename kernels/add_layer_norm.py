@@ -41,7 +41,10 @@ backward, untuned then, reached 0.54-0.79, at N 512 on 4 programs of 1 row and 2
 too few warps in flight to hide its loads, which its tuning targets. Tuned (sixth window) it
 measured the same within 2%: the tuner found no tile better than the heuristic's. Multi-row tiles
 had paid a cross-warp reduction of dw and db every iteration; they now accumulate per tile
-element and reduce once per program (not yet measured on a GPU).
+element and reduce once per program. And as a program's row loop is a serial chain (load, two row
+sums, store), the tuner also races it software-pipelined (`LOOP_STAGES` 2 and 3: the next row
+blocks' loads issued before this block's arithmetic, their data in shared memory, at most
+`MAX_PIPELINE_BYTES`); the pinned launch keeps it unpipelined (both not yet measured on a GPU).
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -183,6 +186,7 @@ def _add_layer_norm_bwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per loop iteration (_block_m, or tuned)
     BLOCK_N: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,  # row blocks in flight: > 1 software-pipelines the loop's loads (tuned)
 ):
     pid = tl.program_id(0)
     rows_per_program = tl.cdiv(rows_per_program, BLOCK_M) * BLOCK_M  # whole row blocks (a program may get none)
@@ -198,7 +202,11 @@ def _add_layer_norm_bwd_kernel(
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)  # once, outside the row loop
-    for start in range(row_start, row_end, BLOCK_M):  # BLOCK_M rows at a time
+    # BLOCK_M rows at a time. A program's rows are a chain of load -> two row sums -> store; with
+    # LOOP_STAGES > 1 the compiler issues the loads of the next LOOP_STAGES - 1 row blocks before
+    # this one's arithmetic (`tl.range`'s num_stages pipelines every load of the loop, not only
+    # those feeding a tl.dot), so more bytes are in flight per program than one block's
+    for start in tl.range(row_start, row_end, BLOCK_M, num_stages=LOOP_STAGES):
         rows = start + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         ok = row_ok[:, None] & in_row
@@ -236,18 +244,47 @@ def _add_layer_norm_bwd_kernel(
 # at least 4 a thread.
 TILE_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
                 for bm, w in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (16, 8))]
+# The backward's: each tile with its row loop unpipelined (1, the pinned launch's) and pipelined 2
+# and 3 deep (the sixth window's tuned backward, tiles only, measured the same as the heuristic's
+# one row a program: its loop's serial load -> reduce -> store chain, not the tile, looked the limit)
+LOOP_STAGE_CHOICES = (1, 2, 3)
+PINNED_LOOP_STAGES = 1  # the pinned launch's (SCRATCHFORMER_AUTOTUNE=0), and the tuner's first candidate
+BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.num_warps)
+                    for c in TILE_CONFIGS for st in LOOP_STAGE_CHOICES]
 
 
 def _pruner(rows_arg: str, max_values: int):
-    """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg."""
+    """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg:
+    the pinned launch's own tile first (`_block_m`, `_num_warps`; for the backward at
+    `PINNED_LOOP_STAGES`, then at the other depths), then the other tiles that fit."""
     def prune(configs, nargs, **kwargs):
         block_n = kwargs["BLOCK_N"]
         bm = _block_m(nargs[rows_arg], block_n)
-        own = (bm, _num_warps(bm, block_n))
+        warps = _num_warps(bm, block_n)
+        if "LOOP_STAGES" in configs[0].kwargs:
+            depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != PINNED_LOOP_STAGES)
+            own = [triton.Config({"BLOCK_M": bm, "LOOP_STAGES": st}, num_warps=warps) for st in depths]
+        else:
+            own = [triton.Config({"BLOCK_M": bm}, num_warps=warps)]
         kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values
-                and (c.kwargs["BLOCK_M"], c.num_warps) != own]
-        return [triton.Config({"BLOCK_M": own[0]}, num_warps=own[1])] + kept
+                and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
+        return [c for c in own + kept if _pipeline_bytes(c, nargs, kwargs) <= MAX_PIPELINE_BYTES]
     return prune
+
+
+# Shared memory a pipelined backward may take for its loads in flight: with its reduction scratch
+# (up to 8 KiB), 4 programs still fit an H100 SM's 227 KiB, the 4 an SM gets (`_bwd_programs`).
+MAX_PIPELINE_BYTES = 48 << 10
+
+
+def _pipeline_bytes(config, nargs, kwargs) -> int:
+    """Shared memory of the backward's pipelined loads: LOOP_STAGES - 1 row blocks ahead, each of
+    dy, s and (HAS_DS) ds_out (as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages); 0 unpipelined."""
+    ahead = config.kwargs.get("LOOP_STAGES", 1) - 1
+    if ahead == 0:
+        return 0
+    loaded = [nargs["dy_ptr"], nargs["s_ptr"]] + ([nargs["ds_out_ptr"]] if kwargs["HAS_DS"] else [])
+    return ahead * config.kwargs["BLOCK_M"] * kwargs["BLOCK_N"] * sum(t.element_size() for t in loaded)
 
 
 _prune_fwd = _pruner("M", 1 << 13)
@@ -256,7 +293,7 @@ _add_layer_norm_fwd_tuned = triton.autotune(
     TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd},
 )(_add_layer_norm_fwd_kernel)
 _add_layer_norm_bwd_tuned = triton.autotune(
-    TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_bwd},
+    BWD_TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_bwd},
 )(_add_layer_norm_bwd_kernel)
 
 
@@ -397,8 +434,8 @@ def add_layer_norm_bwd(
                          (N, s.dtype, dy2.dtype, weight.dtype, *flags.values()), *args, **flags)
         else:
             BLOCK_M = _block_m(rows_per_program, BLOCK_N)
-            _add_layer_norm_bwd_kernel[(n_programs,)](
-                *args, **flags, BLOCK_M=BLOCK_M, num_warps=_num_warps(BLOCK_M, BLOCK_N))
+            _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=PINNED_LOOP_STAGES,
+                                                      num_warps=_num_warps(BLOCK_M, BLOCK_N))
     dw = dw_partial.sum(0).to(weight.dtype)  # second stage: a fixed-order reduction
     db = db_partial.sum(0).to(weight.dtype) if has_bias else None
     shape = s.shape

@@ -311,21 +311,35 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
 @pytest.mark.parametrize("N", [16, 512, 1024, 4096, 16384])
 @pytest.mark.parametrize("rows_per_program", [1, 125])
 def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_program, monkeypatch):
-    """The tuned backward (`_prune_bwd`): `_block_m`'s own tile for its rows per program first,
-    then the tiles of at most 4k fp32 values (it keeps about twice the forward's live tiles) with
-    at least 4 a thread. At N 512 (0.54 of the copy bandwidth untuned: one row and 2 warps a
-    program, 4 programs an SM) it offers more rows and warps."""
+    """The tuned backward (`_prune_bwd`): `_block_m`'s own tile for its rows per program first (at
+    the pinned loop depth, then the others), then the tiles of at most 4k fp32 values (it keeps
+    about twice the forward's live tiles) with at least 4 a thread, each at every loop depth. At
+    N 512 (0.54 of the copy bandwidth untuned: one row and 2 warps a program, 4 programs an SM) it
+    offers more rows and warps."""
     from scratchformer.kernels import add_layer_norm as LN
 
     monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's heuristic (the interpreter's packs rows)
     bn = LN.next_pow2(N)
-    got = [(c.kwargs["BLOCK_M"], c.num_warps)
-           for c in LN._prune_bwd(LN.TILE_CONFIGS, {"rows_per_program": rows_per_program}, BLOCK_N=bn)]
+    rows = torch.empty(0, N, dtype=torch.bfloat16)  # dy, s and ds_out: what a pipelined block loads
+    nargs = {"rows_per_program": rows_per_program, "dy_ptr": rows, "s_ptr": rows, "ds_out_ptr": rows}
+    got = [(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["LOOP_STAGES"])
+           for c in LN._prune_bwd(LN.BWD_TILE_CONFIGS, nargs, BLOCK_N=bn, HAS_DS=True)]
     bm = LN._block_m(rows_per_program, bn)
-    assert got[0] == (bm, LN._num_warps(bm, bn)) and len(set(got)) == len(got)
-    assert all(128 * w <= m * bn <= 1 << 12 for m, w in got[1:])
+    own = (bm, LN._num_warps(bm, bn))
+    depths = len(LN.LOOP_STAGE_CHOICES)
+    assert got[0] == (*own, LN.PINNED_LOOP_STAGES) and len(set(got)) == len(got)
+    assert {g[:2] for g in got[:depths]} == {own}  # the pinned tile at every depth, then the others
+    assert all(128 * w <= m * bn <= 1 << 12 for m, w, _ in got[depths:])
+    # each tile unpipelined and at every depth whose loads in flight (dy, s, ds_out: 6 bytes an
+    # element a row block ahead) fit the pipeline's shared-memory budget
+    tiles = {(m, w) for m, w, _ in got}
+    assert set(got) == {(m, w, st) for m, w in tiles for st in LN.LOOP_STAGE_CHOICES
+                        if (st - 1) * m * bn * 6 <= LN.MAX_PIPELINE_BYTES}
     if N == 512 and rows_per_program > 1:
-        assert got[0] == (1, 2) and {(2, 8), (4, 8), (8, 8)} <= set(got)
+        assert got[0] == (1, 2, 1) and {(2, 8), (4, 8), (8, 8)} <= tiles
+        assert {st for m, w, st in got if (m, w) == (1, 2)} == set(LN.LOOP_STAGE_CHOICES)
+    if N == 16384:  # a row block ahead would take 96 KiB: nothing pipelined
+        assert {st for *_, st in got} == {1}
 
 
 @pytest.mark.parametrize("block_m", [1, 2, 4, 16])
@@ -355,6 +369,23 @@ def test_every_tuning_candidate_matches_ref(config, monkeypatch):
     monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     _check_with_dropout(_inputs((1000, 512), torch.bfloat16), 0.2, *DTYPES[2][1:])
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_pipelined_backward_matches_ref(block_m, stages, monkeypatch):
+    """The backward with its row loop pipelined (`LOOP_STAGES` 2 and 3, the tuner's other
+    candidates), forced: 203 rows over 8 programs, so more row blocks a program than stages and a
+    last block cut short; bf16 with dropout, against the reference. In the interpreter, which runs
+    the loop unpipelined, it checks the launch's plumbing; on a GPU, the compiled pipeline."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    monkeypatch.setattr(LN, "AUTOTUNE", False)
+    monkeypatch.setattr(LN, "PINNED_LOOP_STAGES", stages)
+    monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
+    monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 8)
+    _check_with_dropout(_inputs((203, 512 if torch.cuda.is_available() else 48), torch.bfloat16), 0.2,
+                        *DTYPES[2][1:])
 
 
 @requires_cuda

@@ -33,7 +33,7 @@ OLD_FLAGS = [
 # flag: the flag it comes before
 NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision",
              "--compile-mode": "--precision", "--cuda-graphs": "--precision", "--no-cuda-graphs": "--precision",
-             "--pad-multiple": "--grad-accum",
+             "--pad-multiple": "--grad-accum", "--ffn-dropout": "--activation",
              "--time-limit": "--resume", "--init-from": "--resume"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):

@@ -358,14 +358,14 @@ def _bind(kernel: JITFunction, args, kw, target):
 
 
 def _config_str(kw) -> str:
-    blocks = " ".join(f"{k}={v}" for k, v in kw.items() if k.startswith(("BLOCK", "GROUP")))
+    blocks = " ".join(f"{k}={v}" for k, v in kw.items() if k.startswith(("BLOCK", "GROUP", "LOOP")))
     return f"{blocks} w{kw.get('num_warps', 4)} s{kw.get('num_stages', 3)}"
 
 
 def _flags_str(launch: Launch) -> str:
     out = []
     for k, v in launch.kwargs.items():
-        if k.startswith(("BLOCK", "GROUP", "num_")):
+        if k.startswith(("BLOCK", "GROUP", "LOOP", "num_")):
             continue
         out.append(f"{k}={int(v) if isinstance(v, bool) else v}")
     return " ".join(out)

@@ -107,7 +107,8 @@ class TrainConfig:
     decoder_layers: int | None = _model()
     d_ff: int | None = _model(by_data=dict(synthetic=256))
     dropout: float | None = _model(by_data=dict(synthetic=0.1))
-    attn_dropout: float | None = _model()
+    attn_dropout: float | None = _model(help="dropout on the attention probabilities")
+    ffn_dropout: float | None = _model(help="dropout between the FFN's two projections (fairseq's activation dropout)")
     activation: str | None = _model(choices=("relu", "gelu"))
     norm: str | None = _model(help="residual LayerNorm placement", choices=("post", "pre"))
     final_norm: bool | None = _model(help="LayerNorm after the last encoder/decoder layer")
@@ -226,6 +227,7 @@ _AT_LEAST = dict(
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = dict(
     valid_fraction=(0.0, 1.0, False), dropout=(0.0, 1.0, False), attn_dropout=(0.0, 1.0, False),
+    ffn_dropout=(0.0, 1.0, False),
     lr=(0.0, math.inf, False), min_lr=(0.0, math.inf, False), weight_decay=(0.0, math.inf, False),
     adam_eps=(0.0, math.inf, False), label_smoothing=(0.0, 1.0, False), clip_norm=(0.0, math.inf, False),
     time_limit=(0.0, math.inf, False), time_budget=(0.0, math.inf, False),
@@ -363,9 +365,9 @@ def parse_args(argv=None) -> tuple[TrainConfig, frozenset[str]]:
 FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",
     "synthetic_seed", "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "preset", "d_model", "heads",
-    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "activation", "norm",
-    "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple", "schedule",
-    "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
+    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "activation",
+    "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple",
+    "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
 
 

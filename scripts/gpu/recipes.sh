@@ -24,7 +24,7 @@
 # 5.5-minute budget.
 # shellcheck shell=bash
 
-RECIPES="multi30k multi30k-tiny multi30k-eager iwslt samsum cnndm ablate-multi30k iwslt-subsets"
+RECIPES="multi30k multi30k-tiny multi30k-eager iwslt iwslt-tiny samsum cnndm ablate-multi30k iwslt-subsets"
 BUDGET=330  # a run's training seconds: the first call's 510 less the start, the final report and the packing
 
 # every run: our kernels in bf16, one seed, checkpoints every 250 steps (a call can end anywhere), the
@@ -58,8 +58,9 @@ M30K=(--dataset multi30k --preset small --tie-embeddings all --vocab-size 8000 -
 # most likely the steps: inverse-sqrt, which a time budget cannot cut short, and the average
 # The 2.4M Multi30k model (results/multi30k-cpu-tiny on the CPU, results/multi30k-tiny-gpu on our kernels:
 # validation 42.19, the submission): d_model 128, 4 heads, 4+4 layers, d_ff 256, peak lr 5e-3
-M30K_TINY=(--dataset multi30k --preset small --d-model 128 --heads 4 --layers 4 --d-ff 256 --tie-embeddings all
-           --vocab-size 8000 --max-tokens 8192 --dropout 0.3 --lr 5e-3 --warmup-steps 2000 --epochs 10000)
+TINY=(--preset small --d-model 128 --heads 4 --layers 4 --d-ff 256 --tie-embeddings all --vocab-size 8000
+      --max-tokens 8192 --dropout 0.3 --lr 5e-3 --warmup-steps 2000 --epochs 10000)
+M30K_TINY=(--dataset multi30k "${TINY[@]}")
 IWSLT=(--dataset iwslt2017_en_de --preset small --layers 3 --d-ff 512 --heads 4 --tie-embeddings all --vocab-size 8000
        --max-tokens 8192 --dropout 0.3 --lr 1e-3 --warmup-steps 800 --epochs 10000 --best-metric bleu)
 
@@ -93,6 +94,15 @@ recipe() {
       # plateau from step 10,000 (results/iwslt-gpu): done; the next gain is regularisation, not steps
       DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.3 1.6)
       FLAGS=("${IWSLT[@]}" --time-budget "$BUDGET" --max-steps 20000 --eval-every 500 --eval-decode-examples 500) ;;
+    iwslt-tiny)  # the iwslt recipe's data, decoding and budget with the model and rates that took Multi30k
+      # (29,000 pairs, the nearest in size to these 20,000) from 40.63 to 42.19 BLEU on our kernels when
+      # `small` overfit there too (results/multi30k-gpu, results/multi30k-tiny-gpu): 2.4M parameters
+      # against 6.0M, 4+4 layers of d_model 128, d_ff 256, 4 heads, dropout 0.3, peak lr 5e-3. Same
+      # seed, batch and validations as `iwslt`, so its curve is results/iwslt-gpu's at equal steps:
+      # the measurement of the smaller model for IWSLT's missed target (a choice carried over, untried here)
+      DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.3 1.6)
+      FLAGS=(--dataset iwslt2017_en_de "${TINY[@]}" --best-metric bleu --time-budget "$BUDGET" --max-steps 20000
+             --eval-every 500 --eval-decode-examples 500) ;;
     samsum)  # every dialogue, from scratch, with --copy (the pointer-generator): without it the encoder
       # collapsed and only a curriculum of short dialogues saved it (results/samsum-cpu-small-curriculum);
       # with it one phase reached validation perplexity 31.4 by step 1,800 on the CPU, the curriculum
