@@ -41,6 +41,20 @@ def _trainer(out, *flags, device="cpu") -> Trainer:
     return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log)
 
 
+def test_model_flags_reach_the_model(tmp_path):
+    """Each model option given to train ends up in the built model: the three dropouts (sublayer
+    outputs, attention probabilities, between the FFN's projections), activation and norm."""
+    from scratchformer.model.layers import FeedForward
+
+    trainer = _trainer(tmp_path, "--dropout", "0.05", "--attn-dropout", "0.15", "--ffn-dropout", "0.25",
+                       "--activation", "gelu", "--norm", "pre")
+    mcfg = trainer.model_config
+    assert (mcfg.dropout, mcfg.attn_dropout, mcfg.ffn_dropout, mcfg.activation, mcfg.norm) == (
+        0.05, 0.15, 0.25, "gelu", "pre")
+    ffns = [m for m in trainer.model.modules() if isinstance(m, FeedForward)]
+    assert ffns and all((m.dropout, m.activation) == (0.25, "gelu") for m in ffns)
+
+
 def _batches(trainer, n):
     trainer.sampler.set_epoch(trainer.progress.epoch, start=trainer.progress.batch)
     it = iter(trainer.loader)
