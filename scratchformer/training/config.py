@@ -225,13 +225,11 @@ _AT_LEAST = dict(
     attention_example=0, pad_multiple=1,
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
-_RANGES = dict(
-    valid_fraction=(0.0, 1.0, False), dropout=(0.0, 1.0, False), attn_dropout=(0.0, 1.0, False),
-    ffn_dropout=(0.0, 1.0, False),
-    lr=(0.0, math.inf, False), min_lr=(0.0, math.inf, False), weight_decay=(0.0, math.inf, False),
-    adam_eps=(0.0, math.inf, False), label_smoothing=(0.0, 1.0, False), clip_norm=(0.0, math.inf, False),
-    time_limit=(0.0, math.inf, False), time_budget=(0.0, math.inf, False),
-)
+_RANGES = {
+    **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "label_smoothing"), (0.0, 1.0, False)),
+    **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget"),
+                    (0.0, math.inf, False)),
+}
 _POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit", "time_budget")  # these may not be 0 either
 
 
