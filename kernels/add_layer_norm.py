@@ -253,21 +253,21 @@ BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.n
                     for c in TILE_CONFIGS for st in LOOP_STAGE_CHOICES]
 
 
-def _pruner(rows_arg: str, max_values: int):
+def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
     """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg:
-    the pinned launch's own tile first (`_block_m`, `_num_warps`; for the backward at
-    `PINNED_LOOP_STAGES`, then at the other depths), then the other tiles that fit."""
+    the pinned launch's own tile first (`_block_m`, `_num_warps`; with a pipelined row loop, at
+    `PINNED_LOOP_STAGES`, then at the other depths), then the other tiles that fit (and, pipelined,
+    whose loads in flight fit `MAX_PIPELINE_BYTES`)."""
     def prune(configs, nargs, **kwargs):
         block_n = kwargs["BLOCK_N"]
         bm = _block_m(nargs[rows_arg], block_n)
         warps = _num_warps(bm, block_n)
-        if "LOOP_STAGES" in configs[0].kwargs:
-            depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != PINNED_LOOP_STAGES)
-            own = [triton.Config({"BLOCK_M": bm, "LOOP_STAGES": st}, num_warps=warps) for st in depths]
-        else:
-            own = [triton.Config({"BLOCK_M": bm}, num_warps=warps)]
         kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values
                 and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
+        if not pipelined:
+            return [triton.Config({"BLOCK_M": bm}, num_warps=warps)] + kept
+        depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != PINNED_LOOP_STAGES)
+        own = [triton.Config({"BLOCK_M": bm, "LOOP_STAGES": st}, num_warps=warps) for st in depths]
         return [c for c in own + kept if _pipeline_bytes(c, nargs, kwargs) <= MAX_PIPELINE_BYTES]
     return prune
 
@@ -279,16 +279,14 @@ MAX_PIPELINE_BYTES = 48 << 10
 
 def _pipeline_bytes(config, nargs, kwargs) -> int:
     """Shared memory of the backward's pipelined loads: LOOP_STAGES - 1 row blocks ahead, each of
-    dy, s and (HAS_DS) ds_out (as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages); 0 unpipelined."""
-    ahead = config.kwargs.get("LOOP_STAGES", 1) - 1
-    if ahead == 0:
-        return 0
+    dy, s and (HAS_DS) ds_out (as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages)."""
+    ahead = config.kwargs["LOOP_STAGES"] - 1
     loaded = [nargs["dy_ptr"], nargs["s_ptr"]] + ([nargs["ds_out_ptr"]] if kwargs["HAS_DS"] else [])
     return ahead * config.kwargs["BLOCK_M"] * kwargs["BLOCK_N"] * sum(t.element_size() for t in loaded)
 
 
 _prune_fwd = _pruner("M", 1 << 13)
-_prune_bwd = _pruner("rows_per_program", 1 << 12)
+_prune_bwd = _pruner("rows_per_program", 1 << 12, pipelined=True)
 _add_layer_norm_fwd_tuned = triton.autotune(
     TILE_CONFIGS, key=["N"], prune_configs_by={"early_config_prune": _prune_fwd},
 )(_add_layer_norm_fwd_kernel)
