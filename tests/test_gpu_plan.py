@@ -19,6 +19,8 @@ import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = os.path.join(REPO, "scripts", "gpu")
 STEPS = sorted(f for f in os.listdir(GPU) if re.fullmatch(r"\d\d_\w+\.sh", f))
@@ -176,22 +178,30 @@ def _archive(out, step):
         return {os.path.normpath(m.name): m for m in tar.getmembers()}, tar.extractfile("./log.txt").read().decode()
 
 
-def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
-    """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
-    machine, says to call again and brings back the average of its step checkpoints (which
-    finish_on_cpu.sh scores and predicts with); the next call resumes, finishes, predicts every blind test
-    input; archives never hold checkpoints. A grid recipe (Multi30k on our kernels and on eager)
-    runs its variants and writes their summary."""
+def _translation_data(folder, broken_test_input: bool = False) -> list[str]:
+    """Tiny iwslt2017_en_de and multi30k folders for step 50's rehearsal -> the test inputs' ids
+    (`broken_test_input`: a last test line that is not JSON, on which `generate` fails)."""
     ids = [f"t{i}" for i in range(5)]
     pairs = [{"src": f"a man number {i} rides a bike", "tgt": f"ein mann nummer {i} faehrt rad"} for i in range(40)]
     for name in ("iwslt2017_en_de", "multi30k"):
-        data = tmp_path / "data" / name
+        data = folder / name
         data.mkdir(parents=True)
         for split, rows in (("train", pairs[:32]), ("validation", pairs[32:])):
             (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         opener, suffix = (lzma.open, "xz") if name == "iwslt2017_en_de" else (gzip.open, "gz")  # packed either way
         with opener(data / f"test_inputs.jsonl.{suffix}", "wt") as f:
             f.writelines(json.dumps({"id": i, "src": f"a woman number {i}"}) + "\n" for i in ids)
+            f.write("{not json\n" if broken_test_input else "")
+    return ids
+
+
+def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
+    machine, says to call again and brings back the average of its step checkpoints (which
+    finish_on_cpu.sh scores and predicts with); the next call resumes, finishes, predicts every blind test
+    input; archives never hold checkpoints. A grid recipe (Multi30k on our kernels and on eager)
+    runs its variants and writes their summary."""
+    ids = _translation_data(tmp_path / "data")
     env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
     first = _dry_run("50_train.sh", str(tmp_path / "o1"), TRAIN_SECONDS="0.001", **env)
     assert first.returncode == 0, first.stdout[-3000:]
@@ -248,6 +258,40 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     kernels = {r["name"]: json.load(open(grid_runs / r["name"] / "config.json"))["kernel"]
                for r in json.load(open(grid_runs / "ablation.json"))["runs"]}
     assert kernels == {"triton": "eager", "eager": "eager"}  # the CPU rehearsal runs both on eager
+
+
+def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch):
+    """A call whose run finished training but not its test predictions (the seventh window's SAMSum
+    run: the call's deadline cut `generate`; here a test input it cannot read) brings back the
+    checkpoint that writes them, weights only, in pieces, and names it and its decoding in
+    picked.txt: a model the CPU can finish the predictions with."""
+    _translation_data(tmp_path / "data", broken_test_input=True)
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
+    call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert "run/metrics.final.json" in files and "run/test_predictions.jsonl" not in files, call.stdout[-3000:]
+    assert "iwslt: not finished, call again" in log
+    assert not list((tmp_path / "o1").glob("*averaged.pt.part*"))
+    with tarfile.open(tmp_path / "o1" / "50_train.tar.gz") as tar:
+        picked = tar.extractfile("./picked.txt").read().decode().split()
+    assert picked[0] in ("best.pt", "averaged.pt") and picked[1:3] == ["--beam-size", "4"], picked
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+    import torch
+
+    from scratchformer.checkpoint import load_checkpoint
+    from scratchformer.evaluation.evaluate import load_run
+
+    (weights,) = collect.join_parts([tmp_path / "o1"], tmp_path / "collected")
+    assert weights.name == "50_iwslt-picked.pt"
+    ckpt = load_checkpoint(weights)
+    source = load_checkpoint(tmp_path / "runs" / "iwslt" / picked[0])
+    steps = [a["step"] for a in source["averaged_from"]] if picked[0] == "averaged.pt" else [source["progress"]["step"]]
+    assert "optimizer" not in ckpt and [a["step"] for a in ckpt["averaged_from"]] == steps
+    for name, tensor in source["model"].items():
+        assert torch.equal(ckpt["model"][name].float(), tensor.float()), name
+    load_run(weights)
+    assert call.returncode != 0 and "bad JSON" in call.stdout  # generate's failure is the step's, said
 
 
 def test_train_step_falls_back_to_launched_steps(tmp_path):
@@ -465,7 +509,8 @@ def test_triton_cache_travels_to_another_machine(tmp_path, monkeypatch):
 
 def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, monkeypatch):
     """Newest entries first while the archive stays under --max-mb (the device returns files of up
-    to 16 MiB); an archive whose members are not ENTRY/FILE is refused, not unpacked."""
+    to 16 MiB); an archive whose members are not ENTRY/FILE is refused, not unpacked; a pack that
+    fails leaves the archive it was replacing as it was."""
     monkeypatch.syspath_prepend(GPU)
     import triton_cache
 
@@ -487,6 +532,12 @@ def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, 
         tar.add(tmp_path / "c.tar.gz", arcname="../escape")
     assert triton_cache.main(["restore", str(bad), str(tmp_path / "out")]) == 1
     assert not (tmp_path / "escape").exists()
+    # an archive appears under its name only whole: a pack that fails midway leaves the last one
+    before = (tmp_path / "all.tar.xz").read_bytes()
+    monkeypatch.setattr(tarfile.TarFile, "add", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        triton_cache.pack(cache, tmp_path / "all.tar.xz", max_mb=1)
+    assert (tmp_path / "all.tar.xz").read_bytes() == before
 
 
 def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):

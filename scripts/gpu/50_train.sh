@@ -119,24 +119,37 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   fi
 fi
 
-# 3. a call that leaves a run unfinished brings back the average of its newest AVERAGE step checkpoints
-#    (weights, config and tokenizers; tied embeddings once) in pieces of 15 MiB beside the archive
-#    (50_RECIPE-averaged.pt.part0, 1, ...: a file comes back only under 16 MiB; collect.py joins
-#    them), up to 45 MiB: should the window end here, that model still evaluates and predicts on the
-#    CPU (scripts/gpu/finish_on_cpu.sh: step 2 there). Replaced at each call; a grid brings none.
+# 3. weights the CPU can finish with, in pieces of 15 MiB beside the archive (a file comes back only
+#    under 16 MiB; collect.py joins them), up to 45 MiB, replaced at each call; a grid brings none.
+#    A call that leaves the training unfinished brings the average of its newest AVERAGE step
+#    checkpoints (50_RECIPE-averaged.pt.part0, 1, ...: scripts/gpu/finish_on_cpu.sh scores it and
+#    predicts with it); one that leaves the test predictions unfinished, the checkpoint that writes
+#    them, weights only (50_RECIPE-picked.pt.part*; the archive's picked.txt names it and the decoding
+#    flags it writes them with, and run/test_predictions.jsonl.partial holds what was written: `generate
+#    --resume` on the CPU writes the rest). The seventh window's SAMSum run was finished and its
+#    predictions were not: before this, its model stayed on the machine.
+ship() {  # NAME FILE: FILE (made on this machine) into the pieces, then deleted
+  local name=$1 file=$2
+  rm -f "$OUT/50_$RECIPE-"*.pt.part*
+  if [ "$(stat -c %s "$file")" -le $(( 45 * 1024 * 1024 )) ]; then
+    split -b 15M -d -a 1 "$file" "$OUT/50_$RECIPE-$name.pt.part"
+  else
+    echo "== $file: $(du -h "$file" | cut -f1), over the 45 MiB brought back: left on the machine"
+  fi
+  rm -f "$file"
+}
+weights=$RUNS/$RECIPE-weights.pt
 if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/null; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
-  averaged=$RUNS/$RECIPE-averaged.pt
-  rm -f "$OUT/50_$RECIPE-averaged.pt.part"*
-  if run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
-       --output "$averaged" --overwrite; then
-    if [ "$(stat -c %s "$averaged")" -le $(( 45 * 1024 * 1024 )) ]; then
-      split -b 15M -d -a 1 "$averaged" "$OUT/50_$RECIPE-averaged.pt.part"
-    else
-      echo "== $averaged: $(du -h "$averaged" | cut -f1), over the 45 MiB brought back: left on the machine"
-    fi
+  run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
+    --output "$weights" --overwrite && ship averaged "$weights"
+elif finished && ! predicted && [ -n "${ckpt:-}" ] && [ -e "$ckpt" ]; then
+  echo "$(basename "$ckpt") ${DECODE[*]} ${lp:+--length-penalty $lp}" > "$WORK/picked.txt"
+  if [ "$(basename "$ckpt")" = averaged.pt ]; then  # weights only already
+    cp "$ckpt" "$weights" && ship picked "$weights"
+  else  # the average of one: its weights without the optimizer's state
+    run_cmd 120 weights_picked "$PY" -m scratchformer.average "$ckpt" --output "$weights" --overwrite && ship picked "$weights"
   fi
-  rm -f "$averaged"
 fi
 
 # 4. the run folder, without checkpoints, into the archive

@@ -21,9 +21,11 @@ FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
 4. The Triton cache archive that `run.sh` sends back (`triton-cache.tar.gz`, the newest call's) is
    copied to `.gpu_cache/`, which the next call carries (`scripts/gpu/triton_cache.py`).
-5. The pieces of an unfinished training run's averaged weights (`50_<recipe>-averaged.pt.part0`,
-   `part1`, ...: step 50 splits them, as a file comes back only under 16 MiB) are joined into
-   WORK/50_<recipe>-averaged.pt, a checkpoint `scratchformer.evaluate` and `generate` take.
+5. The pieces of the weights step 50 brings back (`50_<recipe>-averaged.pt.part0`, `part1`, ...: an
+   unfinished training run's averaged weights; `50_<recipe>-picked.pt.part*`: the model of
+   unfinished test predictions; split, as a file comes back only under 16 MiB) are joined into
+   WORK/50_<recipe>-averaged.pt (or -picked.pt), a checkpoint `scratchformer.evaluate` and
+   `generate` take.
 6. Last, what the README's notes need: each step's exit line (status and seconds), each pytest
    run's summary line, and where a training recipe's run folder was unpacked (copy it to
    `results/<name>/` with its README: scripts/gpu/README.md).
@@ -89,7 +91,7 @@ def join_parts(files_at: list[Path], work: Path) -> list[Path]:
             with open(work / name, "wb") as out:
                 for part in parts:
                     out.write(part.read_bytes())
-            print(f"{work / name}: {len(parts)} pieces joined (an unfinished run's averaged weights)")
+            print(f"{work / name}: {len(parts)} pieces joined (weights step 50 brought back)")
             joined.append(work / name)
     return joined
 

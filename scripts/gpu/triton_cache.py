@@ -45,13 +45,19 @@ def pack(cache: Path, out: Path, max_mb: float = 15.0, newest_first: bool = True
     wanted first); returns (entries packed, entries left out). OUT ending in .xz: xz, which packs
     Triton's binaries twice as tightly as gzip (similar kernels, one solid stream) but cannot be
     measured as it is written, so the entries are cut by the ratio of a first try; else gzip, cut
-    exactly (fast: what a GPU call sends back)."""
+    exactly (fast: what a GPU call sends back). Written beside OUT and renamed onto it when whole:
+    a reader never finds half an archive under OUT's name (the seventh window carried a prewarm
+    archive still being written, and restored nothing from it)."""
     if not cache.is_dir():
         raise FileNotFoundError(f"no Triton cache folder at {cache}")
     entries = [(e, files) for e in _entries(cache, newest_first) if (files := _kept(e))]
-    limit = int(max_mb * 2**20)
-    if out.name.endswith(".xz"):
-        return _pack_xz(entries, out, limit)
+    partial = out.with_name(f".{out.name}.partial")
+    counts = (_pack_xz if out.name.endswith(".xz") else _pack_gz)(entries, partial, int(max_mb * 2**20))
+    partial.replace(out)
+    return counts
+
+
+def _pack_gz(entries, out: Path, limit: int) -> tuple[int, int]:
     packed = 0
     with open(out, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for entry, files in entries:
