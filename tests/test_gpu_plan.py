@@ -264,7 +264,7 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the
     checkpoint that writes them, weights only, in pieces, and names it and its decoding in
-    picked.txt: a model the CPU can finish the predictions with."""
+    picked.txt; finish_on_cpu.sh finishes the predictions with it from the GPU's snapshot."""
     _translation_data(tmp_path / "data", broken_test_input=True)
     env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
     call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
@@ -282,7 +282,9 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     from scratchformer.checkpoint import load_checkpoint
     from scratchformer.evaluation.evaluate import load_run
 
-    (weights,) = collect.join_parts([tmp_path / "o1"], tmp_path / "collected")
+    collected = tmp_path / "collected"
+    collect.unpack([tmp_path / "o1"], collected)
+    (weights,) = collect.join_parts([tmp_path / "o1"], collected)
     assert weights.name == "50_iwslt-picked.pt"
     ckpt = load_checkpoint(weights)
     source = load_checkpoint(tmp_path / "runs" / "iwslt" / picked[0])
@@ -292,6 +294,21 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
         assert torch.equal(ckpt["model"][name].float(), tensor.float()), name
     load_run(weights)
     assert call.returncode != 0 and "bad JSON" in call.stdout  # generate's failure is the step's, said
+    # finish_on_cpu.sh goes on from the GPU's snapshot (here one prediction) with the GPU's decoding
+    # flags, and scores nothing again
+    shutil.rmtree(tmp_path / "data")
+    ids = _translation_data(tmp_path / "data")
+    snapshot = collected / "50_train" / "run" / "test_predictions.jsonl.partial"
+    snapshot.write_text(json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
+    finish = tmp_path / "finish"
+    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(weights), str(finish)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
+    assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU"
+    assert f"test predictions from {picked[0]} (picked.pt), 1 of them decoded on the GPU" in done.stdout
+    assert not list(finish.glob("*/metrics.validation.json"))
 
 
 def test_train_step_falls_back_to_launched_steps(tmp_path):

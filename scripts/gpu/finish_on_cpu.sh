@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# After a window whose recipe call ended with the run unfinished (step 50 brought back the average of
-# its newest step checkpoints; scripts/gpu/collect.py joined the pieces): on the CPU, score that
-# average on validation and decode the blind test inputs with it, as step 50 would have on the GPU
-# (the recipe's decoding, at each of its length penalties, the best score's penalty for the test
-# predictions: scripts/pick_checkpoint.py), through PyTorch's fused ops in fp32:
+# After a window whose recipe call ended before the test predictions were whole (step 50 brought back
+# weights in pieces; scripts/gpu/collect.py joined them and unpacked the call's archive beside them),
+# on the CPU, through PyTorch's fused ops in fp32:
 #   bash scripts/gpu/finish_on_cpu.sh RECIPE gpu_out/collected/50_RECIPE-averaged.pt RUN_DIR
-# RUN_DIR (say runs/RECIPE-gpu, git-ignored) gets averaged.pt, args.json (the checkpoint's),
-# averaged[-lpX]/metrics.validation.json, and test_predictions.jsonl. Scores already there are kept;
-# the decoding of the test inputs resumes where an interrupted one stopped.
+#   bash scripts/gpu/finish_on_cpu.sh RECIPE gpu_out/collected/50_RECIPE-picked.pt RUN_DIR
+# - averaged (the training was unfinished): score that average on validation and decode the blind
+#   test inputs with it, as step 50 would have on the GPU (the recipe's decoding, at each of its
+#   length penalties, the best score's penalty for the test predictions: scripts/pick_checkpoint.py).
+#   RUN_DIR (say runs/RECIPE-gpu, git-ignored) gets averaged.pt, args.json (the checkpoint's),
+#   averaged[-lpX]/metrics.validation.json, and test_predictions.jsonl. Scores already there are kept.
+# - picked (the training finished and was scored on the GPU, its predictions cut): nothing is scored
+#   again; the predictions go on from the GPU's snapshot (the archive's run/test_predictions.jsonl.partial,
+#   in collect.py's 50_train/ beside the weights) with the flags the GPU decoded with (its picked.txt).
+#   RUN_DIR gets picked.pt, args.json and test_predictions.jsonl.
+# Either way the decoding of the test inputs resumes where an interrupted one stopped.
 # Data: $SCRATCHFORMER_DATA, else ../shared/data. PY picks the Python (default .venv/bin/python).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-if [ $# -ne 3 ]; then echo "usage: $0 RECIPE AVERAGED.pt RUN_DIR" >&2; exit 2; fi
-RECIPE=$1 AVERAGED=$2 RUN=$3
-[ -f "$AVERAGED" ] || { echo "no checkpoint $AVERAGED" >&2; exit 2; }
+if [ $# -ne 3 ]; then echo "usage: $0 RECIPE AVERAGED.pt|PICKED.pt RUN_DIR" >&2; exit 2; fi
+RECIPE=$1 WEIGHTS=$2 RUN=$3
+[ -f "$WEIGHTS" ] || { echo "no checkpoint $WEIGHTS" >&2; exit 2; }
 source "$REPO/scripts/gpu/recipes.sh"
 recipe "$RECIPE"
 if [ ${#DECODE[@]} -eq 0 ]; then echo "recipe $RECIPE is a grid: it predicts nothing" >&2; exit 2; fi
@@ -23,9 +29,28 @@ inputs=$(compgen -G "$DATA/$DATASET/test_inputs.jsonl*" | head -1) || true
 [ -n "$inputs" ] || { echo "no $DATA/$DATASET/test_inputs.jsonl(.gz|.xz)" >&2; exit 2; }
 CPU=(--kernel torch --precision fp32)
 mkdir -p "$RUN"
-[ "$AVERAGED" -ef "$RUN/averaged.pt" ] || cp "$AVERAGED" "$RUN/averaged.pt"
+case $(basename "$WEIGHTS") in
+  *-averaged.pt) kind=averaged ;;
+  *-picked.pt) kind=picked ;;
+  *) echo "$WEIGHTS: not step 50's weights (50_RECIPE-averaged.pt or 50_RECIPE-picked.pt, from collect.py)" >&2; exit 2 ;;
+esac
+[ "$WEIGHTS" -ef "$RUN/$kind.pt" ] || cp "$WEIGHTS" "$RUN/$kind.pt"
 "$PY" -c "import json, sys; from scratchformer.checkpoint import load_checkpoint
-json.dump(load_checkpoint(sys.argv[1])['args'], open(sys.argv[2], 'w'), indent=2)" "$RUN/averaged.pt" "$RUN/args.json"
+json.dump(load_checkpoint(sys.argv[1])['args'], open(sys.argv[2], 'w'), indent=2)" "$RUN/$kind.pt" "$RUN/args.json"
+if [ "$kind" = picked ]; then
+  archive=$(dirname "$WEIGHTS")/50_train
+  [ -f "$archive/picked.txt" ] || { echo "no $archive/picked.txt: run scripts/gpu/collect.py on the call's folder" >&2; exit 2; }
+  read -r name flags < "$archive/picked.txt"
+  read -ra flags <<< "$flags"
+  snapshot=$archive/run/test_predictions.jsonl.partial
+  if [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
+    cp "$snapshot" "$RUN/test_predictions.jsonl.partial"
+  fi
+  "$PY" -m scratchformer.generate --checkpoint "$RUN/picked.pt" --input "$inputs" --output "$RUN/test_predictions.jsonl" \
+    --resume --no-progress "${flags[@]}" "${CPU[@]}"
+  echo "== $RUN: test predictions from $name (picked.pt), $(wc -l < "$snapshot" 2>/dev/null || echo 0) of them decoded on the GPU"
+  exit 0
+fi
 for lp in "" "${LENGTH_PENALTIES[@]}"; do
   out=$RUN/averaged${lp:+-lp$lp}
   if [ ! -e "$out/metrics.validation.json" ]; then
