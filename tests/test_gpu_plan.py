@@ -554,7 +554,7 @@ def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, 
     monkeypatch.setattr(tarfile.TarFile, "add", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         triton_cache.pack(cache, tmp_path / "all.tar.xz", max_mb=1)
-    assert (tmp_path / "all.tar.xz").read_bytes() == before
+    assert (tmp_path / "all.tar.xz").read_bytes() == before and not list(tmp_path.glob(".*.partial"))
 
 
 def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):

@@ -125,8 +125,8 @@ fi
 #    checkpoints (50_RECIPE-averaged.pt.part0, 1, ...: scripts/gpu/finish_on_cpu.sh scores it and
 #    predicts with it); one that leaves the test predictions unfinished, the checkpoint that writes
 #    them, weights only (50_RECIPE-picked.pt.part*; the archive's picked.txt names it and the decoding
-#    flags it writes them with, and run/test_predictions.jsonl.partial holds what was written: `generate
-#    --resume` on the CPU writes the rest). The seventh window's SAMSum run was finished and its
+#    flags it writes them with, and run/test_predictions.jsonl.partial holds what was written:
+#    finish_on_cpu.sh writes the rest). The seventh window's SAMSum run was finished and its
 #    predictions were not: before this, its model stayed on the machine.
 ship() {  # NAME FILE: FILE (made on this machine) into the pieces, then deleted
   local name=$1 file=$2

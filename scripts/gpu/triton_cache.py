@@ -52,7 +52,11 @@ def pack(cache: Path, out: Path, max_mb: float = 15.0, newest_first: bool = True
         raise FileNotFoundError(f"no Triton cache folder at {cache}")
     entries = [(e, files) for e in _entries(cache, newest_first) if (files := _kept(e))]
     partial = out.with_name(f".{out.name}.partial")
-    counts = (_pack_xz if out.name.endswith(".xz") else _pack_gz)(entries, partial, int(max_mb * 2**20))
+    try:
+        counts = (_pack_xz if out.name.endswith(".xz") else _pack_gz)(entries, partial, int(max_mb * 2**20))
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(out)
     return counts
 
