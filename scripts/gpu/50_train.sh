@@ -111,11 +111,11 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   done
   if [ "$scored" = 1 ]; then
     picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2> "$WORK/pick.txt") || picked=$RUN/best.pt
-    IFS=$'\t' read -r ckpt lp <<< "$picked"
+    IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
     cat "$WORK/pick.txt"
     run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
       --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
-      ${lp:+--length-penalty "$lp"} "${RUNTIME[@]}"
+      ${picked_lp:+--length-penalty "$picked_lp"} "${RUNTIME[@]}"
   fi
 fi
 
@@ -143,8 +143,8 @@ if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
   run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
     --output "$weights" --overwrite && ship averaged "$weights"
-elif finished && ! predicted && [ -n "${ckpt:-}" ] && [ -e "$ckpt" ]; then
-  echo "$(basename "$ckpt") ${DECODE[*]} ${lp:+--length-penalty $lp}" > "$WORK/picked.txt"
+elif finished && ! predicted && [ -e "${ckpt:=$RUN/best.pt}" ]; then  # not scored in time: best.pt
+  echo "$(basename "$ckpt") ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
   if [ "$(basename "$ckpt")" = averaged.pt ]; then  # weights only already
     cp "$ckpt" "$weights" && ship picked "$weights"
   else  # the average of one: its weights without the optimizer's state
