@@ -18,31 +18,27 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from scratchformer import data as D
 from scratchformer.data.tokenizer import TokenizerPair
 from scratchformer.training.config import TrainConfig
 
 
-def shapes(lengths: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, cfg: TrainConfig, multiple: int,
-           steps: int) -> tuple[Counter, float]:
-    """(batches per padded (rows, source, target) shape over `steps` batches, the fraction of the
-    padded tokens that are padding), batched as the trainer batches."""
-    sampler = D.BucketBatchSampler(lengths, batch_size=cfg.batch_size, max_tokens=cfg.max_tokens, shuffle=True,
-                                   seed=cfg.seed, pad_multiple=multiple)
+def shapes(encoded: D.EncodedDataset, cfg: TrainConfig, multiple: int, steps: int) -> tuple[Counter, float]:
+    """(batches per `Batch.shape`, the key the trainer's graphs are kept by, over `steps` batches;
+    the fraction of the padded source and target tokens that are padding), batched by the trainer's
+    sampler and collate."""
+    sampler = D.BucketBatchSampler(encoded.lengths(), batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
+                                   shuffle=True, seed=cfg.seed, pad_multiple=multiple)
     counts: Counter = Counter()
     real = padded = epoch = 0
     while sum(counts.values()) < steps:
         sampler.set_epoch(epoch)
         epoch += 1
-        for batch in sampler:
-            b = np.asarray(batch)
-            # collate pads the source, and the target plus its BOS (tgt_in) / EOS (tgt_out)
-            key = (len(b), int(D.round_up(src_len[b].max(), multiple)), int(D.round_up(tgt_len[b].max() + 1, multiple)))
-            counts[key] += 1
-            real += int(src_len[b].sum() + tgt_len[b].sum() + len(b))
-            padded += len(b) * (key[1] + key[2])
+        for indices in sampler:
+            batch = D.collate([encoded[i] for i in indices], pad_multiple=multiple)
+            counts[batch.shape] += 1
+            real += int(batch.src_lengths.sum() + batch.tgt_lengths.sum())
+            padded += batch.src.numel() + batch.tgt_in.numel()
             if sum(counts.values()) == steps:
                 break
     return counts, 1 - real / padded
@@ -67,10 +63,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"{args.run}: no tokenizer*.json")
     toks = TokenizerPair.load(files)
     encoded, _ = D.encode_examples(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
-    src_len = np.array([len(x) for x in encoded.src])
-    tgt_len = np.array([len(y) for y in encoded.tgt])
     for m in args.pad_multiples:
-        counts, pad = shapes(encoded.lengths(), src_len, tgt_len, cfg, m, args.steps)
+        counts, pad = shapes(encoded, cfg, m, args.steps)
         captured = sum(c >= 2 for c in counts.values())
         replayed = args.steps - len(counts)
         print(f"pad multiple {m:3d}: {len(counts):5d} shapes ({len(counts) / args.steps:.1%} of the steps launched), "
