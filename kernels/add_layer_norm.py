@@ -44,7 +44,9 @@ had paid a cross-warp reduction of dw and db every iteration; they now accumulat
 element and reduce once per program. And as a program's row loop is a serial chain (load, two row
 sums, store), the tuner also races it software-pipelined (`LOOP_STAGES` 2 and 3: the next row
 blocks' loads issued before this block's arithmetic, their data in shared memory, at most
-`MAX_PIPELINE_BYTES`); the pinned launch keeps it unpipelined (both not yet measured on a GPU).
+`MAX_PIPELINE_BYTES`). The eighth window (2026-11-27) measured it: the tuner chose 3 deep at N
+512-4096 (1 at 8192), the backward alone at 0.48-0.90 of the copy bandwidth, fwd+bwd 4-26% faster
+than the sixth window's at N 512-1024; the pinned launch now pipelines as the tuner chose.
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -244,11 +246,14 @@ def _add_layer_norm_bwd_kernel(
 # at least 4 a thread.
 TILE_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
                 for bm, w in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (16, 8))]
-# The backward's: each tile with its row loop unpipelined (1, the pinned launch's) and pipelined 2
-# and 3 deep (the sixth window's tuned backward, tiles only, measured the same as the heuristic's
-# one row a program: its loop's serial load -> reduce -> store chain, not the tile, looked the limit)
+# The backward's: each tile with its row loop unpipelined (1) and pipelined 2 and 3 deep (the sixth
+# window's tuned backward, tiles only, measured the same as the heuristic's one row a program: its
+# loop's serial load -> reduce -> store chain, not the tile, looked the limit). The eighth window's
+# tuner (H100, bf16, 16k and 64k rows) chose 3 at N 512-4096 and 1 at 8192, and its fwd+bwd ran 4-26%
+# faster at N 512-1024 than the sixth's unpipelined one: the pinned launch's depth follows that
+# (`_loop_stages`), and the tuner tries it first.
 LOOP_STAGE_CHOICES = (1, 2, 3)
-PINNED_LOOP_STAGES = 1  # the pinned launch's (SCRATCHFORMER_AUTOTUNE=0), and the tuner's first candidate
+PIPELINED_UP_TO_N = 4096
 BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.num_warps)
                     for c in TILE_CONFIGS for st in LOOP_STAGE_CHOICES]
 
@@ -256,7 +261,7 @@ BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.n
 def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
     """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg:
     the pinned launch's own tile first (`_block_m`, `_num_warps`; with a pipelined row loop, at
-    `PINNED_LOOP_STAGES`, then at the other depths), then the other tiles that fit (and, pipelined,
+    `_loop_stages`' depth, then at the others), then the other tiles that fit (and, pipelined,
     whose loads in flight fit `MAX_PIPELINE_BYTES`)."""
     def prune(configs, nargs, **kwargs):
         block_n = kwargs["BLOCK_N"]
@@ -266,9 +271,12 @@ def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
                 and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
         if not pipelined:
             return [triton.Config({"BLOCK_M": bm}, num_warps=warps)] + kept
-        depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != PINNED_LOOP_STAGES)
+        row_bytes = _loaded_bytes(nargs["dy_ptr"], nargs["s_ptr"], nargs["ds_out_ptr"] if kwargs["HAS_DS"] else None)
+        pinned = _loop_stages(bm, block_n, row_bytes)
+        depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != pinned)
         own = [triton.Config({"BLOCK_M": bm, "LOOP_STAGES": st}, num_warps=warps) for st in depths]
-        return [c for c in own + kept if _pipeline_bytes(c, nargs, kwargs) <= MAX_PIPELINE_BYTES]
+        in_flight = lambda c: _pipeline_bytes(c.kwargs["LOOP_STAGES"], c.kwargs["BLOCK_M"], block_n, row_bytes)  # noqa: E731
+        return [c for c in own + kept if in_flight(c) <= MAX_PIPELINE_BYTES]
     return prune
 
 
@@ -277,12 +285,25 @@ def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
 MAX_PIPELINE_BYTES = 48 << 10
 
 
-def _pipeline_bytes(config, nargs, kwargs) -> int:
-    """Shared memory of the backward's pipelined loads: LOOP_STAGES - 1 row blocks ahead, each of
-    dy, s and (HAS_DS) ds_out (as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages)."""
-    ahead = config.kwargs["LOOP_STAGES"] - 1
-    loaded = [nargs["dy_ptr"], nargs["s_ptr"]] + ([nargs["ds_out_ptr"]] if kwargs["HAS_DS"] else [])
-    return ahead * config.kwargs["BLOCK_M"] * kwargs["BLOCK_N"] * sum(t.element_size() for t in loaded)
+def _loaded_bytes(dy, s, ds_out) -> int:
+    """Bytes a backward's row loop loads per element: dy, s and (if given) ds_out."""
+    return sum(t.element_size() for t in (dy, s, ds_out) if t is not None)
+
+
+def _pipeline_bytes(stages: int, block_m: int, block_n: int, loaded_bytes: int) -> int:
+    """Shared memory of the backward's pipelined loads: stages - 1 row blocks ahead, each of dy, s
+    and ds_out (`_loaded_bytes`; as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages)."""
+    return (stages - 1) * block_m * block_n * loaded_bytes
+
+
+def _loop_stages(block_m: int, block_n: int, loaded_bytes: int) -> int:
+    """The pinned backward's loop depth (SCRATCHFORMER_AUTOTUNE=0, and the tuner's first candidate):
+    the deepest whose loads in flight fit MAX_PIPELINE_BYTES up to PIPELINED_UP_TO_N columns (3 at
+    every N up to 4096 with one row a program), unpipelined beyond, as the eighth window's tuner chose."""
+    if block_n > PIPELINED_UP_TO_N:
+        return 1
+    return max(st for st in LOOP_STAGE_CHOICES
+               if _pipeline_bytes(st, block_m, block_n, loaded_bytes) <= MAX_PIPELINE_BYTES)
 
 
 _prune_fwd = _pruner("M", 1 << 13)
@@ -432,7 +453,8 @@ def add_layer_norm_bwd(
                          (N, s.dtype, dy2.dtype, weight.dtype, *flags.values()), *args, **flags)
         else:
             BLOCK_M = _block_m(rows_per_program, BLOCK_N)
-            _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=PINNED_LOOP_STAGES,
+            stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out))
+            _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
                                                       num_warps=_num_warps(BLOCK_M, BLOCK_N))
     dw = dw_partial.sum(0).to(weight.dtype)  # second stage: a fixed-order reduction
     db = db_partial.sum(0).to(weight.dtype) if has_bias else None

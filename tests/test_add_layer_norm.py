@@ -327,7 +327,7 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     bm = LN._block_m(rows_per_program, bn)
     own = (bm, LN._num_warps(bm, bn))
     depths = len(LN.LOOP_STAGE_CHOICES)
-    assert got[0] == (*own, LN.PINNED_LOOP_STAGES) and len(set(got)) == len(got)
+    assert got[0] == (*own, LN._loop_stages(*own[:1], bn, 6)) and len(set(got)) == len(got)
     assert {g[:2] for g in got[:depths]} == {own}  # the pinned tile at every depth, then the others
     assert all(128 * w <= m * bn <= 1 << 12 for m, w, _ in got[depths:])
     # each tile unpipelined and at every depth whose loads in flight (dy, s, ds_out: 6 bytes an
@@ -336,10 +336,25 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     assert set(got) == {(m, w, st) for m, w in tiles for st in LN.LOOP_STAGE_CHOICES
                         if (st - 1) * m * bn * 6 <= LN.MAX_PIPELINE_BYTES}
     if N == 512 and rows_per_program > 1:
-        assert got[0] == (1, 2, 1) and {(2, 8), (4, 8), (8, 8)} <= tiles
+        assert got[0] == (1, 2, 3) and {(2, 8), (4, 8), (8, 8)} <= tiles  # pipelined 3 deep, as tuned
         assert {st for m, w, st in got if (m, w) == (1, 2)} == set(LN.LOOP_STAGE_CHOICES)
     if N == 16384:  # a row block ahead would take 96 KiB: nothing pipelined
         assert {st for *_, st in got} == {1}
+
+
+@pytest.mark.parametrize(("block_m", "N", "loaded_bytes", "depth"), [
+    (1, 512, 6, 3), (1, 4096, 6, 3),  # the tuned depth up to 4096 columns: 2 blocks ahead, 48 KiB at 4096
+    (1, 4096, 12, 2), (1, 2048, 12, 3),  # fp32 dy, s and ds_out: as deep as 48 KiB allows
+    (8, 4096, 6, 1), (1, 8192, 6, 1), (1, 16384, 4, 1),  # nothing ahead fits, or wider than tuned deep
+])
+def test_pinned_backward_depth_is_the_tuned_one_that_fits(block_m, N, loaded_bytes, depth):
+    """The pinned backward's loop depth (`_loop_stages`): 3 row blocks in flight up to N 4096 (the
+    eighth window's tuned choice), shallower when the blocks ahead would pass MAX_PIPELINE_BYTES,
+    unpipelined beyond 4096 columns (the tuner's choice at 8192)."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    assert LN._loop_stages(block_m, N, loaded_bytes) == depth
+    assert LN._pipeline_bytes(depth, block_m, N, loaded_bytes) <= LN.MAX_PIPELINE_BYTES
 
 
 @pytest.mark.parametrize("block_m", [1, 2, 4, 16])
@@ -382,7 +397,7 @@ def test_pipelined_backward_matches_ref(block_m, stages, monkeypatch):
     from scratchformer.kernels import add_layer_norm as LN
 
     monkeypatch.setattr(LN, "AUTOTUNE", False)
-    monkeypatch.setattr(LN, "PINNED_LOOP_STAGES", stages)
+    monkeypatch.setattr(LN, "_loop_stages", lambda block_m, block_n, loaded_bytes: stages)
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
     monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 8)
     shape = (1001, 512) if torch.cuda.is_available() else (67, 48)

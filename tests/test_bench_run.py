@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import triton
 
@@ -46,18 +47,52 @@ def test_a_compile_pass_times_nothing(tmp_path):
     assert not cases and " skipped" in out and "passed" not in out and "compiled and tuned, nothing timed" in out
 
 
+def _bench_conftest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_conftest", os.path.join(REPO, "bench", "conftest.py"))
+    module = importlib.util.module_from_spec(spec)  # tests/ has its own module named conftest
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("failures", [0, 1, 2])
+def test_a_failed_capture_is_tried_again_and_recorded(monkeypatch, failures):
+    """The device time of a case whose first capture fails comes from a second try, the first
+    try's error kept beside it; two failures leave no device time and both errors."""
+    import types
+
+    bench_conftest = _bench_conftest()
+    tries = []
+
+    def graph_time(fn, calls):
+        tries.append(calls)
+        if len(tries) <= failures:
+            raise RuntimeError(f"capture {len(tries)} failed\nsecond line")
+        return 2e-6
+
+    monkeypatch.setattr(bench_conftest, "graph_time", graph_time)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    bench = types.SimpleNamespace(extra_info={})
+    gpu = bench_conftest._graph_time_or_error(bench, lambda: None, calls=5)
+    assert tries == [5] * min(failures + 1, 2)
+    if failures == 2:
+        assert gpu is None and bench.extra_info == {"graph_first_error": "RuntimeError: capture 1 failed",
+                                                    "graph_error": "RuntimeError: capture 2 failed"}
+    else:
+        assert gpu == 2e-6 and bench.extra_info["gpu_ms"] == pytest.approx(2e-3)
+        assert bench.extra_info.get("graph_first_error") == ("RuntimeError: capture 1 failed" if failures else None)
+
+
 def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     """run_bench records which config each of our autotuned kernels ran in the case
     (kernels/_common.tuned_launches: the latest launch per kernel through launch_tuned), and none
     left over from an earlier case."""
-    import importlib.util
     import types
 
     from scratchformer.kernels import _common
 
-    spec = importlib.util.spec_from_file_location("bench_conftest", os.path.join(REPO, "bench", "conftest.py"))
-    bench_conftest = importlib.util.module_from_spec(spec)  # tests/ has its own module named conftest
-    spec.loader.exec_module(bench_conftest)
+    bench_conftest = _bench_conftest()
 
     monkeypatch.setattr(_common, "_LAUNCHED", {"_left_over_kernel": {"BLOCK": 8}})
 
