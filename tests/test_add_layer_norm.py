@@ -327,7 +327,7 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     bm = LN._block_m(rows_per_program, bn)
     own = (bm, LN._num_warps(bm, bn))
     depths = len(LN.LOOP_STAGE_CHOICES)
-    assert got[0] == (*own, LN._loop_stages(*own[:1], bn, 6)) and len(set(got)) == len(got)
+    assert got[0] == (*own, LN._loop_stages(own[0], bn, 6)) and len(set(got)) == len(got)
     assert {g[:2] for g in got[:depths]} == {own}  # the pinned tile at every depth, then the others
     assert all(128 * w <= m * bn <= 1 << 12 for m, w, _ in got[depths:])
     # each tile unpipelined and at every depth whose loads in flight (dy, s, ds_out: 6 bytes an
