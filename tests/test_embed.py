@@ -439,13 +439,21 @@ def test_cuda_grad_every_row_written_at_each_width(d, dtype):
 @requires_cuda
 @pytest.mark.parametrize("bad", [-3, 10])
 def test_cuda_grad_bad_token_id_device_assert(bad):
-    """The backward's out-of-range ids (the sorted ids' first and last, checked by the kernel)."""
+    """The backward's out-of-range ids: every id is checked, and named with its place, before the sort."""
     code = (
         "import torch; from scratchformer import _ext\n"
         f"t = torch.tensor([[1, {bad}, 2]], device='cuda'); g = torch.randn(1, 3, 8, device='cuda')\n"
         "torch.ops.scratchformer.embed_sinusoidal_backward(g, t, 10, 1.0, -1); torch.cuda.synchronize()\n"
     )
-    _fails_with_device_assert(code, f"token id {bad} is out of range [0, 10)")
+    _fails_with_device_assert(code, f"token id {bad} at tokens[0, 1] is out of range [0, 10)")
+
+
+@requires_cuda
+def test_cuda_grad_rows_beyond_int32_is_a_clear_error():
+    """The CUDA backward sorts 32-bit ids: a vocabulary past 2^31 - 1 rows is refused up front."""
+    grad, tokens = torch.randn(1, 3, 8, device="cuda"), torch.tensor([[1, 2, 3]], device="cuda")
+    with pytest.raises(RuntimeError, match="at most 2147483647 embedding rows, got 2147483648"):
+        OP.embed_sinusoidal_backward(grad, tokens, 2**31, 1.0, -1)
 
 
 @requires_cuda

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 namespace scratchformer {
@@ -35,10 +36,11 @@ cudaError_t embed_sinusoidal_fwd(const index_t* tokens, const scalar_t* weight,
 template <typename scalar_t>
 cudaError_t add_sinusoidal_fwd(const scalar_t* x, scalar_t* out, int64_t rows, int64_t L,
                                int64_t d, int64_t pos_offset, cudaStream_t stream);
-template <typename scalar_t>
-cudaError_t embed_sinusoidal_bwd(const int64_t* sorted_ids, const int64_t* positions,
-                                 const scalar_t* grad, scalar_t* grad_weight, int64_t N,
-                                 int64_t d, int64_t V, float scale, int64_t padding_idx,
+cudaError_t embed_sinusoidal_bwd_workspace(int64_t N, int64_t V, size_t* bytes);
+template <typename scalar_t, typename index_t>
+cudaError_t embed_sinusoidal_bwd(const index_t* tokens, const scalar_t* grad, scalar_t* grad_weight,
+                                 int64_t N, int64_t L, int64_t d, int64_t V, float scale,
+                                 int64_t padding_idx, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 
 namespace {
@@ -101,19 +103,27 @@ at::Tensor embed_sinusoidal_backward_cuda(const at::Tensor& grad_in, const at::T
   check_cuda_dtype(grad_in.scalar_type(), "embed_sinusoidal_backward");
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous();
-  const int64_t N = tokens_in.numel(), d = grad.size(2);
+  const at::Tensor tokens = tokens_in.contiguous();
+  const int64_t N = tokens.numel(), L = tokens.size(1), d = grad.size(2);
   if (N == 0 || d == 0) return at::zeros({num_weights, d}, grad.options());
+  // The kernels sort 32-bit ids and positions (csrc/cuda/embed_kernels.cu).
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK(N <= kMax, "embed_sinusoidal_backward on CUDA: at most ", kMax, " tokens, got ", N);
+  TORCH_CHECK(num_weights <= kMax, "embed_sinusoidal_backward on CUDA: at most ", kMax,
+              " embedding rows, got ", num_weights);
   at::Tensor grad_weight = at::empty({num_weights, d}, grad.options());  // the kernel writes every row
-  // Stable sort: equal ids keep ascending positions, which fixes the summation order.
-  const auto [sorted_ids, positions] =
-      at::sort(tokens_in.reshape({-1}).to(at::kLong), /*stable=*/true, /*dim=*/0,
-               /*descending=*/false);
+  size_t workspace_bytes = 0;
+  C10_CUDA_CHECK(embed_sinusoidal_bwd_workspace(N, num_weights, &workspace_bytes));
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(workspace_bytes)}, grad.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  SCRATCHFORMER_DISPATCH_CUDA_FLOATS(grad.scalar_type(), "embed_sinusoidal_backward_cuda", [&] {
-    C10_CUDA_CHECK(embed_sinusoidal_bwd(
-        sorted_ids.const_data_ptr<int64_t>(), positions.const_data_ptr<int64_t>(),
-        cuda_ptr<scalar_t>(grad), cuda_mutable_ptr<scalar_t>(grad_weight), N, d, num_weights,
-        static_cast<float>(scale), padding_idx, stream));
+  AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "embed_sinusoidal_backward_cuda", [&] {
+    SCRATCHFORMER_DISPATCH_CUDA_FLOATS(grad.scalar_type(), "embed_sinusoidal_backward_cuda", [&] {
+      C10_CUDA_CHECK(embed_sinusoidal_bwd(
+          tokens.const_data_ptr<index_t>(), cuda_ptr<scalar_t>(grad),
+          cuda_mutable_ptr<scalar_t>(grad_weight), N, L, d, num_weights, static_cast<float>(scale),
+          padding_idx, workspace.mutable_data_ptr(), workspace_bytes, stream));
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_weight;

@@ -28,19 +28,29 @@
 // assert, compiled in regardless of NDEBUG). As with F.embedding on CUDA, the error surfaces at
 // the next synchronisation ("device-side assert triggered") and the CUDA context is lost.
 //
-// Backward, deterministic: the glue stable-sorts the flattened tokens (sorted ids + original
-// positions). Thread (x, y) of a block owns vocabulary row v = blockIdx.x * blockDim.y + y and
-// COLS adjacent columns from COLS * x (one 16-byte access a row where d and the pointers allow:
-// 8 bf16/fp16 or 4 fp32 columns, as the forward; else one column); it finds v's run in the sorted
-// ids by binary search, sums grad[pos[m], c] over the run in ascending m (= ascending original
-// position, the sort is stable) in fp32, kBwdRows rows' loads in flight together, multiplies by
-// scale, rounds once and writes grad_weight[v, c]; an absent id, and padding_idx, writes zeros. So
-// every row of grad_weight is written once, by this kernel (no zero-fill before it), and no block
-// is launched for nothing. No atomics: bit-identical run to run, the CPU kernel's order.
-// Out-of-range ids: the ids are sorted, so block 0 checks the first and the last (device-side
-// assert, as the forward). History: the first design ran one block per sorted position (only
-// the start of a run worked) on 2-byte accesses, after a zero-fill of grad_weight: bf16
-// forward + backward reached 0.18-0.37 of the copy bandwidth on the H100 (2026-11-26).
+// Backward, deterministic, in four launches on the current stream (the glue hands over one byte
+// workspace, sized by embed_sinusoidal_bwd_workspace):
+//   1. keys: every token id checked against [0, V) (device-side assert naming it and its place, as
+//      the forward), copied to a 32-bit key beside its flat position;
+//   2. cub's radix sort of (key, position) pairs on the ceil(log2 V) bits the ids can have (15 for a
+//      32,000-token vocabulary, where at::sort of the int64 ids sorted on all 64): an LSD radix sort
+//      is stable, so equal ids keep ascending positions, the CPU kernel's order;
+//   3. offsets: offsets[v] = the first sorted index with id >= v, for v in [0, V], one thread a row
+//      (one binary search each, all in one wave);
+//   4. rows: thread (x, y) of a block owns vocabulary row v = blockIdx.x * blockDim.y + y and COLS
+//      adjacent columns from COLS * x (one 16-byte access a row where d and the pointers allow: 8
+//      bf16/fp16 or 4 fp32 columns, as the forward; else one column); it sums grad[pos[m], c] over
+//      its run [offsets[v], offsets[v + 1]) in ascending m in fp32, kBwdRows rows' loads in flight
+//      together, multiplies by scale, rounds once and writes grad_weight[v, c]; an absent id, and
+//      padding_idx, writes zeros. Every row of grad_weight is written once, by this kernel (no
+//      zero-fill before it). No atomics: bit-identical run to run and to the CPU kernel.
+// History, H100 (2026-11-26, sixth window), bf16 forward + backward: 0.16-0.21 of the copy bandwidth
+// at 16k tokens, 0.63-0.72 at 262k. A line through its backward's times at d 512 and 1024 (16k
+// tokens) gives about 80 us fixed and ~640 GB/s for the bytes: at::sort on 64-bit keys, and every
+// thread of every row (7.5 waves of them at d 512) binary-searching the sorted ids twice, 28
+// dependent loads before its first useful one; stages 1-3 replace both (not yet run on a GPU).
+// Before that, the first design ran one block per sorted position (only the start of a run
+// worked) on 2-byte accesses after a zero-fill of grad_weight: 0.18-0.37 of the copy bandwidth.
 // Cost: a very frequent id walks its run serially in one thread row; padding, usually the most
 // frequent id, is skipped.
 #undef NDEBUG
@@ -50,6 +60,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include "../sinusoid.h"
@@ -169,40 +180,52 @@ __global__ void embed_sinusoidal_fwd_kernel(
   }
 }
 
-// The first index m of sorted_ids[0, N) with sorted_ids[m] >= v.
-__device__ __forceinline__ int64_t lower_bound(const int64_t* __restrict__ sorted_ids, int64_t N,
-                                               int64_t v) {
+// Backward stage 1: keys[i] = tokens[i] (checked against [0, V)), positions[i] = i.
+template <typename index_t>
+__global__ void embed_bwd_keys_kernel(const index_t* __restrict__ tokens, uint32_t* __restrict__ keys,
+                                      int32_t* __restrict__ positions, int64_t N, int64_t L, int64_t V) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const int64_t id = static_cast<int64_t>(tokens[i]);
+  if (id < 0 || id >= V) {
+    printf("embed_sinusoidal_backward: token id %lld at tokens[%lld, %lld] is out of range [0, %lld)\n",
+           static_cast<long long>(id), static_cast<long long>(i / L), static_cast<long long>(i % L),
+           static_cast<long long>(V));
+    assert(id >= 0 && id < V);
+  }
+  keys[i] = static_cast<uint32_t>(id);
+  positions[i] = static_cast<int32_t>(i);
+}
+
+// Backward stage 3: offsets[v] = the first m of sorted_keys[0, N) with sorted_keys[m] >= v, v in [0, V].
+__global__ void embed_bwd_offsets_kernel(const uint32_t* __restrict__ sorted_keys, int32_t* __restrict__ offsets,
+                                         int64_t N, int64_t V) {
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v > V) return;
   int64_t lo = 0, hi = N;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted_ids[mid] < v) lo = mid + 1; else hi = mid;
+    if (static_cast<int64_t>(sorted_keys[mid]) < v) lo = mid + 1; else hi = mid;
   }
-  return lo;
+  offsets[v] = static_cast<int32_t>(lo);
 }
 
-// grad_weight[v, :] = scale * sum over the run of v in sorted_ids of grad[positions[m], :], zeros
-// for an absent v and for padding_idx. VEC: d and both pointers multiples of COLS elements (the
-// launcher checks), so a row's COLS columns are one aligned access; otherwise COLS is 1.
+// Backward stage 4: grad_weight[v, :] = scale * sum over m in [offsets[v], offsets[v + 1]) of
+// grad[positions[m], :], zeros for an absent v and for padding_idx. VEC: d and both pointers
+// multiples of COLS elements (the launcher checks), so a row's COLS columns are one aligned access;
+// otherwise COLS is 1.
 template <typename scalar_t, int COLS, bool VEC>
 __global__ void embed_sinusoidal_bwd_kernel(
-    const int64_t* __restrict__ sorted_ids,  // (N,) token ids, stably sorted
-    const int64_t* __restrict__ positions,   // (N,) flat (b * L + j) position of each sorted id
-    const scalar_t* __restrict__ grad,       // (N, d) contiguous
-    scalar_t* __restrict__ grad_weight,      // (V, d) contiguous, every row written here
-    int64_t N, int64_t d, int64_t V, float scale, int64_t padding_idx) {
+    const int32_t* __restrict__ offsets,    // (V + 1,) each id's first index in the sorted order
+    const int32_t* __restrict__ positions,  // (N,) flat (b * L + j) position of each sorted id
+    const scalar_t* __restrict__ grad,      // (N, d) contiguous
+    scalar_t* __restrict__ grad_weight,     // (V, d) contiguous, every row written here
+    int64_t d, int64_t V, float scale, int64_t padding_idx) {
   using Vec = Pairs<scalar_t, (COLS + 1) / 2>;
-  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
-    const int64_t bad = sorted_ids[0] < 0 ? sorted_ids[0] : sorted_ids[N - 1];
-    if (bad < 0 || bad >= V) {
-      printf("embed_sinusoidal_backward: token id %lld is out of range [0, %lld)\n",
-             static_cast<long long>(bad), static_cast<long long>(V));
-      assert(bad >= 0 && bad < V);
-    }
-  }
   const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (v >= V) return;
-  const int64_t start = lower_bound(sorted_ids, N, v);
-  const int64_t end = v == padding_idx ? start : lower_bound(sorted_ids, N, v + 1);
+  const int64_t start = offsets[v];
+  const int64_t end = v == padding_idx ? start : static_cast<int64_t>(offsets[v + 1]);
   const int64_t step = static_cast<int64_t>(blockDim.x) * COLS;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * COLS; c < d; c += step) {
     float acc[COLS] = {};
@@ -302,6 +325,70 @@ cudaError_t launch_fwd(const index_t* tokens, const scalar_t* src, scalar_t* out
   return cudaGetLastError();
 }
 
+// The backward's workspace, carved from one buffer: the keys and positions before and after the
+// sort, the offsets and cub's temporary storage, each 256-byte aligned. With base == nullptr it
+// only sizes them (*bytes). N < 2^31 and V < 2^31 (the glue checks).
+struct BwdWorkspace {
+  uint32_t* keys;
+  uint32_t* sorted_keys;
+  int32_t* positions;
+  int32_t* sorted_positions;
+  int32_t* offsets;
+  void* sort_temp;
+  size_t sort_temp_bytes;
+  int end_bit;  // the bits an id in [0, V) can have, at least 1
+};
+
+cudaError_t carve_bwd_workspace(void* base, int64_t N, int64_t V, BwdWorkspace* ws, size_t* bytes) {
+  ws->end_bit = 1;
+  while ((int64_t{1} << ws->end_bit) < V) ++ws->end_bit;
+  ws->sort_temp_bytes = 0;
+  const cudaError_t err = cub::DeviceRadixSort::SortPairs(
+      nullptr, ws->sort_temp_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(N), 0,
+      ws->end_bit);
+  if (err != cudaSuccess) return err;
+  char* p = static_cast<char*>(base);
+  size_t used = 0;
+  auto take = [&](size_t n) {
+    void* at = p == nullptr ? nullptr : p + used;
+    used += (n + 255) / 256 * 256;
+    return at;
+  };
+  const size_t n = static_cast<size_t>(N);
+  ws->keys = static_cast<uint32_t*>(take(n * sizeof(uint32_t)));
+  ws->sorted_keys = static_cast<uint32_t*>(take(n * sizeof(uint32_t)));
+  ws->positions = static_cast<int32_t*>(take(n * sizeof(int32_t)));
+  ws->sorted_positions = static_cast<int32_t*>(take(n * sizeof(int32_t)));
+  ws->offsets = static_cast<int32_t*>(take((static_cast<size_t>(V) + 1) * sizeof(int32_t)));
+  ws->sort_temp = take(ws->sort_temp_bytes);
+  *bytes = used;
+  return cudaSuccess;
+}
+
+template <typename scalar_t>
+cudaError_t launch_bwd_rows(const int32_t* offsets, const int32_t* positions, const scalar_t* grad,
+                            scalar_t* grad_weight, int64_t d, int64_t V, float scale,
+                            int64_t padding_idx, cudaStream_t stream) {
+  constexpr int kWide = 16 / sizeof(scalar_t);  // columns in 16 bytes
+  const bool vec = d % kWide == 0 && aligned(grad, 16) && aligned(grad_weight, 16);
+  const int64_t groups = vec ? d / kWide : d;  // threads along a row
+  // up to 128 threads along the row, down to one warp; 256 per block, so 2-8 vocabulary rows a block
+  const unsigned tx = groups >= 128 ? 128 : (groups >= 64 ? 64 : 32);
+  const unsigned ty = 256 / tx;
+  const int64_t blocks = (V + ty - 1) / ty;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(tx, ty);
+  if (vec) {
+    embed_sinusoidal_bwd_kernel<scalar_t, kWide, true><<<grid, block, 0, stream>>>(
+        offsets, positions, grad, grad_weight, d, V, scale, padding_idx);
+  } else {
+    embed_sinusoidal_bwd_kernel<scalar_t, 1, false><<<grid, block, 0, stream>>>(
+        offsets, positions, grad, grad_weight, d, V, scale, padding_idx);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -327,31 +414,40 @@ cudaError_t add_sinusoidal_fwd(const scalar_t* x, scalar_t* out, int64_t rows, i
                                        stream);
 }
 
-// grad_weight (V, d), every row written (no zero-fill needed), from the stably sorted ids and
-// their positions.
-template <typename scalar_t>
-cudaError_t embed_sinusoidal_bwd(const int64_t* sorted_ids, const int64_t* positions,
-                                 const scalar_t* grad, scalar_t* grad_weight, int64_t N,
-                                 int64_t d, int64_t V, float scale, int64_t padding_idx,
+// The bytes of the workspace embed_sinusoidal_bwd needs for N tokens and V rows.
+cudaError_t embed_sinusoidal_bwd_workspace(int64_t N, int64_t V, size_t* bytes) {
+  BwdWorkspace ws;
+  return carve_bwd_workspace(nullptr, N, V, &ws, bytes);
+}
+
+// grad_weight (V, d), every row written (no zero-fill needed), from tokens (N,) = (B * L,) with
+// sequence length L (for the error message) and grad (N, d); workspace: at least
+// embed_sinusoidal_bwd_workspace(N, V) bytes.
+template <typename scalar_t, typename index_t>
+cudaError_t embed_sinusoidal_bwd(const index_t* tokens, const scalar_t* grad, scalar_t* grad_weight,
+                                 int64_t N, int64_t L, int64_t d, int64_t V, float scale,
+                                 int64_t padding_idx, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream) {
   if (N == 0 || d == 0) return cudaSuccess;
-  constexpr int kWide = 16 / sizeof(scalar_t);  // columns in 16 bytes
-  const bool vec = d % kWide == 0 && aligned(grad, 16) && aligned(grad_weight, 16);
-  const int64_t groups = vec ? d / kWide : d;  // threads along a row
-  // up to 128 threads along the row, down to one warp; 256 per block, so 2-8 vocabulary rows a block
-  const unsigned tx = groups >= 128 ? 128 : (groups >= 64 ? 64 : 32);
-  const unsigned ty = 256 / tx;
-  const int64_t blocks = V > 0 ? (V + ty - 1) / ty : 1;  // one block still checks the ids when V is 0
-  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(blocks)), block(tx, ty);
-  if (vec) {
-    embed_sinusoidal_bwd_kernel<scalar_t, kWide, true><<<grid, block, 0, stream>>>(
-        sorted_ids, positions, grad, grad_weight, N, d, V, scale, padding_idx);
-  } else {
-    embed_sinusoidal_bwd_kernel<scalar_t, 1, false><<<grid, block, 0, stream>>>(
-        sorted_ids, positions, grad, grad_weight, N, d, V, scale, padding_idx);
-  }
-  return cudaGetLastError();
+  BwdWorkspace ws;
+  size_t needed = 0;
+  cudaError_t err = carve_bwd_workspace(workspace, N, V, &ws, &needed);
+  if (err != cudaSuccess) return err;
+  if (workspace_bytes < needed) return cudaErrorInvalidValue;
+  constexpr unsigned kThreads = 256;
+  embed_bwd_keys_kernel<index_t><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      tokens, ws.keys, ws.positions, N, L, V);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if (V == 0) return cudaSuccess;  // no rows to write; the keys kernel has reported every id
+  err = cub::DeviceRadixSort::SortPairs(ws.sort_temp, ws.sort_temp_bytes, ws.keys, ws.sorted_keys,
+                                        ws.positions, ws.sorted_positions, static_cast<int>(N), 0,
+                                        ws.end_bit, stream);
+  if (err != cudaSuccess) return err;
+  embed_bwd_offsets_kernel<<<static_cast<unsigned>((V + kThreads) / kThreads), kThreads, 0, stream>>>(
+      ws.sorted_keys, ws.offsets, N, V);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  return launch_bwd_rows<scalar_t>(ws.offsets, ws.sorted_positions, grad, grad_weight, d, V, scale,
+                                   padding_idx, stream);
 }
 
 #define SCRATCHFORMER_INSTANTIATE(T)                                                           \
@@ -363,9 +459,12 @@ cudaError_t embed_sinusoidal_bwd(const int64_t* sorted_ids, const int64_t* posit
                                                         float, int64_t, bool, cudaStream_t);    \
   template cudaError_t add_sinusoidal_fwd<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, \
                                              cudaStream_t);                                     \
-  template cudaError_t embed_sinusoidal_bwd<T>(const int64_t*, const int64_t*, const T*, T*,   \
-                                               int64_t, int64_t, int64_t, float, int64_t,       \
-                                               cudaStream_t);
+  template cudaError_t embed_sinusoidal_bwd<T, int32_t>(const int32_t*, const T*, T*, int64_t, \
+                                                        int64_t, int64_t, int64_t, float, int64_t, \
+                                                        void*, size_t, cudaStream_t);               \
+  template cudaError_t embed_sinusoidal_bwd<T, int64_t>(const int64_t*, const T*, T*, int64_t, \
+                                                        int64_t, int64_t, int64_t, float, int64_t, \
+                                                        void*, size_t, cudaStream_t);
 SCRATCHFORMER_INSTANTIATE(float)
 SCRATCHFORMER_INSTANTIATE(__half)
 SCRATCHFORMER_INSTANTIATE(__nv_bfloat16)
