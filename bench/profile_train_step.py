@@ -37,7 +37,10 @@ CATEGORIES = [
     ("loss", ("nll_loss", "cross_entropy", "log_softmax", "logsoftmax")),
     ("attention", ("attention", "attn", "flash", "fmha", "sdpa", "softmax")),
     ("layernorm", ("layer_norm", "layernorm")),
-    ("embedding", ("embed", "index_select", "indexing_backward")),
+    # the embedding's backward sorts its ids (ours and F.embedding's: cub's radix sort, the step's only
+    # sort), then F.embedding's sums its runs by segment
+    ("embedding", ("embed", "index_select", "indexing_backward", "radixsort", "partials_per_segment",
+                   "partial_segment", "compute_grad_weight", "sum_and_scatter")),
     ("gemm", ("gemm", "matmul", "xmma", "nvjet", "cutlass", "cublas", "addmm", "aten::mm", "aten::bmm", "linear")),
 ]
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")

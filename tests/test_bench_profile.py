@@ -17,7 +17,16 @@ from profile_train_step import category  # noqa: E402
     ("_add_layer_norm_bwd_kernel", "layernorm"),  # ours (kernels/add_layer_norm.py)
     ("_matmul_fwd_kernel", "gemm"),  # ours (kernels/matmul.py: the FFN's GEMMs, GELU fused)
     ("_matmul_dact_kernel", "gemm"),
-    ("void embed_sinusoidal_bwd_kernel<float>(long const*, long const*, float const*)", "embedding"),  # csrc/cuda
+    ("void scratchformer::cuda::(anonymous namespace)::embed_sinusoidal_bwd_kernel<float, 4, true>"
+     "(int const*, int const*, float const*, float*, long, long, float, long)", "embedding"),  # csrc/cuda
+    ("void scratchformer::cuda::(anonymous namespace)::embed_bwd_keys_kernel<long>"
+     "(long const*, unsigned int*, int*, long, long, long)", "embedding"),
+    ("void cub::CUB_300000_SM_900::detail::radix_sort::DeviceRadixSortOnesweepKernel<cub::CUB_300000_SM_900::"
+     "detail::radix::policy_hub<unsigned int, int, int>::Policy900, false, unsigned int, int, int, int, int, "
+     "cub::CUB_300000_SM_900::detail::identity_decomposer_t>", "embedding"),  # its ids' sort
+    ("void at::native::(anonymous namespace)::krn_partials_per_segment<long>(long*, long const*, long, long)",
+     "embedding"),  # F.embedding's backward
+    ("void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, float, long>", "embedding"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4> >(Flash_fwd_params)", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
