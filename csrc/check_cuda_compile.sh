@@ -38,7 +38,7 @@ for src in "$here"/cuda/*.cu; do
   if "$nvcc" -c -std=c++17 -O3 -Xcompiler -Wall -I "$here" \
       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
       -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
-      -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+      -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 \
       "$src" -o "$out/$name.o"; then
     echo "check_cuda_compile: OK   $src (sm_80, sm_90)"
   else
@@ -61,16 +61,23 @@ if [[ -z "$cuda_include" ]]; then
 fi
 python_include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 cxx="${CXX:-c++}"
-for src in "$here"/*.cpp "$here"/cuda/*.cpp; do
-  # What setup.py's CUDAExtension passes to the host compiler, -Werror added: a warning in the
-  # glue is a bug until shown otherwise.
-  if "$cxx" -fsyntax-only -std=c++17 -O3 -Wall -Werror -fPIC -fopenmp -DWITH_CUDA \
-      -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C \
-      -isystem "$TORCH_CUDA_INCLUDE" -isystem "$TORCH_CUDA_INCLUDE/torch/csrc/api/include" \
-      -isystem "$cuda_include" -isystem "$python_include" -I "$here" "$src"; then
-    echo "check_cuda_compile: OK   $src (torch glue, CUDA torch headers)"
+# What setup.py's CUDAExtension passes to the host compiler, -Werror added: a warning in the glue is
+# a bug until shown otherwise. The files at once (each a compiler process), reported in order.
+glue=("$here"/*.cpp "$here"/cuda/*.cpp)
+pids=()
+for i in "${!glue[@]}"; do
+  "$cxx" -fsyntax-only -std=c++17 -O3 -Wall -Werror -fPIC -fopenmp -DWITH_CUDA \
+    -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C \
+    -isystem "$TORCH_CUDA_INCLUDE" -isystem "$TORCH_CUDA_INCLUDE/torch/csrc/api/include" \
+    -isystem "$cuda_include" -isystem "$python_include" -I "$here" "${glue[$i]}" >"$out/glue$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!glue[@]}"; do
+  if wait "${pids[$i]}"; then
+    echo "check_cuda_compile: OK   ${glue[$i]} (torch glue, CUDA torch headers)"
   else
-    echo "check_cuda_compile: FAIL $src (torch glue, CUDA torch headers)" >&2
+    cat "$out/glue$i.log" >&2
+    echo "check_cuda_compile: FAIL ${glue[$i]} (torch glue, CUDA torch headers)" >&2
     status=1
   fi
 done

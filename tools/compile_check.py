@@ -5,7 +5,7 @@ misses tl.dot shape/dtype constraints, layout and encoding failures, constexpr t
 autotune configs that need more shared memory than the chip has. This module compiles the kernels
 with Triton's own compiler and its bundled ptxas for sm_90 (H100) and sm_80 (A100), no GPU needed:
 
-    python -m tools.compile_check [op ...] [--targets sm90,sm80] [--jobs 2]     (from the repo root)
+    python -m tools.compile_check [op ...] [--targets sm90,sm80] [--jobs 2] [--quick]     (from the repo root)
 
 ops: attention, add_layer_norm, matmul, ffn (default: all). Exit status 0 when everything
 compiled and fits; 1 otherwise. TRITON_INTERPRET must not be "1" when the kernels are imported
@@ -497,6 +497,13 @@ def _run_all(indices, jobs_n, on_result):
 # ---------------------------------------------------------------------------------------------
 
 
+def _quick(full: tuple) -> tuple:
+    """--quick: a scenario's full compiles cut to one config per launch: the one the sweep found
+    with the most shared memory (the likeliest to overflow) where it asked for several or all,
+    its own single pick otherwise. Every kernel and flag combination still goes through ptxas."""
+    return ("max_shared",) if len(full) > 1 or "all" in full else full
+
+
 def _tile_size(config) -> tuple:
     kw = config.kwargs
     prod = 1
@@ -525,6 +532,8 @@ def main(argv=None) -> int:
     p.add_argument("--full-all", action="store_true", help="compile every kept config fully (slow)")
     p.add_argument("--no-sweep", action="store_true", help="skip the shared-memory sweep of all kept configs")
     p.add_argument("--no-full", action="store_true", help="only the shared-memory sweep (no ptxas)")
+    p.add_argument("--quick", action="store_true",
+                   help="one full compile per launch (its largest shared memory) instead of its scenario's picks")
     p.add_argument("--list", action="store_true", help="list the variants, compile nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print signatures")
     a = p.parse_args(argv)
@@ -605,7 +614,7 @@ def main(argv=None) -> int:
                 if ln.sweep and not a.no_sweep:
                     for c in kept:
                         add("sweep", li, tname, _config_kwargs(ln, c), "sweep")
-                sel = () if a.no_full else ("all",) if a.full_all else ln.full
+                sel = () if a.no_full else ("all",) if a.full_all else _quick(ln.full) if a.quick else ln.full
                 for s in sel:
                     full_plan.append((li, tname, s))
     n_sweep = sum(j.kind == "sweep" for j in jobs)
