@@ -26,7 +26,8 @@ Backward (tutorial 05's derivation), with g = dy · w the gradient reaching x̂:
 
 dx (and dresidual) come from one pass over the rows; dw and db are a deterministic two-stage
 reduction: each backward program owns a block of rows and writes its partial sums to one row of
-an (n_programs, N) fp32 buffer, then the host sums that buffer over programs (no atomics).
+an (n_programs, N) fp32 buffer, then one more launch sums both buffers over programs in a fixed
+order and casts them (`partial_sums.py`; no atomics).
 
 Both kernels work on (BLOCK_M, BLOCK_N) tiles of BLOCK_M whole rows (`_block_m`): one row on a
 GPU from 512 columns up, several for narrower rows, and in Triton's interpreter, which pays per
@@ -93,6 +94,7 @@ from ._common import (
     load_dropout_rng,
     next_pow2,
 )
+from .partial_sums import sum_partials
 
 MAX_N = 16384
 
@@ -456,8 +458,7 @@ def add_layer_norm_bwd(
             stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out))
             _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
                                                       num_warps=_num_warps(BLOCK_M, BLOCK_N))
-    dw = dw_partial.sum(0).to(weight.dtype)  # second stage: a fixed-order reduction
-    db = db_partial.sum(0).to(weight.dtype) if has_bias else None
+    dw, db = sum_partials(dw_partial, db_partial, weight.dtype)  # second stage: one launch, a fixed order
     shape = s.shape
     return dx.view(shape), dres.view(shape) if dres is not None else None, dw, db
 

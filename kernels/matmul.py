@@ -19,7 +19,8 @@ Both kernels load (seed, offset) from a (2,) int64 tensor in device memory (`rng
 `_common.dropout_rng`), so a CUDA graph replay or a compiled graph draws afresh.
 
 The column sums of dH (the bias gradient) are reduced deterministically: each row-tile writes
-its fp32 partial to row pid_m of an (n_row_tiles, N) buffer; the caller sums over tiles.
+its fp32 partial to row pid_m of an (n_row_tiles, N) buffer, which one more launch sums over
+tiles in a fixed order (`partial_sums.py`).
 
 Tiles: on a GPU, `triton.autotune` over a short cartesian list pruned by `keep(config)`, keyed on
 (M rounded up to a power of two, N, K) so a new batch size does not retune. Under the
@@ -75,6 +76,7 @@ from ._common import (
     tma_setting,
     upcast_dot,
 )
+from .partial_sums import sum_partials
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -595,7 +597,7 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad
             ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
             UPCAST=upcast_dot(a.dtype), INPUT_PRECISION=_input_precision(a.dtype),
         )
-    return dh, (partial.sum(0) if bias_grad else None)
+    return dh, (sum_partials(partial, None, torch.float32)[0] if bias_grad else None)
 
 
 def matmul(

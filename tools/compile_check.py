@@ -85,7 +85,8 @@ TARGETS = {
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPS = ("attention", "add_layer_norm", "matmul", "ffn")
 # Which op modules hold the kernels an op's scenarios launch (for the coverage check).
-KERNEL_MODULES = {"attention": ["attention"], "add_layer_norm": ["add_layer_norm"], "matmul": ["matmul"], "ffn": []}
+KERNEL_MODULES = {"attention": ["attention"], "add_layer_norm": ["add_layer_norm", "partial_sums"],
+                  "matmul": ["matmul"], "ffn": []}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def _attention(mods, dtypes):
 
 
 def _add_layer_norm(mods, dtypes):
-    LN = mods["add_layer_norm"]
+    LN, PS = mods["add_layer_norm"], mods["partial_sums"]
 
     def fwd_bwd(M, N, dt, wdt, residual, bias, p, store_mask=False, ds=False, dres=False):
         x = _e(M, N, dtype=dt)
@@ -258,6 +259,8 @@ def _add_layer_norm(mods, dtypes):
         if dt != torch.float32:
             with scenario(f"{name} residual+bias, fp32 weight/bias N=512", name, full=("all",)):
                 fwd_bwd(64, 512, dt, torch.float32, residual=True, bias=True, p=0.0, ds=True)
+        with scenario(f"{name} dw/db second stage, an H100's 528 partial rows", name):  # the GPU's tallest tile
+            PS.sum_partials(_e(528, 512, dtype=torch.float32), _e(528, 512, dtype=torch.float32), dt)
 
 
 def _matmul(mods, dtypes):
