@@ -879,6 +879,7 @@ class AttentionFunction(torch.autograd.Function):
         output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
         out, lse = output
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # out is the only differentiable output: no zero dlse built
         if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
             ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths, rng)
         ctx.args = (causal, dropout_p, scale)

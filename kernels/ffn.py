@@ -177,6 +177,9 @@ class FFNFunction(torch.autograd.Function):
         output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
         _y, a, pre = output
         ctx.mark_non_differentiable(a, pre)
+        # y is the only differentiable output, so the backward always gets dy; without this, autograd
+        # would also build zero gradients for a and pre, (M, d_ff) each, and pass them in unread
+        ctx.set_materialize_grads(False)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(x, w1, w2, a, pre, rng)
         ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p)

@@ -275,6 +275,33 @@ def test_dropout_rng_tensor_passed_to_the_op_and_its_backward(name, device):
     assert rec.calls[0][1] is None
 
 
+class _Fills(TorchDispatchMode):
+    """Records the ops that build filled tensors (zeros and the like) outside our ops."""
+
+    FILLS = {"zeros", "zeros_like", "new_zeros", "zero_", "fill_", "full", "full_like", "new_full"}
+
+    def __init__(self):
+        super().__init__()
+        self.fills = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name.split("::")[1] in self.FILLS:
+            self.fills.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", DROPOUT_OPS)
+def test_backward_builds_no_zero_gradients(name, device):
+    """Autograd hands each backward op the gradients of the outputs that take one and builds no
+    zero tensor for the others (the forward's saved activations, attention's lse: the FFN's were
+    (M, d_ff) each, filled and passed in unread, until its Function stopped materialising them)."""
+    call, _ = _dropout_case(name, device)
+    out = call()
+    with _Fills() as rec:
+        out.sum().backward()
+    assert rec.fills == []
+
+
 @pytest.mark.parametrize("name", DROPOUT_OPS)
 def test_compiled_dropout_op_draws_fresh_masks(name, device):
     """torch.compile(fullgraph=True) of an entry point with dropout traces its (seed, offset) draw
