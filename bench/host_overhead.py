@@ -13,6 +13,12 @@ Two measures per backend:
   (6 + 6, 8 heads) at d_model 64, in milliseconds: the number of calls a base step makes;
 - greedy decoding with the KV cache on that model, in milliseconds per new token (no gradient:
   the ops without their autograd);
+- what one such training step issues, counted (in fp32, no autocast; the lengths' range checks,
+  which read values on the CPU only, skipped as on a GPU): the aten ops that do work (each a kernel
+  or more on a GPU: the innermost ones of a CPU-side profile, inside our ops too; views, `empty`
+  and the like left out), the filled tensors built (zeros, full, ones: an FFN's autograd built an
+  (M, d_ff) zero gradient it never read until this count showed it), our torch ops' calls, and the
+  Triton launches;
 - and once, backend aside: the training loader's collate of one 8,192-token batch of short
   sentences (Multi30k's lengths), in milliseconds: host work on the training loop's thread each
   step (`num_workers` 0), which a step replayed as a CUDA graph (`train --cuda-graphs`) waits on.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from unittest import mock
 
 import torch
 
@@ -78,6 +85,55 @@ def model_step(kernel: str, device: str):
         model.zero_grad(set_to_none=True)
 
     return step
+
+
+# aten ops that launch nothing on a GPU: metadata, allocations without a fill
+NO_WORK = {"empty", "empty_strided", "empty_like", "new_empty", "detach", "detach_", "alias", "lift_fresh",
+           "resize_", "set_", "result_type", "_local_scalar_dense"}
+# tensors built filled, counted where called from Python, autograd or our ops (not inside another aten op)
+FILLS = {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like", "new_ones"}
+
+
+def _does_work(name: str) -> bool:
+    """Whether the aten op `name` (an innermost one: nothing dispatched under it) runs a kernel."""
+    if name in NO_WORK:
+        return False
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is None or not any(getattr(packet, o).is_view for o in packet.overloads())
+
+
+def step_ops(kernel: str, device: str) -> dict:
+    """What one training step of `model_step` issues (module docstring), counted from a CPU-side
+    profile of it: the innermost aten ops that do work, anywhere (inside our ops too), the fills
+    among them, our ops' calls, and the Triton launches."""
+    from torch.autograd import DeviceType
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    step = model_step(kernel, device)
+    step()  # compiles, tunes, allocates
+    cls = InterpretedFunction if os.environ.get("TRITON_INTERPRET") == "1" else JITFunction
+    run, launches = cls.run, [0]
+
+    def counted(self, *args, **kwargs):
+        launches[0] += 1
+        return run(self, *args, **kwargs)
+
+    cls.run = counted
+    try:
+        with mock.patch("scratchformer.ops.value_checks", lambda t: False), \
+                mock.patch("scratchformer.kernels.attention.value_checks", lambda t: False), \
+                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()  # as on a GPU: the lengths' range checks, which read values (a sync there), skipped
+    finally:
+        cls.run = run
+    events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
+    leaves = [e.name[6:] for e in events if e.name.startswith("aten::")
+              and not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    work = [n for n in leaves if _does_work(n)]
+    fills = [e for e in events if e.name[6:] in FILLS and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
+    return {"aten ops": len(work), "fills": len(fills),
+            "our ops": sum(e.name.startswith("scratchformer::") for e in events), "Triton launches": launches[0]}
 
 
 def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
@@ -144,6 +200,13 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+def table_counts(rows: dict) -> str:
+    cols = list(next(iter(rows.values())))
+    lines = ["| backend | " + " | ".join(cols) + " |", "| --- " * (len(cols) + 1) + "|"]
+    lines += [f"| {k} | " + " | ".join(str(v) for v in row.values()) + " |" for k, row in rows.items()]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -158,6 +221,9 @@ def main(argv=None) -> str:
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton launches stubbed)"
     report = (f"host time per call, {where}, torch {torch.__version__}; tiny shapes (module docstring)\n\n"
               + table({k: measure(k, args.device, args.calls) for k in args.kernels}))
+    counts = {k: step_ops(k, args.device) for k in args.kernels}
+    report += ("\n\nwhat one such step (forward + backward) issues: aten ops that do work (of them, fills), "
+               "our ops' calls, Triton launches\n\n" + table_counts(counts))
     ms, n = collate_ms(args.calls)
     report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)

@@ -1,6 +1,7 @@
 """bench/host_overhead.py (issue 17: host time per op call and per step, per backend) runs on the
 CPU with Triton's launches stubbed (on a GPU machine: on the GPU, launches real): a row per backend,
-every figure a positive time; and it refuses to stub without the interpreter, naming what to set."""
+every figure a positive time, then what a step issues (our ops and Triton launches in triton's row
+only); and it refuses to stub without the interpreter, naming what to set."""
 
 import os
 import re
@@ -26,11 +27,17 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     env = {"TRITON_INTERPRET": "1"} if DEVICE == "cpu" else {}
     p = _run(env, "--calls", "20", "--out", str(out), device=DEVICE)
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = [line for line in out.read_text().splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
+    times, counts = out.read_text().split("what one such step")
+    rows = [line for line in times.splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch", "triton"]
     for row in rows:
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
         assert len(cells) == 8 and all(c > 0 for c in cells), row
+    rows = [line.strip("|").split("|") for line in counts.splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
+    assert [r[0].strip() for r in rows] == ["eager", "torch", "triton"]
+    for backend, *cells in rows:  # our ops and Triton's launches: triton's only
+        aten, fills, ours, launches = (int(c) for c in cells)
+        assert aten > 0 and fills <= aten and (ours > 0) == (launches > 0) == (backend.strip() == "triton"), cells
     collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
     assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()
 
