@@ -236,7 +236,9 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     files, log = _archive(str(tmp_path / "o2"), "50_train.sh")
     assert "resumed from" in log and "iwslt: finished" in log, log[-3000:]
     assert {"run/metrics.final.json", "run/test_predictions.jsonl", "run/log.txt"} <= set(files)
-    assert not [n for n in files if n.endswith(".pt")] and not list((tmp_path / "o2").glob("*.part*"))
+    # no checkpoint in the archive; the model that wrote the predictions comes back beside it, weights only
+    assert not [n for n in files if n.endswith(".pt")] and not list((tmp_path / "o2").glob("*averaged.pt.part*"))
+    assert list((tmp_path / "o2").glob("50_iwslt-picked.pt.part*"))
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "iwslt" / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids
     # the predictions come from best.pt or the average of the last step checkpoints, each scored on
@@ -249,6 +251,9 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert picked, log
     generate = rf"generate .*--checkpoint \S*/{picked[1]}\.pt .*--length-penalty {re.escape(picked[2])} "
     assert re.search(generate, log), log
+    with tarfile.open(tmp_path / "o2" / "50_train.tar.gz") as tar:
+        assert tar.extractfile("./picked.txt").read().decode().split() == [
+            f"{picked[1]}.pt", "--beam-size", "4", "--length-penalty", picked[2]]
     grid = _dry_run("50_train.sh", str(tmp_path / "o3"), **{**env, "RECIPE": "multi30k-eager"})
     assert grid.returncode == 0, grid.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o3"), "50_train.sh")

@@ -14,7 +14,8 @@
 #      leaves a snapshot the next one continues);
 #   3. a call that ends unfinished: the average of the newest step checkpoints beside the archive, in
 #      15-MiB pieces (50_RECIPE-averaged.pt.part*, joined by collect.py), a model the CPU can score
-#      and predict with;
+#      and predict with; a finished one: the model that writes the test predictions, likewise
+#      (50_RECIPE-picked.pt.part*);
 #   4. always: the run folder without checkpoints into the archive (log, metrics, curves,
 #      attention, validation predictions, test predictions, a summarizer's encoder check), and
 #      "RECIPE: finished" or "continue".
@@ -127,7 +128,9 @@ fi
 #    them, weights only (50_RECIPE-picked.pt.part*; the archive's picked.txt names it and the decoding
 #    flags it writes them with, and run/test_predictions.jsonl.partial holds what was written:
 #    finish_on_cpu.sh writes the rest). The seventh window's SAMSum run was finished and its
-#    predictions were not: before this, its model stayed on the machine.
+#    predictions were not: before this, its model stayed on the machine. A finished run whose
+#    predictions are whole brings that model back too, and picked.txt: the CPU can then try other
+#    decodings on validation (length penalty, beam, minimum length), which the window has no time for.
 ship() {  # NAME FILE: FILE (made on this machine) into the pieces, then deleted
   local name=$1 file=$2
   rm -f "$OUT/50_$RECIPE-"*.pt.part*
@@ -143,7 +146,11 @@ if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
   run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
     --output "$weights" --overwrite && ship averaged "$weights"
-elif finished && ! predicted && [ -e "${ckpt:=$RUN/best.pt}" ]; then  # not scored in time: best.pt
+elif finished && [ ${#DECODE[@]} -gt 0 ]; then
+  if [ -z "${ckpt:-}" ]; then  # not picked in this call (predicted in an earlier one, or not scored): as step 2 picks
+    picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2>/dev/null) || picked=$RUN/best.pt
+    IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
+  fi
   echo "$(basename "$ckpt") ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
   if [ "$(basename "$ckpt")" = averaged.pt ]; then  # weights only already
     cp "$ckpt" "$weights" && ship picked "$weights"
