@@ -47,7 +47,8 @@ sums, store), the tuner also races it software-pipelined (`LOOP_STAGES` 2 and 3:
 blocks' loads issued before this block's arithmetic, their data in shared memory, at most
 `MAX_PIPELINE_BYTES`). The eighth window (2026-11-27) measured it: the tuner chose 3 deep at N
 512-4096 (1 at 8192), the backward alone at 0.48-0.90 of the copy bandwidth, fwd+bwd 4-26% faster
-than the sixth window's at N 512-1024; the pinned launch now pipelines as the tuner chose.
+than the sixth window's at N 512-1024; the pinned launch now pipelines as the tuner chose, and up to
+512 columns takes the tuner's tile at N 512 too (`_bwd_tile`: 8 warps over 1,024 values).
 
 The forward saves s (in x's dtype: the very values it normalised), mean and rstd (fp32). The
 dropout mask is not stored: the backward replays it from the same Philox counters, offset + row ·
@@ -262,13 +263,12 @@ BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.n
 
 def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
     """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg:
-    the pinned launch's own tile first (`_block_m`, `_num_warps`; with a pipelined row loop, at
+    the pinned launch's own tile first (`_fwd_tile`, or `_bwd_tile` for the pipelined backward, at
     `_loop_stages`' depth, then at the others), then the other tiles that fit (and, pipelined,
     whose loads in flight fit `MAX_PIPELINE_BYTES`)."""
     def prune(configs, nargs, **kwargs):
         block_n = kwargs["BLOCK_N"]
-        bm = _block_m(nargs[rows_arg], block_n)
-        warps = _num_warps(bm, block_n)
+        bm, warps = (_bwd_tile if pipelined else _fwd_tile)(nargs[rows_arg], block_n)
         kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values
                 and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
         if not pipelined:
@@ -331,6 +331,29 @@ def _rows(t: torch.Tensor, N: int) -> torch.Tensor:
 
 def _num_warps(block_m: int, block_n: int) -> int:
     return min(max(block_m * block_n // 256, 1), 8)
+
+
+def _fwd_tile(rows: int, block_n: int) -> tuple[int, int]:
+    """The pinned forward's (BLOCK_M, warps): `_block_m`'s rows at a warp per 256 values."""
+    bm = _block_m(rows, block_n)
+    return bm, _num_warps(bm, block_n)
+
+
+# The pinned backward's tile up to 512 columns (SCRATCHFORMER_AUTOTUNE=0: the recipes' training, the
+# tests): 8 warps over 1,024 values, the eighth window's tuned pick at N 512 (2 rows, 8 warps; H100,
+# 16k and 64k rows). The forward's rule gave one row and 2 warps there: with the 4 programs an SM gets
+# (`_bwd_programs`), 8 warps an SM in flight, too few to hide the row loop's loads (the sixth window's
+# 0.54 of the copy bandwidth); 2 rows at 8 warps take 55 registers a thread (sm_90 compile, 3 deep),
+# so all 4 programs stay resident: 32 warps. From 1,024 columns the forward's rule, as tuned there.
+BWD_NARROW_VALUES = 1024
+BWD_NARROW_WARPS = 8
+
+
+def _bwd_tile(rows: int, block_n: int) -> tuple[int, int]:
+    """The pinned backward's (BLOCK_M, warps) for programs of `rows` rows (see above)."""
+    if INTERPRET or block_n > BWD_NARROW_VALUES // 2:
+        return _fwd_tile(rows, block_n)
+    return max(1, min(BWD_NARROW_VALUES // block_n, next_pow2(max(rows, 1)))), BWD_NARROW_WARPS
 
 
 def _block_m(rows: int, block_n: int) -> int:
@@ -396,9 +419,8 @@ def add_layer_norm_fwd(
             launch_tuned(_add_layer_norm_fwd_tuned, lambda meta: (cdiv(M, meta["BLOCK_M"]),),
                          (N, x.dtype, weight.dtype, has_dropout, mask is not None), *args, **flags)
         else:
-            BLOCK_M = _block_m(M, BLOCK_N)
-            _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](
-                *args, **flags, BLOCK_M=BLOCK_M, num_warps=_num_warps(BLOCK_M, BLOCK_N))
+            BLOCK_M, warps = _fwd_tile(M, BLOCK_N)
+            _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](*args, **flags, BLOCK_M=BLOCK_M, num_warps=warps)
     if store_mask and mask is None:  # dropout_p == 0: everything is kept
         mask = torch.ones((M, N), dtype=torch.int8, device=x.device)
     shape = x.shape
@@ -454,10 +476,10 @@ def add_layer_norm_bwd(
             launch_tuned(_add_layer_norm_bwd_tuned, (n_programs,),
                          (N, s.dtype, dy2.dtype, weight.dtype, *flags.values()), *args, **flags)
         else:
-            BLOCK_M = _block_m(rows_per_program, BLOCK_N)
+            BLOCK_M, warps = _bwd_tile(rows_per_program, BLOCK_N)
             stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out))
             _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
-                                                      num_warps=_num_warps(BLOCK_M, BLOCK_N))
+                                                      num_warps=warps)
     dw, db = sum_partials(dw_partial, db_partial, weight.dtype)  # second stage: one launch, a fixed order
     shape = s.shape
     return dx.view(shape), dres.view(shape) if dres is not None else None, dw, db

@@ -79,13 +79,14 @@ INTERPRET_TILE = 1 << 14
 
 
 def _tile(P: int, N: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_N, num_warps) for partials of P rows and N columns (module docstring)."""
+    """(BLOCK_P, BLOCK_N, num_warps) for partials of P rows and N columns (module docstring). On a
+    GPU the tile does not follow P, which the batch's rows set (the FFN's partials have a row per
+    row block): one compile serves every batch; fewer rows than a tile are masked."""
     if INTERPRET:
         block_n = min(next_pow2(N), INTERPRET_TILE)
         return max(1, min(next_pow2(P), INTERPRET_TILE // block_n)), block_n, 1
     block_n = min(next_pow2(N), GPU_BLOCK_N)
-    block_p = max(1, min(next_pow2(P), GPU_TILE // block_n))
-    return block_p, block_n, min(max(block_p * block_n // 1024, 1), 8)
+    return GPU_TILE // block_n, block_n, 8
 
 
 def sum_partials(a: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype):

@@ -311,11 +311,12 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
 @pytest.mark.parametrize("N", [16, 512, 1024, 4096, 16384])
 @pytest.mark.parametrize("rows_per_program", [1, 125])
 def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_program, monkeypatch):
-    """The tuned backward (`_prune_bwd`): `_block_m`'s own tile for its rows per program first (at
-    the pinned loop depth, then the others), then the tiles of at most 4k fp32 values (it keeps
+    """The tuned backward (`_prune_bwd`): the pinned tile for its rows per program first (`_bwd_tile`,
+    at the pinned loop depth, then the others), then the tiles of at most 4k fp32 values (it keeps
     about twice the forward's live tiles) with at least 4 a thread, each at every loop depth. At
-    N 512 (0.54 of the copy bandwidth untuned: one row and 2 warps a program, 4 programs an SM) it
-    offers more rows and warps."""
+    N 512 the pinned tile is the eighth window's pick, 2 rows at 8 warps (the forward's rule, one
+    row at 2 warps, left 8 warps an SM in flight: 0.54 of the copy bandwidth), and the tuner offers
+    more rows and warps still, and the old pick."""
     from scratchformer.kernels import add_layer_norm as LN
 
     monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's heuristic (the interpreter's packs rows)
@@ -324,8 +325,7 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     nargs = {"rows_per_program": rows_per_program, "dy_ptr": rows, "s_ptr": rows, "ds_out_ptr": rows}
     got = [(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["LOOP_STAGES"])
            for c in LN._prune_bwd(LN.BWD_TILE_CONFIGS, nargs, BLOCK_N=bn, HAS_DS=True)]
-    bm = LN._block_m(rows_per_program, bn)
-    own = (bm, LN._num_warps(bm, bn))
+    own = LN._bwd_tile(rows_per_program, bn)
     depths = len(LN.LOOP_STAGE_CHOICES)
     assert got[0] == (*own, LN._loop_stages(own[0], bn, 6)) and len(set(got)) == len(got)
     assert {g[:2] for g in got[:depths]} == {own}  # the pinned tile at every depth, then the others
@@ -336,8 +336,10 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     assert set(got) == {(m, w, st) for m, w in tiles for st in LN.LOOP_STAGE_CHOICES
                         if (st - 1) * m * bn * 6 <= LN.MAX_PIPELINE_BYTES}
     if N == 512 and rows_per_program > 1:
-        assert got[0] == (1, 2, 3) and {(2, 8), (4, 8), (8, 8)} <= tiles  # pipelined 3 deep, as tuned
-        assert {st for m, w, st in got if (m, w) == (1, 2)} == set(LN.LOOP_STAGE_CHOICES)
+        assert got[0] == (2, 8, 3) and {(1, 2), (4, 8), (8, 8)} <= tiles  # pipelined 3 deep, as tuned
+        assert {st for m, w, st in got if (m, w) == (2, 8)} == set(LN.LOOP_STAGE_CHOICES)
+    if N >= 1024:  # the forward's rule, as tuned there
+        assert own == LN._fwd_tile(rows_per_program, bn)
     if N == 16384:  # a row block ahead would take 96 KiB: nothing pipelined
         assert {st for *_, st in got} == {1}
 
@@ -372,6 +374,20 @@ def test_backward_rows_split_into_whole_blocks(block_m, monkeypatch):
     _check_with_dropout(_inputs((37, 48), torch.float32), 0.2, *DTYPES[0][1:])
 
 
+@pytest.mark.parametrize("N", [16, 48, 512])
+def test_gpu_pinned_tiles_match_ref(N, monkeypatch):
+    """The tiles a GPU pins (SCRATCHFORMER_AUTOTUNE=0: the recipes' training), run here: the
+    forward's one row from 512 columns and the backward's 8 warps over 1,024 values up to 512
+    columns (16 rows of 16 columns a program's iteration, 2 rows of 512), 37 rows over 4 programs,
+    fp32 with dropout, against the reference."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    monkeypatch.setattr(LN, "AUTOTUNE", False)
+    monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's tile choices; the kernels stay interpreted
+    assert LN._bwd_tile(10, LN.next_pow2(N))[1] == LN.BWD_NARROW_WARPS
+    _check_with_dropout(_inputs((37, N), torch.float32), 0.2, *DTYPES[0][1:])
+
+
 @requires_cuda
 @pytest.mark.parametrize("config", range(9))
 def test_every_tuning_candidate_matches_ref(config, monkeypatch):
@@ -382,6 +398,7 @@ def test_every_tuning_candidate_matches_ref(config, monkeypatch):
     c = LN.TILE_CONFIGS[config]
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: c.kwargs["BLOCK_M"])
     monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
+    monkeypatch.setattr(LN, "_bwd_tile", lambda rows, block_n: (c.kwargs["BLOCK_M"], c.num_warps))
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     _check_with_dropout(_inputs((1000, 512), torch.bfloat16), 0.2, *DTYPES[2][1:])
 
@@ -399,6 +416,7 @@ def test_pipelined_backward_matches_ref(block_m, stages, monkeypatch):
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     monkeypatch.setattr(LN, "_loop_stages", lambda block_m, block_n, loaded_bytes: stages)
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
+    monkeypatch.setattr(LN, "_bwd_tile", lambda rows, block_n: (block_m, LN._num_warps(block_m, block_n)))
     monkeypatch.setattr(LN, "_bwd_programs", lambda M, device: 8)
     shape = (1001, 512) if torch.cuda.is_available() else (67, 48)
     _check_with_dropout(_inputs(shape, torch.bfloat16), 0.2, *DTYPES[2][1:])

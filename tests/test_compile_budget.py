@@ -37,6 +37,11 @@ autotuned like its forward: suite 1,839 tuned / 334 pinned (all-specialised 2,61
 processes compiled the pinned suite's ~300 inside 103 s of pytest that day), training 144 / 19;
 the suite's budgets went from 1,700 / 300 to 2,100 / 370.
 
+2026-11-27, add+LayerNorm's and the FFN bias's second stage became a kernel of its own
+(kernels/partial_sums.py), whose GPU tile does not follow the batch's rows: suite 2,011 tuned / 366
+pinned (11 of them that kernel's), training 148 / 21 (2 of them); with a tile that followed the
+partials' row count it was 22 and 5 (377 pinned: over budget), as each batch size recompiled it.
+
 Budgets: the pinned suite must stay a few hundred compiles (at 1-3 s each, over 14 processes, it
 then fits the 2-minute test step of scripts/gpu/); the pinned training run a few dozen (a minute or
 two of compiling in a 300-step smoke run); tuned runs cost the configs per key more (each new key
