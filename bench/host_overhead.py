@@ -191,19 +191,12 @@ def collate_ms(calls: int) -> tuple[float, int]:
     return per_call(lambda: collate(items), calls, "cpu") * 1e3, n
 
 
-def table(rows: dict) -> str:
+def table(rows: dict, header=lambda c: f"{c} (us)" if "ms" not in c else c,
+          cell=lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}") -> str:
+    """A markdown table of {backend: {column: value}}: the times by default, the counts with str."""
     cols = list(next(iter(rows.values())))
-    lines = ["| backend | " + " | ".join(f"{c} (us)" if "ms" not in c else c for c in cols) + " |",
-             "| --- " * (len(cols) + 1) + "|"]
-    lines += [f"| {k} | " + " | ".join(f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in row.values()) + " |"
-              for k, row in rows.items()]
-    return "\n".join(lines)
-
-
-def table_counts(rows: dict) -> str:
-    cols = list(next(iter(rows.values())))
-    lines = ["| backend | " + " | ".join(cols) + " |", "| --- " * (len(cols) + 1) + "|"]
-    lines += [f"| {k} | " + " | ".join(str(v) for v in row.values()) + " |" for k, row in rows.items()]
+    lines = ["| backend | " + " | ".join(map(header, cols)) + " |", "| --- " * (len(cols) + 1) + "|"]
+    lines += [f"| {k} | " + " | ".join(map(cell, row.values())) + " |" for k, row in rows.items()]
     return "\n".join(lines)
 
 
@@ -223,7 +216,7 @@ def main(argv=None) -> str:
               + table({k: measure(k, args.device, args.calls) for k in args.kernels}))
     counts = {k: step_ops(k, args.device) for k in args.kernels}
     report += ("\n\nwhat one such step (forward + backward) issues: aten ops that do work (of them, fills), "
-               "our ops' calls, Triton launches\n\n" + table_counts(counts))
+               "our ops' calls, Triton launches\n\n" + table(counts, str, str))
     ms, n = collate_ms(args.calls)
     report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)
