@@ -5,8 +5,8 @@ kernel: triton = our fused kernel (kernels/add_layer_norm.py), autotuned; triton
 with the tiles a GPU pins without tuning (SCRATCHFORMER_AUTOTUNE=0: the recipes' training), at N
 512 and 1024; torch = `F.layer_norm` after an add (ops' "torch" backend); compile =
 `torch.compile` of that same function (static shapes, compiled afresh per case); eager = the
-reference in plain tensor ops. bf16, rows 16k-64k, hidden
-512-8192 (issue 16), with a residual and a bias, no dropout.
+reference in plain tensor ops. bf16, rows 16k-64k, hidden 512-8192 (issue 16), with a residual
+and a bias, no dropout.
 
 Bytes that must move (e = 2 bytes, params ignored):
   fwd      read x, residual; write y                                  3 · M · N · e
@@ -44,10 +44,8 @@ def test_copy_bandwidth(benchmark):
 
 
 def _add_layer_norm(kernel):
-    if kernel == "triton-pinned":
-        return ops.select("triton", "cuda").add_layer_norm
     if kernel != "compile":
-        return ops.select(kernel, "cuda").add_layer_norm
+        return ops.select(kernel.removesuffix("-pinned"), "cuda").add_layer_norm
     torch._dynamo.reset()  # a fresh compile per case: no recompile limit across the sweep's shapes
     return torch.compile(ops.select("torch", "cuda").add_layer_norm, dynamic=False)
 
