@@ -94,6 +94,11 @@ fi
 inputs=$(compgen -G "$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl*" | head -1)  # .gz, or .xz (cnn_dailymail)
 inputs=${inputs:-$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz}
 predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
+pick() {  # -> ckpt, picked_lp: the checkpoint that writes the predictions and its penalty (best.pt without scores)
+  local picked
+  picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2> "$WORK/pick.txt") || picked=$RUN/best.pt
+  IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
+}
 if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
   last=$(( steps < AVERAGE ? steps : AVERAGE ))
@@ -111,8 +116,7 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
     done
   done
   if [ "$scored" = 1 ]; then
-    picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2> "$WORK/pick.txt") || picked=$RUN/best.pt
-    IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
+    pick
     cat "$WORK/pick.txt"
     run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
       --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
@@ -147,10 +151,7 @@ if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/
   run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
     --output "$weights" --overwrite && ship averaged "$weights"
 elif finished && [ ${#DECODE[@]} -gt 0 ]; then
-  if [ -z "${ckpt:-}" ]; then  # not picked in this call (predicted in an earlier one, or not scored): as step 2 picks
-    picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2>/dev/null) || picked=$RUN/best.pt
-    IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
-  fi
+  [ -n "${ckpt:-}" ] || pick  # not picked in this call (predicted in an earlier one, or not scored)
   echo "$(basename "$ckpt") ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
   if [ "$(basename "$ckpt")" = averaged.pt ]; then  # weights only already
     cp "$ckpt" "$weights" && ship picked "$weights"
