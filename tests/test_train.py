@@ -115,6 +115,22 @@ def test_exact_resume(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_bpe_dropout_resumes_exactly_and_changes_the_training_batches(tmp_path):
+    """--bpe-dropout: a resumed run sees the same segmentations (the same losses, bit for bit), which
+    are not the usual ones (another run's training tokens differ); it may not change on resume."""
+    common = TINY + ["--eval-every", "3", "--seed", "3", "--bpe-dropout", "0.3"]
+    T.main(common + ["--max-steps", "10", "--out", str(tmp_path / "straight")])
+    T.main(common + ["--max-steps", "6", "--out", str(tmp_path / "split")])  # stops mid-epoch 2
+    T.main(["--resume", "--max-steps", "10", "--out", str(tmp_path / "split"), "--no-progress", "--no-plots"])
+    assert _train_rows(tmp_path / "straight") == _train_rows(tmp_path / "split")
+    T.main(TINY + ["--eval-every", "3", "--seed", "3", "--max-steps", "10", "--out", str(tmp_path / "usual")])
+    tokens = [load_checkpoint(tmp_path / d / "last.pt")["progress"]["tokens"] for d in ("straight", "usual")]
+    print(tokens)
+    assert tokens[0] > tokens[1]  # finer segmentations: more target tokens in the same 10 steps
+    with pytest.raises(ConfigError, match=r"--bpe-dropout 0.1 \(the run has 0.3\) cannot change"):
+        T.main(["--resume", "--bpe-dropout", "0.1", "--max-steps", "12", "--out", str(tmp_path / "split")])
+
+
 def test_grad_accum_runs_and_counts_batches(tmp_path):
     res = T.main(TINY + ["--grad-accum", "2", "--max-steps", "3", "--eval-every", "3", "--out", str(tmp_path)])
     ck = load_checkpoint(tmp_path / "last.pt")

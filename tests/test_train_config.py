@@ -34,7 +34,7 @@ OLD_FLAGS = [
 NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision",
              "--compile-mode": "--precision", "--cuda-graphs": "--precision", "--no-cuda-graphs": "--precision",
              "--pad-multiple": "--grad-accum", "--ffn-dropout": "--activation",
-             "--time-limit": "--resume", "--init-from": "--resume"}
+             "--time-limit": "--resume", "--init-from": "--resume", "--bpe-dropout": "--preset"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
 # no "overwrite" yet, "resume_path" added by --resume.

@@ -1,5 +1,6 @@
-"""Data: sources (`datasets`), byte-level BPE tokenizers (`tokenizer`), encoding and batching
-(`batching`). It feeds training and imports nothing of the model or of training.
+"""Data: sources (`datasets`), byte-level BPE tokenizers (`tokenizer`) and their seeded
+BPE-dropout (`bpe_dropout`), encoding and batching (`batching`). It feeds training and imports
+nothing of the model or of training.
 
     source = resolve_source("multi30k")                 # synthetic, a local folder, or the hub
     train = load_split(source, "train")                 # [Example(src, tgt, id)]
@@ -12,12 +13,14 @@ from .batching import (
     Batch,
     BucketBatchSampler,
     EncodedDataset,
+    ResegmentedDataset,
     TruncationStats,
     collate,
     encode_examples,
     make_loader,
     round_up,
 )
+from .bpe_dropout import SAMPLES_PER_WORD, WordSegmentations
 from .datasets import (
     DE_NUMBERS,
     DEFAULT_TASK,
@@ -62,9 +65,10 @@ __all__ = [
     "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "find_split_file", "read_split",
     "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
     "carve_validation", "texts_for_tokenizer",
-    # tokenizer
-    "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB", "BPETokenizer", "TokenizerPair",
+    # tokenizer, BPE-dropout
+    "SAMPLES_PER_WORD", "WordSegmentations", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB",
+    "BPETokenizer", "TokenizerPair",
     # batching
-    "EncodedDataset", "TruncationStats", "encode_examples", "Batch", "collate", "BucketBatchSampler", "make_loader",
-    "round_up",
+    "EncodedDataset", "ResegmentedDataset", "TruncationStats", "encode_examples", "Batch", "collate",
+    "BucketBatchSampler", "make_loader", "round_up",
 ]

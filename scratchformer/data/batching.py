@@ -8,12 +8,13 @@ right-padded with PAD. Over-long sequences are truncated by `encode_examples` an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .bpe_dropout import WordSegmentations
 from .datasets import Example
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -23,7 +24,8 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 class EncodedDataset(torch.utils.data.Dataset):
-    """Token ids per example (int32 numpy arrays); item i is (i, src, tgt or label)."""
+    """Token ids per example (int32 numpy arrays); item i is (i, src, tgt or label). The same ids
+    every epoch (`ResegmentedDataset` draws new ones)."""
 
     def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray] | list[int], task: str):
         if len(src) != len(tgt):
@@ -37,13 +39,21 @@ class EncodedDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return i, self.src[i], self.tgt[i]
 
-    def lengths(self) -> np.ndarray:
-        """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens)."""
-        s = np.fromiter((len(x) for x in self.src), dtype=np.int64, count=len(self.src))
-        if self.task == "classification":
-            return s
-        t = np.fromiter((len(y) + 1 for y in self.tgt), dtype=np.int64, count=len(self.tgt))
-        return np.maximum(s, t)
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose ids the items are (a no-op: they never change)."""
+
+    def lengths(self, epoch: int | None = None) -> np.ndarray:
+        """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens), in `epoch`
+        (None: the current one)."""
+        return _lengths(self.src, self.tgt, self.task)
+
+
+def _lengths(src: list[np.ndarray], tgt: list, task: str) -> np.ndarray:
+    s = np.fromiter((len(x) for x in src), dtype=np.int64, count=len(src))
+    if task == "classification":
+        return s
+    t = np.fromiter((len(y) + 1 for y in tgt), dtype=np.int64, count=len(tgt))
+    return np.maximum(s, t)
 
 
 @dataclass
@@ -60,6 +70,33 @@ class TruncationStats:
                 f"tgt truncated {pct(self.tgt_truncated)}")
 
 
+def _check_lengths(task: str, max_src_len: int, max_tgt_len: int) -> None:
+    if max_src_len < 2 or (task != "classification" and max_tgt_len < 2):
+        raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
+
+
+def _source(ids: Sequence[int], task: str, max_len: int, stats: TruncationStats) -> np.ndarray:
+    """A source's ids as the model reads them (`encode_examples`' policy), counting a truncation."""
+    ids = list(ids)
+    if task == "classification":
+        if len(ids) > max_len:
+            stats.src_truncated += 1
+            ids = ids[:max_len]
+        return np.asarray(ids or [EOS_ID], dtype=np.int32)  # an empty text still needs one token besides [CLS]
+    if len(ids) > max_len - 1:
+        stats.src_truncated += 1
+        ids = ids[: max_len - 1]
+    return np.asarray(ids + [EOS_ID], dtype=np.int32)
+
+
+def _target(ids: Sequence[int], max_len: int, stats: TruncationStats) -> np.ndarray:
+    """A target's ids y (tgt_in = BOS + y, tgt_out = y + EOS: at most max_len each), counting a truncation."""
+    if len(ids) > max_len - 1:
+        stats.tgt_truncated += 1
+        ids = ids[: max_len - 1]
+    return np.asarray(ids, dtype=np.int32)
+
+
 def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
                     max_tgt_len: int = 256) -> tuple[EncodedDataset, TruncationStats]:
     """Tokenize examples. Truncation policy (counted in the returned stats):
@@ -69,35 +106,63 @@ def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=Non
       tgt_out = y + EOS have at most ``max_tgt_len`` tokens;
     - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]).
     """
-    if max_src_len < 2 or (task != "classification" and max_tgt_len < 2):
-        raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
+    _check_lengths(task, max_src_len, max_tgt_len)
     stats = TruncationStats(examples=len(examples))
-    src_ids = src_tok.encode_batch([e.src for e in examples])
-    src_out = []
-    for ids in src_ids:
-        if task == "classification":
-            if len(ids) > max_src_len:
-                stats.src_truncated += 1
-                ids = ids[:max_src_len]
-            if not ids:
-                ids = [EOS_ID]  # an empty text still needs one token to attend to besides [CLS]
-        else:
-            if len(ids) > max_src_len - 1:
-                stats.src_truncated += 1
-                ids = ids[: max_src_len - 1]
-            ids = ids + [EOS_ID]
-        src_out.append(np.asarray(ids, dtype=np.int32))
+    src = [_source(ids, task, max_src_len, stats) for ids in src_tok.encode_batch([e.src for e in examples])]
     if task == "classification":
-        return EncodedDataset(src_out, [int(e.tgt) for e in examples], task), stats
-    tgt_out = []
-    for ids in (tgt_tok or src_tok).encode_batch([e.tgt for e in examples]):
-        if len(ids) > max_tgt_len - 1:
-            stats.tgt_truncated += 1
-            ids = ids[: max_tgt_len - 1]
-        tgt_out.append(np.asarray(ids, dtype=np.int32))
-    dataset = EncodedDataset(src_out, tgt_out, task)
+        return EncodedDataset(src, [int(e.tgt) for e in examples], task), stats
+    tgt = [_target(ids, max_tgt_len, stats) for ids in (tgt_tok or src_tok).encode_batch([e.tgt for e in examples])]
+    dataset = EncodedDataset(src, tgt, task)
     dataset.refs = [e.tgt for e in examples]
     return dataset, stats
+
+
+class ResegmentedDataset(EncodedDataset):
+    """A training set under BPE-dropout (`bpe_dropout.py`): each epoch's items are its texts
+    segmented anew with merges dropped at rate p (source and target drawn apart), truncated as
+    `encode_examples` does; a pure function of (seed, epoch), so a resumed run sees the same.
+    `set_epoch` picks the epoch the items come from; `lengths(epoch)` any epoch's, without changing it."""
+
+    def __init__(self, examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
+                 max_tgt_len: int = 256, *, p: float, seed: int):
+        _check_lengths(task, max_src_len, max_tgt_len)
+        self.task, self.max_src_len, self.max_tgt_len = task, max_src_len, max_tgt_len
+        self._src = WordSegmentations(src_tok, [e.src for e in examples], p, seed)
+        classify = task == "classification"
+        self._tgt = None if classify else WordSegmentations(tgt_tok or src_tok, [e.tgt for e in examples], p, seed + 1)
+        self._labels = [int(e.tgt) for e in examples] if classify else None
+        self._drawn: dict[int, tuple[list, list, TruncationStats]] = {}  # the last 2 epochs drawn
+        super().__init__(*self._epoch(0)[:2], task)
+        self.epoch = 0
+        if not classify:
+            self.refs = [e.tgt for e in examples]
+
+    def distinct_words(self) -> int:
+        """Distinct words segmented, source and target (what building took time for)."""
+        return self._src.types + (self._tgt.types if self._tgt is not None else 0)
+
+    def _epoch(self, epoch: int) -> tuple[list, list, TruncationStats]:
+        if epoch not in self._drawn:
+            stats = TruncationStats(examples=len(self._src.text_starts) - 1)
+            src = [_source(ids, self.task, self.max_src_len, stats) for ids in self._src.draw(epoch)]
+            tgt = self._labels if self._tgt is None else [_target(ids, self.max_tgt_len, stats)
+                                                          for ids in self._tgt.draw(epoch)]
+            while len(self._drawn) >= 2:
+                del self._drawn[next(iter(self._drawn))]
+            self._drawn[epoch] = src, tgt, stats
+        return self._drawn[epoch]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.src, self.tgt, _ = self._epoch(epoch)
+        self.epoch = epoch
+
+    def lengths(self, epoch: int | None = None) -> np.ndarray:
+        src, tgt, _ = self._epoch(self.epoch if epoch is None else epoch)
+        return _lengths(src, tgt, self.task)
+
+    def truncation(self, epoch: int) -> TruncationStats:
+        """What `epoch`'s segmentation truncated."""
+        return self._epoch(epoch)[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,13 +263,15 @@ class BucketBatchSampler:
     DistributedSampler) and rank r takes batches r, r + R, ...
 
     `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
+    `lengths`: the examples' lengths, or a function of the epoch giving them (a dataset whose
+    segmentation changes per epoch: `ResegmentedDataset.lengths`).
     `pad_multiple`: lengths count rounded up to that multiple, as `collate(pad_multiple=...)` pads them,
     so the budget holds for the padded batch and a pool's batches take few distinct shapes.
     """
 
-    def __init__(self, lengths: Sequence[int], *, batch_size: int | None = None, max_tokens: int | None = None,
-                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0, pool_batches: int = 50,
-                 pad_multiple: int = 1):
+    def __init__(self, lengths: Sequence[int] | Callable[[int], Sequence[int]], *, batch_size: int | None = None,
+                 max_tokens: int | None = None, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
+                 rank: int = 0, pool_batches: int = 50, pad_multiple: int = 1):
         if batch_size is None and max_tokens is None:
             raise ValueError("give batch_size, max_tokens or both")
         if batch_size is not None and batch_size < 1 or max_tokens is not None and max_tokens < 1:
@@ -213,7 +280,8 @@ class BucketBatchSampler:
             raise ValueError(f"rank {rank} must be in [0, {num_replicas})")
         if pad_multiple < 1:
             raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
-        self.lengths = round_up(np.asarray(lengths, dtype=np.int64), pad_multiple)
+        self._lengths = lengths if callable(lengths) else np.asarray(lengths, dtype=np.int64)
+        self.pad_multiple = pad_multiple
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed = shuffle, seed
         self.num_replicas, self.rank, self.pool_batches = num_replicas, rank, pool_batches
@@ -226,20 +294,22 @@ class BucketBatchSampler:
     def _all_batches(self, epoch: int) -> list[list[int]]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        n = len(self.lengths)
+        lengths = self._lengths(epoch) if callable(self._lengths) else self._lengths
+        lengths = round_up(np.asarray(lengths, dtype=np.int64), self.pad_multiple)
+        n = len(lengths)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        mean_len = max(1.0, float(self.lengths.mean())) if n else 1.0
+        mean_len = max(1.0, float(lengths.mean())) if n else 1.0
         per_batch = self.batch_size or max(1, int(self.max_tokens // mean_len))
         pool = max(1, per_batch * self.pool_batches)
         batches: list[list[int]] = []
         for p0 in range(0, n, pool):
             chunk = order[p0 : p0 + pool]
-            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
             cur: list[int] = []
             cur_max = 0
             for i in chunk.tolist():
-                L = int(self.lengths[i])
+                L = int(lengths[i])
                 new_max = max(cur_max, L)
                 too_many = self.batch_size is not None and len(cur) + 1 > self.batch_size
                 too_big = self.max_tokens is not None and (len(cur) + 1) * new_max > self.max_tokens

@@ -106,7 +106,16 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
     train_ex, valid_ex = load_data(cfg, source, log)
     num_classes = class_count(source, train_ex, valid_ex) if task == "classification" else None  # before any work
     toks = make_tokenizers(cfg, task, train_ex, out, dist_, log) if tokenizers is None else tokenizers
-    train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
+    if cfg.bpe_dropout:
+        t0 = time.time()
+        train_set = D.ResegmentedDataset(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len,
+                                         p=cfg.bpe_dropout, seed=cfg.seed)
+        st = train_set.truncation(0)
+        log.info(f"BPE-dropout {cfg.bpe_dropout:g}: {D.SAMPLES_PER_WORD} segmentations of each of "
+                 f"{train_set.distinct_words()} distinct training words drawn in {time.time() - t0:.1f}s; each "
+                 f"epoch's texts take one per word (first epoch: {int(train_set.lengths(0).sum())} tokens)")
+    else:
+        train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
              f"max_tgt_len-1 target tokens)")
     valid_set, sv = D.encode_examples(valid_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)

@@ -94,6 +94,8 @@ class TrainConfig:
     tokenizer: list[str] | None = _tok(help="reuse tokenizer JSON file(s): one (shared) or two (source, target)",
                                        nargs="+", metavar="FILE")
     tokenizer_examples: int | None = _tok(help="train BPE on at most N training examples")
+    bpe_dropout: float = _tok(default=0.0, help="BPE-dropout rate (0.1 in Provilkov et al. 2020): the training texts "
+                              "segmented anew each epoch, each merge dropped with this probability")
 
     # model (None: the preset's value)
     preset: str | None = _model(help="model preset", choices=sorted(PRESETS), by_data=dict(
@@ -120,10 +122,9 @@ class TrainConfig:
     # optimisation
     epochs: int | None = _optim(help="passes over the training data (None: by --max-steps)", by_data=dict(real=10))
     max_steps: int | None = _optim(help="stop after N optimizer steps", by_data=dict(synthetic=1500))
-    time_budget: float | None = _optim(help="end training once the run has trained this many seconds (every "
-                                       "session: --resume counts the time before), as at its last step: final "
-                                       "validation and report. A run sized in time, not steps (a GPU window); a "
-                                       "cosine schedule still decays over --max-steps")
+    time_budget: float | None = _optim(help="end training, as at its last step (final validation, report), once "
+                                       "the run has trained this many seconds over all its sessions: a run sized in "
+                                       "time (a GPU window); a cosine schedule still decays over --max-steps")
     batch_size: int | None = _optim(help="max sentences per batch", by_data=dict(synthetic=64))
     max_tokens: int | None = _optim(help="max padded tokens per batch (length-bucketed)", by_data=dict(
         real=4096, classification=16384))
@@ -146,8 +147,7 @@ class TrainConfig:
                                  "when given alone, aot_eager traces without code generation)", nargs="?",
                                  const="inductor", metavar="BACKEND")
     compile_mode: str | None = _optim(help="torch.compile mode with --compile (inductor): reduce-overhead replays "
-                                      "each batch shape's compiled graphs as CUDA graphs (no host work per kernel; "
-                                      "GPU only)", choices=COMPILE_MODES)
+                                      "each batch shape's compiled graphs as CUDA graphs (GPU)", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step as a CUDA graph "
                                       "(no compiler, no host work per kernel): one GPU, bf16 or fp32")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
@@ -169,9 +169,8 @@ class TrainConfig:
     keep_checkpoints: int = _run(default=3, help="step checkpoints kept")
     time_limit: float | None = _run(help="stop training after this many seconds, saving last.pt (no final "
                                     "evaluation); --resume continues: a long run in chunks of bounded commands")
-    init_from: str | None = _run(help="start a new run from the model weights of a checkpoint or run folder (its "
-                                 "best.pt): that run's architecture and tokenizers, a new optimizer, schedule and "
-                                 "step count (a curriculum's next phase, fine-tuning on other data)", metavar="CKPT")
+    init_from: str | None = _run(help="a new run from the weights, architecture and tokenizers of a checkpoint or "
+                                 "run folder (best.pt): fine-tuning, a curriculum's next phase", metavar="CKPT")
     resume: str | None = _run(help="continue from a checkpoint (default: OUT/last.pt), with its arguments",
                               nargs="?", const="last", metavar="CKPT")
     out: str | None = _run(help="run folder (default: a new runs/<date>-<time>, linked as runs/latest); one that "
@@ -226,7 +225,8 @@ _AT_LEAST = dict(
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = {
-    **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "label_smoothing"), (0.0, 1.0, False)),
+    **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "label_smoothing", "bpe_dropout"),
+                    (0.0, 1.0, False)),
     **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget"),
                     (0.0, math.inf, False)),
 }
@@ -361,8 +361,8 @@ def parse_args(argv=None) -> tuple[TrainConfig, frozenset[str]]:
 # Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
 # checkpoint and logging flags, --device, --kernel, --precision, --compile).
 FIXED_ON_RESUME = (
-    "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len",
-    "synthetic_seed", "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "preset", "d_model", "heads",
+    "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len", "synthetic_seed",
+    "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "bpe_dropout", "preset", "d_model", "heads",
     "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "activation",
     "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple",
     "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",

@@ -61,7 +61,7 @@ class Trainer:
         if config.compile:  # the training step runs compiled; checkpoints hold self.model's (uncompiled) state
             self.net = compile_model(self.net, backend=config.compile, mode=config.compile_mode)
         cfg = config
-        self.sampler = D.BucketBatchSampler(data.train_set.lengths(), batch_size=cfg.batch_size,
+        self.sampler = D.BucketBatchSampler(data.train_set.lengths, batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
                                             num_replicas=self.dist.world, rank=self.dist.rank,
                                             pad_multiple=cfg.pad_multiple)
@@ -205,6 +205,7 @@ class Trainer:
 
     def _epoch(self) -> bool:
         """The rest of the current epoch; False when training ended inside it."""
+        self.data.train_set.set_epoch(self.progress.epoch)  # before the loader's iterator (and its workers) exist
         self.sampler.set_epoch(self.progress.epoch, start=self.progress.batch)
         batches = iter(self.loader)
         while group := list(islice(batches, self.config.grad_accum)):
