@@ -14,6 +14,7 @@ of it gives the same counts, and what padding each batch's lengths up to a multi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -27,11 +28,12 @@ def shapes(encoded: D.EncodedDataset, cfg: TrainConfig, multiple: int, steps: in
     """(batches per `Batch.shape`, the key the trainer's graphs are kept by, over `steps` batches;
     the fraction of the padded source and target tokens that are padding), batched by the trainer's
     sampler and collate."""
-    sampler = D.BucketBatchSampler(encoded.lengths(), batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
+    sampler = D.BucketBatchSampler(encoded.lengths, batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
                                    shuffle=True, seed=cfg.seed, pad_multiple=multiple)
     counts: Counter = Counter()
     real = padded = epoch = 0
     while sum(counts.values()) < steps:
+        encoded.set_epoch(epoch)  # a --bpe-dropout run's texts are segmented anew each epoch
         sampler.set_epoch(epoch)
         epoch += 1
         for indices in sampler:
@@ -51,6 +53,7 @@ def main(argv=None) -> None:
                                   "or SCRATCHFORMER_DATA)")
     p.add_argument("--steps", type=int, required=True, help="training steps (one batch each) to replay")
     p.add_argument("--pad-multiples", type=int, nargs="+", default=[1, 8, 16, 32])
+    p.add_argument("--bpe-dropout", type=float, help="replay as if the run had this --bpe-dropout (default: its own)")
     args = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads((args.run / "args.json").read_text()))
     if cfg.grad_accum != 1:
@@ -62,7 +65,13 @@ def main(argv=None) -> None:
     if not files:
         raise SystemExit(f"{args.run}: no tokenizer*.json")
     toks = TokenizerPair.load(files)
-    encoded, _ = D.encode_examples(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
+    if args.bpe_dropout is not None:
+        cfg = dataclasses.replace(cfg, bpe_dropout=args.bpe_dropout)
+    if cfg.bpe_dropout:
+        encoded = D.ResegmentedDataset(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len,
+                                       p=cfg.bpe_dropout, seed=cfg.seed)
+    else:
+        encoded, _ = D.encode_examples(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     for m in args.pad_multiples:
         counts, pad = shapes(encoded, cfg, m, args.steps)
         captured = sum(c >= 2 for c in counts.values())
