@@ -221,6 +221,38 @@ def test_truncation_policy_and_counts():
     assert st.src_truncated == 1 and len(ds.src[0]) == 4 and ds.tgt == [1]
 
 
+def test_classification_empty_text_is_one_eos():
+    ds, st = D.encode_examples([D.Example("", 0), D.Example("abc", 1)], "classification", CharTok(), max_src_len=2)
+    assert ds.src[0].tolist() == [EOS_ID] and len(ds.src[1]) == 2 and st.src_truncated == 1
+
+
+@pytest.mark.parametrize("eos", ["always", "if empty", "never"])
+def test_vectorised_truncation_matches_a_loop(eos):
+    """`_fit` (every sequence cut and ended at once) against the policy written per sequence, on
+    random lengths with empty sequences, whole and on a slice of a Ragged."""
+    from scratchformer.data.batching import _fit
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(4, 100, size=int(n)).tolist() for n in rng.integers(0, 12, size=60)]
+    ragged = D.Ragged.of(seqs)
+    for part, sub in ((ragged, seqs), (ragged[7:31], seqs[7:31])):
+        for keep in (1, 3, 11, 20):
+            got, cut = _fit(part, keep, eos)
+            want = [s[:keep] + ([EOS_ID] if eos == "always" or (eos == "if empty" and not s) else []) for s in sub]
+            assert [g.tolist() for g in got] == want and cut == sum(len(s) > keep for s in sub)
+            assert got.flat.dtype == np.int32 and len(got) == len(sub)
+
+
+def test_ragged_indexing():
+    r = D.Ragged.of([[1, 2], [], [3, 4, 5]])
+    assert [x.tolist() for x in r] == [[1, 2], [], [3, 4, 5]] and r[-1].tolist() == [3, 4, 5]
+    assert [x.tolist() for x in r[1:]] == [[], [3, 4, 5]] and len(r[2:2]) == 0 and r.lengths().tolist() == [2, 0, 3]
+    with pytest.raises(IndexError):
+        r[3]
+    with pytest.raises(ValueError, match="contiguous"):
+        r[::2]
+
+
 def test_collate_pads_right():
     items = [(0, np.array([5, 6, EOS_ID]), np.array([7])), (1, np.array([8, EOS_ID]), np.array([9, 10, 11]))]
     b = D.collate(items)

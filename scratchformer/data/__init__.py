@@ -1,6 +1,6 @@
 """Data: sources (`datasets`), byte-level BPE tokenizers (`tokenizer`) and their seeded
-BPE-dropout (`bpe_dropout`), encoding and batching (`batching`). It feeds training and imports
-nothing of the model or of training.
+BPE-dropout (`bpe_dropout`), encoding (into `ragged` arrays) and batching (`batching`). It feeds
+training and imports nothing of the model or of training.
 
     source = resolve_source("multi30k")                 # synthetic, a local folder, or the hub
     train = load_split(source, "train")                 # [Example(src, tgt, id)]
@@ -48,6 +48,7 @@ from .datasets import (
     synthetic_examples,
     texts_for_tokenizer,
 )
+from .ragged import Ragged
 from .tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -69,6 +70,6 @@ __all__ = [
     "SAMPLES_PER_WORD", "WordSegmentations", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB",
     "BPETokenizer", "TokenizerPair",
     # batching
-    "EncodedDataset", "ResegmentedDataset", "TruncationStats", "encode_examples", "Batch", "collate",
+    "Ragged", "EncodedDataset", "ResegmentedDataset", "TruncationStats", "encode_examples", "Batch", "collate",
     "BucketBatchSampler", "make_loader", "round_up",
 ]

@@ -16,6 +16,7 @@ import torch
 
 from .bpe_dropout import WordSegmentations
 from .datasets import Example
+from .ragged import Ragged
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # ---------------------------------------------------------------------------------------------
@@ -24,10 +25,10 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 class EncodedDataset(torch.utils.data.Dataset):
-    """Token ids per example (int32 numpy arrays); item i is (i, src, tgt or label). The same ids
-    every epoch (`ResegmentedDataset` draws new ones)."""
+    """Token ids per example (int32; `Ragged`, or a list of arrays); item i is (i, src, tgt or
+    label). The same ids every epoch (`ResegmentedDataset` draws new ones)."""
 
-    def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray] | list[int], task: str):
+    def __init__(self, src: Ragged | list[np.ndarray], tgt: Ragged | list[np.ndarray] | list[int], task: str):
         if len(src) != len(tgt):
             raise ValueError(f"src and tgt counts differ: {len(src)} vs {len(tgt)}")
         self.src, self.tgt, self.task = src, tgt, task
@@ -45,15 +46,13 @@ class EncodedDataset(torch.utils.data.Dataset):
     def lengths(self, epoch: int | None = None) -> np.ndarray:
         """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens), in `epoch`
         (None: the current one)."""
-        return _lengths(self.src, self.tgt, self.task)
+        if self.task == "classification":
+            return _sizes(self.src)
+        return np.maximum(_sizes(self.src), _sizes(self.tgt) + 1)
 
 
-def _lengths(src: list[np.ndarray], tgt: list, task: str) -> np.ndarray:
-    s = np.fromiter((len(x) for x in src), dtype=np.int64, count=len(src))
-    if task == "classification":
-        return s
-    t = np.fromiter((len(y) + 1 for y in tgt), dtype=np.int64, count=len(tgt))
-    return np.maximum(s, t)
+def _sizes(seqs: Ragged | list[np.ndarray]) -> np.ndarray:
+    return seqs.lengths() if isinstance(seqs, Ragged) else np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
 
 
 @dataclass
@@ -75,26 +74,32 @@ def _check_lengths(task: str, max_src_len: int, max_tgt_len: int) -> None:
         raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
 
 
-def _source(ids: Sequence[int], task: str, max_len: int, stats: TruncationStats) -> np.ndarray:
-    """A source's ids as the model reads them (`encode_examples`' policy), counting a truncation."""
-    ids = list(ids)
+def _fit(seqs: Ragged, keep: int, eos: str) -> tuple[Ragged, int]:
+    """The first `keep` ids of every sequence, then EOS ("always"), EOS for an empty one only ("if
+    empty": a classifier still needs a token besides [CLS]) or nothing ("never"), all at once ->
+    (the sequences, how many were cut)."""
+    lengths, first = seqs.lengths(), int(seqs.offsets[0])
+    kept = np.minimum(lengths, keep)
+    position = np.arange(int(seqs.offsets[-1]) - first) - np.repeat(seqs.offsets[:-1] - first, lengths)
+    body = seqs.flat[first : int(seqs.offsets[-1])][position < np.repeat(kept, lengths)]
+    end = {"always": np.ones_like(kept), "if empty": (kept == 0).astype(kept.dtype), "never": 0 * kept}[eos]
+    offsets = np.concatenate([[0], np.cumsum(kept + end)])
+    is_end = np.zeros(int(offsets[-1]), dtype=bool)
+    is_end[offsets[1:][end == 1] - 1] = True
+    flat = np.empty(int(offsets[-1]), dtype=np.int32)
+    flat[is_end], flat[~is_end] = EOS_ID, body
+    return Ragged(flat, offsets), int((lengths > keep).sum())
+
+
+def _fit_pair(task: str, src: Ragged, tgt: Ragged | None, max_src_len: int, max_tgt_len: int,
+              stats: TruncationStats) -> tuple[Ragged, Ragged | None]:
+    """The truncation policy of `encode_examples` applied to a dataset's ids, cuts counted in stats."""
     if task == "classification":
-        if len(ids) > max_len:
-            stats.src_truncated += 1
-            ids = ids[:max_len]
-        return np.asarray(ids or [EOS_ID], dtype=np.int32)  # an empty text still needs one token besides [CLS]
-    if len(ids) > max_len - 1:
-        stats.src_truncated += 1
-        ids = ids[: max_len - 1]
-    return np.asarray(ids + [EOS_ID], dtype=np.int32)
-
-
-def _target(ids: Sequence[int], max_len: int, stats: TruncationStats) -> np.ndarray:
-    """A target's ids y (tgt_in = BOS + y, tgt_out = y + EOS: at most max_len each), counting a truncation."""
-    if len(ids) > max_len - 1:
-        stats.tgt_truncated += 1
-        ids = ids[: max_len - 1]
-    return np.asarray(ids, dtype=np.int32)
+        src, stats.src_truncated = _fit(src, max_src_len, eos="if empty")
+        return src, None
+    src, stats.src_truncated = _fit(src, max_src_len - 1, eos="always")
+    tgt, stats.tgt_truncated = _fit(tgt, max_tgt_len - 1, eos="never")
+    return src, tgt
 
 
 def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
@@ -104,15 +109,17 @@ def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=Non
     - seq2seq source: the first ``max_src_len - 1`` tokens, then EOS (so <= max_src_len);
     - seq2seq target y: the first ``max_tgt_len - 1`` tokens, so tgt_in = BOS + y and
       tgt_out = y + EOS have at most ``max_tgt_len`` tokens;
-    - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]).
+    - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]); an
+      empty text is [EOS].
     """
     _check_lengths(task, max_src_len, max_tgt_len)
     stats = TruncationStats(examples=len(examples))
-    src = [_source(ids, task, max_src_len, stats) for ids in src_tok.encode_batch([e.src for e in examples])]
+    src = Ragged.of(src_tok.encode_batch([e.src for e in examples]))
     if task == "classification":
+        src, _ = _fit_pair(task, src, None, max_src_len, max_tgt_len, stats)
         return EncodedDataset(src, [int(e.tgt) for e in examples], task), stats
-    tgt = [_target(ids, max_tgt_len, stats) for ids in (tgt_tok or src_tok).encode_batch([e.tgt for e in examples])]
-    dataset = EncodedDataset(src, tgt, task)
+    tgt = Ragged.of((tgt_tok or src_tok).encode_batch([e.tgt for e in examples]))
+    dataset = EncodedDataset(*_fit_pair(task, src, tgt, max_src_len, max_tgt_len, stats), task)
     dataset.refs = [e.tgt for e in examples]
     return dataset, stats
 
@@ -131,7 +138,7 @@ class ResegmentedDataset(EncodedDataset):
         classify = task == "classification"
         self._tgt = None if classify else WordSegmentations(tgt_tok or src_tok, [e.tgt for e in examples], p, seed + 1)
         self._labels = [int(e.tgt) for e in examples] if classify else None
-        self._drawn: dict[int, tuple[list, list, TruncationStats]] = {}  # the last 2 epochs drawn
+        self._drawn: dict[int, tuple[Ragged, Ragged | list[int], TruncationStats]] = {}  # the last 2 epochs drawn
         super().__init__(*self._epoch(0)[:2], task)
         self.epoch = 0
         if not classify:
@@ -141,15 +148,14 @@ class ResegmentedDataset(EncodedDataset):
         """Distinct words segmented, source and target (what building took time for)."""
         return self._src.types + (self._tgt.types if self._tgt is not None else 0)
 
-    def _epoch(self, epoch: int) -> tuple[list, list, TruncationStats]:
+    def _epoch(self, epoch: int) -> tuple[Ragged, Ragged | list[int], TruncationStats]:
         if epoch not in self._drawn:
             stats = TruncationStats(examples=len(self._src.text_starts) - 1)
-            src = [_source(ids, self.task, self.max_src_len, stats) for ids in self._src.draw(epoch)]
-            tgt = self._labels if self._tgt is None else [_target(ids, self.max_tgt_len, stats)
-                                                          for ids in self._tgt.draw(epoch)]
+            src, tgt = _fit_pair(self.task, self._src.draw(epoch), self._tgt.draw(epoch) if self._tgt else None,
+                                 self.max_src_len, self.max_tgt_len, stats)
             while len(self._drawn) >= 2:
                 del self._drawn[next(iter(self._drawn))]
-            self._drawn[epoch] = src, tgt, stats
+            self._drawn[epoch] = src, self._labels if tgt is None else tgt, stats
         return self._drawn[epoch]
 
     def set_epoch(self, epoch: int) -> None:
@@ -157,8 +163,10 @@ class ResegmentedDataset(EncodedDataset):
         self.epoch = epoch
 
     def lengths(self, epoch: int | None = None) -> np.ndarray:
-        src, tgt, _ = self._epoch(self.epoch if epoch is None else epoch)
-        return _lengths(src, tgt, self.task)
+        if epoch is None or epoch == self.epoch:
+            return super().lengths()
+        src, tgt, _ = self._epoch(epoch)
+        return EncodedDataset(src, tgt, self.task).lengths()
 
     def truncation(self, epoch: int) -> TruncationStats:
         """What `epoch`'s segmentation truncated."""

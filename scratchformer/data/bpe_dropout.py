@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .ragged import Ragged
 from .tokenizer import UNK_ID, BPETokenizer
 
 SAMPLES_PER_WORD = 16  # segmentations drawn per distinct word, among which each occurrence picks
@@ -104,7 +105,7 @@ class WordSegmentations:
         self.flat = np.fromiter((i for ids in pieces for i in ids), dtype=np.int32, count=int(self.piece_starts[-1]))
         self.types = len(types)
 
-    def draw(self, epoch: int) -> list[np.ndarray]:
+    def draw(self, epoch: int) -> Ragged:
         """Every text's ids for this epoch (int32): each word occurrence one of its word's samples."""
         n = len(self.occurrences)
         pick = np.random.default_rng([self.seed, epoch]).integers(self.samples, size=n)
@@ -114,5 +115,4 @@ class WordSegmentations:
         # token j of occurrence o is flat[piece_starts[piece[o]] + j]: one gather for all of them
         offset = np.repeat(self.piece_starts[piece] - (ends - lengths), lengths)
         ids = self.flat[offset + np.arange(int(ends[-1]) if n else 0)]
-        bounds = np.concatenate([[0], ends])[self.text_starts]
-        return np.split(ids, bounds[1:-1])
+        return Ragged(ids, np.concatenate([[0], ends])[self.text_starts])
