@@ -26,6 +26,7 @@ string (`<s>`, ...), which the tokenizer matches before anything else, keeps its
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 
@@ -37,19 +38,41 @@ from .tokenizer import UNK_ID, BPETokenizer
 SAMPLES_PER_WORD = 16  # segmentations drawn per distinct word, among which each occurrence picks
 
 
-def segment(word: str, ranks: dict[tuple[str, str], int], p: float, rng: random.Random) -> list[str]:
-    """`word`'s BPE pieces (its symbols merged by rank), each candidate merge dropped with probability p."""
-    syms = list(word)
-    while len(syms) > 1:
-        candidates = [(r, i) for i, pair in enumerate(zip(syms, syms[1:])) if (r := ranks.get(pair)) is not None]
-        if not candidates:
-            break
-        if not p or rng.random() >= p:  # the best merge kept: most steps at a small p
-            chosen = min(candidates)[1]
-        else:  # dropped: the next ones in rank order, each kept with probability 1 - p
-            chosen = next((i for _, i in sorted(candidates)[1:] if rng.random() >= p), None)
+def _candidates(syms: list[str], ranks: dict[tuple[str, str], int]) -> list[tuple[int, int]]:
+    """(rank, position) of every adjacent pair of `syms` that has a merge, best first."""
+    return sorted((r, i) for i, pair in enumerate(zip(syms, syms[1:])) if (r := ranks.get(pair)) is not None)
+
+
+def bpe_path(word: str, ranks: dict[tuple[str, str], int]) -> list[list[str]]:
+    """The symbols BPE passes through on `word`: its characters, after each merge, its pieces last."""
+    path = [list(word)]
+    while candidates := _candidates(path[-1], ranks):
+        i, syms = candidates[0][1], list(path[-1])
+        syms[i : i + 2] = [syms[i] + syms[i + 1]]
+        path.append(syms)
+    return path
+
+
+def segment(word: str, ranks: dict[tuple[str, str], int], p: float, rng: random.Random,
+            path: list[list[str]] | None = None) -> list[str]:
+    """`word`'s BPE pieces, each candidate merge dropped with probability p. `path`: `bpe_path(word)`
+    (computed if not given). While the best candidate of every step is kept, the merges follow BPE's
+    own path, so how many steps they do is drawn at once (geometric: the first drop at step g + 1
+    with probability (1-p)^g p) and the walk starts from that point of the path: with p = 0.1 most
+    words (about (1-p)^merges) come out whole without a step of Python."""
+    path = path if path is not None else bpe_path(word, ranks)
+    on_path = len(path) - 1 if not p else int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+    if on_path >= len(path) - 1:
+        return list(path[-1])
+    syms, best_dropped = list(path[on_path]), True  # the step after the path's: its best merge was dropped
+    while candidates := _candidates(syms, ranks):
+        if not best_dropped and rng.random() >= p:
+            chosen = candidates[0][1]
+        else:  # the next ones in rank order, each kept with probability 1 - p
+            chosen = next((i for _, i in candidates[1:] if rng.random() >= p), None)
             if chosen is None:
                 break
+        best_dropped = False
         syms[chosen : chosen + 2] = [syms[chosen] + syms[chosen + 1]]
     return syms
 
@@ -85,19 +108,24 @@ class WordSegmentations:
         occurrences: list[int] = []  # every text's words' types, in order
         self.text_starts = np.zeros(len(texts) + 1, dtype=np.int64)  # text t: occurrences[starts[t]:starts[t + 1]]
         rng = random.Random(seed)
+
+        def drawn(word: str) -> list[list[int]]:  # a new word's `samples` segmentations, as ids
+            path = bpe_path(word, ranks)
+            segs = [segment(word, ranks, p, rng, path) for _ in range(samples)] if p else [path[-1]] * samples
+            return [[vocab.get(s, UNK_ID) for s in seg] for seg in segs]
+
         for t, text in enumerate(texts):
-            if any(s in text for s in specials):
-                words, whole = ["\0" + str(t)], tok.encode(text, add_special_tokens=False).ids
-            else:
-                words, whole = _words(tok, text), None
-            for w in words:
-                k = types.get(w)
-                if k is None:
-                    k = types[w] = len(types)
-                    draws = [whole] if whole is not None else [
-                        [vocab.get(s, UNK_ID) for s in segment(w, ranks, p, rng)] for _ in range(samples if p else 1)]
-                    pieces += draws * (samples // len(draws))
+            if any(s in text for s in specials):  # kept whole: one "word" of its own
+                types["\0" + str(t)] = k = len(types)
+                pieces += [tok.encode(text, add_special_tokens=False).ids] * samples
                 occurrences.append(k)
+            else:
+                for w in _words(tok, text):
+                    k = types.get(w)
+                    if k is None:
+                        k = types[w] = len(types)
+                        pieces += drawn(w)
+                    occurrences.append(k)
             self.text_starts[t + 1] = len(occurrences)
         self.occurrences = np.asarray(occurrences, dtype=np.int64)
         self.piece_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
