@@ -245,7 +245,7 @@ def test_time_budget_ends_the_run_where_it_stands(tmp_path):
     """--time-budget: training ends after the step that spends it as if that were its last step
     (validated, best.pt, the final report; --time-limit only pauses). It counts the run's time over
     every session: a resumed run whose earlier sessions spent it reports at once, without another
-    step, and one with budget left trains on to --max-steps."""
+    step, and one with budget left (or given a larger one) trains on to --max-steps."""
     base = TINY + ["--max-steps", "40", "--eval-every", "20", "--seed", "3"]
     T.main(base + ["--out", str(tmp_path / "spent"), "--time-budget", "1e-9"])
     ck = load_checkpoint(tmp_path / "spent" / "last.pt")
@@ -263,6 +263,12 @@ def test_time_budget_ends_the_run_where_it_stands(tmp_path):
     over, under = (load_checkpoint(tmp_path / n / "last.pt")["progress"] for n in ("over", "under"))
     assert (over["step"], over["out_of_time"]) == (1, True) and (tmp_path / "over" / "metrics.final.json").exists()
     assert (under["step"], under["out_of_time"]) == (3, False)
+    # a run its budget ended goes on when resumed with a larger one (and not with the same)
+    T.main(["--resume", "--out", str(tmp_path / "spent"), "--time-budget", "1e-9", "--max-steps", "3"])
+    assert load_checkpoint(tmp_path / "spent" / "last.pt")["progress"]["step"] == 1
+    T.main(["--resume", "--out", str(tmp_path / "spent"), "--time-budget", "1e9", "--max-steps", "3"])
+    more = load_checkpoint(tmp_path / "spent" / "last.pt")["progress"]
+    assert (more["step"], more["out_of_time"]) == (3, False)
 
 
 def test_sigterm_stops_after_the_step_and_saves(tmp_path, monkeypatch):

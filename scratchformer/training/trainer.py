@@ -155,6 +155,9 @@ class Trainer:
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
+        budget = self.config.time_budget
+        if self.progress.out_of_time and budget and self.progress.seconds < budget:
+            self.progress.out_of_time = False  # ended by a smaller --time-budget: a larger one goes on
         rng = ckpt["rng"]
         set_rng_state(rng[self.dist.rank] if isinstance(rng, list) and self.dist.rank < len(rng) else rng)
         p = self.progress
