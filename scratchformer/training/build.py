@@ -113,7 +113,8 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
         st = train_set.truncation(0)
         log.info(f"BPE-dropout {cfg.bpe_dropout:g}: {D.SAMPLES_PER_WORD} segmentations of each of "
                  f"{train_set.distinct_words()} distinct training words drawn in {time.time() - t0:.1f}s; each "
-                 f"epoch's texts take one per word (first epoch: {int(train_set.lengths(0).sum())} tokens)")
+                 f"epoch, each occurrence takes one of its word's (first epoch: "
+                 f"{int(train_set.src.lengths().sum())} source tokens)")
     else:
         train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
