@@ -46,9 +46,11 @@ class EncodedDataset(torch.utils.data.Dataset):
     def lengths(self, epoch: int | None = None) -> np.ndarray:
         """Padded-size proxy per example: the longer of src and tgt_in/tgt_out (tokens), in `epoch`
         (None: the current one)."""
-        if self.task == "classification":
-            return _sizes(self.src)
-        return np.maximum(_sizes(self.src), _sizes(self.tgt) + 1)
+        return _lengths(self.src, self.tgt, self.task)
+
+
+def _lengths(src, tgt, task: str) -> np.ndarray:
+    return _sizes(src) if task == "classification" else np.maximum(_sizes(src), _sizes(tgt) + 1)
 
 
 def _sizes(seqs: Ragged | list[np.ndarray]) -> np.ndarray:
@@ -166,7 +168,7 @@ class ResegmentedDataset(EncodedDataset):
         if epoch is None or epoch == self.epoch:
             return super().lengths()
         src, tgt, _ = self._epoch(epoch)
-        return EncodedDataset(src, tgt, self.task).lengths()
+        return _lengths(src, tgt, self.task)
 
     def truncation(self, epoch: int) -> TruncationStats:
         """What `epoch`'s segmentation truncated."""
