@@ -84,6 +84,12 @@ def test_a_failed_capture_is_tried_again_and_recorded(monkeypatch, failures):
         assert bench.extra_info.get("graph_first_error") == ("RuntimeError: capture 1 failed" if failures else None)
 
 
+@pytest.mark.parametrize(("median", "calls"), [(25e-3, 1), (1e-3, 1), (0.3e-3, 4), (20e-6, 20), (1e-6, 20)])
+def test_a_replay_holds_about_a_millisecond_of_calls(median, calls):
+    """graph_time's replay holds ceil(1 ms / a call) calls, 1 to 20: a long call is captured alone."""
+    assert _bench_conftest().graph_calls(median) == calls
+
+
 def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     """run_bench records which config each of our autotuned kernels ran in the case
     (kernels/_common.tuned_launches: the latest launch per kernel through launch_tuned), and none
