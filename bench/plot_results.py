@@ -3,10 +3,11 @@
     python bench/plot_results.py bench/results/<run>.json [...] --out bench/results/plots
 
 Plots (those whose groups are present in the files): attention TFLOP/s against sequence length per
-kernel; add+LayerNorm GB/s against hidden size with the measured copy-bandwidth roof; end-to-end
+kernel; add+LayerNorm GB/s against hidden size and the embedding's against the token count, each
+with the measured copy-bandwidth roof; end-to-end
 training tokens/s and peak memory per backend, launched and replayed as a CUDA graph. Kernel
-throughputs are from device time (CUDA-graph replay, `tflops_gpu` / `gbps_gpu`) where every case
-of the plot has it, else from wall time; the axis says which.
+throughputs are from device time (CUDA-graph replay, `tflops_gpu` / `gbps_gpu`), the cases without
+it (a failed capture) left out, or from wall time where no case has it; the axis says which.
 """
 
 import argparse
@@ -33,17 +34,21 @@ def load(paths):
 
 
 def basis(cases, metric):
-    """(the key to plot for `metric`, its axis note): device time where every case has it."""
-    if cases and all(f"{metric}_gpu" in r for r in cases):
-        return f"{metric}_gpu", "device time"
-    return metric, "wall time per call"
+    """(the key to plot for `metric`, its axis note, the cases to plot): device time where any case
+    has it, and then only the cases that have it (a case whose capture failed is left out, not
+    drawn on the wall clock beside the others), else wall time."""
+    timed = [r for r in cases if f"{metric}_gpu" in r]
+    if timed:
+        left_out = len(cases) - len(timed)
+        return f"{metric}_gpu", "device time" + (f"; {left_out} without it left out" if left_out else ""), timed
+    return metric, "wall time per call", cases
 
 
 def plot_attention(rows, out):
     """TFLOP/s against L per kernel: one panel per batch kind (dense, padded) and head dim."""
     cases = [r for r in rows if r["group"] == "attention" and "tflops" in r and "L" in r
              and not r["name"].startswith("test_memory")]
-    metric, note = basis(cases, "tflops")
+    metric, note, cases = basis(cases, "tflops")
     panels = defaultdict(lambda: defaultdict(list))
     for r in cases:
         kind = "padded" if r["name"].startswith("test_padded") else "dense"
@@ -74,7 +79,7 @@ def plot_layer_norm(rows, out):
         return None
     most = max(r["rows"] for r in cases)
     cases = [r for r in cases if r["rows"] == most]
-    metric, note = basis(cases, "gbps")
+    metric, note, cases = basis(cases, "gbps")
     series = defaultdict(dict)
     for r in cases:
         series[(r.get("kernel"), r.get("mode"))][r["N"]] = r[metric]
@@ -86,6 +91,30 @@ def plot_layer_norm(rows, out):
     ax.set(xscale="log", xlabel=f"hidden size ({most} rows)", ylabel=f"GB/s ({note})", title="add + LayerNorm")
     ax.legend(fontsize=7)
     return _save(fig, out, "add_layer_norm_gbps.png")
+
+
+def plot_embedding(rows, out):
+    """The embedding's GB/s against the token count per kernel and mode, one panel per model width,
+    bf16, under the measured copy bandwidth (bench_embed.py's keys: tokens, d_model, dtype)."""
+    cases = [r for r in rows if r["group"] == "embed" and "gbps" in r and r.get("dtype") == "torch.bfloat16"]
+    if not cases:
+        return None
+    metric, note, cases = basis(cases, "gbps")
+    widths = sorted({r["d_model"] for r in cases})
+    fig, axes = plt.subplots(1, len(widths), figsize=(6.5 * len(widths), 4.5), squeeze=False)
+    for ax, d in zip(axes[0], widths):
+        series = defaultdict(dict)
+        for r in cases:
+            if r["d_model"] == d:
+                series[(r["kernel"], r["mode"])][r["tokens"]] = r[metric]
+        for key, pts in sorted(series.items(), key=str):
+            ax.plot(sorted(pts), [pts[n] for n in sorted(pts)], marker="o", label=" ".join(key))
+        roofs = [r["copy_bandwidth_gbps"] for r in cases if r["d_model"] == d and "copy_bandwidth_gbps" in r]
+        if roofs:
+            ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
+        ax.set(xscale="log", xlabel="tokens", ylabel=f"GB/s ({note})", title=f"embedding, d_model {d}, bf16")
+        ax.legend(fontsize=7)
+    return _save(fig, out, "embed_gbps.png")
 
 
 def plot_train_step(rows, out):
@@ -125,7 +154,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results/plots")
     args = ap.parse_args(argv)
     rows = load(args.json)
-    for fn in (plot_attention, plot_layer_norm, plot_train_step):
+    for fn in (plot_attention, plot_layer_norm, plot_embedding, plot_train_step):
         path = fn(rows, args.out)
         if path:
             print("wrote", path)

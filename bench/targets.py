@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_results import basis, load  # noqa: E402
+from plot_results import load  # noqa: E402
 
 SDPA_NAMED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 
@@ -39,8 +39,9 @@ def _row(target, case, ours, peer, ratio, goal, higher=True, basis="wall", wall=
 
 def _rates(metric, *cases):
     """(values of `metric` for cases, basis): from device time where every case has it, else wall."""
-    key, _ = basis(cases, metric)
-    return [c[key] for c in cases], "GPU" if key != metric else "wall"
+    if all(f"{metric}_gpu" in c for c in cases):
+        return [c[f"{metric}_gpu"] for c in cases], "GPU"
+    return [c[metric] for c in cases], "wall"
 
 
 def _compare(target, case, metric, unit, ours, peer, goal, peer_name=""):

@@ -88,6 +88,23 @@ def test_layer_norm_plot_reads_the_benchmark_keys(tmp_path):
     assert path and os.path.getsize(path) > 0
 
 
+def test_plots_leave_out_a_case_without_device_time(tmp_path):
+    """A plot of device-time GB/s leaves out the case whose capture failed (it has wall time only)
+    instead of drawing every case on the wall clock; the embedding's plot reads bench_embed.py's
+    keys (tokens, d_model, dtype)."""
+    import plot_results
+
+    cases = [{"group": "embed", "name": f"e{n}-{k}", "tokens": n, "d_model": 512, "dtype": "torch.bfloat16",
+              "kernel": k, "mode": "fwd", "gbps": 900.0, "gbps_gpu": 2000.0, "copy_bandwidth_gbps": 3000.0}
+             for n in (16384, 65536) for k in ("ours", "eager")]
+    del cases[0]["gbps_gpu"]
+    metric, note, kept = plot_results.basis(cases, "gbps")
+    assert metric == "gbps_gpu" and "1 without it left out" in note and cases[0] not in kept and len(kept) == 3
+    assert plot_results.basis([{"gbps": 1.0}], "gbps")[:2] == ("gbps", "wall time per call")
+    path = plot_results.plot_embedding(cases, str(tmp_path))
+    assert path and os.path.getsize(path) > 0
+
+
 def _pair(ours, peer):
     return [_bench("add_layer_norm", f"test_add_layer_norm[{k}]", {"rows": 16384, "N": 512, "kernel": k, "mode": "fwd"},
                    copy_bandwidth_gbps=3000.0, **m) for k, m in (("triton", ours), ("torch", peer))]
