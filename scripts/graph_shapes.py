@@ -8,7 +8,7 @@ them (the trainer's count, its log's last lines). The
 seventh GPU window's SAMSum run reported 2,996 shapes, 1,221 captured, in 5,714 steps; this replay
 of it gives the same counts, and what padding each batch's lengths up to a multiple would change:
 
-    python scripts/graph_shapes.py results/samsum-gpu --data ../shared/data --steps 5714 --pad-multiples 1 8 16 32
+    python scripts/graph_shapes.py results/samsum-gpu-5714 --data ../shared/data --steps 5714 --pad-multiples 1 8 16 32
 """
 
 from __future__ import annotations

@@ -126,9 +126,11 @@ recipe() {
       # dialogues; at 0.3 the translation recipes' validation loss plateaued over 290-450 epochs
       # instead of rising (results/iwslt-gpu, results/multi30k-tiny-gpu). A choice, not a measurement
       # Seventh window (H100): 5,714 steps in the 330 s, validation 36.88 / 12.99 / rougeLsum 34.01 (best.pt),
-      # loss still falling (results/samsum-gpu). Its batches took 2,996 shapes, so CUDA graphs replayed
+      # loss still falling (results/samsum-gpu-5714). Its batches took 2,996 shapes, so CUDA graphs replayed
       # only 48% of the steps; padded to multiples of 16, 240 shapes and 96% replayed, for 21% padding
-      # against 16% (scripts/graph_shapes.py, the run's own batching replayed on the CPU)
+      # against 16% (scripts/graph_shapes.py, the run's own batching replayed on the CPU). Ninth window,
+      # padded so: 35,651 steps in the same 330 s (99% replayed), validation 40.72 / 15.26 / 36.91
+      # (results/samsum-gpu)
       DATASET=samsum; DECODE=(--beam-size 4 --no-repeat-ngram 3 --length-penalty 2.0)
       FLAGS=(--dataset samsum --preset small --copy --pad-multiple 16 --tie-embeddings all --vocab-size 8000 --max-tokens 8192
              --dropout 0.3 --lr 7e-4 --warmup-steps 400 --epochs 10000 --time-budget "$BUDGET" --max-steps 20000 --eval-every 1000
