@@ -78,18 +78,9 @@ def plot_layer_norm(rows, out):
     if not cases:
         return None
     most = max(r["rows"] for r in cases)
-    cases = [r for r in cases if r["rows"] == most]
-    metric, note, cases = basis(cases, "gbps")
-    series = defaultdict(dict)
-    for r in cases:
-        series[(r.get("kernel"), r.get("mode"))][r["N"]] = r[metric]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, pts in sorted(series.items(), key=str):
-        ax.plot(sorted(pts), [pts[n] for n in sorted(pts)], marker="o", label=" ".join(map(str, key)))
-    if roofs:
-        ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
-    ax.set(xscale="log", xlabel=f"hidden size ({most} rows)", ylabel=f"GB/s ({note})", title="add + LayerNorm")
-    ax.legend(fontsize=7)
+    _gbps_panel(ax, [r for r in cases if r["rows"] == most], "N", roofs)
+    ax.set(xlabel=f"hidden size ({most} rows)", title="add + LayerNorm")
     return _save(fig, out, "add_layer_norm_gbps.png")
 
 
@@ -99,22 +90,28 @@ def plot_embedding(rows, out):
     cases = [r for r in rows if r["group"] == "embed" and "gbps" in r and r.get("dtype") == "torch.bfloat16"]
     if not cases:
         return None
-    metric, note, cases = basis(cases, "gbps")
     widths = sorted({r["d_model"] for r in cases})
     fig, axes = plt.subplots(1, len(widths), figsize=(6.5 * len(widths), 4.5), squeeze=False)
     for ax, d in zip(axes[0], widths):
-        series = defaultdict(dict)
-        for r in cases:
-            if r["d_model"] == d:
-                series[(r["kernel"], r["mode"])][r["tokens"]] = r[metric]
-        for key, pts in sorted(series.items(), key=str):
-            ax.plot(sorted(pts), [pts[n] for n in sorted(pts)], marker="o", label=" ".join(key))
-        roofs = [r["copy_bandwidth_gbps"] for r in cases if r["d_model"] == d and "copy_bandwidth_gbps" in r]
-        if roofs:
-            ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
-        ax.set(xscale="log", xlabel="tokens", ylabel=f"GB/s ({note})", title=f"embedding, d_model {d}, bf16")
-        ax.legend(fontsize=7)
+        width = [r for r in cases if r["d_model"] == d]
+        _gbps_panel(ax, width, "tokens", [r["copy_bandwidth_gbps"] for r in width if "copy_bandwidth_gbps" in r])
+        ax.set(xlabel="tokens", title=f"embedding, d_model {d}, bf16")
     return _save(fig, out, "embed_gbps.png")
+
+
+def _gbps_panel(ax, cases, x_key, roofs):
+    """One line of GB/s against cases' x_key per (kernel, mode), on `basis`'s clock, under the
+    highest measured copy bandwidth in roofs; a log x axis."""
+    metric, note, cases = basis(cases, "gbps")
+    series = defaultdict(dict)
+    for r in cases:
+        series[(r.get("kernel"), r.get("mode"))][r[x_key]] = r[metric]
+    for key, pts in sorted(series.items(), key=str):
+        ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], marker="o", label=" ".join(map(str, key)))
+    if roofs:
+        ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
+    ax.set(xscale="log", ylabel=f"GB/s ({note})")
+    ax.legend(fontsize=7)
 
 
 def plot_train_step(rows, out):
