@@ -78,7 +78,7 @@ def plot_layer_norm(rows, out):
     if not cases:
         return None
     most = max(r["rows"] for r in cases)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     _gbps_panel(ax, [r for r in cases if r["rows"] == most], "N", roofs)
     ax.set(xlabel=f"hidden size ({most} rows)", title="add + LayerNorm")
     return _save(fig, out, "add_layer_norm_gbps.png")
@@ -91,7 +91,7 @@ def plot_embedding(rows, out):
     if not cases:
         return None
     widths = sorted({r["d_model"] for r in cases})
-    fig, axes = plt.subplots(1, len(widths), figsize=(6.5 * len(widths), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(widths), figsize=(8.5 * len(widths), 4.5), squeeze=False)
     for ax, d in zip(axes[0], widths):
         width = [r for r in cases if r["d_model"] == d]
         _gbps_panel(ax, width, "tokens", [r["copy_bandwidth_gbps"] for r in width if "copy_bandwidth_gbps" in r])
@@ -99,19 +99,24 @@ def plot_embedding(rows, out):
     return _save(fig, out, "embed_gbps.png")
 
 
+_MODE_STYLE = {"fwd": "-", "fwd_bwd": "--", "fwd+bwd": "--", "bwd": ":"}
+
+
 def _gbps_panel(ax, cases, x_key, roofs):
-    """One line of GB/s against cases' x_key per (kernel, mode), on `basis`'s clock, under the
-    highest measured copy bandwidth in roofs; a log x axis."""
+    """One line of GB/s against cases' x_key per (kernel, mode), on `basis`'s clock (a colour per
+    kernel, a line style per mode), under the highest measured copy bandwidth in roofs; log x."""
     metric, note, cases = basis(cases, "gbps")
     series = defaultdict(dict)
     for r in cases:
         series[(r.get("kernel"), r.get("mode"))][r[x_key]] = r[metric]
-    for key, pts in sorted(series.items(), key=str):
-        ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], marker="o", label=" ".join(map(str, key)))
+    kernels = sorted({str(kernel) for kernel, _ in series})
+    for (kernel, mode), pts in sorted(series.items(), key=str):
+        ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], marker="o", label=f"{kernel} {mode}",
+                color=f"C{kernels.index(str(kernel)) % 10}", ls=_MODE_STYLE.get(mode, "-"))
     if roofs:
         ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
     ax.set(xscale="log", ylabel=f"GB/s ({note})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
 def plot_train_step(rows, out):
