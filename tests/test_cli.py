@@ -5,9 +5,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,57 @@ def test_ablate_grid_continues_where_it_stopped(tmp_path):
     again = ablate.main(grid)  # everything finished: read back, nothing trained or rewritten
     assert [r["final"] for r in again] == [r["final"] for r in res]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/*.pt")} == stamps
+
+
+def test_ablate_grid_with_jobs_trains_variants_at_once_as_in_turn(tmp_path):
+    """--jobs 2: each variant a train process of its own (its console in OUT/logs/), the same runs as
+    trained one after the other in this process (one seed, one set of flags: the same losses), and the
+    summary names the best variant by the compared metric."""
+    shared = ["--", *TINY, "--max-steps", "3", "--eval-every", "3", "--no-plots"]
+    variants = ["--variants", "base=", "no-pe=--no-pos-encoding"]
+    in_turn = ablate.main(["--out", str(tmp_path / "turn"), *variants, "--metric", "loss", *shared])
+    at_once = ablate.main(["--out", str(tmp_path / "once"), "--jobs", "2", *variants, "--metric", "loss", *shared])
+    assert [r["name"] for r in at_once] == ["base", "no-pe"]
+    for a, b in zip(at_once, in_turn):
+        assert a["final"]["loss"] == pytest.approx(b["final"]["loss"], rel=1e-4), a["name"]
+    for name in ("base", "no-pe"):
+        assert "train:" in (tmp_path / "once" / "logs" / f"{name}.txt").read_text()  # the child's console
+    summary = json.loads((tmp_path / "once" / "ablation.json").read_text())
+    assert summary["best"] == min(at_once, key=lambda r: r["final"]["loss"])["name"]
+    with pytest.raises(ValueError, match="--jobs 0: must be at least 1"):
+        ablate.main(["--out", str(tmp_path / "bad"), "--jobs", "0", *variants, *shared])
+
+
+def test_ablate_grid_with_jobs_names_the_variant_that_failed(tmp_path):
+    """A variant whose process fails (here: a last.pt that cannot be read, so its resume stops) does
+    not stop the others; the grid then fails naming it, with its log's end, and writes no summary."""
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "last.pt").write_bytes(b"not a checkpoint")
+    grid = ["--out", str(tmp_path), "--jobs", "2", "--variants", "base=", "broken=--heads 1", "--", *TINY,
+            "--max-steps", "2", "--eval-every", "2", "--no-plots"]
+    with pytest.raises(RuntimeError, match=r"(?s)variants failed: broken \(exit 2; .*broken\.txt\):.*last\.pt"):
+        ablate.main(grid)
+    assert (tmp_path / "base" / "metrics.final.json").exists() and not (tmp_path / "ablation.json").exists()
+
+
+def test_ablate_grid_with_jobs_stops_on_ctrl_c_and_saves(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal or `timeout -s INT` sends it) reaches each
+    running variant once: each saves last.pt and stops, the grid starts no other and writes no summary."""
+    cmd = [sys.executable, "-m", "scratchformer.ablate", "--out", str(tmp_path), "--jobs", "2", "--variants",
+           "a=", "b=--heads 1", "c=--layers 2", "--", *TINY, "--max-steps", "100000", "--eval-every", "100000",
+           "--no-plots"]
+    grid = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=REPO)
+    deadline = time.time() + 120
+    while not all((tmp_path / v / "train.csv").exists() for v in "ab") and time.time() < deadline:
+        time.sleep(0.5)  # both are training (train.csv: the first logged steps)
+    os.killpg(grid.pid, signal.SIGINT)
+    out, _ = grid.communicate(timeout=120)
+    assert grid.returncode == 0, out
+    assert "ablation stopped in a at step" in out and "ablation stopped in b at step" in out, out
+    for v in "ab":
+        assert load_checkpoint(tmp_path / v / "last.pt")["progress"]["step"] > 0
+    assert not (tmp_path / "c").exists() and not (tmp_path / "ablation.json").exists()
 
 
 def test_bad_data_is_a_clear_error(tmp_path):

@@ -265,6 +265,29 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert kernels == {"triton": "eager", "eager": "eager"}  # the CPU rehearsal runs both on eager
 
 
+def test_search_recipe_predicts_with_its_best_variant(tmp_path):
+    """A search (iwslt-search: a grid with DECODE) trains its variants at once (JOBS), then finishes its
+    best by METRIC on validation as a single run: scored, the test predictions written, its model
+    brought back; the archive holds the whole grid (ablation.json, every variant's folder and log)."""
+    ids = _translation_data(tmp_path / "data")
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt-search")
+    call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    assert call.returncode == 0, call.stdout[-3000:]
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    grid = tmp_path / "runs" / "iwslt-search"
+    summary = json.load(open(grid / "ablation.json"))
+    names = [r["folder"] for r in summary["runs"]]
+    assert names == ["bpe-dropout", "tiny"] and summary["metric"] == "bleu"  # the rehearsal: the first two
+    assert "--jobs 2" not in log and "--jobs 4" in log  # the recipe's JOBS, two variants to run
+    best = max(summary["runs"], key=lambda r: r["final"]["bleu"])["folder"]
+    assert summary["best"] == best and f"the best variant by bleu on validation: {best}" in log, log[-3000:]
+    assert {"run/ablation.json", *(f"run/logs/{n}.txt" for n in names), *(f"run/{n}/metrics.final.json" for n in names),
+            f"run/{best}/test_predictions.jsonl", f"run/{best}/best/metrics.validation.json"} <= set(files)
+    assert not [n for n in files if n.endswith(".pt")] and "iwslt-search: finished" in log
+    assert [json.loads(line)["id"] for line in open(grid / best / "test_predictions.jsonl")] == ids
+    assert list((tmp_path / "o1").glob("50_iwslt-search-picked.pt.part*"))
+
+
 def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch):
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the
@@ -343,8 +366,9 @@ def test_every_recipe_parses():
     """Each recipe of 50_train.sh (and each ablation variant) is a valid train command line, and its
     decoding (DECODE, RUNTIME, each of LENGTH_PENALTIES) valid flags of both evaluate and generate that
     fit the run's longest output (SCORE: of evaluate), so a typo costs no GPU call. A recipe ends in
-    its window: its runs' time budgets together leave its first call (the README's window table)
-    three minutes for the start and the final reports; a grid, which predicts nothing, sets no DECODE."""
+    its window: its runs' time budgets together (JOBS of a grid's at once) leave its first call (the
+    README's window table) three minutes for the start and the final reports; a grid that predicts (a
+    search: DECODE set) names the METRIC that picks its best variant."""
     from scratchformer import evaluate, generate
     from scratchformer.data import resolve_source
     from scratchformer.training.config import parse_args
@@ -363,15 +387,17 @@ def test_every_recipe_parses():
         decode, score = lines[cut[1] + 1:cut[2]], lines[cut[2] + 1:cut[3]]
         penalties = [["--length-penalty", lp] for lp in lines[cut[3] + 1:] if lp]
         assert "--kernel" in flags and flags[flags.index("--precision") + 1] == "bf16", name
-        grid_predicts = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; recipe {name}; '
-                                        '[ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ]'])
-        assert grid_predicts.returncode != 0, name
-        budget = 0.0
+        jobs, metric, decodes = subprocess.run(["bash", "-c", f'source "{GPU}/recipes.sh"; recipe {name}; echo '
+                                                '"$JOBS ${METRIC:--} ${#DECODE[@]}"'], capture_output=True,
+                                               text=True).stdout.split()
+        assert not (variants and decodes != "0") or metric != "-", name  # a search picks its best by METRIC
+        budgets = []
         for variant in variants or ["="]:
             extra = variant.split("=", 1)[1].split()
             config, _ = parse_args([*flags, *extra, "--out", "runs/x"])
             assert config.kernel == ("eager" if "eager" in extra else "triton"), (name, variant)
-            budget += config.time_budget or 0.0
+            budgets.append(config.time_budget or 0.0)
+        budget = sum(max(budgets[i:i + int(jobs)]) for i in range(0, len(budgets), int(jobs)))  # waves of JOBS
         assert budget <= first_call - 180, (name, budget, first_call)
         for (command, inputs), penalty in itertools.product(((evaluate, ["--checkpoint", "x.pt", *score]),
                                                              (generate, ["--checkpoint", "x.pt", "--text", "a"])),

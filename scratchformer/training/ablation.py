@@ -13,14 +13,29 @@ A grid continues where it stopped: run the same command again. A variant whose f
 finished run (its metrics.final.json) is read back, one with checkpoints but no final report is
 resumed, and a variant stopped by --time-limit (or Ctrl-C) stops the grid, which then writes no
 summary, so a grid runs in bounded commands (a GPU machine's 10-minute calls).
+
+--jobs N trains up to N variants at once, each a `python -m scratchformer.train` process of its own
+writing its console to OUT/logs/NAME.txt: small models leave a GPU mostly idle (their steps are
+host-bound), so several share one. The processes stay in the grid's process group, so Ctrl-C (or
+`timeout -s INT`) reaches each once: each saves last.pt and stops, and the grid starts no other.
+A variant that fails leaves the others running; the grid then names it and shows its log's end.
+The summary names the best variant by the compared metric (lowest loss or perplexity, else
+highest): a search recipe predicts with that one (scripts/gpu/50_train.sh).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 from ..cli import add_debug_flag
@@ -43,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/ablate", help="folder for the runs, ablation.json and ablation.png")
     p.add_argument("--variants", nargs="+", default=DEFAULT_GRID, metavar="NAME=FLAGS",
                    help="variants; default: " + "; ".join(DEFAULT_GRID))
-    p.add_argument("--metric", help="metric of the bar chart (default: exact_match for seq2seq greedy, "
-                   "accuracy for classification)")
+    p.add_argument("--metric", help="metric of the bar chart and of the best variant (default: exact_match "
+                   "for seq2seq greedy, accuracy for classification)")
+    p.add_argument("--jobs", type=int, default=1, help="variants trained at once, each in a process of its own")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
     add_debug_flag(p)
     return p
@@ -79,45 +95,144 @@ def variant_folders(out: Path, variants: list[str], shared: list[str]) -> list[t
     return planned
 
 
-def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None) -> tuple[str, list[dict]]:
-    """Train every variant into out/<name>/ (shared train flags, then the variant's), write
-    out/ablation.json and out/ablation.png. Returns (the compared metric, one result per variant)."""
+def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None,
+             jobs: int = 1) -> tuple[str, list[dict]]:
+    """Train every variant into out/<name>/ (shared train flags, then the variant's), `jobs` at once,
+    write out/ablation.json and out/ablation.png. Returns (the compared metric, one result per
+    variant); no results when a variant stopped before its end."""
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
-    results = []
-    for name, flags, run_dir in variant_folders(out, variants, shared):
-        final = _run_variant(name, flags, run_dir, shared)
-        if "stopped" in final:
+    planned = variant_folders(out, variants, shared)
+    finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / "logs")
+    stopped = [(name, final) for (name, _, _), final in zip(planned, finals) if "stopped" in final]
+    if stopped:
+        for name, final in stopped:
             print(f"=== ablation stopped in {name} at step {final['step']} ({final['stopped']}): run the same "
                   f"command again to continue")
-            return metric or "", []
+        return metric or "", []
+    results = []
+    for (name, flags, run_dir), final in zip(planned, finals):
         metric, flat = _final_metric(final, metric)
         curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
-        results.append({"name": name, "flags": flags, "final": flat, "curve": curve})
-    summary = {"metric": metric, "shared": shared, "runs": results}
+        results.append({"name": name, "folder": run_dir.name, "flags": flags, "final": flat, "curve": curve})
+    summary = {"metric": metric, "shared": shared, "best": best_variant(results, metric), "runs": results}
     (out / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
     return metric, results
 
 
-def _run_variant(name: str, flags: str, run_dir: Path, shared: list[str]) -> dict:
-    """One variant's final report: read back when its run finished earlier, else trained (resumed
-    when it has checkpoints); {"stopped", "step"} when the run stopped before its end."""
-    done = run_dir / "metrics.final.json"
-    if done.is_file():
-        print(f"=== ablation {name}: finished earlier, read back from {done}")
-        return json.loads(done.read_text(encoding="utf-8"))
+def best_variant(results: list[dict], metric: str) -> str:
+    """The folder of the variant with the best `metric`: the lowest loss or perplexity, else the highest."""
+    lower = metric in ("loss", "ppl")
+    def score(r):
+        value = r["final"].get(metric, math.nan)
+        return math.inf if math.isnan(value) else (value if lower else -value)
+    return min(results, key=score)["folder"]
+
+
+def _variant_argv(name: str, flags: str, run_dir: Path, shared: list[str], log: Path | None = None) -> list[str]:
+    """One variant's train flags, announced: resumed when its folder holds checkpoints."""
     resume = ["--resume"] if list(run_dir.glob("*.pt")) else []
-    print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}{' (resumed)' if resume else ''}")
-    return train(*parse_args([*resume, *shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]))
+    print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}{' (resumed)' if resume else ''}"
+          f"{f', log {log}' if log else ''}", flush=True)
+    return [*resume, *shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]
+
+
+def _final(run_dir: Path) -> dict | None:
+    """A finished run's final report (metrics.final.json); None before its end."""
+    done = run_dir / "metrics.final.json"
+    return json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
+
+
+def _read_back(name: str, run_dir: Path) -> dict | None:
+    final = _final(run_dir)
+    if final is not None:
+        print(f"=== ablation {name}: finished earlier, read back from {run_dir / 'metrics.final.json'}")
+    return final
+
+
+def _run_in_turn(planned: list[tuple[str, str, Path]], shared: list[str]) -> list[dict]:
+    """Each variant's final report, trained one after the other in this process (resumed when it has
+    checkpoints); the first that stops before its end ({"stopped", "step"}) stops the grid."""
+    finals = []
+    for name, flags, run_dir in planned:
+        final = _read_back(name, run_dir)
+        if final is None:
+            final = train(*parse_args(_variant_argv(name, flags, run_dir, shared)))
+        finals.append(final)
+        if "stopped" in final:
+            break
+    return finals
+
+
+def _run_at_once(planned: list[tuple[str, str, Path]], shared: list[str], jobs: int, logs: Path) -> list[dict]:
+    """Each variant's final report, up to `jobs` trained at once in processes of their own; after a
+    signal (SIGINT, SIGTERM) none is started, and the ones running stop as the signal tells them."""
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
+                                                                    os.environ.get("PYTHONPATH")])))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    signalled: list[int] = []
+    on_main = threading.current_thread() is threading.main_thread()  # only it can take signals
+    previous = {s: signal.signal(s, lambda signum, frame: signalled.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
+    finals, running, failed = {}, {}, []
+    queue = list(planned)
+    try:
+        while running or (queue and not signalled):
+            while queue and len(running) < jobs and not signalled:
+                name, flags, run_dir = queue.pop(0)
+                finals[name] = _read_back(name, run_dir)
+                if finals[name] is None:
+                    running[name] = _start(name, flags, run_dir, shared, env, logs / f"{run_dir.name}.txt")
+            time.sleep(0.2)
+            for name, (proc, run_dir, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
+                    finals[name] = _final(run_dir) or {"stopped": "a signal or --time-limit",
+                                                       "step": _last_step(run_dir)}
+                    print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
+                else:
+                    failed.append(f"{name} (exit {proc.returncode}; {log}):\n{_tail(log)}")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failed:
+        raise RuntimeError("ablation variants failed: " + "\n".join(failed))
+    not_started = {"stopped": "a signal, before it started", "step": 0}
+    return [finals.get(name) or not_started for name, _, _ in planned]
+
+
+def _start(name: str, flags: str, run_dir: Path, shared: list[str], env: dict, log: Path):
+    """(the training process of one variant, its folder, its log); the log is appended to."""
+    argv = _variant_argv(name, flags, run_dir, shared, log)
+    with open(log, "a", encoding="utf-8") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "scratchformer.train", *argv], stdout=f,
+                                stderr=subprocess.STDOUT, env=env)
+    return proc, run_dir, log
+
+
+def _tail(log: Path, lines: int = 12) -> str:
+    return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _last_step(run_dir: Path) -> int:
+    from ..evaluation.plots import read_metrics
+
+    records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    return max((r.get("step", 0) for r in records), default=0)
 
 
 def main(argv=None) -> list[dict]:
     """The ablate command (`python -m scratchformer.ablate`, also `python -m scratchformer.train ablate`)."""
     args = build_parser().parse_args(argv)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs}: must be at least 1")
     shared = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     out = Path(args.out)
-    metric, results = run_grid(out, args.variants, shared, args.metric)
+    metric, results = run_grid(out, args.variants, shared, args.metric, args.jobs)
     if not results:  # stopped: no summary yet
         return results
     print(f"\n{'variant':<20} {metric:>12} {'valid loss':>11}")

@@ -19,7 +19,9 @@
 #   4. always: the run folder without checkpoints into the archive (log, metrics, curves,
 #      attention, validation predictions, test predictions, a summarizer's encoder check), and
 #      "RECIPE: finished" or "continue".
-# An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues).
+# An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues), JOBS of its
+# variants at once; a search recipe (an ablation with DECODE) then goes on with steps 2 and 3 on the
+# grid's best variant by METRIC on validation (ablation.json's "best"), as for a single run.
 # Data: bash scripts/pack_gpu_data.sh DATASET, and carry .gpu_data (with .whl and .gpu_build).
 source "$(dirname "$0")/prelude.sh"
 source "$REPO/scripts/gpu/recipes.sh"
@@ -71,14 +73,21 @@ train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 75) ))}
 if ! finished && [ -z "${TRAIN_SECONDS:-}" ] && [ "$train_secs" -lt 30 ]; then
   echo "== too little time left to train (${train_secs}s): call again"
 elif [ ${#VARIANTS[@]} -gt 0 ] && ! finished; then
-  run_cmd "$(limit 570)" train "$PY" -m scratchformer.ablate --out "$RUN" --variants "${VARIANTS[@]}" -- \
-    "${FLAGS[@]}" --time-limit "$train_secs"
+  run_cmd "$(limit 570)" train "$PY" -m scratchformer.ablate --out "$RUN" --jobs "$JOBS" ${METRIC:+--metric "$METRIC"} \
+    --variants "${VARIANTS[@]}" -- "${FLAGS[@]}" --time-limit "$train_secs"
 elif ! finished && compgen -G "$RUN/*.pt" >/dev/null; then
   run_cmd "$(limit 570)" train "$PY" -m scratchformer.train --resume --out "$RUN" --time-limit "$train_secs" --no-progress \
     "${launched[@]}" || graphs_failed $?
 elif ! finished; then
   run_cmd "$(limit 570)" train "$PY" -m scratchformer.train "${FLAGS[@]}" --out "$RUN" \
     --time-limit "$train_secs" --no-progress || graphs_failed $?
+fi
+
+# a search's best variant is the run the rest of the steps finish (the archive takes the whole grid)
+GRID=$RUN
+if [ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ] && [ -e "$GRID/ablation.json" ]; then
+  RUN=$GRID/$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["best"])' "$GRID/ablation.json")
+  echo "== $RECIPE: the best variant by ${METRIC:-its metric} on validation: $(basename "$RUN")"
 fi
 
 # a summarizer's encoder check (scripts/source_use.py): does the decoder read the source at all?
@@ -162,7 +171,7 @@ fi
 
 # 4. the run folder, without checkpoints, into the archive
 mkdir -p "$WORK/run"
-(cd "$RUN" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
+(cd "$GRID" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
 if finished && predicted; then
   if [ ${#DECODE[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
   echo "== $RECIPE: finished"
