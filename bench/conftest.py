@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import sys
+import traceback
 
 import pytest
 import torch
@@ -113,13 +114,31 @@ def _graph_time_or_error(benchmark, fn, calls: int, tries: int = 2) -> float | N
             gpu = graph_time(fn, calls=calls)
         except Exception as err:  # noqa: BLE001 - e.g. an op that syncs
             torch.cuda.synchronize()  # (graphs.record has put the CUDA generator right again)
-            first_line = (str(err).splitlines() or [""])[0]
             key = "graph_error" if attempt == tries else "graph_first_error"
-            benchmark.extra_info[key] = f"{type(err).__name__}: {first_line}"
+            benchmark.extra_info.update(_describe_error(key, err))
             continue
         benchmark.extra_info["gpu_ms"] = gpu * 1e3
         return gpu
     return None
+
+
+def _describe_error(key: str, err: BaseException) -> dict[str, str]:
+    """{key: "Type: first line"}, and where the error began: a capture that fails ends in CUDA's "operation
+    failed due to a previous error during capture" from the capture's end, raised while handling the
+    error that broke it (its __context__), so the first error of that chain as key_origin, and the
+    innermost frames it was raised in as key_at ("file:line function", innermost first)."""
+    def line(e):
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+    origin = err
+    while origin.__context__ is not None and origin.__context__ is not origin:
+        origin = origin.__context__
+    frames = traceback.extract_tb(origin.__traceback__)[-4:]
+    described = {key: line(err), f"{key}_at": " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                                                           for f in reversed(frames))}
+    if origin is not err:
+        described[f"{key}_origin"] = line(origin)
+    return described
 
 
 FLUSH_BYTES = 128 << 20  # written between calls: over twice the L2 of an H100 (50 MB) or an H200

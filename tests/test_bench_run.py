@@ -76,12 +76,39 @@ def test_a_failed_capture_is_tried_again_and_recorded(monkeypatch, failures):
     bench = types.SimpleNamespace(extra_info={})
     gpu = bench_conftest._graph_time_or_error(bench, lambda: None, calls=5)
     assert tries == [5] * min(failures + 1, 2)
+    info = bench.extra_info
     if failures == 2:
-        assert gpu is None and bench.extra_info == {"graph_first_error": "RuntimeError: capture 1 failed",
-                                                    "graph_error": "RuntimeError: capture 2 failed"}
+        assert gpu is None and info["graph_first_error"] == "RuntimeError: capture 1 failed"
+        assert info["graph_error"] == "RuntimeError: capture 2 failed"
     else:
-        assert gpu == 2e-6 and bench.extra_info["gpu_ms"] == pytest.approx(2e-3)
-        assert bench.extra_info.get("graph_first_error") == ("RuntimeError: capture 1 failed" if failures else None)
+        assert gpu == 2e-6 and info["gpu_ms"] == pytest.approx(2e-3)
+        assert info.get("graph_first_error") == ("RuntimeError: capture 1 failed" if failures else None)
+    if failures:  # where it was raised, innermost first
+        at = info["graph_first_error_at"]
+        assert at.startswith("test_bench_run.py:") and at.split(" <- ")[0].endswith(" graph_time"), at
+
+
+def test_a_failed_capture_records_the_error_that_broke_it():
+    """A capture broken by an op (here a host sync) ends in CUDA's "a previous error during capture"
+    from the capture's end, raised while handling the op's error: the record keeps that first error and
+    where it was raised, which the ninth window's two failed captures lacked."""
+    def op_that_syncs():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    def capture():
+        try:
+            op_that_syncs()
+        finally:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    try:
+        capture()
+    except RuntimeError as err:
+        info = _bench_conftest()._describe_error("graph_error", err)
+    assert info["graph_error"] == "RuntimeError: CUDA error: operation failed due to a previous error during capture"
+    assert info["graph_error_origin"] == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert info["graph_error_at"].startswith("test_bench_run.py:") and info["graph_error_at"].split(" <- ")[0].endswith(
+        " op_that_syncs")
 
 
 @pytest.mark.parametrize(("median", "calls"), [(25e-3, 1), (1e-3, 1), (0.3e-3, 4), (20e-6, 20), (1e-6, 20)])
