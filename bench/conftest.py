@@ -131,7 +131,7 @@ def _describe_error(key: str, err: BaseException) -> dict[str, str]:
         return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
     origin = err
-    while origin.__context__ is not None and origin.__context__ is not origin:
+    while origin.__context__ is not None:  # Python keeps the chain free of cycles
         origin = origin.__context__
     frames = traceback.extract_tb(origin.__traceback__)[-4:]
     described = {key: line(err), f"{key}_at": " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
