@@ -162,9 +162,8 @@ gpu-prewarm: gpu-ext
 # "--workloads model --tiles pinned --no-tests", about 5) and the datasets GPU_DATA names
 # (scripts/pack_gpu_data.sh, which also adds up what a call sends). scripts/gpu/README.md.
 GPU_DATA ?= iwslt2017_en_de
-gpu-ready: gpu-ext
+gpu-ready: gpu-prewarm
 	$(MAKE) wheels WHEELS_FROM=$(or $(WHEELS_FROM),$(wildcard ../shared/gpu-wheels))
-	$(MAKE) gpu-prewarm
 	bash scripts/pack_gpu_data.sh $(GPU_DATA)
 	bash scripts/gpu/ext_sources.sh | cmp -s - .gpu_build/sources.sha256 || { echo ".gpu_build does not match the sources"; exit 1; }
 
