@@ -78,14 +78,7 @@ def test_add_layer_norm(benchmark, rows, N, kernel, mode, monkeypatch):
         return torch.autograd.grad(y, (x, r, w, b), dy)
 
     if mode == "bwd":
-        # one forward; each call runs its backward again, which a compiled graph allows only if it
-        # does not donate its saved buffers to the backward (the seventh window's compile-bwd case
-        # failed so: "compiled with non-empty donated buffers which requires ... retain_graph=False")
-        with functorch_config.patch(donated_buffer=False):
-            saved = add_layer_norm(x, r, w, b, 1e-5)
-
-        def timed():
-            return torch.autograd.grad(saved, (x, r, w, b), dy, retain_graph=True)
+        timed = _backward_alone(lambda: add_layer_norm(x, r, w, b, 1e-5), (x, r, w, b), dy)
     else:
         timed = fwd if mode == "fwd" else fwd_bwd
 
@@ -95,3 +88,25 @@ def test_add_layer_norm(benchmark, rows, N, kernel, mode, monkeypatch):
         benchmark, timed, nbytes=nbytes,
         rows=rows, N=N, kernel=kernel, mode=mode, dtype=DTYPE, copy_bandwidth_gbps=_roof_gbps(),
     )
+
+
+def _backward_alone(forward, inputs, dy):
+    """-> a call that runs the backward of one saved forward() again (`retain_graph`), its output's
+    gradient dy. The forward runs once per stream the call is first made on: autograd runs a
+    backward op on its forward's stream, and a CUDA graph captured on a side stream cannot take in
+    work of the default (legacy) stream ("operation would make the legacy stream depend on a
+    capturing blocking stream": the 16384 x 512 `bwd` case's capture, three windows running), so
+    graph_time's warm-up on the capture's stream redoes the forward there, outside the capture.
+    A compiled forward must not donate its saved buffers to a backward run more than once (the
+    seventh window's compile-bwd case failed so: "compiled with non-empty donated buffers which
+    requires ... retain_graph=False")."""
+    saved = {}
+
+    def timed():
+        stream = torch.cuda.current_stream()
+        if saved.get("stream") != stream:
+            with functorch_config.patch(donated_buffer=False):
+                saved.update(stream=stream, out=forward())
+        return torch.autograd.grad(saved["out"], inputs, dy, retain_graph=True)
+
+    return timed

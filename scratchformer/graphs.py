@@ -42,13 +42,19 @@ def record(fn: Callable[[], object], stream: torch.cuda.Stream | None = None,
     behind is only its outputs, which the caller keeps referenced. The capture tolerates other
     threads' CUDA calls (`capture_error_mode="thread_local"`: a DataLoader's pin-memory thread
     allocating pinned memory meanwhile). Raises (from CUDA) on anything a graph cannot hold,
-    such as a host sync inside; the CUDA generator stays usable then (`release_generator`)."""
+    such as a host sync inside; the CUDA generator stays usable then (`release_generator`), and the
+    caller's current stream is its own again: torch.cuda.graph's exit ends the capture before it
+    leaves the capture's stream, so a capture that fails at its end (torch 2.11) left the capture's
+    side stream current for everything after it (the tenth window: every later benchmark case ran
+    on it)."""
     graph = torch.cuda.CUDAGraph()
+    caller = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"), _autocast():
             out = fn()
     except BaseException:
         release_generator()
+        torch.cuda.set_stream(caller)
         raise
     return out, graph.replay
 

@@ -94,48 +94,58 @@ class _Generator:
         self.calls.append(("offset", offset))
 
 
-def _capture_ending(error):
-    class Capture:  # torch.cuda.graph's stand-in: its exit is capture_end, which raises if the capture failed
+def _capture_ending(error, streams):
+    class Capture:  # torch.cuda.graph's stand-in: its exit is capture_end, which raises if the capture failed,
+        # and only then leaves the capture's stream (torch 2.11's order): a failed end leaves it current
         def __init__(self, *args, **kwargs):
             pass
 
         def __enter__(self):
+            self.before, streams["current"] = streams["current"], "capture stream"
             return self
 
         def __exit__(self, *exc):
             if error:
                 raise RuntimeError(error)
+            streams["current"] = self.before
     return Capture
 
 
-def test_a_failed_capture_puts_the_generator_right(monkeypatch):
+def test_a_failed_capture_puts_the_generator_and_the_stream_right(monkeypatch):
     """graphs.record: a capture that fails (here its end, as CUDA reports an invalidated capture)
     puts a clone of the CUDA generator's state in its place (torch 2.11 leaves the generator marked
     as capturing, and every later draw on the device raises), its offset moved past what graphs
-    captured before will draw, and lets the error through; a capture that ends well leaves the
-    generator alone."""
-    calls = []
+    captured before will draw, makes the caller's stream current again (torch's exit left the
+    capture's), and lets the error through; a capture that ends well leaves the generator alone."""
+    calls, streams = [], {"current": "caller's stream"}
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
     monkeypatch.setattr(torch.cuda, "default_generators", (_Generator(calls),))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "graph", _capture_ending("operation failed due to a previous error during capture"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: streams["current"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: streams.update(current=stream))
+    failed = "operation failed due to a previous error during capture"
+    monkeypatch.setattr(torch.cuda, "graph", _capture_ending(failed, streams))
     with pytest.raises(RuntimeError, match="during capture"):
         graphs.record(lambda: None)
     assert calls == ["clone", ("set", "state"), ("offset", 12 + 2**50)]  # past what older graphs draw
+    assert streams["current"] == "caller's stream"
     calls.clear()
-    monkeypatch.setattr(torch.cuda, "graph", _capture_ending(None))
+    monkeypatch.setattr(torch.cuda, "graph", _capture_ending(None, streams))
     graphs.record(lambda: None)
-    assert calls == []
+    assert calls == [] and streams["current"] == "caller's stream"
 
 
 @requires_cuda
 def test_the_generator_draws_after_a_failed_capture():
-    """A capture that fails (a host read inside) leaves torch's CUDA generator usable: a draw and
-    a dropout after it run (on torch 2.11 they raised "Offset increment outside graph capture
-    encountered unexpectedly"), and a later capture with a draw replays."""
+    """A capture that fails (a host read inside) leaves the caller's stream current and torch's CUDA
+    generator usable: a draw and a dropout after it run (on torch 2.11 they raised "Offset
+    increment outside graph capture encountered unexpectedly"), and a later capture with a draw
+    replays."""
     x = torch.ones(64, device="cuda")
+    caller = torch.cuda.current_stream()
     with pytest.raises(Exception):  # noqa: B017 - whatever CUDA and torch raise for it
         graphs.record(lambda: float(x.sum()))
+    assert torch.cuda.current_stream() == caller  # not the failed capture's side stream
     torch.cuda.synchronize()
     torch.randn(8, device="cuda")
     torch.nn.functional.dropout(x, 0.5)
