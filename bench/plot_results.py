@@ -4,7 +4,7 @@
 
 Plots (those whose groups are present in the files): attention TFLOP/s against sequence length per
 kernel; add+LayerNorm GB/s against hidden size and the embedding's against the token count, each
-with the measured copy-bandwidth roof; end-to-end
+with the measured copy-bandwidth roof; the FFN's TFLOP/s and its GEMM's against cuBLAS per shape; end-to-end
 training tokens/s and peak memory per backend, launched and replayed as a CUDA graph. Kernel
 throughputs are from device time (CUDA-graph replay, `tflops_gpu` / `gbps_gpu`), the cases without
 it (a failed capture) left out, or from wall time where no case has it; the axis says which.
@@ -99,6 +99,33 @@ def plot_embedding(rows, out):
     return _save(fig, out, "embed_gbps.png")
 
 
+def plot_ffn(rows, out):
+    """TFLOP/s per shape (tokens x d_model x d_ff): the FFN per kernel and mode (bench_ffn.py's
+    test_ffn), and its first GEMM per kernel against cuBLAS (`torch`; test_matmul)."""
+    cases = [r for r in rows if r["group"] == "ffn" and "tflops" in r and "d_ff" in r]
+    if not cases:
+        return None
+    panels = [("FFN", [r for r in cases if r["name"].startswith("test_ffn")]),
+              ("the FFN's first GEMM (torch: cuBLAS)", [r for r in cases if r["name"].startswith("test_matmul")])]
+    panels = [(title, part) for title, part in panels if part]
+    fig, axes = plt.subplots(1, len(panels), figsize=(9 * len(panels), 4.5), squeeze=False)
+    for ax, (title, part) in zip(axes[0], panels):
+        metric, note, part = basis(part, "tflops")
+        shapes = sorted({(r["tokens"], r["d_model"], r["d_ff"]) for r in part})
+        series = sorted({(r["kernel"], r.get("mode")) for r in part}, key=str)
+        width = 0.8 / len(series)
+        for i, (kernel, mode) in enumerate(series):
+            vals = {(r["tokens"], r["d_model"], r["d_ff"]): r[metric] for r in part
+                    if (r["kernel"], r.get("mode")) == (kernel, mode)}
+            ax.bar([j + i * width for j in range(len(shapes))], [vals.get(sh, 0) for sh in shapes], width,
+                   label=f"{kernel} {mode or ''}".strip())
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(shapes))],
+                      [f"{t} x {d} x {f}" for t, d, f in shapes], fontsize=7)
+        ax.set(xlabel="tokens x d_model x d_ff", ylabel=f"TFLOP/s ({note})", title=title)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _save(fig, out, "ffn_tflops.png")
+
+
 _MODE_STYLE = {"fwd": "-", "fwd_bwd": "--", "fwd+bwd": "--", "bwd": ":"}
 
 
@@ -156,7 +183,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results/plots")
     args = ap.parse_args(argv)
     rows = load(args.json)
-    for fn in (plot_attention, plot_layer_norm, plot_embedding, plot_train_step):
+    for fn in (plot_attention, plot_layer_norm, plot_embedding, plot_ffn, plot_train_step):
         path = fn(rows, args.out)
         if path:
             print("wrote", path)

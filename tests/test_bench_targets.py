@@ -105,6 +105,21 @@ def test_plots_leave_out_a_case_without_device_time(tmp_path):
     assert path and os.path.getsize(path) > 0
 
 
+def test_ffn_plot_reads_the_benchmark_keys(tmp_path):
+    """plot_results draws the FFN's and its GEMM's TFLOP/s per shape from the keys bench_ffn.py
+    records (tokens, d_model, d_ff, kernel; mode for the FFN), and nothing without FFN cases."""
+    import plot_results
+
+    shape = {"group": "ffn", "tokens": 16384, "d_model": 512, "d_ff": 2048}
+    rows = [{**shape, "name": f"test_ffn[{k}-{m}]", "kernel": k, "mode": m, "tflops": 300.0, "tflops_gpu": 500.0}
+            for k in ("triton", "eager") for m in ("fwd", "fwd_bwd")]
+    rows += [{**shape, "name": f"test_matmul[{k}]", "kernel": k, "tflops": 400.0, "tflops_gpu": 600.0}
+             for k in ("triton", "torch")]
+    path = plot_results.plot_ffn(rows, str(tmp_path))
+    assert path and path.endswith("ffn_tflops.png") and os.path.getsize(path) > 0
+    assert plot_results.plot_ffn([{"group": "add_layer_norm", "gbps": 1.0}], str(tmp_path)) is None
+
+
 def _pair(ours, peer):
     return [_bench("add_layer_norm", f"test_add_layer_norm[{k}]", {"rows": 16384, "N": 512, "kernel": k, "mode": "fwd"},
                    copy_bandwidth_gbps=3000.0, **m) for k, m in (("triton", ours), ("torch", peer))]

@@ -518,6 +518,31 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     # replaced (once), added
 
 
+def test_collect_files_two_calls_of_one_step(tmp_path, capsys, monkeypatch):
+    """collect.py given two calls that ran the same step (the tenth window's step 21, once for
+    add+LayerNorm, once for the FFN): each archive gets its own folder (<step>, <step>.2) and both
+    calls' cases are filed, a case measured in both taking the later call's time; both exit lines
+    are reported."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    call1, call2, bench, work = tmp_path / "call1", tmp_path / "call2", tmp_path / "bench", tmp_path / "work"
+    for folder, cases, seconds in ((call1, [("test_dense[1024-h16d64-full-triton-fwd]", 2e-4),
+                                            ("test_dense[4096-h16d64-full-triton-fwd]", 3e-3)], 79),
+                                   (call2, [("test_dense[4096-h16d64-full-triton-fwd]", 2e-3)], 131)):
+        folder.mkdir()
+        _archive_of(folder, "21_bench_norm_ffn_embed", {
+            "bench_attention.json": _bench_json([(name, "triton", median) for name, median in cases]),
+            "log.txt": f"== 21_bench_norm_ffn_embed: exit 0 after {seconds} s\n"})
+    collect.main([str(call1), str(call2), "--bench-dir", str(bench), "--work", str(work)])
+    assert sorted(p.name for p in work.iterdir()) == ["21_bench_norm_ffn_embed", "21_bench_norm_ffn_embed.2"]
+    filed = json.loads((bench / "2026-12-01-h100.json").read_text())["benchmarks"]
+    assert sorted((b["name"], b["stats"]["median"]) for b in filed) == [
+        ("test_dense[1024-h16d64-full-triton-fwd]", 2e-4), ("test_dense[4096-h16d64-full-triton-fwd]", 2e-3)]
+    out = capsys.readouterr().out
+    assert "exit 0 after 79 s" in out and "exit 0 after 131 s" in out, out
+
+
 def _cache_entry(monkeypatch, cache_dir, key, cubin_bytes=b"\x7fELF cubin"):
     """One compiled kernel as Triton's own FileCacheManager writes it: metadata, binary, IR files,
     the group file naming them (absolute paths), and an autotuner timings file."""

@@ -2,9 +2,11 @@
 
     python scripts/gpu/collect.py FILES_AT [FILES_AT ...] [--bench-dir bench/results] [--work gpu_out/collected]
 
-FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.gz` per step).
-1. Every archive is unpacked into WORK/<step>/ (git-ignored; a later call's archive of the same step
-   replaces the earlier one's folder).
+FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.gz` per step), in
+the order of the calls.
+1. Every archive is unpacked into WORK/<step>/ (git-ignored; what an earlier collect left there is
+   replaced), a second call's archive of the same step into WORK/<step>.2/, and so on (the tenth
+   window ran step 21 twice, add+LayerNorm then the FFN: one folder each, both filed).
 2. The benchmark JSON of the kernels (`bench_attention`, `bench_add_layer_norm`, `bench_ffn`,
    `bench_embed`) go into one pytest-benchmark file, `BENCH_DIR/<date>-<gpu>.json`, and those of the
    end-to-end step (`bench_train_step`, `bench_generate`) into `<date>-<gpu>-e2e.json`: date and GPU
@@ -52,13 +54,19 @@ REPORTS = {"profile-*.txt": "training step profile:",  # bench/profile_train_ste
 
 
 def unpack(files_at: list[Path], work: Path) -> list[Path]:
-    """Every <step>.tar.gz under the FILES_AT folders into WORK/<step>/ -> those folders."""
-    archives = sorted(a for folder in files_at for a in Path(folder).glob("*.tar.gz") if a.name != TRITON_CACHE)
+    """Every <step>.tar.gz under the FILES_AT folders, in their order, into WORK/<step>/ (the
+    same step's next archive into WORK/<step>.2/, ...) -> those folders, in that order."""
+    archives = [a for folder in files_at for a in sorted(Path(folder).glob("*.tar.gz")) if a.name != TRITON_CACHE]
     if not archives:
         raise SystemExit(f"no <step>.tar.gz in {', '.join(map(str, files_at))}")
     steps = []
     for archive in archives:
-        dest = work / archive.name.removesuffix(".tar.gz")
+        name = archive.name.removesuffix(".tar.gz")
+        dest = work / name
+        for call in range(2, len(archives) + 2):
+            if dest not in steps:
+                break
+            dest = work / f"{name}.{call}"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         with tarfile.open(archive) as tar:
@@ -119,7 +127,7 @@ def merge(jsons: list[Path], into: Path) -> int:
 def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
     """Step 2 and 3 of the docstring -> the files written."""
     groups: dict[str, list[Path]] = {}
-    for path in sorted(p for step in steps for p in step.glob("bench_*.json")):
+    for path in (p for step in steps for p in sorted(step.glob("bench_*.json"))):  # a later call's case replaces
         text = path.read_text()
         if not text.strip():
             print(f"{path}: empty, skipped (pytest-benchmark creates it at startup: nothing was saved)")
@@ -142,7 +150,7 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
         written.append(out)
     stems = sorted({name.removesuffix("-e2e") for name in groups})
     for pattern, head in REPORTS.items():
-        for report in sorted(p for step in steps for p in step.glob(pattern)):
+        for report in (p for step in steps for p in sorted(step.glob(pattern))):
             first = report.read_text(errors="replace").partition("\n")[0]
             if not first.startswith(head):
                 print(f"{report}: not a finished report (its first line: {first[:80]!r}), not filed")
@@ -165,7 +173,7 @@ def report(steps: list[Path]) -> None:
     """Step 6 of the docstring: what each step said of itself."""
     for step in steps:
         log = (step / "log.txt").read_text(errors="replace") if (step / "log.txt").exists() else ""
-        ends = re.findall(rf"== {re.escape(step.name)}: exit \d+ after \d+ s", log)
+        ends = re.findall(rf"== {re.escape(step.name.partition('.')[0])}: exit \d+ after \d+ s", log)
         print(f"{step.name}: {ends[-1] if ends else 'no exit line (the call was cut short?)'}")
         for txt in sorted(step.glob("*.txt")):
             summary = [line for line in txt.read_text(errors="replace").splitlines()  # with -q or without

@@ -115,7 +115,9 @@ recipe() {
       # iwslt's (716 against 753 in 21,395 steps, 96.7% replayed: scripts/graph_shapes.py on the CPU), so
       # unpadded too; each epoch has ~20% more tokens (finer pieces). On the CPU (5,000 pairs, 50 epochs:
       # results/iwslt5k-cpu-bpe-dropout) it started slower (greedy BLEU 1.6 against 4.6) but its validation
-      # loss was still falling where the plain run's had stopped: judge it at the plateau, on the full budget
+      # loss was still falling where the plain run's had stopped: judge it at the plateau, on the full budget.
+      # On the GPU (iwslt-search, a third of the throughput, 13,190 steps) it won that grid and was still
+      # falling at the end: validation 16.72 (results/iwslt-search-gpu); alone it gets ~35k steps
       DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.3 1.6)
       FLAGS=("${IWSLT[@]}" --bpe-dropout 0.1 --time-budget "$BUDGET" --max-steps 20000 --eval-every 500
              --eval-decode-examples 500) ;;
@@ -129,6 +131,9 @@ recipe() {
       # how much the four runs slow each other on one H100 (each run's train.csv says). Two of the
       # four without BPE-dropout: on 5,000 pairs on the CPU it lowered the validation loss by 0.30
       # at the end but not BLEU (3.3 against 5.1, its outputs looping; results/iwslt5k-cpu-bpe-dropout)
+      # Tenth window (H100): each run ~13k steps at a third of one run's tokens/s; bpe-dropout picked
+      # (greedy 15.15; its loss still falling, 0.29 under iwslt's at equal steps), validation 16.72
+      # (beam 4, the average, length penalty 1.6): results/iwslt-search-gpu. Done; iwslt-bpe-dropout next
       DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.6); JOBS=4; METRIC=bleu
       local tiny="--d-model 128 --heads 4 --layers 4 --d-ff 256 --lr 5e-3 --warmup-steps 2000"
       FLAGS=("${IWSLT[@]}" --time-budget "$BUDGET" --max-steps 20000 --eval-every 500 --eval-decode-examples 500)
