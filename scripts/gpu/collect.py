@@ -62,11 +62,8 @@ def unpack(files_at: list[Path], work: Path) -> list[Path]:
     steps = []
     for archive in archives:
         name = archive.name.removesuffix(".tar.gz")
-        dest = work / name
-        for call in range(2, len(archives) + 2):
-            if dest not in steps:
-                break
-            dest = work / f"{name}.{call}"
+        earlier = sum(step.name.partition(".")[0] == name for step in steps)  # this step's archives so far
+        dest = work / (f"{name}.{earlier + 1}" if earlier else name)
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         with tarfile.open(archive) as tar:
