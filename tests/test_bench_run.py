@@ -56,10 +56,11 @@ def _bench_conftest():
     return module
 
 
-@pytest.mark.parametrize("failures", [0, 1, 2])
-def test_a_failed_capture_is_tried_again_and_recorded(monkeypatch, failures):
-    """The device time of a case whose first capture fails comes from a second try, the first
-    try's error kept beside it; two failures leave no device time and both errors."""
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_failed_capture_is_recorded(monkeypatch, fails):
+    """A case's device time comes from one capture; one that fails leaves no device time, its error
+    and where it was raised recorded, and is not tried again (the retry hid the cause of the eighth
+    to tenth windows' failures: the case's forward on the legacy stream)."""
     import types
 
     bench_conftest = _bench_conftest()
@@ -67,25 +68,22 @@ def test_a_failed_capture_is_tried_again_and_recorded(monkeypatch, failures):
 
     def graph_time(fn, calls):
         tries.append(calls)
-        if len(tries) <= failures:
-            raise RuntimeError(f"capture {len(tries)} failed\nsecond line")
+        if fails:
+            raise RuntimeError("capture failed\nsecond line")
         return 2e-6
 
     monkeypatch.setattr(bench_conftest, "graph_time", graph_time)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     bench = types.SimpleNamespace(extra_info={})
     gpu = bench_conftest._graph_time_or_error(bench, lambda: None, calls=5)
-    assert tries == [5] * min(failures + 1, 2)
+    assert tries == [5]
     info = bench.extra_info
-    if failures == 2:
-        assert gpu is None and info["graph_first_error"] == "RuntimeError: capture 1 failed"
-        assert info["graph_error"] == "RuntimeError: capture 2 failed"
-    else:
-        assert gpu == 2e-6 and info["gpu_ms"] == pytest.approx(2e-3)
-        assert info.get("graph_first_error") == ("RuntimeError: capture 1 failed" if failures else None)
-    if failures:  # where it was raised, innermost first
-        at = info["graph_first_error_at"]
+    if fails:
+        assert gpu is None and "gpu_ms" not in info and info["graph_error"] == "RuntimeError: capture failed"
+        at = info["graph_error_at"]  # where it was raised, innermost first
         assert at.startswith("test_bench_run.py:") and at.split(" <- ")[0].endswith(" graph_time"), at
+    else:
+        assert gpu == 2e-6 and info == {"gpu_ms": pytest.approx(2e-3)}
 
 
 def test_a_failed_capture_records_the_error_that_broke_it():
