@@ -43,19 +43,24 @@ PY
 done
 du -sh .gpu_data
 # what a device call sends: the checkout's tracked and untracked-unignored files, and the carried paths
-# (.gpu_cache, Triton's cache archives, travels too where it is carried: scripts/gpu/README.md)
+# (a Triton cache, .gpu_cache or the CNN/DailyMail window's .gpu_cache-pinned, travels too where it is
+# carried: scripts/gpu/README.md); a path that is not there counts 0 (a new checkout has no .gpu_cache)
 mib() { awk '{s += $1} END {printf "%.1f", s / 1048576}'; }
-size() { find "$@" -type f -print0 2>/dev/null | xargs -0 -r stat -c %s | mib; }
+size() { local there=(); for p in "$@"; do [ -e "$p" ] && there+=("$p"); done
+         if [ ${#there[@]} -gt 0 ]; then find "${there[@]}" -type f -print0 | xargs -0 -r stat -c %s | mib; else echo 0.0; fi; }
 checkout=$(git ls-files -z -c -o --exclude-standard | xargs -0 stat -c %s 2>/dev/null | mib)
 carried=$(size .whl .gpu_build .gpu_data)
-cache=$(size .gpu_cache)
 total=$(echo "$checkout $carried" | awk '{printf "%.1f", $1 + $2}')
-with_cache=$(echo "$total $cache" | awk '{printf "%.1f", $1 + $2}')
-echo "travels: checkout $checkout MiB + .whl, .gpu_build, .gpu_data $carried MiB = $total MiB (limit 64);" \
-  "with .gpu_cache ($cache MiB) $with_cache MiB"
+echo "travels: checkout $checkout MiB + .whl, .gpu_build, .gpu_data $carried MiB = $total MiB (limit 64)"
 awk -v t="$total" 'BEGIN {exit !(t > 64)}' && { echo "over the device's 64 MiB: pack fewer datasets" >&2; exit 1; }
-if awk -v t="$with_cache" 'BEGIN {exit !(t > 64)}'; then
-  echo "with .gpu_cache over the device's 64 MiB: carry it without its triton-cache.tar.gz, or a smaller" \
-    "prewarm archive (scripts/gpu/README.md, the CNN/DailyMail window), or not at all"
-fi
+for cache_dir in .gpu_cache .gpu_cache-pinned; do
+  [ -e "$cache_dir" ] || continue
+  cache=$(size "$cache_dir")
+  with_cache=$(echo "$total $cache" | awk '{printf "%.1f", $1 + $2}')
+  echo "with $cache_dir ($cache MiB): $with_cache MiB"
+  if awk -v t="$with_cache" 'BEGIN {exit !(t > 64)}'; then
+    echo "with $cache_dir over the device's 64 MiB: carry it without its triton-cache.tar.gz, or a smaller" \
+      "prewarm archive (scripts/gpu/README.md, the CNN/DailyMail window), or not at all"
+  fi
+done
 exit 0

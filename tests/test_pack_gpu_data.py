@@ -1,0 +1,63 @@
+"""scripts/pack_gpu_data.sh: the datasets a GPU call carries copied into .gpu_data, and what a call
+sends added up against the device's 64 MiB, in a checkout with or without a Triton cache (a new
+checkout has none: the sum once failed there, silently, under `set -o pipefail`, and with it
+`make gpu-ready GPU_DATA=cnn_dailymail`)."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git checkout holding the script, and a shared data folder with one small dataset."""
+    repo, shared = tmp_path / "repo", tmp_path / "shared"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "pack_gpu_data.sh"), repo / "scripts")
+    (repo / ".gitignore").write_text(".gpu_data/\n.gpu_cache/\n.gpu_cache-pinned/\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (shared / "multi30k").mkdir(parents=True)
+    (shared / "multi30k" / "train.jsonl.gz").write_bytes(b"x" * 4096)
+    return repo, shared
+
+
+def _pack(repo, shared, *names):
+    return subprocess.run(["bash", "scripts/pack_gpu_data.sh", *names], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "SHARED_DATA": str(shared)})
+
+
+def _sparse(path, mib):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(mib << 20)
+
+
+def test_sums_a_new_checkout_without_a_cache(checkout):
+    repo, shared = checkout
+    run = _pack(repo, shared, "multi30k")
+    assert run.returncode == 0, run.stderr
+    assert (repo / ".gpu_data" / "multi30k" / "train.jsonl.gz").stat().st_size == 4096
+    assert "travels: checkout" in run.stdout and "(limit 64)" in run.stdout
+    assert "with .gpu_cache" not in run.stdout
+
+
+def test_names_each_cache_and_warns_when_it_does_not_fit(checkout):
+    repo, shared = checkout
+    _sparse(repo / ".gpu_cache-pinned" / "prewarm.tar.xz", 1)
+    _sparse(repo / ".gpu_cache" / "prewarm.tar.xz", 70)
+    run = _pack(repo, shared, "multi30k")
+    assert run.returncode == 0, run.stderr
+    assert "with .gpu_cache-pinned (1.0 MiB)" in run.stdout
+    assert "with .gpu_cache (70.0 MiB)" in run.stdout and "with .gpu_cache over the device's 64 MiB" in run.stdout
+    assert "with .gpu_cache-pinned over" not in run.stdout
+
+
+def test_fails_when_the_call_itself_does_not_fit(checkout):
+    repo, shared = checkout
+    _sparse(shared / "multi30k" / "big.jsonl.gz", 70)
+    run = _pack(repo, shared, "multi30k")
+    assert run.returncode == 1 and "over the device's 64 MiB: pack fewer datasets" in run.stderr
