@@ -142,6 +142,17 @@ def test_attention_noncontiguous(Lq, Lk, layout):
     assert_matches_fp32(ours, ref)
 
 
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_scale_edges(scale, causal):
+    """The forward's unmasked blocks take each row's maximum before scaling (one FMA an element):
+    a scale of 0 (uniform weights over the visible keys) and a sharp one match the reference, in
+    the unmasked blocks (Lk 48 = three full 16-key tiles) and the masked ones (causal, a short key)."""
+    q, k, v = make_qkv(2, 2, 40, 48, 16)
+    assert_matches_fp32(*run_both(q, k, v, causal=causal, scale=scale,
+                                  key_lengths=torch.tensor([48, 21], device=DEVICE)))
+
+
 def test_attention_output_layout():
     """out is (B, H, Lq, D) over (B, Lq, H, D) memory: the model's transpose + reshape is free."""
     B, H, Lq, Lk, D = 2, 3, 7, 33, 16
@@ -386,6 +397,8 @@ BAD = {
     ),
     "lengths shape": (_bad(key_lengths=torch.tensor([9, 1, 2])), r"key_lengths must have shape \(2,\), got \(3,\)"),
     "dropout": (_bad(dropout_p=1.0), r"dropout_p must be in \[0, 1\), got 1.0"),
+    "scale negative": (_bad(scale=-0.5), r"scale must be a finite number >= 0, got -0.5"),
+    "scale nan": (_bad(scale=float("nan")), r"scale must be a finite number >= 0, got nan"),
 }
 
 

@@ -13,9 +13,13 @@ cores. SCRATCHFORMER_COMPILE_CHECK=full (or `make compile-check`) adds sm_80 and
 (`make test`'s run with the CPU machines' Triton, when the GPU machines' Triton checks the default
 after it: `make test-triton-min`) compiles every kernel and flag combination through ptxas with
 one config per launch, its largest tile, and sweeps no shared memory (`tools/compile_check.py --quick`).
+
+The compiled code is read too where a kernel's form is meant to save work: the attention forward's
+unmasked loop is checked for one multiply per score (`tools/sass_loops.py`).
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +72,24 @@ def test_kernels_compile_for_sm90_sm80(op, triton_cache):
     assert proc.returncode == 0, f"{op}: Triton AOT compile check failed (exit {proc.returncode}):\n" + "\n".join(
         proc.stdout.splitlines()[-40:]
     )
+
+
+@pytest.mark.parametrize("tma, head_dim, config", [(True, 128, (128, 64, 8, 3)), (False, 64, (128, 64, 4, 3))])
+def test_attention_forward_scales_each_score_in_one_fma(tma, head_dim, config, triton_cache):
+    """The forward's unmasked loop, compiled for sm_90 (`tools/sass_loops.py`), multiplies each score
+    once, inside the FMA that subtracts the row maximum: its FMULs are the accumulator's rescale
+    (BLOCK_M x D over the threads) and a few per row, not one more per score. The form before
+    (scale, then max, then subtract) kept a separate multiply per score: 96 FMULs, not 66, at head
+    dim 128 with the TMA path, 128 x 64 tiles and 8 warps; 128, not 68, at head dim 64 by pointers."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = triton_cache
+    cmd = [sys.executable, "-m", "tools.sass_loops", "attention_fwd", "--head-dim", str(head_dim),
+           "--config", ",".join(map(str, config)), "--json", *(["--tma"] if tma else [])]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    unmasked = json.loads(proc.stdout)[0]["ops"]  # no lengths, not causal: the first loop is the unmasked one
+    bm, bn, warps, _ = config
+    threads = 32 * warps
+    acc, scores = bm * head_dim // threads, bm * bn // threads  # per thread
+    assert unmasked["MUFU"] >= scores and unmasked["FFMA"] >= scores, unmasked
+    assert acc <= unmasked["FMUL"] < acc + scores, unmasked
