@@ -35,9 +35,11 @@ Backward (S = scale·Q Kᵀ, P = softmax(S) row-wise, Z the keep mask, r = 1/(1 
     dQ  = scale · dS K,   dK = scale · dSᵀ Q
 P is recomputed from the saved lse: P = exp(S - lse) (exp2(s·qk_scale - lse·log2 e)); rows with
 lse = -inf (no visible key, or padded query rows) use +inf instead so P = 0 there. Three kernels:
-a preprocessing pass δ = rowsum(dO∘O); one program per key block computing dK, dV (loops over
-query blocks); one per query block computing dQ (loops over key blocks). Every output element is
-written by exactly one program: deterministic, no float atomics. Extra memory: lse and δ, O(L).
+a preprocessing pass δ = rowsum(dO∘O), which also writes lse·log2 e with that +inf (`_lse2`: done
+once a row, not once a row and key block in the dK/dV loop); one program per key block computing
+dK, dV (loops over query blocks); one per query block computing dQ (loops over key blocks). Every
+output element is written by exactly one program: deterministic, no float atomics. Extra memory:
+lse, δ and lse·log2 e, O(L).
 
 Limits: head_dim 16, 32, 64 or 128; fp32, fp16, bf16 (fp32 dots use input_precision="ieee":
 exact but slower, fp32 is for tests). Under TRITON_INTERPRET=1 (Triton 3.9), tl.dot on bf16
@@ -271,17 +273,23 @@ def _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN: tl.constexpr, HAS_QLEN
 
 
 @triton.jit
-def _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED: tl.constexpr):
-    """The saved lse of rows offs_m in log2 units, and their δ. Rows with lse = -inf (no visible
-    key, or at or past qlen) get +inf, so P = exp2(s - lse2) = 0 there; rows >= Lq read as lse =
-    -inf, δ = 0 (MASKED only: an unmasked block lies inside [0, Lq))."""
+def _lse2(lse):
+    """The saved lse in log2 units, +inf where it is -inf (no visible key, or a row at or past qlen),
+    so P = exp2(s - lse2) = 0 there."""
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@triton.jit
+def _lse2_delta(lse2_base, delta_base, offs_m, Lq, MASKED: tl.constexpr):
+    """The rows offs_m's lse in log2 units (`_lse2`, from the preprocessing pass) and their δ; rows
+    >= Lq read as +inf and 0 (MASKED only: an unmasked block lies inside [0, Lq))."""
     if MASKED:
-        lse = tl.load(lse_base + offs_m, mask=offs_m < Lq, other=float("-inf"))
+        lse2 = tl.load(lse2_base + offs_m, mask=offs_m < Lq, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=offs_m < Lq, other=0.0)
     else:
-        lse = tl.load(lse_base + offs_m)
+        lse2 = tl.load(lse2_base + offs_m)
         delta = tl.load(delta_base + offs_m)
-    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
+    return lse2, delta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,25 +430,31 @@ def _dropout_mask_kernel(
 def _attention_bwd_preprocess_kernel(
     o_ptr,  # (B, H, Lq, D) forward output
     do_ptr,  # (B, H, Lq, D) gradient of the output
+    lse_ptr,  # (B, H, Lq) fp32 the forward's row log-sum-exp, contiguous
     delta_ptr,  # (B, H, Lq) fp32 out: δ = rowsum(dO ∘ O), contiguous
+    lse2_ptr,  # (B, H, Lq) fp32 out: lse in log2 units, +inf for -inf (`_lse2`), contiguous
     stride_o_b, stride_o_h, stride_o_l, stride_o_d,
     stride_do_b, stride_do_h, stride_do_l, stride_do_d,
     H, Lq,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
+    """δ, and lse in the form the dK/dV and dQ loops read it, once a row rather than once a row and
+    key block (the dK/dV loop reads every query row once for each of its key blocks)."""
     start_m, pid_bh, b, h = _program(H, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     o = _load_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, False)
     do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(delta_ptr + pid_bh * Lq + offs_m, delta, mask=offs_m < Lq)
+    rows = pid_bh * Lq + offs_m
+    tl.store(delta_ptr + rows, delta, mask=offs_m < Lq)
+    tl.store(lse2_ptr + rows, _lse2(tl.load(lse_ptr + rows, mask=offs_m < Lq, other=0.0)), mask=offs_m < Lq)
 
 
 @triton.jit
 def _attention_bwd_dkdv_inner(
     dk, dv, k, v,  # accumulators (BLOCK_N, D) fp32; resident k, v tiles (BLOCK_N, D)
-    q_base, do_base, lse_base, delta_base,  # pointers at (b, h, 0, 0) / (b, h, 0)
+    q_base, do_base, lse2_base, delta_base,  # pointers at (b, h, 0, 0) / (b, h, 0)
     stride_q_l, stride_q_d, stride_do_l, stride_do_d,
     offs_n, offs_d, lo, hi, klen, Lq, shift, qk_scale,
     dropout_p, seed, rng_base, Lk,
@@ -455,7 +469,7 @@ def _attention_bwd_dkdv_inner(
                           TMA)  # (D, BLOCK_M)
         do = _stream_rows(do_base, start_m, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED, False,
                           TMA)  # (BLOCK_M, D)
-        lse2, delta = _lse2_delta(lse_base, delta_base, offs_m, Lq, MASKED)
+        lse2, delta = _lse2_delta(lse2_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
         if MASKED:
@@ -481,7 +495,7 @@ def _attention_bwd_dkdv_inner(
 def _attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
     do_ptr,  # (B, H, Lq, D) gradient of the output
-    lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
+    lse2_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous: the preprocessing pass's
     dk_ptr, dv_ptr,  # (B, H, Lk, D) outputs, k's dtype
     klen_ptr, qlen_ptr,  # (B,) int32/int64 lengths (read only if HAS_KLEN / HAS_QLEN)
     stride_q_b, stride_q_h, stride_q_l, stride_q_d,
@@ -525,22 +539,22 @@ def _attention_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     q_base = _slab(q_ptr + b * stride_q_b + h * stride_q_h, Lq, stride_q_l, HEAD_DIM, BLOCK_M, TMA)
     do_base = _slab(do_ptr + b * stride_do_b + h * stride_do_h, Lq, stride_do_l, HEAD_DIM, BLOCK_M, TMA)
-    lse_base = lse_ptr + pid_bh * Lq
+    lse2_base = lse2_ptr + pid_bh * Lq
     delta_base = delta_ptr + pid_bh * Lq
     seed, rng_offset = load_dropout_rng(rng_ptr, HAS_DROPOUT)
     rng_base = rng_offset + pid_bh * Lq * Lk
     dk, dv = _attention_bwd_dkdv_inner(
-        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_lo, m_mid, klen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
-        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_mid, m_tail, klen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
-        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_q_l, stride_q_d,
+        dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
         stride_do_l, stride_do_d, offs_n, offs_d, m_tail, m_hi, klen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
@@ -585,7 +599,7 @@ def _attention_bwd_dq_inner(
 def _attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D) forward inputs
     do_ptr,  # (B, H, Lq, D) gradient of the output
-    lse_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous
+    lse2_ptr, delta_ptr,  # (B, H, Lq) fp32, contiguous: the preprocessing pass's
     dq_ptr,  # (B, H, Lq, D) output, q's dtype
     klen_ptr, qlen_ptr,  # (B,) int32/int64 lengths (read only if HAS_KLEN / HAS_QLEN)
     stride_q_b, stride_q_h, stride_q_l, stride_q_d,
@@ -608,7 +622,7 @@ def _attention_bwd_dq_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
     do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST)
-    lse2, delta = _lse2_delta(lse_ptr + pid_bh * Lq, delta_ptr + pid_bh * Lq, offs_m, Lq, True)
+    lse2, delta = _lse2_delta(lse2_ptr + pid_bh * Lq, delta_ptr + pid_bh * Lq, offs_m, Lq, True)
     n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)  # as the forward
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -794,9 +808,9 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
         return dq, dk, dv
     if Lq == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty_like(lse)
+    delta, lse2 = torch.empty(2, *lse.shape, dtype=torch.float32, device=lse.device)
     _attention_bwd_preprocess_kernel[(cdiv(Lq, 64), B * H)](
-        out, do, delta, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
+        out, do, lse, delta, lse2, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
     )
     dummy = lse
     klen = key_lengths
@@ -809,13 +823,13 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     tune_key = _tune_key(q, klen, qlen, causal, keys, tma)
     launch_tuned(
         _bwd_dkdv, lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H), tune_key,
-        q, k, v, do, lse, delta, dk, dv, *lens,
+        q, k, v, do, lse2, delta, dk, dv, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         *common, **flags,
     )
     launch_tuned(
         _bwd_dq, lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H), tune_key,
-        q, k, v, do, lse, delta, dq, *lens,
+        q, k, v, do, lse2, delta, dq, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         *common, **flags,
     )

@@ -15,7 +15,8 @@ after it: `make test-triton-min`) compiles every kernel and flag combination thr
 one config per launch, its largest tile, and sweeps no shared memory (`tools/compile_check.py --quick`).
 
 The compiled code is read too where a kernel's form is meant to save work: the attention forward's
-unmasked loop is checked for one multiply per score (`tools/sass_loops.py`).
+unmasked loop is checked for one multiply per score, and the dK/dV loop's for none of the per-row
+work the preprocessing pass does once (`tools/sass_loops.py`).
 """
 
 import importlib.util
@@ -74,22 +75,42 @@ def test_kernels_compile_for_sm90_sm80(op, triton_cache):
     )
 
 
-@pytest.mark.parametrize("tma, head_dim, config", [(True, 128, (128, 64, 8, 3)), (False, 64, (128, 64, 4, 3))])
-def test_attention_forward_scales_each_score_in_one_fma(tma, head_dim, config, triton_cache):
-    """The forward's unmasked loop, compiled for sm_90 (`tools/sass_loops.py`), multiplies each score
-    once, inside the FMA that subtracts the row maximum: its FMULs are the accumulator's rescale
-    (BLOCK_M x D over the threads) and a few per row, not one more per score. The form before
-    (scale, then max, then subtract) kept a separate multiply per score: 96 FMULs, not 66, at head
-    dim 128 with the TMA path, 128 x 64 tiles and 8 warps; 128, not 68, at head dim 64 by pointers."""
+def _loops(kernel, tma, head_dim, config, triton_cache):
+    """`tools/sass_loops.py`'s loops of an attention kernel compiled for sm_90 (no lengths, not causal)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = triton_cache
-    cmd = [sys.executable, "-m", "tools.sass_loops", "attention_fwd", "--head-dim", str(head_dim),
+    cmd = [sys.executable, "-m", "tools.sass_loops", kernel, "--head-dim", str(head_dim),
            "--config", ",".join(map(str, config)), "--json", *(["--tma"] if tma else [])]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    unmasked = json.loads(proc.stdout)[0]["ops"]  # no lengths, not causal: the first loop is the unmasked one
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("tma, head_dim, config", [(True, 128, (128, 64, 8, 3)), (False, 64, (128, 64, 4, 3))])
+def test_attention_forward_scales_each_score_in_one_fma(tma, head_dim, config, triton_cache):
+    """The forward's unmasked loop multiplies each score once, inside the FMA that subtracts the
+    row maximum: its FMULs are the accumulator's rescale (BLOCK_M x D over the threads) and a few
+    per row, not one more per score. The form before (scale, then max, then subtract) kept a
+    separate multiply per score: 96 FMULs, not 66, at head dim 128 with the TMA path, 128 x 64
+    tiles and 8 warps; 128, not 68, at head dim 64 by pointers."""
+    unmasked = _loops("attention_fwd", tma, head_dim, config, triton_cache)[0]["ops"]  # the first loop
     bm, bn, warps, _ = config
     threads = 32 * warps
     acc, scores = bm * head_dim // threads, bm * bn // threads  # per thread
     assert unmasked["MUFU"] >= scores and unmasked["FFMA"] >= scores, unmasked
     assert acc <= unmasked["FMUL"] < acc + scores, unmasked
+
+
+@pytest.mark.parametrize("tma, head_dim, config", [(True, 128, (64, 64, 4, 2)), (False, 64, (32, 64, 4, 2))])
+def test_attention_dkdv_loop_reads_lse_in_log2_units(tma, head_dim, config, triton_cache):
+    """The dK/dV loop reads each query block's lse as the preprocessing pass left it (log2 units,
+    +inf for -inf), so its unmasked loop multiplies each score once (dS = P (dP - δ)) and compares
+    nothing; converting lse there, once a query block and key block, cost 16 FMULs, 16 FSETPs
+    and 16 FSELs an iteration at both configs (411 -> 364 instructions at head dim 128)."""
+    loops = _loops("attention_dkdv", tma, head_dim, config, triton_cache)
+    assert len(loops) == 3, loops  # the causal diagonal / a partial key block, the unmasked middle, the tail
+    unmasked = loops[1]["ops"]
+    bm, bn, warps, _ = config
+    scores = bm * bn // (32 * warps)  # per thread
+    assert unmasked["MUFU"] >= scores and unmasked["FMUL"] <= scores, unmasked
+    assert "FSETP" not in unmasked, unmasked
