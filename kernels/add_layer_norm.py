@@ -257,19 +257,28 @@ TILE_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w)
 # (`_loop_stages`), and the tuner tries it first.
 LOOP_STAGE_CHOICES = (1, 2, 3)
 PIPELINED_UP_TO_N = 4096
+# The backward's wide tile, one row at 16 warps (Liger-Kernel's LayerNorm takes 16 warps from 8,192
+# columns), offered where the tiles' bound scaled by warps / 8 holds it: 2,048 to 8,192 columns. At N
+# 8192 the backward's only other tile, one row at 8 warps, takes all 255 registers (sm_90, Triton
+# 3.6: dw and db accumulate per tile element, about 8 live arrays of 32 values a thread), so one
+# 8-warp program is resident an SM, where the eighth window measured 0.76-0.82 of the copy bandwidth;
+# at 16 warps it takes 97 registers, 16 warps an SM (`tools/compile_check.py` reports each tile's).
+BWD_WIDE_TILES = [triton.Config({"BLOCK_M": 1}, num_warps=16)]
 BWD_TILE_CONFIGS = [triton.Config({**c.kwargs, "LOOP_STAGES": st}, num_warps=c.num_warps)
-                    for c in TILE_CONFIGS for st in LOOP_STAGE_CHOICES]
+                    for c in TILE_CONFIGS + BWD_WIDE_TILES for st in LOOP_STAGE_CHOICES]
 
 
 def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
     """The Autotuner's early_config_prune for a kernel whose row count is its argument rows_arg:
     the pinned launch's own tile first (`_fwd_tile`, or `_bwd_tile` for the pipelined backward, at
-    `_loop_stages`' depth, then at the others), then the other tiles that fit (and, pipelined,
-    whose loads in flight fit `MAX_PIPELINE_BYTES`)."""
+    `_loop_stages`' depth, then at the others), then the other tiles that fit: at least 4 values a
+    thread, at most max_values a tile (more for tiles of over 8 warps, as many a thread as at 8)
+    (and, pipelined, whose loads in flight fit `MAX_PIPELINE_BYTES`)."""
     def prune(configs, nargs, **kwargs):
         block_n = kwargs["BLOCK_N"]
         bm, warps = (_bwd_tile if pipelined else _fwd_tile)(nargs[rows_arg], block_n)
-        kept = [c for c in configs if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values
+        kept = [c for c in configs
+                if 128 * c.num_warps <= c.kwargs["BLOCK_M"] * block_n <= max_values * max(1, c.num_warps // 8)
                 and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
         if not pipelined:
             return [triton.Config({"BLOCK_M": bm}, num_warps=warps)] + kept

@@ -140,17 +140,42 @@ def keep(config: triton.Config) -> bool:
 # (all fit both GPUs, checked by the compile check).
 FP32_SMEM_BUDGET = 166912  # A100 opt-in shared memory per block, bytes
 
+# Registers, at every dtype: the fp32 values a thread keeps live through the loop, its accumulators
+# and score tiles over 32·num_warps threads (`LIVE_VALUES`: the forward's acc and S, BLOCK_M x (D +
+# BLOCK_N); dK/dV's dK, dV, Pᵀ and dPᵀ, 2·BLOCK_N x (D + BLOCK_M); dQ's acc, P and dP, BLOCK_M x (D +
+# 2·BLOCK_N)). Compiled for sm_90 (Triton 3.6, bf16, head dims 64 and 128; `tools/compile_check.py`
+# reports each config's registers and spills), every config over 192 such values a thread spilled
+# 376-1,264 bytes at 255 registers (10 of the 68), the tuner's time to compile and race them lost;
+# at 192 or fewer, at most 168 bytes, most nothing. So the tuner is offered those alone.
+MAX_LIVE_VALUES = 192
+LIVE_VALUES = {
+    "fwd": lambda bm, bn, d: bm * (d + bn),
+    "dkdv": lambda bm, bn, d: 2 * bn * (d + bm),
+    "dq": lambda bm, bn, d: bm * (d + 2 * bn),
+}
 
-def _fp32_pruner(n_resident, resident_block):
+
+def _pruner(kernel, n_resident, resident_block):
+    """The Autotuner's early_config_prune for `kernel` (a LIVE_VALUES key): the configs whose live
+    values fit MAX_LIVE_VALUES a thread and, for 4-byte inputs, whose shared memory fits
+    FP32_SMEM_BUDGET (the models above); never none (the smallest by both)."""
+    live = LIVE_VALUES[kernel]
+
     def prune(configs, nargs, **kwargs):
-        if INTERPRET or nargs["q_ptr"].element_size() < 4:
+        if INTERPRET:
             return configs
-        def model(c):
+        head_dim, fp32 = kwargs["HEAD_DIM"], nargs["q_ptr"].element_size() >= 4
+
+        def per_thread(c):
+            return live(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], head_dim) / (32 * c.num_warps)
+
+        def smem(c):
             bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             resident, streamed = (bn, bm) if resident_block == "N" else (bm, bn)
-            return 4 * kwargs["HEAD_DIM"] * (n_resident * resident + c.num_stages * 2 * streamed)
-        kept = [c for c in configs if model(c) <= FP32_SMEM_BUDGET]
-        return kept or [min(configs, key=model)]
+            return 4 * head_dim * (n_resident * resident + c.num_stages * 2 * streamed) if fp32 else 0
+
+        kept = [c for c in configs if per_thread(c) <= MAX_LIVE_VALUES and smem(c) <= FP32_SMEM_BUDGET]
+        return kept or [min(configs, key=lambda c: (smem(c), per_thread(c)))]
     return prune
 
 
@@ -646,15 +671,15 @@ def _attention_bwd_dq_kernel(
 
 _fwd = triton.autotune(
     _configs((64, 128), (32, 64, 128), "M", pinned=(64, 64, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _fp32_pruner(1, "M")},
+    prune_configs_by={"early_config_prune": _pruner("fwd", 1, "M")},
 )(_attention_fwd_kernel)
 _bwd_dkdv = triton.autotune(
     _configs((32, 64), (64, 128), "N", pinned=(32, 64, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _fp32_pruner(2, "N")},
+    prune_configs_by={"early_config_prune": _pruner("dkdv", 2, "N")},
 )(_attention_bwd_dkdv_kernel)
 _bwd_dq = triton.autotune(
     _configs((64, 128), (32, 64), "M", pinned=(64, 32, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _fp32_pruner(2, "M")},
+    prune_configs_by={"early_config_prune": _pruner("dq", 2, "M")},
 )(_attention_bwd_dq_kernel)
 
 

@@ -308,12 +308,14 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
         assert {(4, 8), (8, 8), (16, 8)} <= set(got)
 
 
-@pytest.mark.parametrize("N", [16, 512, 1024, 4096, 16384])
+@pytest.mark.parametrize("N", [16, 512, 1024, 2048, 4096, 8192, 16384])
 @pytest.mark.parametrize("rows_per_program", [1, 125])
 def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_program, monkeypatch):
     """The tuned backward (`_prune_bwd`): the pinned tile for its rows per program first (`_bwd_tile`,
     at the pinned loop depth, then the others), then the tiles of at most 4k fp32 values (it keeps
-    about twice the forward's live tiles) with at least 4 a thread, each at every loop depth. At
+    about twice the forward's live tiles; 8k at 16 warps, as many a thread) with at least 4 a
+    thread, each at every loop depth: one row at 16 warps from 2,048 to 8,192 columns, where one row
+    at 8 warps took all 255 registers at 8,192 (`BWD_WIDE_TILES`). At
     N 512 the pinned tile is the eighth window's pick, 2 rows at 8 warps (the forward's rule, one
     row at 2 warps, left 8 warps an SM in flight: 0.54 of the copy bandwidth), and the tuner offers
     more rows and warps still, and the old pick."""
@@ -326,10 +328,10 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     got = [(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["LOOP_STAGES"])
            for c in LN._prune_bwd(LN.BWD_TILE_CONFIGS, nargs, BLOCK_N=bn, HAS_DS=True)]
     own = LN._bwd_tile(rows_per_program, bn)
-    depths = len(LN.LOOP_STAGE_CHOICES)
+    n_own = sum(g[:2] == own for g in got)
     assert got[0] == (*own, LN._loop_stages(own[0], bn, 6)) and len(set(got)) == len(got)
-    assert {g[:2] for g in got[:depths]} == {own}  # the pinned tile at every depth, then the others
-    assert all(128 * w <= m * bn <= 1 << 12 for m, w, _ in got[depths:])
+    assert {g[:2] for g in got[:n_own]} == {own}  # the pinned tile at every depth that fits, then the others
+    assert all(128 * w <= m * bn <= (1 << 12) * max(1, w // 8) for m, w, _ in got[n_own:])
     # each tile unpipelined and at every depth whose loads in flight (dy, s, ds_out: 6 bytes an
     # element a row block ahead) fit the pipeline's shared-memory budget
     tiles = {(m, w) for m, w, _ in got}
@@ -342,6 +344,7 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
         assert own == LN._fwd_tile(rows_per_program, bn)
     if N == 16384:  # a row block ahead would take 96 KiB: nothing pipelined
         assert {st for *_, st in got} == {1}
+    assert ((1, 16) in tiles) == (2048 <= N <= 8192)
 
 
 @pytest.mark.parametrize(("block_m", "N", "loaded_bytes", "depth"), [
@@ -401,6 +404,18 @@ def test_every_tuning_candidate_matches_ref(config, monkeypatch):
     monkeypatch.setattr(LN, "_bwd_tile", lambda rows, block_n: (c.kwargs["BLOCK_M"], c.num_warps))
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     _check_with_dropout(_inputs((1000, 512), torch.bfloat16), 0.2, *DTYPES[2][1:])
+
+
+@requires_cuda
+def test_wide_backward_tile_matches_ref(monkeypatch):
+    """The backward's 16-warp tile (`BWD_WIDE_TILES`), forced, at 8,192 columns, where the tuner
+    offers it: bf16 with dropout, the reference's outputs and gradients under the same mask."""
+    from scratchformer.kernels import add_layer_norm as LN
+
+    c = LN.BWD_WIDE_TILES[0]
+    monkeypatch.setattr(LN, "_bwd_tile", lambda rows, block_n: (c.kwargs["BLOCK_M"], c.num_warps))
+    monkeypatch.setattr(LN, "AUTOTUNE", False)
+    _check_with_dropout(_inputs((300, 8192), torch.bfloat16), 0.2, *DTYPES[2][1:])
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -476,3 +476,35 @@ def test_dropout_large_cuda():
     out, mask = attention(q, k, v, causal=True, dropout_p=0.1, seed=3, return_dropout_mask=True)
     ref = attention_ref(q, k, v, causal=True, dropout_p=0.1, dropout_mask=mask)
     assert report_diff("dropout out", out, ref) < 2e-2
+
+
+# The configs ptxas spilled hundreds of bytes for (sm_90, Triton 3.6, bf16; `tools/compile_check.py`'s
+# report), as (BLOCK_M, BLOCK_N, warps), each at 2 and 3 stages; every other candidate at these head
+# dims spilled at most 168 bytes.
+SPILLED = {
+    64: {"dkdv": {(64, 128, 4)}},
+    128: {"fwd": {(128, 128, 4)}, "dkdv": {(32, 128, 4), (64, 128, 4)}, "dq": {(128, 64, 4)}},
+}
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tuning_candidates_leave_out_the_spilling_configs(head_dim, dtype, monkeypatch):
+    """What the GPU's tuner is offered (`_pruner`): every candidate but the ones ptxas spilled
+    hundreds of bytes for (SPILLED: over MAX_LIVE_VALUES live values a thread), and for fp32 inputs
+    only those whose shared memory fits A100's; never none."""
+    import scratchformer.kernels.attention as A
+
+    monkeypatch.setattr(A, "INTERPRET", False)
+    monkeypatch.setattr(A, "AUTOTUNE", True)
+    kernels = {"fwd": ((64, 128), (32, 64, 128), "M", 1), "dkdv": ((32, 64), (64, 128), "N", 2),
+               "dq": ((64, 128), (32, 64), "M", 2)}
+    for name, (blocks_m, blocks_n, resident, n_resident) in kernels.items():
+        cands = A._configs(blocks_m, blocks_n, resident, pinned=None)
+        kept = A._pruner(name, n_resident, resident)(cands, {"q_ptr": torch.empty(0, dtype=dtype)}, HEAD_DIM=head_dim)
+        tiles = lambda cs: {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in cs}  # noqa: E731
+        assert kept, name
+        if dtype == torch.bfloat16:
+            assert tiles(cands) - tiles(kept) == SPILLED.get(head_dim, {}).get(name, set()), name
+        else:
+            assert tiles(kept) <= tiles(cands) - SPILLED.get(head_dim, {}).get(name, set()), name

@@ -75,8 +75,9 @@ def test_kernels_compile_for_sm90_sm80(op, triton_cache):
     )
 
 
-def _loops(kernel, tma, head_dim, config, triton_cache):
-    """`tools/sass_loops.py`'s loops of an attention kernel compiled for sm_90 (no lengths, not causal)."""
+def _compiled(kernel, tma, head_dim, config, triton_cache):
+    """`tools/sass_loops.py`'s report of an attention kernel compiled for sm_90 (no lengths, not
+    causal): {"resources": registers and spills a thread, "loops": each loop's instructions}."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = triton_cache
     cmd = [sys.executable, "-m", "tools.sass_loops", kernel, "--head-dim", str(head_dim),
@@ -93,7 +94,7 @@ def test_attention_forward_scales_each_score_in_one_fma(tma, head_dim, config, t
     per row, not one more per score. The form before (scale, then max, then subtract) kept a
     separate multiply per score: 96 FMULs, not 66, at head dim 128 with the TMA path, 128 x 64
     tiles and 8 warps; 128, not 68, at head dim 64 by pointers."""
-    unmasked = _loops("attention_fwd", tma, head_dim, config, triton_cache)[0]["ops"]  # the first loop
+    unmasked = _compiled("attention_fwd", tma, head_dim, config, triton_cache)["loops"][0]["ops"]  # the first
     bm, bn, warps, _ = config
     threads = 32 * warps
     acc, scores = bm * head_dim // threads, bm * bn // threads  # per thread
@@ -107,10 +108,28 @@ def test_attention_dkdv_loop_reads_lse_in_log2_units(tma, head_dim, config, trit
     +inf for -inf), so its unmasked loop multiplies each score once (dS = P (dP - δ)) and compares
     nothing; converting lse there, once a query block and key block, cost 16 FMULs, 16 FSETPs
     and 16 FSELs an iteration at both configs (411 -> 364 instructions at head dim 128)."""
-    loops = _loops("attention_dkdv", tma, head_dim, config, triton_cache)
+    loops = _compiled("attention_dkdv", tma, head_dim, config, triton_cache)["loops"]
     assert len(loops) == 3, loops  # the causal diagonal / a partial key block, the unmasked middle, the tail
     unmasked = loops[1]["ops"]
     bm, bn, warps, _ = config
     scores = bm * bn // (32 * warps)  # per thread
     assert unmasked["MUFU"] >= scores and unmasked["FMUL"] <= scores, unmasked
     assert "FSETP" not in unmasked, unmasked
+
+
+@pytest.mark.parametrize("kernel, config", [
+    ("attention_fwd", (128, 128, 8, 2)), ("attention_fwd", (128, 128, 4, 2)),
+    ("attention_dkdv", (64, 128, 8, 2)), ("attention_dkdv", (32, 128, 4, 2)),
+])
+def test_attention_register_model_matches_ptxas(kernel, config, triton_cache):
+    """The tuner's register model (`kernels/attention.py` LIVE_VALUES, MAX_LIVE_VALUES) against
+    ptxas at head dim 128 with the TMA path: a config over the bound (256, 320 live values a
+    thread) spills hundreds of bytes, one at it (192) little or nothing, so the configs the tuner
+    is no longer offered are ones that spill most (Triton 3.9: 648 and 800 bytes against 0 and 72;
+    3.6: 376-1,264 for every config pruned at head dims 64 and 128, at most 168 for those kept)."""
+    from scratchformer.kernels import attention as A
+
+    bm, bn, warps, _ = config
+    over = A.LIVE_VALUES[kernel.removeprefix("attention_")](bm, bn, 128) / (32 * warps) > A.MAX_LIVE_VALUES
+    resources = _compiled(kernel, True, 128, config, triton_cache)["resources"]
+    assert (resources["stack"] >= 256) == over, resources

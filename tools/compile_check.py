@@ -38,7 +38,7 @@ representative shapes, then:
 3. full compile through ptxas for each target of the chosen configs of each launch: the config
    with the most shared memory (from the sweep: the one most likely to overflow) and/or the
    smallest tile. Printed per variant: kernel, target, dtype, flags, config, shared memory
-   (metadata.shared), registers and spill (from the cubin, via the bundled cuobjdump), time.
+   (metadata.shared), registers and spills (stack bytes, from the cubin via the bundled cuobjdump), time.
 
 Every module-level kernel (a @triton.jit function named *_kernel, or an autotuned one) of the
 checked op files must be launched by some scenario, so a new kernel without one fails the check.
@@ -418,7 +418,9 @@ def _cuobjdump():
 
 
 def _resources(cubin: bytes) -> dict:
-    """Registers / local (spill) bytes per thread from the cubin, via the bundled cuobjdump."""
+    """Registers, stack and local bytes per thread from the cubin, via the bundled cuobjdump. Registers
+    spilled by ptxas live on the stack (STACK; LOCAL stays 0 for them): a Triton kernel has no other
+    use for it, so stack bytes are its spills."""
     tool = _cuobjdump()
     if tool is None:
         return {}
@@ -426,8 +428,8 @@ def _resources(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", out)
-    return {"regs": int(m.group(1)), "local": int(m.group(2))} if m else {}
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+).*?LOCAL:(\d+)", out)
+    return {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))} if m else {}
 
 
 @dataclasses.dataclass
@@ -635,7 +637,7 @@ def main(argv=None) -> int:
         if res["ok"] and sh is not None and sh > limit:
             status = "OVER-SHARED"
         regs = f" regs={res['regs']}" if "regs" in res else ""
-        spill = f" spill={res['local']}B" if res.get("local") else ""
+        spill = f" spill={res.get('stack', 0) + res['local']}B" if res.get("stack") or res.get("local") else ""
         txt = (f"[{job.target}] {ln.kernel.__name__} {ln.dtype} [{ln.scenario}] {_flags_str(ln)} | "
                f"{_config_str(job.kw)} ({job.why}) | shared={sh}/{limit}{regs}{spill} | {res['time']:.1f}s {status}")
         if a.verbose and "signature" in res:

@@ -3,7 +3,8 @@
 What a kernel change does to the work of its inner loops can be read before a GPU times it: the
 launch is recorded from the op's own launcher on CPU tensors and compiled with Triton's compiler
 and bundled ptxas exactly as `tools/compile_check.py` does, then disassembled with the bundled
-cuobjdump. Each loop (a backward branch) is reported with its instructions per iteration by opcode:
+cuobjdump. Each loop (a backward branch) is reported with its instructions per iteration by opcode,
+and the kernel with its registers and spills a thread:
 
     python -m tools.sass_loops attention_fwd [--head-dim 128] [--tma] [--causal] [--config 128,64,8,3] [--json]
 
@@ -56,8 +57,9 @@ def record_attention(head_dim: int, tma: bool, causal: bool) -> list:
     return cc._CAPTURE["launches"]
 
 
-def sass(launch, config: tuple[int, int, int, int], target: str = "sm90") -> str:
-    """The launch compiled with config (BLOCK_M, BLOCK_N, num_warps, num_stages), disassembled."""
+def sass(launch, config: tuple[int, int, int, int], target: str = "sm90") -> tuple[str, dict]:
+    """The launch compiled with config (BLOCK_M, BLOCK_N, num_warps, num_stages): its disassembly,
+    and its registers and spills a thread (`compile_check._resources`)."""
     bm, bn, warps, stages = config
     kw = {**cc._config_kwargs(launch, None), "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
     backend, options, sig, consts, attrs = cc._bind(launch.kernel, launch.args, kw, cc.TARGETS[target][0])
@@ -66,7 +68,8 @@ def sass(launch, config: tuple[int, int, int, int], target: str = "sm90") -> str
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        return subprocess.run([cc._cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([cc._cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return text, cc._resources(kernel.asm["cubin"])
 
 
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[^;]*?(?:0x([0-9a-f]+))?\s*;")
@@ -99,12 +102,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     config = tuple(int(x) for x in args.config.split(","))
     launch = record_attention(args.head_dim, args.tma, args.causal)[KERNELS[args.kernel]]
-    found = loops(sass(launch, config))
+    text, resources = sass(launch, config)
+    found = loops(text)
     if args.json:
-        print(json.dumps(found))
+        print(json.dumps({"resources": resources, "loops": found}))
         return 0
     print(f"{args.kernel}: head dim {args.head_dim}, TMA {args.tma}, causal {args.causal}, config {config}, "
-          f"sm_90, Triton {triton.__version__}")
+          f"sm_90, Triton {triton.__version__}; a thread's registers {resources.get('regs')}, "
+          f"stack (spills) {resources.get('stack')} B")
     for loop in found:
         top = sorted(loop["ops"].items(), key=lambda t: -t[1])[:12]
         print(f"loop {loop['start']:#x}-{loop['end']:#x}: {loop['count']} instructions; "
