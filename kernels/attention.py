@@ -833,7 +833,9 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
         return dq, dk, dv
     if Lq == 0 or Lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta, lse2 = torch.empty(2, *lse.shape, dtype=torch.float32, device=lse.device)
+    # two allocations, not one split: each starts 16-byte aligned, so the kernels, which Triton
+    # specialises on a pointer's alignment, compile once for every length (tests/test_compile_budget.py)
+    delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
     _attention_bwd_preprocess_kernel[(cdiv(Lq, 64), B * H)](
         out, do, lse, delta, lse2, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
     )
