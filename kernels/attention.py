@@ -155,11 +155,21 @@ LIVE_VALUES = {
 }
 
 
-def _pruner(kernel, n_resident, resident_block):
-    """The Autotuner's early_config_prune for `kernel` (a LIVE_VALUES key): the configs whose live
-    values fit MAX_LIVE_VALUES a thread and, for 4-byte inputs, whose shared memory fits
+# Each kernel's tuning: (BLOCK_M candidates, BLOCK_N candidates, its resident block and how many
+# tiles of it stay resident (Q; K and V; Q and dO), the pinned (BLOCK_M, BLOCK_N, warps, stages)).
+TUNING = {
+    "fwd": ((64, 128), (32, 64, 128), "M", 1, (64, 64, 4, 2)),
+    "dkdv": ((32, 64), (64, 128), "N", 2, (32, 64, 4, 2)),
+    "dq": ((64, 128), (32, 64), "M", 2, (64, 32, 4, 2)),
+}
+
+
+def _pruner(kernel):
+    """The Autotuner's early_config_prune for `kernel` (a TUNING and LIVE_VALUES key): the configs
+    whose live values fit MAX_LIVE_VALUES a thread and, for 4-byte inputs, whose shared memory fits
     FP32_SMEM_BUDGET (the models above); never none (the smallest by both)."""
     live = LIVE_VALUES[kernel]
+    _, _, resident_block, n_resident, _ = TUNING[kernel]
 
     def prune(configs, nargs, **kwargs):
         if INTERPRET:
@@ -179,7 +189,10 @@ def _pruner(kernel, n_resident, resident_block):
     return prune
 
 
-def _configs(blocks_m, blocks_n, resident, pinned):
+def _configs(kernel):
+    """`kernel`'s candidate configs (TUNING) after keep(); its pinned one alone without autotuning;
+    one small config in the interpreter."""
+    blocks_m, blocks_n, resident, _, pinned = TUNING[kernel]
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
     if not AUTOTUNE:  # pinned (BLOCK_M, BLOCK_N, warps, stages): passes keep(), fp32 at HEAD_DIM 128 fits sm_80
@@ -669,18 +682,13 @@ def _attention_bwd_dq_kernel(
     _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
 
 
-_fwd = triton.autotune(
-    _configs((64, 128), (32, 64, 128), "M", pinned=(64, 64, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _pruner("fwd", 1, "M")},
-)(_attention_fwd_kernel)
-_bwd_dkdv = triton.autotune(
-    _configs((32, 64), (64, 128), "N", pinned=(32, 64, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _pruner("dkdv", 2, "N")},
-)(_attention_bwd_dkdv_kernel)
-_bwd_dq = triton.autotune(
-    _configs((64, 128), (32, 64), "M", pinned=(64, 32, 4, 2)), key=_KEY,
-    prune_configs_by={"early_config_prune": _pruner("dq", 2, "M")},
-)(_attention_bwd_dq_kernel)
+def _autotuned(kernel, fn):
+    return triton.autotune(_configs(kernel), key=_KEY, prune_configs_by={"early_config_prune": _pruner(kernel)})(fn)
+
+
+_fwd = _autotuned("fwd", _attention_fwd_kernel)
+_bwd_dkdv = _autotuned("dkdv", _attention_bwd_dkdv_kernel)
+_bwd_dq = _autotuned("dq", _attention_bwd_dq_kernel)
 
 
 # ---------------------------------------------------------------------------------------------

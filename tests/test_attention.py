@@ -497,11 +497,9 @@ def test_tuning_candidates_leave_out_the_spilling_configs(head_dim, dtype, monke
 
     monkeypatch.setattr(A, "INTERPRET", False)
     monkeypatch.setattr(A, "AUTOTUNE", True)
-    kernels = {"fwd": ((64, 128), (32, 64, 128), "M", 1), "dkdv": ((32, 64), (64, 128), "N", 2),
-               "dq": ((64, 128), (32, 64), "M", 2)}
-    for name, (blocks_m, blocks_n, resident, n_resident) in kernels.items():
-        cands = A._configs(blocks_m, blocks_n, resident, pinned=None)
-        kept = A._pruner(name, n_resident, resident)(cands, {"q_ptr": torch.empty(0, dtype=dtype)}, HEAD_DIM=head_dim)
+    for name in A.TUNING:
+        cands = A._configs(name)
+        kept = A._pruner(name)(cands, {"q_ptr": torch.empty(0, dtype=dtype)}, HEAD_DIM=head_dim)
         tiles = lambda cs: {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in cs}  # noqa: E731
         assert kept, name
         if dtype == torch.bfloat16:
