@@ -288,6 +288,27 @@ def test_search_recipe_predicts_with_its_best_variant(tmp_path):
     assert list((tmp_path / "o1").glob("50_iwslt-search-picked.pt.part*"))
 
 
+def test_summarizer_checks_its_encoder_after_its_test_predictions(tmp_path):
+    """A summarization recipe's encoder check (scripts/source_use.py, a diagnostic) runs once the test
+    predictions are written, never before them: in the eleventh window it ran first, on one CPU
+    thread, timed out in both calls and left CNN/DM's base model no time for its predictions."""
+    data = tmp_path / "data" / "samsum"
+    data.mkdir(parents=True)
+    rows = [{"id": str(i), "document": f"Ann: I bring {i} apples\nBob: ok", "summary": f"Ann brings {i} apples."}
+            for i in range(40)]
+    for split, part in (("train", rows[:32]), ("validation", rows[32:])):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    with gzip.open(data / "test_inputs.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"id": f"t{i}", "document": f"Eve: {i} pears?"}) + "\n" for i in range(3))
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="samsum")
+    call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    assert call.returncode == 0, call.stdout[-3000:]
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert {"run/test_predictions.jsonl", "run/source_use.txt"} <= set(files) and "samsum: finished" in log, log[-3000:]
+    assert log.index(" generate (limit") < log.index(" source_use (limit"), log[-3000:]
+    assert "NLL/token: own source" in open(tmp_path / "runs" / "samsum" / "source_use.txt").read()
+
+
 def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch):
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the

@@ -90,12 +90,6 @@ if [ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ] && [ -e "$GRID/ablation.
   echo "== $RECIPE: the best variant by ${METRIC:-its metric} on validation: $(basename "$RUN")"
 fi
 
-# a summarizer's encoder check (scripts/source_use.py): does the decoder read the source at all?
-if finished && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] && case $DATASET in samsum*|cnn*) true;; *) false;; esac; then
-  run_cmd 120 source_use "$PY" scripts/source_use.py --checkpoint "$RUN/best.pt" --data "$SCRATCHFORMER_DATA/$DATASET" \
-    -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
-fi
-
 # 2. the blind test inputs, once the run is finished (a grid predicts nothing: its DECODE is empty): best.pt
 #    and the average of its last AVERAGE step checkpoints are scored on validation decoded as the
 #    predictions will be (DECODE), and again at each of the recipe's LENGTH_PENALTIES; the best
@@ -131,6 +125,15 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
       --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
       ${picked_lp:+--length-penalty "$picked_lp"} "${RUNTIME[@]}"
   fi
+fi
+
+# a summarizer's encoder check (scripts/source_use.py, on the GPU): does the decoder read the source at
+# all? A diagnostic, so after the predictions (2026-11-28: before them, on one CPU thread, it timed out
+# twice on the CNN/DM base model and, with the scoring, left no time for the test predictions)
+if finished && predicted && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] \
+    && case $DATASET in samsum*|cnn*) true;; *) false;; esac; then
+  run_cmd 60 source_use "$PY" scripts/source_use.py --checkpoint "$RUN/best.pt" --data "$SCRATCHFORMER_DATA/$DATASET" \
+    -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
 
 # 3. weights the CPU can finish with, in pieces of 15 MiB beside the archive (a file comes back only
