@@ -634,6 +634,29 @@ def test_triton_cache_pack_keeps_to_its_size_and_refuses_odd_archives(tmp_path, 
     assert (tmp_path / "all.tar.xz").read_bytes() == before and not list(tmp_path.glob(".*.partial"))
 
 
+def test_triton_cache_check_finds_a_prewarm_of_other_kernel_sources(tmp_path, monkeypatch, capsys):
+    """A prewarm archive is stamped with the hash of the kernel sources it was compiled from; `check`
+    says current while they are unchanged, and stale (exit 1) once a kernel file changes, even by a
+    line added above a kernel (Triton's key holds each kernel's first line: the 2026-11-28 prewarm
+    missed so); an archive without a stamp (a call's own cache) is named, not refused."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    repo, carried = tmp_path / "repo", tmp_path / "carried"
+    (repo / "kernels").mkdir(parents=True)
+    carried.mkdir()
+    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+    for name in ("prewarm.tar.xz", "triton-cache.tar.gz"):
+        (carried / name).write_bytes(b"")
+    triton_cache.stamp(carried / "prewarm.tar.xz", repo)
+    assert triton_cache.main(["check", str(carried), "--repo", str(repo)]) == 0
+    assert dict(triton_cache.check(carried, repo)) == {carried / "prewarm.tar.xz": "current",
+                                                      carried / "triton-cache.tar.gz": "unstamped"}
+    (repo / "kernels" / "op.py").write_text("TABLE = {}\n@triton.jit\ndef k(x):\n    pass\n")
+    assert triton_cache.main(["check", str(carried), "--repo", str(repo)]) == 1
+    assert "prewarm.tar.xz: stale" in capsys.readouterr().out
+
+
 def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):
     """run.sh restores the carried archives (prewarm's .tar.xz, a call's .tar.gz) into
     TRITON_CACHE_DIR once per machine, and packs that folder into $OUT/triton-cache.tar.gz at the

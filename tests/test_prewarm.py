@@ -39,6 +39,7 @@ def test_prewarmed_entries_are_what_the_jit_path_finds(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
     import triton_cache
 
+    assert dict(triton_cache.check(tmp_path, ROOT))[archive] == "current"  # stamped with the sources compiled
     moved = tmp_path / "elsewhere"
     triton_cache.restore(archive, moved)
     there, _ = _prewarm(moved, tmp_path / "there.tar.gz")

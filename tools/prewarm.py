@@ -321,6 +321,7 @@ def main(argv=None) -> int:
     # oldest first, as compiled: the models' pinned tiles (the recipes), their tuned ones (the
     # benchmarks, compiled serially on the GPU), then the tests' (which 14 processes compile there)
     packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)
+    triton_cache.stamp(args.out, REPO)  # the kernel sources compiled: `triton_cache.py check` finds a stale archive
     print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
           f"{f', {skipped} left out (size)' if skipped else ''}")
     if args.cache_dir is None:  # the temporary cache (with its IR files: hundreds of MB) goes

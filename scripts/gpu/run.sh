@@ -13,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 carried=${TRITON_CACHE_CARRIED:-$here/../../.gpu_cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/scratchformer-triton-cache}
 if [ ! -e "$TRITON_CACHE_DIR/.restored" ]; then
+  python3 "$here/triton_cache.py" check "$carried" || echo "== a stale archive compiles again what it holds: expect compiles"
   for archive in "$carried"/*.tar.xz "$carried"/*.tar.gz; do
     [ -f "$archive" ] && python3 "$here/triton_cache.py" restore "$archive" "$TRITON_CACHE_DIR"
   done

@@ -3,6 +3,7 @@ in one call is a cache hit in the next, even on a fresh machine.
 
     python scripts/gpu/triton_cache.py pack CACHE_DIR OUT.tar.gz|OUT.tar.xz [--max-mb 15]
     python scripts/gpu/triton_cache.py restore ARCHIVE CACHE_DIR
+    python scripts/gpu/triton_cache.py check CARRIED_DIR [--repo .]
 
 Compiling is most of a GPU step's time (scripts/gpu/README.md), and a machine left idle for 30 s
 is given back: the next call starts bare and compiles everything again. Triton's cache is
@@ -16,11 +17,17 @@ the archive stays under --max-mb (the device returns files of at most 16 MiB); t
 (ttir, ttgir, llir, ptx, source) are left out: a cache hit loads only the metadata and the binary.
 restore: the archive into CACHE_DIR, then each group file's child paths, which Triton writes as
 absolute paths of the machine that compiled, pointed at CACHE_DIR and cut to the files present.
+check: whether each archive in CARRIED_DIR was compiled from the checkout's kernel sources, by the
+stamp `stamp()` wrote beside it (ARCHIVE.sources.sha256, tools/prewarm.py); exits 1 on a stale one.
+Triton's key holds each kernel's text and its first line number, so any edit of kernels/*.py that
+moves a kernel misses its entries: 2026-11-28, a table added above attention's kernels left the
+pinned prewarm's attention entries stale, caught by hand before the window.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -28,6 +35,32 @@ import tarfile
 from pathlib import Path
 
 KEEP = (".json", ".cubin")
+STAMP = ".sources.sha256"  # beside an archive: the hash of the kernel sources its entries were compiled from
+
+
+def sources_hash(repo: Path) -> str:
+    """The hash of the Triton kernels' sources (kernels/*.py: every @triton.jit of the package)."""
+    h = hashlib.sha256()
+    for f in sorted((repo / "kernels").glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def stamp(archive: Path, repo: Path) -> Path:
+    out = archive.with_name(archive.name + STAMP)
+    out.write_text(sources_hash(repo) + "\n")
+    return out
+
+
+def check(carried: Path, repo: Path) -> list[tuple[Path, str]]:
+    """[(archive, "current" | "stale" | "unstamped")] for the archives in `carried` (run.sh's globs)."""
+    current = sources_hash(repo)
+    found = []
+    for archive in sorted([*carried.glob("*.tar.xz"), *carried.glob("*.tar.gz")]):
+        mark = archive.with_name(archive.name + STAMP)
+        state = "unstamped" if not mark.exists() else "current" if mark.read_text().strip() == current else "stale"
+        found.append((archive, state))
+    return found
 
 
 def _entries(cache: Path, newest_first: bool) -> list[Path]:
@@ -123,7 +156,17 @@ def main(argv=None) -> int:
     b = sub.add_parser("restore")
     b.add_argument("archive", type=Path)
     b.add_argument("cache", type=Path)
+    c = sub.add_parser("check")
+    c.add_argument("carried", type=Path)
+    c.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
     args = p.parse_args(argv)
+    if args.cmd == "check":
+        found = check(args.carried, args.repo)
+        for archive, state in found:
+            note = {"stale": ": compiled from other kernel sources, its entries will miss (make gpu-prewarm)",
+                    "unstamped": ": no stamp, its sources unknown"}.get(state, "")
+            print(f"== Triton cache {archive}: {state}{note}")
+        return 1 if any(state == "stale" for _, state in found) else 0
     try:
         if args.cmd == "pack":
             packed, skipped = pack(args.cache, args.out, args.max_mb)
