@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     """`cls(...)` (a Trainer) for a new run from `config`, or with --resume for the run in the
     checkpoint, continued exactly, or with --init-from a new run that starts from another run's
     model and tokenizers. `given`: the options set on the command line."""
-    ckpt, warning = None, None
+    t0, ckpt, warning = time.time(), None, None
     if config.resume:
         folder = resume_folder(config.out, config.resume)
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
@@ -74,6 +75,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if resuming:
         trainer.resume(ckpt)
     log.info(trainer.describe())
+    log.info(f"set up in {time.time() - t0:.1f}s (data, tokenizers, model{', checkpoint' * resuming})")
     return trainer
 
 

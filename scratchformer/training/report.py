@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from ..checkpoint import load_checkpoint
 from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
@@ -13,7 +14,7 @@ def final_report(trainer) -> dict:
     and beam --beam-size); predictions.validation.jsonl (greedy), metrics.final.json and the plots
     written; the summary logged. Returns the metrics: teacher-forced loss/ppl (+ accuracy) and one
     dict per decoding."""
-    cfg, data, out, prog = trainer.config, trainer.data, trainer.out, trainer.progress
+    t0, cfg, data, out, prog = time.time(), trainer.config, trainer.data, trainer.out, trainer.progress
     model = trainer.model
     best = out / "best.pt"
     if best.exists():
@@ -44,6 +45,7 @@ def final_report(trainer) -> dict:
     trainer.log.info(f"done: {prog.step} steps in {trainer.train_seconds:.0f}s{ended}; {best_txt}; run folder {out}")
     for line in lines:
         trainer.log.info(line)
+    trainer.log.info(f"final report in {time.time() - t0:.1f}s")  # a GPU window's calls are planned from it
     return res
 
 
