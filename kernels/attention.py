@@ -289,11 +289,15 @@ def _stream_rows(
 
 
 @triton.jit
-def _program(H, BLOCK: tl.constexpr):
-    """This program's place in the grid: axis 0 a block of BLOCK query or key rows, axis 1 the
-    (batch, head) pair b·H + h (int64 for the stride math). Returns (start row, b·H + h, b, h)."""
-    pid_bh = tl.program_id(1).to(tl.int64)
-    return tl.program_id(0) * BLOCK, pid_bh, pid_bh // H, pid_bh % H
+def _program(H, n_rows, BLOCK: tl.constexpr):
+    """This program's place in the grid, which is one axis (`_grid`): the cdiv(n_rows, BLOCK) blocks
+    of BLOCK query or key rows of (batch, head) pair 0, then pair 1's, ..., so a pair's blocks run
+    side by side and share its keys and values in L2. Returns (start row, b·H + h as int64 for the
+    stride math, b, h)."""
+    n_blocks = tl.cdiv(n_rows, BLOCK)
+    pid = tl.program_id(0)
+    pid_bh = (pid // n_blocks).to(tl.int64)
+    return (pid % n_blocks) * BLOCK, pid_bh, pid_bh // H, pid_bh % H
 
 
 @triton.jit
@@ -403,7 +407,7 @@ def _attention_fwd_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m, pid_bh, b, h = _program(H, BLOCK_M)
+    start_m, pid_bh, b, h = _program(H, Lq, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq  # query row i sits at key position i + shift
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -451,8 +455,8 @@ def _dropout_mask_kernel(
 ):
     """Writes the keep mask the attention kernels use, from the same `dropout_keep` counters."""
     seed, rng_offset = load_dropout_rng(rng_ptr, True)
-    pid_bh = tl.program_id(2).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, pid_bh, _, _ = _program(1, Lq, BLOCK_M)  # axis 0 as `_grid`'s, key blocks on axis 1
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = dropout_keep(seed, rng_offset + pid_bh * Lq * Lk, offs_m[:, None], offs_n[None, :], Lk, dropout_p)
     ptrs = mask_ptr + pid_bh * Lq * Lk + offs_m[:, None].to(tl.int64) * Lk + offs_n[None, :]
@@ -478,7 +482,7 @@ def _attention_bwd_preprocess_kernel(
 ):
     """δ, and lse in the form the dK/dV and dQ loops read it, once a row rather than once a row and
     key block (the dK/dV loop reads every query row once for each of its key blocks)."""
-    start_m, pid_bh, b, h = _program(H, BLOCK_M)
+    start_m, pid_bh, b, h = _program(H, Lq, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     o = _load_rows(o_ptr + b * stride_o_b + h * stride_o_h, offs_m, offs_d, stride_o_l, stride_o_d, Lq, False)
@@ -550,7 +554,7 @@ def _attention_bwd_dkdv_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_n, pid_bh, b, h = _program(H, BLOCK_N)
+    start_n, pid_bh, b, h = _program(H, Lk, BLOCK_N)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -653,7 +657,7 @@ def _attention_bwd_dq_kernel(
     HAS_QLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m, pid_bh, b, h = _program(H, BLOCK_M)
+    start_m, pid_bh, b, h = _program(H, Lq, BLOCK_M)
     klen, qlen = _seq_lengths(klen_ptr, qlen_ptr, b, Lq, Lk, HAS_KLEN, HAS_QLEN)
     shift = Lk - Lq
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -789,6 +793,16 @@ def _tma(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _grid(n_rows, pairs, block):
+    """The launch grid `_program` reads: cdiv(n_rows, BLOCK) row blocks for each of the B·H (batch,
+    head) pairs, all on CUDA's first axis, whose limit is 2³¹ - 1 programs; the other axes stop at
+    65,535, which B·H passes with a large batch or beam (1,024 sentences x beam 4 x 16 heads).
+    block: BLOCK, or the name of the config's block size (an autotuned launch's grid is a function)."""
+    if isinstance(block, int):
+        return (cdiv(n_rows, block) * pairs,)
+    return lambda meta: (cdiv(n_rows, meta[block]) * pairs,)
+
+
 def _keys(Lq, Lk):
     """Autotune keys: lengths bucketed to powers of two, at least 64 (every config's tiles are 32 to
     128, so shorter lengths, decoding's single query among them, are all one or two tiles)."""
@@ -811,7 +825,7 @@ def attention_fwd(q, k, v, key_lengths=None, query_lengths=None, causal=False, d
     if out.numel() == 0:
         return out, lse
     dummy = lse  # never read when HAS_KLEN / HAS_QLEN / HAS_DROPOUT is False
-    grid = lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H)  # noqa: E731
+    grid = _grid(Lq, B * H, "BLOCK_M")
     keys = _keys(Lq, Lk)
     tma = _tma(k, v)
     launch_tuned(
@@ -844,7 +858,7 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     # two allocations, not one split: each starts 16-byte aligned, so the kernels, which Triton
     # specialises on a pointer's alignment, compile once for every length (tests/test_compile_budget.py)
     delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
-    _attention_bwd_preprocess_kernel[(cdiv(Lq, 64), B * H)](
+    _attention_bwd_preprocess_kernel[_grid(Lq, B * H, 64)](
         out, do, lse, delta, lse2, *out.stride(), *do.stride(), H, Lq, HEAD_DIM=D, BLOCK_M=64,
     )
     dummy = lse
@@ -857,13 +871,13 @@ def attention_bwd(do, q, k, v, out, lse, key_lengths=None, query_lengths=None, c
     lens = (dummy if klen is None else klen, dummy if qlen is None else qlen)
     tune_key = _tune_key(q, klen, qlen, causal, keys, tma)
     launch_tuned(
-        _bwd_dkdv, lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * H), tune_key,
+        _bwd_dkdv, _grid(Lk, B * H, "BLOCK_N"), tune_key,
         q, k, v, do, lse2, delta, dk, dv, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         *common, **flags,
     )
     launch_tuned(
-        _bwd_dq, lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * H), tune_key,
+        _bwd_dq, _grid(Lq, B * H, "BLOCK_M"), tune_key,
         q, k, v, do, lse2, delta, dq, *lens,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         *common, **flags,
@@ -876,7 +890,7 @@ def dropout_mask(B, H, Lq, Lk, dropout_p, rng, device):
     int64 tensor on `device`, `dropout_rng`'s): the debug path."""
     mask = torch.empty(B, H, Lq, Lk, dtype=torch.int8, device=device)
     if mask.numel():
-        grid = (cdiv(Lq, 64), cdiv(Lk, 64), B * H)
+        grid = (_grid(Lq, B * H, 64)[0], cdiv(Lk, 64))
         _dropout_mask_kernel[grid](mask, Lq, Lk, float(dropout_p), rng, BLOCK_M=64, BLOCK_N=64)
     return mask.bool()
 

@@ -286,6 +286,38 @@ def _check_lowp(q, k, v, g, atol, **kw):
 # Why these atols: the rule compares max errors, which can both be ~0 for tiny cases (Lk = 1
 # returns v exactly) while ours still rounds once on store; atol is one rounding of an O(1)
 # value: 2^-10 for fp16, 2^-7 for bf16 (output and gradients are O(1) with randn inputs).
+def test_launch_grids_fit_cuda_with_many_batch_rows_and_heads(monkeypatch):
+    """B·H = 65,536 (1,024 sentences x beam 4 x 16 heads): every attention launch's grid puts it on
+    CUDA's first axis (limit 2³¹ - 1), never on the others (65,535), where the launch failed with
+    CUDA's "invalid argument". The launches are recorded, not run: the interpreter has no such limit.
+    Each grid is one program a (row block, batch x head) pair, as `_program` reads it."""
+    from scratchformer.kernels import attention as A
+
+    grids = []
+
+    def record(kernel, grid, key, *args, **kwargs):
+        grids.append(grid({"BLOCK_M": 16, "BLOCK_N": 16}))
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(A, "launch_tuned", record)
+    monkeypatch.setattr(A, "_attention_bwd_preprocess_kernel", Recorder())
+    monkeypatch.setattr(A, "_dropout_mask_kernel", Recorder())
+    B, H, L = 4096, 16, 20
+    q = torch.zeros(B, H, L, 16, requires_grad=True)
+    out, lse = A.attention_fwd(q, q, q)
+    A.attention_bwd(torch.zeros_like(out), q, q, q, out, lse)
+    A.dropout_mask(B, H, L, L, 0.1, torch.zeros(2, dtype=torch.int64), "cpu")
+    assert len(grids) == 5
+    assert all(g[0] < 2**31 and all(n <= 65535 for n in g[1:]) for g in grids), grids
+    tiles, rows64 = math.ceil(L / 16) * B * H, math.ceil(L / 64) * B * H  # the configs' 16 rows; 64 rows
+    # forward, δ and lse2, dK/dV, dQ, and the debug path's mask (key blocks on axis 1)
+    assert grids == [(tiles,), (rows64,), (tiles,), (tiles,), (rows64, 1)], grids
+
+
 LOWP = [(torch.float16, 2**-10), (torch.bfloat16, 2**-7)]
 
 
