@@ -37,6 +37,7 @@ as for a row whose key length is 0.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import sys
@@ -165,11 +166,15 @@ def _prepare_triton(device: torch.device) -> None:
 
 def _adapt(fn: Callable, check: Callable | None = None, *, cast: int = 0) -> Callable:
     """fn with its first `cast` arguments in the autocast dtype (where autocast is on), then
-    `check`ed (same arguments as fn) before the call."""
+    `check`ed (same arguments as fn) before the call. Those arguments may come by name too."""
+    signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def op(*args, **kwargs):
         if cast:
+            if len(args) < cast:  # some by name: positional from here on (the model's calls never are)
+                bound = signature.bind(*args, **kwargs)
+                args, kwargs = bound.args, bound.kwargs
             args = _autocast(*args[:cast]) + args[cast:]
         if check is not None:
             check(*args, **kwargs)
@@ -179,12 +184,15 @@ def _adapt(fn: Callable, check: Callable | None = None, *, cast: int = 0) -> Cal
 
 
 def _autocast(*tensors):
-    """Cast to the autocast dtype where autocast is on, as it would for a matmul. None passes."""
-    dev = next(t for t in tensors if t is not None).device.type
+    """Cast to the autocast dtype where autocast is on, as it would for a matmul: floating-point
+    tensors other than float64; None, integer and float64 tensors pass as they are (the checks
+    then name a dtype the op does not take)."""
+    dev = next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), None)
     if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
         return tensors
     dtype = torch.get_autocast_dtype(dev)
-    return tuple(None if t is None else t.to(dtype) for t in tensors)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -164,6 +164,37 @@ def test_attention_with_no_key_is_zeros_in_every_backend(ops_backend, case):
     assert all(g is None or g.shape == k.shape for g in (dk, dv))
 
 
+def test_attention_and_ffn_take_their_tensors_by_name_too(ops_backend):
+    """The adapters cast and check q, k, v (the FFN's x and weights) given by name as positionally;
+    a call by name raised a bare StopIteration, a mixed one under autocast cast only some."""
+    q, k, v = _qkv()
+    ref = ops_backend.attention(q, k, v)
+    torch.testing.assert_close(ops_backend.attention(q=q, k=k, v=v), ref)
+    torch.testing.assert_close(ops_backend.attention(q, k, v=v), ref)
+    x, w1, b1, w2, b2 = _ffn_args()
+    torch.testing.assert_close(ops_backend.ffn(x=x, w1=w1, b1=b1, w2=w2, b2=b2), ops_backend.ffn(x, w1, b1, w2, b2))
+    if DEVICE == "cpu" and ops_backend.name == "triton":
+        return  # the interpreter's bf16 tl.dot is wrong (conftest): no bf16 run of our kernels on a CPU
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        assert ops_backend.attention(q, k, v=v).dtype == torch.bfloat16
+
+
+def test_autocast_casts_only_what_autocast_would(ops_backend):
+    """Under autocast the adapters cast float32/16 inputs only, as autocast does for a matmul: integer
+    q, k, v are still refused by name (they were cast to bf16 and accepted), and float64 ones are
+    not lowered (eager and torch keep them; the triton kernels refuse them by name)."""
+    q, k, v = (t.to(torch.int64) for t in _qkv())
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        with pytest.raises(ValueError, match="attention needs floating-point q, k, v, got torch.int64"):
+            ops_backend.attention(q, k, v)
+        q, k, v = (t.double() for t in _qkv())
+        if ops_backend.name == "triton":
+            with pytest.raises((ValueError, TypeError), match="float64"):
+                ops_backend.attention(q, k, v)
+        else:
+            assert ops_backend.attention(q, k, v).dtype == torch.float64
+
+
 def test_attention_refuses_bad_dropout_with_the_op_named(ops_backend):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"attention: dropout_p must be in \[0, 1\), got nan"):
