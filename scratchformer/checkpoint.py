@@ -17,8 +17,10 @@ stopping state), the model config, the training arguments, the data source and t
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import io
+import lzma
 import os
 import random
 import re
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 MAGIC = b"SFCKPT01"
+_COMPRESS = {".gz": gzip.compress, ".xz": lzma.compress}  # write_lines_atomic by suffix
 _HEADER = len(MAGIC) + 8 + 32
 
 
@@ -83,13 +86,14 @@ def _atomic(path: Path, tmp: Path, write, what: str = "") -> Path:
 def write_lines_atomic(path: str | Path, lines) -> Path:
     """Write lines (each without its newline) to `path` atomically: a temp file in the same
     folder, flushed and fsynced, then renamed over `path`. A crash leaves the old file or none;
-    a failure (a full disk, a read-only folder) removes the temp file and names `path`."""
+    a failure (a full disk, a read-only folder) removes the temp file and names `path`. A name
+    ending in .gz or .xz is written compressed so, as `data.files.read_lines` reads it back."""
     path = Path(path)
+    compress = _COMPRESS.get(path.suffix, bytes)
 
     def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:  # open(), not mkstemp: the umask's mode, not 0600
-            for line in lines:
-                f.write(line + "\n")
+        with open(tmp, "wb") as f:  # open(), not mkstemp: the umask's mode, not 0600
+            f.write(compress("".join(line + "\n" for line in lines).encode("utf-8")))
             f.flush()
             os.fsync(f.fileno())
 
@@ -184,18 +188,21 @@ def set_rng_state(state: dict) -> None:
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
-def step_checkpoints(folder: str | Path) -> list[Path]:
-    """``step_NNNNNNN.pt`` files in a folder, oldest first."""
+def step_checkpoints(folder: str | Path, after: int | None = None) -> list[Path]:
+    """``step_NNNNNNN.pt`` files in a folder, oldest first; with `after`, those of later steps only."""
     folder = Path(folder)
     found = [(int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := _STEP_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return [p for n, p in sorted(found) if after is None or n > after]
 
 
-def prune_checkpoints(folder: str | Path, keep: int) -> None:
-    """Delete all but the newest `keep` step checkpoints (best.pt and last.pt are separate)."""
+def prune_checkpoints(folder: str | Path, keep: int, upto: int | None = None) -> None:
+    """Delete all but the newest `keep` step checkpoints (best.pt and last.pt are separate). With
+    `upto` (the step just saved) only those up to it are counted and pruned: a later one belongs to
+    another history (a run resumed from an older checkpoint), and is never deleted for this one."""
     if keep <= 0:
         return
-    for p in step_checkpoints(folder)[:-keep]:
+    later = set(step_checkpoints(folder, after=upto)) if upto is not None else set()
+    for p in [p for p in step_checkpoints(folder) if p not in later][:-keep]:
         p.unlink(missing_ok=True)
 
 

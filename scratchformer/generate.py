@@ -26,7 +26,7 @@ import torch
 
 from . import cli
 from . import data as D
-from .data.files import read_lines
+from .data.files import display_name, read_lines
 from .device import resolve_device
 from .evaluation import predict as P
 from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse inputs longer than the model's maximum instead of truncating them (with a warning)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--kernel", choices=("auto", "eager", "torch", "triton"), help="override the backend")
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
@@ -64,7 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch (padded source tokens)")
     b.add_argument("--batch-size", type=int, help="at most this many inputs per batch")
     b.add_argument("--max-src-len", type=int, help="longest input in tokens (default: the training max_src_len)")
-    b.add_argument("--strict", action="store_true", help="refuse inputs longer than the maximum instead of truncating")
     b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     b.add_argument("--resume", action="store_true", help="keep the predictions already in --output, add the rest")
     b.add_argument("--overwrite", action="store_true", help="replace an existing --output")
@@ -114,8 +115,11 @@ def run_batch(args) -> dict:
 
 
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
-             no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None) -> list[dict]:
-    """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}]."""
+             no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
+             source: str = "input", lines: list[int] | None = None) -> list[dict]:
+    """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}].
+    An input longer than the model's maximum is truncated with a warning naming its line (`lines`:
+    each text's line in `source`, default 1, 2, ...), or refused with `strict`, as batch inference does."""
     P.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
                     no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     task = ckpt["task"]
@@ -123,8 +127,9 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     max_tgt = max_len or a["max_tgt_len"]
     if task != "classification" and max_tgt >= model.cfg.max_len:
         raise P.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
-    examples = [D.Example(t, 0 if task == "classification" else "", None) for t in texts]
-    dataset, _ = D.encode_examples(examples, task, toks.src, toks.tgt, a["max_src_len"], max(2, max_tgt))
+    lines = lines or list(range(1, len(texts) + 1))
+    records = [P.InputRecord(i, t, n) for i, (t, n) in enumerate(zip(texts, lines, strict=True))]
+    dataset = P.encode_records(records, task, toks, a["max_src_len"], strict=strict, source=source)
     if task == "classification":
         names = D.label_names(Path(ckpt["data"]["folder"])) if ckpt["data"].get("folder") else None
         preds, probs = predict_labels(model, dataset, device=device)
@@ -143,15 +148,16 @@ def main(argv=None) -> list[dict]:
     device = args.device
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
-        texts = args.text
+        source, numbered = "--text", list(enumerate(args.text, 1))
     else:  # a file or stdin; DataError names the file and line of undecodable text
-        texts = [line for _, line in read_lines(args.input or "-")]
-    texts = [t for t in texts if t.strip()]
-    if not texts:
+        source, numbered = display_name(args.input or "-"), list(read_lines(args.input or "-"))
+    numbered = [(n, t) for n, t in numbered if t.strip()]
+    if not numbered:
         raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
+    texts = [t for _, t in numbered]
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
-                       max_len=args.max_len)
+                       max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered])
     for r in results:
         if args.json:
             print(json.dumps(r, ensure_ascii=False))

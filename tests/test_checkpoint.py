@@ -223,3 +223,15 @@ def test_prune_and_find(tmp_path):
     empty.mkdir()
     with pytest.raises(C.CheckpointError, match="holds no checkpoint"):
         C.find_checkpoint(empty)
+
+
+def test_prune_up_to_the_step_just_saved_leaves_later_ones(tmp_path):
+    """Pruning after saving step 9 in a folder that also holds a step 10 (a run resumed from an older
+    checkpoint: another history) keeps the newest up to step 9 and never deletes step 10, nor the
+    checkpoint just written."""
+    for s in (6, 8, 9, 10):
+        C.save_checkpoint(tmp_path / f"step_{s:07d}.pt", {"s": s})
+    C.prune_checkpoints(tmp_path, keep=1, upto=9)
+    assert [p.name for p in C.step_checkpoints(tmp_path)] == ["step_0000009.pt", "step_0000010.pt"]
+    C.prune_checkpoints(tmp_path, keep=0, upto=9)  # 0 keeps them all
+    assert len(C.step_checkpoints(tmp_path)) == 2

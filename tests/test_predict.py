@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import logging
+import lzma
 import os
 import random
 import re
@@ -355,6 +356,24 @@ def test_resume_keeps_the_lines_already_written(runs, tmp_path):
         P.predict_file(runs["translation"], src, out, resume=True)
 
 
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", gzip.open), (".xz", lzma.open)])
+def test_compressed_output_name_is_written_compressed_and_resumes(runs, tmp_path, suffix, opener):
+    """--output preds.jsonl.gz (the name the test inputs suggest) is gzip data, which --resume and
+    zcat read back (it was plain text under a .gz name, which resume then refused)."""
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(4, 4))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / f"preds.jsonl{suffix}"
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    with opener(out, "rt", encoding="utf-8") as f:
+        written = [json.loads(line) for line in f]
+    assert [p["id"] for p in written] == ["r0", "r1", "r2", "r3"]
+    again = P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+    assert again["predicted"] == 0 and again["kept"] == 4
+    with opener(out, "rt", encoding="utf-8") as f:
+        assert [json.loads(line) for line in f] == written
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +395,20 @@ def test_generate_cli_batch_mode_and_text_mode(runs, tmp_path, capsys):
                        "--overwrite"])
     outs = generate.main(["--checkpoint", str(runs["classification"]), "--text", "red cat", "--text", "one"])
     assert [o["input"] for o in outs] == ["red cat", "one"] and all(o["label"] in (0, 1) for o in outs)
+
+
+def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, caplog):
+    """Without --output an input over the model's maximum is truncated with the warning batch
+    inference gives (naming its line), and --strict refuses it; it was cut silently."""
+    long_text = " ".join(["seven eight nine"] * 10)
+    src = tmp_path / "in.txt"
+    src.write_text(f"one two\n\n{long_text}\n")
+    with caplog.at_level(logging.WARNING, logger=P.__name__):
+        outs = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--beam-size", "1"])
+    assert len(outs) == 2
+    assert "1 of 2 inputs are longer than the model's maximum of 15 tokens and were truncated (lines 3)" in caplog.text
+    with pytest.raises(DataError, match=r"--text:2: input has \d+ tokens, more than the model's maximum 15"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--text", long_text, "--strict"])
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -263,3 +263,49 @@ def test_compile_flag_trains_like_eager_with_few_graphs(tmp_path):
     assert 1 <= graphs <= 4
     state = load_checkpoint(tmp_path / "compiled" / "last.pt")["model"]
     assert not any(k.startswith("_orig_mod.") for k in state)
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_resume_into_another_out_refuses_a_folder_holding_a_run(tmp_path):
+    """--resume A/last.pt --out B: B holding another run is refused by name, before anything is
+    written (B's and A's files untouched); a new B takes the continued run: its checkpoints, its
+    tokenizer and A's logs up to the checkpoint, continued there; A stays as it was."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "2", "--out", str(a)])
+    T.main(TINY + ["--max-steps", "3", "--eval-every", "3", "--seed", "5", "--out", str(b)])
+    before_a, before_b = _files(a), _files(b)
+    with pytest.raises(runs.RunFolderError, match=rf"--out {b} already holds a training run \(last\.pt, best\.pt.*"
+                                                  rf"--resume {a / 'last.pt'}.*new --out.*continue in {a}"):
+        T.main(["--resume", str(a / "last.pt"), "--out", str(b), "--max-steps", "4", "--no-progress"])
+    assert _files(b) == before_b and _files(a) == before_a
+    T.main(["--resume", str(a / "last.pt"), "--out", str(c), "--max-steps", "4", "--no-progress", "--no-plots"])
+    assert _files(a) == before_a
+    assert load_checkpoint(c / "last.pt")["progress"]["step"] == 4 and (c / "tokenizer.json").is_file()
+    assert [s for s, _, _ in _train_rows(c)] == [1, 2, 3, 4]
+    assert _train_rows(c)[:2] == _train_rows(a)
+    assert sorted(p.name for p in c.glob("step_*.pt")) == ["step_0000004.pt"]
+
+
+def test_resume_from_an_older_step_refuses_the_folder_and_goes_to_a_new_one(tmp_path):
+    """--resume R/step_0000003.pt where R went on to step 4: continuing in R would mix two histories
+    (and --keep-checkpoints prune the new one), so it is refused, naming the later checkpoint and
+    --out, with nothing deleted or written; into a new --out it continues from step 3."""
+    run, branch = tmp_path / "run", tmp_path / "branch"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "2",
+                   "--out", str(run)])
+    assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_0000003.pt", "step_0000004.pt"]
+    before = _files(run)
+    with pytest.raises(runs.RunFolderError, match=r"step_0000003\.pt.* step 3 .*step_0000004\.pt.*--out"):
+        T.main(["--resume", str(run / "step_0000003.pt"), "--max-steps", "4", "--keep-checkpoints", "1",
+                "--no-progress"])
+    assert _files(run) == before
+    T.main(["--resume", str(run / "step_0000003.pt"), "--out", str(branch), "--max-steps", "4",
+            "--keep-checkpoints", "1", "--no-progress", "--no-plots"])
+    assert _files(run) == before
+    assert sorted(p.name for p in branch.glob("step_*.pt")) == ["step_0000004.pt"]
+    ck = load_checkpoint(branch / "last.pt")
+    assert ck["progress"]["step"] == 4 and ck["args"]["resume_path"] == str(run / "step_0000003.pt")
+    assert _train_rows(branch) == _train_rows(run)  # the same history, continued exactly

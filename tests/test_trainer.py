@@ -1,7 +1,11 @@
 """The Trainer's steps one at a time, `evaluate` as a library function, and run folders written
 before TrainConfig (old-format args) still resuming and evaluating."""
 
+import builtins
+import errno
+import io
 import json
+import os
 import re
 import time
 
@@ -75,7 +79,7 @@ def test_train_step_and_validate(tmp_path):
     assert losses[-1] < losses[0]
     res = tr.validate()
     assert {"loss", "ppl", "bleu", "chrf", "exact_match"} <= set(res)
-    assert tr.progress.best == res["loss"] and tr.progress.best_step == 6 and tr.last_validated == 6
+    assert tr.progress.best == res["loss"] and tr.progress.best_step == 6 and tr.progress.validated == 6
     assert (tmp_path / "best.pt").exists()  # a new best is saved at once
 
 
@@ -563,3 +567,98 @@ def test_cuda_graphs_run_resumes_launched(tmp_path):
     assert "cuda graphs:" in (run / "log.txt").read_text()
     T.main(["--resume", "--no-cuda-graphs", "--max-steps", "28", "--out", str(run), "--no-progress", "--no-plots"])
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 28
+
+
+def _disk_full_for(monkeypatch, name):
+    """Writing a file whose name holds `name` (the file, or a temp file beside it) writes half of
+    what it is given, then fails as a full disk does."""
+    real = io.open
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        f = real(file, mode, *args, **kwargs)
+        if not isinstance(file, int) and name in os.path.basename(os.fspath(file)) and set(mode) & set("wax"):
+            write = f.write
+
+            def full(data):
+                write(data[: len(data) // 2])
+                f.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            f.write = full
+        return f
+
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(builtins, "open", fake_open)
+
+
+METRICS = ['{"split": "train", "step": 1, "loss": 5.0}', '{"split": "valid", "step": 2, "loss": 4.0}',
+           '{"split": "train", "step": 3, "loss": 3.0}', '{"split": "final", "step": 4, "loss": 2.0}',
+           '{"split": "train", "step": 4, "loss": 2.5}']
+
+
+def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path, monkeypatch):
+    """On resume from step 3 the logs lose the rows after it, rewritten atomically: a full disk
+    leaves them as they were (and says which file). A last row cut short (a crash mid-append) is
+    dropped with a warning naming the file; a damaged row elsewhere is an error naming file and line."""
+    (tmp_path / "metrics.jsonl").write_text("\n".join(METRICS) + '\n{"split": "train", "step": 5, "lo')
+    (tmp_path / "train.csv").write_text("split,step,loss\r\ntrain,1,5.0\r\ntrain,3,3.0\r\ntrain,4,2.5\r\ntrain,5,2.")
+    (tmp_path / "valid.csv").write_text("split,step,loss\r\nvalid,2,4.0\r\nvalid,4,3.5\r\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with monkeypatch.context() as m:
+        _disk_full_for(m, "metrics.jsonl")
+        with pytest.raises(OSError, match=r"cannot write .*metrics\.jsonl: No space left on device"):
+            Logger(tmp_path, enabled=True, resume_step=3)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no history lost, no temp file left
+    log = Logger(tmp_path, enabled=True, resume_step=3)
+    log.close()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == METRICS[:4]
+    assert (tmp_path / "train.csv").read_text().splitlines() == ["split,step,loss", "train,1,5.0", "train,3,3.0"]
+    assert (tmp_path / "valid.csv").read_text().splitlines() == ["split,step,loss", "valid,2,4.0"]
+    text = (tmp_path / "log.txt").read_text()
+    for name in ("metrics.jsonl", "train.csv"):
+        assert f"warning: {tmp_path / name}: its last line is cut short" in text, text
+    (tmp_path / "metrics.jsonl").write_text("\n".join([METRICS[0], '{"split": "tr', *METRICS[1:]]) + "\n")
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'metrics.jsonl'}, line 2: "):
+        Logger(tmp_path, enabled=True, resume_step=3)
+
+
+def test_final_report_writes_metrics_final_json_atomically(tmp_path, monkeypatch):
+    """A full disk while the final report writes metrics.final.json leaves the previous one whole."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "2", "--out", str(run)])
+    before = (run / "metrics.final.json").read_bytes()
+    _disk_full_for(monkeypatch, "metrics.final.json")
+    with pytest.raises(OSError, match=r"cannot write .*metrics\.final\.json: No space left on device"):
+        T.main(["--resume", "--out", str(run), "--no-progress"])
+    monkeypatch.undo()
+    assert (run / "metrics.final.json").read_bytes() == before
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
+def _valid_steps(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if r["split"] == "valid"]
+
+
+def test_resume_does_not_validate_a_validated_step_again_and_a_larger_patience_goes_on(tmp_path):
+    """An early-stopped run (validated and saved at its last step), resumed: no second validation of
+    that step (no extra row, no extra bad evaluation); with the same --patience it stays stopped,
+    with a larger one it goes on until that one runs out."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--lr", "1e-12", "--schedule", "constant", "--eval-every", "2", "--patience", "2",
+                   "--max-steps", "12", "--out", str(run)])  # lr ~0: no gain, stops at step 6
+    prog = load_checkpoint(run / "last.pt")["progress"]
+    assert (prog["step"], prog["bad_evals"], prog["stopped_early"], prog["validated"]) == (6, 2, True, 6)
+    assert _valid_steps(run) == [2, 4, 6]
+    T.main(["--resume", "--out", str(run), "--no-progress", "--no-plots"])
+    prog = load_checkpoint(run / "last.pt")["progress"]
+    assert (prog["step"], prog["bad_evals"], prog["stopped_early"]) == (6, 2, True) and _valid_steps(run) == [2, 4, 6]
+    T.main(["--resume", "--out", str(run), "--patience", "4", "--no-progress", "--no-plots"])
+    prog = load_checkpoint(run / "last.pt")["progress"]
+    assert (prog["step"], prog["bad_evals"], prog["stopped_early"]) == (10, 4, True)
+    assert _valid_steps(run) == [2, 4, 6, 8, 10]
+    ck = load_checkpoint(run / "last.pt")  # a checkpoint from before the validated step was kept still resumes
+    del ck["progress"]["validated"]
+    save_checkpoint(run / "last.pt", ck)
+    T.main(["--resume", "--out", str(run), "--no-progress", "--no-plots"])
+    assert load_checkpoint(run / "last.pt")["progress"]["validated"] == 10

@@ -14,26 +14,26 @@ import numpy as np
 import torch
 
 from .. import data as D
-from ..checkpoint import find_checkpoint, load_checkpoint
+from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
 from .config import ConfigError, TrainConfig, check_for_task, check_init_from, resumed
 from .distributed import setup_distributed
-from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder
+from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder, resumes_elsewhere
 
 
 def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     """`cls(...)` (a Trainer) for a new run from `config`, or with --resume for the run in the
     checkpoint, continued exactly, or with --init-from a new run that starts from another run's
     model and tokenizers. `given`: the options set on the command line."""
-    t0, ckpt, warning = time.time(), None, None
+    t0, ckpt, path, warning = time.time(), None, None, None
     if config.resume:
         folder = resume_folder(config.out, config.resume)
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
-    resuming = ckpt is not None
+    resuming, moved = ckpt is not None, path is not None and resumes_elsewhere(Path(config.out), path)
     config, init = _init_checkpoint(config, given)
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
@@ -43,19 +43,20 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         raise ConfigError(f"--init-from {config.init_from} is a {init['task']} model; the data is {source.task}")
     dist_, device = setup_distributed(config.device)
     check_for_device(config, device.type, dist_.world)
-    out = Path(config.out) if resuming else fresh_run_folder(config.out, config.overwrite, dist_)
+    out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None)
+    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None,
+                 history=path.parent if moved else None)  # a run resumed into a new folder: its logs go on there
     if warning:
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else None
-    if init is not None and dist_.main:
+    if (init is not None or moved) and dist_.main:
         toks.save(out)
     data = build_data(config, source, out, dist_, log, toks)
     mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
@@ -65,8 +66,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
         torch.manual_seed(config.seed + dist_.rank)
     if dist_.main:
-        (out / "config.json").write_text(json.dumps(mcfg.to_dict(), indent=2) + "\n", encoding="utf-8")
-        (out / "args.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_lines_atomic(out / "config.json", json.dumps(mcfg.to_dict(), indent=2).splitlines())
+        write_lines_atomic(out / "args.json", json.dumps(config.to_dict(), indent=2).splitlines())
     log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
              f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
              f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding}{' copy' * mcfg.copy} | kernel "

@@ -20,6 +20,7 @@ class Progress:
     best: float | None = None
     best_step: int = -1
     bad_evals: int = 0
+    validated: int = -1  # the step last validated: a resume does not validate it again (-1 in older checkpoints)
     stopped_early: bool = False
     out_of_time: bool = False  # --time-budget reached: training ended there
     tokens: int = 0
@@ -27,6 +28,15 @@ class Progress:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def resumed(self, time_budget: float | None, patience: int) -> None:
+        """Resumed with today's --time-budget and --patience: a run that a smaller budget ended
+        goes on under a larger one; one that early stopping ended goes on when its evaluations
+        without gain are fewer than the new --patience (or it is 0: no early stopping)."""
+        if self.out_of_time and time_budget and self.seconds < time_budget:
+            self.out_of_time = False
+        if self.stopped_early and (not patience or self.bad_evals < patience):
+            self.stopped_early = False
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint, write_lines_atomic
 from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
 
 
@@ -37,7 +37,7 @@ def final_report(trainer) -> dict:
         lines.append(f"validation ({n_valid} examples, teacher forcing): loss {res['loss']:.4f} | ppl {res['ppl']:.2f}")
         lines += [f"{name:>6} ({ev.n} examples): {format_metrics(scores)}" for name, scores in ev.decodings.items()]
     trainer.log.row({"split": "final", "step": prog.step, **res})
-    (out / "metrics.final.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_lines_atomic(out / "metrics.final.json", json.dumps(res, indent=2).splitlines())  # a full disk: old one kept
     if not cfg.no_plots:
         _plots(trainer)
     best_txt = f"best.pt = step {prog.best_step}, {cfg.best_metric} {prog.best:.4f}" if prog.best is not None else ""

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..checkpoint import RESUME_KEYS, CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
+from ..checkpoint import (
+    RESUME_KEYS,
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    step_checkpoints,
+    write_lines_atomic,
+)
 from .config import ConfigError
 from .distributed import Dist
 
@@ -70,17 +77,33 @@ def resume_folder(out: str | None, resume: str | None = None) -> Path:
     return Path(os.path.realpath(RUNS_DIR / "latest"))
 
 
+def resumes_elsewhere(folder: Path, checkpoint: Path) -> bool:
+    """Whether a resume writes into another folder than its checkpoint's (--resume CKPT --out OTHER):
+    that folder is then a new run folder, which may hold no run (`fresh_run_folder`)."""
+    return os.path.realpath(folder) != os.path.realpath(checkpoint.parent)
+
+
 def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
     """(the checkpoint --resume continues, its contents, a warning or None). When last.pt is
     unreadable (truncated, corrupt) the newest intact step_*.pt of its folder stands in, with a
-    warning naming both; any other unreadable checkpoint is refused (CheckpointError)."""
+    warning naming both; any other unreadable checkpoint is refused (CheckpointError). Continuing
+    in place from a checkpoint older than a step checkpoint of its folder is refused
+    (RunFolderError): the two histories would mix, and pruning keep the other's newer files."""
     path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
     try:
-        return path, load_checkpoint(path, require=RESUME_KEYS), None
+        ckpt = load_checkpoint(path, require=RESUME_KEYS)
     except CheckpointError as e:
         if path.name != "last.pt":
             raise
         error = e
+    else:
+        later = [p.name for p in step_checkpoints(path.parent, after=ckpt["progress"]["step"])]
+        if later and not resumes_elsewhere(folder, path):
+            raise RunFolderError(f"--resume {path} goes back to step {ckpt['progress']['step']} of the run in "
+                                 f"{path.parent}, which went on to {', '.join(later)}; continuing there would mix "
+                                 f"the two histories: resume into a new folder with --out (the run in "
+                                 f"{path.parent} is left as it is)")
+        return path, ckpt, None
     for step in reversed(step_checkpoints(path.parent)):
         try:
             ckpt = load_checkpoint(step, require=RESUME_KEYS)
@@ -91,10 +114,11 @@ def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str |
     raise CheckpointError(f"{error}; no intact step_*.pt in {path.parent} to resume from instead")
 
 
-def check_out(out: str | None, overwrite: bool) -> None:
+def check_out(out: str | None, overwrite: bool, resume: Path | None = None) -> None:
     """Refuse an --out that cannot take a new run, before any work (RunFolderError): a file; a
     folder holding a run (unless --overwrite); with --overwrite, a folder holding files no run wrote.
-    A folder whose run stopped before its first checkpoint (a data error, say) is reusable."""
+    A folder whose run stopped before its first checkpoint (a data error, say) is reusable.
+    `resume`: the checkpoint of a run continued into this folder (--resume CKPT --out OUT)."""
     if out is None:
         return
     folder = Path(out)
@@ -107,12 +131,15 @@ def check_out(out: str | None, overwrite: bool) -> None:
                              f"files: move {'it' if len(foreign) == 1 else 'them'} away, or choose another --out")
     if any(CHECKPOINT.fullmatch(n) for n in ours) and not overwrite:
         shown = ", ".join(ours[:5]) + (", ..." if len(ours) > 5 else "")
-        raise RunFolderError(f"--out {folder} already holds a training run ({shown}); pass --resume to continue "
-                             f"it, --overwrite to replace it, or another --out")
+        remedy = ("pass --resume to continue it, --overwrite to replace it, or another --out" if resume is None else
+                  f"--resume {resume} continues its run into a new --out only: choose a folder that holds no run, "
+                  f"or drop --out to continue in {resume.parent}")
+        raise RunFolderError(f"--out {folder} already holds a training run ({shown}); {remedy}")
 
 
-def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:
-    """The folder of a new (not resumed) run. Never writes into an earlier run unless told to:
+def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist, resume: Path | None = None) -> Path:
+    """The folder of a new run (or of one `resume`d into a new folder: its checkpoint). Never writes
+    into an earlier run unless told to:
     an explicit --out holding a run is refused (or, with --overwrite, emptied of that run's
     files first: `check_out`); a run that stopped before its first checkpoint leaves a folder that
     is reused (its files deleted); without --out every run gets its own runs/<date>-<time>, and
@@ -121,7 +148,7 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist) -> Path:
     if out is not None:
         folder = Path(out)
         if dist_.main:
-            check_out(out, overwrite)
+            check_out(out, overwrite, resume)
             for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
                 if overwrite or EARLY_FILE.fullmatch(name):
                     (folder / name).unlink()
@@ -155,42 +182,82 @@ def _new_dated_folder() -> str:
     return name
 
 
+def _kept_rows(path: Path, step: int) -> tuple[list[str], str | None]:
+    """(the lines of a log, metrics.jsonl or train.csv / valid.csv, that a run resumed at `step`
+    keeps: all but the train and valid rows of later steps; a warning or None). A last line cut
+    short (a crash mid-append: unparsable, or a CSV row without its newline) is dropped with a
+    warning naming the file; a damaged line elsewhere is refused (RunFolderError naming file and line)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    head = next(csv.reader(lines[:1]), []) if path.suffix == ".csv" else None
+    kept, warning = lines[:1] if head is not None else [], None
+    for i in range(len(kept), last + 1):
+        if not lines[i].strip():
+            continue
+        try:
+            row_step = _row_step(lines[i], head)
+            if i == last and head is not None and not text.endswith("\n"):
+                raise ValueError("no newline")
+        except ValueError as e:
+            if i < last:
+                raise RunFolderError(f"{path}, line {i + 1}: a damaged row ({e}); resuming rewrites the run's "
+                                     f"logs: mend or delete that line, then resume again") from None
+            warning = f"warning: {path}: its last line is cut short (a crash mid-write?); dropped: {lines[i][:80]!r}"
+            continue
+        if row_step <= step:
+            kept.append(lines[i])
+    return kept, warning
+
+
+def _row_step(line: str, head: list[str] | None) -> int:
+    """The step of a log row (-1 for a row kept at any step); a ValueError says what is wrong with it.
+    `head`: a CSV file's columns; None for a metrics.jsonl row."""
+    if head is None:
+        row = json.loads(line)  # a JSONDecodeError is a ValueError
+        if not isinstance(row, dict):
+            raise ValueError("not a JSON object")
+        if row.get("split") not in ("train", "valid"):
+            return -1
+        value = row.get("step", 0)
+        if type(value) is not int:
+            raise ValueError(f"its step is {value!r}")
+        return value
+    fields = next(csv.reader([line]))
+    if len(fields) != len(head):
+        raise ValueError(f"{len(fields)} fields, the header has {len(head)}")
+    return int(fields[head.index("step")]) if "step" in head else -1
+
+
 class Logger:
     """Rank-0 logging: console (through tqdm), log.txt, metrics.jsonl, train.csv / valid.csv,
     optionally TensorBoard."""
 
-    def __init__(self, out: Path, enabled: bool, tensorboard: bool = False, resume_step: int | None = None):
+    def __init__(self, out: Path, enabled: bool, tensorboard: bool = False, resume_step: int | None = None,
+                 history: Path | None = None):
+        """`resume_step`: a resumed run's step, whose logs (those of its folder `history`, by default
+        `out`) continue here without the rows logged after it (`_kept_rows`)."""
         self.out, self.enabled = out, enabled
         self.tb = None
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
+        warnings = []
         if resume_step is not None:
-            self._truncate_after(resume_step)
+            for name in ("metrics.jsonl", "train.csv", "valid.csv"):
+                if (history or out).joinpath(name).is_file():
+                    lines, warning = _kept_rows((history or out) / name, resume_step)
+                    write_lines_atomic(out / name, lines)  # a full disk leaves the old file whole
+                    warnings += [warning] if warning else []
         self.log_file = open(out / "log.txt", "a", encoding="utf-8")
+        for warning in warnings:
+            self.info(warning)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise ConfigError(f"--tensorboard needs the tensorboard package ({e})") from None
             self.tb = SummaryWriter(str(out / "tb"))
-
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop rows the interrupted run logged after its last checkpoint."""
-        p = self.out / "metrics.jsonl"
-        if p.exists():
-            rows = [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
-            keep = [r for r in rows if r.get("step", 0) <= step or r.get("split") not in ("train", "valid")]
-            p.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-        for name in ("train.csv", "valid.csv"):
-            p = self.out / name
-            if p.exists():
-                lines = p.read_text(encoding="utf-8").splitlines()
-                if lines:
-                    head = lines[0].split(",")
-                    i = head.index("step") if "step" in head else None
-                    keep = [lines[0]] + [x for x in lines[1:] if i is None or int(x.split(",")[i]) <= step]
-                    p.write_text("\n".join(keep) + "\n", encoding="utf-8")
 
     def info(self, msg: str) -> None:
         if self.enabled:

@@ -85,7 +85,6 @@ class Trainer:
                                          metric_mode="max" if cfg.best_metric in HIGHER_IS_BETTER else "min")
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
         self.progress = Progress()
-        self.last_validated: int = -1  # step of the last validation
         self.last_saved: int = -1  # step of the last step checkpoint
         self.saved_progress: dict | None = None  # the progress last.pt holds
         self.stop_reason: str | None = None  # why fit() stopped before its end: --time-limit, SIGINT, SIGTERM
@@ -143,7 +142,7 @@ class Trainer:
             return
         save_checkpoint(self.out / f"step_{self.progress.step:07d}.pt", ckpt)
         save_checkpoint(self.out / "last.pt", ckpt)
-        prune_checkpoints(self.out, self.config.keep_checkpoints)
+        prune_checkpoints(self.out, self.config.keep_checkpoints, upto=self.progress.step)
 
     def resume(self, checkpoint: dict | str | Path) -> None:
         """Continue from a checkpoint (a dict from `state_dict`, or its file): weights, optimizer,
@@ -155,9 +154,7 @@ class Trainer:
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
-        budget = self.config.time_budget
-        if self.progress.out_of_time and budget and self.progress.seconds < budget:
-            self.progress.out_of_time = False  # ended by a smaller --time-budget: a larger one goes on
+        self.progress.resumed(self.config.time_budget, self.config.patience)  # larger ones go on
         rng = ckpt["rng"]
         set_rng_state(rng[self.dist.rank] if isinstance(rng, list) and self.dist.rank < len(rng) else rng)
         p = self.progress
@@ -200,7 +197,7 @@ class Trainer:
             self.log.info(f"{self.stop_reason}: stopped at step {prog.step} of {self.total_steps}, saved "
                           f"{self.out / 'last.pt'}; continue with --resume --out {self.out}")
             return prog
-        if self.last_validated != prog.step:
+        if prog.validated != prog.step:
             self.validate()  # the last steps were not validated yet
         if self.saved_progress != prog.to_dict():  # last.pt is written after the final validation: its best is current
             self.save("step")
@@ -331,7 +328,7 @@ class Trainer:
         then best.pt, early stopping and the plateau schedule, the same on every rank."""
         cfg, prog = self.config, self.progress
         res = {}
-        self.last_validated = prog.step
+        prog.validated = prog.step
         if self.dist.main:
             decode = 0 if self.data.task == "classification" else cfg.eval_decode_examples
             ev = evaluate(self.model, self.data.valid_set, self.data.valid_examples, self.data.tokenizers,
