@@ -520,6 +520,8 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, s
     M, K = a.shape
     N = b.shape[1]
     dtype = a.dtype
+    if bias is not None:
+        bias = bias.contiguous()  # the epilogue reads it at unit stride (a strided view gave wrong sums)
     c = torch.empty((M, N), dtype=dtype, device=a.device)
     pre = torch.empty_like(c) if store_pre else None
     has_dropout = dropout_p > 0.0

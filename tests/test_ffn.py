@@ -99,9 +99,13 @@ def test_ffn_matches_ref_fp32(rows, d_model, d_ff, activation):
 @pytest.mark.parametrize("has_bias", [True, False])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_ffn_matches_torch_linear(activation, has_bias):
-    """Independent formulation: F.linear + F.relu/F.gelu, 3-D input, with and without biases."""
+    """Independent formulation: F.linear + F.relu/F.gelu, 3-D input, with and without biases (the
+    biases strided views: the GEMM's epilogue read them at unit stride, a silent wrong sum)."""
     x = torch.randn(2, 17, 48, device=DEVICE, requires_grad=True)
-    inputs = (x, *_params(48, 100, torch.float32, bias=has_bias))
+    w1, b1, w2, b2 = _params(48, 100, torch.float32, bias=has_bias)
+    if has_bias:
+        b1, b2 = (torch.stack([b, torch.randn_like(b)], 1)[:, 0].detach().requires_grad_() for b in (b1, b2))
+    inputs = (x, w1, b1, w2, b2)
     _check_fp32(lambda *a: ffn(*a, activation=activation), _torch_ffn(activation), inputs)
 
 
@@ -193,7 +197,7 @@ def test_ffn_dropout_keep_rate(p):
 def test_matmul_epilogues_match_torch(M, N, K, activation):
     a = torch.randn(K, M, device=DEVICE).t()  # column-major A: strides handled, no copy
     b = torch.randn(N, K, device=DEVICE).t()
-    bias = torch.randn(N, device=DEVICE)
+    bias = torch.randn(N, 2, device=DEVICE)[:, 1]  # a strided view: the epilogue read it at unit stride
     c, pre = matmul(a, b, bias=bias, activation=activation, store_pre=True)
     h = F.linear(a, b.t(), bias)
     act = {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu}[activation]
