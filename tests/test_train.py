@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -309,3 +310,19 @@ def test_resume_from_an_older_step_refuses_the_folder_and_goes_to_a_new_one(tmp_
     ck = load_checkpoint(branch / "last.pt")
     assert ck["progress"]["step"] == 4 and ck["args"]["resume_path"] == str(run / "step_0000003.pt")
     assert _train_rows(branch) == _train_rows(run)  # the same history, continued exactly
+
+
+def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_path, capsys):
+    """A save cut between step_N.pt and last.pt (written in that order: a call's deadline kill on a
+    GPU window) leaves last.pt a step behind: a plain --resume goes on from step_N.pt, with a warning
+    naming both, as for an unreadable last.pt; it is the same run's newest state, not a rewind."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "2",
+                   "--out", str(run)])
+    shutil.copy(run / "step_0000003.pt", run / "last.pt")  # last.pt as the save of step 4 left it
+    capsys.readouterr()
+    T.main(["--resume", "--out", str(run), "--max-steps", "5", "--no-progress", "--no-plots"])
+    assert "last.pt is at step 3, before step_0000004.pt (a save cut between the two); resuming from" in (
+        capsys.readouterr().out)
+    ck = load_checkpoint(run / "last.pt")
+    assert ck["progress"]["step"] == 5 and ck["args"]["resume_path"] == str(run / "step_0000004.pt")

@@ -85,32 +85,36 @@ def resumes_elsewhere(folder: Path, checkpoint: Path) -> bool:
 
 def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
     """(the checkpoint --resume continues, its contents, a warning or None). When last.pt is
-    unreadable (truncated, corrupt) the newest intact step_*.pt of its folder stands in, with a
-    warning naming both; any other unreadable checkpoint is refused (CheckpointError). Continuing
-    in place from a checkpoint older than a step checkpoint of its folder is refused
-    (RunFolderError): the two histories would mix, and pruning keep the other's newer files."""
+    unreadable (truncated, corrupt), or older than a step_*.pt beside it (a save cut between the
+    two: the step file is written first), the newest intact step_*.pt of its folder stands in, with
+    a warning naming both. Any other unreadable checkpoint is refused (CheckpointError), and so is
+    continuing in place from a named one older than a step checkpoint of its folder (RunFolderError):
+    the two histories would mix, and pruning keep the other's newer files."""
     path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
     try:
-        ckpt = load_checkpoint(path, require=RESUME_KEYS)
+        ckpt, error = load_checkpoint(path, require=RESUME_KEYS), None
     except CheckpointError as e:
         if path.name != "last.pt":
             raise
-        error = e
-    else:
-        later = [p.name for p in step_checkpoints(path.parent, after=ckpt["progress"]["step"])]
-        if later and not resumes_elsewhere(folder, path):
-            raise RunFolderError(f"--resume {path} goes back to step {ckpt['progress']['step']} of the run in "
-                                 f"{path.parent}, which went on to {', '.join(later)}; continuing there would mix "
-                                 f"the two histories: resume into a new folder with --out (the run in "
-                                 f"{path.parent} is left as it is)")
+        ckpt, error = None, e
+    later = step_checkpoints(path.parent, after=ckpt["progress"]["step"] if ckpt else None)
+    if ckpt is not None and (not later or (path.name != "last.pt" and resumes_elsewhere(folder, path))):
         return path, ckpt, None
-    for step in reversed(step_checkpoints(path.parent)):
+    if ckpt is not None and path.name != "last.pt":
+        raise RunFolderError(f"--resume {path} goes back to step {ckpt['progress']['step']} of the run in "
+                             f"{path.parent}, which went on to {', '.join(p.name for p in later)}; continuing there "
+                             f"would mix the two histories: resume into a new folder with --out (the run in "
+                             f"{path.parent} is left as it is)")
+    why = f"is unreadable ({error})" if ckpt is None else (
+        f"is at step {ckpt['progress']['step']}, before {later[-1].name} (a save cut between the two)")
+    for step in reversed(later):
         try:
-            ckpt = load_checkpoint(step, require=RESUME_KEYS)
+            found = load_checkpoint(step, require=RESUME_KEYS)
         except CheckpointError:
             continue
-        return step, ckpt, (f"warning: {path} is unreadable ({error}); resuming from {step}, the newest intact "
-                            f"step checkpoint")
+        return step, found, f"warning: {path} {why}; resuming from {step}, the newest intact step checkpoint"
+    if ckpt is not None:  # the later step files are unreadable: last.pt is the newest intact state
+        return path, ckpt, None
     raise CheckpointError(f"{error}; no intact step_*.pt in {path.parent} to resume from instead")
 
 
