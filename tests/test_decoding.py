@@ -241,6 +241,10 @@ def test_decoding_errors():
         beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
     with pytest.raises(ValueError, match="min_len must be >= 0"):
         greedy_decode(m, src, sl, max_len=5, min_len=-1)
+    for search in (greedy_decode, beam_search):  # a step's position is its index: as forward's targets
+        over = m.cfg.max_len + 1
+        with pytest.raises(ValueError, match=rf"max_len {over} is over the model's max_len {m.cfg.max_len}"):
+            search(m, src, sl, max_len=over)
     with pytest.raises(ValueError, match="cuda_graph=True .* needs CUDA tensors, src is on cpu"):
         greedy_decode(m, src, sl, max_len=5, cuda_graph=True)
     with pytest.raises(ValueError, match="cuda_graph=True .* needs CUDA tensors, src is on cpu"):

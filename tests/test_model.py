@@ -279,3 +279,17 @@ def test_debug_checks_name_the_problem(monkeypatch):
     clf = Classifier(get_config("classifier", src_vocab_size=V, kernel="eager"))
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 40\)"):
         clf(torch.full((2, 3), V), torch.tensor([3, 3]))
+
+
+def test_attention_weights_are_zero_on_padded_query_rows():
+    """The weights a layer returns for visualisation (need_weights) are those it computed: rows past
+    a sequence's length are zeros, as its output there (they were a softmax over the keys)."""
+    from scratchformer.model.layers import MultiHeadAttention
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, ops=ops.select("eager", "cpu")).eval()
+    x, lengths = torch.randn(2, 6, 16), torch.tensor([3, 6])
+    out, w = mha(x, key_lengths=lengths, query_lengths=lengths, need_weights=True)
+    assert torch.all(w[0, :, 3:] == 0) and torch.all(out[0, 3:] == mha.out_proj.bias)
+    torch.testing.assert_close(w[0, :, :3].sum(-1), torch.ones(2, 3))
+    torch.testing.assert_close(w[1].sum(-1), torch.ones(2, 6))

@@ -105,11 +105,13 @@ class StaticKVCache(KVCache):
         self.v.copy_(self.v.index_select(0, index))
 
 
-def attention_weights(q, k, key_lengths=None, causal=False, scale=None):
-    """softmax(q kᵀ · scale) with masks, (B, H, Lq, Lk): for visualisation, never the hot path."""
+def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_lengths=None):
+    """softmax(q kᵀ · scale) with masks, (B, H, Lq, Lk): for visualisation, never the hot path.
+    Padded query rows (past query_lengths) are zeros, as the attention's output there."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    mask = attention_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths=key_lengths, causal=causal, device=q.device)
+    mask = attention_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths=key_lengths, query_lengths=query_lengths,
+                          causal=causal, device=q.device)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
@@ -161,7 +163,7 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, Lq, D)
         out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, d))
         if need_weights:
-            return out, attention_weights(q, k, key_lengths, causal)
+            return out, attention_weights(q, k, key_lengths, causal, query_lengths=query_lengths)
         return out
 
 

@@ -222,6 +222,8 @@ class Transformer(_Model):
         (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
         the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
         needs; one token a step."""
+        if max_len > self.cfg.max_len:  # a step's position is its index: as forward refuses a longer target
+            raise ValueError(f"max_len {max_len} is over the model's max_len {self.cfg.max_len}, the positions it has")
         B, Ls, _ = memory.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
