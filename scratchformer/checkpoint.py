@@ -89,7 +89,7 @@ def write_lines_atomic(path: str | Path, lines) -> Path:
     a failure (a full disk, a read-only folder) removes the temp file and names `path`. A name
     ending in .gz or .xz is written compressed so, as `data.files.read_lines` reads it back."""
     path = Path(path)
-    compress = _COMPRESS.get(path.suffix, bytes)
+    compress = _COMPRESS.get(path.suffix, lambda data: data)  # plain: as it is, not copied
 
     def write(tmp):
         with open(tmp, "wb") as f:  # open(), not mkstemp: the umask's mode, not 0600
