@@ -24,14 +24,17 @@ can capture training graphs with dropout too: torch's CUDA generator is graph-sa
 replay draws afresh.
 
 Generation (greedy, beam search) calls `model.encode` and `model.decode` with a KV cache, not
-`forward`: `compile_decoding` compiles those two methods in place. Outputs equal the uncompiled
-model's; the cache's fill level is a Python int, so the first step, the middle steps and the
-last one are separate graphs per batch size (measured: 7 graphs for 4 batch sizes x 10 steps),
-and past dynamo's recompile limit a call falls back to eager. That count is the `eager` backend's:
-`torch`'s and `triton`'s embeddings read the position as a Python int (a table slice; the C++ op's
-int argument), so dynamo specialises on it and compiles every step anew until that limit (a
-review's measure, 2026-11-28: 11 frames for 12 greedy steps). Decoding on a GPU replays CUDA
-graphs of static caches, whose position is a device tensor, and compiles nothing.
+`forward`: `compile_decoding` compiles those two methods in place and makes the model decode with
+static caches (`Transformer.static_caches`: fixed-size caches, the step's position a device
+tensor, gpt-fast's design; what the GPU's CUDA-graph decoding uses). Every step of a decoding
+then has the same shapes and no Python int that changes, so one graph serves them all: the
+encoder and the step compile for the first batch size, once more (the batch dim dynamic) for the
+second, and never again, on every backend. Outputs equal the uncompiled model's up to the rounding of the
+position term, which the step adds on the device rather than in the embedding op. Before
+(2026-11-28), the cache's fill level was a Python int that `torch`'s and `triton`'s embeddings
+took as an int argument: dynamo specialised on it and compiled every step anew (11 frames for 12
+greedy steps) until its recompile limit, then ran eager. The price of static caches: each step
+attends over all `max_len` slots, masked past the position, instead of the steps so far.
 """
 
 from __future__ import annotations
@@ -71,7 +74,10 @@ def compile_decoding(
 ) -> nn.Module:
     """Compile `model.encode` and `model.decode` in place (instance attributes shadowing the
     methods), for `scratchformer.model.decoding`'s greedy and beam search; returns `model`. A model
-    without them (the classifier) gets nothing compiled: use `compile_model` for its forward."""
+    without them (the classifier) gets nothing compiled: use `compile_model` for its forward.
+    Decoding then runs on static caches (`Transformer.static_caches`, module docstring)."""
+    if hasattr(model, "static_caches"):
+        model.static_caches = True
     for name in ("encode", "decode"):
         method = getattr(model, name, None)
         if method is not None:

@@ -30,7 +30,7 @@ from scratchformer.compile import compile_decoding, compile_model
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
 from scratchformer.kernels import ffn as F
-from scratchformer.model import ModelConfig, build_model, greedy_decode
+from scratchformer.model import ModelConfig, beam_search, build_model, greedy_decode
 
 OPS = torch.ops.scratchformer
 V = 20
@@ -485,22 +485,35 @@ def test_compile_model_few_recompiles_over_varied_lengths():
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-def test_compile_decoding_greedy_equals_uncompiled():
-    """compile_decoding: greedy decoding with the KV cache, compiled, gives the same tokens, with no
-    graph break (the cache's in-place appends are traced)."""
-    model = _model("eager").eval()
-    src, sl = _batch()[:2]
-    with torch.no_grad():
-        ref = greedy_decode(model, src, sl, max_len=4)
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_compile_decoding_equals_uncompiled_with_one_graph_for_every_step(kernel):
+    """compile_decoding: greedy and beam search with the KV cache, compiled, give the uncompiled
+    tokens, with no graph break (the cache's in-place appends are traced), and every step of every
+    decoding reuses the step's graph: the encoder and the step compiled for the first batch size and
+    once more (dynamic) for the next, none for the 12 steps nor for a third size or beam search.
+    Before static caches, torch's and triton's embeddings took the step's position as an int and
+    dynamo compiled every step anew (11 frames for 12 greedy steps). Fewer steps on triton, whose
+    kernels run in the interpreter."""
+    model = _model(kernel).eval()
+    g = torch.Generator().manual_seed(3)
+    sizes, steps = ((5, 3, 2), 12) if kernel != "triton" else ((3, 2), 4)
+    batches = [(torch.randint(4, V, (b, 7), generator=g), torch.randint(2, 8, (b,), generator=g)) for b in sizes]
+
+    def decode():
+        with torch.no_grad():
+            return ([greedy_decode(model, src, sl, max_len=steps, no_repeat_ngram=2) for src, sl in batches]
+                    + [beam_search(model, src, sl, max_len=steps, beam_size=3) for src, sl in batches[-2:]])
+
+    ref = decode()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     cnt = CompileCounterWithBackend("aot_eager")
     compile_decoding(model, backend=cnt)
     assert not torch._dynamo.config.capture_scalar_outputs  # no dynamo flag set
-    with torch.no_grad():
-        out = greedy_decode(model, src, sl, max_len=4)
-    assert cnt.frame_count >= 2 and not torch._dynamo.utils.counters["graph_break"]
-    assert torch.equal(out, ref)
+    out = decode()
+    assert cnt.frame_count == 4 and not torch._dynamo.utils.counters["graph_break"], cnt.frame_count
+    for a, b in zip(out, ref, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_export_triton_model_with_dynamic_shapes():

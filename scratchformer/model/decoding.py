@@ -25,7 +25,9 @@ as it is. Outputs equal those of launched steps up to the rounding of the positi
 the device, not by the embedding kernel). `cuda_graph`: None (default) = on for CUDA tensors
 unless SCRATCHFORMER_CUDA_GRAPHS=0 or SCRATCHFORMER_DEBUG=1 (whose value checks read the device),
 a capture that fails then warns once and the steps are launched; True insists (and raises); False
-launches every step (vLLM's --enforce-eager).
+launches every step (vLLM's --enforce-eager). A model whose `static_caches` is set
+(`compile.compile_decoding` sets it) decodes on the same static caches without graphs: every step
+has the same shapes, so a compiled step is one graph.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
 def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
     """The decoding state and its step, tokens (N, 1) -> next-token logits (N, V)."""
     replayed = _use_graphs(cuda_graph, memory.device)
-    state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed)
+    state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed or model.static_caches)
     launched = lambda last: model.decode_step(last, state)  # noqa: E731
     if not replayed:
         return state, launched
@@ -240,7 +242,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
         alive_score, pick = top_score.masked_fill(is_eos, neg_inf).topk(K, dim=1)
         alive_seq = seq.gather(1, pick[..., None].expand(-1, -1, t + 1))
         state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True)
-        last = alive_seq[:, :, -1].reshape(B * K, 1)
+        last = tok.gather(1, pick).view(B * K, 1)  # alive_seq's last column, as a tensor of its own: a view's
+        # strides change every step, which a compiled step would take as a new input (a recompile)
         if (t + 1) % every == 0 and bool((n_fin >= K).all()):
             break
 

@@ -158,6 +158,11 @@ class Transformer(_Model):
     Built on `device` (default CPU) with the backend `cfg.kernel` resolves to there (`self.ops`).
     """
 
+    # Decoding (`decoding.py`) gives every step fixed-size caches and its position on the device
+    # (`init_state(static=True)`) when its steps are replayed as CUDA graphs, or when this is True:
+    # `compile.compile_decoding` sets it, so every step of a decoding is one graph.
+    static_caches = False
+
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
         super().__init__()
         if cfg.n_decoder_layers < 1:
