@@ -247,6 +247,8 @@ def test_model_config_refuses_impossible_sizes():
                         (dict(n_encoder_layers=-1), r"n_encoder_layers must be an integer >= 0, got -1"),
                         (dict(n_decoder_layers=-1), r"n_decoder_layers must be an integer >= 0, got -1"),
                         (dict(n_decoder_layers=0), r"n_decoder_layers is 0: only the classifier"),
+                        (dict(num_classes=2), r"num_classes is set .* but n_decoder_layers is 6: a classifier has "
+                                              r"no decoder"),
                         (dict(src_vocab_size=0), r"src_vocab_size must be an integer >= 1, got 0"),
                         (dict(tgt_vocab_size=0), r"tgt_vocab_size must be an integer >= 1, got 0"),
                         (dict(d_ff=0), r"d_ff must be an integer >= 1, got 0"),

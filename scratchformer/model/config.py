@@ -89,6 +89,9 @@ class ModelConfig:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         if self.n_decoder_layers == 0 and self.num_classes is None:
             raise ValueError("n_decoder_layers is 0: only the classifier (num_classes set) has no decoder")
+        if self.num_classes is not None and self.n_decoder_layers:
+            raise ValueError(f"num_classes is set (the encoder-only classifier) but n_decoder_layers is "
+                             f"{self.n_decoder_layers}: a classifier has no decoder, set it to 0")
         if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < float("inf")):
             raise ValueError(f"layer_norm_eps must be a positive finite number, got {self.layer_norm_eps!r}")
 
