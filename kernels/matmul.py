@@ -512,11 +512,26 @@ def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     return None
 
 
+_MAX_BLOCK_K = max(c.kwargs["BLOCK_K"] for c in CONFIGS + TMA_CONFIGS)
+
+
+def _k_strides_fit(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b), each copied to unit stride along K where its K stride times the widest BLOCK_K would
+    pass 2^31: the kernels step along K by BLOCK_K * stride in int32 (Triton passes a stride below
+    2^31 as an int32), which would wrap silently (a column-major A of 33.5M rows or more)."""
+    if a.stride(1) * _MAX_BLOCK_K >= 2**31:
+        a = a.contiguous()
+    if b.stride(0) * _MAX_BLOCK_K >= 2**31:
+        b = b.t().contiguous().t()
+    return a, b
+
+
 def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, store_pre=False,
                   store_mask=False):
     """`matmul` without its checks, for callers that checked the same inputs at their own entry
     (the FFN): (c,) + (pre,) if store_pre + (mask,) if store_mask. rng: the (2,) int64 [seed,
     offset] tensor on a's device (`_common.dropout_rng`), needed when dropout_p > 0."""
+    a, b = _k_strides_fit(a, b)
     M, K = a.shape
     N = b.shape[1]
     dtype = a.dtype
@@ -568,6 +583,7 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, s
 def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad=False):
     """`matmul_dact` without its checks (see launch_matmul): (dH, column sums or None). rng: the
     forward's (2,) int64 tensor, read for gelu with dropout (relu needs no mask)."""
+    a, b = _k_strides_fit(a, b)
     M, K = a.shape
     N = b.shape[1]
     aux = aux.contiguous()

@@ -206,6 +206,30 @@ def test_matmul_epilogues_match_torch(M, N, K, activation):
     torch.testing.assert_close(matmul(a, b), torch.matmul(a, b), **FP32_TOL)
 
 
+def test_matmul_copies_an_operand_whose_k_stride_would_pass_int32(monkeypatch):
+    """The kernels step along K by BLOCK_K * stride in int32: an operand whose K stride times the
+    widest BLOCK_K reaches 2^31 (a column-major A of 33.5M rows) reaches them at unit K stride, a
+    copy. Too large to allocate here, so the widest BLOCK_K is raised until these strides pass it:
+    what the kernels get, forward and dact, and the products, against torch."""
+    import scratchformer.kernels.matmul as MM
+
+    M, N, K = 40, 24, 48
+    a = torch.randn(K, M, device=DEVICE).t()  # K stride M
+    b = torch.randn(K, N, device=DEVICE)  # K stride N
+    seen, launch = [], MM.launch_tuned
+    monkeypatch.setattr(MM, "launch_tuned", lambda kernel, grid, key, *args, **kw: (
+        seen.append((args[0].stride(), args[1].stride())), launch(kernel, grid, key, *args, **kw))[1])
+    monkeypatch.setattr(MM, "_MAX_BLOCK_K", -(-(2**31) // min(M, N)))  # both pass
+    torch.testing.assert_close(matmul(a, b), a @ b, **FP32_TOL)
+    h = torch.randn(M, N, device=DEVICE)
+    dh, _ = matmul_dact(a, b, h, activation="relu")
+    torch.testing.assert_close(dh, (a @ b) * (h > 0), **FP32_TOL)
+    assert seen == [((K, 1), (1, K))] * 2
+    monkeypatch.setattr(MM, "_MAX_BLOCK_K", 2**31 // max(M, N) - 1)  # both fit: no copy
+    matmul(a, b)
+    assert seen[-1] == ((1, M), (N, 1))
+
+
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_matmul_dact_matches_autograd(activation):
     g = torch.randn(33, 48, device=DEVICE)
