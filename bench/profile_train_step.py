@@ -36,10 +36,14 @@ CATEGORIES = [
     ("optimizer", ("adam", "multi_tensor")),
     ("loss", ("nll_loss", "cross_entropy", "log_softmax", "logsoftmax")),
     ("attention", ("attention", "attn", "flash", "fmha", "sdpa", "softmax")),
-    ("layernorm", ("layer_norm", "layernorm")),
-    # the embedding's backward sorts its ids (ours and F.embedding's: cub's radix sort, the step's only
-    # sort), then F.embedding's sums its runs by segment
-    ("embedding", ("embed", "index_select", "indexing_backward", "radixsort", "partials_per_segment",
+    # torch's LayerNorm weight and bias gradients (GammaBetaBackward...); ours end in the second stage
+    # of kernels/partial_sums.py, which also sums the FFN's bias gradients (12 of a base step's 72
+    # launches: counted here all the same)
+    ("layernorm", ("layer_norm", "layernorm", "gammabeta", "sum_partials")),
+    # F.embedding's forward gathers rows (indexSelectLargeIndex / SmallIndex); the embedding's backward
+    # sorts its ids (ours and F.embedding's: cub's radix sort, the step's only sort), then F.embedding's
+    # sums its runs by segment
+    ("embedding", ("embed", "index_select", "indexselect", "indexing_backward", "radixsort", "partials_per_segment",
                    "partial_segment", "compute_grad_weight", "sum_and_scatter")),
     ("gemm", ("gemm", "matmul", "xmma", "nvjet", "cutlass", "cublas", "addmm", "aten::mm", "aten::bmm", "linear")),
 ]
@@ -49,6 +53,20 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 def category(name: str) -> str:
     low = name.lower()
     return next((cat for cat, frags in CATEGORIES if any(f in low for f in frags)), "other")
+
+
+def gpu_kernels(averages) -> list:
+    """The kernels among a profile's events. The GPU timeline also holds user annotations (the
+    optimizer's `Optimizer.step#AdamW.step` range over its own kernels): counted as kernels they
+    counted the optimizer twice (until 2026-11-28: 1.2 ms a base/CNN-DM step, 8% of the total)."""
+    return [e for e in averages if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+
+
+def step_syncs(averages, device: str) -> int:
+    """The host-device syncs of the profiled steps: `SYNCS` calls on the CPU side, less the
+    cudaDeviceSynchronize that closes the profile (counted until 2026-11-28: 1/3 a step of 3)."""
+    syncs = sum(e.count for e in averages if e.device_type == DeviceType.CPU and e.key in SYNCS)
+    return syncs - (device == "cuda")
 
 
 def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: int = 3) -> str:
@@ -68,9 +86,9 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        sync()
+        sync()  # this sync is the report's, not the steps': not counted below
     averages = prof.key_averages()
-    kernels = [e for e in averages if e.device_type == DeviceType.CUDA]
+    kernels = gpu_kernels(averages)
     if kernels:
         timed, unit = [(e.key, e.self_device_time_total, e.count) for e in kernels], "GPU kernels"
     else:  # CPU: top-level-free self time of the ops
@@ -79,7 +97,7 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
     shares = defaultdict(float)
     for name, t, _ in timed:
         shares[category(name)] += t
-    syncs = sum(e.count for e in averages if e.device_type == DeviceType.CPU and e.key in SYNCS)
+    syncs = step_syncs(averages, device)
     lines = [f"== {kernel}: {total / steps / 1e3:.2f} ms of {unit} per step, {syncs / steps:g} host-device syncs "
              f"per step ({', '.join(SYNCS)})",
              "share by category: " + ", ".join(f"{c} {100 * t / total:.1f}%" for c, t in

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -231,13 +232,16 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert {m["decoding"] for m in scored.values()} == {"beam4"}
     assert [json.loads(line)["id"] for line in open(finish / "test_predictions.jsonl")] == ids
     assert "test predictions from averaged.pt" in done.stdout
+    (tmp_path / "runs" / "iwslt" / "step_0000099.pt.tmp").write_bytes(b"a save killed midway")
     second = _dry_run("50_train.sh", str(tmp_path / "o2"), **env)
     assert second.returncode == 0, second.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o2"), "50_train.sh")
     assert "resumed from" in log and "iwslt: finished" in log, log[-3000:]
     assert {"run/metrics.final.json", "run/test_predictions.jsonl", "run/log.txt"} <= set(files)
-    # no checkpoint in the archive; the model that wrote the predictions comes back beside it, weights only
-    assert not [n for n in files if n.endswith(".pt")] and not list((tmp_path / "o2").glob("*averaged.pt.part*"))
+    # no checkpoint in the archive (nor a killed save's temporary); the model that wrote the predictions
+    # comes back beside it, weights only
+    assert not [n for n in files if re.search(r"\.pt(\.tmp)?$", n)], files
+    assert not list((tmp_path / "o2").glob("*averaged.pt.part*"))
     assert list((tmp_path / "o2").glob("50_iwslt-picked.pt.part*"))
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "iwslt" / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids
@@ -347,7 +351,12 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     # flags, and scores nothing again
     shutil.rmtree(tmp_path / "data")
     ids = _translation_data(tmp_path / "data")
-    snapshot = collected / "50_train" / "run" / "test_predictions.jsonl.partial"
+    # a second call's archive (collect.py: 50_train.2) names the model and holds the snapshot that count:
+    # the first call's picked.txt (here another decoding) and its missing snapshot are passed over
+    shutil.copytree(collected / "50_train", collected / "50_train.2")
+    (collected / "50_train" / "picked.txt").write_text(f"{picked[0]} --beam-size 2\n")
+    (collected / "50_train" / "run" / "test_predictions.jsonl.partial").unlink(missing_ok=True)
+    snapshot = collected / "50_train.2" / "run" / "test_predictions.jsonl.partial"
     snapshot.write_text(json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
     finish = tmp_path / "finish"
     done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(weights), str(finish)],
@@ -358,6 +367,47 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU"
     assert f"test predictions from {picked[0]} (picked.pt), 1 of them decoded on the GPU" in done.stdout
     assert not list(finish.glob("*/metrics.validation.json"))
+
+
+def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
+    """An extension the prelude put in scratchformer/ (an earlier call on a warm machine), stamped
+    with other sources' hash (csrc/ fixed since), is neither reused nor sent back by step 00 under
+    the new hash: the one carried in .gpu_build/, built from these sources, takes its place. One
+    without a stamp (a developer's build) is used as it is."""
+    import importlib.machinery
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{REPO}", str(clone)], check=True)
+    shutil.copytree(GPU, clone / "scripts" / "gpu", dirs_exist_ok=True)  # this checkout's scripts
+    name = "_C" + importlib.machinery.EXTENSION_SUFFIXES[0]
+    real = (Path(REPO) / "scratchformer" / name).read_bytes()
+    current = subprocess.run(["bash", str(clone / "scripts" / "gpu" / "ext_sources.sh")], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    (clone / ".gpu_build").mkdir()
+    (clone / ".gpu_build" / name).write_bytes(real)
+    (clone / ".gpu_build" / "sources.sha256").write_text(current + "\n")
+    in_place, stamp = clone / "scratchformer" / name, clone / "scratchformer" / ".ext_sources.sha256"
+    step = tmp_path / "99_ext.sh"
+    step.write_text(f'PACK_EXT=1\nsource "{clone}/scripts/gpu/prelude.sh"\n')
+
+    def call(out):
+        p = subprocess.run(["bash", str(step)], cwd=clone, env=_step_env(OUT=str(tmp_path / out)), capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        with tarfile.open(tmp_path / out / "99_ext.tar.gz") as tar:
+            sent = tar.extractfile(f"./build/{name}").read(), tar.extractfile("./build/sources.sha256").read()
+        return p.stdout, sent
+
+    in_place.write_bytes(real + b"built from other sources")  # loads as well: an ELF's trailing bytes are unread
+    stamp.write_text("0" * 64 + "\n")
+    log, sent = call("o1")
+    assert "built from other sources" in log and "reusing the extension carried in .gpu_build/" in log, log[-2000:]
+    assert in_place.read_bytes() == real and sent == (real, current.encode() + b"\n")
+    assert stamp.read_text().strip() == current
+    stamp.unlink()
+    in_place.write_bytes(real + b"a developer's build")
+    log, sent = call("o2")
+    assert in_place.read_bytes() == sent[0] == real + b"a developer's build", log[-2000:]
 
 
 def test_train_step_falls_back_to_launched_steps(tmp_path):
@@ -451,6 +501,24 @@ def test_recipes_with_cuda_graphs():
         assert "--cuda-graphs" in flags, f"{name}: the recipes replay CUDA graphs unless CUDA_GRAPHS=0"
         assert graphed.eval_every == 4 * plain.eval_every and graphed.save_every == 4 * plain.save_every, name
         assert graphed.max_steps == plain.max_steps * (4 if plain.time_budget else 1), name
+
+
+def test_train_extra_with_compile_drops_the_recipes_cuda_graphs():
+    """TRAIN_EXTRA="--compile --compile-mode reduce-overhead" (step 50's extra flags, as the README
+    suggests) on a recipe with --cuda-graphs (the default), which train refuses beside --compile: the
+    recipe's --cuda-graphs goes and train takes the flags; other extra flags leave it."""
+    from scratchformer.training.config import parse_args
+
+    def flags(extra):
+        show = (f'source "{GPU}/recipes.sh"; unset CUDA_GRAPHS; recipe iwslt && train_extra "{extra}" >/dev/null '
+                '&& printf "%s\\n" "${FLAGS[@]}"')
+        return subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True).stdout.split()
+
+    compiled = flags("--compile --compile-mode reduce-overhead")
+    assert "--cuda-graphs" not in compiled and compiled[-3:] == ["--compile", "--compile-mode", "reduce-overhead"]
+    config, _ = parse_args([*compiled, "--out", "runs/x"])
+    assert config.compile == "inductor" and config.compile_mode == "reduce-overhead" and not config.cuda_graphs
+    assert "--cuda-graphs" in flags("--label-smoothing 0.2")
 
 
 def _archive_of(folder, step, files):

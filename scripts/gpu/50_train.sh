@@ -29,8 +29,7 @@ RECIPE=${RECIPE:?"RECIPE=NAME picks the run, one of: $RECIPES"}
 recipe "$RECIPE" || exit 1
 # TRAIN_EXTRA: more train flags for a new run, e.g. "--compile --compile-mode reduce-overhead" once
 # window 2b's smoke has shown Inductor's CUDA graphs train as plain triton does, and faster
-read -r -a extra <<< "${TRAIN_EXTRA:-}"
-FLAGS+=("${extra[@]}")
+train_extra "${TRAIN_EXTRA:-}"
 export SCRATCHFORMER_DATA=${GPU_DATA:-$REPO/.gpu_data}  # GPU_DATA: another folder (tests)
 RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
 RUN=$RUNS/$RECIPE
@@ -174,7 +173,9 @@ fi
 
 # 4. the run folder, without checkpoints, into the archive
 mkdir -p "$WORK/run"
-(cd "$GRID" && find . -name '*.pt' -prune -o -type f -print | tar cf - -T - 2>/dev/null) | tar xf - -C "$WORK/run" 2>/dev/null
+# (nor a save's temporary, *.pt.tmp: one a killed save left would ride along in every later archive)
+(cd "$GRID" && find . \( -name '*.pt' -o -name '*.pt.tmp' \) -prune -o -type f -print | tar cf - -T - 2>/dev/null) |
+  tar xf - -C "$WORK/run" 2>/dev/null
 if finished && predicted; then
   if [ ${#DECODE[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
   echo "== $RECIPE: finished"

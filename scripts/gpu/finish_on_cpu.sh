@@ -38,7 +38,13 @@ esac
 "$PY" -c "import json, sys; from scratchformer.checkpoint import load_checkpoint
 json.dump(load_checkpoint(sys.argv[1])['args'], open(sys.argv[2], 'w'), indent=2)" "$RUN/$kind.pt" "$RUN/args.json"
 if [ "$kind" = picked ]; then
-  archive=$(dirname "$WEIGHTS")/50_train
+  # the last call's archive that names its picked model: collect.py unpacks a step's later calls into
+  # 50_train.2, 50_train.3, ... and joins their weights in that order, so the last one's are these
+  folder=$(dirname "$WEIGHTS"); archive=$folder/50_train; i=2
+  while [ -d "$folder/50_train.$i" ]; do
+    [ -f "$folder/50_train.$i/picked.txt" ] && archive=$folder/50_train.$i
+    i=$((i + 1))
+  done
   [ -f "$archive/picked.txt" ] || { echo "no $archive/picked.txt: run scripts/gpu/collect.py on the call's folder" >&2; exit 2; }
   read -r name flags < "$archive/picked.txt"
   read -ra flags <<< "$flags"

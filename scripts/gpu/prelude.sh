@@ -196,13 +196,24 @@ except Exception as e:  # noqa: BLE001  (informative only)
 EOF
 }
 SOURCES_HASH=$(bash "$REPO/scripts/gpu/ext_sources.sh")
-if ! versions && compgen -G ".gpu_build/_C*.so" >/dev/null; then
-  if [ "$(cat .gpu_build/sources.sha256 2>/dev/null)" = "$SOURCES_HASH" ]; then
-    cp .gpu_build/_C*.so scratchformer/ && versions && echo "== reusing the extension carried in .gpu_build/"
-  else
-    echo "== .gpu_build/ holds an extension built from other sources (sources.sha256): building"
-  fi
+# An extension this script put in scratchformer/ (an earlier call on this machine, still warm) is
+# stamped with its sources' hash: from other sources (csrc/ fixed since), it is not reused, nor sent
+# back under this hash. One without a stamp (a developer's `make install`) is left alone.
+EXT_STAMP=scratchformer/.ext_sources.sha256
+if [ -e "$EXT_STAMP" ] && [ "$(cat "$EXT_STAMP")" != "$SOURCES_HASH" ]; then
+  echo "== the extension in scratchformer/ was built from other sources ($EXT_STAMP): replacing it"
+  rm -f scratchformer/_C*.so "$EXT_STAMP"
 fi
+reuse_carried() {  # the extension carried in .gpu_build/, if built from these sources
+  compgen -G ".gpu_build/_C*.so" >/dev/null || return 1
+  if [ "$(cat .gpu_build/sources.sha256 2>/dev/null)" != "$SOURCES_HASH" ]; then
+    echo "== .gpu_build/ holds an extension built from other sources (sources.sha256): building"; return 1
+  fi
+  cp .gpu_build/_C*.so scratchformer/ && echo "$SOURCES_HASH" > "$EXT_STAMP" &&
+    echo "== reusing the extension carried in .gpu_build/"
+}
+compgen -G "scratchformer/_C*.so" >/dev/null || reuse_carried
+versions || { reuse_carried && versions; }
 if ! grep -q "| extension" "$WORK/env.txt"; then
   echo "== $(date -u +%T) building the extension (setup.py build_ext --inplace)"
   b0=$(date +%s)
@@ -212,10 +223,12 @@ if ! grep -q "| extension" "$WORK/env.txt"; then
     { tail -30 "$WORK/build.txt"; exit 1; }
   echo "== built in $(( $(date +%s) - b0 )) s"
   versions || { cat "$WORK/env.txt"; exit 1; }
+  echo "$SOURCES_HASH" > "$EXT_STAMP"
 fi
 cat "$WORK/env.txt"
 if [ "${PACK_EXT:-0}" = 1 ]; then  # step 00 sends the built extension back, for .gpu_build/
-  mkdir -p "$WORK/build" && cp scratchformer/_C*.so "$WORK/build/" && echo "$SOURCES_HASH" > "$WORK/build/sources.sha256"
+  { mkdir -p "$WORK/build" && cp scratchformer/_C*.so "$WORK/build/" && echo "$SOURCES_HASH" > "$WORK/build/sources.sha256"; } ||
+    { echo "== PACK_EXT: no extension in scratchformer/ to send back"; exit 1; }
 fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$WORK/env.txt"

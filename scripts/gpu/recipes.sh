@@ -222,3 +222,18 @@ graphed() {
   done
   FLAGS+=(--cuda-graphs)
 }
+
+# train_extra "FLAGS...": more train flags after a recipe's (50_train.sh's TRAIN_EXTRA). train refuses
+# --compile beside --cuda-graphs (CUDA_GRAPHS=1, the default), so with --compile the recipe's
+# --cuda-graphs goes; its validation spacing stays
+train_extra() {
+  local f extra=() kept=()
+  read -r -a extra <<< "$1"
+  case " ${extra[*]} " in
+    *" --compile "*|*" --compile="*)
+      for f in "${FLAGS[@]}"; do [ "$f" = --cuda-graphs ] || kept+=("$f"); done
+      [ ${#kept[@]} = ${#FLAGS[@]} ] || echo "== TRAIN_EXTRA has --compile: without the recipe's --cuda-graphs"
+      FLAGS=("${kept[@]}") ;;
+  esac
+  FLAGS+=("${extra[@]}")
+}
