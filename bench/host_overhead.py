@@ -10,7 +10,7 @@ Two measures per backend:
 - each op (`attention` with key lengths, `add_layer_norm`, `ffn`) forward, and forward + backward,
   in microseconds per call;
 - a training step (forward, backward; no optimizer) of a model with the `base` preset's layers
-  (6 + 6, 8 heads) at d_model 64, in milliseconds: the number of calls a base step makes;
+  (6 + 6) at d_model 64 with 4 heads (d_ff 128), in milliseconds: the number of calls a base step makes;
 - greedy decoding with the KV cache on that model, in milliseconds per new token (no gradient:
   the ops without their autograd);
 - what one such training step issues, counted (in fp32, no autocast; the lengths' range checks,

@@ -25,7 +25,10 @@ def load(paths):
     rows = []
     for p in paths:
         with open(p) as fh:
-            data = json.load(fh)
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as err:  # pytest-benchmark leaves an empty file when nothing ran
+                raise SystemExit(f"{p}: not a pytest-benchmark JSON (empty or cut short: {err})") from None
         for b in data.get("benchmarks", []):
             params = b.get("params") or {}  # the test's parameters (L, kernel, ...), under what it recorded
             rows.append({**params, "group": b.get("group"), "name": b["name"], "params": params,

@@ -605,6 +605,12 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     medians = [(b["name"], b["stats"]["median"]) for b in kernels]
     assert sorted(medians) == sorted([(dense[1][0], 3e-3), (dense[0][0], 1e-3), (again[1][0], 5e-4)])  # kept,
     # replaced (once), added
+    window3 = tmp_path / "w3"  # a finished profile whose generation saved no JSON: said, not dropped silently
+    window3.mkdir()
+    _archive_of(window3, "31_bench_generate_profile", {"profile-base-cnndm.txt": "training step profile: x\n"})
+    capsys.readouterr()
+    collect.main([str(window3), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
+    assert re.search(r"profile-base-cnndm\.txt: finished, but no benchmark JSON .* not filed", capsys.readouterr().out)
 
 
 def test_collect_files_two_calls_of_one_step(tmp_path, capsys, monkeypatch):

@@ -53,7 +53,10 @@ launched=()
 graphs_failed() {
   local rc=$1 secs
   case " ${FLAGS[*]} " in *" --cuda-graphs "*) ;; *) return "$rc" ;; esac
-  if [ "$rc" = 124 ] || [ "$rc" = 130 ] || [ ${#launched[@]} -gt 0 ] || [ ${#VARIANTS[@]} -gt 0 ]; then return "$rc"; fi
+  # 124, 130: the time limit or SIGINT; 137: killed after them (timeout -k), e.g. mid-validation
+  if [ "$rc" = 124 ] || [ "$rc" = 130 ] || [ "$rc" = 137 ] || [ ${#launched[@]} -gt 0 ] || [ ${#VARIANTS[@]} -gt 0 ]; then
+    return "$rc"
+  fi
   echo "== --cuda-graphs failed (exit $rc): training on launched steps"
   launched=(--no-cuda-graphs)
   secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 75) ))}

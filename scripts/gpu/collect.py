@@ -152,6 +152,9 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
             if not first.startswith(head):
                 print(f"{report}: not a finished report (its first line: {first[:80]!r}), not filed")
                 continue
+            if not stems:  # the JSON names the date and GPU a report is filed under
+                print(f"{report}: finished, but no benchmark JSON of this call names its date and GPU: not filed, "
+                      "it stays where it is")
             for stem in stems:
                 written.append(bench_dir / f"{stem}-{report.name.replace('_', '-')}")
                 shutil.copyfile(report, written[-1])
