@@ -373,7 +373,8 @@ def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     """An extension the prelude put in scratchformer/ (an earlier call on a warm machine), stamped
     with other sources' hash (csrc/ fixed since), is neither reused nor sent back by step 00 under
     the new hash: the one carried in .gpu_build/, built from these sources, takes its place. One
-    without a stamp (a developer's build) is used as it is."""
+    without a stamp (a developer's build) is used as it is. A build that failed on these sources
+    is not tried again by the call's later steps."""
     import importlib.machinery
 
     clone = tmp_path / "clone"
@@ -408,6 +409,19 @@ def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     in_place.write_bytes(real + b"a developer's build")
     log, sent = call("o2")
     assert in_place.read_bytes() == sent[0] == real + b"a developer's build", log[-2000:]
+    # a build that fails (here a python on which the extension never loads and setup.py fails) is not
+    # tried again by a later step of the call: its sources are remembered
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\ncase "$1" in -) exit 1;; setup.py) echo "error: no compiler"; exit 1;; esac\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    shutil.rmtree(clone / ".gpu_build")
+    logs = [subprocess.run(["bash", str(step)], cwd=clone, env={**_step_env(OUT=str(tmp_path / out)), "PY": str(fake)},
+                           capture_output=True, text=True, timeout=300) for out in ("o3", "o4")]
+    assert all(p.returncode != 0 for p in logs)
+    assert "error: no compiler" in logs[0].stdout and (clone / ".gpu_build_failed").read_text().strip() == current
+    assert "failed to build from these sources in an earlier step" in logs[1].stdout, logs[1].stdout[-2000:]
+    assert "building the extension" in logs[1].stdout and "no compiler" not in logs[1].stdout
 
 
 def test_train_step_falls_back_to_launched_steps(tmp_path):
