@@ -212,8 +212,11 @@ reuse_carried() {  # the extension carried in .gpu_build/, if built from these s
   cp .gpu_build/_C*.so scratchformer/ && echo "$SOURCES_HASH" > "$EXT_STAMP" &&
     echo "== reusing the extension carried in .gpu_build/"
 }
-compgen -G "scratchformer/_C*.so" >/dev/null || reuse_carried
-versions || { reuse_carried && versions; }
+if compgen -G "scratchformer/_C*.so" >/dev/null; then  # one in place that does not load: the carried one
+  versions || { reuse_carried && versions; }
+else
+  reuse_carried; versions
+fi
 if ! grep -q "| extension" "$WORK/env.txt"; then
   echo "== $(date -u +%T) building the extension (setup.py build_ext --inplace)"
   b0=$(date +%s)
