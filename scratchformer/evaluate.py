@@ -4,12 +4,13 @@
     python -m scratchformer.evaluate --baseline lead3 --data ../shared/data/samsum --split validation
 
 Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
-ROUGE-1/2/L/Lsum (rouge-score, stemming on); classification: accuracy; every task: loss and
-perplexity under teacher forcing. The scores are printed first (stdout), then
-``predictions.<split>.jsonl`` and ``metrics.<split>.json`` are written into ``--out`` (default: the
-folder of the checkpoint, i.e. its run folder, never the current directory; the Lead-3 baseline
-writes only with ``--out``). A folder that cannot be written ends the command with an error after
-the scores. The work is `scratchformer.evaluation.evaluate.evaluate`; this is its command line.
+ROUGE-1/2/L/Lsum (rouge-score, stemming on), also of an extractive model's picked sentences;
+classification: accuracy; every task: loss and perplexity under teacher forcing. The scores are
+printed first (stdout), then ``predictions.<split>.jsonl`` and ``metrics.<split>.json`` are written
+into ``--out`` (default: the folder of the checkpoint, i.e. its run folder, never the current
+directory; the Lead-3 baseline writes only with ``--out``). A folder that cannot be written ends the
+command with an error after the scores. The work is `scratchformer.evaluation.evaluate.evaluate`;
+this is its command line.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ def check_args(args) -> None:
 
 
 def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
-    if args.data or args.dataset:
-        return D.resolve_source(args.dataset or "synthetic", args.data, args.task)
+    if args.data or args.dataset:  # an extractive model reads summarization data as its own task
+        extractive = ckpt_data is not None and ckpt_data.get("task") == "extractive"
+        task = args.task or ("extractive" if extractive else None)
+        return D.resolve_source(args.dataset or "synthetic", args.data, task)
     if ckpt_data is None:
         raise cli.UsageError("give --data or --dataset (no checkpoint to take the data source from)")
     return D.DataSource(**ckpt_data)
@@ -133,7 +136,10 @@ def main(argv=None) -> dict:
                   precision=args.precision, progress=sys.stderr.isatty())
     result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
               "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
-    if source.task != "classification":
+    if source.task == "extractive":
+        (name, scores), = ev.decodings.items()
+        result.update(scores, decoding=name)
+    elif source.task != "classification":
         result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size),
                       length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                       min_len=args.min_len)

@@ -29,7 +29,7 @@ from . import data as D
 from .data.files import display_name, read_lines
 from .device import resolve_device
 from .evaluation import predict as P
-from .evaluation.evaluate import load_run, predict_labels, predict_seq2seq
+from .evaluation.evaluate import load_run, predict_extracts, predict_labels, predict_seq2seq
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +125,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     task = ckpt["task"]
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
-    if task != "classification" and max_tgt >= model.cfg.max_len:
+    if task not in D.ENCODER_ONLY and max_tgt >= model.cfg.max_len:
         raise P.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
     lines = lines or list(range(1, len(texts) + 1))
     records = [P.InputRecord(i, t, n) for i, (t, n) in enumerate(zip(texts, lines, strict=True))]
@@ -135,8 +135,11 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         preds, probs = predict_labels(model, dataset, device=device)
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
-    outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
-                           length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+    if task == "extractive":
+        outs = predict_extracts(model, dataset, device=device)
+    else:
+        outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
+                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 

@@ -77,8 +77,10 @@ def _model(copy=True, **kw):
 def test_what_it_refuses():
     with pytest.raises(ValueError, match="one vocabulary for source and target.*src_vocab_size 12 != tgt_vocab_size 9"):
         ModelConfig(src_vocab_size=V, tgt_vocab_size=9, copy=True)
-    with pytest.raises(ValueError, match="copy needs an encoder-decoder model.*a classifier"):
+    with pytest.raises(ValueError, match="copy needs an encoder-decoder model.*an encoder-only model"):
         ModelConfig(src_vocab_size=V, n_decoder_layers=0, num_classes=2, copy=True)
+    with pytest.raises(ValueError, match="copy needs an encoder-decoder model.*an encoder-only model"):
+        ModelConfig(src_vocab_size=V, n_decoder_layers=0, extractive=True, copy=True)
     m = _model()
     src, sl = torch.randint(4, V, (2, 5)), torch.tensor([5, 2])
     memory = m.encode(src, sl)

@@ -10,6 +10,7 @@ training and imports nothing of the model or of training.
 """
 
 from .batching import (
+    ENCODER_ONLY,
     Batch,
     BucketBatchSampler,
     EncodedDataset,
@@ -49,6 +50,7 @@ from .datasets import (
     texts_for_tokenizer,
 )
 from .ragged import Ragged
+from .sentences import split_sentences
 from .tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -66,10 +68,11 @@ __all__ = [
     "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "find_split_file", "read_split",
     "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
     "carve_validation", "texts_for_tokenizer",
+    "split_sentences",
     # tokenizer, BPE-dropout
     "SAMPLES_PER_WORD", "WordSegmentations", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "SPECIAL_TOKENS", "MIN_VOCAB",
     "BPETokenizer", "TokenizerPair",
     # batching
-    "Ragged", "EncodedDataset", "ResegmentedDataset", "TruncationStats", "encode_examples", "Batch", "collate",
-    "BucketBatchSampler", "make_loader", "round_up",
+    "Ragged", "ENCODER_ONLY", "EncodedDataset", "ResegmentedDataset", "TruncationStats", "encode_examples", "Batch",
+    "collate", "BucketBatchSampler", "make_loader", "round_up",
 ]

@@ -1,13 +1,16 @@
 """Encoding and batching: token ids per example, padded batches, length-bucketed samplers.
 
 Batches (`Batch`) hold src (B, Ls), src_lengths (B,), tgt_in = BOS + y and tgt_out = y + EOS
-(B, Lt), tgt_lengths (B,) for seq2seq, or src + labels (B,) for classification; all int64,
-right-padded with PAD. Over-long sequences are truncated by `encode_examples` and counted.
+(B, Lt), tgt_lengths (B,) for seq2seq, src + labels (B,) for classification, or src + the
+sentence markers' positions and labels (B, S) for extractive summarization; all int64,
+right-padded with PAD (labels of padded sentences: -1). Over-long sequences are truncated by
+`encode_examples` and counted.
 `BucketBatchSampler` forms batches by token budget or sentence count.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,12 +19,15 @@ import torch
 
 from .bpe_dropout import WordSegmentations
 from .datasets import Example
+from .extractive import encode_documents, sentence_slots
 from .ragged import Ragged
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # ---------------------------------------------------------------------------------------------
 # Encoding
 # ---------------------------------------------------------------------------------------------
+
+ENCODER_ONLY = ("classification", "extractive")  # tasks without a target sequence
 
 
 class EncodedDataset(torch.utils.data.Dataset):
@@ -33,12 +39,20 @@ class EncodedDataset(torch.utils.data.Dataset):
             raise ValueError(f"src and tgt counts differ: {len(src)} vs {len(tgt)}")
         self.src, self.tgt, self.task = src, tgt, task
         self.refs: list[str] | None = None  # reference texts, for scoring decoded outputs
+        self.sentences: list[list[str]] | None = None  # extractive: each document's kept sentences
 
     def __len__(self):
         return len(self.src)
 
     def __getitem__(self, i):
         return i, self.src[i], self.tgt[i]
+
+    def first(self, n: int) -> EncodedDataset:
+        """The first n examples (their ids, references and sentences)."""
+        head = EncodedDataset(self.src[:n], self.tgt[:n], self.task)
+        head.refs = None if self.refs is None else self.refs[:n]
+        head.sentences = None if self.sentences is None else self.sentences[:n]
+        return head
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose ids the items are (a no-op: they never change)."""
@@ -50,7 +64,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
 
 def _lengths(src, tgt, task: str) -> np.ndarray:
-    return _sizes(src) if task == "classification" else np.maximum(_sizes(src), _sizes(tgt) + 1)
+    return _sizes(src) if task in ENCODER_ONLY else np.maximum(_sizes(src), _sizes(tgt) + 1)
 
 
 def _sizes(seqs: Ragged | list[np.ndarray]) -> np.ndarray:
@@ -72,7 +86,7 @@ class TruncationStats:
 
 
 def _check_lengths(task: str, max_src_len: int, max_tgt_len: int) -> None:
-    if max_src_len < 2 or (task != "classification" and max_tgt_len < 2):
+    if max_src_len < 2 or (task not in ENCODER_ONLY and max_tgt_len < 2):
         raise ValueError(f"max_src_len and max_tgt_len must be >= 2, got {max_src_len}, {max_tgt_len}")
 
 
@@ -112,10 +126,19 @@ def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=Non
     - seq2seq target y: the first ``max_tgt_len - 1`` tokens, so tgt_in = BOS + y and
       tgt_out = y + EOS have at most ``max_tgt_len`` tokens;
     - classification text: the first ``max_src_len`` tokens (no EOS; the model adds [CLS]); an
-      empty text is [EOS].
+      empty text is [EOS];
+    - extractive document: ``BOS s1 BOS s2 ...`` within ``max_src_len`` tokens, the target its
+      kept sentences' oracle labels (`extractive.encode_documents`; an empty summary: all 0).
     """
     _check_lengths(task, max_src_len, max_tgt_len)
     stats = TruncationStats(examples=len(examples))
+    if task == "extractive":
+        summaries = [e.tgt for e in examples]
+        src, labels, sentences, stats.src_truncated = encode_documents([e.src for e in examples], summaries, src_tok,
+                                                                       max_src_len)
+        dataset = EncodedDataset(src, labels, task)
+        dataset.refs, dataset.sentences = summaries, sentences
+        return dataset, stats
     src = Ragged.of(src_tok.encode_batch([e.src for e in examples]))
     if task == "classification":
         src, _ = _fit_pair(task, src, None, max_src_len, max_tgt_len, stats)
@@ -135,6 +158,8 @@ class ResegmentedDataset(EncodedDataset):
     def __init__(self, examples: Sequence[Example], task: str, src_tok, tgt_tok=None, max_src_len: int = 256,
                  max_tgt_len: int = 256, *, p: float, seed: int):
         _check_lengths(task, max_src_len, max_tgt_len)
+        if task == "extractive":
+            raise ValueError("BPE-dropout resegments words, not an extractive summarizer's marked sentences")
         self.task, self.max_src_len, self.max_tgt_len = task, max_src_len, max_tgt_len
         self._src = WordSegmentations(src_tok, [e.src for e in examples], p, seed)
         classify = task == "classification"
@@ -190,14 +215,18 @@ class Batch:
     tgt_in: torch.Tensor | None = None  # (B, Lt) BOS + y
     tgt_out: torch.Tensor | None = None  # (B, Lt) y + EOS
     tgt_lengths: torch.Tensor | None = None  # (B,)
-    labels: torch.Tensor | None = None  # (B,) classification
+    labels: torch.Tensor | None = None  # (B,) classification; (B, S) extractive, -1 past a document's sentences
+    sentences: torch.Tensor | None = None  # (B, S) extractive: each sentence marker's position in src
     # target tokens (examples for classification), counted once where the batch is made, on the host:
     # a count read from a batch already on a GPU would be a host-device sync
     num_tgt_tokens: int | None = None
 
     def __post_init__(self):
         if self.num_tgt_tokens is None:
-            self.num_tgt_tokens = int(self.tgt_lengths.sum()) if self.tgt_lengths is not None else len(self)
+            if self.tgt_lengths is not None:
+                self.num_tgt_tokens = int(self.tgt_lengths.sum())
+            else:
+                self.num_tgt_tokens = int((self.labels >= 0).sum()) if self.sentences is not None else len(self)
 
     def _map(self, fn):
         return Batch(**{k: (fn(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -220,8 +249,10 @@ class Batch:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """(B, Ls, Lt), or (B, Ls) for classification: the shapes of all its tensors follow."""
-        return tuple(self.src.shape) + (() if self.tgt_in is None else (self.tgt_in.shape[1],))
+        """(B, Ls, Lt), (B, Ls) for classification, (B, Ls, S) for extraction: the shapes of all its
+        tensors follow."""
+        second = self.tgt_in if self.tgt_in is not None else self.sentences
+        return tuple(self.src.shape) + (() if second is None else (second.shape[1],))
 
 
 def round_up(n, multiple: int):
@@ -247,8 +278,9 @@ def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int |
     return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
-def collate(items, pad_multiple: int = 1) -> Batch:
-    """items: [(index, src ids, tgt ids or int label)] -> Batch with dynamic (per-batch) padding,
+def collate(items, pad_multiple: int = 1, task: str | None = None) -> Batch:
+    """items: [(index, src ids, tgt ids or int label, or extractive labels when task is
+    "extractive")] -> Batch with dynamic (per-batch) padding,
     each padded length rounded up to a multiple of `pad_multiple` (fairseq's --pad-to-multiple,
     Hugging Face's pad_to_multiple_of): tensor-core-sized shapes, and fewer distinct ones for what
     compiles or captures per shape (torch.compile's reduce-overhead records a CUDA graph for each)."""
@@ -256,6 +288,9 @@ def collate(items, pad_multiple: int = 1) -> Batch:
     src, src_lengths = _pad([it[1] for it in items], multiple=pad_multiple)
     if isinstance(items[0][2], (int, np.integer)):
         return Batch(ids, src, src_lengths, labels=torch.tensor([int(it[2]) for it in items], dtype=torch.int64))
+    if task == "extractive":
+        starts, labels = sentence_slots(src.numpy(), [it[2] for it in items], pad_multiple)
+        return Batch(ids, src, src_lengths, labels=torch.from_numpy(labels), sentences=torch.from_numpy(starts))
     tgt_in, tgt_lengths = _pad([it[2] for it in items], prefix=BOS_ID, multiple=pad_multiple)
     tgt_out, _ = _pad([it[2] for it in items], suffix=EOS_ID, multiple=pad_multiple)
     return Batch(ids, src, src_lengths, tgt_in, tgt_out, tgt_lengths)
@@ -353,6 +388,6 @@ class BucketBatchSampler:
 def make_loader(dataset: EncodedDataset, sampler: BucketBatchSampler, *, num_workers: int = 0,
                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
-        pin_memory=pin_memory, persistent_workers=False,
+        dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, task=dataset.task),
+        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=False,
     )

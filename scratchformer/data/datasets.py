@@ -1,8 +1,10 @@
-"""Data sources: the three tasks, their files, the hub, and the embedded synthetic task.
+"""Data sources: the tasks, their files, the hub, and the embedded synthetic task.
 
 Every source is read into a list of `Example(src, tgt, id)`:
 - translation:    src = source sentence, tgt = target sentence;
-- summarization:  src = document,        tgt = summary;
+- summarization:  src = document,        tgt = summary (written by a decoder);
+- extractive:     src = document,        tgt = summary (sentences of the document picked; the same
+  files as summarization, chosen with ``--task extractive``);
 - classification: src = text,            tgt = integer label.
 
 Sources, in the order `resolve_source` tries them:
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
 
-TASKS = ("translation", "summarization", "classification")
+TASKS = ("translation", "summarization", "classification", "extractive")
 SPLITS = ("train", "validation", "test")
 EXTENSIONS = (".jsonl", *(f".jsonl{c}" for c in COMPRESSED), ".tsv", ".parquet")
 
@@ -40,6 +42,7 @@ FIELDS = {
     "translation": ("src", "tgt"),
     "summarization": ("document", "summary"),
     "classification": ("text", "label"),
+    "extractive": ("document", "summary"),
 }
 
 # Hub datasets: name -> load_dataset args and the mapping of their fields onto ours.

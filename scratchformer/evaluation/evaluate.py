@@ -2,8 +2,9 @@
 
 `evaluate(model, dataset, examples, tokenizers, ...)` is what `python -m scratchformer.evaluate`
 and the trainer's final report both call. Translation: BLEU, chrF (sacrebleu on detokenized
-text), exact match; summarization adds ROUGE-1/2/L/Lsum (rouge-score, stemming on);
-classification: accuracy; every task: loss and perplexity under teacher forcing.
+text), exact match; summarization adds ROUGE-1/2/L/Lsum (rouge-score, stemming on), scored the
+same on an extractive summarizer's picked sentences; classification: accuracy; every task: loss
+and perplexity under teacher forcing (an extractive model's: of its sentences' binary cross-entropy).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from .. import data as D
 from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint, write_lines_atomic
 from ..compile import compile_for_inference
+from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences
 from ..data.tokenizer import TokenizerPair
 from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
@@ -68,7 +70,10 @@ def eval_loader(dataset: D.EncodedDataset, max_tokens: int | None = 4096, batch_
 
 
 def loss_terms(model, batch: D.Batch):
-    """Logits and targets of a batch: seq2seq (B*Lt, V) vs (B*Lt,), classifier (B, C) vs (B,)."""
+    """Logits and targets of a batch: seq2seq (B*Lt, V) vs (B*Lt,), classifier (B, C) vs (B,),
+    extractive (B, S) vs (B, S)."""
+    if batch.sentences is not None:
+        return model(batch.src, batch.src_lengths, batch.sentences), batch.labels
     if batch.labels is not None:
         return model(batch.src, batch.src_lengths), batch.labels
     logits = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
@@ -85,7 +90,12 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
         batch = batch.to(device, non_blocking=True)
         with autocast_for(device, precision):
             logits, target = loss_terms(model, batch)
-        if classify:  # labels include 0 == PAD_ID: nothing to ignore
+        if batch.sentences is not None:  # padded slots (label -1) left out
+            keep = target >= 0
+            nll += float(F.binary_cross_entropy_with_logits(logits.float()[keep], target[keep].float(),
+                                                            reduction="sum"))
+            n += int(keep.sum())
+        elif classify:  # labels include 0 == PAD_ID: nothing to ignore
             nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
             n += len(batch)
             correct += int((logits.argmax(-1) == target).sum())
@@ -170,13 +180,38 @@ def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int 
 
 
 @torch.no_grad()
+def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int = MAX_ORACLE_SENTENCES,
+                     block_trigrams: bool = True, max_tokens: int | None = 8192, precision: str = "fp32",
+                     batch_size: int | None = None, on_batch=None) -> list[str]:
+    """An extractive model's summaries in dataset order: each document's `sentences` best-scored
+    sentences (`data.extractive.pick_sentences`, trigram blocking on), one per line, in document
+    order. `on_batch(indices, summaries)`, if given, is called after every batch."""
+    model.eval()
+    out: list[str | None] = [None] * len(dataset)
+    for batch in eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size):
+        batch = batch.to(device)
+        with autocast_for(device, precision):
+            scores = model(batch.src, batch.src_lengths, batch.sentences).float().cpu()
+        ids, summaries = batch.ids.tolist(), []
+        for i, row in zip(ids, scores, strict=True):
+            sents = dataset.sentences[i]
+            picked = pick_sentences(sents, row[: len(sents)].tolist(), sentences, block_trigrams)
+            summaries.append("\n".join(sents[j] for j in picked))
+            out[i] = summaries[-1]
+        if on_batch is not None:
+            on_batch(ids, summaries)
+    return out
+
+
+@torch.no_grad()
 def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: TokenizerPair, *, device,
                   max_tgt_len: int = 64, max_tokens_shown: int = 60):
     """Attention of one example for a heatmap: (weights (rows, cols) numpy, row labels, col labels, title).
 
     Seq2seq: the last decoder layer's cross-attention, averaged over heads, with the model's own
     greedy output as the decoder input (rows: output tokens, columns: source tokens).
-    Classifier: the last encoder layer's self-attention averaged over heads ([CLS] first).
+    Classifier: the last encoder layer's self-attention averaged over heads ([CLS] first);
+    extractive: the same without [CLS] (the sentence markers show as <s>).
     """
     model.eval()
     _, src, tgt = dataset[index]
@@ -188,6 +223,11 @@ def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: Toke
         w = weights[-1][0].mean(0).float().cpu().numpy()  # (L+1, L+1)
         labels = ["[CLS]"] + src_labels
         return w, labels, labels, "classifier self-attention, last layer (mean over heads)"
+    if dataset.task == "extractive":
+        marks = (src[0] == BOS_ID).nonzero()[:, 0][None]  # the markers still in the shown tokens
+        _, weights = model(src, src_len, marks, return_attention=True)
+        w = weights[-1][0].mean(0).float().cpu().numpy()  # (L, L)
+        return w, src_labels, src_labels, "extractive encoder self-attention, last layer (mean over heads)"
     hyp = greedy_decode(model, src, src_len, max_len=min(max_tgt_len, 2 * src.shape[1] + 10))[0].tolist()
     if EOS_ID in hyp:
         hyp = hyp[: hyp.index(EOS_ID) + 1]
@@ -239,7 +279,12 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
     if n == 0:
         return result
     result.n = n
-    subset = dataset if n == len(dataset) else D.EncodedDataset(dataset.src[:n], dataset.tgt[:n], dataset.task)
+    subset = dataset if n == len(dataset) else dataset.first(n)
+    if dataset.task == "extractive":
+        hyps = predict_extracts(model, subset, device=device, max_tokens=max_tokens, precision=precision)
+        result.decodings[f"top{MAX_ORACLE_SENTENCES}"] = M.seq2seq_scores(hyps, dataset.refs[:n], "summarization")
+        result.outputs = hyps
+        return result
     if dataset.task == "classification":
         preds, probs = predict_labels(model, subset, device=device, max_tokens=max_tokens, precision=precision)
         result.metrics["accuracy"] = M.accuracy(preds, [e.tgt for e in examples[:n]])

@@ -9,10 +9,11 @@ lent have sacrebleu but not rouge-score (see scripts/gpu/README.md for carrying 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import sacrebleu
+
+from ..data.sentences import split_sentences
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
@@ -86,26 +87,6 @@ def seq2seq_scores(hyps: Sequence[str], refs: Sequence[str], task: str) -> dict[
     if task == "summarization":
         out.update(rouge(hyps, refs))
     return out
-
-
-_SENT_END = re.compile(r"(?<=[.!?])\s+|\n+")
-# a word whose period ends no sentence: initials and letter-dot abbreviations (j. u.s. p.m.) and titles
-_ABBREVIATION = re.compile(r"(?:^|\s)(?:(?:[a-z]\.)+|(?:mr|mrs|ms|dr|prof|st|jr|sr|gen|gov|sen|rep|lt|col|sgt|"
-                           r"capt|rev|vs)\.)$", re.IGNORECASE)
-
-
-def split_sentences(text: str) -> list[str]:
-    """A simple sentence splitter: newlines, and whitespace after . ! or ?, except after a word
-    whose period is an abbreviation's (`_ABBREVIATION`). In CNN/DM's tokenized text sentences end
-    in ' . ' and 'the u.s. treasury' is one sentence; in SAMSum's, 'at 5 p.m. tomorrow' is."""
-    pieces, start = [], 0
-    for m in _SENT_END.finditer(text):
-        if "\n" not in m.group() and _ABBREVIATION.search(text, max(0, m.start() - 16), m.start()):
-            continue
-        pieces.append(text[start:m.start()])
-        start = m.end()
-    pieces.append(text[start:])
-    return [s.strip() for s in pieces if s.strip()]
 
 
 def _one_per_line(text: str) -> str:

@@ -1,12 +1,13 @@
 """Batch inference: a file of inputs -> ``{"id", "prediction"}`` JSON lines, written atomically.
 
 Inputs (`read_inputs`): ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.xz`` records holding the task's input field (``src``
-translation, ``document`` summarization, ``text`` classification; another with ``field``) and an
+translation, ``document`` summarization (also extractive), ``text`` classification; another with ``field``) and an
 optional ``id`` (a record without one gets its line number), or plain text with one input per
 line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if its first line is a
 JSON object, else text). Bad input is a `DataError` naming the file and line.
 
-Prediction (`predict_records`) reuses the evaluation path (`predict_seq2seq`, `predict_labels`):
+Prediction (`predict_records`) reuses the evaluation path (`predict_seq2seq`, `predict_labels`,
+`predict_extracts`):
 batches by token budget over length-sorted inputs, KV-cached greedy or beam search, outputs put
 back in input order. Summaries come out one sentence per line (`metrics.split_sentences`, the
 splitter of the Lead-3 baseline, so ROUGE-Lsum sees the boundaries); labels are ints. Inputs
@@ -34,7 +35,7 @@ import torch
 from .. import data as D
 from ..checkpoint import fsync_dir, write_lines_atomic
 from ..data.files import display_name, read_lines, uncompressed_name
-from .evaluate import load_run, predict_labels, predict_seq2seq
+from .evaluate import load_run, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,16 @@ def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int
     `strict` a DataError naming the first offending line."""
     examples = [D.Example(r.text, 0 if task == "classification" else "", r.id) for r in records]
     dataset, stats = D.encode_examples(examples, task, toks.src, toks.tgt, max_src_len, max(2, max_src_len))
-    if stats.src_truncated:
+    if stats.src_truncated and task == "extractive":  # a document's sentences are taken while they fit
+        if strict:
+            first = next(r.line for r, sents in zip(records, dataset.sentences, strict=True)
+                         if sum(map(len, toks.src.encode_batch(sents))) + len(sents) > max_src_len or
+                         len(sents) < len(split_sentences(r.text)))
+            raise D.DataError(f"{source}:{first}: document does not fit in the model's {max_src_len} tokens "
+                              f"(--strict; {stats.src_truncated} document(s) in all are too long)")
+        log.warning(f"{stats.src_truncated} of {len(records)} documents are longer than the model's maximum of "
+                    f"{max_src_len} tokens: their sentences past it are not candidates; --strict refuses them")
+    elif stats.src_truncated:
         # Truncated rows end at exactly max_src_len tokens; re-encode only those to tell which were over.
         limit = max_src_len if task == "classification" else max_src_len - 1
         cands = [i for i, s in enumerate(dataset.src) if len(s) == max_src_len]
@@ -183,7 +193,7 @@ def format_prediction(pred, task: str):
     """A prediction as written: labels as ints, summaries one sentence per line, translations as is."""
     if task == "classification":
         return int(pred)
-    if task == "summarization":
+    if task == "summarization":  # an extract is already one sentence per line
         return "\n".join(split_sentences(pred))
     return pred
 
@@ -212,7 +222,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     if max_src_len + 1 > model.cfg.max_len:
         raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
     max_len = max_len or args["max_tgt_len"]
-    if task != "classification" and not 1 <= max_len < model.cfg.max_len:
+    if task not in D.ENCODER_ONLY and not 1 <= max_len < model.cfg.max_len:
         raise OptionError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
     dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source)
     bar = None
@@ -235,6 +245,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
         if task == "classification":
             predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
                            precision=precision, on_batch=on_batch)
+        elif task == "extractive":
+            predict_extracts(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
+                             precision=precision, on_batch=on_batch)
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,

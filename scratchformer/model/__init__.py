@@ -1,5 +1,5 @@
-"""The model: configuration (`config`), layers (`layers`), the encoder-decoder Transformer and the
-classifier (`transformer`), and batched decoding (`decoding`).
+"""The model: configuration (`config`), layers (`layers`), the encoder-decoder Transformer, the
+classifier and the extractive summarizer (`transformer`), and batched decoding (`decoding`).
 
     from scratchformer.model import build_model, get_config
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
@@ -23,6 +23,7 @@ from .transformer import (
     Decoder,
     DecoderState,
     Encoder,
+    Extractor,
     Transformer,
     build_model,
     check_batch,
@@ -34,6 +35,6 @@ __all__ = [
     "greedy_decode", "beam_search",
     "AddNorm", "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "KVCache", "MultiHeadAttention",
     "StaticKVCache", "attention_weights",
-    "Classifier", "Decoder", "DecoderState", "Encoder", "Transformer", "build_model", "check_batch",
+    "Classifier", "Decoder", "DecoderState", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",
     "count_parameters",
 ]

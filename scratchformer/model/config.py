@@ -8,6 +8,8 @@ Presets (parameter counts are asserted in tests/test_model.py):
   13,525,824 parameters at vocab 8,000.
 - ``tiny``: 256, 3+3 layers, 4 heads, d_ff 1024.
 - ``classifier``: encoder-only, 64, 2 layers, 2 heads, d_ff 128.
+
+The extractive summarizer (``extractive=True``) is any preset's encoder with no decoder layers.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class ModelConfig:
     d_model: int = 512
     n_heads: int = 8
     n_encoder_layers: int = 6
-    n_decoder_layers: int = 6  # 0 with num_classes set: encoder-only classifier
+    n_decoder_layers: int = 6  # 0 for the encoder-only models: num_classes set, or extractive
     d_ff: int = 2048
     activation: str = "relu"  # "relu" (the paper) or "gelu"
     dropout: float = 0.1  # on sublayer outputs before the residual add, and on embeddings + PE
@@ -45,6 +47,7 @@ class ModelConfig:
     max_len: int = 4096  # longest sequence accepted (PE is computed on the fly; this is a guard)
     pad_id: int = PAD_ID
     num_classes: int | None = None  # set for the encoder-only classifier
+    extractive: bool = False  # the encoder-only extractive summarizer: scores each marked sentence
     kernel: str = "auto"  # backend of every hot path: auto | eager | torch | triton
 
     def __post_init__(self):
@@ -66,9 +69,9 @@ class ModelConfig:
                 "tie_embeddings='all' needs a shared vocabulary, but src_vocab_size "
                 f"{self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"
             )
-        if self.copy and (self.num_classes is not None or self.src_vocab_size != self.tgt_vocab_size):
+        if self.copy and (self.n_decoder_layers == 0 or self.src_vocab_size != self.tgt_vocab_size):
             raise ValueError("copy needs an encoder-decoder model with one vocabulary for source and target, got "
-                             + ("a classifier" if self.num_classes is not None else
+                             + ("an encoder-only model" if self.n_decoder_layers == 0 else
                                 f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"))
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             p = getattr(self, name)
@@ -78,7 +81,7 @@ class ModelConfig:
             raise ValueError(f"unknown kernel backend {self.kernel!r}; choose auto, eager, torch or triton")
 
     def _check_sizes(self) -> None:
-        """Sizes are positive integers (layers: >= 0; no decoder only for the classifier)."""
+        """Sizes are positive integers (layers: >= 0; no decoder only for the encoder-only models)."""
         lows = dict(src_vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, n_encoder_layers=0, n_decoder_layers=0,
                     d_ff=1, max_len=1)
         if self.num_classes is not None:
@@ -87,11 +90,16 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-        if self.n_decoder_layers == 0 and self.num_classes is None:
-            raise ValueError("n_decoder_layers is 0: only the classifier (num_classes set) has no decoder")
-        if self.num_classes is not None and self.n_decoder_layers:
-            raise ValueError(f"num_classes is set (the encoder-only classifier) but n_decoder_layers is "
-                             f"{self.n_decoder_layers}: a classifier has no decoder, set it to 0")
+        if self.extractive and self.num_classes is not None:
+            raise ValueError("extractive and num_classes are both set: a model is a classifier or an extractive "
+                             "summarizer, not both")
+        encoder_only = "the classifier" if self.num_classes is not None else "the extractive summarizer"
+        if self.n_decoder_layers == 0 and self.num_classes is None and not self.extractive:
+            raise ValueError("n_decoder_layers is 0: only the encoder-only models (num_classes set, or extractive) "
+                             "have no decoder")
+        if (self.num_classes is not None or self.extractive) and self.n_decoder_layers:
+            raise ValueError(f"{encoder_only} has no decoder, but n_decoder_layers is {self.n_decoder_layers}: "
+                             "set it to 0")
         if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < float("inf")):
             raise ValueError(f"layer_norm_eps must be a positive finite number, got {self.layer_norm_eps!r}")
 

@@ -1,5 +1,6 @@
-"""The Transformer of Vaswani et al., "Attention Is All You Need" (NeurIPS 2017), and an
-encoder-only classifier with a learned [CLS] token, built from the layers in `layers.py`.
+"""The Transformer of Vaswani et al., "Attention Is All You Need" (NeurIPS 2017), an
+encoder-only classifier with a learned [CLS] token, and an encoder-only extractive summarizer,
+built from the layers in `layers.py`.
 
 The backend is chosen once, when a model is built for a device: `build_model(cfg, device)` (or
 `Transformer(cfg, device)`) resolves `cfg.kernel` with `ops.select` and hands the resulting `Ops`
@@ -7,7 +8,7 @@ to every layer; `model.ops.name` says which backend runs. Moving a built model (
 `.cpu`) chooses again for the new device, so `auto` stays triton on CUDA and eager on CPU.
 
 A batch is checked once, at the model's boundary (`Transformer.forward/encode/decode`,
-`Classifier.forward`): shapes and dtypes always (no tensor data read), token ids and lengths in
+`Classifier.forward`, `Extractor.forward`): shapes and dtypes always (no tensor data read), token ids and lengths in
 range only where reading them is free (CPU tensors) or with SCRATCHFORMER_DEBUG=1 (`ops.DEBUG`),
 so a GPU step never waits on a host sync.
 
@@ -279,6 +280,42 @@ class Classifier(_Model):
         return (logits, weights) if return_attention else logits
 
 
+class Extractor(_Model):
+    """Encoder-only extractive summarizer (BertSumExt's scorer, Liu & Lapata 2019, from scratch):
+    the document comes as ``BOS s1 BOS s2 ...`` (`data.extractive`); each marker's final hidden
+    state feeds a linear scorer, one logit per sentence. Built on `device` like `Transformer`."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
+        super().__init__()
+        if not cfg.extractive:
+            raise ValueError("Extractor needs a config with extractive=True")
+        self.cfg = cfg
+        device = torch.device("cpu" if device is None else device)
+        self._select_ops(device)
+        embedding = Embedding(cfg.src_vocab_size, cfg.d_model, ops=self.ops, pos_encoding=cfg.pos_encoding)
+        self.encoder = Encoder(cfg, embedding, self.ops)
+        self.head = nn.Linear(cfg.d_model, 1)
+        _init_linears(self)
+        self.to(device)
+
+    def forward(self, tokens, lengths, sentences, *, return_attention: bool = False):
+        """tokens (B, L), lengths (B,), sentences (B, S) each marker's position -> logits (B, S)
+        [, per layer weights (B, H, L, L)]. A padded sentence slot's logit is meaningless."""
+        check_batch("tokens", tokens, lengths, vocab=self.cfg.src_vocab_size, max_len=self.cfg.max_len)
+        if sentences.dim() != 2 or sentences.shape[0] != tokens.shape[0] or sentences.dtype != torch.int64:
+            raise ValueError(f"sentences must be (B, S) int64 positions for {tokens.shape[0]} documents, got "
+                             f"{sentences.dtype} of shape {tuple(sentences.shape)}")
+        if sentences.numel() and backends.value_checks(sentences):
+            lo, hi = int(sentences.min()), int(sentences.max())
+            if lo < 0 or hi >= tokens.shape[1]:
+                raise ValueError(f"sentence positions must lie in [0, {tokens.shape[1]}), got min {lo} max {hi}")
+        out = self.encoder(self.encoder.embedding(tokens), lengths, need_weights=return_attention)
+        h, weights = out if return_attention else (out, None)
+        h = h.gather(1, sentences[..., None].expand(-1, -1, h.shape[-1]))  # (B, S, d)
+        logits = self.head(F.dropout(h, self.cfg.dropout, self.training)).squeeze(-1)
+        return (logits, weights) if return_attention else logits
+
+
 def _init_linears(module: nn.Module) -> None:
     # Xavier-uniform projections and zero biases, as annotated-transformer and fairseq do.
     for m in module.modules():
@@ -288,10 +325,12 @@ def _init_linears(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> Transformer | Classifier:
-    """The model `cfg` describes (a Classifier when cfg.num_classes is set), on `device` (default
-    CPU), with `model.ops` the backend `cfg.kernel` resolves to there."""
-    return Classifier(cfg, device) if cfg.num_classes else Transformer(cfg, device)
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> Transformer | Classifier | Extractor:
+    """The model `cfg` describes (a Classifier when cfg.num_classes is set, an Extractor when
+    cfg.extractive), on `device` (default CPU), with `model.ops` the backend `cfg.kernel` resolves to there."""
+    if cfg.num_classes:
+        return Classifier(cfg, device)
+    return Extractor(cfg, device) if cfg.extractive else Transformer(cfg, device)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -87,11 +87,11 @@ def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Pa
 def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: Logger) -> TokenizerPair:
     texts = train[: cfg.tokenizer_examples] if cfg.tokenizer_examples else train
     t0 = time.time()
-    if cfg.separate_vocab and task != "classification":
+    if cfg.separate_vocab and task not in D.ENCODER_ONLY:
         toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(texts, "src"), cfg.vocab_size),
                              BPETokenizer.train(D.texts_for_tokenizer(texts, "tgt"), cfg.vocab_size))
     else:
-        side = "src" if task == "classification" else "both"
+        side = "src" if task in D.ENCODER_ONLY else "both"
         toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(texts, side), cfg.vocab_size))
     log.info(f"tokenizer: trained byte-level BPE on {len(texts)} examples in {time.time() - t0:.1f}s "
              f"(vocab {toks.src.vocab_size}{'' if toks.shared else f' / {toks.tgt.vocab_size}'}, "
@@ -117,8 +117,9 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
                  f"{int(train_set.src.lengths().sum())} source tokens)")
     else:
         train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
-    log.info(f"train: {st} (policy: keep the first max_src_len-1 source tokens + EOS, the first "
-             f"max_tgt_len-1 target tokens)")
+    policy = ("sentences in order, each led by a marker, while they fit in max_src_len tokens" if task == "extractive"
+              else "keep the first max_src_len-1 source tokens + EOS, the first max_tgt_len-1 target tokens")
+    log.info(f"train: {st} (policy: {policy})")
     valid_set, sv = D.encode_examples(valid_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"valid: {sv}")
     return TrainData(source, train_ex, valid_ex, toks, train_set, valid_set, num_classes)
@@ -182,6 +183,9 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
         if PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"preset {cfg.preset!r} is a classifier; pick a seq2seq preset for {task}")
         over["num_classes"] = None
+    if task == "extractive":  # a seq2seq preset's encoder
+        over["n_decoder_layers"], over["extractive"] = 0, True
+        over.pop("tgt_vocab_size")
     longest = max(D.round_up(cfg.max_src_len, cfg.pad_multiple), D.round_up(cfg.max_tgt_len, cfg.pad_multiple))
     over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), longest + 1)
     return get_config(cfg.preset, **over)

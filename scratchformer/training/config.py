@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ METRICS = {
     "summarization": ("loss", "ppl", "bleu", "chrf", "exact_match", "rouge1", "rouge2", "rougeL", "rougeLsum"),
     "classification": ("loss", "ppl", "accuracy"),
 }
+METRICS["extractive"] = METRICS["summarization"]  # loss and ppl: of the sentences' binary cross-entropy
 TEACHER_FORCED = ("loss", "ppl", "accuracy")
 
 
@@ -47,24 +49,8 @@ def option(default=None, help=None, *, group: str, by_data: dict | None = None, 
     return field(default=default, metadata=meta)
 
 
-def _data(**kw):
-    return option(group="data", **kw)
-
-
-def _tok(**kw):
-    return option(group="tokenizer", **kw)
-
-
-def _model(**kw):
-    return option(group="model", **kw)
-
-
-def _optim(**kw):
-    return option(group="optimisation", **kw)
-
-
-def _run(**kw):
-    return option(group=GROUPS[-1], **kw)
+# The fields of each group, in GROUPS order.
+_data, _tok, _model, _optim, _run = (functools.partial(option, group=group) for group in GROUPS)
 
 
 @dataclass
@@ -80,9 +66,9 @@ class TrainConfig:
     valid_fraction: float = _data(default=0.05, help="when the data has no validation split (IMDb), carve this "
                                   "seeded fraction of train")
     max_src_len: int | None = _data(help="source tokens kept (first N-1 + EOS)", by_data=dict(
-        synthetic=32, translation=128, summarization=512, classification=256))
+        synthetic=32, translation=128, summarization=512, classification=256, extractive=512))
     max_tgt_len: int | None = _data(help="target tokens kept (first N-1, then EOS)", by_data=dict(
-        synthetic=32, translation=128, summarization=128, classification=2))
+        synthetic=32, translation=128, summarization=128, classification=2, extractive=2))
     synthetic_seed: int = _data(default=1234, help="seed of the synthetic corpus")
     num_workers: int = _data(default=0, help="DataLoader worker processes")
     # A model this small gains nothing from intra-op threads, and loses a lot on a busy CPU.
@@ -288,10 +274,16 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
         raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
     if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
         raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
-    if task == "classification" and cfg.copy:
-        raise ConfigError("--copy is for sequence-to-sequence tasks; a classifier has no target tokens to copy into")
+    if task in D.ENCODER_ONLY and cfg.copy:
+        model = "a classifier" if task == "classification" else "an extractive summarizer"
+        raise ConfigError(f"--copy is for sequence-to-sequence tasks; {model} has no target tokens to copy into")
+    if task == "extractive" and cfg.bpe_dropout:
+        raise ConfigError("--bpe-dropout resegments words each epoch; --task extractive encodes its marked sentences "
+                          "once")
+    if task == "extractive" and cfg.decoder_layers:
+        raise ConfigError(f"--decoder-layers {cfg.decoder_layers}: --task extractive trains an encoder only")
     if task != "classification":
-        if cfg.decoder_layers == 0:
+        if cfg.decoder_layers == 0 and task != "extractive":
             raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
         if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
@@ -333,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m scratchformer.train",
         description="Train an encoder-decoder Transformer (translation, summarization) or an encoder-only "
-        "classifier. With no arguments: the embedded synthetic task (English number words -> German, "
-        "reversed) on CPU, in a few minutes.",
+        "classifier or extractive summarizer (--task extractive). With no arguments: the embedded synthetic task "
+        "(English number words -> German, reversed) on CPU, in a few minutes.",
         epilog="Ablation grids: python -m scratchformer.ablate --help (or: python -m scratchformer.train ablate ...). "
         "Evaluate: python -m scratchformer.evaluate; generate: python -m scratchformer.generate.",
     )

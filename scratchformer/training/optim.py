@@ -47,6 +47,23 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: flo
     return loss, nll
 
 
+def extractive_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float):
+    """Summed binary cross-entropy of each sentence's logit against its oracle label, smoothed to
+    1 - eps/2 and eps/2, and the summed unsmoothed BCE: logits and labels (B, S), label -1 a padded
+    slot, ignored (zeroed, not indexed out: no host-device sync)."""
+    x, y = logits.float(), labels.clamp(min=0).float()
+    nll = torch.nn.functional.binary_cross_entropy_with_logits(x, y, reduction="none")
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(x, y * (1.0 - epsilon) + epsilon / 2,
+                                                                reduction="none") if epsilon else nll
+    keep = labels >= 0
+    return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
+
+
+def task_loss(task: str):
+    """The loss of a task's batches: fn(logits, target, epsilon) -> (loss sum, NLL sum)."""
+    return {"classification": classification_loss, "extractive": extractive_loss}.get(task, label_smoothed_loss)
+
+
 class InverseSqrt:
     """Linear warmup to the peak, then peak * sqrt(warmup / step): the Noam schedule of the paper
     (lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)) with the peak as a free parameter."""

@@ -33,10 +33,9 @@ from .optim import (
     HIGHER_IS_BETTER,
     build_optimizer,
     build_scheduler,
-    classification_loss,
     is_better,
-    label_smoothed_loss,
     load_scheduler,
+    task_loss,
 )
 from .progress import Progress, Window
 from .report import final_report
@@ -67,7 +66,7 @@ class Trainer:
                                             pad_multiple=cfg.pad_multiple)
         # A private generator: DataLoader draws its base seed from it, not from the global RNG, so
         # creating an iterator mid-epoch on resume leaves dropout's random stream unchanged.
-        collate = functools.partial(D.collate, pad_multiple=cfg.pad_multiple)
+        collate = functools.partial(D.collate, pad_multiple=cfg.pad_multiple, task=data.train_set.task)
         self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=collate,
                                                   num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
                                                   generator=torch.Generator().manual_seed(cfg.seed))
@@ -247,8 +246,9 @@ class Trainer:
         the sums and the norm as 0-dim fp32 tensors on the device. With --cuda-graphs the update
         replays its batch shape's CUDA graph (`ShapeGraphs`).
 
-        The loss is normalised by the group's target tokens (examples for classification), so
-        accumulation equals one big batch; DDP syncs gradients on the group's last batch only.
+        The loss is normalised by the group's target tokens (examples for classification, sentences
+        for extraction), so accumulation equals one big batch; DDP syncs gradients on the group's
+        last batch only.
         Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
         device until a train row is logged, so the host queues the next step while this one runs.
         """
@@ -279,10 +279,7 @@ class Trainer:
             with sync:
                 with autocast_for(self.device, cfg.precision, cache=not graphed):
                     logits, target = loss_terms(self.net, batch)
-                    if self.data.task == "classification":
-                        loss, nll = classification_loss(logits, target, cfg.label_smoothing)
-                    else:
-                        loss, nll = label_smoothed_loss(logits, target, cfg.label_smoothing)
+                    loss, nll = task_loss(self.data.task)(logits, target, cfg.label_smoothing)
                 self.scaler.scale(loss / ntok).backward()
             loss_total = loss_total + loss.detach()
             nll_total = nll_total + nll.detach()
@@ -315,7 +312,7 @@ class Trainer:
                "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
                "lr": lr, "grad_norm": gnorm, "tokens_per_s": w.tokens * self.dist.world / dt}
         self.log.row(row)
-        unit = "ex" if self.data.task == "classification" else "tok"
+        unit = {"classification": "ex", "extractive": "sent"}.get(self.data.task, "tok")
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
         self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
                       f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
@@ -334,7 +331,7 @@ class Trainer:
             ev = evaluate(self.model, self.data.valid_set, self.data.valid_examples, self.data.tokenizers,
                           device=self.device, max_tgt_len=cfg.max_tgt_len, limit=decode,
                           max_tokens=self.eval_max_tokens, precision=cfg.precision)
-            res = {**ev.metrics, **ev.decodings.get("greedy", {})}
+            res = {**ev.metrics, **next(iter(ev.decodings.values()), {})}  # greedy (or the extracts)
             self.log.row({"split": "valid", "step": prog.step, "epoch": prog.epoch + 1, **res})
             self.log.info(f"valid step {prog.step}: {format_metrics(res)}")
             self._track_best(res)

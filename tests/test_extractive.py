@@ -1,0 +1,274 @@
+"""The extractive summarizer (`--task extractive`): its data (marked sentences, oracle labels),
+batches, model, loss, sentence picking, and a run from training to test predictions."""
+
+import itertools
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchformer import data as D
+from scratchformer import evaluate, generate, train
+from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
+from scratchformer.evaluation import predict as P
+from scratchformer.evaluation.evaluate import load_run, predict_extracts
+from scratchformer.model import BOS_ID, ModelConfig, build_model
+from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
+from scratchformer.training.optim import extractive_loss
+from tests.conftest import BACKENDS, DEVICE, report_diff
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on a shared 2-core machine
+    yield
+    torch.set_num_threads(n)
+
+
+def _sentences(rng: random.Random, n: int) -> list[str]:
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + " ." for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracle, marking, picking
+# ---------------------------------------------------------------------------------------------
+
+
+def _score(chosen, sentences, summary) -> float:
+    """BertSum's objective written out: ROUGE-1 F1 + ROUGE-2 F1 over sets of lower-cased words."""
+    ref = re.findall(r"[a-z0-9]+", summary.lower())
+    cand = [w for i in sorted(chosen) for w in re.findall(r"[a-z0-9]+", sentences[i].lower())]
+    total = 0.0
+    for n in (1, 2):
+        # n-grams of each sentence, not across their boundaries
+        c = {g for i in chosen for g in zip(*[re.findall(r"[a-z0-9]+", sentences[i].lower())[k:] for k in range(n)])}
+        r = set(zip(*[ref[k:] for k in range(n)]))
+        hit = len(c & r)
+        total += 0.0 if not hit else 2 * hit / (len(c) + len(r))
+    return total if cand else 0.0
+
+
+def test_oracle_is_the_greedy_maximum_of_rouge1_plus_rouge2():
+    rng = random.Random(0)
+    for _ in range(40):
+        sents = _sentences(rng, rng.randint(1, 8))
+        summary = " ".join(rng.sample(sents, min(len(sents), rng.randint(1, 3)))).replace("w1 ", "w39 ")
+        got = oracle(sents, summary)
+        chosen: list[int] = []  # the greedy path with the objective written out: add the best while it gains
+        while len(chosen) < min(3, len(sents)):
+            gains = {j: _score(chosen + [j], sents, summary) for j in range(len(sents)) if j not in chosen}
+            pick = max(gains, key=gains.get)
+            if gains[pick] <= (_score(chosen, sents, summary) if chosen else 0.0):
+                break
+            chosen.append(pick)
+        assert got == sorted(chosen)
+        assert got == sorted(got) and len(got) <= 3
+
+
+def test_oracle_finds_the_summary_sentences():
+    sents = ["the cat sat on the mat .", "stocks fell in tokyo .", "rain is due on friday .", "the dog barked ."]
+    assert oracle(sents, "Stocks fell in Tokyo. Rain is due on Friday.") == [1, 2]
+    assert oracle(sents, "no word shared") == []
+    assert oracle(sents, "") == []
+
+
+def test_marking_keeps_sentences_in_order_within_the_budget():
+    ids = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    assert mark_sentences(ids, 100) == ([BOS_ID, 5, 6, 7, BOS_ID, 8, 9, BOS_ID, 10, 11, 12, 13], 3)
+    assert mark_sentences(ids, 9) == ([BOS_ID, 5, 6, 7, BOS_ID, 8, 9, BOS_ID, 10], 3)  # the last one cut
+    assert mark_sentences(ids, 8) == ([BOS_ID, 5, 6, 7, BOS_ID, 8, 9], 2)  # no room for a third with a token
+
+
+def test_encoded_documents_decode_back_to_their_sentences():
+    rng = random.Random(1)
+    docs = [" ".join(_sentences(rng, rng.randint(1, 9))) for _ in range(30)]
+    tok = D.BPETokenizer.train(docs, 300, min_frequency=1)
+    examples = [D.Example(d, d.split(" . ")[0] + " .", str(i)) for i, d in enumerate(docs)]
+    ds, stats = D.encode_examples(examples, "extractive", tok, None, max_src_len=40)
+    cut = 0
+    for e, src, labels, kept in zip(examples, ds.src, ds.tgt, ds.sentences, strict=True):
+        assert len(src) <= 40 and src[0] == BOS_ID and (src == BOS_ID).sum() == len(labels) == len(kept)
+        pieces = [list(g) for is_mark, g in itertools.groupby(src.tolist(), lambda t: t == BOS_ID) if not is_mark]
+        sents = D.split_sentences(e.src)
+        assert [tok.decode(p).strip() for p in pieces[:-1]] == sents[: len(pieces) - 1] == kept[:-1]
+        assert sents[len(pieces) - 1].startswith(tok.decode(pieces[-1]).strip())
+        cut += len(kept) < len(sents) or tok.decode(pieces[-1]).strip() != sents[len(pieces) - 1]
+        assert labels.tolist() == [int(i in oracle(kept, e.tgt)) for i in range(len(kept))]
+        assert labels[0] == 1  # the summary is the first sentence
+    assert stats.src_truncated == cut > 0
+
+
+def test_a_pool_of_processes_encodes_as_one_does():
+    rng = random.Random(3)
+    docs = [" ".join(_sentences(rng, rng.randint(1, 12))) for _ in range(50)]
+    summaries = [" ".join(_sentences(rng, 2)) for _ in docs]
+    tok = D.BPETokenizer.train(docs, 300, min_frequency=1)
+    one = encode_documents(docs, summaries, tok, 30, processes=1)
+    two = encode_documents(docs, summaries, tok, 30, processes=2)
+    assert np.array_equal(one[0].flat, two[0].flat) and np.array_equal(one[1].flat, two[1].flat)
+    assert one[2:] == two[2:] and one[1].flat.sum() > 0
+
+
+def test_picking_takes_the_best_in_document_order_and_blocks_repeated_trigrams():
+    sents = ["a b c d .", "x y z .", "a b c e .", "p q r .", "s t ."]
+    assert pick_sentences(sents, [0.9, 0.1, 0.8, 0.7, 0.2], k=3, block_trigrams=False) == [0, 2, 3]
+    assert pick_sentences(sents, [0.9, 0.1, 0.8, 0.7, 0.2], k=3) == [0, 3, 4]  # 'a b c' again: skipped
+    assert pick_sentences(sents[:2], [0.0, 1.0], k=3) == [0, 1]
+    with pytest.raises(ValueError, match="2 scores for 3 sentences"):
+        pick_sentences(sents[:3], [0.0, 1.0])
+
+
+def test_batches_point_at_the_markers_and_pad_the_labels():
+    src = torch.tensor([[BOS_ID, 5, 6, BOS_ID, 7, BOS_ID, 8], [BOS_ID, 9, 9, 9, 0, 0, 0]])
+    labels = [np.array([0, 1, 1], dtype=np.int32), np.array([1], dtype=np.int32)]
+    starts, target = sentence_slots(src.numpy(), labels, pad_multiple=4)
+    assert starts.tolist() == [[0, 3, 5, 0], [0, 0, 0, 0]]
+    assert target.tolist() == [[0, 1, 1, -1], [1, -1, -1, -1]]
+    with pytest.raises(ValueError, match="markers and labels disagree"):
+        sentence_slots(src.numpy(), labels[::-1])
+    items = [(0, src[0].numpy(), labels[0]), (1, src[1, :4].numpy(), labels[1])]
+    batch = D.collate(items, pad_multiple=2, task="extractive")
+    assert batch.shape == (2, 8, 4) and batch.num_tgt_tokens == 4
+    assert batch.sentences.tolist() == [[0, 3, 5, 0], [0, 0, 0, 0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and loss
+# ---------------------------------------------------------------------------------------------
+
+
+def _extractor(kernel="eager", **kw):
+    cfg = ModelConfig(src_vocab_size=60, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=0, d_ff=64,
+                      dropout=0.0, extractive=True, kernel=kernel, **kw)
+    return build_model(cfg, DEVICE).eval()
+
+
+def _doc_items(docs):
+    """docs: lists of sentence lengths -> marked random documents, as a dataset's items."""
+    rng = np.random.default_rng(0)
+    src = [np.concatenate([[BOS_ID, *rng.integers(4, 60, n)] for n in d]).astype(np.int32) for d in docs]
+    return [(i, s, np.zeros(len(d), dtype=np.int32)) for i, (s, d) in enumerate(zip(src, docs))]
+
+
+def _doc_batch(docs):
+    return D.collate(_doc_items(docs), task="extractive").to(DEVICE)
+
+
+def test_scores_are_the_same_alone_and_in_a_padded_batch():
+    torch.manual_seed(0)
+    model = _extractor()
+    docs = [[3, 5, 2], [4], [6, 6, 1, 2, 3]]
+    items = _doc_items(docs)
+    batch = D.collate(items, task="extractive").to(DEVICE)
+    with torch.no_grad():
+        together = model(batch.src, batch.src_lengths, batch.sentences)
+        for i, d in enumerate(docs):
+            one = D.collate([items[i]], task="extractive").to(DEVICE)
+            alone = model(one.src, one.src_lengths, one.sentences)[0]
+            torch.testing.assert_close(together[i, : len(d)], alone, rtol=1e-5, atol=1e-5)
+    assert together.shape == (3, 5)
+
+
+@pytest.mark.parametrize("kernel", [k for k in BACKENDS if k != "eager"])
+def test_backends_score_like_eager(kernel):
+    torch.manual_seed(0)
+    eager = _extractor()
+    other = _extractor(kernel)
+    other.load_state_dict(eager.state_dict())
+    batch = _doc_batch([[3, 5, 2], [7, 1]])
+    with torch.no_grad():
+        ref = eager(batch.src, batch.src_lengths, batch.sentences)
+        got = other(batch.src, batch.src_lengths, batch.sentences)
+    assert report_diff(kernel, got, ref) < 1e-4
+
+
+def test_bad_sentence_positions_are_refused():
+    model = _extractor()
+    batch = _doc_batch([[3, 2]])
+    with pytest.raises(ValueError, match=r"sentence positions must lie in \[0, 7\), got min 0 max 7"):
+        model(batch.src, batch.src_lengths, torch.tensor([[0, 7]], device=DEVICE))
+    with pytest.raises(ValueError, match=r"sentences must be \(B, S\) int64 positions for 1 documents"):
+        model(batch.src, batch.src_lengths, batch.sentences[0])
+
+
+def test_loss_is_bce_over_real_sentences_only():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 9.0], [0.3, 7.0, -7.0, -7.0]], requires_grad=True)
+    labels = torch.tensor([[1, 0, 1, -1], [0, -1, -1, -1]])
+    keep = labels >= 0
+    loss, nll = extractive_loss(logits, labels, 0.0)
+    ref = F.binary_cross_entropy_with_logits(logits[keep], labels[keep].float(), reduction="sum")
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, ref)
+    smoothed, nll2 = extractive_loss(logits, labels, 0.2)
+    target = labels[keep].float() * 0.8 + 0.1
+    torch.testing.assert_close(smoothed, F.binary_cross_entropy_with_logits(logits[keep], target, reduction="sum"))
+    torch.testing.assert_close(nll2, ref)
+    smoothed.backward()
+    assert logits.grad[~keep].abs().max() == 0
+
+
+def test_options_an_extractive_run_cannot_take():
+    for kw, message in [(dict(copy=True), "an extractive summarizer has no target tokens"),
+                        (dict(bpe_dropout=0.1), "--task extractive encodes its marked sentences once"),
+                        (dict(decoder_layers=2), "--decoder-layers 2: --task extractive trains an encoder only"),
+                        (dict(best_metric="accuracy"), "extractive validation computes loss, ppl, bleu")]:
+        with pytest.raises(ConfigError, match=message):
+            check_for_task(TrainConfig(**kw), "extractive")
+
+
+# ---------------------------------------------------------------------------------------------
+# A run: train, evaluate, predict the test inputs, generate
+# ---------------------------------------------------------------------------------------------
+
+
+def _folder(root):
+    """Documents of 2-6 random sentences whose summary is their first (a lead the model must learn)."""
+    rng = random.Random(2)
+    d = root / "toy_ext"
+    d.mkdir()
+    for split, n in (("train", 240), ("validation", 40), ("test", 12)):
+        with open(d / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                sents = _sentences(rng, rng.randint(2, 6))
+                f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
+    return d
+
+
+def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys):
+    folder = _folder(tmp_path)
+    out = tmp_path / "run"
+    train.main(["--data", str(folder), "--task", "extractive", "--preset", "tiny", "--d-model", "32", "--heads", "2",
+                "--layers", "1", "--d-ff", "64", "--vocab-size", "300", "--max-src-len", "48", "--max-steps", "60",
+                "--batch-size", "24", "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "30",
+                "--no-progress", "--no-plots", "--out", str(out)])
+    final = json.loads((out / "metrics.final.json").read_text())
+    preds = [json.loads(line) for line in (out / "predictions.validation.jsonl").read_text().splitlines()]
+    assert len(preds) == 40 and all(p["prediction"].split("\n")[0] == p["reference"] for p in preds)
+    # the lead learned: the best-scored sentence is the first (chance: 1 time in 3.4)
+    model, toks, _ = load_run(out)
+    valid = D.load_split(D.resolve_source(data=str(folder), task="extractive"), "validation")
+    dataset, _ = D.encode_examples(valid, "extractive", toks.src, None, 48)
+    best = predict_extracts(model, dataset, device="cpu", sentences=1)
+    assert sum(b == e.tgt for b, e in zip(best, valid)) >= 36
+    res = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "ev"),
+                         "--attention", "1"])
+    assert res["decoding"] == "top3" and res["rouge1"] == pytest.approx(final["top3"]["rouge1"])
+    assert (tmp_path / "ev" / "attention.validation.1.png").stat().st_size > 0
+    summary = P.predict_file(out / "best.pt", folder / "test.jsonl", tmp_path / "test_predictions.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "test_predictions.jsonl").read_text().splitlines()]
+    docs = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
+    assert summary["predicted"] == 12 and [r["id"] for r in rows] == [d["id"] for d in docs]
+    for r, d in zip(rows, docs):
+        lines = r["prediction"].split("\n")
+        assert 1 <= len(lines) <= 3 and all(s in d["document"] for s in lines)
+        assert lines[0] == D.split_sentences(d["document"])[0]
+    capsys.readouterr()
+    generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
+    assert capsys.readouterr().out.split("\n")[0] == rows[0]["prediction"].split("\n")[0]
