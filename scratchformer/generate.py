@@ -135,8 +135,8 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         preds, probs = predict_labels(model, dataset, device=device)
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
-    if task == "extractive":
-        outs = predict_extracts(model, dataset, device=device)
+    if task == "extractive":  # one line per input: the picked sentences side by side
+        outs = [o.replace("\n", " ") for o in predict_extracts(model, dataset, device=device)]
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                                length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)

@@ -241,7 +241,7 @@ def _folder(root):
     return d
 
 
-def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys):
+def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, caplog):
     folder = _folder(tmp_path)
     out = tmp_path / "run"
     train.main(["--data", str(folder), "--task", "extractive", "--preset", "tiny", "--d-model", "32", "--heads", "2",
@@ -271,4 +271,12 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys):
         assert lines[0] == D.split_sentences(d["document"])[0]
     capsys.readouterr()
     generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
-    assert capsys.readouterr().out.split("\n")[0] == rows[0]["prediction"].split("\n")[0]
+    assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"
+    # a document over the model's 48 tokens: truncated with a warning, or refused with --strict
+    long_doc = folder / "long.jsonl"
+    long_doc.write_text(json.dumps({"id": "a", "document": "w1 w2 ."}) + "\n"
+                        + json.dumps({"id": "b", "document": " ".join(["w3 w4 w5 w6 w7 ."] * 12)}) + "\n")
+    with pytest.raises(D.DataError, match=r"long.jsonl:2: document does not fit in the model's 48 tokens"):
+        P.predict_file(out, long_doc, tmp_path / "strict.jsonl", strict=True)
+    P.predict_file(out, long_doc, tmp_path / "cut.jsonl")
+    assert "1 of 2 documents are longer than the model's maximum of 48 tokens" in caplog.text

@@ -165,10 +165,9 @@ def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int
     examples = [D.Example(r.text, 0 if task == "classification" else "", r.id) for r in records]
     dataset, stats = D.encode_examples(examples, task, toks.src, toks.tgt, max_src_len, max(2, max_src_len))
     if stats.src_truncated and task == "extractive":  # a document's sentences are taken while they fit
-        if strict:
-            first = next(r.line for r, sents in zip(records, dataset.sentences, strict=True)
-                         if sum(map(len, toks.src.encode_batch(sents))) + len(sents) > max_src_len or
-                         len(sents) < len(split_sentences(r.text)))
+        if strict:  # the first document whose marked sentences (a marker each) overflow
+            first = next(r.line for r in records
+                         if sum(len(ids) + 1 for ids in toks.src.encode_batch(split_sentences(r.text))) > max_src_len)
             raise D.DataError(f"{source}:{first}: document does not fit in the model's {max_src_len} tokens "
                               f"(--strict; {stats.src_truncated} document(s) in all are too long)")
         log.warning(f"{stats.src_truncated} of {len(records)} documents are longer than the model's maximum of "
