@@ -106,7 +106,7 @@ def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
 
 def run_lead3(args) -> dict:
     source = _source_from(args, None)
-    if source.task != "summarization":
+    if source.task not in ("summarization", "extractive"):
         raise cli.UsageError(f"lead3 is a summarization baseline; this data is {source.task}")
     examples = D.load_split(source, args.split, args.limit)
     hyps = [M.lead3(e.src) for e in examples]
@@ -126,6 +126,9 @@ def main(argv=None) -> dict:
     model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))
+    if source.task != ckpt["task"]:
+        raise cli.UsageError(f"{ckpt['path']} was trained for {ckpt['task']}; the data is read as {source.task} "
+                             f"(pass --task {ckpt['task']} if its files fit)")
     examples = run_split(source, args.split, run, args.limit)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
     print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)

@@ -56,6 +56,8 @@ def main(argv=None) -> None:
     p.add_argument("--bpe-dropout", type=float, help="replay as if the run had this --bpe-dropout (default: its own)")
     args = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads((args.run / "args.json").read_text()))
+    if cfg.task in D.ENCODER_ONLY:
+        raise SystemExit(f"{args.run}: a {cfg.task} run: its batches have no target side to replay here")
     if cfg.grad_accum != 1:
         raise SystemExit(f"{args.run}: grad_accum {cfg.grad_accum}: a step is then several batches, not replayed here")
     folder = Path(args.data) / cfg.dataset if args.data else None

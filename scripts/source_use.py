@@ -46,6 +46,8 @@ def main(argv=None) -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)
     model, toks, ckpt = load_run(a.checkpoint, device, "eager")
+    if ckpt["task"] in D.ENCODER_ONLY:
+        raise SystemExit(f"error: {a.checkpoint} is a {ckpt['task']} model: it has no decoder to check")
     model.eval()
     source = D.resolve_source("synthetic", a.data, None)
     examples = D.load_split(source, "validation", a.n)

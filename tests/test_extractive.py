@@ -3,6 +3,7 @@ batches, model, loss, sentence picking, and a run from training to test predicti
 
 import itertools
 import json
+import os
 import random
 import re
 
@@ -11,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scratchformer import cli, evaluate, generate, train
 from scratchformer import data as D
-from scratchformer import evaluate, generate, train
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import load_run, predict_extracts
@@ -111,9 +112,24 @@ def test_a_pool_of_processes_encodes_as_one_does():
     summaries = [" ".join(_sentences(rng, 2)) for _ in docs]
     tok = D.BPETokenizer.train(docs, 300, min_frequency=1)
     one = encode_documents(docs, summaries, tok, 30, processes=1)
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
     two = encode_documents(docs, summaries, tok, 30, processes=2)
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before  # set only while the workers fork
     assert np.array_equal(one[0].flat, two[0].flat) and np.array_equal(one[1].flat, two[1].flat)
     assert one[2:] == two[2:] and one[1].flat.sum() > 0
+
+
+def test_a_literal_marker_in_the_text_starts_no_sentence():
+    docs = ["a tag <s> here . and more text .", "plain one ."]
+    tok = D.BPETokenizer.train(docs * 5, 300, min_frequency=1)
+    assert BOS_ID in tok.encode_batch(["<s>"])[0]  # the tokenizer reads it as the special token
+    ds, _ = D.encode_examples([D.Example(d, "more text .") for d in docs], "extractive", tok, None, 64)
+    assert [int((s == BOS_ID).sum()) for s in ds.src] == [2, 1] and ds.tgt[0].tolist() == [0, 1]
+    batch = D.collate([ds[0], ds[1]], task="extractive")
+    assert batch.labels.tolist() == [[0, 1], [0, -1]]
+    assert batch.sentences[0].tolist() == np.flatnonzero(ds.src[0] == BOS_ID).tolist()
+    with pytest.raises(D.DataError, match="document 2 has no sentence"):
+        D.encode_examples([D.Example("x .", "x"), D.Example("  \n ", "x")], "extractive", tok, None, 64)
 
 
 def test_picking_takes_the_best_in_document_order_and_blocks_repeated_trigrams():
@@ -144,10 +160,10 @@ def test_batches_point_at_the_markers_and_pad_the_labels():
 # ---------------------------------------------------------------------------------------------
 
 
-def _extractor(kernel="eager", **kw):
+def _extractor(kernel="eager", device=DEVICE):
     cfg = ModelConfig(src_vocab_size=60, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=0, d_ff=64,
-                      dropout=0.0, extractive=True, kernel=kernel, **kw)
-    return build_model(cfg, DEVICE).eval()
+                      dropout=0.0, extractive=True, kernel=kernel)
+    return build_model(cfg, device).eval()
 
 
 def _doc_items(docs):
@@ -157,8 +173,8 @@ def _doc_items(docs):
     return [(i, s, np.zeros(len(d), dtype=np.int32)) for i, (s, d) in enumerate(zip(src, docs))]
 
 
-def _doc_batch(docs):
-    return D.collate(_doc_items(docs), task="extractive").to(DEVICE)
+def _doc_batch(docs, device=DEVICE):
+    return D.collate(_doc_items(docs), task="extractive").to(device)
 
 
 def test_scores_are_the_same_alone_and_in_a_padded_batch():
@@ -190,10 +206,10 @@ def test_backends_score_like_eager(kernel):
 
 
 def test_bad_sentence_positions_are_refused():
-    model = _extractor()
-    batch = _doc_batch([[3, 2]])
+    model = _extractor(device="cpu")  # values are checked where reading them is free (ops.value_checks)
+    batch = _doc_batch([[3, 2]], device="cpu")
     with pytest.raises(ValueError, match=r"sentence positions must lie in \[0, 7\), got min 0 max 7"):
-        model(batch.src, batch.src_lengths, torch.tensor([[0, 7]], device=DEVICE))
+        model(batch.src, batch.src_lengths, torch.tensor([[0, 7]]))
     with pytest.raises(ValueError, match=r"sentences must be \(B, S\) int64 positions for 1 documents"):
         model(batch.src, batch.src_lengths, batch.sentences[0])
 
@@ -212,6 +228,13 @@ def test_loss_is_bce_over_real_sentences_only():
     torch.testing.assert_close(nll2, ref)
     smoothed.backward()
     assert logits.grad[~keep].abs().max() == 0
+
+
+def test_a_hub_dataset_of_another_task_is_not_read_as_extractive(monkeypatch):
+    monkeypatch.setattr(D.datasets, "local_folder", lambda name: None)  # the hub's, not ../shared/data's copy
+    assert D.resolve_source("cnn_dailymail", None, "extractive").task == "extractive"
+    with pytest.raises(D.DataError, match="hub dataset 'imdb' is classification data; it cannot be read as extractive"):
+        D.resolve_source("imdb", None, "extractive")
 
 
 def test_options_an_extractive_run_cannot_take():
@@ -236,7 +259,7 @@ def _folder(root):
     for split, n in (("train", 240), ("validation", 40), ("test", 12)):
         with open(d / f"{split}.jsonl", "w") as f:
             for i in range(n):
-                sents = _sentences(rng, rng.randint(2, 6))
+                sents = _sentences(rng, rng.randint(4, 6))
                 f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
     return d
 
@@ -251,7 +274,7 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     final = json.loads((out / "metrics.final.json").read_text())
     preds = [json.loads(line) for line in (out / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 40 and all(p["prediction"].split("\n")[0] == p["reference"] for p in preds)
-    # the lead learned: the best-scored sentence is the first (chance: 1 time in 3.4)
+    # the lead learned: the best-scored sentence is the first (chance: 1 time in 5)
     model, toks, _ = load_run(out)
     valid = D.load_split(D.resolve_source(data=str(folder), task="extractive"), "validation")
     dataset, _ = D.encode_examples(valid, "extractive", toks.src, None, 48)
@@ -261,6 +284,10 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
                          "--attention", "1"])
     assert res["decoding"] == "top3" and res["rouge1"] == pytest.approx(final["top3"]["rouge1"])
     assert (tmp_path / "ev" / "attention.validation.1.png").stat().st_size > 0
+    with pytest.raises(cli.UsageError, match="was trained for extractive; the data is read as summarization"):
+        evaluate.main(["--checkpoint", str(out), "--data", str(folder), "--task", "summarization"])
+    lead = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--task", "extractive"])
+    assert lead["baseline"] == "lead3" and lead["n"] == 40
     summary = P.predict_file(out / "best.pt", folder / "test.jsonl", tmp_path / "test_predictions.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "test_predictions.jsonl").read_text().splitlines()]
     docs = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]

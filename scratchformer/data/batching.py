@@ -133,8 +133,9 @@ def encode_examples(examples: Sequence[Example], task: str, src_tok, tgt_tok=Non
     _check_lengths(task, max_src_len, max_tgt_len)
     stats = TruncationStats(examples=len(examples))
     if task == "extractive":
-        summaries = [e.tgt for e in examples]
-        src, labels, sentences, stats.src_truncated = encode_documents([e.src for e in examples], summaries, src_tok,
+        summaries = [e.tgt for e in examples]  # none at all (inputs to predict): no oracle to find
+        src, labels, sentences, stats.src_truncated = encode_documents([e.src for e in examples],
+                                                                       summaries if any(summaries) else None, src_tok,
                                                                        max_src_len)
         dataset = EncodedDataset(src, labels, task)
         dataset.refs, dataset.sentences = summaries, sentences

@@ -325,6 +325,8 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
         return DataSource("local", dataset, task or infer_task(folder), str(folder))
     if dataset not in HUB and task is None:
         raise DataError(f"unknown dataset {dataset!r}; use --data DIR for a local folder, or one of {sorted(HUB)}")
+    if dataset in HUB and task is not None and FIELDS[task] != FIELDS[HUB[dataset]["task"]]:
+        raise DataError(f"hub dataset {dataset!r} is {HUB[dataset]['task']} data; it cannot be read as {task}")
     return DataSource("hub", dataset, task or HUB[dataset]["task"])
 
 

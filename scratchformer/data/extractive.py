@@ -18,9 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .files import DataError
 from .ragged import Ragged
 from .sentences import split_sentences
-from .tokenizer import BOS_ID
+from .tokenizer import BOS_ID, UNK_ID
 
 _WORD = re.compile(r"[a-z0-9]+")
 MAX_ORACLE_SENTENCES = 3  # CNN/DailyMail's highlights hold 3-4 sentences; BertSum's oracle takes 3
@@ -82,6 +83,11 @@ def mark_sentences(sentence_ids: Sequence[Sequence[int]], max_src_len: int) -> t
     return out, kept
 
 
+# From this many documents on, `encode_documents` splits them and finds their oracles in a pool of
+# processes: CNN/DM's 39k training articles take ~100 s on one core.
+POOL_MIN_DOCUMENTS = 4096
+
+
 def encode_documents(documents: Sequence[str], summaries: Sequence[str] | None, tok, max_src_len: int,
                      processes: int | None = None) -> tuple[Ragged, Ragged, list[list[str]], int]:
     """Documents -> (marked ids, per-sentence oracle labels (int32, zeros without summaries), the
@@ -89,11 +95,16 @@ def encode_documents(documents: Sequence[str], summaries: Sequence[str] | None, 
     the splitting and the oracles (pure Python, ~2.5 ms a CNN/DM article) in `processes` worker
     processes (None: one per core, up to 16, from POOL_MIN_DOCUMENTS documents on; 1: none)."""
     if processes is None:
-        processes = min(os.cpu_count() or 1, 16) if len(documents) >= POOL_MIN_DOCUMENTS else 1
+        processes = _cores() if len(documents) >= POOL_MIN_DOCUMENTS else 1
     chunk = max(1, len(documents) // (8 * processes))
     with _pool(processes) as pool:
         split = _map(pool, chunk, split_sentences, documents)
-        flat = tok.encode_batch([s for sents in split for s in sents])
+        empty = next((i for i, sents in enumerate(split) if not sents), None)
+        if empty is not None:
+            raise DataError(f"document {empty + 1} has no sentence (it is blank)")
+        # a literal "<s>" in the text encodes as the marker's id: it becomes <unk>, never a sentence start
+        flat = [[UNK_ID if t == BOS_ID else t for t in ids] if BOS_ID in ids else ids
+                for ids in tok.encode_batch([s for sents in split for s in sents])]
         src, texts, cut, at = [], [], 0, 0
         for sents in split:
             ids, kept = mark_sentences(flat[at : at + len(sents)], max_src_len)
@@ -106,22 +117,32 @@ def encode_documents(documents: Sequence[str], summaries: Sequence[str] | None, 
     return Ragged.of(src), Ragged.of(labels), texts, cut
 
 
-# From this many documents on, `encode_documents` splits them and finds their oracles in a pool of
-# processes: CNN/DM's 39k training articles take ~100 s on one core.
-POOL_MIN_DOCUMENTS = 4096
+def _cores() -> int:
+    """This process's share of the cores it may run on (one of LOCAL_WORLD_SIZE ranks), at most 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 @contextlib.contextmanager
 def _pool(processes: int):
-    """Forked workers (where the platform forks): they run pure Python on their copy of the
-    documents; a spawned worker would re-import the caller's main module, which a script without a
-    main guard cannot take. TOKENIZERS_PARALLELISM is set (to its value) so that tokenizers does not
+    """Forked workers, where the platform forks and no CUDA context is open (a forked child of one is
+    unsupported): they run pure Python on their copy of the documents; a spawned worker would
+    re-import the caller's main module, which a script without a main guard cannot take.
+    TOKENIZERS_PARALLELISM is set while the workers fork, to its value, so that tokenizers does not
     warn in each child that it was forked after its threads ran (the children never tokenize)."""
-    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    import torch  # the data package's dependency already; here only to ask about CUDA
+
+    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
         yield None
         return
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    try:
+        pool = multiprocessing.get_context("fork").Pool(processes)
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+    with pool:
         yield pool
 
 

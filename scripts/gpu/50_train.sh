@@ -133,7 +133,7 @@ fi
 # all? A diagnostic, so after the predictions (2026-11-28: before them, on one CPU thread, it timed out
 # twice on the CNN/DM base model and, with the scoring, left no time for the test predictions)
 if finished && predicted && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt" ] \
-    && [[ " ${FLAGS[*]} " != *" --task extractive "* ]] && case $DATASET in samsum*|cnn*) true;; *) false;; esac; then
+    && ! grep -q '"task": "extractive"' "$RUN/args.json" && case $DATASET in samsum*|cnn*) true;; *) false;; esac; then
   run_cmd 60 source_use "$PY" scripts/source_use.py --checkpoint "$RUN/best.pt" --data "$SCRATCHFORMER_DATA/$DATASET" \
     -n 64 && cp "$WORK/source_use.txt" "$RUN/source_use.txt"
 fi
