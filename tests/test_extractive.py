@@ -307,3 +307,10 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
         P.predict_file(out, long_doc, tmp_path / "strict.jsonl", strict=True)
     P.predict_file(out, long_doc, tmp_path / "cut.jsonl")
     assert "1 of 2 documents are longer than the model's maximum of 48 tokens" in caplog.text
+
+
+def test_the_ablation_reads_an_extractive_runs_scores():
+    from scratchformer.training.ablation import _final_metric
+
+    assert _final_metric({"loss": 0.4, "top3": {"rouge1": 37.0}}, "rouge1") == ("rouge1", {"loss": 0.4, "rouge1": 37.0})
+    assert _final_metric({"loss": 0.4, "greedy": {"bleu": 30.0}}, None)[1]["bleu"] == 30.0
