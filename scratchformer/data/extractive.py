@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from .files import DataError
 from .ragged import Ragged
@@ -130,8 +131,6 @@ def _pool(processes: int):
     re-import the caller's main module, which a script without a main guard cannot take.
     TOKENIZERS_PARALLELISM is set while the workers fork, to its value, so that tokenizers does not
     warn in each child that it was forked after its threads ran (the children never tokenize)."""
-    import torch  # the data package's dependency already; here only to ask about CUDA
-
     if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
         yield None
         return
