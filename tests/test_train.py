@@ -147,8 +147,8 @@ def test_pad_multiple_pads_every_training_batch(tmp_path, monkeypatch):
 
     widths, collate = set(), D.collate
 
-    def recording(items, pad_multiple=1):
-        b = collate(items, pad_multiple)
+    def recording(items, pad_multiple=1, task=None):
+        b = collate(items, pad_multiple, task)
         widths.update((b.src.shape[1], b.tgt_in.shape[1]))
         return b
 
