@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchformer import cli, evaluate, generate, train
+from scratchformer import cli, evaluate, generate, ops, train
 from scratchformer import data as D
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
@@ -20,7 +20,7 @@ from scratchformer.evaluation.evaluate import load_run, predict_extracts
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
 from scratchformer.training.optim import extractive_loss
-from tests.conftest import BACKENDS, DEVICE, report_diff
+from tests.conftest import BACKENDS, DEVICE, report_diff, requires_cuda
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -262,6 +262,49 @@ def _folder(root):
                 sents = _sentences(rng, rng.randint(4, 6))
                 f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
     return d
+
+
+def _step_trainer(tmp_path, *flags, device="cpu"):
+    """tests/test_trainer.py's hand-built Trainer on `_folder`'s documents."""
+    from tests.test_trainer import _trainer
+
+    return _trainer(tmp_path / "run", "--data", str(_folder(tmp_path)), "--task", "extractive", "--max-src-len", "48",
+                    *flags, device=device)
+
+
+def test_a_training_step_reads_no_value_on_the_host(tmp_path, monkeypatch):
+    """As a translation step does (tests/test_trainer.py): the markers' gather and the padded
+    labels' mask queue their work and read nothing on the host, so `train --cuda-graphs` (the GPU
+    recipe cnndm-ext's default) can capture the step. The step's count is the batch's real sentences."""
+    from tests.test_trainer import _batches, _HostReads
+
+    monkeypatch.setattr(ops, "value_checks", lambda t: False)  # as on a GPU
+    tr = _step_trainer(tmp_path)
+    first, second = _batches(tr, 2)
+    tr.train_step(first)
+    counters = [s["step"] for s in tr.optimizer.state.values()]
+    with _HostReads(counters) as rec:
+        loss, nll, ntok, gnorm = tr.train_step(second)
+    assert rec.reads == [], f"host reads in an extractive training step: {rec.reads}"
+    assert ntok == int((second[0].labels >= 0).sum()) and float(nll) > 0 and float(gnorm) > 0
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "triton"])
+def test_a_training_step_on_cuda_does_not_sync(tmp_path, kernel):
+    """The same by CUDA's account, in bf16 (tests/test_trainer.py's translation twin)."""
+    from tests.test_trainer import _batches
+
+    tr = _step_trainer(tmp_path, "--kernel", kernel, "--precision", "bf16", device="cuda")
+    group = _batches(tr, 1)[0]
+    tr.train_step(group)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss, _, ntok, _ = tr.train_step(group)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert 0 < float(loss) / ntok < 5
 
 
 def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, caplog):

@@ -313,6 +313,39 @@ def test_summarizer_checks_its_encoder_after_its_test_predictions(tmp_path):
     assert "NLL/token: own source" in open(tmp_path / "runs" / "samsum" / "source_use.txt").read()
 
 
+def test_extractive_recipe_runs_to_its_test_predictions(tmp_path):
+    """cnndm-ext (issue 18's CNN/DM target, an encoder that picks sentences) through the same call:
+    trained, best.pt and the average scored by their 3 picked sentences ("top3"), the better one
+    picks every test input's summary from its sentences, and no encoder check (a summarizer's
+    decoder diagnostic) runs."""
+    data = tmp_path / "data" / "cnn_dailymail"
+    data.mkdir(parents=True)
+    words = "the a man dog city rain police report said on".split()
+
+    def doc(i):
+        return " ".join(f"{words[(i + j) % 10]} {words[(i * j) % 10]} number {j} ." for j in range(5))
+
+    rows = [{"id": str(i), "document": doc(i), "summary": doc(i).split(" . ")[0] + " ."} for i in range(40)]
+    for split, part in (("train", rows[:32]), ("validation", rows[32:])):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    tests = [{"id": f"t{i}", "document": doc(i + 50)} for i in range(3)]
+    with gzip.open(data / "test_inputs.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(t) + "\n" for t in tests)
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="cnndm-ext")
+    call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    assert call.returncode == 0, call.stdout[-3000:]
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert "cnndm-ext: finished" in log and " source_use (limit" not in log, log[-3000:]
+    assert re.search(r"(best|averaged)\.pt: validation rougeLsum \(top3\): best [\d.]+, averaged [\d.]+", log), log
+    assert {"run/test_predictions.jsonl", "run/best/metrics.validation.json", "run/averaged/metrics.validation.json"
+            } <= set(files)
+    preds = [json.loads(line) for line in open(tmp_path / "runs" / "cnndm-ext" / "test_predictions.jsonl")]
+    assert [p["id"] for p in preds] == [t["id"] for t in tests]
+    for p, t in zip(preds, tests, strict=True):  # whole sentences of its own document, at most 3
+        picked = p["prediction"].split("\n")
+        assert 1 <= len(picked) <= 3 and all(s in t["document"] for s in picked), (p, t)
+
+
 def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch):
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the

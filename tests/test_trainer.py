@@ -34,13 +34,15 @@ TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--v
 
 
 def _trainer(out, *flags, device="cpu") -> Trainer:
-    """A Trainer built by hand (no Trainer.create): synthetic data, on `device`, logging off."""
+    """A Trainer built by hand (no Trainer.create): the flags' data (default: synthetic), on
+    `device`, logging off."""
     cfg, _ = parse_args(TINY + ["--dropout", "0.1", "--eval-every", "2", "--batch-size", "8", *flags])
-    cfg = cfg.resolved("translation", synthetic=True)
+    source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
+    cfg = cfg.resolved(source.task, source.kind == "synthetic")
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     log = Logger(out, enabled=False)
-    data = build_data(cfg, D.resolve_source("synthetic"), out, Dist(), log)
+    data = build_data(cfg, source, out, Dist(), log)
     mcfg = model_config(cfg, data)
     model = build_model(mcfg, device)
     return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log)
