@@ -8,6 +8,7 @@ every kernel through Triton's CPU interpreter.
 import gzip
 import json
 import os
+import random
 from pathlib import Path
 
 try:
@@ -93,4 +94,25 @@ def translation_folder(root: Path) -> Path:
         with gzip.open(d / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
     (d / "meta.json").write_text(json.dumps({"task": "translation"}))
+    return d
+
+
+def random_sentences(rng: random.Random, n: int) -> list[str]:
+    """n sentences of 3-7 words from w0..w39, each ending in ' .'."""
+    return [" ".join(rng.choice([f"w{i}" for i in range(40)]) for _ in range(rng.randint(3, 7))) + " ."
+            for _ in range(n)]
+
+
+def extractive_folder(root: Path) -> Path:
+    """A toy summarization folder under root for `--task extractive`: documents of 4-6 random
+    sentences whose summary is their first (a lead a model must learn); 240 train, 40
+    validation, 12 test."""
+    rng = random.Random(2)
+    d = root / "toy_ext"
+    d.mkdir()
+    for split, n in (("train", 240), ("validation", 40), ("test", 12)):
+        with open(d / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                sents = random_sentences(rng, rng.randint(4, 6))
+                f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
     return d

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchformer import cli, evaluate, generate, ops, train
+from scratchformer import cli, evaluate, generate, train
 from scratchformer import data as D
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
@@ -20,9 +20,7 @@ from scratchformer.evaluation.evaluate import load_run, predict_extracts
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
 from scratchformer.training.optim import extractive_loss
-from tests.conftest import BACKENDS, DEVICE, report_diff, requires_cuda
-
-WORDS = [f"w{i}" for i in range(40)]
+from tests.conftest import BACKENDS, DEVICE, extractive_folder, random_sentences, report_diff
 
 
 @pytest.fixture(autouse=True)
@@ -31,10 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)  # tiny matmuls on a shared 2-core machine
     yield
     torch.set_num_threads(n)
-
-
-def _sentences(rng: random.Random, n: int) -> list[str]:
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + " ." for _ in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,7 +53,7 @@ def _score(chosen, sentences, summary) -> float:
 def test_oracle_is_the_greedy_maximum_of_rouge1_plus_rouge2():
     rng = random.Random(0)
     for _ in range(40):
-        sents = _sentences(rng, rng.randint(1, 8))
+        sents = random_sentences(rng, rng.randint(1, 8))
         summary = " ".join(rng.sample(sents, min(len(sents), rng.randint(1, 3)))).replace("w1 ", "w39 ")
         got = oracle(sents, summary)
         chosen: list[int] = []  # the greedy path with the objective written out: add the best while it gains
@@ -89,7 +83,7 @@ def test_marking_keeps_sentences_in_order_within_the_budget():
 
 def test_encoded_documents_decode_back_to_their_sentences():
     rng = random.Random(1)
-    docs = [" ".join(_sentences(rng, rng.randint(1, 9))) for _ in range(30)]
+    docs = [" ".join(random_sentences(rng, rng.randint(1, 9))) for _ in range(30)]
     tok = D.BPETokenizer.train(docs, 300, min_frequency=1)
     examples = [D.Example(d, d.split(" . ")[0] + " .", str(i)) for i, d in enumerate(docs)]
     ds, stats = D.encode_examples(examples, "extractive", tok, None, max_src_len=40)
@@ -108,8 +102,8 @@ def test_encoded_documents_decode_back_to_their_sentences():
 
 def test_a_pool_of_processes_encodes_as_one_does():
     rng = random.Random(3)
-    docs = [" ".join(_sentences(rng, rng.randint(1, 12))) for _ in range(50)]
-    summaries = [" ".join(_sentences(rng, 2)) for _ in docs]
+    docs = [" ".join(random_sentences(rng, rng.randint(1, 12))) for _ in range(50)]
+    summaries = [" ".join(random_sentences(rng, 2)) for _ in docs]
     tok = D.BPETokenizer.train(docs, 300, min_frequency=1)
     one = encode_documents(docs, summaries, tok, 30, processes=1)
     before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -251,64 +245,8 @@ def test_options_an_extractive_run_cannot_take():
 # ---------------------------------------------------------------------------------------------
 
 
-def _folder(root):
-    """Documents of 2-6 random sentences whose summary is their first (a lead the model must learn)."""
-    rng = random.Random(2)
-    d = root / "toy_ext"
-    d.mkdir()
-    for split, n in (("train", 240), ("validation", 40), ("test", 12)):
-        with open(d / f"{split}.jsonl", "w") as f:
-            for i in range(n):
-                sents = _sentences(rng, rng.randint(4, 6))
-                f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
-    return d
-
-
-def _step_trainer(tmp_path, *flags, device="cpu"):
-    """tests/test_trainer.py's hand-built Trainer on `_folder`'s documents."""
-    from tests.test_trainer import _trainer
-
-    return _trainer(tmp_path / "run", "--data", str(_folder(tmp_path)), "--task", "extractive", "--max-src-len", "48",
-                    *flags, device=device)
-
-
-def test_a_training_step_reads_no_value_on_the_host(tmp_path, monkeypatch):
-    """As a translation step does (tests/test_trainer.py): the markers' gather and the padded
-    labels' mask queue their work and read nothing on the host, so `train --cuda-graphs` (the GPU
-    recipe cnndm-ext's default) can capture the step. The step's count is the batch's real sentences."""
-    from tests.test_trainer import _batches, _HostReads
-
-    monkeypatch.setattr(ops, "value_checks", lambda t: False)  # as on a GPU
-    tr = _step_trainer(tmp_path)
-    first, second = _batches(tr, 2)
-    tr.train_step(first)
-    counters = [s["step"] for s in tr.optimizer.state.values()]
-    with _HostReads(counters) as rec:
-        loss, nll, ntok, gnorm = tr.train_step(second)
-    assert rec.reads == [], f"host reads in an extractive training step: {rec.reads}"
-    assert ntok == int((second[0].labels >= 0).sum()) and float(nll) > 0 and float(gnorm) > 0
-
-
-@requires_cuda
-@pytest.mark.parametrize("kernel", ["eager", "triton"])
-def test_a_training_step_on_cuda_does_not_sync(tmp_path, kernel):
-    """The same by CUDA's account, in bf16 (tests/test_trainer.py's translation twin)."""
-    from tests.test_trainer import _batches
-
-    tr = _step_trainer(tmp_path, "--kernel", kernel, "--precision", "bf16", device="cuda")
-    group = _batches(tr, 1)[0]
-    tr.train_step(group)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        loss, _, ntok, _ = tr.train_step(group)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert 0 < float(loss) / ntok < 5
-
-
 def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, caplog):
-    folder = _folder(tmp_path)
+    folder = extractive_folder(tmp_path)
     out = tmp_path / "run"
     train.main(["--data", str(folder), "--task", "extractive", "--preset", "tiny", "--d-model", "32", "--heads", "2",
                 "--layers", "1", "--d-ff", "64", "--vocab-size", "300", "--max-src-len", "48", "--max-steps", "60",

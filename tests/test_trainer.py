@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import DEVICE, requires_cuda
+from conftest import DEVICE, extractive_folder, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer import data as D
@@ -46,6 +46,17 @@ def _trainer(out, *flags, device="cpu") -> Trainer:
     mcfg = model_config(cfg, data)
     model = build_model(mcfg, device)
     return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log)
+
+
+EXTRACTIVE = "extractive"  # in a test's flags: an extractive run on conftest.extractive_folder's documents
+
+
+def _data_flags(tmp_path, flags) -> list[str]:
+    """flags, EXTRACTIVE replaced by an extractive run's (its data made under tmp_path)."""
+    if EXTRACTIVE not in flags:
+        return list(flags)
+    return ["--data", str(extractive_folder(tmp_path)), "--task", "extractive", "--max-src-len", "48",
+            *(f for f in flags if f != EXTRACTIVE)]
 
 
 def test_model_flags_reach_the_model(tmp_path):
@@ -108,21 +119,22 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("flags", [[], ["--copy"], ["--kernel", "triton", "--attn-dropout", "0.1"]],
-                         ids=["plain", "copy", "triton-dropout"])
+@pytest.mark.parametrize("flags", [[], ["--copy"], ["--kernel", "triton", "--attn-dropout", "0.1"], [EXTRACTIVE]],
+                         ids=["plain", "copy", "triton-dropout", "extractive"])
 def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     """A step queues its work and returns: loss, NLL and grad norm stay on the device until a train
-    row is logged, and the loss ignores padding without a boolean index. On a GPU the model's value
-    checks are off (`ops.value_checks`), and AdamW's step counters live on the host (fused AdamW:
-    on the device): the same here. Our Triton ops' dropout draws its Philox state on the device
-    (a host-drawn seed was a read here, and frozen into a CUDA graph: tests/test_cuda_graph.py)."""
+    row is logged, and the loss ignores padding without a boolean index (an extractive step: the
+    padded sentence slots). On a GPU the model's value checks are off (`ops.value_checks`), and
+    AdamW's step counters live on the host (fused AdamW: on the device): the same here. Our Triton
+    ops' dropout draws its Philox state on the device (a host-drawn seed was a read here, and frozen
+    into a CUDA graph: tests/test_cuda_graph.py)."""
     monkeypatch.setattr(ops, "value_checks", lambda t: False)
     if "triton" in flags:
         from scratchformer.kernels import attention
 
         monkeypatch.setattr(attention, "value_checks", lambda t: False)
     # triton on a GPU machine: its kernels on the GPU (the interpreter may not run with that stack)
-    tr = _trainer(tmp_path, *flags, device=DEVICE if "triton" in flags else "cpu")
+    tr = _trainer(tmp_path, *_data_flags(tmp_path, flags), device=DEVICE if "triton" in flags else "cpu")
     first, second = _batches(tr, 2)
     tr.train_step(first)  # creates the optimizer's state
     counters = [s["step"] for s in tr.optimizer.state.values()]
@@ -133,11 +145,12 @@ def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel", ["eager", "triton"])
-def test_train_step_on_cuda_does_not_sync(tmp_path, kernel):
+@pytest.mark.parametrize("kernel, flags", [("eager", []), ("triton", []), ("triton", [EXTRACTIVE])],
+                         ids=["eager", "triton", "triton-extractive"])
+def test_train_step_on_cuda_does_not_sync(tmp_path, kernel, flags):
     """The same on a GPU, by CUDA's own account: a second step (the first compiles and creates the
     optimizer's state) under torch.cuda.set_sync_debug_mode("error")."""
-    tr = _trainer(tmp_path, "--kernel", kernel, "--precision", "bf16", device="cuda")
+    tr = _trainer(tmp_path, *_data_flags(tmp_path, flags), "--kernel", kernel, "--precision", "bf16", device="cuda")
     group = _batches(tr, 1)[0]
     tr.train_step(group)
     torch.cuda.synchronize()
@@ -454,7 +467,8 @@ def _cpu_stand_ins(monkeypatch):
 GRAPH_FLAGS = ["--batch-size", "4", "--pad-multiple", "8"]  # 16 batches an epoch, few shapes (lengths 8 or 16)
 
 
-@pytest.mark.parametrize("model_flags", [[], ["--copy"]], ids=["plain", "copy"])  # copy: SAMSum's, CNN/DM's
+@pytest.mark.parametrize("model_flags", [[], ["--copy"], [EXTRACTIVE]],
+                         ids=["plain", "copy", "extractive"])  # copy: SAMSum's; extractive: the cnndm-ext recipe's
 def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     """A shape's first group runs launched, its second is captured and replayed, every later one
     replayed: 14 steps (dropout on, one RNG stream) take the losses and end at the weights of 14
@@ -465,6 +479,7 @@ def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     from scratchformer.training import cuda_graph
 
     _cpu_stand_ins(monkeypatch)
+    model_flags = _data_flags(tmp_path, model_flags)
     runs = {}
     for name, flags in (("launched", []), ("graphed", ["--cuda-graphs"])):
         tr = _trainer(tmp_path / name, *GRAPH_FLAGS, *model_flags, *flags)
@@ -529,8 +544,9 @@ def test_cuda_graphs_refuses_what_it_cannot_do(tmp_path):
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel, model_flags", [("eager", []), ("torch", []), ("triton", []), ("triton", ["--copy"])],
-                         ids=["eager", "torch", "triton", "triton-copy"])
+@pytest.mark.parametrize("kernel, model_flags", [("eager", []), ("torch", []), ("triton", []), ("triton", ["--copy"]),
+                                                 ("triton", [EXTRACTIVE])],
+                         ids=["eager", "torch", "triton", "triton-copy", "triton-extractive"])
 def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel, model_flags):
     """Real CUDA graphs, bf16, no dropout: 14 steps over repeating batch shapes (a shape's first
     launched, the rest replayed from per-shape graphs sharing one pool) take the losses of 14
@@ -539,8 +555,8 @@ def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel, model_fl
     the replays. Both runs' AdamW is the capturable one (see the CPU test above)."""
     from scratchformer.training import cuda_graph
 
-    flags = [*GRAPH_FLAGS, *model_flags, "--kernel", kernel, "--precision", "bf16", "--dropout", "0",
-             "--attn-dropout", "0"]
+    flags = [*GRAPH_FLAGS, *_data_flags(tmp_path, model_flags), "--kernel", kernel, "--precision", "bf16", "--dropout",
+             "0", "--attn-dropout", "0"]
     runs = {}
     for name, extra in (("launched", []), ("graphed", ["--cuda-graphs"])):
         tr = _trainer(tmp_path / name, *flags, *extra, device="cuda")
