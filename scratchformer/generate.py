@@ -26,6 +26,7 @@ import torch
 
 from . import cli
 from . import data as D
+from .data.extractive import MAX_ORACLE_SENTENCES
 from .data.files import display_name, read_lines
 from .device import resolve_device
 from .evaluation import predict as P
@@ -47,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
+    p.add_argument("--summary-sentences", type=int, default=MAX_ORACLE_SENTENCES, metavar="K",
+                   help="an extractive model's summary: at most K of its best-scored sentences (default 3)")
+    p.add_argument("--summary-words", type=int, metavar="W",
+                   help="an extractive model's summary: its best-scored sentences until they hold W words, at most "
+                   "--summary-sentences of them (default: no word budget)")
     p.add_argument("--strict", action="store_true",
                    help="refuse inputs longer than the model's maximum instead of truncating them (with a warning)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
@@ -85,7 +91,8 @@ def check_args(args) -> None:
     P.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                     min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                    max_src_len=args.max_src_len)
+                    max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
+                    summary_words=args.summary_words)
     if args.save_every < 0:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
@@ -106,7 +113,8 @@ def run_batch(args) -> dict:
         length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
-        max_src_len=args.max_src_len, strict=args.strict)
+        max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
+        summary_words=args.summary_words)
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -116,13 +124,17 @@ def run_batch(args) -> dict:
 
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
-             source: str = "input", lines: list[int] | None = None) -> list[dict]:
-    """texts -> [{"input", "output"}] (seq2seq) or [{"input", "label", "label_name", "confidence"}].
-    An input longer than the model's maximum is truncated with a warning naming its line (`lines`:
-    each text's line in `source`, default 1, 2, ...), or refused with `strict`, as batch inference does."""
+             source: str = "input", lines: list[int] | None = None, summary_sentences: int = MAX_ORACLE_SENTENCES,
+             summary_words: int | None = None) -> list[dict]:
+    """texts -> [{"input", "output"}] (seq2seq, extractive) or [{"input", "label", "label_name",
+    "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
+    line (`lines`: each text's line in `source`, default 1, 2, ...), or refused with `strict`, as
+    batch inference does."""
     P.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
-                    no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+                    no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
+                    summary_words=summary_words)
     task = ckpt["task"]
+    P.check_extract_options(task, summary_sentences, summary_words)
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
     if task not in D.ENCODER_ONLY and max_tgt >= model.cfg.max_len:
@@ -136,7 +148,8 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
     if task == "extractive":  # one line per input: the picked sentences side by side
-        outs = [o.replace("\n", " ") for o in predict_extracts(model, dataset, device=device)]
+        outs = predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words)
+        outs = [o.replace("\n", " ") for o in outs]
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                                length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
@@ -160,7 +173,8 @@ def main(argv=None) -> list[dict]:
     texts = [t for _, t in numbered]
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
-                       max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered])
+                       max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered],
+                       summary_sentences=args.summary_sentences, summary_words=args.summary_words)
     for r in results:
         if args.json:
             print(json.dumps(r, ensure_ascii=False))

@@ -131,6 +131,20 @@ def test_picking_takes_the_best_in_document_order_and_blocks_repeated_trigrams()
     assert pick_sentences(sents, [0.9, 0.1, 0.8, 0.7, 0.2], k=3, block_trigrams=False) == [0, 2, 3]
     assert pick_sentences(sents, [0.9, 0.1, 0.8, 0.7, 0.2], k=3) == [0, 3, 4]  # 'a b c' again: skipped
     assert pick_sentences(sents[:2], [0.0, 1.0], k=3) == [0, 1]
+    # a word budget: best first until the picked hold W words (a blocked sentence counts nothing), at most k
+    words = [len(x.split()) for x in sents]
+    scores = [0.9, 0.1, 0.8, 0.7, 0.2]
+    for budget in range(1, sum(words) + 2):
+        got = pick_sentences(sents, scores, k=5, words=budget)
+        unbudgeted = [i for i in (0, 3, 4, 1) if i in pick_sentences(sents, scores, k=5)]  # best first, blocked out
+        want, n = [], 0
+        for i in unbudgeted:
+            if n >= budget:
+                break
+            want.append(i)
+            n += words[i]
+        assert got == sorted(want), budget
+    assert pick_sentences(sents, scores, k=1, words=1000) == [0]
     with pytest.raises(ValueError, match="2 scores for 3 sentences"):
         pick_sentences(sents[:3], [0.0, 1.0])
 
@@ -264,11 +278,18 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     res = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "ev"),
                          "--attention", "1"])
     assert res["decoding"] == "top3" and res["rouge1"] == pytest.approx(final["top3"]["rouge1"])
+    # fewer sentences: a cap, or a word budget any one sentence meets (the best alone: the lead)
+    for flags, name in ((["--summary-sentences", "1"], "top1"), (["--summary-words", "1"], "top3-1w")):
+        one = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / name), *flags])
+        picked = [json.loads(line)["prediction"] for line in (tmp_path / name / "predictions.validation.jsonl").open()]
+        assert one["decoding"] == name and picked == [p["prediction"].split("\n")[0] for p in preds]
     assert (tmp_path / "ev" / "attention.validation.1.png").stat().st_size > 0
     with pytest.raises(cli.UsageError, match="was trained for extractive; the data is read as summarization"):
         evaluate.main(["--checkpoint", str(out), "--data", str(folder), "--task", "summarization"])
     lead = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--task", "extractive"])
     assert lead["baseline"] == "lead3" and lead["n"] == 40
+    lead1 = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--summary-words", "1"])  # the lead alone
+    assert lead1["rouge1"] == pytest.approx(100.0) and lead1["words"] == 1
     summary = P.predict_file(out / "best.pt", folder / "test.jsonl", tmp_path / "test_predictions.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "test_predictions.jsonl").read_text().splitlines()]
     docs = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
@@ -280,6 +301,11 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     capsys.readouterr()
     generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
     assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"
+    generate.main(["--checkpoint", str(out), "--text", docs[0]["document"], "--summary-sentences", "1"])
+    assert capsys.readouterr().out == rows[0]["prediction"].split("\n")[0] + "\n"
+    P.predict_file(out, folder / "test.jsonl", tmp_path / "lead.jsonl", summary_words=1)
+    assert [json.loads(line)["prediction"] for line in (tmp_path / "lead.jsonl").open()] == [
+        r["prediction"].split("\n")[0] for r in rows]
     # a document over the model's 48 tokens: truncated with a warning, or refused with --strict
     long_doc = folder / "long.jsonl"
     long_doc.write_text(json.dumps({"id": "a", "document": "w1 w2 ."}) + "\n"

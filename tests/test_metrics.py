@@ -63,6 +63,10 @@ def test_lead3():
     assert M.lead3(doc) == "first one .\nsecond one !\nthird one ?"
     assert M.lead3("Amanda: hi\nJerry: hello\nAmanda: bye\nJerry: ok") == "Amanda: hi\nJerry: hello\nAmanda: bye"
     assert M.rouge([M.lead3(doc)], ["first one .\nsecond one !\nthird one ?"])["rougeLsum"] == pytest.approx(100.0)
+    # k sentences; a word budget stops once the sentences taken hold that many words
+    assert M.lead3(doc, k=4) == "first one .\nsecond one !\nthird one ?\nfourth one ."
+    assert M.lead3(doc, words=6) == "first one .\nsecond one !"  # 3 + 3 words
+    assert M.lead3(doc, words=7) == M.lead3(doc) and M.lead3(doc, k=5, words=1) == "first one ."
 
 
 def test_abbreviations_end_no_sentence():

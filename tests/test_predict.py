@@ -424,6 +424,8 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     (["--min-len", "-1"], "--min-len must be >= 0 (0: off), got -1"),
+    (["--summary-sentences", "0"], "--summary-sentences must be >= 1, got 0"),
+    (["--summary-words", "0"], "--summary-words must be >= 1, got 0"),
     (["--save-every", "-1"], "--save-every must be >= 0 seconds"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
@@ -490,6 +492,14 @@ def test_library_entries_check_options_too(runs, tmp_path):
         generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=0)
     with pytest.raises(P.OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
         generate.generate(model, toks, ck, ["one two"], device="cpu", max_len=model.cfg.max_len)
+    for kw, flag in ((dict(summary_words=60), "--summary-words"), (dict(summary_sentences=4), "--summary-sentences")):
+        message = f"{flag} picks an extractive model's sentences; this model is translation"
+        with pytest.raises(P.OptionError, match=message):
+            generate.generate(model, toks, ck, ["one two"], device="cpu", **kw)
+        with pytest.raises(P.OptionError, match=message):
+            P.predict_records(model, toks, ck, _records(["one two"]), device="cpu", **kw)
+        with pytest.raises(P.OptionError, match=message):
+            evaluate.main(["--checkpoint", str(runs["translation"]), flag, "4"])
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
     with pytest.raises(P.OptionError, match="--len-ratio must be >= 0"):
         P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", len_ratio=-1.0)

@@ -171,20 +171,28 @@ def sentence_slots(src: np.ndarray, labels: Sequence[np.ndarray],
 
 
 def pick_sentences(sentences: Sequence[str], scores: Sequence[float], k: int = MAX_ORACLE_SENTENCES,
-                   block_trigrams: bool = True) -> list[int]:
-    """The summary's sentences (indices, in document order): the k best-scored, skipping, with
-    `block_trigrams`, a sentence sharing a word trigram with one already picked (BertSum's
-    trigram blocking: fewer repeats of one fact)."""
+                   block_trigrams: bool = True, words: int | None = None) -> list[int]:
+    """The summary's sentences (indices, in document order): the best-scored first, until k are
+    picked or, with `words`, until they hold at least that many words (whitespace-separated, as
+    the data is tokenized); with `block_trigrams`, a sentence sharing a word trigram with one
+    already picked is skipped (BertSum's trigram blocking: fewer repeats of one fact)."""
     if len(scores) != len(sentences):
         raise ValueError(f"{len(scores)} scores for {len(sentences)} sentences")
     picked: list[int] = []
     seen: set[tuple[str, ...]] = set()
+    n_words = 0
     for i in sorted(range(len(scores)), key=lambda j: -scores[j]):
         grams = _ngrams(_WORD.findall(sentences[i].lower()), 3)
         if block_trigrams and grams & seen:
             continue
         picked.append(i)
         seen |= grams
-        if len(picked) == k:
+        n_words += len(sentences[i].split())
+        if len(picked) == k or (words is not None and n_words >= words):
             break
     return sorted(picked)
+
+
+def selection_name(k: int = MAX_ORACLE_SENTENCES, words: int | None = None) -> str:
+    """How `pick_sentences` picked, as a decoding's name: "top3", or "top4-60w" with a word budget."""
+    return f"top{k}" + (f"-{words}w" if words is not None else "")

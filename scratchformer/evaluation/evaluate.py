@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .. import data as D
 from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint, write_lines_atomic
 from ..compile import compile_for_inference
-from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences
+from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_name
 from ..data.tokenizer import TokenizerPair
 from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
@@ -181,11 +181,12 @@ def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int 
 
 @torch.no_grad()
 def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int = MAX_ORACLE_SENTENCES,
-                     block_trigrams: bool = True, max_tokens: int | None = 8192, precision: str = "fp32",
-                     batch_size: int | None = None, on_batch=None) -> list[str]:
-    """An extractive model's summaries in dataset order: each document's `sentences` best-scored
-    sentences (`data.extractive.pick_sentences`, trigram blocking on), one per line, in document
-    order. `on_batch(indices, summaries)`, if given, is called after every batch."""
+                     words: int | None = None, block_trigrams: bool = True, max_tokens: int | None = 8192,
+                     precision: str = "fp32", batch_size: int | None = None, on_batch=None) -> list[str]:
+    """An extractive model's summaries in dataset order: each document's best-scored sentences,
+    at most `sentences` of them, fewer once they hold `words` words (`data.extractive.pick_sentences`,
+    trigram blocking on), one per line, in document order. `on_batch(indices, summaries)`, if
+    given, is called after every batch."""
     model.eval()
     out: list[str | None] = [None] * len(dataset)
     for batch in eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size):
@@ -195,7 +196,7 @@ def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int
         ids, summaries = batch.ids.tolist(), []
         for i, row in zip(ids, scores, strict=True):
             sents = dataset.sentences[i]
-            picked = pick_sentences(sents, row[: len(sents)].tolist(), sentences, block_trigrams)
+            picked = pick_sentences(sents, row[: len(sents)].tolist(), sentences, block_trigrams, words)
             summaries.append("\n".join(sents[j] for j in picked))
             out[i] = summaries[-1]
         if on_batch is not None:
@@ -268,11 +269,13 @@ class Evaluation:
 def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
              max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_tokens: int = 4096, precision: str = "fp32",
-             progress: bool = False) -> Evaluation:
+             progress: bool = False, summary_sentences: int = MAX_ORACLE_SENTENCES,
+             summary_words: int | None = None) -> Evaluation:
     """Score `model` on `dataset` (encoded from `examples`, in the same order).
 
-    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy) or
-    classification on the first `limit` (None: all; 0: teacher forcing only).
+    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy),
+    classification or an extractive model's picking (`predict_extracts`: `summary_sentences`,
+    `summary_words`) on the first `limit` (None: all; 0: teacher forcing only).
     """
     result = Evaluation(teacher_forced(model, eval_loader(dataset, max_tokens), device, precision))
     n = len(dataset) if limit is None else min(limit, len(dataset))
@@ -281,8 +284,10 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
     result.n = n
     subset = dataset if n == len(dataset) else dataset.first(n)
     if dataset.task == "extractive":
-        hyps = predict_extracts(model, subset, device=device, max_tokens=max_tokens, precision=precision)
-        result.decodings[f"top{MAX_ORACLE_SENTENCES}"] = M.seq2seq_scores(hyps, dataset.refs[:n], "summarization")
+        hyps = predict_extracts(model, subset, device=device, sentences=summary_sentences, words=summary_words,
+                                max_tokens=max_tokens, precision=precision)
+        result.decodings[selection_name(summary_sentences, summary_words)] = M.seq2seq_scores(
+            hyps, dataset.refs[:n], "summarization")
         result.outputs = hyps
         return result
     if dataset.task == "classification":

@@ -93,6 +93,13 @@ def _one_per_line(text: str) -> str:
     return "\n".join(split_sentences(text))
 
 
-def lead3(document: str) -> str:
-    """The first three sentences, one per line."""
-    return "\n".join(split_sentences(document)[:3])
+def lead3(document: str, k: int = 3, words: int | None = None) -> str:
+    """The first three sentences (k), one per line; with `words`, fewer once they hold that many
+    words (whitespace-separated), as an extractive model's summary may be cut (`pick_sentences`)."""
+    out, n = [], 0
+    for sentence in split_sentences(document)[:k]:
+        if words is not None and n >= words:
+            break
+        out.append(sentence)
+        n += len(sentence.split())
+    return "\n".join(out)

@@ -34,6 +34,7 @@ import torch
 
 from .. import data as D
 from ..checkpoint import fsync_dir, write_lines_atomic
+from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import display_name, read_lines, uncompressed_name
 from .evaluate import load_run, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
@@ -62,11 +63,13 @@ class OptionError(ValueError):
 
 def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: int | None = None,
                   len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
-                  max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0, **_other) -> None:
+                  max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0,
+                  summary_sentences: int = MAX_ORACLE_SENTENCES, summary_words: int | None = None, **_other) -> None:
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
-                        ("--batch-size", batch_size), ("--max-src-len", max_src_len)):
+                        ("--batch-size", batch_size), ("--max-src-len", max_src_len),
+                        ("--summary-sentences", summary_sentences), ("--summary-words", summary_words)):
         if value is not None and value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(length_penalty):
@@ -77,6 +80,17 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
         raise OptionError(f"--min-len must be >= 0 (0: off), got {min_len}")
     if len_ratio is not None and not (math.isfinite(len_ratio) and len_ratio >= 0):
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
+
+
+def check_extract_options(task: str, summary_sentences: int = MAX_ORACLE_SENTENCES,
+                          summary_words: int | None = None) -> None:
+    """--summary-sentences and --summary-words pick an extractive model's sentences: refused, naming
+    the flag, for a model of another task (which would ignore them)."""
+    if task != "extractive":
+        for flag, given in (("--summary-sentences", summary_sentences != MAX_ORACLE_SENTENCES),
+                            ("--summary-words", summary_words is not None)):
+            if given:
+                raise OptionError(f"{flag} picks an extractive model's sentences; this model is {task}")
 
 
 def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
@@ -203,20 +217,24 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     max_len: int | None = None, len_ratio: float | None = None, max_tokens: int | None = 4096,
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
+                    summary_sentences: int = MAX_ORACLE_SENTENCES, summary_words: int | None = None,
                     on_result=None, progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
     max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
     ceil(len_ratio * Ls) + 10 (`evaluate.decode_max_len`; None = the task's default, 0 = none).
     no_repeat_ngram: n > 0 puts no n-gram twice in an output; min_len: at least that many tokens
-    before EOS. max_tokens / batch_size: the batch budget (padded source tokens / inputs).
+    before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
+    max_tokens / batch_size: the batch budget (padded source tokens / inputs).
     `on_result(records, predictions)` is called after every batch; `progress` shows a tqdm bar in
     examples/s.
     """
     check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
-                  no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+                  no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
+                  summary_words=summary_words)
     task, args = ckpt["task"], ckpt["args"]
+    check_extract_options(task, summary_sentences, summary_words)
     max_src_len = max_src_len or args["max_src_len"]
     if max_src_len + 1 > model.cfg.max_len:
         raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
@@ -245,8 +263,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
                            precision=precision, on_batch=on_batch)
         elif task == "extractive":
-            predict_extracts(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
-                             precision=precision, on_batch=on_batch)
+            predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words,
+                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, on_batch=on_batch)
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
