@@ -33,7 +33,7 @@ from .evaluation.evaluate import (
     load_run,
     write_outputs,
 )
-from .evaluation.predict import check_extract_options, check_options
+from .evaluation.predict import add_summary_options, check_extract_options, check_options
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
 
@@ -56,11 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
     p.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="at least N tokens before the end of an output (summarizers use one; 0: off)")
-    p.add_argument("--summary-sentences", type=int, default=MAX_ORACLE_SENTENCES, metavar="K",
-                   help="an extractive model's summary: at most K of its best-scored sentences (default 3)")
-    p.add_argument("--summary-words", type=int, metavar="W",
-                   help="an extractive model's summary: its best-scored sentences until they hold W words, at most "
-                   "--summary-sentences of them (default: no word budget)")
+    add_summary_options(p)
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")
@@ -116,14 +112,14 @@ def run_lead3(args) -> dict:
     if source.task not in ("summarization", "extractive"):
         raise cli.UsageError(f"lead3 is a summarization baseline; this data is {source.task}")
     examples = D.load_split(source, args.split, args.limit)
-    hyps = [M.lead3(e.src, args.summary_sentences, args.summary_words) for e in examples]
-    result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": args.summary_sentences,
-              "words": args.summary_words, **M.rouge(hyps, [e.tgt for e in examples])}
-    name = "lead3" if (args.summary_sentences, args.summary_words) == (3, None) else \
-        f"lead {selection_name(args.summary_sentences, args.summary_words)}"
+    k, words = args.summary_sentences or 3, args.summary_words  # Lead-3, or Lead-K cut at W words
+    hyps = [M.lead3(e.src, k, words) for e in examples]
+    result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": k, "words": words,
+              **M.rouge(hyps, [e.tgt for e in examples])}
+    name = "lead3" if (k, words) == (3, None) else f"lead-{selection_name(k, words)}"
     print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
     if args.out:
-        save_outputs(Path(args.out), f"{args.split}.lead3", examples, hyps, result)
+        save_outputs(Path(args.out), f"{args.split}.{name}", examples, hyps, result)
     return result
 
 
@@ -147,8 +143,8 @@ def main(argv=None) -> dict:
     ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
                   beam_sizes=(args.beam_size,), length_penalty=args.length_penalty,
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
-                  precision=args.precision, progress=sys.stderr.isatty(), summary_sentences=args.summary_sentences,
-                  summary_words=args.summary_words)
+                  precision=args.precision, progress=sys.stderr.isatty(),
+                  summary_sentences=args.summary_sentences or MAX_ORACLE_SENTENCES, summary_words=args.summary_words)
     result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
               "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
     if source.task == "extractive":

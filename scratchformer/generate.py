@@ -48,11 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
-    p.add_argument("--summary-sentences", type=int, default=MAX_ORACLE_SENTENCES, metavar="K",
-                   help="an extractive model's summary: at most K of its best-scored sentences (default 3)")
-    p.add_argument("--summary-words", type=int, metavar="W",
-                   help="an extractive model's summary: its best-scored sentences until they hold W words, at most "
-                   "--summary-sentences of them (default: no word budget)")
+    P.add_summary_options(p)
     p.add_argument("--strict", action="store_true",
                    help="refuse inputs longer than the model's maximum instead of truncating them (with a warning)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
@@ -124,7 +120,7 @@ def run_batch(args) -> dict:
 
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
-             source: str = "input", lines: list[int] | None = None, summary_sentences: int = MAX_ORACLE_SENTENCES,
+             source: str = "input", lines: list[int] | None = None, summary_sentences: int | None = None,
              summary_words: int | None = None) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq, extractive) or [{"input", "label", "label_name",
     "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
@@ -148,7 +144,8 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
     if task == "extractive":  # one line per input: the picked sentences side by side
-        outs = predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words)
+        outs = predict_extracts(model, dataset, device=device, sentences=summary_sentences or MAX_ORACLE_SENTENCES,
+                                words=summary_words)
         outs = [o.replace("\n", " ") for o in outs]
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,

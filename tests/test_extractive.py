@@ -288,8 +288,10 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
         evaluate.main(["--checkpoint", str(out), "--data", str(folder), "--task", "summarization"])
     lead = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--task", "extractive"])
     assert lead["baseline"] == "lead3" and lead["n"] == 40
-    lead1 = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--summary-words", "1"])  # the lead alone
+    lead1 = evaluate.main(["--baseline", "lead3", "--data", str(folder), "--summary-words", "1",  # the lead alone
+                           "--out", str(tmp_path / "lead")])
     assert lead1["rouge1"] == pytest.approx(100.0) and lead1["words"] == 1
+    assert (tmp_path / "lead" / "metrics.validation.lead-top3-1w.json").exists()  # beside Lead-3's, not over it
     summary = P.predict_file(out / "best.pt", folder / "test.jsonl", tmp_path / "test_predictions.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "test_predictions.jsonl").read_text().splitlines()]
     docs = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]

@@ -492,15 +492,18 @@ def test_library_entries_check_options_too(runs, tmp_path):
         generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=0)
     with pytest.raises(P.OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
         generate.generate(model, toks, ck, ["one two"], device="cpu", max_len=model.cfg.max_len)
-    for kw, flag in ((dict(summary_words=60), "--summary-words"), (dict(summary_sentences=4), "--summary-sentences")):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    # an extractive model's options, even at their default value, are refused by name for another model
+    for kw, flag in ((dict(summary_words=60), "--summary-words"), (dict(summary_sentences=3), "--summary-sentences")):
         message = f"{flag} picks an extractive model's sentences; this model is translation"
         with pytest.raises(P.OptionError, match=message):
             generate.generate(model, toks, ck, ["one two"], device="cpu", **kw)
         with pytest.raises(P.OptionError, match=message):
             P.predict_records(model, toks, ck, _records(["one two"]), device="cpu", **kw)
         with pytest.raises(P.OptionError, match=message):
-            evaluate.main(["--checkpoint", str(runs["translation"]), flag, "4"])
-    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+            P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", **kw)
+        with pytest.raises(P.OptionError, match=message):
+            evaluate.main(["--checkpoint", str(runs["translation"]), flag, "3"])
     with pytest.raises(P.OptionError, match="--len-ratio must be >= 0"):
         P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", len_ratio=-1.0)
     assert not (tmp_path / "p.jsonl").exists()

@@ -64,7 +64,7 @@ class OptionError(ValueError):
 def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: int | None = None,
                   len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
                   max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0,
-                  summary_sentences: int = MAX_ORACLE_SENTENCES, summary_words: int | None = None, **_other) -> None:
+                  summary_sentences: int | None = None, summary_words: int | None = None, **_other) -> None:
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
@@ -82,15 +82,37 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
 
 
-def check_extract_options(task: str, summary_sentences: int = MAX_ORACLE_SENTENCES,
-                          summary_words: int | None = None) -> None:
-    """--summary-sentences and --summary-words pick an extractive model's sentences: refused, naming
-    the flag, for a model of another task (which would ignore them)."""
+def check_extract_options(task: str, summary_sentences: int | None = None, summary_words: int | None = None,
+                          **_other) -> None:
+    """--summary-sentences and --summary-words (None: not given) pick an extractive model's
+    sentences: refused, naming the flag, for a model of another task (which would ignore them)."""
     if task != "extractive":
-        for flag, given in (("--summary-sentences", summary_sentences != MAX_ORACLE_SENTENCES),
-                            ("--summary-words", summary_words is not None)):
-            if given:
+        for flag, value in (("--summary-sentences", summary_sentences), ("--summary-words", summary_words)):
+            if value is not None:
                 raise OptionError(f"{flag} picks an extractive model's sentences; this model is {task}")
+
+
+def add_summary_options(parser) -> None:
+    """The command-line options of an extractive model's summaries (evaluate, generate)."""
+    parser.add_argument("--summary-sentences", type=int, metavar="K",
+                        help=f"an extractive model's summary: at most K of its best-scored sentences "
+                        f"(default {MAX_ORACLE_SENTENCES})")
+    parser.add_argument("--summary-words", type=int, metavar="W",
+                        help="an extractive model's summary: its best-scored sentences until they hold W words, "
+                        "at most --summary-sentences of them (default: no word budget)")
+
+
+def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) -> tuple[int, int]:
+    """The source and output lengths `predict_records` runs at (default: the training's), refused
+    (OptionError) where the model cannot take them."""
+    args = ckpt["args"]
+    max_src_len = max_src_len or args["max_src_len"]
+    if max_src_len + 1 > model.cfg.max_len:
+        raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
+    max_len = max_len or args["max_tgt_len"]
+    if ckpt["task"] not in D.ENCODER_ONLY and not 1 <= max_len < model.cfg.max_len:
+        raise OptionError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
+    return max_src_len, max_len
 
 
 def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
@@ -217,7 +239,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     max_len: int | None = None, len_ratio: float | None = None, max_tokens: int | None = 4096,
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
-                    summary_sentences: int = MAX_ORACLE_SENTENCES, summary_words: int | None = None,
+                    summary_sentences: int | None = None, summary_words: int | None = None,
                     on_result=None, progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
@@ -233,14 +255,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
                   no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
                   summary_words=summary_words)
-    task, args = ckpt["task"], ckpt["args"]
+    task = ckpt["task"]
     check_extract_options(task, summary_sentences, summary_words)
-    max_src_len = max_src_len or args["max_src_len"]
-    if max_src_len + 1 > model.cfg.max_len:
-        raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
-    max_len = max_len or args["max_tgt_len"]
-    if task not in D.ENCODER_ONLY and not 1 <= max_len < model.cfg.max_len:
-        raise OptionError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
+    max_src_len, max_len = _lengths(model, ckpt, max_src_len, max_len)
     dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source)
     bar = None
     if progress:
@@ -263,8 +280,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
                            precision=precision, on_batch=on_batch)
         elif task == "extractive":
-            predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words,
-                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, on_batch=on_batch)
+            predict_extracts(model, dataset, device=device, sentences=summary_sentences or MAX_ORACLE_SENTENCES,
+                             words=summary_words, max_tokens=max_tokens, batch_size=batch_size, precision=precision,
+                             on_batch=on_batch)
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
@@ -309,10 +327,9 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, toks, ckpt = load_run(checkpoint, device, kernel, compile)
     task = ckpt["task"]
+    check_extract_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
     records = read_inputs(input, task, field, fmt)
-    done: dict[str | int, str] = {}
-    if resume:
-        done = {**read_done(part), **read_done(output)}
+    done: dict[str | int, str] = {**read_done(part), **read_done(output)} if resume else {}
     todo = [r for r in records if r.id not in done]
     new: dict[str | int, str] = {}
 
