@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import sacrebleu
 
+from ..data.extractive import pick_sentences
 from ..data.sentences import split_sentences
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -95,11 +96,7 @@ def _one_per_line(text: str) -> str:
 
 def lead3(document: str, k: int = 3, words: int | None = None) -> str:
     """The first three sentences (k), one per line; with `words`, fewer once they hold that many
-    words (whitespace-separated), as an extractive model's summary may be cut (`pick_sentences`)."""
-    out, n = [], 0
-    for sentence in split_sentences(document)[:k]:
-        if words is not None and n >= words:
-            break
-        out.append(sentence)
-        n += len(sentence.split())
-    return "\n".join(out)
+    words: an extractive model's picking (`pick_sentences`, no trigram blocking) with position as the score."""
+    sentences = split_sentences(document)
+    picked = pick_sentences(sentences, [-i for i in range(len(sentences))], k, block_trigrams=False, words=words)
+    return "\n".join(sentences[i] for i in picked)
