@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
-from .data.extractive import MAX_ORACLE_SENTENCES, selection_name
+from .data.extractive import selection_name
 from .device import resolve_device
 from .evaluation import metrics as M
 from .evaluation.evaluate import (
@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
                   beam_sizes=(args.beam_size,), length_penalty=args.length_penalty,
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
                   precision=args.precision, progress=sys.stderr.isatty(),
-                  summary_sentences=args.summary_sentences or MAX_ORACLE_SENTENCES, summary_words=args.summary_words)
+                  summary_sentences=args.summary_sentences, summary_words=args.summary_words)
     result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
               "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
     if source.task == "extractive":

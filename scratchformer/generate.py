@@ -26,7 +26,6 @@ import torch
 
 from . import cli
 from . import data as D
-from .data.extractive import MAX_ORACLE_SENTENCES
 from .data.files import display_name, read_lines
 from .device import resolve_device
 from .evaluation import predict as P
@@ -144,8 +143,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]
     if task == "extractive":  # one line per input: the picked sentences side by side
-        outs = predict_extracts(model, dataset, device=device, sentences=summary_sentences or MAX_ORACLE_SENTENCES,
-                                words=summary_words)
+        outs = predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words)
         outs = [o.replace("\n", " ") for o in outs]
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,

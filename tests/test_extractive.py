@@ -252,6 +252,11 @@ def test_options_an_extractive_run_cannot_take():
                         (dict(best_metric="accuracy"), "extractive validation computes loss, ppl, bleu")]:
         with pytest.raises(ConfigError, match=message):
             check_for_task(TrainConfig(**kw), "extractive")
+    for task in ("summarization", "translation", "classification"):  # the summary rule: extractive only
+        with pytest.raises(ConfigError, match=f"--summary-words picks an extractive summarizer's sentences; {task}"):
+            check_for_task(TrainConfig(summary_words=60), task)
+    with pytest.raises(ConfigError, match="--summary-sentences must be an integer >= 1, got 0"):
+        TrainConfig(summary_sentences=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,8 +323,34 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     assert "1 of 2 documents are longer than the model's maximum of 48 tokens" in caplog.text
 
 
+def test_validation_picks_best_pt_by_the_runs_summary_rule(tmp_path):
+    # at most 2 sentences, stopping at 1 word: the best-scored sentence alone, which for a model that
+    # learned the lead is the reference itself (ROUGE 100), where the default best 3 score far less
+    folder = extractive_folder(tmp_path)
+    out = tmp_path / "run"
+    train.main(["--data", str(folder), "--task", "extractive", "--preset", "tiny", "--d-model", "32", "--heads", "2",
+                "--layers", "1", "--d-ff", "64", "--vocab-size", "300", "--max-src-len", "48", "--max-steps", "60",
+                "--batch-size", "24", "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "20",
+                "--eval-decode-examples", "40", "--best-metric", "rouge1", "--summary-sentences", "2",
+                "--summary-words", "1", "--no-progress", "--no-plots", "--out", str(out)])
+    final = json.loads((out / "metrics.final.json").read_text())
+    assert "top2-1w" in final and "top3" not in final
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = {r["step"]: r for r in rows if r.get("split") == "valid"}
+    assert sorted(valid) == [20, 40, 60] and max(r["rouge1"] for r in valid.values()) > 90
+    # best.pt is the step validation scored best under the rule, and scores the same again
+    assert valid[final["best_step"]]["rouge1"] == max(r["rouge1"] for r in valid.values())
+    assert final["top2-1w"]["rouge1"] == pytest.approx(valid[final["best_step"]]["rouge1"])
+    again = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--summary-sentences", "2",
+                           "--summary-words", "1", "--out", str(tmp_path / "ev")])
+    assert again["decoding"] == "top2-1w" and again["rouge1"] == pytest.approx(final["top2-1w"]["rouge1"])
+    best3 = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "ev3")])
+    assert best3["rouge1"] < final["top2-1w"]["rouge1"] - 20
+
+
 def test_the_ablation_reads_an_extractive_runs_scores():
     from scratchformer.training.ablation import _final_metric
 
     assert _final_metric({"loss": 0.4, "top3": {"rouge1": 37.0}}, "rouge1") == ("rouge1", {"loss": 0.4, "rouge1": 37.0})
+    assert _final_metric({"loss": 0.4, "top4-60w": {"rouge1": 40.0}}, "rouge1")[1]["rouge1"] == 40.0
     assert _final_metric({"loss": 0.4, "greedy": {"bleu": 30.0}}, None)[1]["bleu"] == 30.0

@@ -315,8 +315,8 @@ def test_summarizer_checks_its_encoder_after_its_test_predictions(tmp_path):
 
 def test_extractive_recipe_runs_to_its_test_predictions(tmp_path):
     """cnndm-ext (issue 18's CNN/DM target, an encoder that picks sentences) through the same call:
-    trained, best.pt and the average scored by their picked sentences (the recipe's rule: at most 4,
-    until 60 words), the better one picks every test input's summary from its sentences by that
+    trained with validation under the recipe's rule (at most 4 sentences, until 60 words), best.pt
+    and the average scored by it, the better one picks every test input's summary from its sentences by that
     rule, and no encoder check (a summarizer's decoder diagnostic) runs."""
     data = tmp_path / "data" / "cnn_dailymail"
     data.mkdir(parents=True)
@@ -337,6 +337,8 @@ def test_extractive_recipe_runs_to_its_test_predictions(tmp_path):
     files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
     assert "cnndm-ext: finished" in log and " source_use (limit" not in log, log[-3000:]
     assert re.search(r"(best|averaged)\.pt: validation rougeLsum \(top4-60w\): best [\d.]+, averaged [\d.]+", log), log
+    final = json.loads((tmp_path / "runs" / "cnndm-ext" / "metrics.final.json").read_text())
+    assert "top4-60w" in final and "top3" not in final, final
     assert {"run/test_predictions.jsonl", "run/best/metrics.validation.json", "run/averaged/metrics.validation.json"
             } <= set(files)
     preds = [json.loads(line) for line in open(tmp_path / "runs" / "cnndm-ext" / "test_predictions.jsonl")]

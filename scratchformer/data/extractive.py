@@ -193,6 +193,7 @@ def pick_sentences(sentences: Sequence[str], scores: Sequence[float], k: int = M
     return sorted(picked)
 
 
-def selection_name(k: int = MAX_ORACLE_SENTENCES, words: int | None = None) -> str:
-    """How `pick_sentences` picked, as a decoding's name: "top3", or "top4-60w" with a word budget."""
-    return f"top{k}" + (f"-{words}w" if words is not None else "")
+def selection_name(k: int | None = None, words: int | None = None) -> str:
+    """How `pick_sentences` picked, as a decoding's name: "top3", or "top4-60w" with a word budget
+    (k None: MAX_ORACLE_SENTENCES)."""
+    return f"top{k or MAX_ORACLE_SENTENCES}" + (f"-{words}w" if words is not None else "")

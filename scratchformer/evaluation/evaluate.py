@@ -180,14 +180,15 @@ def predict_labels(model, dataset: D.EncodedDataset, *, device, max_tokens: int 
 
 
 @torch.no_grad()
-def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int = MAX_ORACLE_SENTENCES,
+def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int | None = None,
                      words: int | None = None, block_trigrams: bool = True, max_tokens: int | None = 8192,
                      precision: str = "fp32", batch_size: int | None = None, on_batch=None) -> list[str]:
     """An extractive model's summaries in dataset order: each document's best-scored sentences,
-    at most `sentences` of them, fewer once they hold `words` words (`data.extractive.pick_sentences`,
-    trigram blocking on), one per line, in document order. `on_batch(indices, summaries)`, if
-    given, is called after every batch."""
+    at most `sentences` of them (None: MAX_ORACLE_SENTENCES), fewer once they hold `words` words
+    (`data.extractive.pick_sentences`, trigram blocking on), one per line, in document order.
+    `on_batch(indices, summaries)`, if given, is called after every batch."""
     model.eval()
+    k = sentences or MAX_ORACLE_SENTENCES
     out: list[str | None] = [None] * len(dataset)
     for batch in eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size):
         batch = batch.to(device)
@@ -196,7 +197,7 @@ def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int
         ids, summaries = batch.ids.tolist(), []
         for i, row in zip(ids, scores, strict=True):
             sents = dataset.sentences[i]
-            picked = pick_sentences(sents, row[: len(sents)].tolist(), sentences, block_trigrams, words)
+            picked = pick_sentences(sents, row[: len(sents)].tolist(), k, block_trigrams, words)
             summaries.append("\n".join(sents[j] for j in picked))
             out[i] = summaries[-1]
         if on_batch is not None:
@@ -269,7 +270,7 @@ class Evaluation:
 def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokenizers: TokenizerPair, *, device,
              max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_tokens: int = 4096, precision: str = "fp32",
-             progress: bool = False, summary_sentences: int = MAX_ORACLE_SENTENCES,
+             progress: bool = False, summary_sentences: int | None = None,
              summary_words: int | None = None) -> Evaluation:
     """Score `model` on `dataset` (encoded from `examples`, in the same order).
 

@@ -280,7 +280,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
                            precision=precision, on_batch=on_batch)
         elif task == "extractive":
-            predict_extracts(model, dataset, device=device, sentences=summary_sentences or MAX_ORACLE_SENTENCES,
+            predict_extracts(model, dataset, device=device, sentences=summary_sentences,
                              words=summary_words, max_tokens=max_tokens, batch_size=batch_size, precision=precision,
                              on_batch=on_batch)
         else:

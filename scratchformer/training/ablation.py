@@ -67,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
-    """Flatten the final report: greedy decoding scores (an extractive run's picks) at the top level."""
+    """Flatten the final report: greedy decoding's scores (an extractive run's one decoding, its
+    picks) at the top level."""
     flat = {k: v for k, v in final.items() if isinstance(v, (int, float))}
-    flat.update(final.get("greedy", final.get("top3", {})))
+    decodings = {k: v for k, v in final.items() if isinstance(v, dict)}
+    flat.update(decodings.get("greedy") or next(iter(decodings.values()), {}))
     if metric is None:
         metric = "accuracy" if "accuracy" in flat else ("exact_match" if "exact_match" in flat else "loss")
     return metric, flat

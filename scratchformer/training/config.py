@@ -151,6 +151,10 @@ class TrainConfig:
                                        synthetic="loss", real="loss", classification="accuracy"))
     patience: int = _run(default=0, help="early stopping: evaluations without gain (0: off)")
     beam_size: int = _run(default=4, help="beam size of the final evaluation (1: greedy only)")
+    summary_sentences: int | None = _run(help="--task extractive: validation's summaries (best.pt, the final report) "
+                                         "take at most K of the best-scored sentences (default 3)", metavar="K")
+    summary_words: int | None = _run(help="--task extractive: and stop once they hold W words (default: no budget)",
+                                     metavar="W")
     save_every: int = _run(default=0, help="write step_N.pt and last.pt every N steps (0: at validations)")
     keep_checkpoints: int = _run(default=3, help="step checkpoints kept")
     time_limit: float | None = _run(help="stop training after this many seconds, saving last.pt (no final "
@@ -207,7 +211,7 @@ _AT_LEAST = dict(
     vocab_size=MIN_VOCAB, tokenizer_examples=1, d_model=2, heads=1, layers=1, encoder_layers=0, decoder_layers=0,
     d_ff=1, epochs=1, max_steps=1, batch_size=1, max_tokens=1, grad_accum=1, warmup_steps=0, plateau_patience=0,
     eval_every=0, eval_decode_examples=0, patience=0, beam_size=1, save_every=0, keep_checkpoints=0, log_every=1,
-    attention_example=0, pad_multiple=1,
+    attention_example=0, pad_multiple=1, summary_sentences=1, summary_words=1,
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = {
@@ -280,6 +284,9 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
     if task == "extractive" and cfg.bpe_dropout:
         raise ConfigError("--bpe-dropout resegments words each epoch; --task extractive encodes its marked sentences "
                           "once")
+    for name in ("summary_sentences", "summary_words"):
+        if task != "extractive" and getattr(cfg, name) is not None:
+            raise ConfigError(f"{flag(name)} picks an extractive summarizer's sentences; {task} validation decodes")
     if task == "extractive" and cfg.decoder_layers:
         raise ConfigError(f"--decoder-layers {cfg.decoder_layers}: --task extractive trains an encoder only")
     if task != "classification":

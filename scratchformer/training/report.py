@@ -24,7 +24,8 @@ def final_report(trainer) -> dict:
     ev = evaluate(model, data.valid_set, data.valid_examples, data.tokenizers, device=trainer.device,
                   max_tgt_len=cfg.max_tgt_len, beam_sizes=sorted({1, cfg.beam_size}),
                   limit=None if classify else (cfg.eval_decode_examples or None),
-                  max_tokens=trainer.eval_max_tokens, precision=cfg.precision)
+                  max_tokens=trainer.eval_max_tokens, precision=cfg.precision,
+                  summary_sentences=cfg.summary_sentences, summary_words=cfg.summary_words)
     res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
            **ev.metrics, **ev.decodings}
     n_valid = len(data.valid_set)

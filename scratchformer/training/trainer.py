@@ -330,7 +330,8 @@ class Trainer:
             decode = 0 if self.data.task == "classification" else cfg.eval_decode_examples
             ev = evaluate(self.model, self.data.valid_set, self.data.valid_examples, self.data.tokenizers,
                           device=self.device, max_tgt_len=cfg.max_tgt_len, limit=decode,
-                          max_tokens=self.eval_max_tokens, precision=cfg.precision)
+                          max_tokens=self.eval_max_tokens, precision=cfg.precision,
+                          summary_sentences=cfg.summary_sentences, summary_words=cfg.summary_words)
             res = {**ev.metrics, **next(iter(ev.decodings.values()), {})}  # greedy (or the extracts)
             self.log.row({"split": "valid", "step": prog.step, "epoch": prog.epoch + 1, **res})
             self.log.info(f"valid step {prog.step}: {format_metrics(res)}")
