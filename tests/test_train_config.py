@@ -13,8 +13,8 @@ from scratchformer.training.config import (
     build_parser,
     check_for_task,
     parse_args,
-    resumed,
 )
+from scratchformer.training.resume import resumed
 
 # The train command's options before TrainConfig existed (argparse written by hand), plus the ones
 # added since (NEW_FLAGS, at their place): the generated parser must offer exactly these, in order.

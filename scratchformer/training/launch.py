@@ -19,8 +19,9 @@ from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import build_data, model_config
-from .config import ConfigError, TrainConfig, check_for_task, check_init_from, resumed
+from .config import ConfigError, TrainConfig, check_for_task
 from .distributed import setup_distributed
+from .resume import check_init_from, resumed
 from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder, resumes_elsewhere
 
 

@@ -1,0 +1,52 @@
+"""What a continued run may change: --resume (the checkpoint's config, with the options given now
+that may change) and --init-from (the checkpoint's architecture and tokenizers)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .config import ConfigError, TrainConfig, flag
+
+# What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
+# batching (the epoch position is counted in batches), the seed (the batch order), the optimizer's
+# and plateau schedule's settings (restored from the checkpoint) and the metric its best is in.
+# Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
+# checkpoint and logging flags, --device, --kernel, --precision, --compile).
+FIXED_ON_RESUME = (
+    "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len", "synthetic_seed",
+    "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "bpe_dropout", "preset", "d_model", "heads",
+    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "activation",
+    "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple",
+    "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
+)
+
+
+def check_init_from(given: frozenset[str], init_path: str) -> None:
+    """--init-from takes the architecture and tokenizers of its checkpoint: every model and tokenizer
+    option but the backend (--kernel) given with it is refused by name."""
+    taken = [flag(f.name) for f in dataclasses.fields(TrainConfig)
+             if f.name in given and f.metadata["group"] in ("model", "tokenizer") and f.name != "kernel"]
+    if taken:
+        raise ConfigError(f"--init-from {init_path} builds the model and tokenizers of that run: drop "
+                          f"{', '.join(taken)} (only --kernel may change)")
+
+
+def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str) -> TrainConfig:
+    """A resumed run's config: the checkpoint's, except the options given now (and --resume/--out).
+    An option in FIXED_ON_RESUME given with another value than the run's is refused by name."""
+    base = TrainConfig.from_dict({**saved, "overwrite": False, "resume": config.resume})
+    changed = [f"{flag(k)} {_shown(getattr(config, k))} (the run has {_shown(getattr(base, k))})"
+               for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(base, k)]
+    if changed:
+        raise ConfigError(f"--resume continues the run of {resume_path} as it was built: {'; '.join(changed)} "
+                          f"cannot change; drop {'it' if len(changed) == 1 else 'them'}, or start a new run "
+                          f"(another --out, or --overwrite)")
+    if "lr" in given and base.schedule == "plateau" and config.lr != base.lr:
+        raise ConfigError(f"--lr cannot change when resuming a --schedule plateau run (its lr, halved on plateaus, "
+                          f"continues from the checkpoint); the run has --lr {base.lr:g}")
+    now = {k: getattr(config, k) for k in given | {"resume", "out"}}
+    return dataclasses.replace(base, **now, resume_path=resume_path)
+
+
+def _shown(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
