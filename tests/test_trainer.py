@@ -119,8 +119,8 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("flags", [[], ["--copy"], ["--kernel", "triton", "--attn-dropout", "0.1"], [EXTRACTIVE]],
-                         ids=["plain", "copy", "triton-dropout", "extractive"])
+@pytest.mark.parametrize("flags", [[], ["--copy"], ["--kernel", "triton", "--attn-dropout", "0.1"], [EXTRACTIVE],
+                                   ["--rdrop", "5"]], ids=["plain", "copy", "triton-dropout", "extractive", "rdrop"])
 def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     """A step queues its work and returns: loss, NLL and grad norm stay on the device until a train
     row is logged, and the loss ignores padding without a boolean index (an extractive step: the
@@ -145,8 +145,9 @@ def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel, flags", [("eager", []), ("triton", []), ("triton", [EXTRACTIVE])],
-                         ids=["eager", "triton", "triton-extractive"])
+@pytest.mark.parametrize("kernel, flags", [("eager", []), ("triton", []), ("triton", [EXTRACTIVE]),
+                                           ("triton", ["--rdrop", "5"])],
+                         ids=["eager", "triton", "triton-extractive", "triton-rdrop"])
 def test_train_step_on_cuda_does_not_sync(tmp_path, kernel, flags):
     """The same on a GPU, by CUDA's own account: a second step (the first compiles and creates the
     optimizer's state) under torch.cuda.set_sync_debug_mode("error")."""
@@ -467,8 +468,8 @@ def _cpu_stand_ins(monkeypatch):
 GRAPH_FLAGS = ["--batch-size", "4", "--pad-multiple", "8"]  # 16 batches an epoch, few shapes (lengths 8 or 16)
 
 
-@pytest.mark.parametrize("model_flags", [[], ["--copy"], [EXTRACTIVE]],
-                         ids=["plain", "copy", "extractive"])  # copy: SAMSum's; extractive: the cnndm-ext recipe's
+@pytest.mark.parametrize("model_flags", [[], ["--copy"], [EXTRACTIVE], ["--rdrop", "5"]],
+                         ids=["plain", "copy", "extractive", "rdrop"])  # copy: SAMSum's; extractive: cnndm-ext's
 def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     """A shape's first group runs launched, its second is captured and replayed, every later one
     replayed: 14 steps (dropout on, one RNG stream) take the losses and end at the weights of 14

@@ -245,6 +245,13 @@ class Batch:
             if isinstance(v, torch.Tensor):
                 v.copy_(getattr(other, k), non_blocking=non_blocking)
 
+    def twice(self) -> Batch:
+        """The batch stacked on itself (each example again at index i + B): one forward runs both
+        copies, each under dropout masks of its own (R-Drop, `training.optim.rdrop_loss`)."""
+        doubled = self._map(lambda t: torch.cat([t, t]))
+        doubled.num_tgt_tokens = 2 * self.num_tgt_tokens
+        return doubled
+
     def __len__(self):
         return self.src.shape[0]
 

@@ -128,6 +128,10 @@ class TrainConfig:
     adam_betas: tuple[float, float] = _optim(default=(0.9, 0.98), nargs=2)
     adam_eps: float = _optim(default=1e-9)
     label_smoothing: float = _optim(default=0.1)
+    rdrop: float = _optim(default=0.0, help="R-Drop (Liang et al. 2021): each batch runs twice, each copy under its "
+                          "own dropout, and the loss adds ALPHA/2 times the two outputs' symmetric KL per target "
+                          "(the paper's IWSLT setting: 5); twice a step's compute and activations (0: off)",
+                          metavar="ALPHA")
     clip_norm: float = _optim(default=1.0, help="gradient clipping norm (0: off)")
     compile: str | None = _optim(help="torch.compile the training step's model (dynamic shapes; backend: inductor "
                                  "when given alone, aot_eager traces without code generation)", nargs="?",
@@ -217,7 +221,7 @@ _AT_LEAST = dict(
 _RANGES = {
     **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "label_smoothing", "bpe_dropout"),
                     (0.0, 1.0, False)),
-    **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget"),
+    **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget", "rdrop"),
                     (0.0, math.inf, False)),
 }
 _POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit", "time_budget")  # these may not be 0 either
@@ -264,6 +268,9 @@ def check_config(cfg: TrainConfig) -> None:
                           f"got --compile {cfg.compile}")
     if cfg.cuda_graphs and cfg.compile:
         raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
+    if cfg.rdrop and cfg.dropout == 0 and not cfg.attn_dropout and not cfg.ffn_dropout:
+        raise ConfigError(f"--rdrop {cfg.rdrop:g} compares two dropout masks; with --dropout 0 (and no attention or "
+                          f"FFN dropout) both copies are the same")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):
@@ -287,6 +294,9 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
     for name in ("summary_sentences", "summary_words"):
         if task != "extractive" and getattr(cfg, name) is not None:
             raise ConfigError(f"{flag(name)} picks an extractive summarizer's sentences; {task} validation decodes")
+    if task == "extractive" and cfg.rdrop:
+        raise ConfigError(f"--rdrop {cfg.rdrop:g}: R-Drop here compares token or class distributions; an extractive "
+                          f"summarizer scores sentences")
     if task == "extractive" and cfg.decoder_layers:
         raise ConfigError(f"--decoder-layers {cfg.decoder_layers}: --task extractive trains an encoder only")
     if task != "classification":

@@ -59,6 +59,21 @@ def extractive_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float):
     return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
 
 
+def rdrop_loss(task: str, logits: torch.Tensor, target: torch.Tensor, epsilon: float, alpha: float,
+               pad_id: int = PAD_ID):
+    """R-Drop (Liang et al. 2021) over one batch run twice (`Batch.twice`: logits rows [0, N) and
+    [N, 2N), each under its own dropout; the same targets): the paper's objective, the two copies'
+    losses plus alpha times the mean of KL(p1 || p2) and KL(p2 || p1), halved so that it is summed
+    over one copy's targets as `task_loss` is. Returns (loss sum, NLL sum), the NLL the copies' mean;
+    a seq2seq target of PAD is left out, a class label never is."""
+    loss, nll = task_loss(task)(logits, target, epsilon)
+    lp, lq = torch.log_softmax(logits.float(), dim=-1).chunk(2)
+    kl = ((lp.exp() - lq.exp()) * (lp - lq)).sum(-1)  # KL(p || q) + KL(q || p), per row
+    if task != "classification":
+        kl = torch.where(target.chunk(2)[0] != pad_id, kl, 0.0)
+    return (loss + alpha * kl.sum() / 2) / 2, nll / 2
+
+
 def task_loss(task: str):
     """The loss of a task's batches: fn(logits, target, epsilon) -> (loss sum, NLL sum)."""
     return {"classification": classification_loss, "extractive": extractive_loss}.get(task, label_smoothed_loss)

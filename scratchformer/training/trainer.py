@@ -35,6 +35,7 @@ from .optim import (
     build_scheduler,
     is_better,
     load_scheduler,
+    rdrop_loss,
     task_loss,
 )
 from .progress import Progress, Window
@@ -278,8 +279,9 @@ class Trainer:
             sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
             with sync:
                 with autocast_for(self.device, cfg.precision, cache=not graphed):
-                    logits, target = loss_terms(self.net, batch)
-                    loss, nll = task_loss(self.data.task)(logits, target, cfg.label_smoothing)
+                    logits, target = loss_terms(self.net, batch.twice() if cfg.rdrop else batch)
+                    loss, nll = (rdrop_loss(self.data.task, logits, target, cfg.label_smoothing, cfg.rdrop)
+                                 if cfg.rdrop else task_loss(self.data.task)(logits, target, cfg.label_smoothing))
                 self.scaler.scale(loss / ntok).backward()
             loss_total = loss_total + loss.detach()
             nll_total = nll_total + nll.detach()
