@@ -246,10 +246,9 @@ class Batch:
                 v.copy_(getattr(other, k), non_blocking=non_blocking)
 
     def twice(self) -> Batch:
-        """The batch stacked on itself (each example again at index i + B): one forward runs both
-        copies, each under dropout masks of its own (R-Drop, `training.optim.rdrop_loss`)."""
+        """The batch stacked on itself (example i again at i + B): R-Drop's two copies in one forward."""
         doubled = self._map(lambda t: torch.cat([t, t]))
-        doubled.num_tgt_tokens = 2 * self.num_tgt_tokens
+        doubled.num_tgt_tokens *= 2  # _map kept the count of one copy
         return doubled
 
     def __len__(self):
