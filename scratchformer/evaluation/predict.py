@@ -280,9 +280,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_labels(model, dataset, device=device, max_tokens=max_tokens, batch_size=batch_size,
                            precision=precision, on_batch=on_batch)
         elif task == "extractive":
-            predict_extracts(model, dataset, device=device, sentences=summary_sentences,
-                             words=summary_words, max_tokens=max_tokens, batch_size=batch_size, precision=precision,
-                             on_batch=on_batch)
+            predict_extracts(model, dataset, device=device, sentences=summary_sentences, words=summary_words,
+                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, on_batch=on_batch)
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
