@@ -1,6 +1,7 @@
 """Evaluate a checkpoint on a split: decoding metrics, perplexity, predictions on disk.
 
     python -m scratchformer.evaluate --checkpoint runs/multi30k --split validation --beam-size 4
+    python -m scratchformer.evaluate --checkpoint runs/seed0 runs/seed1 runs/seed2 --beam-size 4 --out runs/ens
     python -m scratchformer.evaluate --baseline lead3 --data ../shared/data/samsum --split validation
 
 Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
@@ -30,7 +31,7 @@ from .evaluation.evaluate import (
     decoding_name,
     evaluate,
     format_metrics,
-    load_run,
+    load_models,
     write_outputs,
 )
 from .evaluation.predict import add_summary_options, check_extract_options, check_options
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score a checkpoint on a data split (BLEU, chrF, ROUGE, accuracy, perplexity), "
         "or score the Lead-3 summarization baseline.",
     )
-    p.add_argument("--checkpoint", help="checkpoint file, or a run folder (uses its best.pt)")
+    p.add_argument("--checkpoint", nargs="+", metavar="CKPT",
+                   help="checkpoint file, or a run folder (uses its best.pt); several: an ensemble, its "
+                   "predictions the mean of their probabilities (one task and tokenizer; needs --out)")
     p.add_argument("--split", default="validation", help="split to score (default: validation)")
     p.add_argument("--dataset", help="dataset name (default: the one the checkpoint was trained on)")
     p.add_argument("--data", help="local data folder (default: the checkpoint's)")
@@ -77,6 +80,11 @@ def check_args(args) -> None:
     resolves --device."""
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
+    if args.checkpoint and len(args.checkpoint) > 1 and args.baseline is None:
+        if not args.out:  # the default, a run folder, holds that model's own predictions and metrics
+            raise cli.UsageError("an ensemble (several --checkpoint) needs --out DIR for its predictions and metrics")
+        if args.attention is not None:
+            raise cli.UsageError("--attention draws one model's attention; an ensemble has none of its own")
     for flag, value, low in (("--limit", args.limit, 1), ("--attention", args.attention, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
@@ -129,7 +137,7 @@ def main(argv=None) -> dict:
     if args.baseline == "lead3":
         return run_lead3(args)
     device = args.device
-    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
+    model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
     check_extract_options(ckpt["task"], args.summary_sentences, args.summary_words)
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))
@@ -145,8 +153,8 @@ def main(argv=None) -> dict:
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
                   precision=args.precision, progress=sys.stderr.isatty(),
                   summary_sentences=args.summary_sentences, summary_words=args.summary_words)
-    result = {"checkpoint": ckpt["path"], "split": args.split, "n": len(examples),
-              "step": ckpt.get("progress", {}).get("step"), **ev.metrics}
+    result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "split": args.split, "n": len(examples),
+              "step": ckpt.get("progress", {}).get("step") if "ensemble" not in ckpt else None, **ev.metrics}
     if source.task == "extractive":
         (name, scores), = ev.decodings.items()
         result.update(scores, decoding=name)

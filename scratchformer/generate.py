@@ -4,8 +4,10 @@
     python -m scratchformer.generate --checkpoint runs/m30k --input sentences.txt --beam-size 4
     echo "A great film." | python -m scratchformer.generate --checkpoint runs/imdb
     python -m scratchformer.generate --checkpoint runs/m30k --input test_inputs.jsonl.gz --output preds.jsonl
+    python -m scratchformer.generate --checkpoint runs/seed0 runs/seed1 --input test_inputs.jsonl.gz --output p.jsonl
 
-One input per line (a file or stdin), or one --text. Output: one line per input; classification
+One input per line (a file or stdin), or one --text. Several checkpoints predict as an ensemble
+(`model.Ensemble`: the mean of their probabilities at every step). Output: one line per input; classification
 prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
@@ -29,13 +31,15 @@ from . import data as D
 from .data.files import display_name, read_lines
 from .device import resolve_device
 from .evaluation import predict as P
-from .evaluation.evaluate import load_run, predict_extracts, predict_labels, predict_seq2seq
+from .evaluation.evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scratchformer.generate",
                                 description="Translate, summarize or classify text with a trained checkpoint.")
-    p.add_argument("--checkpoint", required=True, help="checkpoint file, or a run folder (uses its best.pt)")
+    p.add_argument("--checkpoint", required=True, nargs="+", metavar="CKPT",
+                   help="checkpoint file, or a run folder (uses its best.pt); several: an ensemble, its "
+                   "predictions the mean of their probabilities (one task and tokenizer)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="input text (repeatable)")
     src.add_argument("--input", metavar="FILE",
@@ -157,7 +161,7 @@ def main(argv=None) -> list[dict]:
     if args.output:
         return run_batch(args)
     device = args.device
-    model, toks, ckpt = load_run(args.checkpoint, device, args.kernel, args.compile)
+    model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
         source, numbered = "--text", list(enumerate(args.text, 1))
     else:  # a file or stdin; DataError names the file and line of undecodable text

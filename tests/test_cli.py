@@ -345,25 +345,26 @@ def test_commands_report_user_errors_in_one_line(tmp_path):
     assert p.returncode == 1 and "Traceback" in p.stderr and "CheckpointError: no checkpoint at" in p.stderr
 
 
-def _eval_run(root: Path) -> Path:
-    """A run folder without training: a tiny random model, its tokenizer and a local data folder
-    (evaluate needs only the checkpoint's parts)."""
+def _eval_run(root: Path, seed: int = 0, words: str = "one two three red house big eins zwei drei rot Haus groß",
+              task: str = "translation") -> Path:
+    """A run folder without training: a tiny random model, its tokenizer (trained on `words`) and a
+    local data folder (evaluate needs only the checkpoint's parts)."""
     from scratchformer.checkpoint import save_checkpoint
     from scratchformer.data import DataSource
     from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
     from scratchformer.model import ModelConfig, build_model
     from scratchformer.training.config import TrainConfig
 
+    root.mkdir(parents=True, exist_ok=True)
     data = translation_folder(root)
-    tok = BPETokenizer.train(["one two three red house big eins zwei drei rot Haus groß"] * 20, vocab_size=300,
-                             min_frequency=1)
-    torch.manual_seed(0)
+    tok = BPETokenizer.train([words] * 20, vocab_size=300, min_frequency=1)
+    torch.manual_seed(seed)
     cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
                       d_ff=64, dropout=0.0, kernel="eager")
     run = root / "run"
     save_checkpoint(run / "best.pt", {
         "model": build_model(cfg).state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
-        "task": "translation", "args": {**TrainConfig().to_dict(), "max_src_len": 16, "max_tgt_len": 10},
+        "task": task, "args": {**TrainConfig().to_dict(), "max_src_len": 16, "max_tgt_len": 10},
         "data": DataSource("local", "toy_mt", "translation", str(data)).to_dict(), "progress": {"step": 0}})
     return run
 
@@ -396,6 +397,46 @@ def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(
         "a read-only file system: write elsewhere; any previous predictions.validation.jsonl is left as it was; "
         "the scores are printed above; pass --out DIR to save them elsewhere")
     assert _snapshot(run) == before and list(cwd.iterdir()) == []
+
+
+def _predictions(folder: Path) -> list[str]:
+    return [json.loads(line)["prediction"] for line in (folder / "predictions.validation.jsonl").open()]
+
+
+def test_evaluate_and_generate_an_ensemble(tmp_path, capsys):
+    """Several --checkpoint decode as one model, the mean of their probabilities: a model twice
+    scores and predicts as the model; two models' mixture has a teacher-forced loss no higher than
+    the mean of theirs (-log of a mean probability <= the mean of the -logs); the metrics name
+    every member. Members of another tokenizer or task are refused, naming the checkpoints."""
+    a, b = _eval_run(tmp_path / "a"), _eval_run(tmp_path / "b", seed=1)
+    flags = ["--split", "validation", "--limit", "6", "--max-tokens", "64", "--beam-size", "2"]
+    score = {name: evaluate.main(["--checkpoint", *ckpts, "--out", str(tmp_path / name), *flags])
+             for name, ckpts in (("a", [str(a)]), ("b", [str(b)]), ("aa", [str(a), str(a / "best.pt")]),
+                                 ("ab", [str(a), str(b)]))}
+    assert _predictions(tmp_path / "aa") == _predictions(tmp_path / "a")
+    assert score["aa"]["bleu"] == score["a"]["bleu"] and score["aa"]["loss"] == pytest.approx(score["a"]["loss"])
+    assert score["ab"]["loss"] <= (score["a"]["loss"] + score["b"]["loss"]) / 2 + 1e-6
+    assert _predictions(tmp_path / "ab") not in (_predictions(tmp_path / "a"), _predictions(tmp_path / "b"))
+    assert score["ab"]["checkpoint"] == [{"path": str(run / "best.pt"), "step": 0} for run in (a, b)]
+    assert score["ab"]["step"] is None
+    texts = ["--text", "red house", "--text", "one two three", "--beam-size", "2"]
+    assert generate.main(["--checkpoint", str(a), str(a), *texts]) == generate.main(["--checkpoint", str(a), *texts])
+    (tmp_path / "in.txt").write_text("red house\none two three\n")
+    out = tmp_path / "ab.jsonl"
+    summary = generate.main(["--checkpoint", str(a), str(b), "--input", str(tmp_path / "in.txt"), "--output", str(out),
+                             "--beam-size", "2"])
+    assert summary["checkpoint"] == score["ab"]["checkpoint"] and len(out.read_text().splitlines()) == 2
+    capsys.readouterr()
+
+    other_tokens = _eval_run(tmp_path / "c", words="quite other words here")
+    with pytest.raises(CheckpointError, match=f"{other_tokens / 'best.pt'} and {a / 'best.pt'} have different "
+                       "tokenizers: an ensemble averages"):
+        evaluate.main(["--checkpoint", str(a), str(other_tokens), "--out", str(tmp_path / "x"), *flags])
+    other_task = _eval_run(tmp_path / "d", task="summarization")
+    with pytest.raises(CheckpointError, match=f"{other_task / 'best.pt'} was trained for summarization, "
+                       f"{a / 'best.pt'} for translation: an ensemble's models share one task"):
+        generate.main(["--checkpoint", str(a), str(other_task), *texts])
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
@@ -435,9 +476,11 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--min-len", "-2"], "--min-len must be >= 0 (0: off), got -2"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     ([], "--checkpoint is required"),
+    (["other.pt"], "an ensemble (several --checkpoint) needs --out DIR for its predictions and metrics"),
+    (["other.pt", "--out", "o", "--attention", "0"], "--attention draws one model's attention; an ensemble has none"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
-    monkeypatch.setattr(evaluate, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    monkeypatch.setattr(evaluate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     ckpt = [] if not flags else ["--checkpoint", str(tmp_path)]
     with pytest.raises((cli.UsageError, OptionError), match=re.escape(message)):  # both exit 2, no traceback
         evaluate.main(ckpt + flags)
@@ -459,7 +502,7 @@ def test_evaluate_and_generate_help_list_debug(capsys):
 ])
 def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, message):
     """`--device cuda` on a CPU build used to be torch's AssertionError after the checkpoint was read."""
-    monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    monkeypatch.setattr(mod, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
     with pytest.raises(DeviceError, match=message):
         mod.main(io_args + ["--device", device])

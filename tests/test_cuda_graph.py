@@ -230,3 +230,28 @@ def test_graph_decoding_equals_launched_steps(kernel, dtype):
         # bf16: the position term's rounding may flip a near-tie; each row must agree up to that
         agree = (launched == graphed).all(1).float().mean().item()
         assert agree >= (1.0 if dtype == "fp32" else 0.8), f"{kernel} {search}: {launched} vs {graphed}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "triton"])
+def test_graph_decoding_of_an_ensemble_equals_launched_steps(kernel):
+    """An ensemble's step (every member's step and the log of their mean, `model.Ensemble`)
+    captured as one CUDA graph decodes what its launched steps decode, greedy and beam 3, fp32;
+    the members differ in width and layer norm placement."""
+    from scratchformer.model import Ensemble
+
+    members = [_model(kernel, 0.0).eval()]
+    torch.manual_seed(1)
+    cfg = ModelConfig(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=64,
+                      dropout=0.0, norm="pre", final_norm=True, kernel=kernel)
+    members.append(Transformer(cfg, device="cuda").eval())
+    with torch.no_grad():
+        members[0].generator.bias[EOS_ID] = 3.0  # some rows end early
+    ensemble = Ensemble(members)
+    g = torch.Generator().manual_seed(2)
+    src, sl = torch.randint(4, V, (6, 11), generator=g).cuda(), torch.tensor([11, 4, 9, 1, 7, 11]).cuda()
+    for beam in (1, 3):
+        launched, graphed = (beam_search(ensemble, src, sl, beam_size=beam, max_len=16, no_repeat_ngram=2,
+                                         cuda_graph=c) for c in (False, True))
+        assert (launched == EOS_ID).any(), "test needs rows that finish"
+        assert torch.equal(launched, graphed), f"{kernel} beam {beam}: {launched} vs {graphed}"

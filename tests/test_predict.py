@@ -434,7 +434,7 @@ def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatc
     """`generate --max-len -1` used to emit one token: every decoding option is checked once, at the
     entry, naming the flag, before the checkpoint is loaded or a file is written."""
     for mod in (generate, P):
-        monkeypatch.setattr(mod, "load_run", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+        monkeypatch.setattr(mod, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
     io_args = ["--text", "one"] if mode == "text" else ["--input", str(src), "--output", str(tmp_path / "p.jsonl")]
     before = sorted(tmp_path.iterdir())

@@ -23,7 +23,7 @@ from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkp
 from ..compile import compile_for_inference
 from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_name
 from ..data.tokenizer import TokenizerPair
-from ..model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, beam_search, build_model, greedy_decode
+from ..model import BOS_ID, EOS_ID, PAD_ID, Ensemble, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
 
 
@@ -50,6 +50,28 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
         model = compile_for_inference(model, backend=compile)
     ckpt["path"] = str(path)
     return model, tokenizers, ckpt
+
+
+def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | None = None,
+                compile: str | None = None):
+    """One checkpoint (a file or run folder) or a list of them -> (model, tokenizers, checkpoint
+    dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
+    one task and one tokenizer pair: a CheckpointError names the first checkpoint that differs.
+    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step."""
+    paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    loaded = [load_run(p, device, kernel, compile) for p in paths]
+    model, tokenizers, ckpt = loaded[0]
+    if len(loaded) == 1:
+        return model, tokenizers, ckpt
+    for _, _, other in loaded[1:]:
+        if other["task"] != ckpt["task"]:
+            raise CheckpointError(f"{other['path']} was trained for {other['task']}, {ckpt['path']} for "
+                                  f"{ckpt['task']}: an ensemble's models share one task")
+        if other["tokenizers"] != ckpt["tokenizers"]:
+            raise CheckpointError(f"{other['path']} and {ckpt['path']} have different tokenizers: an ensemble "
+                                  "averages its models' predictions over one vocabulary")
+    ckpt["ensemble"] = [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded]
+    return Ensemble(m for m, _, _ in loaded).eval(), tokenizers, ckpt
 
 
 def autocast_for(device: torch.device, precision: str, cache: bool = True):

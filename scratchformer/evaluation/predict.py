@@ -36,7 +36,7 @@ from .. import data as D
 from ..checkpoint import fsync_dir, write_lines_atomic
 from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import display_name, read_lines, uncompressed_name
-from .evaluate import load_run, predict_extracts, predict_labels, predict_seq2seq
+from .evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 
 log = logging.getLogger(__name__)
@@ -307,12 +307,13 @@ def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
 
 
-def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, *, field: str | None = None,
+def predict_file(checkpoint: str | Path | list, input: str | Path, output: str | Path, *, field: str | None = None,
                  fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
                  device=None, kernel: str | None = None, compile: str | None = None, progress: bool = False,
                  **predict_kw) -> dict:
     """Predict every input of a file and write ``{"id", "prediction"}`` lines to `output`, in input
-    order (with `resume`, lines of ids not in the input are kept after them).
+    order (with `resume`, lines of ids not in the input are kept after them). `checkpoint`: a file
+    or run folder, or a list of them: an ensemble (`load_models`).
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
     keyword arguments go to `predict_records`. Returns a summary dict (counts, seconds, examples/s).
@@ -324,7 +325,7 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
                               "predictions and add the missing ones, or --overwrite to replace it")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, toks, ckpt = load_run(checkpoint, device, kernel, compile)
+    model, toks, ckpt = load_models(checkpoint, device, kernel, compile)
     task = ckpt["task"]
     check_extract_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
     records = read_inputs(input, task, field, fmt)
@@ -365,4 +366,4 @@ def predict_file(checkpoint: str | Path, input: str | Path, output: str | Path, 
     return {"output": str(output), "task": task, "inputs": len(records), "predicted": len(todo),
             "kept": len(records) - len(todo), "seconds": round(seconds, 2),
             "examples_per_s": round(len(todo) / seconds, 2) if todo and seconds > 0 else math.nan,
-            "checkpoint": ckpt["path"]}
+            "checkpoint": ckpt.get("ensemble", ckpt["path"])}

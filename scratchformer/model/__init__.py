@@ -1,5 +1,6 @@
 """The model: configuration (`config`), layers (`layers`), the encoder-decoder Transformer, the
-classifier and the extractive summarizer (`transformer`), and batched decoding (`decoding`).
+classifier and the extractive summarizer (`transformer`), several of one kind as one (`ensemble`), and
+batched decoding (`decoding`).
 
     from scratchformer.model import build_model, get_config
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
@@ -7,6 +8,7 @@ classifier and the extractive summarizer (`transformer`), and batched decoding (
 
 from .config import BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ModelConfig, get_config
 from .decoding import beam_search, greedy_decode
+from .ensemble import Ensemble
 from .layers import (
     AddNorm,
     DecoderLayer,
@@ -32,7 +34,7 @@ from .transformer import (
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
-    "greedy_decode", "beam_search",
+    "greedy_decode", "beam_search", "Ensemble",
     "AddNorm", "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "KVCache", "MultiHeadAttention",
     "StaticKVCache", "attention_weights",
     "Classifier", "Decoder", "DecoderState", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",

@@ -2,12 +2,15 @@
 
 Both return (B, T) int64 tokens without the leading BOS; a finished row holds its EOS and then
 PAD. The encoder runs once; decoder self-attention keys/values are cached per layer and the
-cross-attention keys/values are projected once (`Transformer.init_state`). Call `model.eval()`
-first: decoding does not switch modes for you. `no_repeat_ngram` n > 0 forbids a token that would
-repeat an n-gram already in the output (fairseq's --no-repeat-ngram-size, the trigram blocking of
-summarizers since Paulus et al. 2018). `min_len` m > 0 forbids EOS for the first m tokens, so an
-output holds at least m tokens before its EOS (fairseq's --min-len, Hugging Face's
-min_new_tokens; summarizers decode with one); with m >= max_len no row finishes.
+cross-attention keys/values are projected once (`Transformer.init_state`). `model` is a
+`Transformer` or an `Ensemble` of them (`ensemble.py`: each step's distribution the mean of its
+members'). Call `model.eval()` first: decoding does not switch modes for you.
+
+`no_repeat_ngram` n > 0 forbids a token that would repeat an n-gram already in the output
+(fairseq's --no-repeat-ngram-size, the trigram blocking of summarizers since Paulus et al. 2018).
+`min_len` m > 0 forbids EOS for the first m tokens, so an output holds at least m tokens before
+its EOS (fairseq's --min-len, Hugging Face's min_new_tokens; summarizers decode with one); with
+m >= max_len no row finishes.
 
 Asking whether every row is done reads a flag back to the host: on a GPU that waits for the step
 to finish, so the host cannot queue the next step's kernels meanwhile. `check_every` c asks only
@@ -53,15 +56,18 @@ def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
             and not backends.DEBUG)
 
 
-def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
-    """The decoding state and its step, tokens (N, 1) -> next-token logits (N, V)."""
-    replayed = _use_graphs(cuda_graph, memory.device)
-    state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed or model.static_caches)
+def _start(model, src, src_lengths, max_len, cuda_graph: bool | None, beams: int = 1):
+    """Encodes src (B, Ls); the decoding state of B * beams rows (each source `beams` times, beam
+    search's hypotheses) and its step, tokens (B * beams, 1) -> next-token logits (B * beams, V)."""
+    replayed = _use_graphs(cuda_graph, src.device)
+    memory = model.encode(src, src_lengths)
+    state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed or model.static_caches,
+                             beams=beams)
     launched = lambda last: model.decode_step(last, state)  # noqa: E731
     if not replayed:
         return state, launched
     try:
-        return state, _graph_step(model, state, memory.shape[0])
+        return state, _graph_step(model, state, src.shape[0] * beams, src.device)
     except RuntimeError as e:
         if cuda_graph:
             raise
@@ -70,18 +76,18 @@ def _start(model, memory, src_lengths, max_len, src, cuda_graph: bool | None):
             warnings.warn(f"decoding: capturing the step as a CUDA graph failed ({e}); launching each step "
                           "(SCRATCHFORMER_CUDA_GRAPHS=0 skips the attempt)", RuntimeWarning, stacklevel=3)
             _CAPTURE_WARNED = True
-        state.pos.zero_()
+        state.rewind()
         return state, launched
 
 
-def _graph_step(model, state, rows: int):
+def _graph_step(model, state, rows: int, device):
     """`model.decode_step` over static caches as a CUDA graph's replay: tokens (rows, 1) are copied
     into the graph's input; the step returns the graph's logits buffer, which the next step
-    rewrites. The position is rewound after the warm-up; what it wrote at position 0 is rewritten
+    rewrites. The state is rewound after the warm-up; what it wrote at position 0 is rewritten
     by the first real step before anything reads it."""
-    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=state.memory.device)
+    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)
     logits, replay = graphs.capture(lambda: model.decode_step(tokens, state))
-    state.pos.zero_()
+    state.rewind()
 
     def step(last):
         tokens.copy_(last)
@@ -143,8 +149,7 @@ def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int
     every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
                    cuda_graph=cuda_graph)
     B = src.shape[0]
-    memory = model.encode(src, src_lengths)
-    _, step = _start(model, memory, src_lengths, max_len, src, cuda_graph)
+    _, step = _start(model, src, src_lengths, max_len, cuda_graph)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
@@ -204,9 +209,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
     every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
                    cuda_graph)
     B, K, dev = src.shape[0], beam_size, src.device
-    memory = model.encode(src, src_lengths)
-    state, step = _start(model, memory.repeat_interleave(K, 0), src_lengths.repeat_interleave(K, 0), max_len,
-                         src.repeat_interleave(K, 0), cuda_graph)
+    state, step = _start(model, src, src_lengths, max_len, cuda_graph, beams=K)
 
     neg_inf = float("-inf")
     alive_seq = torch.empty(B, K, 0, dtype=torch.long, device=dev)

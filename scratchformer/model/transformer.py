@@ -106,6 +106,13 @@ class DecoderState:
                 if getattr(self, name) is not None:
                     setattr(self, name, getattr(self, name).index_select(0, index))
 
+    def rewind(self) -> None:
+        """Back to the first step (a CUDA graph's warm-up step ran one; the first real step rewrites
+        what it cached)."""
+        self.pos = self.pos.zero_() if isinstance(self.pos, torch.Tensor) else 0
+        for self_cache, _ in self.caches:
+            self_cache.length = 0
+
 
 def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *, vocab: int, max_len: int) -> None:
     """The model's one check of a batch: tokens (B, L) int ids in [0, vocab), lengths (B,) in [0, L].
@@ -223,13 +230,18 @@ class Transformer(_Model):
         memory = self._encode(src, src_lengths)
         return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
 
-    def init_state(self, memory, src_lengths, max_len: int, src=None, *, static: bool = False) -> DecoderState:
+    def init_state(self, memory, src_lengths, max_len: int, src=None, *, static: bool = False,
+                   beams: int = 1) -> DecoderState:
         """Decoding state for up to max_len target steps; cross-attention K/V computed here, once
         (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
         the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
-        needs; one token a step."""
+        needs; one token a step. beams: each source row repeated that many times, consecutively
+        (beam search's hypotheses)."""
         if max_len > self.cfg.max_len:  # a step's position is its index: as forward refuses a longer target
             raise ValueError(f"max_len {max_len} is over the model's max_len {self.cfg.max_len}, the positions it has")
+        if beams > 1:
+            memory, src_lengths = memory.repeat_interleave(beams, 0), src_lengths.repeat_interleave(beams, 0)
+            src = None if src is None else src.repeat_interleave(beams, 0)
         B, Ls, _ = memory.shape
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
