@@ -1,7 +1,10 @@
 """The checkpoint of a finished run that writes its test predictions, and the length penalty it
 decodes them with: best.pt, or the average of the run's last step checkpoints (averaged.pt, from
 `scratchformer.average`), whichever scores higher on validation, at the penalty of its best score.
-Prints the path and the penalty (tab-separated); the scores and the choice go to stderr.
+Prints the path and the penalty (tab-separated); the scores and the choice go to stderr. An
+ensemble scored beside them (RUN/ensemble, `evaluate --checkpoint A B ... --out RUN/ensemble`:
+several runs' checkpoints as one model) is a candidate too, after the two on a tie; picked, its
+members' paths are printed, space-separated, where the one path would be.
 
     python -m scratchformer.average RUN --last 5
     python -m scratchformer.evaluate --checkpoint RUN/best.pt --beam-size 4 --out RUN/best
@@ -29,6 +32,7 @@ import sys
 from pathlib import Path
 
 CHECKPOINTS = ("best", "averaged")  # in order of preference on a tie
+ENSEMBLE = "ensemble"  # after them
 # the first in the scores: classification, summarization, translation
 DECODING_METRICS = ("accuracy", "rougeLsum", "bleu")
 LOWER_IS_BETTER = ("loss", "ppl")
@@ -41,20 +45,31 @@ def checkpoint_of(name: str) -> str:
     return name.split("-lp")[0]
 
 
+def members(run: Path, name: str, scores: dict) -> list[Path]:
+    """The checkpoint files a scores folder decoded: RUN/NAME.pt, or an ensemble's members."""
+    if checkpoint_of(name) == ENSEMBLE:
+        return [Path(m["path"]) for m in scores.get("checkpoint", [])]
+    return [run / f"{checkpoint_of(name)}.pt"]
+
+
 def candidates(run: Path) -> dict[str, dict]:
     """Scores by folder name, in order of preference on a tie: best, averaged, then best-lpX and
-    averaged-lpX; only those whose checkpoint is there."""
-    names = [*CHECKPOINTS, *(f.name for c in CHECKPOINTS for f in sorted(run.glob(f"{c}-lp*")))]
-    return {name: json.loads((run / name / "metrics.validation.json").read_text()) for name in names
-            if (run / f"{checkpoint_of(name)}.pt").is_file() and (run / name / "metrics.validation.json").is_file()}
+    averaged-lpX, then the ensemble's; only those whose checkpoints are there."""
+    names = [*CHECKPOINTS, *(f.name for c in CHECKPOINTS for f in sorted(run.glob(f"{c}-lp*"))),
+             ENSEMBLE, *(f.name for f in sorted(run.glob(f"{ENSEMBLE}-lp*")))]
+    scored = {name: json.loads((run / name / "metrics.validation.json").read_text()) for name in names
+              if (run / name / "metrics.validation.json").is_file()}
+    return {name: s for name, s in scored.items()
+            if (found := members(run, name, s)) and all(p.is_file() for p in found)}
 
 
-def pick(run: Path) -> tuple[Path, float | None, str]:
-    """(the checkpoint, the length penalty to decode with or None, why)."""
+def pick(run: Path) -> tuple[list[Path], float | None, str]:
+    """(the checkpoint, or an ensemble's, the length penalty to decode with or None, why)."""
     scores = candidates(run)
     present = [c for c in CHECKPOINTS if (run / f"{c}.pt").is_file() or (run / c).is_dir()]  # a file or scores
     if not present or not set(present) <= scores.keys():
-        return run / "best.pt", None, f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CHECKPOINTS)}"
+        have = ", ".join(scores) or "none"
+        return [run / "best.pt"], None, f"validation scores for {have} of {', '.join(CHECKPOINTS)}"
     differ = [k for k in SAME if len({json.dumps(s.get(k, UNSET.get(k))) for s in scores.values()}) > 1]
     if differ:
         raise SystemExit(f"error: the candidates of {run} were scored differently ({', '.join(differ)}): score them "
@@ -66,18 +81,20 @@ def pick(run: Path) -> tuple[Path, float | None, str]:
     name = max(scores, key=lambda c: sign * scores[c][metric])  # the first of equals: candidates' order
     length_penalty = float(scores[name].get("length_penalty", UNSET["length_penalty"]))
     shown = ", ".join(f"{c} {s[metric]:.2f}" for c, s in scores.items())
-    return run / f"{checkpoint_of(name)}.pt", length_penalty, \
+    return members(run, name, scores[name]), length_penalty, \
         f"validation {metric} ({scores[present[0]].get('decoding')}): {shown}; length penalty {length_penalty:g}"
 
 
-def main(argv=None) -> tuple[Path, float | None]:
+def main(argv=None) -> tuple[list[Path], float | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a finished run folder")
     args = p.parse_args(argv)
-    path, length_penalty, why = pick(args.run)
-    print(f"{path.name}: {why}", file=sys.stderr)
-    print(path if length_penalty is None else f"{path}\t{length_penalty:g}")
-    return path, length_penalty
+    paths, length_penalty, why = pick(args.run)
+    name = paths[0].name if len(paths) == 1 else f"an ensemble of {len(paths)}"
+    print(f"{name}: {why}", file=sys.stderr)
+    picked = " ".join(map(str, paths))
+    print(picked if length_penalty is None else f"{picked}\t{length_penalty:g}")
+    return paths, length_penalty
 
 
 if __name__ == "__main__":

@@ -170,3 +170,32 @@ def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, 
     assert wrong.returncode != 0 and "scored differently (min_len)" in wrong.stderr
     (tmp_path / "averaged" / "metrics.validation.json").unlink()
     assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")
+
+
+def test_pick_checkpoint_takes_an_ensemble_only_when_it_scores_higher(tmp_path):
+    """RUN/ensemble (several runs' checkpoints scored as one model) is a candidate after best.pt and
+    the average: picked only on a higher score, and then its members are printed; an ensemble whose
+    member is gone is no candidate."""
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    members = [tmp_path / "seed-0" / "averaged.pt", tmp_path / "seed-1" / "averaged.pt"]
+    for path in members:
+        path.parent.mkdir()
+        path.write_bytes(b"")
+    scored = {"n": 500, "decoding": "beam4", "no_repeat_ngram": 0}
+    for name, bleu, lp in (("best", 30.0, 1.0), ("averaged", 30.5, 1.0), ("ensemble", 30.5, 1.0),
+                           ("ensemble-lp1.6", 30.4, 1.6)):
+        (tmp_path / name).mkdir()
+        ckpt = [{"path": str(p), "step": 9} for p in members] if name.startswith("ensemble") else str(tmp_path / name)
+        (tmp_path / name / "metrics.validation.json").write_text(
+            json.dumps({**scored, "bleu": bleu, "length_penalty": lp, "checkpoint": ckpt}))
+        if not name.startswith("ensemble"):
+            (tmp_path / f"{name}.pt").write_bytes(b"")
+    assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"  # a tie keeps the single model
+    scores = json.loads((tmp_path / "ensemble-lp1.6" / "metrics.validation.json").read_text())
+    (tmp_path / "ensemble-lp1.6" / "metrics.validation.json").write_text(json.dumps({**scores, "bleu": 31.0}))
+    done = _pick(tmp_path)
+    assert done.stdout.strip() == f"{members[0]} {members[1]}\t1.6", done.stderr
+    assert "an ensemble of 2: validation bleu (beam4): best 30.00, averaged 30.50, ensemble 30.50, " \
+           "ensemble-lp1.6 31.00" in done.stderr
+    members[1].unlink()
+    assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"

@@ -269,27 +269,48 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert kernels == {"triton": "eager", "eager": "eager"}  # the CPU rehearsal runs both on eager
 
 
-def test_search_recipe_predicts_with_its_best_variant(tmp_path):
-    """A search (iwslt-search: a grid with DECODE) trains its variants at once (JOBS), then finishes its
-    best by METRIC on validation as a single run: scored, the test predictions written, its model
-    brought back; the archive holds the whole grid (ablation.json, every variant's folder and log)."""
+def test_search_recipe_predicts_with_its_best_variant_or_their_ensemble(tmp_path):
+    """A search (a grid with DECODE; iwslt-ensemble: seeds) trains its variants at once (JOBS), then
+    finishes its best by METRIC on validation as a single run: scored, the test predictions written,
+    its model brought back; the archive holds the whole grid (ablation.json, every variant's folder and
+    log). With ENSEMBLE=1 every variant's average, as one model, is scored beside the best variant's
+    checkpoints; when it scores highest it writes the predictions (its members stay on the machine)."""
     ids = _translation_data(tmp_path / "data")
-    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt-search")
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt-ensemble")
     call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
     assert call.returncode == 0, call.stdout[-3000:]
     files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
-    grid = tmp_path / "runs" / "iwslt-search"
+    grid = tmp_path / "runs" / "iwslt-ensemble"
     summary = json.load(open(grid / "ablation.json"))
     names = [r["folder"] for r in summary["runs"]]
-    assert names == ["bpe-dropout", "tiny"] and summary["metric"] == "bleu"  # the rehearsal: the first two
+    assert names == ["seed-0", "seed-1"] and summary["metric"] == "bleu"  # the rehearsal: the first two
     assert "--jobs 2" not in log and "--jobs 4" in log  # the recipe's JOBS, two variants to run
     best = max(summary["runs"], key=lambda r: r["final"]["bleu"])["folder"]
     assert summary["best"] == best and f"the best variant by bleu on validation: {best}" in log, log[-3000:]
     assert {"run/ablation.json", *(f"run/logs/{n}.txt" for n in names), *(f"run/{n}/metrics.final.json" for n in names),
-            f"run/{best}/test_predictions.jsonl", f"run/{best}/best/metrics.validation.json"} <= set(files)
-    assert not [n for n in files if n.endswith(".pt")] and "iwslt-search: finished" in log
+            f"run/{best}/test_predictions.jsonl", f"run/{best}/best/metrics.validation.json",
+            f"run/{best}/ensemble/metrics.validation.json", f"run/{best}/ensemble-lp1.6/metrics.validation.json"
+            } <= set(files)
+    ensemble = json.load(open(grid / best / "ensemble" / "metrics.validation.json"))
+    assert [m["path"] for m in ensemble["checkpoint"]] == [str(grid / n / "averaged.pt") for n in names]
+    assert not [n for n in files if n.endswith(".pt")] and "iwslt-ensemble: finished" in log
     assert [json.loads(line)["id"] for line in open(grid / best / "test_predictions.jsonl")] == ids
-    assert list((tmp_path / "o1").glob("50_iwslt-search-picked.pt.part*"))
+    assert list((tmp_path / "o1").glob("50_iwslt-ensemble-picked.pt.part*"))  # a tie of untrained models: best.pt
+    # had the ensemble scored highest, it would have written them
+    ensemble["bleu"] = 100.0
+    (grid / best / "ensemble" / "metrics.validation.json").write_text(json.dumps(ensemble))
+    (grid / best / "test_predictions.jsonl").unlink()
+    call = _dry_run("50_train.sh", str(tmp_path / "o2"), **env)
+    assert call.returncode == 0, call.stdout[-3000:]
+    files, log = _archive(str(tmp_path / "o2"), "50_train.sh")
+    members = " ".join(str(grid / n / "averaged.pt") for n in names)
+    assert re.search(rf"generate .*--checkpoint {re.escape(members)} --input", log), log[-3000:]
+    assert "the test predictions' model is an ensemble of 2: its members stay on the machine" in log
+    assert not list((tmp_path / "o2").glob("*.pt.part*"))
+    with tarfile.open(tmp_path / "o2" / "50_train.tar.gz") as tar:
+        assert tar.extractfile("./picked.txt").read().decode().split()[:3] == [
+            "ensemble", *(f"{n}/averaged.pt" for n in names)]
+    assert [json.loads(line)["id"] for line in open(grid / best / "test_predictions.jsonl")] == ids
 
 
 def test_summarizer_checks_its_encoder_after_its_test_predictions(tmp_path):

@@ -21,7 +21,9 @@
 #      "RECIPE: finished" or "continue".
 # An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues), JOBS of its
 # variants at once; a search recipe (an ablation with DECODE) then goes on with steps 2 and 3 on the
-# grid's best variant by METRIC on validation (ablation.json's "best"), as for a single run.
+# grid's best variant by METRIC on validation (ablation.json's "best"), as for a single run; with
+# ENSEMBLE=1 all the grid's variants, as one model (evaluate --checkpoint A B ...), are a candidate
+# for the test predictions beside that variant's best.pt and average.
 # Data: bash scripts/pack_gpu_data.sh DATASET, and carry .gpu_data (with .whl and .gpu_build).
 source "$(dirname "$0")/prelude.sh"
 source "$REPO/scripts/gpu/recipes.sh"
@@ -99,10 +101,35 @@ fi
 inputs=$(compgen -G "$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl*" | head -1)  # .gz, or .xz (cnn_dailymail)
 inputs=${inputs:-$SCRATCHFORMER_DATA/$DATASET/test_inputs.jsonl.gz}
 predicted() { [ ${#DECODE[@]} -eq 0 ] || [ -e "$RUN/test_predictions.jsonl" ] || [ ! -e "$inputs" ]; }
-pick() {  # -> ckpt, picked_lp: the checkpoint that writes the predictions and its penalty (best.pt without scores)
+ckpts=()
+pick() {  # -> ckpts, picked_lp: the checkpoint that writes the predictions (or an ensemble's members) and its
+  # penalty (best.pt without scores)
   local picked
   picked=$("$PY" scripts/pick_checkpoint.py "$RUN" 2> "$WORK/pick.txt") || picked=$RUN/best.pt
-  IFS=$'\t' read -r ckpt picked_lp <<< "$picked"
+  IFS=$'\t' read -r picked picked_lp <<< "$picked"
+  read -r -a ckpts <<< "$picked"
+}
+# An ENSEMBLE recipe's candidate: the grid's finished variants as one model (each variant's average of its
+# last AVERAGE step checkpoints, else its best.pt), scored as the others are, into RUN/ensemble[-lpX].
+# A time-out leaves it to the next call (scored=0); any other failure leaves it out.
+score_ensemble() {
+  local v n out members=()
+  for v in "$GRID"/*/metrics.final.json; do
+    v=$(dirname "$v"); n=$(compgen -G "$v/step_*.pt" | wc -l)
+    if [ "$n" -gt 1 ] && [ ! -e "$v/averaged.pt" ]; then
+      run_cmd 120 "average_$(basename "$v")" "$PY" -m scratchformer.average "$v" --last "$(( n < AVERAGE ? n : AVERAGE ))"
+    fi
+    if [ -e "$v/averaged.pt" ]; then members+=("$v/averaged.pt"); else members+=("$v/best.pt"); fi
+  done
+  [ "${#members[@]}" -gt 1 ] || return 0
+  for lp in "" "${LENGTH_PENALTIES[@]}"; do
+    out=ensemble${lp:+-lp$lp}
+    [ ! -e "$RUN/$out/metrics.validation.json" ] || continue
+    run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "${members[@]}" --out "$RUN/$out" \
+      "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
+    case $? in 124|130|137) scored=0 ;; *) echo "== the ensemble failed: not a candidate" ;; esac
+    return 0
+  done
 }
 if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   steps=$(compgen -G "$RUN/step_*.pt" | wc -l)
@@ -120,10 +147,13 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
       fi
     done
   done
+  if [ "$ENSEMBLE" = 1 ] && [ "$scored" = 1 ]; then
+    score_ensemble
+  fi
   if [ "$scored" = 1 ]; then
     pick
     cat "$WORK/pick.txt"
-    run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" \
+    run_cmd "$(limit 570)" generate "$PY" -m scratchformer.generate --checkpoint "${ckpts[@]}" --input "$inputs" \
       --output "$RUN/test_predictions.jsonl" --resume --save-every 30 --no-progress "${DECODE[@]}" \
       ${picked_lp:+--length-penalty "$picked_lp"} "${RUNTIME[@]}"
   fi
@@ -165,12 +195,18 @@ if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/
   run_cmd 120 average_unfinished "$PY" -m scratchformer.average "$RUN" --last "$(( steps < AVERAGE ? steps : AVERAGE ))" \
     --output "$weights" --overwrite && ship averaged "$weights"
 elif finished && [ ${#DECODE[@]} -gt 0 ]; then
-  [ -n "${ckpt:-}" ] || pick  # not picked in this call (predicted in an earlier one, or not scored)
-  echo "$(basename "$ckpt") ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
-  if [ "$(basename "$ckpt")" = averaged.pt ]; then  # weights only already
-    cp "$ckpt" "$weights" && ship picked "$weights"
-  else  # the average of one: its weights without the optimizer's state
-    run_cmd 120 weights_picked "$PY" -m scratchformer.average "$ckpt" --output "$weights" --overwrite && ship picked "$weights"
+  [ ${#ckpts[@]} -gt 0 ] || pick  # not picked in this call (predicted in an earlier one, or not scored)
+  if [ ${#ckpts[@]} -gt 1 ]; then  # an ensemble: several models, each as large as one; none comes back
+    echo "ensemble ${ckpts[*]#"$GRID/"} ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
+    echo "== the test predictions' model is an ensemble of ${#ckpts[@]}: its members stay on the machine"
+  else
+    echo "$(basename "${ckpts[0]}") ${DECODE[*]} ${picked_lp:+--length-penalty $picked_lp}" > "$WORK/picked.txt"
+    if [ "$(basename "${ckpts[0]}")" = averaged.pt ]; then  # weights only already
+      cp "${ckpts[0]}" "$weights" && ship picked "$weights"
+    else  # the average of one: its weights without the optimizer's state
+      run_cmd 120 weights_picked "$PY" -m scratchformer.average "${ckpts[0]}" --output "$weights" --overwrite \
+        && ship picked "$weights"
+    fi
   fi
 fi
 

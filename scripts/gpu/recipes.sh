@@ -12,6 +12,8 @@
 #   RUNTIME  how evaluate and generate run (the run's precision)
 #   JOBS     an ablation grid's variants trained at once on the one GPU (scratchformer.ablate --jobs)
 #   METRIC   the grid's compared metric; a grid with DECODE (a search) predicts with its best variant
+#   ENSEMBLE 1: a search's variants together, as one model (evaluate --checkpoint A B ...), are a candidate
+#            for the test predictions beside its best variant's checkpoints (0: not)
 # These are first guesses: the CPU recipes of results/ (the only ones measured) with the batches a
 # GPU affords. Trained on a GPU so far: multi30k (2026-11-26, H100: 5,393 steps in the 330 s at
 # 124.8k target tokens/s, validation BLEU 40.63 with the average; overfitting past step 4,500:
@@ -26,8 +28,8 @@
 # 5.5-minute budget.
 # shellcheck shell=bash
 
-RECIPES="multi30k multi30k-tiny multi30k-eager iwslt iwslt-tiny iwslt-bpe-dropout iwslt-search iwslt-rdrop samsum cnndm
-cnndm-ext ablate-multi30k iwslt-subsets"
+RECIPES="multi30k multi30k-tiny multi30k-eager iwslt iwslt-tiny iwslt-bpe-dropout iwslt-search iwslt-rdrop iwslt-ensemble
+samsum cnndm cnndm-ext ablate-multi30k iwslt-subsets"
 BUDGET=330  # a run's training seconds: the first call's 510 less the start, the final report and the packing
 
 # every run: our kernels in bf16, one seed, checkpoints every 250 steps (a call can end anywhere), the
@@ -69,7 +71,7 @@ IWSLT=(--dataset iwslt2017_en_de --preset small --layers 3 --d-ff 512 --heads 4 
 
 recipe() {
   DATASET=""; FLAGS=(); VARIANTS=(); DECODE=(--beam-size 4); SCORE=(); AVERAGE=5; RUNTIME=(--precision bf16)
-  JOBS=1; METRIC=""
+  JOBS=1; METRIC=""; ENSEMBLE=0
   LENGTH_PENALTIES=()
   case "$1" in
     multi30k)  # test2016 BLEU >= 41, on our kernels
@@ -153,6 +155,19 @@ recipe() {
       FLAGS=("${IWSLT[@]}" --bpe-dropout 0.1 --time-budget "$BUDGET" --max-steps 20000 --eval-every 500
              --eval-decode-examples 500)
       VARIANTS=("bpe-dropout=" "bpe-dropout-rdrop=--rdrop 1") ;;
+    iwslt-ensemble)  # iwslt-bpe-dropout from four seeds at once, each with the whole budget (about the
+      # 13k steps each run of iwslt-search had: a third of one run's tokens/s, ~1.25M together against
+      # ~0.97M alone), then the four as one model: each step's next-token distribution the mean of
+      # theirs (scratchformer/model/ensemble.py), each member the average of its last 5 checkpoints.
+      # The ensemble, scored on validation with beam 4 beside the best seed's best.pt and average, writes
+      # the test predictions if it scores highest. Independent seeds ensembled are the usual gain of
+      # small-data translation at a fixed compute (the bpe-dropout run alone at 13,190 steps: 16.72).
+      # On 5,000 Multi30k pairs on the CPU three seeds' ensemble gained over its best member (results/
+      # ensemble-multi30k5k-cpu). Not yet run
+      DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.6); JOBS=4; METRIC=bleu; ENSEMBLE=1
+      FLAGS=("${IWSLT[@]}" --bpe-dropout 0.1 --time-budget "$BUDGET" --max-steps 20000 --eval-every 500
+             --eval-decode-examples 500)
+      VARIANTS=("seed-0=" "seed-1=--seed 1" "seed-2=--seed 2" "seed-3=--seed 3") ;;
     samsum)  # every dialogue, from scratch, with --copy (the pointer-generator): without it the encoder
       # collapsed and only a curriculum of short dialogues saved it (results/samsum-cpu-small-curriculum);
       # with it one phase reached validation perplexity 31.4 by step 1,800 on the CPU, the curriculum
