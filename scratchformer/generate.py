@@ -7,8 +7,8 @@
     python -m scratchformer.generate --checkpoint runs/seed0 runs/seed1 --input test_inputs.jsonl.gz --output p.jsonl
 
 One input per line (a file or stdin), or one --text. Several checkpoints predict as an ensemble
-(`model.Ensemble`: the mean of their probabilities at every step). Output: one line per input; classification
-prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
+(`model.Ensemble`: the mean of their probabilities at every step). Output: one line per input;
+classification prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
 (ids kept) or plain text, written as ``{"id", "prediction"}`` lines, atomically; --resume continues.
