@@ -126,7 +126,7 @@ def _mixture_score(members, src, sl, seq):
 @torch.no_grad()
 def test_exhaustive_beam_finds_the_best_sequence_under_the_mixture():
     """On a tiny vocabulary, beam with K >= V^T is exhaustive: it must find the sequence the mean
-    distribution scores best, which no member alone needs to."""
+    distribution scores best."""
     torch.manual_seed(1)
     cfg = dict(src_vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                dropout=0.0, kernel="eager")

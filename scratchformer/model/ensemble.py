@@ -40,11 +40,10 @@ def log_mean_prob(logits: list[torch.Tensor]) -> torch.Tensor:
 
 
 def logit_of_mean_prob(logits: list[torch.Tensor]) -> torch.Tensor:
-    """logit of the mean of sigmoid(logits_i): log p - log(1 - p), each a log-mean-exp, so a mean
-    near 0 or 1 stays finite where sigmoid would round to it."""
+    """logit of the mean of sigmoid(logits_i): log p - log(1 - p), each a log-mean-exp (whose log n
+    cancels), so a mean near 0 or 1 stays finite where sigmoid would round to it."""
     x = torch.stack([y.float() for y in logits])
-    n = math.log(len(logits))
-    return (torch.logsumexp(F.logsigmoid(x), 0) - n) - (torch.logsumexp(F.logsigmoid(-x), 0) - n)
+    return torch.logsumexp(F.logsigmoid(x), 0) - torch.logsumexp(F.logsigmoid(-x), 0)
 
 
 class EnsembleState:

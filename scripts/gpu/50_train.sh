@@ -113,7 +113,7 @@ pick() {  # -> ckpts, picked_lp: the checkpoint that writes the predictions (or 
 # last AVERAGE step checkpoints, else its best.pt), scored as the others are, into RUN/ensemble[-lpX].
 # A time-out leaves it to the next call (scored=0); any other failure leaves it out.
 score_ensemble() {
-  local v n out members=()
+  local v n lp out members=()
   for v in "$GRID"/*/metrics.final.json; do
     v=$(dirname "$v"); n=$(compgen -G "$v/step_*.pt" | wc -l)
     if [ "$n" -gt 1 ] && [ ! -e "$v/averaged.pt" ]; then
