@@ -26,7 +26,7 @@ the useful work 4·H·D·L·Σ len_b), and the peak memory of one call (torch.cu
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import requires_cuda, run_bench
+from conftest import peak_memory, requires_cuda, run_bench
 
 from scratchformer import ops
 from scratchformer.reference import attention_mask
@@ -124,15 +124,6 @@ def _timed(mode, fn, q, k, v):
     return run
 
 
-def _peak_memory(run):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    run()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def _bench(benchmark, kernel, mode, q, k, v, flops, *, key_lengths=None, causal=False, **info):
     run = _timed(mode, _attention_fn(kernel, q, k, v, key_lengths=key_lengths, causal=causal), q, k, v)
     try:
@@ -141,7 +132,7 @@ def _bench(benchmark, kernel, mode, q, k, v, flops, *, key_lengths=None, causal=
         if kernel not in SDPA_BACKENDS:
             raise
         pytest.skip(f"{kernel}: {str(err).splitlines()[0]}")
-    peak = _peak_memory(run)
+    peak = peak_memory(run)
     B, H, Lq, D = q.shape
     run_bench(
         benchmark, run, flops=flops * (3.5 if mode == "fwd+bwd" else 1.0),

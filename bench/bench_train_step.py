@@ -1,5 +1,7 @@
-"""End-to-end training step per backend, bf16 autocast: forward, the trainer's label-smoothed loss,
-backward, gradient clipping and the AdamW step, as `Trainer.train_step` takes them (no host sync).
+"""End-to-end training step per backend, bf16 autocast: forward with the trainer's label-smoothed
+loss (the model's own, `forward(target=)`: the backend's `linear_cross_entropy`, the generator and
+the loss fused on the triton backend), backward, gradient clipping and the AdamW step, as
+`Trainer.train_step` takes them (no host sync).
 
 Shapes: `base` at CNN/DailyMail shapes (source <= 512, target <= 128 tokens, batch 16), `small` at
 SAMSum shapes (source <= 256, target <= 64, batch 64) and `small` at Multi30k shapes (a token-budget
@@ -30,7 +32,6 @@ from scratchformer.compile import compile_model
 from scratchformer.data import PAD_ID, BucketBatchSampler
 from scratchformer.model import build_model, get_config
 from scratchformer.training.cuda_graph import capture_step
-from scratchformer.training.optim import label_smoothed_loss
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
@@ -92,8 +93,7 @@ def training_step(shape, kernel, device="cuda", graph=False):
     def update():
         # a graph cannot hold autocast's cache of cast weights (torch.cuda.graph's documentation)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph):
-            logits = fwd(src, sl, tgt_in, tl)
-            loss, _ = label_smoothed_loss(logits.flatten(0, 1), tgt_out.flatten(), 0.1)
+            loss, _ = fwd(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)
         (loss / ntok).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

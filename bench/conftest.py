@@ -43,6 +43,16 @@ def _release_device_memory():
         torch.cuda.empty_cache()
 
 
+def peak_memory(run) -> int:
+    """Bytes allocated at the peak of one call of run, above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
 def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, graph=True, **info):
     """Time fn (no args) with pytest-benchmark; warm-up (autotune, compile) is not timed.
 

@@ -70,7 +70,6 @@ def op_calls(ops, device: str) -> dict:
 def model_step(kernel: str, device: str):
     """A closure running forward + backward of a base-layered, narrow model on one tiny batch."""
     from scratchformer.model import build_model, get_config
-    from scratchformer.training.optim import label_smoothed_loss
 
     torch.manual_seed(0)
     cfg = get_config("base", src_vocab_size=512, kernel=kernel, d_model=64, n_heads=4, d_ff=128)
@@ -79,8 +78,7 @@ def model_step(kernel: str, device: str):
     lengths = torch.tensor([8, 5], device=device)
 
     def step():
-        logits = model(src, lengths, tgt_in, lengths)
-        loss, _ = label_smoothed_loss(logits.flatten(0, 1), tgt_out.flatten(), 0.1)
+        loss, _ = model(src, lengths, tgt_in, lengths, target=tgt_out, label_smoothing=0.1)
         loss.backward()
         model.zero_grad(set_to_none=True)
 

@@ -709,7 +709,7 @@ _DEBUG = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 
 def value_checks(t: torch.Tensor) -> bool:
     """Whether the range check may read t's values: on CPU, or with SCRATCHFORMER_DEBUG=1; never
-    in a torch.compile trace. `scratchformer.ops.value_checks` is the model's twin of it (the
+    in a torch.compile trace. `scratchformer.op_checks.value_checks` is the model's twin of it (the
     kernels do not import the model's layer); tests emulate a GPU by patching both."""
     return (_DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
 

@@ -12,6 +12,9 @@ One signature per op, for every backend (backends may accept more keywords; the 
         x (..., d_model), w1 (d_ff, d_model), w2 (d_model, d_ff) -> (..., d_model)
     embed(tokens, weight, *, scale, pos_offset=0, pos_encoding=True)
         tokens (B, L) int, weight (V, d_model) -> weight[tokens] * scale + PE, (B, L, d_model)
+    linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0)
+        x (N, d), weight (V, d), target (N,) int64 -> (loss sum, NLL sum) of the logits x Wᵀ + b:
+        the generator and the training loss (label smoothing as `reference.cross_entropy_ref`)
 
 Backends:
 - ``eager``:  `scratchformer.reference`, plain tensor ops; the spec every other backend is tested
@@ -23,7 +26,7 @@ Backends:
 ``auto`` is `triton` on CUDA and `eager` elsewhere. A backend whose kernels are missing raises an
 error naming what is missing: there is no silent fallback.
 
-Checks: what is valid is decided here, once per op, and the same check runs in front of every
+Checks: what is valid is decided once per op (`scratchformer.op_checks`), and the same check runs in front of every
 backend (eager included), so all backends accept and refuse the same calls with the same message
 (docs/numerics.md lists the rules). The Triton entry points and the C++ op keep their own checks
 for what only they need (dtypes, head dims, sizes) and for callers that reach them directly. A
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import os
 import sys
 import warnings
@@ -49,10 +51,9 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
+from .op_checks import check_add_layer_norm, check_attention, check_embed, check_ffn, check_linear_cross_entropy
 
 KERNELS = ("eager", "torch", "triton")
-# Read once (torch.compile guards on a global, not on the environment); tests may patch it.
-DEBUG: bool = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 _INTERPRETER_WARNED = False
 
 
@@ -65,16 +66,11 @@ class Ops:
     add_layer_norm: Callable
     ffn: Callable
     embed: Callable
+    linear_cross_entropy: Callable
     head_dims: tuple[int, ...] | None = None  # the attention head dims it runs (None: any)
 
     def __reduce__(self):  # pickled and deep-copied by name (torch.save(model), copy.deepcopy): same bundle back
         return _bundle, (self.name,)
-
-
-def value_checks(t: torch.Tensor) -> bool:
-    """Whether checks that read t's values may run: on CPU always (no device sync), on other
-    devices only with SCRATCHFORMER_DEBUG=1; never inside a torch.compile trace (a graph break)."""
-    return (DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
 
 
 def resolve(kernel: str, device: torch.device | str = "cpu") -> str:
@@ -120,16 +116,17 @@ def _bundle(name: str) -> Ops:
 @functools.lru_cache(maxsize=1)
 def _triton_ops() -> Ops:
     try:  # imported here, after _prepare_triton chose the interpreter on CPU
-        from .kernels import add_layer_norm, attention, ffn
+        from .kernels import add_layer_norm, attention, cross_entropy, ffn
     except ImportError as e:
         raise NotImplementedError(f"the triton backend is not available: importing its kernels failed ({e})") from e
     from . import _ext
 
     _ext._require()  # the embedding is the C++/CUDA op: say now, not mid-forward, when it is not built
     # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul.
-    return Ops("triton", _adapt(attention.attention, _check_attention, cast=3),
-               _adapt(add_layer_norm.add_layer_norm, _check_add_layer_norm),
-               _adapt(ffn.ffn, _check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, _check_embed),
+    return Ops("triton", _adapt(attention.attention, check_attention, cast=3),
+               _adapt(add_layer_norm.add_layer_norm, check_add_layer_norm),
+               _adapt(ffn.ffn, check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, check_embed),
+               _adapt(cross_entropy.linear_cross_entropy, check_linear_cross_entropy, cast=3),
                head_dims=attention.HEAD_DIMS)
 
 
@@ -193,126 +190,6 @@ def _autocast(*tensors):
     dtype = torch.get_autocast_dtype(dev)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  else t for t in tensors)
-
-
-# ---------------------------------------------------------------------------------------------
-# checks: one per op, in front of every backend
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_number(op: str, name: str, value, *, positive: bool = False) -> None:
-    """A float argument: finite (NaN and inf refused), and > 0 where `positive`. Not inside a
-    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
-    if torch.compiler.is_compiling():
-        return
-    if not math.isfinite(value) or (positive and not value > 0):
-        raise ValueError(f"{op}: {name} must be a finite number{' > 0' if positive else ''}, got {value}")
-
-
-def _check_dropout(op: str, p) -> None:
-    if not 0.0 <= p < 1.0:  # NaN fails too
-        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {p}")
-
-
-def _check_floating(op: str, **tensors) -> None:
-    for name, t in tensors.items():
-        if t is not None and not t.is_floating_point():
-            raise ValueError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
-
-
-def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
-    if lengths is None:
-        return
-    if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"{name} must be an int32/int64 tensor of shape ({B},), got {lengths.dtype} {tuple(lengths.shape)}"
-        )
-    if lengths.device != device:
-        raise ValueError(f"{name} is on {lengths.device} but q is on {device}")
-    if B and value_checks(lengths):
-        lo, hi = int(lengths.min()), int(lengths.max())
-        if lo < 0 or hi > L:
-            raise ValueError(f"{name} must lie in [0, {L}] (the sequence length), got min {lo} max {hi}")
-
-
-def _check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, scale=None, **_):
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
-        )
-    B, H, Lq, D = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
-        raise ValueError(
-            f"attention shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-            "(need matching B, H, D and k.shape == v.shape)"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"attention dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not q.is_floating_point():
-        raise ValueError(f"attention needs floating-point q, k, v, got {q.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
-    _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
-    _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
-    _check_dropout("attention", dropout_p)
-    if scale is not None:
-        _check_number("attention", "scale", scale)
-
-
-def _check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
-    _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
-    if x.dim() < 1 or x.shape[-1] == 0:
-        raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
-    N = x.shape[-1]
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-    if weight.shape != (N,) or (bias is not None and bias.shape != (N,)):
-        raise ValueError(
-            f"add_layer_norm: weight/bias must be ({N},) for hidden size {N}, got "
-            f"{tuple(weight.shape)} / {None if bias is None else tuple(bias.shape)}"
-        )
-    if residual is not None and residual.dtype != x.dtype:
-        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
-    _check_number("add_layer_norm", "eps", eps, positive=True)
-    _check_dropout("add_layer_norm", dropout_p)
-
-
-def _check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
-    if activation not in ("relu", "gelu"):
-        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-    _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
-    d_model = x.shape[-1] if x.dim() else 0
-    if x.dim() < 1 or w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
-        raise ValueError(
-            f"ffn shape mismatch: x (..., {d_model}), w1 {tuple(w1.shape)} (want (d_ff, {d_model})), "
-            f"w2 {tuple(w2.shape)} (want ({d_model}, d_ff))"
-        )
-    for name, b, n, dim in (("b1", b1, w1.shape[0], "d_ff"), ("b2", b2, d_model, "d_model")):
-        if b is not None and b.shape != (n,):
-            raise ValueError(f"ffn: {name} must have shape ({n},) ({dim}), got {tuple(b.shape)}")
-    _check_dropout("ffn", dropout_p)
-
-
-def _check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
-    if tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
-    if tokens.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"embed: tokens must be (B, L) and weight (V, d_model), got {tuple(tokens.shape)} and "
-                         f"{tuple(weight.shape)}")
-    _check_floating("embed", weight=weight)
-    if tokens.device != weight.device:
-        raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
-    if pos_offset < 0:
-        raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
-    _check_number("embed", "scale", scale)
-    V = weight.shape[0]
-    if value_checks(tokens) and tokens.numel():  # no read (and no guard) under torch.compile
-        bad = (tokens < 0) | (tokens >= V)
-        if bool(bad.any()):
-            where = tuple(bad.nonzero()[0].tolist())
-            raise ValueError(f"embed: token id {int(tokens[where])} at {where} is out of range [0, {V}) "
-                             f"(vocabulary size {V})")
 
 
 def key_padding_mask_to_lengths(mask: torch.Tensor) -> torch.Tensor:
@@ -388,9 +265,15 @@ def _embed_torch(tokens, weight, *, scale, pos_offset=0, pos_encoding=True):
     return x
 
 
-EAGER = Ops("eager", _adapt(reference.attention_ref, _check_attention, cast=3),
-            _adapt(reference.add_layer_norm_ref, _check_add_layer_norm), _adapt(reference.ffn_ref, _check_ffn),
-            _adapt(reference.embed_ref, _check_embed))
-TORCH = Ops("torch", _adapt(_attention_sdpa, _check_attention, cast=3),
-            _adapt(_add_layer_norm_torch, _check_add_layer_norm), _adapt(_ffn_torch, _check_ffn),
-            _adapt(_embed_torch, _check_embed))
+def _linear_cross_entropy_torch(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0):
+    # What PyTorch users write: the logits whole, then log_softmax (our smoothing is not F.cross_entropy's)
+    return reference.cross_entropy_ref(F.linear(x, weight, bias), target, label_smoothing, ignore_index)
+
+
+EAGER = Ops("eager", _adapt(reference.attention_ref, check_attention, cast=3),
+            _adapt(reference.add_layer_norm_ref, check_add_layer_norm), _adapt(reference.ffn_ref, check_ffn),
+            _adapt(reference.embed_ref, check_embed),
+            _adapt(reference.linear_cross_entropy_ref, check_linear_cross_entropy, cast=3))
+TORCH = Ops("torch", _adapt(_attention_sdpa, check_attention, cast=3),
+            _adapt(_add_layer_norm_torch, check_add_layer_norm), _adapt(_ffn_torch, check_ffn),
+            _adapt(_embed_torch, check_embed), _adapt(_linear_cross_entropy_torch, check_linear_cross_entropy, cast=3))

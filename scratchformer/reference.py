@@ -36,6 +36,8 @@ __all__ = [
     "ffn_ref",
     "embed_ref",
     "sinusoidal_positions",
+    "cross_entropy_ref",
+    "linear_cross_entropy_ref",
 ]
 
 
@@ -196,3 +198,32 @@ def embed_ref(tokens, weight, *, scale, pos_offset=0, pos_encoding=True) -> torc
         pos = torch.arange(pos_offset, pos_offset + L, device=tokens.device)
         x = x + sinusoidal_positions(pos, weight.shape[1], weight.dtype)  # float64 table, one rounding
     return x
+
+
+def cross_entropy_ref(logits, target, label_smoothing=0.0, ignore_index=0):
+    """Summed label-smoothed cross-entropy and summed NLL over the rows whose target is not
+    ignore_index (PAD, never a target). logits (N, V), target (N,) -> (loss sum, NLL sum).
+
+    The smoothed target puts 1 - ε on the gold token and spreads ε evenly over the V - 2 other
+    tokens that are neither gold nor ignore_index (annotated-transformer's LabelSmoothing). Rows
+    whose target is ignore_index are zeroed, not indexed out: a boolean index is a host-device
+    sync and a copy of the kept rows. Computed in fp32 (float64 stays float64).
+    """
+    lprobs = torch.log_softmax(logits.to(_acc(logits.dtype)), dim=-1)
+    keep = target != ignore_index
+    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
+    if label_smoothing == 0.0:
+        nll = torch.where(keep, nll, 0.0).sum()
+        return nll, nll
+    V = lprobs.shape[-1]
+    others = -(lprobs.sum(-1) - lprobs[:, ignore_index]) - nll  # -Σ log p over non-gold, non-pad tokens
+    loss = (1.0 - label_smoothing) * nll + label_smoothing / (V - 2) * others
+    return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
+
+
+def linear_cross_entropy_ref(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0):
+    """`cross_entropy_ref` of the logits x Wᵀ + b: x (N, d), weight (V, d), bias (V,) or None."""
+    logits = torch.matmul(x, weight.t())
+    if bias is not None:
+        logits = logits + bias
+    return cross_entropy_ref(logits, target, label_smoothing, ignore_index)

@@ -129,10 +129,12 @@ def simulate_training(steps: int, seed: int = 0) -> None:
     """`steps` training steps of the `small` preset's structure (pre-norm, final norms, dropout 0.1)
     narrowed to d_model 64, 4 heads of 16, d_ff 256, 1+1 layers, vocabulary 64: each width is one
     fixed kernel argument and every layer launches alike, so the count does not depend on them.
-    bf16 autocast, batches of 8 examples whose source / target lengths are drawn from SAMSum's
-    (bench/length_samples.json, clipped to 256 / 64, as bench_train_step does), so nearly every
-    step brings new lengths and token counts; greedy decoding (KV cache: one query against 1, 2, ...
-    keys) of the batch every 100 steps, as validation does."""
+    The step's loss is the model's own, as `optim.batch_loss` trains (the generator and the
+    label-smoothed loss in one op: kernels/cross_entropy.py). bf16 autocast, batches of 8 examples
+    whose source / target lengths are drawn from SAMSum's (bench/length_samples.json, clipped to
+    256 / 64, as bench_train_step does), so nearly every step brings new lengths and token counts;
+    greedy decoding (KV cache: one query against 1, 2, ... keys) of the batch every 100 steps, as
+    validation does."""
     from scratchformer.model import Transformer, get_config, greedy_decode
 
     _shape_only_eager()
@@ -152,10 +154,11 @@ def simulate_training(steps: int, seed: int = 0) -> None:
         tl = torch.tensor([min(max(lengths[i][1] + 1, 2), 64) for i in idx])
         src = torch.randint(4, vocab, (8, int(sl.max())), generator=g)
         tgt = torch.randint(4, vocab, (8, int(tl.max())), generator=g)
+        tgt_out = tgt.roll(-1, 1)  # the next tokens (their values reach no kernel's key); no new draws from g
         model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(src, sl, tgt, tl)
-        logits.float().sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the model's own loss, as training computes it
+            loss, _ = model(src, sl, tgt, tl, target=tgt_out, label_smoothing=0.1)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 100 == 0:

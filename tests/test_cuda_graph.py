@@ -15,7 +15,6 @@ from conftest import requires_cuda
 from scratchformer import graphs
 from scratchformer.model import EOS_ID, ModelConfig, Transformer, beam_search, greedy_decode
 from scratchformer.training.cuda_graph import capture_step
-from scratchformer.training.optim import label_smoothed_loss
 
 V = 64
 
@@ -41,8 +40,7 @@ def _update(model, opt, batch, loss_out):
 
     def update():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            logits = model(src, sl, tgt_in, tl)
-            loss, _ = label_smoothed_loss(logits.flatten(0, 1).float(), tgt_out.flatten(), 0.1)
+            loss, _ = model(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from scratchformer import ops
+from scratchformer import op_checks, ops
 from scratchformer.model import PRESETS, Classifier, ModelConfig, Transformer, build_model, count_parameters, get_config
 
 V = 40
@@ -250,15 +250,15 @@ def test_old_checkpoints_keep_their_parameter_names():
 @pytest.mark.parametrize("classifier", [False, True])
 def test_forward_reads_no_values_off_cpu_unless_debugging(monkeypatch, classifier):
     """On a device other than the CPU the model reads no tensor back (a meta tensor cannot be read,
-    so any host sync would fail here); with SCRATCHFORMER_DEBUG=1 (ops.DEBUG) it checks values."""
+    so any host sync would fail here); with SCRATCHFORMER_DEBUG=1 (op_checks.DEBUG) it checks values."""
     cfg = get_config("classifier", src_vocab_size=V, kernel="eager") if classifier else _cfg()
     m = build_model(cfg, "meta").eval()
     src, sl, tgt, tl = (t.to("meta") for t in _batch())
     run = (lambda: m(src, sl)) if classifier else (lambda: m(src, sl, tgt, tl))
-    monkeypatch.setattr(ops, "DEBUG", False)
+    monkeypatch.setattr(op_checks, "DEBUG", False)
     out = run()
     assert out.device.type == "meta" and out.shape[0] == 3
-    monkeypatch.setattr(ops, "DEBUG", True)
+    monkeypatch.setattr(op_checks, "DEBUG", True)
     with pytest.raises((RuntimeError, NotImplementedError)):  # the value checks now try to read
         run()
 
@@ -267,7 +267,7 @@ def test_debug_checks_name_the_problem(monkeypatch):
     """The value checks' messages: token ids and lengths out of range (on CPU they always run)."""
     from scratchformer.model import check_batch
 
-    monkeypatch.setattr(ops, "DEBUG", True)
+    monkeypatch.setattr(op_checks, "DEBUG", True)
     tokens, lengths = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([3, 1])
     check_batch("src", tokens, lengths, vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 6\), got min 1 max 6 in src"):

@@ -1,4 +1,4 @@
-"""What each op accepts is decided once, in `scratchformer/ops.py`, for every backend: the eager
+"""What each op accepts is decided once, in `scratchformer/op_checks.py`, for every backend: the eager
 spec, the torch peer and the triton kernels (Triton's interpreter here) refuse the same calls with
 the same message, and agree on the edge cases they accept (attention with no key at all).
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import DEVICE, requires_cuda
 
-from scratchformer import ops
+from scratchformer import op_checks, ops
 from scratchformer.model import Classifier, ModelConfig, Transformer, beam_search
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
@@ -104,21 +104,21 @@ def test_embed_refuses_an_out_of_range_token_id_naming_it(ops_backend, bad, monk
     """-1 used to return the last row (Python indexing) in eager, >= V a raw IndexError. On a GPU
     the ids are read only with SCRATCHFORMER_DEBUG=1 (a host sync), so the test turns it on there:
     without it the kernel's own bound check asserts on the device, which poisons the process."""
-    monkeypatch.setattr(ops, "DEBUG", True)
+    monkeypatch.setattr(op_checks, "DEBUG", True)
     tokens = torch.tensor([[1, 2, 3], [4, bad, 5]])
     with pytest.raises(ValueError, match=rf"embed: token id {bad} at \(1, 1\) is out of range \[0, 10\)"):
         ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0)
 
 
 def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
-    """Reading ids is a host sync on a GPU: it runs where `ops.value_checks` allows (CPU, or
+    """Reading ids is a host sync on a GPU: it runs where `op_checks.value_checks` allows (CPU, or
     SCRATCHFORMER_DEBUG=1), never inside torch.compile. A meta tensor cannot be read: it shows
     whether the check tried."""
     eager = ops.select("eager")
     tokens, weight = torch.full((2, 3), -1, device="meta"), torch.empty(10, 16, device="meta")
-    monkeypatch.setattr(ops, "DEBUG", False)
+    monkeypatch.setattr(op_checks, "DEBUG", False)
     assert eager.embed(tokens, weight, scale=1.0, pos_encoding=False).shape == (2, 3, 16)
-    monkeypatch.setattr(ops, "DEBUG", True)
+    monkeypatch.setattr(op_checks, "DEBUG", True)
     with pytest.raises((RuntimeError, NotImplementedError)):
         eager.embed(tokens, weight, scale=1.0, pos_encoding=False)
 
@@ -239,3 +239,28 @@ def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
     with pytest.raises(ValueError, match=rf"length_penalty must be a finite number, got {penalty}"):
         beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=penalty)
     assert beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=0.6).shape[0] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# linear_cross_entropy
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(target=torch.zeros(6, dtype=torch.int32)), "target must be int64 of shape (6,), got torch.int32"),
+    (dict(target=torch.zeros(5, dtype=torch.int64)), "target must be int64 of shape (6,), got torch.int64 (5,)"),
+    (dict(weight=torch.randn(11, 8)), "x must be (N, d) and weight (V, d), got (6, 16) and (11, 8)"),
+    (dict(bias=torch.randn(10)), "bias must be (11,) (V), got (10,)"),
+    (dict(x=torch.zeros(6, 16, dtype=torch.int64)), "x must be a floating-point tensor, got torch.int64"),
+    (dict(label_smoothing=1.0), "label_smoothing must be in [0, 1)"),
+    (dict(ignore_index=11), "ignore_index 11 is not a class of [0, 11)"),
+    (dict(target=torch.tensor([0, 1, 2, 3, 4, 11])), "target ids must lie in [0, 11), got min 0 max 11"),
+])
+def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change, message):
+    """Each backend refuses, by name, what the fused kernel would read out of bounds or misread."""
+    args = dict(x=torch.randn(6, 16), weight=torch.randn(11, 16), bias=torch.randn(11),
+                target=torch.randint(0, 11, (6,)), label_smoothing=0.1, ignore_index=0)
+    args.update(change)
+    with pytest.raises(ValueError, match=_esc("linear_cross_entropy: " + message)):
+        ops_backend.linear_cross_entropy(args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("target"),
+                                         **args)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE, report_diff
 
-from scratchformer import ops, reference
+from scratchformer import op_checks, ops, reference
 
 EAGER, TORCH = ops.select("eager"), ops.select("torch")
 
@@ -209,11 +209,11 @@ def test_value_checks_run_on_cpu_and_elsewhere_only_in_debug(monkeypatch):
     shows whether a check tried)."""
     q = torch.empty(2, 2, 4, 8, device="meta")
     bad = torch.tensor([5, 1], device="meta")
-    monkeypatch.setattr(ops, "DEBUG", False)
-    assert ops.value_checks(torch.zeros(1)) and not ops.value_checks(bad)
+    monkeypatch.setattr(op_checks, "DEBUG", False)
+    assert op_checks.value_checks(torch.zeros(1)) and not op_checks.value_checks(bad)
     assert EAGER.attention(q, q, q, key_lengths=bad).shape == (2, 2, 4, 8)  # no read, no error
-    monkeypatch.setattr(ops, "DEBUG", True)
-    assert ops.value_checks(bad)
+    monkeypatch.setattr(op_checks, "DEBUG", True)
+    assert op_checks.value_checks(bad)
     with pytest.raises((RuntimeError, NotImplementedError)):  # the check now tries to read
         EAGER.attention(q, q, q, key_lengths=bad)
 

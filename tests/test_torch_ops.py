@@ -447,6 +447,30 @@ def test_model_compiles_fullgraph(kernel, train, copy):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+def test_model_loss_compiles_fullgraph():
+    """The training loss the model returns (`forward(target=)`): one graph with the fused generator +
+    loss as our op node, the same loss and gradients as uncompiled."""
+    model = _model("triton").train(False)
+    src, sl, tgt_in, tl, tgt_out = _batch()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(m):
+        loss, nll = m(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)
+        return loss, nll, torch.autograd.grad(loss, params)
+
+    ref = loss_and_grads(model)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cnt = CompileCounterWithBackend("aot_eager")
+    got = loss_and_grads(torch.compile(model, fullgraph=True, backend=cnt))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    graphs = [sub for gm in cnt.graphs for sub in gm.modules() if isinstance(sub, torch.fx.GraphModule)]
+    assert "scratchformer.linear_cross_entropy.default" in {str(n.target) for gm in graphs for n in gm.graph.nodes}
+    torch.testing.assert_close(got[:2], ref[:2], rtol=1e-5, atol=1e-6)
+    for g, r in zip(got[2], ref[2], strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # compile_model: dynamic shapes, recompiles over a run with varied lengths
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
-from scratchformer import ops
+from scratchformer import op_checks
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.evaluation.evaluate import evaluate
@@ -124,11 +124,11 @@ class _HostReads(TorchDispatchMode):
 def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     """A step queues its work and returns: loss, NLL and grad norm stay on the device until a train
     row is logged, and the loss ignores padding without a boolean index (an extractive step: the
-    padded sentence slots). On a GPU the model's value checks are off (`ops.value_checks`), and
+    padded sentence slots). On a GPU the model's value checks are off (`op_checks.value_checks`), and
     AdamW's step counters live on the host (fused AdamW: on the device): the same here. Our Triton
     ops' dropout draws its Philox state on the device (a host-drawn seed was a read here, and frozen
     into a CUDA graph: tests/test_cuda_graph.py)."""
-    monkeypatch.setattr(ops, "value_checks", lambda t: False)
+    monkeypatch.setattr(op_checks, "value_checks", lambda t: False)
     if "triton" in flags:
         from scratchformer.kernels import attention
 

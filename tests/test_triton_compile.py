@@ -31,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent  # the repo root: `tools` is importable from there
 
-OPS = ["attention", "add_layer_norm", "matmul", "ffn"]
+OPS = ["attention", "add_layer_norm", "matmul", "ffn", "cross_entropy"]
 
 
 def _bundled_ptxas():

@@ -7,7 +7,7 @@ with Triton's own compiler and its bundled ptxas for sm_90 (H100) and sm_80 (A10
 
     python -m tools.compile_check [op ...] [--targets sm90,sm80] [--jobs 2] [--quick]     (from the repo root)
 
-ops: attention, add_layer_norm, matmul, ffn (default: all). Exit status 0 when everything
+ops: attention, add_layer_norm, matmul, ffn, cross_entropy (default: all). Exit status 0 when everything
 compiled and fits; 1 otherwise. TRITON_INTERPRET must not be "1" when the kernels are imported
 (`triton.jit` reads it at decoration time); this module drops it from the environment before it
 imports them, so it must run in a fresh process (tests/test_triton_compile.py starts one per op).
@@ -83,10 +83,10 @@ TARGETS = {
     "sm80": (GPUTarget("cuda", 80, 32), 166912, "A100"),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OPS = ("attention", "add_layer_norm", "matmul", "ffn")
+OPS = ("attention", "add_layer_norm", "matmul", "ffn", "cross_entropy")
 # Which op modules hold the kernels an op's scenarios launch (for the coverage check).
 KERNEL_MODULES = {"attention": ["attention"], "add_layer_norm": ["add_layer_norm", "partial_sums"],
-                  "matmul": ["matmul"], "ffn": []}
+                  "matmul": ["matmul"], "ffn": [], "cross_entropy": ["cross_entropy"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,8 +322,37 @@ def _ffn(mods, dtypes):
                               dropout_p=0.1, rng=_rng(1))
 
 
+def _cross_entropy(mods, dtypes):
+    """The row pass of the fused output projection + loss (kernels/cross_entropy.py) at the model's
+    shapes: Multi30k's small model (d 256, V 8,000, no output bias) and CNN/DailyMail's base one (d
+    512, V 30,522: ragged, with a bias), each with the gradient written (training) and one without
+    (the eval path); a tiny vocabulary (one small BLOCK_V tile, 4 warps). The launcher's GEMMs (cuBLAS
+    on a GPU) run here on CPU tensors of 64 rows: a chunk's row count is only the grid (and its first row an
+    unspecialised argument), so the kernels compiled are the ones the full batches (4,096 / 2,048
+    rows, two / four chunks) launch, at a fraction of the CPU time."""
+    CE = mods["cross_entropy"]
+    N = 64  # rows: the grid, not a kernel argument
+
+    def call(d, V, dt, bias, eps, needs_grad):
+        target = torch.zeros(N, dtype=torch.int64)  # values are never read here
+        CE.linear_cross_entropy_fwd(_e(N, d, dtype=dt), _e(V, d, dtype=dt), _e(V, dtype=dt) if bias else None,
+                                    target, eps, 0, needs_grad)
+
+    for name in dtypes:
+        dt = DTYPES[name]
+        with scenario(f"{name} grad d256 V=8000 no bias eps=0.1 (small/Multi30k)", name):
+            call(256, 8000, dt, bias=False, eps=0.1, needs_grad=True)
+        with scenario(f"{name} grad d512 V=30522 bias eps=0.1 (base/CNN-DM, ragged V)", name):
+            call(512, 30522, dt, bias=True, eps=0.1, needs_grad=True)
+        with scenario(f"{name} no grad (eval) d256 V=8000", name):
+            call(256, 8000, dt, bias=False, eps=0.1, needs_grad=False)
+        with scenario(f"{name} grad tiny V=50 (BLOCK_V=64)", name):
+            call(16, 50, dt, bias=True, eps=0.1, needs_grad=True)
+
+
 SCENARIOS: dict[str, Callable] = {
     "attention": _attention, "add_layer_norm": _add_layer_norm, "matmul": _matmul, "ffn": _ffn,
+    "cross_entropy": _cross_entropy,
 }
 
 
@@ -560,7 +589,8 @@ def main(argv=None) -> int:
     for op in ops:
         mod_names = sorted(set(KERNEL_MODULES[op]) | {op})
         mods = {n: importlib.import_module(f"{PKG}.{n}") for n in mod_names}
-        all_mods = [importlib.import_module(f"{PKG}.{n}") for n in ("attention", "add_layer_norm", "matmul", "ffn")]
+        all_mods = [importlib.import_module(f"{PKG}.{n}")
+                    for n in ("attention", "add_layer_norm", "matmul", "ffn", "cross_entropy")]
         _CAPTURE.update(launches=[], op=op)
         with capture(all_mods):
             SCENARIOS[op](mods, dtypes)

@@ -18,8 +18,9 @@ reports an sm_90 device, and `JITFunction.run` always takes its `warmup=True` pa
 binder, specialisation (16-byte divisibility from the real CPU tensors' pointers and ints),
 options, cache key and compile, then no launch. An autotuned kernel compiles every config its
 Autotuner keeps for that launch (`Autotuner.warmup`). What runs through them is the workload:
-- model: a bf16 training step (forward, backward) and the decoding that follows it (encoder,
-  decoder steps over static caches, as on a GPU) of the issue-18 recipes' models and the
+- model: a bf16 training step (forward to the model's own loss, as training computes it, so the
+  fused generator + loss kernels/cross_entropy.py too; backward) and the decoding that follows it
+  (encoder, decoder steps over static caches, as on a GPU) of the issue-18 recipes' models and the
   benchmarks' presets: small (Post-LN, ReLU; Multi30k, IWSLT with 3 layers, SAMSum with --copy),
   the multi30k-tiny recipe's d_model 128,
   base (CNN/DM), and Pre-LN and GELU variants;
@@ -151,7 +152,6 @@ MODELS = [
 
 def model_workload(dropout: float = 0.1) -> None:
     from scratchformer.model import BOS_ID
-    from scratchformer.training.optim import label_smoothed_loss
 
     for name, kw, B, Ls, Lt in MODELS:
         t0 = time.time()
@@ -159,13 +159,15 @@ def model_workload(dropout: float = 0.1) -> None:
         model = _triton_model(kw)
         V = model.cfg.src_vocab_size
         src, tgt = torch.randint(4, V, (B, Ls)), torch.randint(4, V, (B, Lt))
+        tgt_out = tgt.roll(-1, 1)  # the next tokens: only its shape and dtype reach a kernel
         sl = torch.full((B,), Ls)
         sl[1:] = torch.randint(Ls // 2, Ls + 1, (B - 1,))
         tl = torch.full((B,), Lt)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model.train()
-            logits = model(src, sl, tgt, tl)
-            loss, _ = label_smoothed_loss(logits.flatten(0, 1).float(), tgt.flatten(), 0.1)
+            # the model's own loss, as training computes it (optim.batch_loss): the generator and the
+            # label-smoothed loss in one op (kernels/cross_entropy.py; the copy models' loss is eager)
+            loss, _ = model(src, sl, tgt, tl, target=tgt_out, label_smoothing=0.1)
         loss.backward()
         model.eval()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -217,12 +219,12 @@ def compile_pass(workloads: list[str], cache: Path, jobs: int) -> None:
     SCRATCHFORMER_AUTOTUNE)."""
     from triton.runtime._async_compile import AsyncCompileMode
 
-    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
+    from scratchformer.kernels import _common, add_layer_norm, attention, cross_entropy, ffn, matmul
 
     t0 = time.time()
     # compiles in `jobs` threads (MLIR's passes and ptxas run outside the GIL), each through the
     # same compile() and cache as a synchronous one; all are finished when the block exits
-    with (compile_only([_common, attention, add_layer_norm, ffn, matmul]) as counts,
+    with (compile_only([_common, attention, add_layer_norm, cross_entropy, ffn, matmul]) as counts,
           cf.ThreadPoolExecutor(jobs) as pool, AsyncCompileMode(pool)):
         torch.manual_seed(0)
         for name in workloads:
@@ -238,7 +240,7 @@ def compile_pass(workloads: list[str], cache: Path, jobs: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 SUITE = ["tests/test_attention.py", "tests/test_attention_tma.py", "tests/test_add_layer_norm.py", "tests/test_ffn.py",
-         "tests/test_model_triton.py"]
+         "tests/test_cross_entropy.py", "tests/test_model_triton.py"]
 _SESSION = contextlib.ExitStack()
 
 
@@ -246,11 +248,11 @@ def pytest_configure(config):
     from triton.runtime._async_compile import AsyncCompileMode
 
     from scratchformer import ops
-    from scratchformer.kernels import _common, add_layer_norm, attention, ffn, matmul
+    from scratchformer.kernels import _common, add_layer_norm, attention, cross_entropy, ffn, matmul
 
     ops._prepare_triton = lambda device: None  # the triton backend on the CPU without the interpreter
     torch.testing.assert_close = lambda *args, **kwargs: None  # outputs are never computed
-    _SESSION.enter_context(compile_only([_common, attention, add_layer_norm, ffn, matmul]))
+    _SESSION.enter_context(compile_only([_common, attention, add_layer_norm, cross_entropy, ffn, matmul]))
     pool = _SESSION.enter_context(cf.ThreadPoolExecutor(int(os.environ.get("PREWARM_JOBS", "1"))))
     _SESSION.enter_context(AsyncCompileMode(pool))
 

@@ -21,9 +21,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import op_checks
 from .. import ops as backends
 from ..ops import Ops
-from .config import ModelConfig
+from ..reference import cross_entropy_ref
+from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
 from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache, StaticKVCache
 
@@ -117,7 +119,7 @@ class DecoderState:
 def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *, vocab: int, max_len: int) -> None:
     """The model's one check of a batch: tokens (B, L) int ids in [0, vocab), lengths (B,) in [0, L].
 
-    Shapes and dtypes always; values (a host sync on a GPU) where `ops.value_checks` allows: on
+    Shapes and dtypes always; values (a host sync on a GPU) where `op_checks.value_checks` allows: on
     CPU tensors, or anywhere with SCRATCHFORMER_DEBUG=1. Raises ValueError naming the problem.
     """
     if tokens.dim() != 2:
@@ -129,11 +131,11 @@ def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *
         raise ValueError(f"{name} length {L} exceeds max_len {max_len}")
     if lengths is not None and lengths.shape != (B,):
         raise ValueError(f"{name}_lengths must have shape ({B},), got {tuple(lengths.shape)}")
-    if tokens.numel() and backends.value_checks(tokens):
+    if tokens.numel() and op_checks.value_checks(tokens):
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab}), got min {lo} max {hi} in {name}")
-    if lengths is not None and B and backends.value_checks(lengths):
+    if lengths is not None and B and op_checks.value_checks(lengths):
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > L:
             shown = lengths.tolist() if B <= 8 else (lo, hi)
@@ -222,13 +224,30 @@ class Transformer(_Model):
             logits = self.copy(h, logits, memory, keys, state.src if state is not None else src, src_lengths)
         return (logits, weights) if need_weights else logits
 
-    def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False):
+    def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False, target=None,
+                label_smoothing=0.0):
+        """The logits (B, Lt, V) of the decoder inputs tgt [, cross-attention weights]; with `target`
+        (B, Lt) ids, the next tokens, instead the training loss: (loss sum, NLL sum), fp32 scalars, of
+        the label-smoothed cross-entropy over the targets that are not PAD. That is the backend's
+        `linear_cross_entropy`, the generator and the loss in one op: the triton backend never holds
+        the whole (B·Lt, V) logits (kernels/cross_entropy.py)."""
         self._check("src", src, src_lengths)
         self._check("tgt", tgt, tgt_lengths)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src batch {src.shape[0]} != tgt batch {tgt.shape[0]}")
+        if target is not None and (target.shape != tgt.shape or need_weights):
+            raise ValueError(f"target must have tgt's shape {tuple(tgt.shape)}, got {tuple(target.shape)}, and "
+                             "comes without need_weights")
         memory = self._encode(src, src_lengths)
-        return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
+        if target is None:
+            return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
+        target = target.flatten()
+        if self.copy is not None:  # log-probabilities mixed with the source's: no logits to fuse away
+            logprobs = self._decode(tgt, memory, src_lengths, tgt_lengths, src=src)
+            return cross_entropy_ref(logprobs.flatten(0, 1), target, label_smoothing, PAD_ID)
+        h = self.decoder(tgt, memory, src_lengths, tgt_lengths).flatten(0, 1)
+        return self.ops.linear_cross_entropy(h, self.generator.weight, self.generator.bias, target,
+                                             label_smoothing=label_smoothing, ignore_index=PAD_ID)
 
     def init_state(self, memory, src_lengths, max_len: int, src=None, *, static: bool = False,
                    beams: int = 1) -> DecoderState:
@@ -317,7 +336,7 @@ class Extractor(_Model):
         if sentences.dim() != 2 or sentences.shape[0] != tokens.shape[0] or sentences.dtype != torch.int64:
             raise ValueError(f"sentences must be (B, S) int64 positions for {tokens.shape[0]} documents, got "
                              f"{sentences.dtype} of shape {tuple(sentences.shape)}")
-        if sentences.numel() and backends.value_checks(sentences):
+        if sentences.numel() and op_checks.value_checks(sentences):
             lo, hi = int(sentences.min()), int(sentences.max())
             if lo < 0 or hi >= tokens.shape[1]:
                 raise ValueError(f"sentence positions must lie in [0, {tokens.shape[1]}), got min {lo} max {hi}")

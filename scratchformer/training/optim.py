@@ -6,7 +6,9 @@ import math
 
 import torch
 
+from ..evaluation.evaluate import loss_terms
 from ..model import PAD_ID
+from ..reference import cross_entropy_ref
 
 # Metrics where a larger value is better (the rest, e.g. loss and ppl, are minimised).
 HIGHER_IS_BETTER = {"bleu", "chrf", "exact_match", "accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum"}
@@ -19,24 +21,10 @@ def is_better(metric: str, new: float, best: float | None) -> bool:
 
 
 def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float, pad_id: int = PAD_ID):
-    """Summed label-smoothed cross-entropy and summed NLL over non-pad targets.
-
-    logits (N, V), target (N,). The smoothed target puts 1 - eps on the gold token and spreads
-    eps evenly over the V - 2 other tokens that are neither gold nor PAD (PAD is never a target;
-    annotated-transformer's LabelSmoothing). Positions whose target is PAD are ignored: zeroed,
-    not indexed out, since a boolean index is a host-device sync and a copy of the kept rows.
-    Returns (loss_sum, nll_sum), fp32 scalars.
-    """
-    lprobs = torch.log_softmax(logits.float(), dim=-1)
-    keep = target != pad_id
-    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
-    if epsilon == 0.0:
-        nll = torch.where(keep, nll, 0.0).sum()
-        return nll, nll
-    V = lprobs.shape[-1]
-    others = -(lprobs.sum(-1) - lprobs[:, pad_id]) - nll  # -sum of log p over non-gold, non-pad tokens
-    loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
-    return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
+    """Summed label-smoothed cross-entropy and summed NLL of logits (N, V) against target (N,),
+    PAD targets left out: `reference.cross_entropy_ref`, the loss every backend's
+    `linear_cross_entropy` computes from the generator's input. Returns (loss sum, NLL sum)."""
+    return cross_entropy_ref(logits, target, epsilon, pad_id)
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float):
@@ -72,6 +60,17 @@ def rdrop_loss(task: str, logits: torch.Tensor, target: torch.Tensor, epsilon: f
     if task != "classification":
         kl = torch.where(target.chunk(2)[0] != pad_id, kl, 0.0)
     return (loss + alpha * kl.sum() / 2) / 2, nll / 2
+
+
+def batch_loss(model, batch, task: str, epsilon: float):
+    """(loss sum, NLL sum) of one batch on the device. A seq2seq model returns its own loss (the
+    backend's `linear_cross_entropy`: the generator and the loss fused, so the triton backend never
+    holds the batch's whole logits); the other tasks score the logits `loss_terms` returns."""
+    if batch.sentences is None and batch.labels is None:
+        return model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, target=batch.tgt_out,
+                     label_smoothing=epsilon)
+    logits, target = loss_terms(model, batch)
+    return task_loss(task)(logits, target, epsilon)
 
 
 def task_loss(task: str):

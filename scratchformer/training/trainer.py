@@ -31,12 +31,12 @@ from .distributed import Dist, wrap_ddp
 from .launch import create_trainer, precision_for
 from .optim import (
     HIGHER_IS_BETTER,
+    batch_loss,
     build_optimizer,
     build_scheduler,
     is_better,
     load_scheduler,
     rdrop_loss,
-    task_loss,
 )
 from .progress import Progress, Window
 from .report import final_report
@@ -279,9 +279,11 @@ class Trainer:
             sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
             with sync:
                 with autocast_for(self.device, cfg.precision, cache=not graphed):
-                    logits, target = loss_terms(self.net, batch.twice() if cfg.rdrop else batch)
-                    loss, nll = (rdrop_loss(self.data.task, logits, target, cfg.label_smoothing, cfg.rdrop)
-                                 if cfg.rdrop else task_loss(self.data.task)(logits, target, cfg.label_smoothing))
+                    if cfg.rdrop:  # both copies' logits, for their KL
+                        logits, target = loss_terms(self.net, batch.twice())
+                        loss, nll = rdrop_loss(self.data.task, logits, target, cfg.label_smoothing, cfg.rdrop)
+                    else:
+                        loss, nll = batch_loss(self.net, batch, self.data.task, cfg.label_smoothing)
                 self.scaler.scale(loss / ntok).backward()
             loss_total = loss_total + loss.detach()
             nll_total = nll_total + nll.detach()

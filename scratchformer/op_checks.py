@@ -1,0 +1,163 @@
+"""The checks in front of every backend's ops (`scratchformer.ops`): one per op, so that all
+backends accept and refuse the same calls with the same message (docs/numerics.md lists the rules).
+
+A check that reads tensor values (lengths within [0, L], token ids within [0, V)) runs on CPU
+tensors, where reading is free, and on a GPU only with SCRATCHFORMER_DEBUG=1 (`value_checks`): a
+host sync per call stalls every step and breaks CUDA graphs and torch.compile.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+# Read once (torch.compile guards on a global, not on the environment); tests may patch it.
+DEBUG: bool = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
+
+
+def value_checks(t: torch.Tensor) -> bool:
+    """Whether checks that read t's values may run: on CPU always (no device sync), on other
+    devices only with SCRATCHFORMER_DEBUG=1; never inside a torch.compile trace (a graph break)."""
+    return (DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
+
+
+def _check_number(op: str, name: str, value, *, positive: bool = False) -> None:
+    """A float argument: finite (NaN and inf refused), and > 0 where `positive`. Not inside a
+    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
+    if torch.compiler.is_compiling():
+        return
+    if not math.isfinite(value) or (positive and not value > 0):
+        raise ValueError(f"{op}: {name} must be a finite number{' > 0' if positive else ''}, got {value}")
+
+
+def _check_dropout(op: str, p) -> None:
+    if not 0.0 <= p < 1.0:  # NaN fails too
+        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {p}")
+
+
+def _check_floating(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
+    if lengths is None:
+        return
+    if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"{name} must be an int32/int64 tensor of shape ({B},), got {lengths.dtype} {tuple(lengths.shape)}"
+        )
+    if lengths.device != device:
+        raise ValueError(f"{name} is on {lengths.device} but q is on {device}")
+    if B and value_checks(lengths):
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > L:
+            raise ValueError(f"{name} must lie in [0, {L}] (the sequence length), got min {lo} max {hi}")
+
+
+def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, scale=None, **_):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    B, H, Lq, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
+        raise ValueError(
+            f"attention shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            "(need matching B, H, D and k.shape == v.shape)"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"attention dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not q.is_floating_point():
+        raise ValueError(f"attention needs floating-point q, k, v, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
+    _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    _check_dropout("attention", dropout_p)
+    if scale is not None:
+        _check_number("attention", "scale", scale)
+
+
+def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
+    _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
+    N = x.shape[-1]
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    if weight.shape != (N,) or (bias is not None and bias.shape != (N,)):
+        raise ValueError(
+            f"add_layer_norm: weight/bias must be ({N},) for hidden size {N}, got "
+            f"{tuple(weight.shape)} / {None if bias is None else tuple(bias.shape)}"
+        )
+    if residual is not None and residual.dtype != x.dtype:
+        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
+    _check_number("add_layer_norm", "eps", eps, positive=True)
+    _check_dropout("add_layer_norm", dropout_p)
+
+
+def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    d_model = x.shape[-1] if x.dim() else 0
+    if x.dim() < 1 or w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
+        raise ValueError(
+            f"ffn shape mismatch: x (..., {d_model}), w1 {tuple(w1.shape)} (want (d_ff, {d_model})), "
+            f"w2 {tuple(w2.shape)} (want ({d_model}, d_ff))"
+        )
+    for name, b, n, dim in (("b1", b1, w1.shape[0], "d_ff"), ("b2", b2, d_model, "d_model")):
+        if b is not None and b.shape != (n,):
+            raise ValueError(f"ffn: {name} must have shape ({n},) ({dim}), got {tuple(b.shape)}")
+    _check_dropout("ffn", dropout_p)
+
+
+def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
+    if tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
+    if tokens.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"embed: tokens must be (B, L) and weight (V, d_model), got {tuple(tokens.shape)} and "
+                         f"{tuple(weight.shape)}")
+    _check_floating("embed", weight=weight)
+    if tokens.device != weight.device:
+        raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
+    if pos_offset < 0:
+        raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
+    _check_number("embed", "scale", scale)
+    V = weight.shape[0]
+    if value_checks(tokens) and tokens.numel():  # no read (and no guard) under torch.compile
+        bad = (tokens < 0) | (tokens >= V)
+        if bool(bad.any()):
+            where = tuple(bad.nonzero()[0].tolist())
+            raise ValueError(f"embed: token id {int(tokens[where])} at {where} is out of range [0, {V}) "
+                             f"(vocabulary size {V})")
+
+
+def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0, **_):
+    _check_floating("linear_cross_entropy", x=x, weight=weight, bias=bias)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_cross_entropy: x must be (N, d) and weight (V, d), got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    V = weight.shape[0]
+    if bias is not None and bias.shape != (V,):
+        raise ValueError(f"linear_cross_entropy: bias must be ({V},) (V), got {tuple(bias.shape)}")
+    if target.dtype != torch.int64 or target.shape != (x.shape[0],):
+        raise ValueError(f"linear_cross_entropy: target must be int64 of shape ({x.shape[0]},), got {target.dtype} "
+                         f"{tuple(target.shape)}")
+    if not (x.device == weight.device == target.device):
+        raise ValueError(f"linear_cross_entropy: x on {x.device}, weight on {weight.device}, target on "
+                         f"{target.device}")
+    if not 0.0 <= label_smoothing < 1.0 or (label_smoothing > 0.0 and V < 3):
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), "
+                         f"got {label_smoothing} with V = {V}")
+    if not 0 <= ignore_index < V:
+        raise ValueError(f"linear_cross_entropy: ignore_index {ignore_index} is not a class of [0, {V})")
+    if value_checks(target) and target.numel():
+        lo, hi = int(target.min()), int(target.max())
+        if lo < 0 or hi >= V:
+            raise ValueError(f"linear_cross_entropy: target ids must lie in [0, {V}), got min {lo} max {hi}")

@@ -1,0 +1,194 @@
+"""The fused generator + loss (kernels/cross_entropy.py, every backend's `linear_cross_entropy`)
+against the float64 spec `reference.linear_cross_entropy_ref` and, independently, the smoothed
+target distribution written out as a tensor: the loss, the NLL and the gradients of x, W and b.
+
+On CPU the row kernel runs in Triton's interpreter; the GEMMs are PyTorch's. Tolerances for fp16
+and bf16 follow flash-attention's rule: our error against the float64 spec at most twice the
+eager path's in the same dtype, plus about one ulp of the largest value.
+"""
+
+import pytest
+import torch
+from conftest import DEVICE, report_diff
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import scratchformer.kernels.cross_entropy as CE
+from scratchformer import ops
+from scratchformer.model import PAD_ID, Transformer, get_config
+from scratchformer.reference import cross_entropy_ref, linear_cross_entropy_ref
+from scratchformer.training.optim import label_smoothed_loss
+
+pytestmark = pytest.mark.usefixtures("on_test_device")
+
+ULP = {torch.float32: 0.0, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def _inputs(N, d, V, dtype, *, bias=True, pad_every=5):
+    x = torch.randn(N, d).to(dtype).requires_grad_()
+    w = (torch.randn(V, d) / d**0.5).to(dtype).requires_grad_()
+    b = (0.5 * torch.randn(V)).to(dtype).requires_grad_() if bias else None
+    t = torch.randint(1, V, (N,))
+    t[::pad_every] = PAD_ID  # every fifth row is padding, left out
+    return x, w, b, t
+
+
+def _grads(fn, x, w, b, t, eps, scale=0.37):
+    """(loss, nll, dx, dW, db) of fn's loss times `scale` (an upstream gradient that is not 1)."""
+    for p in (x, w, b):
+        if p is not None:
+            p.grad = None
+    loss, nll = fn(x, w, b, t, label_smoothing=eps, ignore_index=PAD_ID)
+    (loss * scale).backward()
+    return loss.detach(), nll.detach(), x.grad, w.grad, None if b is None else b.grad
+
+
+def _float64(x, w, b):
+    return tuple(None if p is None else p.detach().double().requires_grad_() for p in (x, w, b))
+
+
+def _smoothed_target_loss(x, w, b, t, *, label_smoothing, ignore_index):
+    """The same loss from the smoothed target distribution q as a tensor: Σ_rows -Σ_j q_j log p_j."""
+    z = x @ w.t() + (0 if b is None else b)
+    V = z.shape[1]
+    q = torch.full_like(z, label_smoothing / (V - 2) if label_smoothing else 0.0)
+    q[:, ignore_index] = 0.0
+    q.scatter_(1, t[:, None], 1.0 - label_smoothing)
+    lp = torch.log_softmax(z, -1)
+    keep = (t != ignore_index).to(z.dtype)
+    return (-(q * lp).sum(-1) * keep).sum(), (-lp.gather(1, t[:, None])[:, 0] * keep).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("chunks", ["one", "several"])
+def test_loss_and_gradients_match_the_float64_spec(dtype, eps, bias, chunks, monkeypatch):
+    """V = 5,000 spans two of the row kernel's blocks (4,096); "several": chunks of 7 rows, the
+    last one short, so dW sums partial GEMMs."""
+    N, d, V = 45, 32, 5000
+    if chunks == "several":
+        monkeypatch.setattr(CE, "CHUNK_ELEMENTS", 7 * V)
+    x, w, b, t = _inputs(N, d, V, dtype, bias=bias)
+    ours = _grads(CE.linear_cross_entropy, x, w, b, t, eps)
+    eager = _grads(linear_cross_entropy_ref, x, w, b, t, eps)  # the unfused path in `dtype`
+    spec = _grads(linear_cross_entropy_ref, *_float64(x, w, b), t, eps)
+    indep = _grads(_smoothed_target_loss, *_float64(x, w, b), t, eps)
+    for name, s, i in zip(("loss", "nll", "dx", "dW", "db"), spec, indep):
+        if s is not None:
+            torch.testing.assert_close(s, i, rtol=1e-10, atol=1e-12, msg=f"spec vs independent {name}")
+    for name, o, e, s in zip(("loss", "nll", "dx", "dW", "db"), ours, eager, spec):
+        if s is None:
+            assert o is None
+            continue
+        assert o.dtype == e.dtype, name
+        err = report_diff(name, o, s)
+        if dtype == torch.float32:
+            assert err <= 1e-5 * max(1.0, s.abs().max().item()), name
+        else:
+            assert err <= 2 * report_diff(f"eager {name}", e, s) + ULP[dtype] * s.abs().max().item(), name
+
+
+def test_nll_is_reported_not_differentiated_and_padding_is_left_out():
+    x, w, b, t = _inputs(12, 16, 50, torch.float32, pad_every=1)  # every row padding
+    loss, nll = CE.linear_cross_entropy(x, w, b, t, label_smoothing=0.1)
+    assert not nll.requires_grad and loss.requires_grad
+    loss.backward()
+    assert loss.item() == nll.item() == 0.0
+    assert all(torch.count_nonzero(g) == 0 for g in (x.grad, w.grad, b.grad))
+
+
+def test_no_rows_and_no_gradient_wanted():
+    x, w, b, t = _inputs(0, 16, 50, torch.float32)
+    loss, nll = CE.linear_cross_entropy(x, w, b, t, label_smoothing=0.1)
+    loss.backward()
+    assert loss.item() == nll.item() == 0.0 and torch.count_nonzero(w.grad) == 0
+    x, w, b, t = _inputs(20, 16, 50, torch.float32)
+    with torch.no_grad():
+        got = CE.linear_cross_entropy(x, w, b, t, label_smoothing=0.1)
+    want = linear_cross_entropy_ref(x, w, b, t, label_smoothing=0.1, ignore_index=PAD_ID)
+    torch.testing.assert_close(got, want)
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel())
+        return out
+
+
+def test_the_logits_are_never_whole(monkeypatch):
+    """The point of the op: no tensor of the forward and backward is larger than a chunk's logits
+    or a parameter's gradient, where the unfused loss makes several (N, V) ones."""
+    N, d, V = 64, 16, 300
+    monkeypatch.setattr(CE, "CHUNK_ELEMENTS", 10 * V)
+    x, w, b, t = _inputs(N, d, V, torch.float32)
+    for fn, bound in ((CE.linear_cross_entropy, 10 * V), (linear_cross_entropy_ref, N * V)):
+        with _LargestTensor() as seen:
+            fn(x, w, b, t, label_smoothing=0.1, ignore_index=PAD_ID)[0].backward()
+        assert seen.largest == max(bound, V * d), fn.__name__
+
+
+def test_every_backend_computes_the_spec(ops_backend):
+    x, w, b, t = _inputs(30, 16, 77, torch.float32)
+    got = _grads(ops_backend.linear_cross_entropy, x, w, b, t, 0.1)
+    want = _grads(linear_cross_entropy_ref, *_float64(x, w, b), t, 0.1)
+    for name, g, s in zip(("loss", "nll", "dx", "dW", "db"), got, want):
+        torch.testing.assert_close(g.double(), s, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _model(kernel, copy=False):
+    cfg = get_config("tiny", src_vocab_size=70, tgt_vocab_size=70, tie_embeddings="all", d_model=32, n_heads=2,
+                     n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, kernel=kernel, copy=copy)
+    torch.manual_seed(0)
+    return Transformer(cfg, device=DEVICE)
+
+
+@pytest.mark.parametrize("kernel,copy", [("eager", False), ("torch", False), ("triton", False), ("eager", True)])
+def test_a_model_asked_for_its_loss_scores_its_logits(kernel, copy):
+    """forward(target=) equals the trainer's label-smoothed loss of forward's logits, and so do the
+    gradients of every parameter (the generator's weight is the embeddings' too: tied)."""
+    model = _model(kernel, copy)
+    src, tgt = torch.randint(4, 60, (3, 7)), torch.randint(4, 70, (3, 6))
+    sl, tl = torch.tensor([7, 5, 2]), torch.tensor([6, 6, 3])
+    target = torch.randint(4, 70, (3, 6)).masked_fill(torch.arange(6) >= tl[:, None], PAD_ID)
+    loss, nll = model(src, sl, tgt, tl, target=target, label_smoothing=0.1)
+    loss.backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want, want_nll = label_smoothed_loss(model(src, sl, tgt, tl).flatten(0, 1), target.flatten(), 0.1)
+    want.backward()
+    torch.testing.assert_close((loss, nll), (want, want_nll), rtol=1e-5, atol=1e-5)
+    for (name, p), g in zip(model.named_parameters(), ours):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="target must have tgt's shape"):
+        model(src, sl, tgt, tl, target=target[:, :5])
+
+
+def test_cross_entropy_ref_is_the_trainers_loss():
+    logits, target = torch.randn(9, 20), torch.randint(0, 20, (9,))
+    assert all(torch.equal(a, b) for a, b in zip(label_smoothed_loss(logits, target, 0.2, 3),
+                                                  cross_entropy_ref(logits, target, 0.2, 3)))
+
+
+def test_the_triton_op_is_one_graph_node():
+    """opcheck: the registered op's fake impl, schema and autograd-free call agree with the kernel
+    (what torch.compile and CUDA graphs rely on)."""
+    x, w, b, t = _inputs(10, 16, 40, torch.float32)
+    for needs_grad in (False, True):
+        torch.library.opcheck(CE._linear_cross_entropy_op, (x.detach(), w.detach(), b.detach(), t, 0.1, 0, needs_grad))
+    assert ops.select("triton", DEVICE).linear_cross_entropy.__wrapped__ is CE.linear_cross_entropy
+
+
+def test_the_kernels_entry_refuses_what_it_would_read_out_of_bounds():
+    """Callers that reach kernels/cross_entropy.py directly (not through `ops`) get a named error."""
+    x, w, b, t = _inputs(4, 16, 10, torch.float32)
+    with pytest.raises(ValueError, match=r"int64 target \(N,\); got .* target torch.int32"):
+        CE.linear_cross_entropy(x, w, b, t.int())
+    with pytest.raises(ValueError, match="ignore_index in \\[0, V\\).*got 10, 0.0 with V = 10"):
+        CE.linear_cross_entropy(x, w, b, t, ignore_index=10)
