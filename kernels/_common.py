@@ -12,7 +12,8 @@ Nothing here knows about the model. Each op file (attention.py, add_layer_norm.p
 ffn.py, cross_entropy.py) imports what it needs from this module.
 
 The ops are registered as torch ops (`scratchformer::attention`, `add_layer_norm`, `ffn` and their
-backward ops; `linear_cross_entropy`, whose gradient its forward computes) with `torch.library.define` + `impl` + `register_fake` (`define_op` below), and each
+backward ops; `linear_cross_entropy`, whose gradient its forward computes) with
+`torch.library.define` + `impl` + `register_fake` (`define_op` below), and each
 op file links a forward op to its backward op with a `torch.autograd.Function` outside the ops.
 Why not `@torch.library.custom_op` + `register_autograd`: its Python wrappers cost tens of
 microseconds a call, and the training step is host-bound (issue 17: our kernels took 13.9 ms of
