@@ -9,7 +9,7 @@ eager path's in the same dtype, plus about one ulp of the largest value.
 
 import pytest
 import torch
-from conftest import DEVICE, report_diff
+from conftest import DEVICE, report_diff, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import scratchformer.kernels.cross_entropy as CE
@@ -192,3 +192,17 @@ def test_the_kernels_entry_refuses_what_it_would_read_out_of_bounds():
         CE.linear_cross_entropy(x, w, b, t.int())
     with pytest.raises(ValueError, match="ignore_index in \\[0, V\\).*got 10, 0.0 with V = 10"):
         CE.linear_cross_entropy(x, w, b, t, ignore_index=10)
+
+
+@requires_cuda
+@pytest.mark.parametrize("N,d,V", [(4096, 256, 8000), (2048, 512, 30522)], ids=["small-multi30k", "base-cnndm"])
+def test_the_training_shapes_in_bf16_on_a_gpu(N, d, V):
+    """The shapes the trainer sends (several chunks at CNN/DailyMail's), bf16 with a native bf16 GEMM
+    and the row kernel compiled: the same rule against the float64 spec as above."""
+    x, w, b, t = _inputs(N, d, V, torch.bfloat16)
+    ours = _grads(CE.linear_cross_entropy, x, w, b, t, 0.1)
+    eager = _grads(linear_cross_entropy_ref, x, w, b, t, 0.1)
+    spec = _grads(linear_cross_entropy_ref, *_float64(x, w, b), t, 0.1)
+    for name, o, e, s in zip(("loss", "nll", "dx", "dW", "db"), ours, eager, spec):
+        err = report_diff(name, o, s)
+        assert err <= 2 * report_diff(f"eager {name}", e, s) + ULP[torch.bfloat16] * s.abs().max().item(), name
