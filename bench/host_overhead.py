@@ -119,7 +119,7 @@ def step_ops(kernel: str, device: str) -> dict:
 
     cls.run = counted
     try:
-        with mock.patch("scratchformer.ops.value_checks", lambda t: False), \
+        with mock.patch("scratchformer.op_checks.value_checks", lambda t: False), \
                 mock.patch("scratchformer.kernels.attention.value_checks", lambda t: False), \
                 torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step()  # as on a GPU: the lengths' range checks, which read values (a sync there), skipped
