@@ -220,6 +220,30 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
 
 
 @pytest.mark.parametrize("copy", [False, True])
+def test_beams_share_their_sources_projections(copy):
+    """init_state(beams=K) projects each source's cross-attention K/V (and copy keys) once and
+    repeats them for its K hypotheses: the caches equal those of the source repeated K times, and
+    the projections saw B rows, not B·K."""
+    m = _model(copy=copy)
+    src, sl = _src()
+    memory = m.encode(src, sl)
+    seen = []
+    linears = [layer.cross_attn.kv_proj for layer in m.decoder.layers] + ([m.copy.k_proj] if copy else [])
+    hooks = [lin.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0])) for lin in linears]
+    shared = m.init_state(memory, sl, 5, src=src, beams=3)
+    for h in hooks:
+        h.remove()
+    assert seen == [4] * len(linears)
+    rep = [t.repeat_interleave(3, 0) for t in (memory, sl, src)]
+    repeated = m.init_state(*rep[:2], 5, src=rep[2])
+    for (_, a), (_, b) in zip(shared.caches, repeated.caches, strict=True):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    assert torch.equal(shared.memory, repeated.memory) and torch.equal(shared.src_lengths, repeated.src_lengths)
+    if copy:
+        assert torch.equal(shared.copy_keys, repeated.copy_keys) and torch.equal(shared.src, repeated.src)
+
+
+@pytest.mark.parametrize("copy", [False, True])
 def test_beam_rows_are_independent_of_batching(copy):
     m = _model(copy=copy)
     src, sl = _src()

@@ -255,13 +255,17 @@ class Transformer(_Model):
         (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
         the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
         needs; one token a step. beams: each source row repeated that many times, consecutively
-        (beam search's hypotheses)."""
+        (beam search's hypotheses): its cross-attention K/V (and copy keys) are projected once and
+        repeated, not projected for every beam."""
         if max_len > self.cfg.max_len:  # a step's position is its index: as forward refuses a longer target
             raise ValueError(f"max_len {max_len} is over the model's max_len {self.cfg.max_len}, the positions it has")
-        if beams > 1:
-            memory, src_lengths = memory.repeat_interleave(beams, 0), src_lengths.repeat_interleave(beams, 0)
-            src = None if src is None else src.repeat_interleave(beams, 0)
-        B, Ls, _ = memory.shape
+        if self.copy is not None and src is None:
+            raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
+
+        def per_row(t):  # projected once per source, then repeated for its beams
+            return t.repeat_interleave(beams, 0) if beams > 1 else t.contiguous()
+
+        B, Ls = memory.shape[0] * beams, memory.shape[1]
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
         shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=memory.dtype)
@@ -269,13 +273,14 @@ class Transformer(_Model):
         for layer in self.decoder.layers:
             self_cache = StaticKVCache.empty(*shape, **kw, pos=pos) if static else KVCache.empty(*shape, **kw)
             k, v = layer.cross_attn.project_kv(memory)
-            caches.append((self_cache, KVCache(k.contiguous(), v.contiguous(), Ls)))
+            caches.append((self_cache, KVCache(per_row(k), per_row(v), Ls)))
+        keys = None if self.copy is None else per_row(self.copy.keys(memory))
+        memory, src_lengths = per_row(memory), per_row(src_lengths)
         if self.copy is None:
             return DecoderState(caches, memory, src_lengths, pos=pos)
-        if src is None:
-            raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
+        src = per_row(src)
         self._check("src", src, src_lengths)
-        return DecoderState(caches, memory, src_lengths, src, self.copy.keys(memory), pos=pos)
+        return DecoderState(caches, memory, src_lengths, src, keys, pos=pos)
 
     def decode_step(self, tokens, state: DecoderState):
         """tokens (B, 1): the last emitted token of each row -> next-token logits (B, V)."""
