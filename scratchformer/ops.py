@@ -26,13 +26,11 @@ Backends:
 ``auto`` is `triton` on CUDA and `eager` elsewhere. A backend whose kernels are missing raises an
 error naming what is missing: there is no silent fallback.
 
-Checks: what is valid is decided once per op (`scratchformer.op_checks`), and the same check runs in front of every
-backend (eager included), so all backends accept and refuse the same calls with the same message
-(docs/numerics.md lists the rules). The Triton entry points and the C++ op keep their own checks
-for what only they need (dtypes, head dims, sizes) and for callers that reach them directly. A
-check that reads tensor values (lengths within [0, L], token ids within [0, V)) runs on CPU
-tensors, where reading is free, and on a GPU only with SCRATCHFORMER_DEBUG=1 (`value_checks`): a
-host sync per call stalls every step and breaks CUDA graphs and torch.compile.
+Checks: what is valid is decided once per op (`scratchformer.op_checks`, which says when a check
+reads values), and the same check runs in front of every backend (eager included), so all
+backends accept and refuse the same calls with the same message (docs/numerics.md lists the
+rules). The Triton entry points and the C++ op keep their own checks for what only they need
+(dtypes, head dims, sizes) and for callers that reach them directly.
 Attention with no key at all (Lk = 0) is valid: every row sees no key, so the output is zeros,
 as for a row whose key length is 0.
 """

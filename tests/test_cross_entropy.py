@@ -168,6 +168,8 @@ def test_a_model_asked_for_its_loss_scores_its_logits(kernel, copy):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=name)
     with pytest.raises(ValueError, match="target must have tgt's shape"):
         model(src, sl, tgt, tl, target=target[:, :5])
+    with pytest.raises(ValueError, match="returns the loss, not attention weights"):
+        model(src, sl, tgt, tl, target=target, need_weights=True)
 
 
 def test_cross_entropy_ref_is_the_trainers_loss():

@@ -235,9 +235,10 @@ class Transformer(_Model):
         self._check("tgt", tgt, tgt_lengths)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src batch {src.shape[0]} != tgt batch {tgt.shape[0]}")
-        if target is not None and (target.shape != tgt.shape or need_weights):
-            raise ValueError(f"target must have tgt's shape {tuple(tgt.shape)}, got {tuple(target.shape)}, and "
-                             "comes without need_weights")
+        if target is not None and target.shape != tgt.shape:
+            raise ValueError(f"target must have tgt's shape {tuple(tgt.shape)}, got {tuple(target.shape)}")
+        if target is not None and need_weights:
+            raise ValueError("forward(target=) returns the loss, not attention weights: need_weights is for the logits")
         memory = self._encode(src, src_lengths)
         if target is None:
             return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
