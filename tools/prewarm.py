@@ -171,7 +171,7 @@ def model_workload(dropout: float = 0.1) -> None:
         loss.backward()
         model.eval()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            model(src, sl, tgt, tl)  # validation loss: no dropout
+            model(src, sl, tgt, tl, target=tgt_out)  # validation loss: no dropout, no gradient written
             for beams in (1, 4):  # greedy and beam search's batch of B * 4 rows
                 rows = B * beams
                 memory = model.encode(src.repeat_interleave(beams, 0), sl.repeat_interleave(beams, 0))

@@ -110,6 +110,13 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     classify = loader.dataset.task == "classification"
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
+        if batch.sentences is None and batch.labels is None:  # seq2seq: the model's own NLL, as it trains
+            with autocast_for(device, precision):
+                _, batch_nll = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths,
+                                     target=batch.tgt_out)
+            nll += float(batch_nll)
+            n += int((batch.tgt_out != PAD_ID).sum())
+            continue
         with autocast_for(device, precision):
             logits, target = loss_terms(model, batch)
         if batch.sentences is not None:  # padded slots (label -1) left out
@@ -117,13 +124,10 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
             nll += float(F.binary_cross_entropy_with_logits(logits.float()[keep], target[keep].float(),
                                                             reduction="sum"))
             n += int(keep.sum())
-        elif classify:  # labels include 0 == PAD_ID: nothing to ignore
+        else:  # classification: labels include 0 == PAD_ID, nothing to ignore
             nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
             n += len(batch)
             correct += int((logits.argmax(-1) == target).sum())
-        else:
-            nll += float(F.cross_entropy(logits.float(), target, ignore_index=PAD_ID, reduction="sum"))
-            n += int((target != PAD_ID).sum())
     out = {"loss": nll / max(1, n), "ppl": M.perplexity(nll, max(1, n))}
     if classify:
         out["accuracy"] = 100.0 * correct / max(1, n)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..reference import cross_entropy_ref
+from .config import PAD_ID
 from .transformer import Classifier, Extractor, Transformer
 
 
@@ -92,12 +94,16 @@ class Ensemble(nn.Module):
     def _mean(self, logits: list[torch.Tensor]) -> torch.Tensor:
         return logit_of_mean_prob(logits) if self.kind is Extractor else log_mean_prob(logits)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args, target=None, label_smoothing=0.0, **kwargs):
         """The members' forward on the same batch, averaged: an encoder-decoder's and a classifier's
-        as log-probabilities, an extractive scorer's as logits."""
+        as log-probabilities, an extractive scorer's as logits. An encoder-decoder's with `target`
+        (as `Transformer.forward`): the mixture's (loss sum, NLL sum)."""
         if kwargs.get("need_weights") or kwargs.get("return_attention"):
             raise ValueError("an ensemble has no attention weights of its own: ask one of its members")
-        return self._mean([m(*args, **kwargs) for m in self.members])
+        out = self._mean([m(*args, **kwargs) for m in self.members])
+        if target is None:
+            return out
+        return cross_entropy_ref(out.flatten(0, 1), target.flatten(), label_smoothing, PAD_ID)
 
     def encode(self, src, src_lengths):
         """Every member's memory, in member order."""
