@@ -211,3 +211,24 @@ def test_the_training_shapes_in_bf16_on_a_gpu(N, d, V):
     for name, o, e, s in zip(("loss", "nll", "dx", "dW", "db"), ours, eager, spec):
         err = report_diff(name, o, s)
         assert err <= 2 * report_diff(f"eager {name}", e, s) + ULP[torch.bfloat16] * s.abs().max().item(), name
+
+
+def test_validation_scores_the_models_own_loss():
+    """`teacher_forced` takes a seq2seq model's NLL from forward(target=) (the fused op without a
+    gradient on triton) and an ensemble's from its mixture: the mean token NLL of their logits."""
+    from torch.nn.functional import cross_entropy
+
+    from scratchformer import data as D
+    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
+    from scratchformer.model import Ensemble
+
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(4, 70, (int(n),), generator=g).int().numpy() for n in torch.randint(2, 9, (12,), generator=g)]
+    ds = D.EncodedDataset(ids[:6], ids[6:], "translation")
+    batch = D.collate([ds[i] for i in range(6)])
+    for model in (_model("eager").eval(), _model("triton").eval(), Ensemble([_model("eager"), _model("triton")])):
+        got = teacher_forced(model, eval_loader(ds, batch_size=4), DEVICE)["loss"]
+        with torch.no_grad():
+            logits = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
+        want = cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        assert got == pytest.approx(float(want), rel=1e-5), type(model).__name__
