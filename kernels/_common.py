@@ -245,6 +245,12 @@ def attention_key_bounds(
 NONE_SHAPE = (0,)  # shape of the empty tensor an op returns in place of an output it did not compute
 
 
+def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """t, or in its place a fresh empty (0,) tensor like `like`'s: an op's outputs must not alias
+    each other, so each missing one gets its own."""
+    return t if t is not None else like.new_empty(NONE_SHAPE)
+
+
 # Host-side integer helpers for the launchers and grids. triton.cdiv and triton.next_power_of_2 are
 # `constexpr_function`s (Triton 3.6 and 3.9), about 1 us a call through their wrapper against a few
 # ns here, and a launch makes several.

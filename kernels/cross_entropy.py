@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, next_pow2
+from ._common import NONE_SHAPE, check_device, check_dtype, define_op, next_pow2, or_empty
 
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk (see the docstring)
 MAX_BLOCK_V = 4096
@@ -173,10 +173,7 @@ def _linear_cross_entropy_op(x, weight, bias, target, label_smoothing, ignore_in
     when not computed (needs_grad False, or db without a bias)."""
     loss, nll, dx, dw, db = linear_cross_entropy_fwd(x, weight, bias, target, label_smoothing, ignore_index,
                                                      needs_grad)
-
-    def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
-        return t if t is not None else x.new_empty(NONE_SHAPE)
-    return loss, nll, given(dx), given(dw), given(db)
+    return loss, nll, or_empty(dx, x), or_empty(dw, x), or_empty(db, x)
 
 
 @torch.library.register_fake(_linear_cross_entropy_op)

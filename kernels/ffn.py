@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_rng
+from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_rng, or_empty
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -155,9 +155,7 @@ def _ffn_backward_op(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_
         dy, x, w1, w2, a, pre, activation=activation, has_b1=has_b1, has_b2=has_b2, dropout_p=dropout_p,
         rng=rng, needs_dx=needs_dx,
     )
-    def given(t):  # a fresh empty tensor per missing output: outputs must not alias each other
-        return t if t is not None else x.new_empty(NONE_SHAPE)
-    return given(dx), dw1.contiguous(), given(db1), dw2.contiguous(), given(db2)
+    return or_empty(dx, x), dw1.contiguous(), or_empty(db1, x), dw2.contiguous(), or_empty(db2, x)
 
 
 @torch.library.register_fake(_ffn_backward_op)

@@ -102,6 +102,16 @@ def loss_terms(model, batch: D.Batch):
     return logits.flatten(0, 1), batch.tgt_out.flatten()
 
 
+def seq2seq_loss(model, batch: D.Batch, epsilon: float = 0.0):
+    """An encoder-decoder batch's (loss sum, NLL sum), label smoothing epsilon, from the model
+    itself (`forward(target=)`: the backend's fused generator + loss, never the whole logits on
+    the triton backend); None for a batch of another task."""
+    if batch.sentences is not None or batch.labels is not None:
+        return None
+    return model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, target=batch.tgt_out,
+                 label_smoothing=epsilon)
+
+
 @torch.no_grad()
 def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     """Mean token NLL (no label smoothing) and perplexity; accuracy for classification."""
@@ -110,15 +120,14 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     classify = loader.dataset.task == "classification"
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
-        if batch.sentences is None and batch.labels is None:  # seq2seq: the model's own NLL, as it trains
-            with autocast_for(device, precision):
-                _, batch_nll = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths,
-                                     target=batch.tgt_out)
-            nll += float(batch_nll)
+        with autocast_for(device, precision):
+            sums = seq2seq_loss(model, batch)  # seq2seq: the model's own NLL, as it trains
+            if sums is None:
+                logits, target = loss_terms(model, batch)
+        if sums is not None:
+            nll += float(sums[1])
             n += int((batch.tgt_out != PAD_ID).sum())
             continue
-        with autocast_for(device, precision):
-            logits, target = loss_terms(model, batch)
         if batch.sentences is not None:  # padded slots (label -1) left out
             keep = target >= 0
             nll += float(F.binary_cross_entropy_with_logits(logits.float()[keep], target[keep].float(),

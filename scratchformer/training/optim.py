@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..evaluation.evaluate import loss_terms
+from ..evaluation.evaluate import loss_terms, seq2seq_loss
 from ..model import PAD_ID
 from ..reference import cross_entropy_ref
 
@@ -66,9 +66,9 @@ def batch_loss(model, batch, task: str, epsilon: float):
     """(loss sum, NLL sum) of one batch on the device. A seq2seq model returns its own loss (the
     backend's `linear_cross_entropy`: the generator and the loss fused, so the triton backend never
     holds the batch's whole logits); the other tasks score the logits `loss_terms` returns."""
-    if batch.sentences is None and batch.labels is None:
-        return model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, target=batch.tgt_out,
-                     label_smoothing=epsilon)
+    sums = seq2seq_loss(model, batch, epsilon)
+    if sums is not None:
+        return sums
     logits, target = loss_terms(model, batch)
     return task_loss(task)(logits, target, epsilon)
 
