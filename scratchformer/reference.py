@@ -38,6 +38,7 @@ __all__ = [
     "sinusoidal_positions",
     "cross_entropy_ref",
     "linear_cross_entropy_ref",
+    "nll_loss_ref",
 ]
 
 
@@ -209,7 +210,16 @@ def cross_entropy_ref(logits, target, label_smoothing=0.0, ignore_index=0):
     whose target is ignore_index are zeroed, not indexed out: a boolean index is a host-device
     sync and a copy of the kept rows. Computed in fp32 (float64 stays float64).
     """
-    lprobs = torch.log_softmax(logits.to(_acc(logits.dtype)), dim=-1)
+    return nll_loss_ref(torch.log_softmax(logits.to(_acc(logits.dtype)), dim=-1), target, label_smoothing,
+                        ignore_index)
+
+
+def nll_loss_ref(lprobs, target, label_smoothing=0.0, ignore_index=0):
+    """`cross_entropy_ref` of log-probabilities lprobs (N, V), as F.nll_loss is F.cross_entropy's:
+    for a distribution that is not one softmax of logits (a copy layer's mixture, an ensemble's
+    mean) or whose log-probabilities are already at hand (R-Drop's), so that they are not
+    normalised, and kept for the backward, a second time."""
+    lprobs = lprobs.to(_acc(lprobs.dtype))
     keep = target != ignore_index
     nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
     if label_smoothing == 0.0:

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import scratchformer.kernels.cross_entropy as CE
 from scratchformer import ops
 from scratchformer.model import PAD_ID, Transformer, get_config
-from scratchformer.reference import linear_cross_entropy_ref
+from scratchformer.reference import linear_cross_entropy_ref, nll_loss_ref
 from scratchformer.training.optim import label_smoothed_loss
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
@@ -86,6 +86,28 @@ def test_loss_and_gradients_match_the_float64_spec(dtype, eps, bias, chunks, mon
             assert err <= 1e-5 * max(1.0, s.abs().max().item()), name
         else:
             assert err <= 2 * report_diff(f"eager {name}", e, s) + ULP[dtype] * s.abs().max().item(), name
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_log_probabilities_of_a_mixture_are_scored_as_they_are(eps):
+    """`nll_loss_ref` (a copy layer's, an ensemble's and R-Drop's loss) takes log-probabilities of a
+    distribution that is no softmax of one set of logits: -Σ q log p with q the smoothed target as a
+    tensor, PAD rows out, and the gradient of the same."""
+    N, V = 9, 40
+    a, b = torch.randn(N, V, dtype=torch.float64), torch.randn(N, V, dtype=torch.float64)
+    mix = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    lp = torch.log(mix * a.softmax(-1) + (1 - mix) * b.softmax(-1))
+    t = torch.randint(1, V, (N,))
+    t[::4] = PAD_ID
+    q = torch.full((N, V), eps / (V - 2), dtype=torch.float64)
+    q[:, PAD_ID] = 0.0
+    q.scatter_(1, t[:, None], 1.0 - eps)
+    keep = (t != PAD_ID).double()
+    want = ((-(q * lp).sum(-1) * keep).sum(), (-lp.gather(1, t[:, None])[:, 0] * keep).sum())
+    (want_grad,) = torch.autograd.grad(want[0], mix, retain_graph=True)
+    loss, nll = nll_loss_ref(lp, t, eps, PAD_ID)
+    torch.testing.assert_close((loss, nll), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(loss, mix)[0], want_grad, rtol=1e-12, atol=1e-12)
 
 
 def test_nll_is_reported_not_differentiated_and_padding_is_left_out():

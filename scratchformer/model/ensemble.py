@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..reference import cross_entropy_ref
+from ..reference import nll_loss_ref
 from .config import PAD_ID
 from .transformer import Classifier, Extractor, Transformer
 
@@ -103,7 +103,7 @@ class Ensemble(nn.Module):
         out = self._mean([m(*args, **kwargs) for m in self.members])
         if target is None:
             return out
-        return cross_entropy_ref(out.flatten(0, 1), target.flatten(), label_smoothing, PAD_ID)
+        return nll_loss_ref(out.flatten(0, 1), target.flatten(), label_smoothing, PAD_ID)
 
     def encode(self, src, src_lengths):
         """Every member's memory, in member order."""

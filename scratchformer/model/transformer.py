@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import op_checks
 from .. import ops as backends
 from ..ops import Ops
-from ..reference import cross_entropy_ref
+from ..reference import nll_loss_ref
 from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
 from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache, StaticKVCache
@@ -245,7 +245,7 @@ class Transformer(_Model):
         target = target.flatten()
         if self.copy is not None:  # log-probabilities mixed with the source's: no logits to fuse away
             logprobs = self._decode(tgt, memory, src_lengths, tgt_lengths, src=src)
-            return cross_entropy_ref(logprobs.flatten(0, 1), target, label_smoothing, PAD_ID)
+            return nll_loss_ref(logprobs.flatten(0, 1), target, label_smoothing, PAD_ID)
         h = self.decoder(tgt, memory, src_lengths, tgt_lengths).flatten(0, 1)
         return self.ops.linear_cross_entropy(h, self.generator.weight, self.generator.bias, target,
                                              label_smoothing=label_smoothing, ignore_index=PAD_ID)

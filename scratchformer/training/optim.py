@@ -8,7 +8,7 @@ import torch
 
 from ..evaluation.evaluate import loss_terms, seq2seq_loss
 from ..model import PAD_ID
-from ..reference import cross_entropy_ref
+from ..reference import cross_entropy_ref, nll_loss_ref
 
 # Metrics where a larger value is better (the rest, e.g. loss and ppl, are minimised).
 HIGHER_IS_BETTER = {"bleu", "chrf", "exact_match", "accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum"}
@@ -54,8 +54,12 @@ def rdrop_loss(task: str, logits: torch.Tensor, target: torch.Tensor, epsilon: f
     losses plus alpha times the mean of KL(p1 || p2) and KL(p2 || p1), halved so that it is summed
     over one copy's targets as `task_loss` is. Returns (loss sum, NLL sum), the NLL the copies' mean;
     a seq2seq target of PAD is left out, a class label never is."""
-    loss, nll = task_loss(task)(logits, target, epsilon)
-    lp, lq = torch.log_softmax(logits.float(), dim=-1).chunk(2)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    if task == "classification":
+        loss, nll = classification_loss(logits, target, epsilon)
+    else:  # the log-probabilities the KL needs anyway: one log_softmax, one (2N, V) tensor kept for the backward
+        loss, nll = nll_loss_ref(lprobs, target, epsilon, pad_id)
+    lp, lq = lprobs.chunk(2)
     kl = ((lp.exp() - lq.exp()) * (lp - lq)).sum(-1)  # KL(p || q) + KL(q || p), per row
     if task != "classification":
         kl = torch.where(target.chunk(2)[0] != pad_id, kl, 0.0)
