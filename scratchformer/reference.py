@@ -217,8 +217,8 @@ def cross_entropy_ref(logits, target, label_smoothing=0.0, ignore_index=0):
 def nll_loss_ref(lprobs, target, label_smoothing=0.0, ignore_index=0):
     """`cross_entropy_ref` of log-probabilities lprobs (N, V), as F.nll_loss is F.cross_entropy's:
     for a distribution that is not one softmax of logits (a copy layer's mixture, an ensemble's
-    mean) or whose log-probabilities are already at hand (R-Drop's), so that they are not
-    normalised, and kept for the backward, a second time."""
+    mean) or whose log-probabilities are already at hand (R-Drop's): scored as they are, not
+    normalised again (nor kept again for the backward)."""
     lprobs = lprobs.to(_acc(lprobs.dtype))
     keep = target != ignore_index
     nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
