@@ -17,10 +17,9 @@ GPU only: everything here is skipped without CUDA.
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import peak_memory, requires_cuda, run_bench
 
-from scratchformer import ops, reference
+from scratchformer import ops
 
 pytestmark = [pytest.mark.benchmark(group="cross_entropy"), requires_cuda]
 
@@ -29,14 +28,10 @@ CASES = [(4096, 256, 8000), (2048, 512, 30522), (16384, 512, 32000)]
 
 
 def _impl(kernel):
-    if kernel in ("triton", "eager", "torch"):
+    if kernel != "compile":
         return ops.select(kernel, "cuda").linear_cross_entropy
-
-    def torch_loss(x, w, b, t, *, label_smoothing, ignore_index):
-        return reference.cross_entropy_ref(F.linear(x, w, b), t, label_smoothing, ignore_index)
-
     torch._dynamo.reset()  # a fresh compile per case
-    return torch.compile(torch_loss, dynamic=False)
+    return torch.compile(ops.select("torch", "cuda").linear_cross_entropy, dynamic=False)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])

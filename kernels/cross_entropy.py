@@ -8,7 +8,7 @@ For rows x (N, d), the generator's weight W (V, d) and bias b (V,), targets t (N
 
 summed over the rows whose target is not `pad` (those contribute 0). This is the trainer's loss
 (annotated-transformer's LabelSmoothing: ε spread over the V - 2 tokens that are neither gold nor
-PAD; `scratchformer.reference.cross_entropy`). Its gradient is p minus the smoothed target q:
+PAD; `scratchformer.reference.cross_entropy_ref`). Its gradient is p minus the smoothed target q:
 
     ∂loss/∂z_j = p_j - q_j,  q_t = 1 - ε,  q_pad = 0,  q_j = ε / (V - 2) otherwise
 
