@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .. import op_checks
 from .. import ops as backends
@@ -31,7 +32,10 @@ from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache, Sta
 
 
 class _Stack(nn.Module):
-    """Shared by Encoder and Decoder: the embedding dropout and closing the residual stream."""
+    """Shared by Encoder and Decoder: the embedding dropout, running each layer (recomputed in the
+    backward when `recompute` is set) and closing the residual stream."""
+
+    recompute = False  # set by `_Model.recompute_activations`
 
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
@@ -39,6 +43,15 @@ class _Stack(nn.Module):
         self.final_norm = None
         if cfg.final_norm:
             self.final_norm = AddNorm(cfg.d_model, ops=ops, eps=cfg.layer_norm_eps, dropout=cfg.dropout)
+
+    def _layer(self, layer, *args, **kwargs):
+        """`layer(*args, **kwargs)`; with `recompute` in a training forward that builds a graph, its
+        activations are not kept: the backward runs the layer again from its inputs, under the
+        same RNG states (torch's CPU and CUDA generators, from which our kernels draw their
+        dropout's Philox seed), so the same dropout masks and the same gradients."""
+        if self.recompute and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+        return layer(*args, **kwargs)
 
     def _finish(self, x, delta):
         if self.pre_norm and delta is not None:
@@ -59,7 +72,7 @@ class Encoder(_Stack):
         x = F.dropout(x, self.dropout, self.training)
         delta, weights = None, []
         for layer in self.layers:
-            x, delta, w = layer(x, delta, lengths, need_weights=need_weights)
+            x, delta, w = self._layer(layer, x, delta, lengths, need_weights=need_weights)
             weights.append(w)
         x = self._finish(x, delta)
         return (x, weights) if need_weights else x
@@ -78,7 +91,8 @@ class Decoder(_Stack):
         delta, weights = None, []
         for i, layer in enumerate(self.layers):
             cache = state.caches[i] if state is not None else None
-            x, delta, w = layer(x, delta, memory, src_lengths, tgt_lengths, cache=cache, need_weights=need_weights)
+            x, delta, w = self._layer(layer, x, delta, memory, src_lengths, tgt_lengths, cache=cache,
+                                      need_weights=need_weights)
             weights.append(w)
         if state is not None:
             state.pos += tgt.shape[1]  # in place where pos is a device tensor (a static cache's step)
@@ -160,6 +174,16 @@ class _Model(nn.Module):
         out = super()._apply(fn, *args, **kwargs)
         self._select_ops(next(self.parameters()).device)
         return out
+
+    def recompute_activations(self, enabled: bool = True) -> _Model:
+        """Activation checkpointing (`torch.utils.checkpoint`, non-reentrant): a training forward
+        keeps only each encoder and decoder layer's inputs, and the backward recomputes the rest,
+        layer by layer: the activations of one layer at a time, not of all of them, for one more
+        forward of the layers a step. Same gradients; evaluation and decoding are unchanged."""
+        for m in self.modules():
+            if isinstance(m, _Stack):
+                m.recompute = enabled
+        return self
 
 
 class Transformer(_Model):

@@ -140,6 +140,9 @@ class TrainConfig:
                                       "each batch shape's compiled graphs as CUDA graphs (GPU)", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step as a CUDA graph "
                                       "(no compiler, no host work per kernel): one GPU, bf16 or fp32")
+    recompute_activations: bool = _optim(default=False, help="activation checkpointing: keep only each encoder and "
+                                         "decoder layer's inputs and recompute the rest in the backward (same "
+                                         "gradients; less activation memory for one more forward of the layers)")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
     seed: int = _optim(default=0)
@@ -268,6 +271,9 @@ def check_config(cfg: TrainConfig) -> None:
                           f"got --compile {cfg.compile}")
     if cfg.cuda_graphs and cfg.compile:
         raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
+    if cfg.cuda_graphs and cfg.recompute_activations:
+        raise ConfigError("--recompute-activations sets the RNG state back for each layer's recomputation, which a "
+                          "CUDA graph capture may refuse (not yet checked on a GPU): give one of it and --cuda-graphs")
     if cfg.rdrop and cfg.dropout == 0 and not cfg.attn_dropout and not cfg.ffn_dropout:
         raise ConfigError(f"--rdrop {cfg.rdrop:g} compares two dropout masks; with --dropout 0 (and no attention or "
                           f"FFN dropout) both copies are the same")

@@ -64,6 +64,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if start and "kernel" in given:
         mcfg.kernel = config.kernel
     model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, data, device, log)
+    model.recompute_activations(config.recompute_activations)
     if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
         torch.manual_seed(config.seed + dist_.rank)
     if dist_.main:
@@ -72,7 +73,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
              f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
              f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding}{' copy' * mcfg.copy} | kernel "
-             f"{mcfg.kernel} -> {model.ops.name}")
+             f"{mcfg.kernel} -> {model.ops.name}{' | layers recomputed in the backward' * model.encoder.recompute}")
     trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
     if resuming:
         trainer.resume(ckpt)

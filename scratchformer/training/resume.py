@@ -11,7 +11,7 @@ from .config import ConfigError, TrainConfig, flag
 # batching (the epoch position is counted in batches), the seed (the batch order), the optimizer's
 # and plateau schedule's settings (restored from the checkpoint) and the metric its best is in.
 # Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
-# checkpoint and logging flags, --device, --kernel, --precision, --compile).
+# checkpoint and logging flags, --device, --kernel, --precision, --compile, --recompute-activations).
 FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len", "synthetic_seed",
     "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "bpe_dropout", "preset", "d_model", "heads",
