@@ -146,7 +146,7 @@ def _train_rows(out):
 
 def test_train_with_recomputed_layers_is_the_same_run(tmp_path):
     """`train --recompute-activations`: the same losses step by step (dropout on); it is said in the
-    log and args.json, may be turned on when a run resumes, and is refused beside --cuda-graphs."""
+    log and args.json, may be turned on or off when a run resumes, and is refused beside --cuda-graphs."""
     tiny = ["--d-model", "32", "--heads", "2", "--layers", "2", "--d-ff", "64", "--vocab-size", "300", "--batch-size",
             "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples", "8",
             "--beam-size", "1", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4",
@@ -163,6 +163,10 @@ def test_train_with_recomputed_layers_is_the_same_run(tmp_path):
     assert [s for s, _ in _train_rows(tmp_path / "plain")] == list(range(1, 9))
     resumed_log = (tmp_path / "plain" / "log.txt").read_text().split("done: 6 steps")[-1]
     assert "layers recomputed in the backward" in resumed_log
+    T.main(["--resume", "--no-recompute-activations", "--max-steps", "7", "--out", str(tmp_path / "recomputed"),
+            "--no-progress", "--no-plots"])  # and turned off
+    resumed_log = (tmp_path / "recomputed" / "log.txt").read_text().split("done: 6 steps")[-1]
+    assert "resumed from" in resumed_log and "layers recomputed" not in resumed_log
     with pytest.raises(ConfigError, match="--recompute-activations .* --cuda-graphs"):
         T.main(tiny + ["--recompute-activations", "--cuda-graphs", "--out", str(tmp_path / "graphs")])
 

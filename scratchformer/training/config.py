@@ -140,9 +140,10 @@ class TrainConfig:
                                       "each batch shape's compiled graphs as CUDA graphs (GPU)", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step as a CUDA graph "
                                       "(no compiler, no host work per kernel): one GPU, bf16 or fp32")
-    recompute_activations: bool = _optim(default=False, help="activation checkpointing: keep only each encoder and "
-                                         "decoder layer's inputs and recompute the rest in the backward (same "
-                                         "gradients; less activation memory for one more forward of the layers)")
+    recompute_activations: bool | None = _optim(default=False, help="activation checkpointing: keep only each "
+                                                "encoder and decoder layer's inputs and recompute the rest in the "
+                                                "backward (same gradients; less activation memory for one more "
+                                                "forward of the layers)")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
     seed: int = _optim(default=0)
