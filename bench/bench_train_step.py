@@ -14,6 +14,11 @@ the graph), both through `scratchformer.compile.compile_model` with static shape
 here; training uses dynamic=True). Reported in extra_info:
 non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
 
+`test_train_step_recompute` times eager's and our kernels' step at base/CNN-DM with every encoder
+and decoder layer recomputed in the backward (`--recompute-activations`): what it costs in step time
+and saves in peak memory beside the same backend's `test_train_step` case. It is opt-in on the GPU
+plan (step 30 leaves it out unless BENCH_K names it).
+
 Each case runs twice: `test_train_step`, the step as the trainer runs it (every op launched from
 Python: on an H100 the host's side, not the GPU, set the pace of every backend, issue 17), and
 `test_train_step_graph`, the same step captured once in a CUDA graph and replayed
@@ -72,17 +77,20 @@ def make_batch(shape, seed=0, device="cuda"):
 
 
 COMPILED = {"compile": "eager", "compile-triton": "triton"}  # case -> the backend compiled
+RECOMPUTED = {"eager-recompute": "eager", "triton-recompute": "triton"}  # case -> the backend, layers recomputed
 
 
 def training_step(shape, kernel, device="cuda", graph=False):
     """(step, batch): a closure running one optimizer step of `shape` on `kernel` (a COMPILED case:
-    torch.compile of that backend), bf16 autocast on CUDA, fp32 on CPU; and the batch it trains on.
+    torch.compile of that backend; a RECOMPUTED case: that backend, its layers recomputed in the
+    backward), bf16 autocast on CUDA, fp32 on CPU; and the batch it trains on.
     With graph, the step is a CUDA graph's replay (`capture_step`). bench/profile_train_step.py
     profiles the same closure."""
     spec = SHAPES[shape]
     torch.manual_seed(0)
-    cfg = get_config(spec["preset"], src_vocab_size=spec["vocab"], kernel=COMPILED.get(kernel, kernel))
-    model = build_model(cfg, device).train()
+    cfg = get_config(spec["preset"], src_vocab_size=spec["vocab"],
+                     kernel=COMPILED.get(kernel) or RECOMPUTED.get(kernel, kernel))
+    model = build_model(cfg, device).recompute_activations(kernel in RECOMPUTED).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=device == "cuda",
                             capturable=graph)
     batch = make_batch(shape, device=device)
@@ -124,6 +132,12 @@ def test_train_step(benchmark, shape, kernel):
 def test_train_step_graph(benchmark, shape, kernel):
     """The same step replayed as one CUDA graph: the device's time, no host work per kernel."""
     _bench_step(benchmark, shape, kernel, graph=True)
+
+
+@pytest.mark.parametrize("kernel", list(RECOMPUTED))
+def test_train_step_recompute(benchmark, kernel):
+    """The launched step at base/CNN-DM (the largest activations) with its layers recomputed."""
+    _bench_step(benchmark, "base-cnndm", kernel, graph=False)
 
 
 def _bench_step(benchmark, shape, kernel, graph):

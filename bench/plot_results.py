@@ -154,8 +154,9 @@ def plot_train_step(rows, out):
     if not rs:
         return None
     shapes = sorted({r["shape"] for r in rs})
-    kernels = [k + suffix for suffix in ("", "\n(graph)") if any(bool(r.get("graph")) == bool(suffix) for r in rs)
-               for k in ("eager", "torch", "triton", "compile", "compile-triton")]
+    kinds = ("eager", "torch", "triton", "compile", "compile-triton", "eager-recompute", "triton-recompute")
+    kernels = [k + ("\n(graph)" if graph else "") for graph in (False, True) for k in kinds
+               if any(r["kernel"] == k and bool(r.get("graph")) == graph for r in rs)]
     fig, axes = plt.subplots(1, 2, figsize=(10 * max(1, len(kernels) // 5), 4))
     width = 0.8 / len(shapes)
     for i, shape in enumerate(shapes):
@@ -164,7 +165,8 @@ def plot_train_step(rows, out):
         axes[0].bar(xs, [vals[k]["tokens_per_s"] if k in vals else 0 for k in kernels], width, label=shape)
         axes[1].bar(xs, [vals[k]["peak_mem_gib"] if k in vals else 0 for k in kernels], width, label=shape)
     for ax, yl in zip(axes, ["non-pad tokens/s", "peak memory (GiB)"]):
-        ax.set_xticks([j + width * (len(shapes) - 1) / 2 for j in range(len(kernels))], kernels)
+        ax.set_xticks([j + width * (len(shapes) - 1) / 2 for j in range(len(kernels))],
+                      [k.replace("-recompute", "\n(recompute)") for k in kernels])
         ax.set_ylabel(yl)
         ax.legend(fontsize=7)
     fig.suptitle("training step, bf16 autocast")

@@ -168,11 +168,28 @@ def generation(rows) -> list[str]:
     return lines
 
 
+def recomputed(rows) -> list[str]:
+    """The training step with its layers recomputed in the backward (no targets): tokens/s and peak
+    memory beside the same backend's plain step, launched, per shape."""
+    lines = []
+    for (shape,), ks in sorted(_by([r for r in rows if not r.get("graph")], "train_step", "shape").items(), key=str):
+        for kernel in sorted(k for k in ks if k.endswith("-recompute") and k.removesuffix("-recompute") in ks):
+            r, plain = ks[kernel], ks[kernel.removesuffix("-recompute")]
+            lines.append(f"| {shape} | {plain['kernel']} | {plain['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['tokens_per_s'] / plain['tokens_per_s']:.2f} | {plain['peak_mem_gib']:.2f} | "
+                         f"{r['peak_mem_gib']:.2f} | {r['peak_mem_gib'] / plain['peak_mem_gib']:.2f} |")
+    if not lines:
+        return []
+    return ["", "Training step with its layers recomputed in the backward (`--recompute-activations`; no targets), "
+            "launched", "", "| shape | kernel | tokens/s | recomputed | ratio | peak GiB | recomputed | ratio |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", *lines]
+
+
 def table(rows) -> str:
     for r in rows:  # the test function's name, for the attention groups' kinds
         r["test"] = r["name"].split("[")[0]
     found = attention(rows) + add_layer_norm(rows) + ffn(rows) + embed(rows) + train_step(rows)
-    gen = generation(rows)
+    gen = generation(rows) + recomputed(rows)
     if not found:
         if gen:
             return "\n".join(gen[1:]) + "\n"

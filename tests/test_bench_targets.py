@@ -184,3 +184,24 @@ def test_generation_figures_follow_the_targets(tmp_path):
                    ("greedy", "launched", "triton"): ["1,500", "1.50"],
                    ("greedy", "graph", "triton"): ["6,000", "6.00"], ("beam4", "graph", "triton"): ["900", ""]}
     assert not text.startswith("no targets")
+
+
+def test_recomputed_steps_are_shown_beside_their_backend(tmp_path):
+    """bench_train_step's recomputed-layer cases (no targets) as a table beside the same backend's
+    launched step: tokens/s and peak memory and their ratios; they judge no target, nor do the
+    graphed steps (no recomputed counterpart) or a recomputed case without its plain one."""
+    def step(k, tps, mem, graph=False):
+        return _bench("train_step", f"test_train_step[{k}-base-cnndm]", {"shape": "base-cnndm", "kernel": k},
+                      tokens_per_s=tps, peak_mem_gib=mem, shape="base-cnndm", graph=graph)
+    path = tmp_path / "run.json"
+    cases = [step("triton", 100_000.0, 8.0), step("triton-recompute", 80_000.0, 2.0), step("eager", 80_000.0, 10.0),
+             step("eager-recompute", 60_000.0, 4.0), step("triton", 200_000.0, 8.0, graph=True),
+             _bench("train_step", "x", {"kernel": "torch-recompute"}, tokens_per_s=1.0, peak_mem_gib=1.0,
+                    shape="small-multi30k")]
+    path.write_text(json.dumps({"benchmarks": cases}))
+    text = targets.main([str(path)])
+    got = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| base-cnndm")]
+    assert got == [["base-cnndm", "eager", "80,000", "60,000", "0.75", "10.00", "4.00", "0.40"],
+                   ["base-cnndm", "triton", "100,000", "80,000", "0.80", "8.00", "2.00", "0.25"]]
+    judged = [line for line in text.splitlines() if line.startswith("| training step")]
+    assert judged and not any("recompute" in line for line in judged)  # the plain triton step's targets only
