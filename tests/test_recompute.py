@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import DEVICE, requires_cuda
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils.checkpoint import checkpoint
 
 from scratchformer import train as T
 from scratchformer.model import Classifier, ModelConfig, Transformer, greedy_decode
@@ -113,16 +114,33 @@ def test_encoder_only_models_recompute_too():
         torch.testing.assert_close(grads[1][name], g, msg=name)
 
 
-def test_evaluation_and_decoding_are_unchanged():
+def test_evaluation_and_decoding_are_unchanged(monkeypatch):
+    """Only a training forward that builds a graph recomputes: evaluation, a forward without a
+    gradient and KV-cached decoding never go through checkpointing, and decode as before."""
+    from scratchformer.model import transformer
+
+    calls = []
+
+    def counted(fn, *args, **kwargs):
+        calls.append(fn)
+        return checkpoint(fn, *args, **kwargs)
+
+    monkeypatch.setattr(transformer, "checkpoint", counted)
     torch.manual_seed(0)
     model = Transformer(_config("eager"), device=DEVICE).eval()
-    src, sl = _batch()[:2]
+    src, sl, tgt_in, tl, _ = _batch()
     with torch.no_grad():
         before = greedy_decode(model, src, sl, max_len=6)
-        model.recompute_activations()
-        assert _saved_shapes(model, src, sl, *_batch()[2:4]) == []  # no graph, nothing kept
+    model.recompute_activations()
+    with torch.no_grad():
         after = greedy_decode(model, src, sl, max_len=6)
-    assert torch.equal(before, after)
+    model(src, sl, tgt_in, tl)  # eval mode, with a graph
+    model.train()
+    with torch.no_grad():
+        model(src, sl, tgt_in, tl)  # training mode, no graph
+    assert torch.equal(before, after) and calls == []
+    model(src, sl, tgt_in, tl)
+    assert len(calls) == 4  # 2 encoder and 2 decoder layers
 
 
 def test_a_compiled_model_recomputes_to_the_same_gradients():
