@@ -394,7 +394,11 @@ class BucketBatchSampler:
 
 def make_loader(dataset: EncodedDataset, sampler: BucketBatchSampler, *, num_workers: int = 0,
                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
+    """A loader of batches in the sampler's order. It has a generator of its own: each iterator draws
+    its workers' base seed from it, and drawing from torch's global generator instead would move a
+    training run's random stream (dropout) at each validation, so a run stopped at a step that is
+    not validated otherwise would resume onto other masks."""
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, task=dataset.task),
-        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=False,
+        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
     )
