@@ -146,16 +146,17 @@ def test_pad_multiple_pads_every_training_batch(tmp_path, monkeypatch):
     """--pad-multiple 16 with sources of up to 20 tokens: every training batch's lengths are padded
     to multiples of 16 (up to 32, past --max-src-len: the model is built long enough), the run
     trains, and a resume may not change it (the batches would)."""
-    from scratchformer import data as D
+    from scratchformer.data import batching
 
-    widths, collate = set(), D.collate
+    widths, collate = set(), batching.collate
 
     def recording(items, pad_multiple=1, task=None):
         b = collate(items, pad_multiple, task)
-        widths.update((b.src.shape[1], b.tgt_in.shape[1]))
+        if pad_multiple != 1:  # the training batches (validation's are padded to their longest)
+            widths.update((b.src.shape[1], b.tgt_in.shape[1]))
         return b
 
-    monkeypatch.setattr(D, "collate", recording)
+    monkeypatch.setattr(batching, "collate", recording)  # what make_loader's batches come from
     out = tmp_path / "run"
     res = T.main(TINY + ["--pad-multiple", "16", "--max-src-len", "20", "--max-steps", "3", "--eval-every", "3",
                          "--out", str(out)])

@@ -256,8 +256,7 @@ class Batch:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """(B, Ls, Lt), (B, Ls) for classification, (B, Ls, S) for extraction: the shapes of all its
-        tensors follow."""
+        """(B, Ls, Lt); (B, Ls) for classification; (B, Ls, S) for extraction: its tensors' shapes follow."""
         second = self.tgt_in if self.tgt_in is not None else self.sentences
         return tuple(self.src.shape) + (() if second is None else (second.shape[1],))
 
@@ -286,11 +285,11 @@ def _pad(seqs: Sequence[Sequence[int]], prefix: int | None = None, suffix: int |
 
 
 def collate(items, pad_multiple: int = 1, task: str | None = None) -> Batch:
-    """items: [(index, src ids, tgt ids or int label, or extractive labels when task is
-    "extractive")] -> Batch with dynamic (per-batch) padding,
-    each padded length rounded up to a multiple of `pad_multiple` (fairseq's --pad-to-multiple,
-    Hugging Face's pad_to_multiple_of): tensor-core-sized shapes, and fewer distinct ones for what
-    compiles or captures per shape (torch.compile's reduce-overhead records a CUDA graph for each)."""
+    """items: [(index, src ids, tgt ids or int label, or extractive labels when task is "extractive")] -> Batch
+    with dynamic (per-batch) padding, each padded length rounded up to a multiple of `pad_multiple`
+    (fairseq's --pad-to-multiple, Hugging Face's pad_to_multiple_of): tensor-core-sized shapes, and fewer
+    distinct ones for what compiles or captures per shape (torch.compile's reduce-overhead records a
+    CUDA graph for each)."""
     ids = torch.tensor([it[0] for it in items], dtype=torch.int64)
     src, src_lengths = _pad([it[1] for it in items], multiple=pad_multiple)
     if isinstance(items[0][2], (int, np.integer)):
@@ -393,12 +392,9 @@ class BucketBatchSampler:
 
 
 def make_loader(dataset: EncodedDataset, sampler: BucketBatchSampler, *, num_workers: int = 0,
-                pin_memory: bool = False) -> torch.utils.data.DataLoader:
-    """A loader of batches in the sampler's order. It has a generator of its own: each iterator draws
-    its workers' base seed from it, and drawing from torch's global generator instead would move a
-    training run's random stream (dropout) at each validation, so a run stopped at a step that is
-    not validated otherwise would resume onto other masks."""
-    return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, task=dataset.task),
-        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
-    )
+                pin_memory: bool = False, pad_multiple: int = 1, seed: int = 0) -> torch.utils.data.DataLoader:
+    """Batches in the sampler's order. Each iterator draws its workers' base seed from the loader's own generator:
+    from torch's, a validation or an iterator made mid-epoch on resume would move dropout's random stream."""
+    collate_fn = functools.partial(collate, pad_multiple=pad_multiple, task=dataset.task)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
+                                       pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))

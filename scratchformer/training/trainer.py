@@ -9,7 +9,6 @@ schedule, GradScaler, every rank's RNG states and the position inside the epoch.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from contextlib import nullcontext
@@ -65,12 +64,8 @@ class Trainer:
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
                                             num_replicas=self.dist.world, rank=self.dist.rank,
                                             pad_multiple=cfg.pad_multiple)
-        # A private generator: DataLoader draws its base seed from it, not from the global RNG, so
-        # creating an iterator mid-epoch on resume leaves dropout's random stream unchanged.
-        collate = functools.partial(D.collate, pad_multiple=cfg.pad_multiple, task=data.train_set.task)
-        self.loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=self.sampler, collate_fn=collate,
-                                                  num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
-                                                  generator=torch.Generator().manual_seed(cfg.seed))
+        self.loader = D.make_loader(data.train_set, self.sampler, num_workers=cfg.num_workers,
+                                    pin_memory=device.type == "cuda", pad_multiple=cfg.pad_multiple, seed=cfg.seed)
         if self.sampler.batches_per_epoch(0) == 0:  # an epoch without a batch would loop for ever
             raise D.DataError(f"no training batch: {len(data.train_set)} training examples for {self.dist.world} "
                               f"process(es); check --max-train-examples and the train split")
