@@ -33,7 +33,7 @@ OLD_FLAGS = [
 # flag: the flag it comes before
 NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile": "--precision",
              "--compile-mode": "--precision", "--cuda-graphs": "--precision", "--no-cuda-graphs": "--precision",
-             "--pad-multiple": "--grad-accum", "--ffn-dropout": "--activation",
+             "--pad-multiple": "--grad-accum", "--ffn-dropout": "--activation", "--word-dropout": "--activation",
              "--time-limit": "--resume", "--init-from": "--resume", "--bpe-dropout": "--preset",
              "--summary-sentences": "--save-every", "--summary-words": "--save-every", "--rdrop": "--clip-norm",
              "--recompute-activations": "--precision", "--no-recompute-activations": "--precision"}

@@ -34,6 +34,9 @@ class ModelConfig:
     dropout: float = 0.1  # on sublayer outputs before the residual add, and on embeddings + PE
     attn_dropout: float = 0.0  # on attention probabilities (not in the paper; annotated-transformer uses it)
     ffn_dropout: float = 0.0  # between the two FFN projections
+    # Word dropout: in training, each ordinary input token (source and decoder input) is replaced by
+    # <unk> with this probability (Sennrich & Zhang 2019's low-resource regulariser; `layers.Embedding`).
+    word_dropout: float = 0.0
     norm: str = "post"  # "post": LN(x + sublayer(x)), the paper's; "pre": x + sublayer(LN(x))
     final_norm: bool = False  # a LayerNorm after the last encoder and decoder layers (usual with "pre")
     layer_norm_eps: float = 1e-5
@@ -73,7 +76,7 @@ class ModelConfig:
             raise ValueError("copy needs an encoder-decoder model with one vocabulary for source and target, got "
                              + ("an encoder-only model" if self.n_decoder_layers == 0 else
                                 f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"))
-        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+        for name in ("dropout", "attn_dropout", "ffn_dropout", "word_dropout"):
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")

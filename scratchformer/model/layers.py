@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from ..ops import Ops
 from ..reference import attention_mask, sinusoidal_positions
+from ..special_tokens import SPECIAL_TOKENS, UNK_ID
 from .config import ModelConfig
 
 
@@ -212,19 +213,34 @@ class AddNorm(nn.Module):
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(d_model) plus sinusoidal positions computed on the fly.
 
+    Word dropout (`word_dropout` p > 0, training only): each ordinary token, not one of the special
+    ids the tokenizer reserves, is replaced by <unk> with probability p before the lookup, so the
+    model sees the word gone but keeps its position (Sennrich & Zhang 2019, "Revisiting
+    Low-Resource NMT", drop whole words; Gal & Ghahramani 2016). The mask is drawn on the tokens'
+    device from torch's generator: no host sync, replayable in a CUDA graph, resumed exactly.
+
     Token ids are not checked here: the model checks a batch once at its boundary.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, *, ops: Ops, pos_encoding: bool = True):
+    def __init__(self, vocab_size: int, d_model: int, *, ops: Ops, pos_encoding: bool = True,
+                 word_dropout: float = 0.0):
         super().__init__()
         # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, which also suits
         # a tied output projection.
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
         self.ops, self.scale, self.pos_encoding = ops, math.sqrt(d_model), pos_encoding
+        self.word_dropout = word_dropout
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, vocab_size: int, ops: Ops) -> Embedding:
+        return cls(vocab_size, cfg.d_model, ops=ops, pos_encoding=cfg.pos_encoding, word_dropout=cfg.word_dropout)
 
     def forward(self, tokens, *, pos_offset: int | torch.Tensor = 0):
         """tokens (B, L) int -> (B, L, d); positions start at pos_offset. A (1,) int64 device
         tensor pos_offset (a CUDA-graph decoding step, L = 1): the position is read on the device."""
+        if self.training and self.word_dropout > 0.0:
+            dropped = torch.rand(tokens.shape, device=tokens.device) < self.word_dropout
+            tokens = tokens.masked_fill(dropped & (tokens >= len(SPECIAL_TOKENS)), UNK_ID)
         if not isinstance(pos_offset, torch.Tensor):
             return self.ops.embed(tokens, self.weight, scale=self.scale, pos_offset=pos_offset,
                                   pos_encoding=self.pos_encoding)

@@ -204,9 +204,9 @@ class Transformer(_Model):
         self.cfg = cfg
         device = torch.device("cpu" if device is None else device)
         self._select_ops(device)
-        ops, kw = self.ops, dict(ops=self.ops, pos_encoding=cfg.pos_encoding)
-        src_emb = Embedding(cfg.src_vocab_size, cfg.d_model, **kw)
-        tgt_emb = src_emb if cfg.tie_embeddings == "all" else Embedding(cfg.tgt_vocab_size, cfg.d_model, **kw)
+        ops = self.ops
+        src_emb = Embedding.from_config(cfg, cfg.src_vocab_size, ops)
+        tgt_emb = src_emb if cfg.tie_embeddings == "all" else Embedding.from_config(cfg, cfg.tgt_vocab_size, ops)
         self.encoder = Encoder(cfg, src_emb, ops)
         self.decoder = Decoder(cfg, tgt_emb, ops)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
@@ -324,7 +324,7 @@ class Classifier(_Model):
         device = torch.device("cpu" if device is None else device)
         self._select_ops(device)
         self.cls = nn.Parameter(torch.randn(cfg.d_model) * cfg.d_model**-0.5)
-        embedding = Embedding(cfg.src_vocab_size, cfg.d_model, ops=self.ops, pos_encoding=cfg.pos_encoding)
+        embedding = Embedding.from_config(cfg, cfg.src_vocab_size, self.ops)
         self.encoder = Encoder(cfg, embedding, self.ops)
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
         _init_linears(self)
@@ -353,7 +353,7 @@ class Extractor(_Model):
         self.cfg = cfg
         device = torch.device("cpu" if device is None else device)
         self._select_ops(device)
-        embedding = Embedding(cfg.src_vocab_size, cfg.d_model, ops=self.ops, pos_encoding=cfg.pos_encoding)
+        embedding = Embedding.from_config(cfg, cfg.src_vocab_size, self.ops)
         self.encoder = Encoder(cfg, embedding, self.ops)
         self.head = nn.Linear(cfg.d_model, 1)
         _init_linears(self)

@@ -157,8 +157,8 @@ def _split_file(source: D.DataSource, split: str) -> str:
 
 
 _MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="dropout", attn_dropout="attn_dropout",
-                     ffn_dropout="ffn_dropout", activation="activation", norm="norm", final_norm="final_norm",
-                     tie_embeddings="tie_embeddings")
+                     ffn_dropout="ffn_dropout", word_dropout="word_dropout", activation="activation", norm="norm",
+                     final_norm="final_norm", tie_embeddings="tie_embeddings")
 
 
 def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:

@@ -97,6 +97,9 @@ class TrainConfig:
     dropout: float | None = _model(by_data=dict(synthetic=0.1))
     attn_dropout: float | None = _model(help="dropout on the attention probabilities")
     ffn_dropout: float | None = _model(help="dropout between the FFN's two projections (fairseq's activation dropout)")
+    word_dropout: float | None = _model(help="word dropout: in training, each input token (source and decoder input; "
+                                        "not a special one) replaced by <unk> with this probability (0.1-0.3 in "
+                                        "Sennrich and Zhang 2019's low-resource NMT)")
     activation: str | None = _model(choices=("relu", "gelu"))
     norm: str | None = _model(help="residual LayerNorm placement", choices=("post", "pre"))
     final_norm: bool | None = _model(help="LayerNorm after the last encoder/decoder layer")
@@ -223,8 +226,8 @@ _AT_LEAST = dict(
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = {
-    **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "label_smoothing", "bpe_dropout"),
-                    (0.0, 1.0, False)),
+    **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "word_dropout", "label_smoothing",
+                     "bpe_dropout"), (0.0, 1.0, False)),
     **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget", "rdrop"),
                     (0.0, math.inf, False)),
 }
@@ -275,9 +278,9 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.cuda_graphs and cfg.recompute_activations:
         raise ConfigError("--recompute-activations sets the RNG state back for each layer's recomputation, which a "
                           "CUDA graph capture may refuse (not yet checked on a GPU): give one of it and --cuda-graphs")
-    if cfg.rdrop and cfg.dropout == 0 and not cfg.attn_dropout and not cfg.ffn_dropout:
-        raise ConfigError(f"--rdrop {cfg.rdrop:g} compares two dropout masks; with --dropout 0 (and no attention or "
-                          f"FFN dropout) both copies are the same")
+    if cfg.rdrop and cfg.dropout == 0 and not cfg.attn_dropout and not cfg.ffn_dropout and not cfg.word_dropout:
+        raise ConfigError(f"--rdrop {cfg.rdrop:g} compares two dropout masks; with --dropout 0 (and no attention, "
+                          f"FFN or word dropout) both copies are the same")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):

@@ -15,9 +15,9 @@ from .config import ConfigError, TrainConfig, flag
 FIXED_ON_RESUME = (
     "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len", "synthetic_seed",
     "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "bpe_dropout", "preset", "d_model", "heads",
-    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "activation",
-    "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens", "pad_multiple",
-    "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
+    "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "word_dropout",
+    "activation", "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens",
+    "pad_multiple", "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
 
 
