@@ -164,7 +164,7 @@ recipe() {
       # (results/iwslt-gpu: training NLL 1.4 nats under the validation loss); 0.1, not 0.3, because
       # BPE-dropout already noises the same inputs. Costs nothing a step. On 5,000 Multi30k pairs on the
       # CPU at 4,000 steps it lost (greedy BLEU 16.1 against 21.1) but was still improving where the plain
-      # run overfit (results/word-dropout-multi30k5k-cpu). Not yet run on a GPU; after iwslt-rdrop
+      # run overfit; 0.05 lost less (results/word-dropout-multi30k5k-cpu). Not yet run on a GPU; after iwslt-rdrop
       DATASET=iwslt2017_en_de; LENGTH_PENALTIES=(1.6); JOBS=2; METRIC=bleu
       FLAGS=("${IWSLT[@]}" --bpe-dropout 0.1 --time-budget "$BUDGET" --max-steps 20000 --eval-every 500
              --eval-decode-examples 500)
