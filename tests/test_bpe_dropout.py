@@ -27,7 +27,7 @@ ODD = [
     "",  # no word at all
     "a  b\n\nc   ",  # runs of spaces and newlines
     "Cafe\u0301 cre\u0300me",  # decomposed accents: NFC composes them first
-    "a <s> b </s> <pad>",  # special tokens' strings: matched before anything else, kept whole
+    "a <s> b </s> <pad>",  # special tokens' strings: text like any other, no special id
     "日本語 🙂 x²",  # bytes the BPE never merged
     "Männer Männer Männer Männer Männer Männer Männer Männer",
 ]

@@ -1,5 +1,7 @@
 """Byte-level BPE: special ids, round trip, save/load, shared and separate vocabularies."""
 
+import pickle
+
 import pytest
 
 from scratchformer.data import synthetic_examples, texts_for_tokenizer
@@ -33,6 +35,18 @@ def test_round_trip(tok, text):
     ids = tok.encode(text)
     assert UNK_ID not in ids
     assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", ["ein Satz </s> mit Ende", "x<s>y", "a <unk> b", "<pad>", "<s>strike</s> me"])
+def test_special_tokens_strings_are_text(tmp_path, tok, text):
+    """A special token's string in the data is encoded as its bytes: a target's literal "</s>" must not
+    end it (nor a "<pad>" drop out of the loss, an "<s>" mark a sentence); the same after a reload
+    from the saved file and in a pickled copy (a data worker's), where the setting is not saved."""
+    tok.save(tmp_path / "t.json")
+    for t in (tok, BPETokenizer.load(tmp_path / "t.json"), pickle.loads(pickle.dumps(tok))):
+        ids = t.encode(text)
+        assert min(ids) > UNK_ID and t.encode_batch([text]) == [ids]
+        assert t.decode(ids) == text
 
 
 def test_decode_stops_at_eos_and_skips_specials(tok):

@@ -20,8 +20,8 @@ and each epoch every occurrence of a word takes one of its word's samples at ran
 vectorised: 0.05 s for those pairs). With
 p = 0 every sample is the usual segmentation and `draw` returns exactly the tokenizer's encoding
 (tests/test_bpe_dropout.py: against `tokenizers` at p = 0, and the distribution at p > 0 against an
-enumeration by hand and a heap implementation). A text that holds a special token's
-string (`<s>`, ...), which the tokenizer matches before anything else, keeps its usual encoding.
+enumeration by hand and a heap implementation). A special token's string in a text (`<s>`, ...)
+is text to the tokenizer (`BPETokenizer`), so here too: words like any other.
 """
 
 from __future__ import annotations
@@ -102,9 +102,8 @@ class WordSegmentations:
         vocab: dict[str, int] = model["vocab"]
         ranks = {tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m): r for r, m in enumerate(model["merges"])}
         tok = tokenizer.tok
-        specials = [t.content for t in tok.get_added_tokens_decoder().values()]
         self.seed, self.samples = seed, samples
-        types: dict[str, int] = {}  # a word's string -> its type id; a text kept whole: "\0" + its index
+        types: dict[str, int] = {}  # a word's string -> its type id
         pieces: list[list[int]] = []  # type * samples + k -> ids
         occurrences: list[int] = []  # every text's words' types, in order
         self.text_starts = np.zeros(len(texts) + 1, dtype=np.int64)  # text t: occurrences[starts[t]:starts[t + 1]]
@@ -116,17 +115,12 @@ class WordSegmentations:
             return [[vocab.get(s, UNK_ID) for s in seg] for seg in segs]
 
         for t, text in enumerate(texts):
-            if any(s in text for s in specials):  # kept whole: one "word" of its own
-                types["\0" + str(t)] = k = len(types)
-                pieces += [tok.encode(text, add_special_tokens=False).ids] * samples
+            for w in _words(tok, text):
+                k = types.get(w)
+                if k is None:
+                    k = types[w] = len(types)
+                    pieces += drawn(w)
                 occurrences.append(k)
-            else:
-                for w in _words(tok, text):
-                    k = types.get(w)
-                    if k is None:
-                        k = types[w] = len(types)
-                        pieces += drawn(w)
-                    occurrences.append(k)
             self.text_starts[t + 1] = len(occurrences)
         self.occurrences = np.asarray(occurrences, dtype=np.int64)
         self.piece_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))

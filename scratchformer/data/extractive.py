@@ -22,7 +22,7 @@ import torch
 from .files import DataError
 from .ragged import Ragged
 from .sentences import split_sentences
-from .tokenizer import BOS_ID, UNK_ID
+from .tokenizer import BOS_ID
 
 _WORD = re.compile(r"[a-z0-9]+")
 MAX_ORACLE_SENTENCES = 3  # CNN/DailyMail's highlights hold 3-4 sentences; BertSum's oracle takes 3
@@ -103,9 +103,7 @@ def encode_documents(documents: Sequence[str], summaries: Sequence[str] | None, 
         empty = next((i for i, sents in enumerate(split) if not sents), None)
         if empty is not None:
             raise DataError(f"document {empty + 1} has no sentence (it is blank)")
-        # a literal "<s>" in the text encodes as the marker's id: it becomes <unk>, never a sentence start
-        flat = [[UNK_ID if t == BOS_ID else t for t in ids] if BOS_ID in ids else ids
-                for ids in tok.encode_batch([s for sents in split for s in sents])]
+        flat = tok.encode_batch([s for sents in split for s in sents])  # a literal "<s>" is text, not a marker
         src, texts, cut, at = [], [], 0, 0
         for sents in split:
             ids, kept = mark_sentences(flat[at : at + len(sents)], max_src_len)

@@ -4,7 +4,9 @@ Pipeline: NFC normalisation, ByteLevel pre-tokenizer (GPT-2's: every byte is in 
 alphabet, so nothing is ever <unk>, and newlines survive), BPE model, ByteLevel decoder; decoding
 gives back the detokenized text. Special tokens have fixed ids shared with the model config:
 <pad>=0, <s>=1 (BOS), </s>=2 (EOS), <unk>=3. Encoding adds no special tokens; the data pipeline
-adds BOS/EOS where they belong.
+adds BOS/EOS where they belong, by id. A special token's string in a text ("<s>", an HTML tag; a
+literal "</s>") is text like any other: encoded as its bytes, never as the special id (else a target's
+"</s>" would end it early, and its "<pad>" would drop out of the loss).
 
 A run keeps its tokenizers beside the checkpoint: ``tokenizer.json`` when source and target
 share a vocabulary, else ``tokenizer.src.json`` and ``tokenizer.tgt.json``.
@@ -33,7 +35,11 @@ class BPETokenizer:
             got = tok.token_to_id(t)
             if got != i:
                 raise ValueError(f"tokenizer must map {t} to id {i}, got {got}")
+        tok.encode_special_tokens = True  # not saved in the tokenizer's JSON: set on every load
         self.tok = tok
+
+    def __reduce__(self):  # a pickled copy (a worker's) is rebuilt through __init__, keeping the setting above
+        return BPETokenizer.from_str, (self.to_str(),)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
