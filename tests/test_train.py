@@ -96,6 +96,33 @@ def test_schedule_shapes():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
 
 
+def test_resumed_schedule_takes_todays_warmup_length_and_peak():
+    """load_scheduler keeps the checkpoint's position and nothing else of its schedule: a cosine run
+    resumed with a longer --max-steps, another --warmup-steps and --lr follows the new schedule from
+    where it stood (until 2026-12-01 LambdaLR's load_state_dict wrote the checkpoint's warmup and
+    length back into the new schedule's function: a run extended past its cosine end trained at lr 0)."""
+    def scheduler(warmup, total, lr):
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+        return O.build_scheduler(opt, "cosine", warmup=warmup, total=total, min_lr=0.0, peak=lr)
+
+    old = scheduler(2, 10, 1.0)
+    for _ in range(10):  # to the end of its cosine: lr 0
+        old.optimizer.step()
+        old.step()
+    assert old.get_last_lr()[0] == pytest.approx(0.0)
+    new = scheduler(4, 40, 0.5)
+    O.load_scheduler(new, old.state_dict(), 0.5)
+    assert vars(new.lr_lambdas[0]) == {"warmup": 4, "total": 40, "min_ratio": 0.0}
+    want = O.WarmupCosine(4, 40)
+    assert new.last_epoch == 10 and new.get_last_lr()[0] == pytest.approx(0.5 * want(10))
+    new.optimizer.step()
+    new.step()
+    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * want(11)) and want(11) > 0.5
+    same = scheduler(2, 10, 1.0)  # unchanged settings: the checkpoint's lr, bit for bit
+    O.load_scheduler(same, old.state_dict(), 1.0)
+    assert same.get_last_lr() == old.get_last_lr()
+
+
 def _train_rows(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r["lr"]) for r in rows if r["split"] == "train"]

@@ -135,9 +135,9 @@ def load_scheduler(scheduler, state: dict, lr: float) -> None:
     if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         scheduler.load_state_dict(state)
         return
-    fns = list(scheduler.lr_lambdas)
-    scheduler.load_state_dict(state)
-    scheduler.lr_lambdas = fns
+    fns = scheduler.lr_lambdas
+    # LambdaLR.load_state_dict updates its functions' fields in place from the state's: None skips that
+    scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(fns)})
     scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
     for group, fn in zip(scheduler.optimizer.param_groups, fns):
         group["initial_lr"], group["lr"] = lr, lr * fn(scheduler.last_epoch)
