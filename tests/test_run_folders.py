@@ -41,6 +41,24 @@ def test_bad_options_fail_before_any_folder_is_made(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--precision bf16 is refused only without a GPU")
+def test_options_refused_on_the_device_leave_an_earlier_run_and_runs_latest_alone(tmp_path, monkeypatch):
+    """A refusal that needs the device or the environment (--precision bf16 on a CPU, --tensorboard
+    without the package) comes before --overwrite clears the earlier run and before a new dated
+    folder becomes runs/latest (until 2026-12-01 both came after: the run's checkpoints were gone)."""
+    monkeypatch.chdir(tmp_path)
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1"])  # runs/<date>, runs/latest
+    latest = os.readlink(tmp_path / "runs" / "latest")
+    monkeypatch.setitem(__import__("sys").modules, "torch.utils.tensorboard", None)  # its import fails
+    before = _snapshot(tmp_path)
+    for flags, message in [(["--precision", "bf16"], r"--precision bf16 needs a GPU"),
+                           (["--tensorboard"], r"--tensorboard needs the tensorboard package")]:
+        for out in ([], ["--out", str(tmp_path / "runs" / latest), "--overwrite"]):
+            with pytest.raises(ConfigError, match=message):
+                T.main(TINY + ["--max-steps", "1"] + flags + out)
+            assert _snapshot(tmp_path) == before and os.readlink(tmp_path / "runs" / "latest") == latest
+
+
 def test_out_naming_a_file_is_refused(tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("mine")

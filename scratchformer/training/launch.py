@@ -22,7 +22,7 @@ from .build import build_data, model_config
 from .config import ConfigError, TrainConfig, check_for_task
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
-from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder, resumes_elsewhere
+from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder, resumes_elsewhere, summary_writer
 
 
 def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
@@ -43,9 +43,13 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if init is not None and init["task"] != source.task:
         raise ConfigError(f"--init-from {config.init_from} is a {init['task']} model; the data is {source.task}")
     dist_, device = setup_distributed(config.device)
+    config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
+    if config.tensorboard and dist_.main:
+        summary_writer()
+    # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
-    config = dataclasses.replace(config, out=str(out), precision=precision_for(config.precision, device))
+    config = dataclasses.replace(config, out=str(out))
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)

@@ -233,6 +233,16 @@ def _row_step(line: str, head: list[str] | None) -> int:
     return int(fields[head.index("step")]) if "step" in head else -1
 
 
+def summary_writer():
+    """TensorBoard's SummaryWriter class, or the ConfigError that --tensorboard gets without the package
+    (asked before the run folder is made or cleared, as every refusal of an option)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ConfigError(f"--tensorboard needs the tensorboard package ({e})") from None
+    return SummaryWriter
+
+
 class Logger:
     """Rank-0 logging: console (through tqdm), log.txt, metrics.jsonl, train.csv / valid.csv,
     optionally TensorBoard."""
@@ -257,11 +267,7 @@ class Logger:
         for warning in warnings:
             self.info(warning)
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ConfigError(f"--tensorboard needs the tensorboard package ({e})") from None
-            self.tb = SummaryWriter(str(out / "tb"))
+            self.tb = summary_writer()(str(out / "tb"))
 
     def info(self, msg: str) -> None:
         if self.enabled:
