@@ -146,6 +146,21 @@ def test_exact_resume(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_run_ended_with_its_epoch_resumes_with_more_epochs_without_validating_it_again(tmp_path):
+    """--eval-every 0 validates at each epoch's end: a run whose last step closed its last epoch, resumed
+    with more --epochs, goes on training (until 2026-12-01 it validated that step a second time, which
+    --patience 1 counted as an evaluation without gain: it stopped early at once, with no new step)."""
+    common = TINY + ["--eval-every", "0", "--max-steps", "1000"]  # 4 batches an epoch
+    T.main(common + ["--epochs", "1", "--out", str(tmp_path / "run")])
+    T.main(["--resume", "--epochs", "3", "--patience", "1", "--out", str(tmp_path / "run"), "--no-progress",
+            "--no-plots"])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r["step"] for r in rows if r["split"] == "valid"]
+    steps = max(r["step"] for r in rows if r["split"] == "train")
+    assert steps > valid[0] and len(valid) == len(set(valid)), (valid, steps)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == steps
+
+
 def test_bpe_dropout_resumes_exactly_and_changes_the_training_batches(tmp_path):
     """--bpe-dropout: a resumed run sees the same segmentations (the same losses, bit for bit), which
     are not the usual ones (another run's training tokens differ); it may not change on resume."""

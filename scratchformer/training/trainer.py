@@ -178,7 +178,9 @@ class Trainer:
                     break
                 prog.epoch += 1
                 prog.batch = 0
-                if not cfg.eval_every:
+                # an epoch ends with a validation, once: a run whose last step ended its epoch left the
+                # epoch open (training ended inside it) and validated; resumed, that epoch closes here
+                if not cfg.eval_every and prog.validated != prog.step:
                     self.validate()
                     if not cfg.save_every:
                         self.save("step")
