@@ -316,6 +316,16 @@ def _files(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
+def _best_is_its_own(folder):
+    """A run folder's best.pt is the model its last.pt and metrics.final.json call best -> its step
+    (until 2026-12-01 a run resumed into a new folder had none there: its final report scored its last
+    weights as best.pt's)."""
+    best_step = load_checkpoint(folder / "last.pt")["progress"]["best_step"]
+    assert load_checkpoint(folder / "best.pt")["progress"]["step"] == best_step
+    assert json.loads((folder / "metrics.final.json").read_text())["best_step"] == best_step
+    return best_step
+
+
 def test_resume_into_another_out_refuses_a_folder_holding_a_run(tmp_path):
     """--resume A/last.pt --out B: B holding another run is refused by name, before anything is
     written (B's and A's files untouched); a new B takes the continued run: its checkpoints, its
@@ -328,9 +338,12 @@ def test_resume_into_another_out_refuses_a_folder_holding_a_run(tmp_path):
                                                   rf"--resume {a / 'last.pt'}.*new --out.*continue in {a}"):
         T.main(["--resume", str(a / "last.pt"), "--out", str(b), "--max-steps", "4", "--no-progress"])
     assert _files(b) == before_b and _files(a) == before_a
-    T.main(["--resume", str(a / "last.pt"), "--out", str(c), "--max-steps", "4", "--no-progress", "--no-plots"])
+    # a learning rate that makes steps 3-4 worse: the best stays step 2's, whose best.pt comes along
+    T.main(["--resume", str(a / "last.pt"), "--out", str(c), "--max-steps", "4", "--no-progress", "--no-plots",
+            "--lr", "5", "--warmup-steps", "1"])
     assert _files(a) == before_a
     assert load_checkpoint(c / "last.pt")["progress"]["step"] == 4 and (c / "tokenizer.json").is_file()
+    assert _best_is_its_own(c) == 2 and (c / "best.pt").read_bytes() == (a / "best.pt").read_bytes()
     assert [s for s, _, _ in _train_rows(c)] == [1, 2, 3, 4]
     assert _train_rows(c)[:2] == _train_rows(a)
     assert sorted(p.name for p in c.glob("step_*.pt")) == ["step_0000004.pt"]
@@ -356,6 +369,7 @@ def test_resume_from_an_older_step_refuses_the_folder_and_goes_to_a_new_one(tmp_
     ck = load_checkpoint(branch / "last.pt")
     assert ck["progress"]["step"] == 4 and ck["args"]["resume_path"] == str(run / "step_0000003.pt")
     assert _train_rows(branch) == _train_rows(run)  # the same history, continued exactly
+    _best_is_its_own(branch)  # run's best.pt, if of step 4, is not the branch's: its best started afresh
 
 
 def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_path, capsys):

@@ -22,7 +22,15 @@ from .build import build_data, model_config
 from .config import ConfigError, TrainConfig, check_for_task
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
-from .runs import Logger, fresh_run_folder, load_resume_checkpoint, resume_folder, resumes_elsewhere, summary_writer
+from .runs import (
+    Logger,
+    carry_best,
+    fresh_run_folder,
+    load_resume_checkpoint,
+    resume_folder,
+    resumes_elsewhere,
+    summary_writer,
+)
 
 
 def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
@@ -63,6 +71,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else None
     if (init is not None or moved) and dist_.main:
         toks.save(out)
+    if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
+        ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
     data = build_data(config, source, out, dist_, log, toks)
     mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
     if start and "kernel" in given:

@@ -16,6 +16,7 @@ from ..checkpoint import (
     CheckpointError,
     find_checkpoint,
     load_checkpoint,
+    save_checkpoint,
     step_checkpoints,
     write_lines_atomic,
 )
@@ -81,6 +82,22 @@ def resumes_elsewhere(folder: Path, checkpoint: Path) -> bool:
     """Whether a resume writes into another folder than its checkpoint's (--resume CKPT --out OTHER):
     that folder is then a new run folder, which may hold no run (`fresh_run_folder`)."""
     return os.path.realpath(folder) != os.path.realpath(checkpoint.parent)
+
+
+def carry_best(old: Path, new: Path, best_step: int, main: bool) -> bool:
+    """A run resumed into a new folder takes its best.pt along (rank 0 writes it) when that file is
+    the best of the checkpoint it resumes (its step is that progress's best_step): the new folder's
+    best.pt and final report are then that model's. False when there is none, or it is another
+    step's (a resume from an older checkpoint): the new run's best starts afresh."""
+    try:
+        best = load_checkpoint(old / "best.pt") if best_step >= 0 and (old / "best.pt").is_file() else None
+    except CheckpointError:
+        best = None
+    if best is None or best.get("progress", {}).get("step") != best_step:
+        return False
+    if main:
+        save_checkpoint(new / "best.pt", best)
+    return True
 
 
 def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
