@@ -177,6 +177,9 @@ BAD_OPTIONS = [
     (["--adam-betas", "0.9", "1.0"], r"--adam-betas must be two numbers in \[0, 1\)"),
     (["--data", "d", "--dataset", "multi30k"], r"--data d and --dataset multi30k both name the data"),
     (["--resume", "--overwrite"], r"--resume continues a run and --overwrite replaces it"),
+    (["--seed", "-1"], r"--seed must be an integer >= 0, got -1"),  # numpy's generators refuse it, deep in the data
+    (["--synthetic-seed", "-2"], r"--synthetic-seed must be an integer >= 0, got -2"),
+    (["--lr", "1e-3", "--min-lr", "2e-3"], r"--min-lr 0.002 is the floor .* from --lr 0.001: it cannot be above"),
     (["--tokenizer", "a", "b", "c"], r"--tokenizer takes one file \(shared\) or two"),
     (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile"),
     (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),

@@ -222,7 +222,7 @@ _AT_LEAST = dict(
     vocab_size=MIN_VOCAB, tokenizer_examples=1, d_model=2, heads=1, layers=1, encoder_layers=0, decoder_layers=0,
     d_ff=1, epochs=1, max_steps=1, batch_size=1, max_tokens=1, grad_accum=1, warmup_steps=0, plateau_patience=0,
     eval_every=0, eval_decode_examples=0, patience=0, beam_size=1, save_every=0, keep_checkpoints=0, log_every=1,
-    attention_example=0, pad_multiple=1, summary_sentences=1, summary_words=1,
+    attention_example=0, pad_multiple=1, summary_sentences=1, summary_words=1, seed=0, synthetic_seed=0,
 )
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = {
@@ -281,6 +281,9 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.rdrop and cfg.dropout == 0 and not cfg.attn_dropout and not cfg.ffn_dropout and not cfg.word_dropout:
         raise ConfigError(f"--rdrop {cfg.rdrop:g} compares two dropout masks; with --dropout 0 (and no attention, "
                           f"FFN or word dropout) both copies are the same")
+    if cfg.min_lr is not None and cfg.lr is not None and cfg.min_lr > cfg.lr:
+        raise ConfigError(f"--min-lr {cfg.min_lr:g} is the floor the schedule decays to from --lr {cfg.lr:g}: it "
+                          f"cannot be above it")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):
