@@ -123,6 +123,15 @@ def test_resumed_schedule_takes_todays_warmup_length_and_peak():
     assert same.get_last_lr() == old.get_last_lr()
 
 
+def test_train_rows_log_the_learning_rate_each_step_took(tmp_path):
+    """Step k trains at peak * schedule(k - 1), and its row says so (until 2026-12-01 the row showed the
+    next step's: the scheduler steps before the row is logged)."""
+    T.main(TINY + ["--max-steps", "5", "--lr", "1e-3", "--out", str(tmp_path / "run")])  # warmup 4
+    want = [1e-3 * O.InverseSqrt(4)(k) for k in range(5)]
+    assert [lr for _, _, lr in _train_rows(tmp_path / "run")] == pytest.approx(want)
+    assert want[0] == pytest.approx(2.5e-4) and want[3] == pytest.approx(1e-3)
+
+
 def _train_rows(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r["lr"]) for r in rows if r["split"] == "train"]

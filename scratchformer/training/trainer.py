@@ -307,7 +307,7 @@ class Trainer:
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
         w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
-        lr = float(self.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
+        lr = self._step_lr()
         dt = max(1e-9, time.time() - w.t0)
         row = {"split": "train", "step": prog.step, "epoch": prog.epoch + 1,
                "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
@@ -318,6 +318,14 @@ class Trainer:
         self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
                       f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
         self._window = Window()
+
+    def _step_lr(self) -> float:
+        """The learning rate the last step took: a per-step schedule has already moved the optimizer's
+        to the next step's (the plateau schedule moves it at validations, after the row is logged)."""
+        s = self.scheduler
+        if isinstance(s, torch.optim.lr_scheduler.LambdaLR):
+            return s.base_lrs[0] * s.lr_lambdas[0](s.last_epoch - 1)
+        return float(self.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
 
     # --- validation -------------------------------------------------------------------------
 
