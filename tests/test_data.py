@@ -186,6 +186,15 @@ def test_read_tsv_positional_and_header(tmp_path):
     p.write_text("a\tb\tc\n", encoding="utf-8")
     with pytest.raises(D.DataError, match=f"{p}:1: expected 2 tab-separated columns"):
         D.read_split(p, "translation")
+    # the header is the first row that is not blank (it was read as an example after a blank first
+    # line); a lone carriage return or a quote inside a field is text (csv raised its own error there);
+    # errors name the file's line
+    p.write_bytes(b"\n  \nsrc\ttgt\nfoo\tbar\r\nsay \"hi\tsag \"hallo\nit\rs\tes\n\na\tb\tc\n")
+    with pytest.raises(D.DataError, match=f"{p}:8: expected 2 tab-separated columns, got 3"):
+        D.read_split(p, "translation")
+    p.write_bytes(b"\n  \nsrc\ttgt\nfoo\tbar\r\nsay \"hi\tsag \"hallo\nit\rs\tes\n")
+    assert [(r.src, r.tgt) for r in D.read_split(p, "translation")] == [
+        ("foo", "bar"), ('say "hi', 'sag "hallo'), ("it\rs", "es")]
 
 
 def test_infer_task_and_carve(tmp_path):

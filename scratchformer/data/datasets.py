@@ -22,7 +22,6 @@ Malformed input raises `DataError` naming the file and line. Encoding and batchi
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import random
@@ -142,18 +141,21 @@ def _read_jsonl(path: Path, task: str, limit: int | None):
 
 
 def _read_tsv(path: Path, task: str, limit: int | None):
-    """Two columns (source, target) or more with a header row naming the fields."""
+    """Two columns (source, target) or more with a header row naming the fields: the first row
+    that is not blank, when it names them. Fields are split on tabs, nothing is quoted (a quote or a
+    lone carriage return is text)."""
     fields = FIELDS[task]
     out = []
     with closing(read_lines(path)) as numbered:  # closed also when `limit` stops early
-        rows = csv.reader((line for _, line in numbered), delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = None
-        for lineno, row in enumerate(rows, 1):
-            if not row or not any(c.strip() for c in row):
+        header, first = None, True
+        for lineno, line in numbered:
+            row = line.split("\t")
+            if not any(c.strip() for c in row):
                 continue
-            if lineno == 1 and set(fields) <= set(row):
-                header = row
+            if first and set(fields) <= set(row):
+                header, first = row, False
                 continue
+            first = False
             if header is not None:
                 if len(row) != len(header):
                     raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated columns, got {len(row)}")
