@@ -6,8 +6,9 @@
     python -m scratchformer.generate --checkpoint runs/m30k --input test_inputs.jsonl.gz --output preds.jsonl
     python -m scratchformer.generate --checkpoint runs/seed0 runs/seed1 --input test_inputs.jsonl.gz --output p.jsonl
 
-One input per line (a file or stdin), or one --text. Several checkpoints predict as an ensemble
-(`model.Ensemble`: the mean of their probabilities at every step). Output: one line per input;
+One input per line of text, or ``.jsonl`` (``.gz``, ``.xz``) records (a file or stdin), or one --text.
+Several checkpoints predict as an ensemble (`model.Ensemble`: the mean of their probabilities at
+every step). Output: one line per input;
 classification prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
@@ -28,7 +29,7 @@ import torch
 
 from . import cli
 from . import data as D
-from .data.files import display_name, read_lines
+from .data.files import display_name
 from .device import resolve_device
 from .evaluation import predict as P
 from .evaluation.evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
@@ -43,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="input text (repeatable)")
     src.add_argument("--input", metavar="FILE",
-                     help="one input per line; with --output also .jsonl(.gz/.xz) records ('-' = stdin, the default)")
+                     help="one input per line, or .jsonl(.gz/.xz) records ('-' = stdin, the default)")
+    p.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
+    p.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
+                   help="input format (default: by the file name; stdin is sniffed)")
     p.add_argument("--beam-size", type=int, default=4, help="1 = greedy")
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
@@ -62,9 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
-    b.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
-    b.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
-                   help="input format (default: by the file name; stdin is sniffed)")
     b.add_argument("--len-ratio", type=float,
                    help="decode up to ceil(R * source length) + 10 tokens, at most --max-len "
                         "(default: 2 for translation, none for summaries; 0 = none)")
@@ -163,12 +164,12 @@ def main(argv=None) -> list[dict]:
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
     if args.text:
-        source, numbered = "--text", list(enumerate(args.text, 1))
-    else:  # a file or stdin; DataError names the file and line of undecodable text
-        source, numbered = display_name(args.input or "-"), list(read_lines(args.input or "-"))
-    numbered = [(n, t) for n, t in numbered if t.strip()]
-    if not numbered:
-        raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
+        source, numbered = "--text", [(n, t) for n, t in enumerate(args.text, 1) if t.strip()]
+        if not numbered:
+            raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
+    else:  # text lines or JSON records, read as batch inference reads them (DataError: file and line)
+        source = display_name(args.input or "-")
+        numbered = [(r.line, r.text) for r in P.read_inputs(args.input or "-", ckpt["task"], args.field, args.format)]
     texts = [t for _, t in numbered]
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,

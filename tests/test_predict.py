@@ -515,7 +515,22 @@ def test_library_entries_check_options_too(runs, tmp_path):
 def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--output", str(tmp_path / "p")])
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
     with pytest.raises(cli.UsageError, match="no input text"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "  "])
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    with pytest.raises(DataError, match="<stdin>: no inputs"):
         generate.main(["--checkpoint", str(runs["translation"])])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, capsys):
+    """generate --input test_inputs.jsonl.gz without --output translates each record's text, as with
+    --output (until 2026-12-01 it translated the raw JSON lines); --format text reads such a file as text."""
+    src = _write_jsonl(tmp_path / "in.jsonl.gz", [{"id": "a", "src": "one two"}, {"id": "b", "src": "red house big"}])
+    P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", beam_size=2)
+    got = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--beam-size", "2"])
+    assert [r["input"] for r in got] == ["one two", "red house big"]
+    assert [r["output"] for r in got] == [p["prediction"] for p in _read(tmp_path / "p.jsonl")]
+    assert capsys.readouterr().out.splitlines() == [r["output"] for r in got]
+    raw = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--format", "text"])
+    assert raw[0]["input"] == '{"id": "a", "src": "one two"}'
