@@ -211,8 +211,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the last of `paths`, no optimizer:
     it cannot resume). Floating-point tensors are summed in float64 and cast back; any other tensor
     must be equal in all. Tied weights (`--tie-embeddings`: names that share one tensor) stay one
-    tensor, so the average is no larger than the model. A checkpoint of another model or run
-    (config, tokenizers, task, tensor names or shapes) is a CheckpointError naming it."""
+    tensor, so the average is no larger than the model. A checkpoint of another model (config,
+    tokenizers, task, tensor names or shapes) is a CheckpointError naming it, and so is one of a run
+    trained from another seed's random weights: independent runs' weights average into a model that
+    does not work (an ensemble of them does: evaluate/generate --checkpoint A B). Runs started from a
+    checkpoint (train --init-from: fine-tunes of one model average, as model soups do; a run's second
+    phase continues its first) are taken as they are."""
     if not paths:
         raise ValueError("no checkpoints to average")
     first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
@@ -227,6 +231,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         if differ or shapes != {k: tuple(v.shape) for k, v in weights.items()}:
             what = ", ".join(differ) or "tensor names or shapes"
             raise CheckpointError(f"{path} is not a checkpoint of {paths[0]}'s model: its {what} differ")
+        seeds = [_scratch_seed(last), _scratch_seed(first)]
+        if None not in seeds and seeds[0] != seeds[1]:
+            raise CheckpointError(f"{path} is of a run trained from --seed {seeds[0]}'s random weights, {paths[0]} "
+                                  f"from --seed {seeds[1]}'s: independent runs' weights do not average into a working "
+                                  f"model; predict with them as an ensemble (evaluate/generate --checkpoint A B)")
         for k, v in last["model"].items():
             if v.is_floating_point():
                 total[k] += v.double()
@@ -238,6 +247,13 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     kept = {k: last[k] for k in ("version", "data", "num_classes", "args", "progress") if k in last}
     return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model,
             "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
+
+
+def _scratch_seed(ckpt: dict) -> int | None:
+    """The seed of the random weights a checkpoint's run started from; None for a run started from a
+    checkpoint (train --init-from), or one whose arguments are not saved."""
+    args = ckpt.get("args") or {}
+    return None if args.get("init_from") else args.get("seed")
 
 
 def _tied(weights: dict) -> list[list[str]]:

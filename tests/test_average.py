@@ -107,6 +107,16 @@ def test_refusals_name_the_problem(run, tmp_path):
     with pytest.raises(CheckpointError, match="other.pt is not a checkpoint of .*its config differ"):
         average.main([steps[0], str(tmp_path / "other.pt"), "--output", str(tmp_path / "y.pt")])
     assert not (tmp_path / "y.pt").exists()
+    # the same model trained from another seed's random weights: an independent run (its average scored BLEU 0)
+    other = load_checkpoint(steps[0])
+    other["args"] = {**other["args"], "seed": 1}
+    save_checkpoint(tmp_path / "seed1.pt", other)
+    with pytest.raises(CheckpointError, match=r"seed1.pt is of a run trained from --seed 1's .* 0's: .*ensemble"):
+        average.main([steps[0], str(tmp_path / "seed1.pt"), "--output", str(tmp_path / "y.pt")])
+    assert not (tmp_path / "y.pt").exists()
+    other["args"]["init_from"] = steps[0]  # a fine-tune of this run's weights (another seed): it averages
+    save_checkpoint(tmp_path / "tuned.pt", other)
+    average.main([steps[0], str(tmp_path / "tuned.pt"), "--output", str(tmp_path / "soup.pt")])
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
 
 
