@@ -22,6 +22,7 @@ from scratchformer.checkpoint import CheckpointError, load_checkpoint
 from scratchformer.data import DataError
 from scratchformer.device import DeviceError
 from scratchformer.evaluation.predict import OptionError
+from scratchformer.training.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,6 +129,14 @@ def test_ablate_grid_continues_where_it_stopped(tmp_path):
     again = ablate.main(grid)  # everything finished: read back, nothing trained or rewritten
     assert [r["final"] for r in again] == [r["final"] for r in res]
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/*.pt")} == stamps
+    # a variant whose flags now build another model: its finished run is not read back as this variant's
+    # (until 2026-12-01 it was, labelled with today's flags); the grid's other options may change
+    changed = [*grid[:3], "base=--heads 1", *grid[4:]]
+    with pytest.raises(ConfigError, match=r"ablation base: .*base holds a finished run built otherwise: --heads 1 "
+                                          r"\(the run has 2\); give the grid another --out"):
+        ablate.main(changed)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/*.pt")} == stamps
+    assert [r["final"] for r in ablate.main([*grid, "--eval-decode-examples", "4"])] == [r["final"] for r in res]
 
 
 def test_ablate_grid_with_jobs_trains_variants_at_once_as_in_turn(tmp_path):

@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 from ..cli import add_debug_flag
-from .config import ConfigError, parse_args
+from .config import ConfigError, TrainConfig, parse_args
+from .resume import fixed_changes
 from .trainer import train
 
 DEFAULT_GRID = [
@@ -146,10 +147,20 @@ def _final(run_dir: Path) -> dict | None:
     return json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
 
 
-def _read_back(name: str, run_dir: Path) -> dict | None:
+def _read_back(name: str, flags: str, run_dir: Path, shared: list[str]) -> dict | None:
+    """A variant's final report when its folder holds a finished run of today's flags; None before
+    its end. A finished run built otherwise (a model, data or seed flag given now with another value,
+    as --resume refuses them) is refused by name: its report is not this variant's."""
     final = _final(run_dir)
-    if final is not None:
-        print(f"=== ablation {name}: finished earlier, read back from {run_dir / 'metrics.final.json'}")
+    if final is None:
+        return None
+    if (run_dir / "args.json").is_file():
+        config, given = parse_args([*shared, *shlex.split(flags), "--out", str(run_dir)])
+        changed = fixed_changes(config, given, TrainConfig.from_dict(json.loads((run_dir / "args.json").read_text())))
+        if changed:
+            raise ConfigError(f"ablation {name}: {run_dir} holds a finished run built otherwise: {'; '.join(changed)}; "
+                              f"give the grid another --out, or remove {run_dir} to train the variant again")
+    print(f"=== ablation {name}: finished earlier, read back from {run_dir / 'metrics.final.json'}")
     return final
 
 
@@ -158,7 +169,7 @@ def _run_in_turn(planned: list[tuple[str, str, Path]], shared: list[str]) -> lis
     checkpoints); the first that stops before its end ({"stopped", "step"}) stops the grid."""
     finals = []
     for name, flags, run_dir in planned:
-        final = _read_back(name, run_dir)
+        final = _read_back(name, flags, run_dir, shared)
         if final is None:
             final = train(*parse_args(_variant_argv(name, flags, run_dir, shared)))
         finals.append(final)
@@ -184,7 +195,7 @@ def _run_at_once(planned: list[tuple[str, str, Path]], shared: list[str], jobs: 
         while running or (queue and not signalled):
             while queue and len(running) < jobs and not signalled:
                 name, flags, run_dir = queue.pop(0)
-                finals[name] = _read_back(name, run_dir)
+                finals[name] = _read_back(name, flags, run_dir, shared)
                 if finals[name] is None:
                     running[name] = _start(name, flags, run_dir, shared, env, logs / f"{run_dir.name}.txt")
             time.sleep(0.2)

@@ -35,8 +35,7 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
     """A resumed run's config: the checkpoint's, except the options given now (and --resume/--out).
     An option in FIXED_ON_RESUME given with another value than the run's is refused by name."""
     base = TrainConfig.from_dict({**saved, "overwrite": False, "resume": config.resume})
-    changed = [f"{flag(k)} {_shown(getattr(config, k))} (the run has {_shown(getattr(base, k))})"
-               for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(base, k)]
+    changed = fixed_changes(config, given, base)
     if changed:
         raise ConfigError(f"--resume continues the run of {resume_path} as it was built: {'; '.join(changed)} "
                           f"cannot change; drop {'it' if len(changed) == 1 else 'them'}, or start a new run "
@@ -46,6 +45,13 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
                           f"continues from the checkpoint); the run has --lr {base.lr:g}")
     now = {k: getattr(config, k) for k in given | {"resume", "out"}}
     return dataclasses.replace(base, **now, resume_path=resume_path)
+
+
+def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig) -> list[str]:
+    """The options of FIXED_ON_RESUME given in `config` with another value than `run`'s, each as
+    "--flag NEW (the run has OLD)"."""
+    return [f"{flag(k)} {_shown(getattr(config, k))} (the run has {_shown(getattr(run, k))})"
+            for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(run, k)]
 
 
 def _shown(v) -> str:
