@@ -394,6 +394,29 @@ def test_loader_batches():
     assert sorted(ids) == list(range(40))
 
 
+def test_a_hub_dataset_without_validation_is_carved_in_training_and_evaluation_alike(monkeypatch):
+    """HF imdb has no validation split: training carves one from train, trimmed to --max-valid-examples
+    (the hub's carve ignored it), and evaluation's `run_split` carves the same examples again (it asked
+    the hub for the split and failed)."""
+    from scratchformer.training.build import load_data, run_split
+    from scratchformer.training.config import TrainConfig
+
+    class FakeDatasets:
+        @staticmethod
+        def load_dataset(path, split, name=None):
+            if split != "train":
+                raise ValueError(f"Unknown split {split!r}")
+            return [{"text": f"review {i}", "label": i % 2} for i in range(200)]
+
+    monkeypatch.setitem(__import__("sys").modules, "datasets", FakeDatasets)
+    monkeypatch.setattr(D.datasets, "local_folder", lambda name: None)
+    src = D.resolve_source("imdb")
+    cfg = TrainConfig(max_valid_examples=4, valid_fraction=0.1, seed=3)
+    train, valid = load_data(cfg, src, type("Log", (), {"info": staticmethod(lambda msg: None)})())
+    assert len(valid) == 4 and len(train) == 180 and {e.src for e in train}.isdisjoint(e.src for e in valid)
+    assert [e.src for e in run_split(src, "validation", cfg, limit=4)] == [e.src for e in valid]
+
+
 def test_hub_loading_maps_fields(monkeypatch):
     """Hub datasets are mapped to our fields (a fake `datasets` module: no network in CI)."""
     calls = []

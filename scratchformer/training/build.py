@@ -35,15 +35,8 @@ def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list
     """Train and validation examples (validation carved from train when the data has none)."""
     seed_kw = dict(synthetic_seed=cfg.synthetic_seed)
     train = D.load_split(source, "train", cfg.max_train_examples, **seed_kw)
-    if D.has_split(source, "validation"):
-        try:
-            valid = D.load_split(source, "validation", cfg.max_valid_examples, **seed_kw)
-        except D.DataError as e:
-            if source.kind != "hub":
-                raise
-            log.info(f"no validation split on the hub ({e}); carving {cfg.valid_fraction:.0%} of train")
-            train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed)
-    else:
+    valid = _own_validation(source, cfg.max_valid_examples, **seed_kw)
+    if valid is None:
         train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed)
         log.info(f"{source.name} has no validation split: carved {len(valid)} examples "
                  f"({cfg.valid_fraction:.0%}, seed {cfg.seed}) from train")
@@ -51,12 +44,27 @@ def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list
     return train, valid
 
 
+def _own_validation(source: D.DataSource, limit: int | None, **kw) -> list[D.Example] | None:
+    """The data's own validation split; None when it has none (a hub dataset says so when asked for it)."""
+    if not D.has_split(source, "validation"):
+        return None
+    try:
+        return D.load_split(source, "validation", limit, **kw)
+    except D.DataError:
+        if source.kind != "hub":
+            raise
+        return None
+
+
 def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | None = None) -> list[D.Example]:
     """The examples of `split` as the run saw them: the synthetic corpus of its seed, and a
-    validation split carved from train (IMDb) carved the same way again."""
+    validation split carved from train (IMDb, local or on the hub) carved the same way again."""
     if source.kind == "synthetic":
         return D.load_split(source, split, limit, synthetic_seed=cfg.synthetic_seed)
-    if split == "validation" and not D.has_split(source, "validation") and cfg.valid_fraction:
+    if split == "validation" and cfg.valid_fraction:
+        own = _own_validation(source, limit)
+        if own is not None:
+            return own
         train = D.load_split(source, "train", cfg.max_train_examples)
         return D.carve_validation(train, cfg.valid_fraction, cfg.seed)[1][:limit]
     return D.load_split(source, split, limit)
