@@ -53,8 +53,6 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
-    if config.tensorboard and dist_.main:
-        summary_writer()
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -134,7 +132,10 @@ def precision_for(precision: str, device: torch.device) -> str:
 
 
 def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
-    """The checks that need the device and the number of processes (known before the run folder is made)."""
+    """The checks that need the device, the number of processes or the installed packages (known before
+    the run folder is made)."""
+    if cfg.tensorboard:
+        summary_writer()
     if not cfg.cuda_graphs:
         return
     if device_type != "cuda":
