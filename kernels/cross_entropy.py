@@ -75,7 +75,10 @@ def _cross_entropy_kernel(
         sz += tl.sum(tl.where(offs < V, z, 0.0), 0)
         m = m_new
     lse = m + tl.log(s)
-    z_t = tl.load(z_row + t).to(tl.float32)
+    # a target outside [0, V) (refused by op_checks where they read values; unread on a GPU without
+    # SCRATCHFORMER_DEBUG) is never read past the row: its loss and gradient row are NaN, not a guess
+    valid = (t >= 0) & (t < V)
+    z_t = tl.load(z_row + t, mask=valid, other=float("nan")).to(tl.float32)
     z_pad = tl.load(z_row + pad_id).to(tl.float32)
     nll = lse - z_t
     others = (V - 2) * lse - sz + z_t + z_pad  # Σ over j ∉ {t, pad} of lse - z_j
@@ -87,7 +90,7 @@ def _cross_entropy_kernel(
             offs = start + cols
             z = tl.load(z_row + offs, mask=offs < V, other=0.0).to(tl.float32)
             q = tl.where(offs == t, gold_w, tl.where(offs == pad_id, 0.0, other_w))
-            g = tl.where(keep, tl.exp(z - lse) - q, 0.0)
+            g = tl.where(keep, tl.where(valid, tl.exp(z - lse) - q, float("nan")), 0.0)
             tl.store(z_row + offs, g.to(z_ptr.dtype.element_ty), mask=offs < V)
 
 

@@ -215,6 +215,20 @@ def test_the_kernels_entry_refuses_what_it_would_read_out_of_bounds():
         CE.linear_cross_entropy(x, w, b, t, ignore_index=10)
 
 
+def test_a_target_out_of_range_unread_by_the_checks_gives_nan_not_a_guess():
+    """On a GPU the targets' values are not read before the kernel (a host sync: op_checks.value_checks,
+    without SCRATCHFORMER_DEBUG): a target outside [0, V) then makes its row's loss and gradient NaN
+    (until 2026-12-01 the row kernel read the logit past the row and returned a finite wrong loss)."""
+    x, w, b, t = _inputs(6, 16, 11, torch.float32)
+    t[2], t[3] = 11, -1
+    loss, nll = CE.linear_cross_entropy(x, w, b, t, label_smoothing=0.1)
+    loss.backward()
+    assert loss.isnan() and nll.isnan()
+    bad = torch.zeros(6, dtype=torch.bool)
+    bad[2:4] = True
+    assert x.grad[bad].isnan().all() and x.grad[~bad].isfinite().all()
+
+
 @requires_cuda
 @pytest.mark.parametrize("N,d,V", [(4096, 256, 8000), (2048, 512, 30522)], ids=["small-multi30k", "base-cnndm"])
 def test_the_training_shapes_in_bf16_on_a_gpu(N, d, V):
