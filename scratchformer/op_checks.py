@@ -9,6 +9,7 @@ host sync per call stalls every step and breaks CUDA graphs and torch.compile.
 from __future__ import annotations
 
 import math
+import operator
 import os
 
 import torch
@@ -43,9 +44,32 @@ def _check_floating(op: str, **tensors) -> None:
             raise ValueError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
+def _check_int(op: str, name: str, value) -> int:
+    """An integer argument (a Python or numpy int, a bool refused): a float such as 1.5 was read as 1 by
+    one backend and as 1.5 by another. Inside a torch.compile trace it may be symbolic: taken as it is."""
+    if torch.compiler.is_compiling():
+        return value
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{op}: {name} must be an integer, got {value!r}") from None
+
+
+def _check_same_dtype(op: str, **tensors) -> None:
+    """One floating-point dtype for every given tensor (after autocast's casts)."""
+    given = {name: t.dtype for name, t in tensors.items() if t is not None}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"{op}: dtype mismatch: " + ", ".join(f"{n} {str(d).removeprefix('torch.')}"
+                                                              for n, d in given.items()))
+
+
 def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
     if lengths is None:
         return
+    if not isinstance(lengths, torch.Tensor):
+        raise ValueError(f"{name} must be an int32/int64 tensor of shape ({B},), got {type(lengths).__name__}")
     if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"{name} must be an int32/int64 tensor of shape ({B},), got {lengths.dtype} {tuple(lengths.shape)}"
@@ -65,6 +89,8 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=
             f"{tuple(v.shape)}"
         )
     B, H, Lq, D = q.shape
+    if D == 0:
+        raise ValueError(f"attention: the head dim (q.shape[-1]) must be >= 1, got q {tuple(q.shape)}")
     if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
         raise ValueError(
             f"attention shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
@@ -84,6 +110,8 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=
 
 
 def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"add_layer_norm: weight must be a tensor of the hidden size, got {type(weight).__name__}")
     _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
@@ -97,6 +125,10 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
         )
     if residual is not None and residual.dtype != x.dtype:
         raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
+    # the parameters: x's dtype or fp32 (a bf16 activation normalised with fp32 gains), one for both
+    if weight.dtype not in (x.dtype, torch.float32) or (bias is not None and bias.dtype != weight.dtype):
+        raise ValueError(f"add_layer_norm: weight and bias must share one dtype, x's ({x.dtype}) or float32, got "
+                         f"{weight.dtype} / {None if bias is None else bias.dtype}")
     _check_number("add_layer_norm", "eps", eps, positive=True)
     _check_dropout("add_layer_norm", dropout_p)
 
@@ -105,6 +137,7 @@ def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
     _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    _check_same_dtype("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     d_model = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
         raise ValueError(
@@ -126,7 +159,7 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
     _check_floating("embed", weight=weight)
     if tokens.device != weight.device:
         raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
-    if pos_offset < 0:
+    if _check_int("embed", "pos_offset", pos_offset) < 0:
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
     _check_number("embed", "scale", scale)
     V = weight.shape[0]
@@ -140,6 +173,7 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
 
 def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0, **_):
     _check_floating("linear_cross_entropy", x=x, weight=weight, bias=bias)
+    _check_same_dtype("linear_cross_entropy", x=x, weight=weight, bias=bias)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: x must be (N, d) and weight (V, d), got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -155,7 +189,7 @@ def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, 
     if not 0.0 <= label_smoothing < 1.0 or (label_smoothing > 0.0 and V < 3):
         raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), "
                          f"got {label_smoothing} with V = {V}")
-    if not 0 <= ignore_index < V:
+    if not 0 <= _check_int("linear_cross_entropy", "ignore_index", ignore_index) < V:
         raise ValueError(f"linear_cross_entropy: ignore_index {ignore_index} is not a class of [0, {V})")
     if value_checks(target) and target.numel():
         lo, hi = int(target.min()), int(target.max())

@@ -269,7 +269,7 @@ def _linear_cross_entropy_torch(x, weight, bias, target, *, label_smoothing=0.0,
 
 
 EAGER = Ops("eager", _adapt(reference.attention_ref, check_attention, cast=3),
-            _adapt(reference.add_layer_norm_ref, check_add_layer_norm), _adapt(reference.ffn_ref, check_ffn),
+            _adapt(reference.add_layer_norm_ref, check_add_layer_norm), _adapt(reference.ffn_ref, check_ffn, cast=5),
             _adapt(reference.embed_ref, check_embed),
             _adapt(reference.linear_cross_entropy_ref, check_linear_cross_entropy, cast=3))
 TORCH = Ops("torch", _adapt(_attention_sdpa, check_attention, cast=3),

@@ -145,7 +145,7 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
 
 def _activation(h: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "relu":
-        return torch.clamp_min(h, 0.0)
+        return torch.relu(h)  # gradient 0 at h == 0, as F.relu's and the kernels' (clamp_min's is 1 there)
     if activation == "gelu":  # exact (erf) GELU
         return 0.5 * h * (1.0 + torch.erf(h * (1.0 / math.sqrt(2.0))))
     raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")

@@ -65,6 +65,23 @@ def test_add_layer_norm_refuses_an_empty_row(ops_backend):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_add_layer_norm_refuses_mixed_parameter_dtypes_everywhere(ops_backend):
+    """weight and bias: one dtype, x's or float32 (a half-precision activation with fp32 gains); the
+    backends accepted and refused different mixes (eager all, torch some, triton none)."""
+    x = torch.randn(2, 16)
+    for weight, bias, got in [(torch.ones(16, dtype=torch.float16), None, "torch.float16 / None"),
+                              (torch.ones(16), torch.zeros(16, dtype=torch.float16), "torch.float32 / torch.float16")]:
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: weight and bias must share one dtype, x's "
+                                                  f"(torch.float32) or float32, got {got}")):
+            ops_backend.add_layer_norm(x, None, weight, bias)
+    with pytest.raises(ValueError, match="add_layer_norm: weight must be a tensor of the hidden size, got NoneType"):
+        ops_backend.add_layer_norm(x, None, None, None)
+    half = x.to(torch.float16)  # fp16 activations, fp32 gains: accepted everywhere, one answer
+    got = ops_backend.add_layer_norm(half, half, torch.ones(16), torch.zeros(16))
+    want = ops.select("eager").add_layer_norm(half, half, torch.ones(16), torch.zeros(16))
+    assert got.dtype == torch.float16 and torch.allclose(got.float(), want.float(), atol=2e-3)
+
+
 def _ffn_args(d_model=16, d_ff=32):
     return (torch.randn(3, d_model), torch.randn(d_ff, d_model), torch.randn(d_ff), torch.randn(d_model, d_ff),
             torch.randn(d_model))
@@ -86,6 +103,25 @@ def test_ffn_refuses_integer_weights_and_bad_dropout(ops_backend):
         ops_backend.ffn(x, w1.long(), b1, w2, b2)
     with pytest.raises(ValueError, match=r"ffn: dropout_p must be in \[0, 1\), got nan"):
         ops_backend.ffn(x, w1, b1, w2, b2, dropout_p=float("nan"))
+
+
+def test_ffn_refuses_mixed_dtypes_everywhere(ops_backend):
+    """One dtype for x, the weights and the biases (after autocast's casts): a half b1 with fp32
+    weights was accepted by eager, refused deep in F.linear by torch and by name by triton."""
+    x, w1, b1, w2, b2 = _ffn_args()
+    with pytest.raises(ValueError, match=_esc("ffn: dtype mismatch: x float32, w1 float32, b1 float16, w2 float32")):
+        ops_backend.ffn(x, w1, b1.half(), w2, b2)
+
+
+def test_relu_has_no_gradient_at_zero_in_any_backend(ops_backend):
+    """A pre-activation of exactly 0 (zero-initialised weights, or a half value that is 0): the eager
+    spec's clamp_min passed the gradient there, F.relu and the kernels pass none."""
+    x, w1, b1, w2, b2 = (t.requires_grad_() for t in _ffn_args())
+    with torch.no_grad():
+        w1.zero_(), b1.zero_()
+    y = ops_backend.ffn(x, w1, b1, w2, b2)
+    dw1, db1 = torch.autograd.grad(y, (w1, b1), torch.randn_like(y))
+    assert torch.equal(dw1, torch.zeros_like(w1)) and torch.equal(db1, torch.zeros_like(b1))
 
 
 def test_ffn_accepts_missing_biases_everywhere(ops_backend):
@@ -125,6 +161,8 @@ def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
 
 def test_embed_refuses_bad_shapes_and_scales(ops_backend):
     w = torch.randn(10, 16)
+    with pytest.raises(ValueError, match="embed: pos_offset must be an integer, got 1.5"):  # fractional positions
+        ops_backend.embed(torch.tensor([[1, 2]]), w, scale=1.0, pos_offset=1.5)
     with pytest.raises(ValueError, match=r"embed: tokens must be \(B, L\) and weight \(V, d_model\), got \(3,\)"):
         ops_backend.embed(torch.tensor([1, 2, 3]), w, scale=1.0)
     with pytest.raises(ValueError, match="embed: weight must be a floating-point tensor, got torch.int64"):
@@ -136,6 +174,17 @@ def test_embed_refuses_bad_shapes_and_scales(ops_backend):
 # ---------------------------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------------------------
+
+
+def test_attention_refuses_a_head_dim_of_zero_and_lengths_that_are_not_a_tensor(ops_backend):
+    """D = 0 was a ZeroDivisionError in eager and an empty output in torch; lengths given as a list
+    an AttributeError everywhere."""
+    q, k, v = _qkv(D=0)
+    with pytest.raises(ValueError, match=_esc("attention: the head dim (q.shape[-1]) must be >= 1, got q (2, 2, 3, 0")):
+        ops_backend.attention(q, k, v)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=_esc("key_lengths must be an int32/int64 tensor of shape (2,), got list")):
+        ops_backend.attention(q, k, v, key_lengths=[1, 3])
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
@@ -177,6 +226,8 @@ def test_attention_and_ffn_take_their_tensors_by_name_too(ops_backend):
         return  # the interpreter's bf16 tl.dot is wrong (conftest): no bf16 run of our kernels on a CPU
     with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
         assert ops_backend.attention(q, k, v=v).dtype == torch.bfloat16
+        # the FFN's output in the autocast dtype on every backend (the eager spec's fp32 biases promoted it to fp32)
+        assert ops_backend.ffn(x, w1, b1, w2, b2).dtype == torch.bfloat16
 
 
 def test_autocast_casts_only_what_autocast_would(ops_backend):
@@ -254,6 +305,8 @@ def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
     (dict(x=torch.zeros(6, 16, dtype=torch.int64)), "x must be a floating-point tensor, got torch.int64"),
     (dict(label_smoothing=1.0), "label_smoothing must be in [0, 1)"),
     (dict(ignore_index=11), "ignore_index 11 is not a class of [0, 11)"),
+    (dict(ignore_index=1.5), "ignore_index must be an integer, got 1.5"),  # triton read it as 1, eager as 1.5
+    (dict(bias=torch.randn(11, dtype=torch.float16)), "dtype mismatch: x float32, weight float32, bias float16"),
     (dict(target=torch.tensor([0, 1, 2, 3, 4, 11])), "target ids must lie in [0, 11), got min 0 max 11"),
 ])
 def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change, message):
