@@ -391,6 +391,11 @@ def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_p
     # --resume continues the new run from its own checkpoint, not from the one it began with
     T.main(["--resume", "--out", str(second), "--max-steps", "3"])
     assert load_checkpoint(second / "last.pt")["progress"]["step"] == 3
+    # longer inputs than the first run's model admits, padded to a multiple of 64 as collate pads them:
+    # the model's max_len is a new run's (it lacked the padding: a 4,160-token batch past max_len 4,101)
+    cfg, given = parse_args(DATA_FLAGS + ["--max-steps", "1", "--max-src-len", "4100", "--pad-multiple", "64",
+                                          "--init-from", str(first), "--out", str(tmp_path / "third")])
+    assert create_trainer(Trainer, cfg, given).model.cfg.max_len == 4160 + 1
 
 
 @pytest.mark.parametrize("flags, error, match", [

@@ -194,6 +194,11 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
     if task == "extractive":  # a seq2seq preset's encoder
         over["n_decoder_layers"], over["extractive"] = 0, True
         over.pop("tgt_vocab_size")
-    longest = max(D.round_up(cfg.max_src_len, cfg.pad_multiple), D.round_up(cfg.max_tgt_len, cfg.pad_multiple))
-    over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), longest + 1)
+    over["max_len"] = max(PRESETS[cfg.preset].get("max_len", 4096), longest_position(cfg))
     return get_config(cfg.preset, **over)
+
+
+def longest_position(cfg: TrainConfig) -> int:
+    """The max_len a model needs for this run's batches: the longest source or target, padded up to
+    --pad-multiple as collate pads it, plus one (BOS, or a classifier's [CLS])."""
+    return max(D.round_up(cfg.max_src_len, cfg.pad_multiple), D.round_up(cfg.max_tgt_len, cfg.pad_multiple)) + 1

@@ -18,7 +18,7 @@ from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
-from .build import build_data, model_config
+from .build import build_data, longest_position, model_config
 from .config import ConfigError, TrainConfig, check_for_task
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
@@ -110,11 +110,11 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
 
 def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, data, device, log):
     """The --init-from model with its weights, for this run's data: the same classes, and a max_len
-    (a guard; positions are computed on the fly) that admits --max-src-len and --max-tgt-len."""
+    (a guard; positions are computed on the fly) that admits this run's batches (`longest_position`)."""
     if data.num_classes is not None and data.num_classes != mcfg.num_classes:
         raise ConfigError(f"--init-from {config.init_from} classifies into {mcfg.num_classes} classes; the data has "
                           f"{data.num_classes}")
-    mcfg.max_len = max(mcfg.max_len, config.max_src_len + 1, config.max_tgt_len + 1)
+    mcfg.max_len = max(mcfg.max_len, longest_position(config))
     model = build_model(mcfg, device)
     model.load_state_dict(init["model"])
     log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and tokenizers; "
