@@ -259,7 +259,8 @@ def test_model_config_refuses_impossible_sizes():
                         (dict(src_vocab_size=0), r"src_vocab_size must be an integer >= 1, got 0"),
                         (dict(tgt_vocab_size=0), r"tgt_vocab_size must be an integer >= 1, got 0"),
                         (dict(d_ff=0), r"d_ff must be an integer >= 1, got 0"),
-                        (dict(layer_norm_eps=-1e-5), r"layer_norm_eps must be a positive finite number")]:
+                        (dict(layer_norm_eps=-1e-5), r"layer_norm_eps must be a positive finite number"),
+                        (dict(pad_id=7), r"pad_id is the tokenizer's <pad> id, 0; got 7")]:  # was ignored
         with pytest.raises(ValueError, match=message):
             ModelConfig(**kw)
     with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):

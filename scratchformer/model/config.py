@@ -100,6 +100,8 @@ class ModelConfig:
         if self.n_decoder_layers == 0 and self.num_classes is None and not self.extractive:
             raise ValueError("n_decoder_layers is 0: only the encoder-only models (num_classes set, or extractive) "
                              "have no decoder")
+        if self.pad_id != PAD_ID:  # kept for the configs saved with it; the loss and masks use PAD_ID
+            raise ValueError(f"pad_id is the tokenizer's <pad> id, {PAD_ID}; got {self.pad_id!r}")
         if (self.num_classes is not None or self.extractive) and self.n_decoder_layers:
             raise ValueError(f"{encoder_only} has no decoder, but n_decoder_layers is {self.n_decoder_layers}: "
                              "set it to 0")
