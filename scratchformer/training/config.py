@@ -167,7 +167,7 @@ class TrainConfig:
     summary_words: int | None = _run(help="--task extractive: and stop once they hold W words (default: no budget)",
                                      metavar="W")
     save_every: int = _run(default=0, help="write step_N.pt and last.pt every N steps (0: at validations)")
-    keep_checkpoints: int = _run(default=3, help="step checkpoints kept")
+    keep_checkpoints: int = _run(default=3, help="step checkpoints kept, the newest (0: all)")
     time_limit: float | None = _run(help="stop training after this many seconds, saving last.pt (no final "
                                     "evaluation); --resume continues: a long run in chunks of bounded commands")
     init_from: str | None = _run(help="a new run from the weights, architecture and tokenizers of a checkpoint or "
