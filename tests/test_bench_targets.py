@@ -205,3 +205,26 @@ def test_recomputed_steps_are_shown_beside_their_backend(tmp_path):
                    ["base-cnndm", "triton", "100,000", "80,000", "0.80", "8.00", "2.00", "0.25"]]
     judged = [line for line in text.splitlines() if line.startswith("| training step")]
     assert judged and not any("recompute" in line for line in judged)  # the plain triton step's targets only
+
+
+def test_sdpa_fastest_is_chosen_on_the_clock_the_ratio_is_judged_on(tmp_path):
+    """Attention's "SDPA's fastest" is chosen and compared on one clock: with every backend's device
+    time, the fastest on the device (cuDNN here, which the wall clock ranks below flash); one backend
+    without it (a failed capture) puts the choice and the ratio on wall time. The choice was once
+    made on wall time and the ratio on device time: 550 / 500 against flash, "met", where cuDNN ran
+    600 on the device."""
+    def case(k, **rates):
+        return _bench("attention", f"test_dense[4096-h16d64-full-{k}-fwd]",
+                      {"L": 4096, "H": 16, "D": 64, "causal": False, "kernel": k, "mode": "fwd"}, **rates)
+
+    def judged(cases):
+        path = tmp_path / "run.json"
+        path.write_text(json.dumps({"benchmarks": cases}))
+        line = next(x for x in targets.main([str(path)]).splitlines() if x.startswith("| attention fwd"))
+        return [c.strip() for c in line.split("|")[4:9]]
+
+    cases = [case("triton", tflops=280.0, tflops_gpu=550.0), case("sdpa_flash", tflops=300.0, tflops_gpu=500.0),
+             case("sdpa_cudnn", tflops=250.0, tflops_gpu=600.0)]
+    assert judged(cases) == ["600 (sdpa_cudnn)", f"{550 / 600:.2f}", ">= 1", "**missed**", "GPU"]
+    assert judged(cases + [case("sdpa_efficient", tflops=100.0)]) == [
+        "300 (sdpa_flash)", f"{280 / 300:.2f}", ">= 1", "**missed**", "wall"]
