@@ -12,7 +12,8 @@ Backends: eager, torch, triton, and torch.compile of the eager model (`compile`)
 torch.compile of our triton model (`compile-triton`, its kernels as `scratchformer::*` op nodes in
 the graph), both through `scratchformer.compile.compile_model` with static shapes (one batch shape
 here; training uses dynamic=True). Reported in extra_info:
-non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated).
+non-pad tokens/s (source + target), step time, peak memory (torch.cuda.max_memory_allocated; a graphed
+step's over its capture, since a replay allocates nothing the allocator counts).
 
 `test_train_step_recompute` times eager's and our kernels' step at base/CNN-DM with every encoder
 and decoder layer recomputed in the backward (`--recompute-activations`): what it costs in step time
@@ -107,7 +108,17 @@ def training_step(shape, kernel, device="cuda", graph=False):
         opt.step()
 
     if graph:
-        return capture_step(update, opt), batch
+        def captured():
+            # A replay allocates nothing (the caching allocator's stats stand still while it runs), so
+            # the graphed step's peak memory is read from its capture, which allocates as a step does
+            # (until 2026-12-01 it was read over the replays: parameters, gradients and AdamW's state,
+            # no activations, the same for every backend). After the capture's zero_grad, as the
+            # launched step's reset follows its own.
+            if torch.cuda.is_current_stream_capturing():
+                torch.cuda.reset_peak_memory_stats()
+            update()
+
+        return capture_step(captured, opt), batch
 
     def step():
         update()
@@ -144,7 +155,8 @@ def _bench_step(benchmark, shape, kernel, graph):
     step, (src, sl, tgt_in, _, tl) = training_step(shape, kernel, graph=graph)
     step()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if not graph:  # a graphed step's peak is its capture's (training_step), which a reset here would drop
+        torch.cuda.reset_peak_memory_stats()
     median = run_bench(benchmark, step, warmup=3, rounds=10, graph=False, shape=shape, preset=SHAPES[shape]["preset"],
                        dtype="bf16-autocast", batch=len(sl), src_max=src.shape[1], tgt_max=tgt_in.shape[1])
     tokens = int(sl.sum() + tl.sum())

@@ -135,3 +135,54 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     monkeypatch.setattr(bench_conftest, "HAS_CUDA", False)  # wall time only: no graph here
     bench_conftest.run_bench(bench, launch, nbytes=1)
     assert bench.extra_info["configs"] == {"_some_kernel": {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3}}
+
+
+def test_a_graphed_steps_peak_memory_is_its_captures(monkeypatch):
+    """bench_train_step's graphed step: a CUDA graph's replay allocates nothing the caching allocator
+    counts (its stats stand still while it runs), so the step's peak memory is read from its capture,
+    which allocates as a launched step does. It was read over the replays alone: the parameters and
+    optimizer state with no activations, the same for every backend (a peak-memory target against
+    eager of about 1.0x whatever the kernels save). Here on the CPU: a stand-in allocator's stats, a
+    stand-in capture (warm-up, then the captured call, then replays that allocate nothing) around the
+    real step of a tiny shape."""
+    import importlib.util
+    import types
+
+    monkeypatch.setitem(sys.modules, "conftest", _bench_conftest())  # bench_train_step imports bench's
+    path = os.path.join(REPO, "bench", "bench_train_step.py")
+    spec = importlib.util.spec_from_file_location("bench_train_step", path)
+    bts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bts)
+
+    BASE, ACTIVATIONS = 3 << 30, 1 << 30  # held before the step; allocated and freed within it
+    mem = types.SimpleNamespace(allocated=BASE, peak=BASE, capturing=False)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: setattr(mem, "peak", mem.allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: mem.peak)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: mem.capturing)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_amid_activations(*args, **kwargs):  # the middle of a step: its activations' peak
+        mem.peak = max(mem.peak, mem.allocated + ACTIVATIONS)
+        return clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_amid_activations)
+
+    def capture_step(update, optimizer):  # torch's capture on a GPU: a warm-up call, the captured one
+        for capturing in (False, True):
+            mem.capturing = capturing
+            optimizer.zero_grad(set_to_none=True)
+            update()
+        mem.capturing = False
+        return lambda: None  # a replay: the allocator's stats do not move
+
+    monkeypatch.setattr(bts, "capture_step", capture_step)
+    adamw = torch.optim.AdamW  # capturable is for the GPU's optimizer state
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: adamw(params, **{**kw, "capturable": False}))
+    monkeypatch.setattr(bts.training_step, "__defaults__", ("cpu", False))
+    bench = types.SimpleNamespace(disabled=False, extra_info={}, stats=types.SimpleNamespace(
+        stats=types.SimpleNamespace(median=1e-3)), pedantic=lambda fn, rounds, **kw: [fn() for _ in range(rounds)])
+    monkeypatch.setitem(bts.SHAPES, "tiny", dict(preset="tiny", vocab=500, max_src=16, max_tgt=16, batch=4,
+                                                 sample="multi30k"))
+    bts._bench_step(bench, "tiny", "eager", graph=True)
+    assert bench.extra_info["graph"] and bench.extra_info["peak_mem_gib"] == (BASE + ACTIVATIONS) / 2**30
