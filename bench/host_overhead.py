@@ -15,8 +15,8 @@ Two measures per backend:
   the ops without their autograd);
 - what one such training step issues, counted (in fp32, no autocast; the lengths' range checks,
   which read values on the CPU only, skipped as on a GPU): the aten ops that do work (each a kernel
-  or more on a GPU: the innermost ones of a CPU-side profile, inside our ops too; views, `empty`
-  and the like left out), the filled tensors built (zeros, full, ones: an FFN's autograd built an
+  or more on a GPU: the innermost that do work in a CPU-side profile, inside our ops too; views,
+  `empty` and the like left out), the filled tensors built (zeros, full, ones: an FFN's autograd built an
   (M, d_ff) zero gradient it never read until this count showed it), our torch ops' calls, and the
   Triton launches;
 - and once, backend aside: the training loader's collate of one 8,192-token batch of short
@@ -87,13 +87,13 @@ def model_step(kernel: str, device: str):
 
 # aten ops that launch nothing on a GPU: metadata, allocations without a fill
 NO_WORK = {"empty", "empty_strided", "empty_like", "new_empty", "detach", "detach_", "alias", "lift_fresh",
-           "resize_", "set_", "result_type", "_local_scalar_dense"}
+           "resize_", "set_", "result_type", "_local_scalar_dense", "item"}
 # tensors built filled, counted where called from Python, autograd or our ops (not inside another aten op)
 FILLS = {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like", "new_ones"}
 
 
 def _does_work(name: str) -> bool:
-    """Whether the aten op `name` (an innermost one: nothing dispatched under it) runs a kernel."""
+    """Whether the aten op `name` (one with no working aten op under it) runs a kernel."""
     if name in NO_WORK:
         return False
     packet = getattr(torch.ops.aten, name, None)
@@ -102,7 +102,7 @@ def _does_work(name: str) -> bool:
 
 def step_ops(kernel: str, device: str) -> dict:
     """What one training step of `model_step` issues (module docstring), counted from a CPU-side
-    profile of it: the innermost aten ops that do work, anywhere (inside our ops too), the fills
+    profile of it (`issued`): the innermost aten ops that do work, anywhere (inside our ops too), the fills
     among them, our ops' calls, and the Triton launches."""
     from torch.autograd import DeviceType
     from triton.runtime.interpreter import InterpretedFunction
@@ -125,13 +125,21 @@ def step_ops(kernel: str, device: str) -> dict:
             step()  # as on a GPU: the lengths' range checks, which read values (a sync there), skipped
     finally:
         cls.run = run
-    events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
-    leaves = [e.name[6:] for e in events if e.name.startswith("aten::")
-              and not any(c.name.startswith("aten::") for c in e.cpu_children)]
-    work = [n for n in leaves if _does_work(n)]
+    return {**issued([e for e in prof.events() if e.device_type == DeviceType.CPU]), "Triton launches": launches[0]}
+
+
+def issued(events) -> dict:
+    """From a CPU-side profile's events: the aten ops that do work with no working aten op under
+    them (the innermost that do work: a GEMM whose only aten child is `resolve_conj`, a view, is
+    one, where "no aten op under it" left out every mm and bmm, 267 of an eager step's), the fills
+    called from Python, autograd or our ops, and our ops' calls."""
+    def working_below(e) -> bool:
+        return any(c.name.startswith("aten::") and (_does_work(c.name[6:]) or working_below(c)) for c in e.cpu_children)
+
+    work = [e for e in events if e.name.startswith("aten::") and _does_work(e.name[6:]) and not working_below(e)]
     fills = [e for e in events if e.name[6:] in FILLS and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
-    return {"aten ops": len(work), "fills": len(fills),
-            "our ops": sum(e.name.startswith("scratchformer::") for e in events), "Triton launches": launches[0]}
+    ours = sum(e.name.startswith("scratchformer::") for e in events)
+    return {"aten ops": len(work), "fills": len(fills), "our ops": ours}
 
 
 def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
