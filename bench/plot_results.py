@@ -31,9 +31,30 @@ def load(paths):
                 raise SystemExit(f"{p}: not a pytest-benchmark JSON (empty or cut short: {err})") from None
         for b in data.get("benchmarks", []):
             params = b.get("params") or {}  # the test's parameters (L, kernel, ...), under what it recorded
-            rows.append({**params, "group": b.get("group"), "name": b["name"], "params": params,
-                         "median": b["stats"]["median"], **b.get("extra_info", {})})
+            row = {**params, "group": b.get("group"), "name": b["name"], "params": params,
+                   "median": b["stats"]["median"], **b.get("extra_info", {})}
+            if row["group"] == "embed" and "gbps" in row and "unique_ids" not in row:
+                _embed_bytes_as_now(row)
+            rows.append(row)
     return rows
+
+
+_ELEMENT_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4}
+
+
+def _embed_bytes_as_now(row):
+    """An embedding case saved before 2026-12-01 counted one weight row read per token; its GB/s are
+    rescaled to bench_embed.py's count now, each distinct row read once. The ids were uniform draws
+    (torch.randint over `vocab`), so the distinct count is its expectation V (1 - (1 - 1/V)^N), within
+    0.3% of a draw at these sizes; the case records `unique_ids_expected`."""
+    n, d, vocab, e = row["tokens"], row["d_model"], row["vocab"], _ELEMENT_BYTES[row["dtype"]]
+    unique = vocab * (1 - (1 - 1 / vocab) ** n)
+    extra = 0 if row.get("mode") == "fwd" else n * 8 + n * d * e + vocab * d * e  # int64 ids
+    old, new = n * 8 + 2 * n * d * e + extra, n * 8 + (n + unique) * d * e + extra
+    for key in ("gbps", "gbps_gpu"):
+        if key in row:
+            row[key] *= new / old
+    row["unique_ids_expected"] = unique
 
 
 def basis(cases, metric):

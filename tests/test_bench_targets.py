@@ -38,7 +38,8 @@ def _run(tmp_path):
                    tokens_per_s=s, peak_mem_gib=m, shape="base-cnndm")
             for k, s, m in (("triton", 130_000.0, 6.0), ("eager", 100_000.0, 10.0), ("torch", 140_000.0, 8.0))]
     emb = [_bench("embed", f"test_embed[{k}]", {"kernel": k}, tokens=262144, d_model=512, dtype="torch.bfloat16",
-                  mode="fwd", gbps=g, copy_bandwidth_gbps=3000.0) for k, g in (("ours", 2100.0), ("eager", 1400.0))]
+                  mode="fwd", gbps=g, copy_bandwidth_gbps=3000.0, vocab=32000, unique_ids=31993)
+           for k, g in (("ours", 2100.0), ("eager", 1400.0))]
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"benchmarks": att + ln + ffn + emb + step}))
     return targets.main([str(path), "--out", str(tmp_path / "t.md")])
@@ -228,3 +229,29 @@ def test_sdpa_fastest_is_chosen_on_the_clock_the_ratio_is_judged_on(tmp_path):
     assert judged(cases) == ["600 (sdpa_cudnn)", f"{550 / 600:.2f}", ">= 1", "**missed**", "GPU"]
     assert judged(cases + [case("sdpa_efficient", tflops=100.0)]) == [
         "300 (sdpa_flash)", f"{280 / 300:.2f}", ">= 1", "**missed**", "wall"]
+
+
+def test_an_embedding_case_saved_with_a_row_read_per_token_is_rescaled_to_distinct_rows(tmp_path):
+    """Before 2026-12-01 bench_embed.py counted a weight row read per token: such a case (no
+    unique_ids) loads with its GB/s rescaled to the bytes counted now, each distinct row once,
+    against the distinct count of the ids the benchmark draws (seed 0, uniform over the vocabulary)."""
+    import torch
+
+    n, d, vocab, e = 65536, 512, 32000, 2
+    torch.manual_seed(0)
+    distinct = torch.randint(0, vocab, (n // 512, 512)).unique().numel()
+    old = {"tokens": n, "d_model": d, "vocab": vocab, "dtype": "torch.bfloat16", "copy_bandwidth_gbps": 3000.0}
+    cases = [_bench("embed", "test_embed[fwd-old]", {"kernel": "ours"}, mode="fwd", gbps=2000.0, gbps_gpu=2400.0,
+                    **old),
+             _bench("embed", "test_embed[fwd+bwd-old]", {"kernel": "ours"}, mode="fwd+bwd", gbps=1000.0, **old),
+             _bench("embed", "test_embed[fwd-new]", {"kernel": "ours"}, mode="fwd", gbps=2000.0,
+                    unique_ids=distinct, **old)]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"benchmarks": cases}))
+    fwd, both, new = targets.load([str(path)])
+    per_token, distinct_rows = n * 8 + 2 * n * d * e, n * 8 + (n + distinct) * d * e
+    assert abs(fwd["gbps"] / (2000.0 * distinct_rows / per_token) - 1) < 5e-3
+    assert abs(fwd["gbps_gpu"] / fwd["gbps"] - 1.2) < 1e-9
+    bwd = n * 8 + n * d * e + vocab * d * e
+    assert abs(both["gbps"] / (1000.0 * (distinct_rows + bwd) / (per_token + bwd)) - 1) < 5e-3
+    assert new["gbps"] == 2000.0 and "unique_ids_expected" not in new
