@@ -273,5 +273,5 @@ EAGER = Ops("eager", _adapt(reference.attention_ref, check_attention, cast=3),
             _adapt(reference.embed_ref, check_embed),
             _adapt(reference.linear_cross_entropy_ref, check_linear_cross_entropy, cast=3))
 TORCH = Ops("torch", _adapt(_attention_sdpa, check_attention, cast=3),
-            _adapt(_add_layer_norm_torch, check_add_layer_norm), _adapt(_ffn_torch, check_ffn),
+            _adapt(_add_layer_norm_torch, check_add_layer_norm), _adapt(_ffn_torch, check_ffn, cast=5),
             _adapt(_embed_torch, check_embed), _adapt(_linear_cross_entropy_torch, check_linear_cross_entropy, cast=3))

@@ -230,6 +230,20 @@ def test_attention_and_ffn_take_their_tensors_by_name_too(ops_backend):
         assert ops_backend.ffn(x, w1, b1, w2, b2).dtype == torch.bfloat16
 
 
+def test_ffn_under_autocast_takes_low_precision_activations_with_fp32_weights(ops_backend):
+    """A bf16 x with fp32 weights under autocast is one dtype after autocast's casts: eager and
+    triton cast the five tensors first, the torch backend checked them uncast and refused it
+    ("ffn: dtype mismatch: x bfloat16, w1 float32, ...") although F.linear would cast them too."""
+    if DEVICE == "cpu" and ops_backend.name == "triton":
+        return  # no bf16 run of our kernels on a CPU (as above)
+    x, w1, b1, w2, b2 = _ffn_args()
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        got = ops_backend.ffn(x.bfloat16(), w1, b1, w2, b2)
+        want = ops.select("eager", DEVICE).ffn(x.bfloat16(), w1, b1, w2, b2)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0.1, rtol=0.05)
+
+
 def test_autocast_casts_only_what_autocast_would(ops_backend):
     """Under autocast the adapters cast float32/16 inputs only, as autocast does for a matmul: integer
     q, k, v are still refused by name (they were cast to bf16 and accepted), and float64 ones are
