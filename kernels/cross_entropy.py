@@ -130,7 +130,8 @@ def linear_cross_entropy_fwd(x, weight, bias, target, label_smoothing, ignore_in
     nll = torch.empty_like(loss)
     rows = _chunk_rows(N, V)
     chunks = [(start, min(start + rows, N)) for start in range(0, N, rows)]
-    dx = torch.empty_like(x) if needs_grad else None
+    # contiguous whatever x's strides, as the fake impl says (empty_like kept a transposed x's strides)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_grad else None
     # one chunk: dW is that chunk's GEMM (fp32 accumulation inside); several: their sum in fp32
     dw = torch.zeros(weight.shape, device=x.device, dtype=torch.float32) if needs_grad and len(chunks) != 1 else None
     db = torch.zeros(V, device=x.device, dtype=torch.float32) if needs_grad and bias is not None else None

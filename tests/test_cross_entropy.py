@@ -203,6 +203,10 @@ def test_the_triton_op_is_one_graph_node():
     x, w, b, t = _inputs(10, 16, 40, torch.float32)
     for needs_grad in (False, True):
         torch.library.opcheck(CE._linear_cross_entropy_op, (x.detach(), w.detach(), b.detach(), t, 0.1, 0, needs_grad))
+    # a transposed x: dx came back with x's strides (torch.empty_like), the fake impl's contiguous
+    # ("Stride mismatch! Strides are (1, 10) and (16, 1)"), which a compiled graph asserts on
+    xt = x.detach().t().contiguous().t()
+    torch.library.opcheck(CE._linear_cross_entropy_op, (xt, w.detach(), b.detach(), t, 0.1, 0, True))
     assert ops.select("triton", DEVICE).linear_cross_entropy.__wrapped__ is CE.linear_cross_entropy
 
 
