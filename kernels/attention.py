@@ -750,7 +750,7 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
             "(need the same B, H, D and k.shape == v.shape)"
         )
     check_dtype("attention", q, k, v)
-    check_device("attention", q, k, v, key_lengths, query_lengths)
+    check_device("attention", q, k, v)  # the lengths' type and device: _check_lengths, which names them
     if D not in HEAD_DIMS:
         raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {D}")
     if not 0.0 <= dropout_p < 1.0:

@@ -428,6 +428,9 @@ BAD = {
         _bad(key_lengths=torch.tensor([9.0, 1.0])), r"key_lengths must be int32 or int64, got torch.float32"
     ),
     "lengths shape": (_bad(key_lengths=torch.tensor([9, 1, 2])), r"key_lengths must have shape \(2,\), got \(3,\)"),
+    # the device check read .device of every argument first: AttributeError 'list' object has no attribute 'device'
+    "lengths list": (_bad(key_lengths=[9, 1]), r"attention: key_lengths must be a tensor, got list"),
+    "query lengths int": (_bad(query_lengths=8), r"attention: query_lengths must be a tensor, got int"),
     "dropout": (_bad(dropout_p=1.0), r"dropout_p must be in \[0, 1\), got 1.0"),
     "scale negative": (_bad(scale=-0.5), r"scale must be a finite number >= 0, got -0.5"),
     "scale nan": (_bad(scale=float("nan")), r"scale must be a finite number >= 0, got nan"),
