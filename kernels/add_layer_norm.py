@@ -384,6 +384,8 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
         raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (a whole row per tile), got {N}")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    if not isinstance(weight, torch.Tensor):  # bias may be None, weight may not
+        raise ValueError(f"add_layer_norm: weight must be a tensor of shape ({N},), got {type(weight).__name__}")
     for name, p in (("weight", weight), ("bias", bias)):
         if p is None:
             continue

@@ -272,6 +272,10 @@ def test_add_layer_norm_bad_inputs():
         add_layer_norm(big, None, torch.ones(20000, device=DEVICE), None)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
         add_layer_norm(x, None, w, None, dropout_p=1.0)
+    # weight is required (bias is optional): None was skipped by the checks, then weight.contiguous() raised
+    # AttributeError 'NoneType' object has no attribute 'contiguous' in the launcher
+    with pytest.raises(ValueError, match=r"add_layer_norm: weight must be a tensor of shape \(48,\), got NoneType"):
+        add_layer_norm(x, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------
