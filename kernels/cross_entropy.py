@@ -40,6 +40,8 @@ int64 in [0, V).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import triton
 import triton.language as tl
@@ -112,9 +114,21 @@ def _check_inputs(x, weight, bias, target, label_smoothing, ignore_index):
         raise ValueError(f"{name}: want x (N, d), weight (V, d), bias (V,) or None and int64 target (N,); got x "
                          f"{tuple(x.shape)}, weight {tuple(weight.shape)}, bias "
                          f"{None if bias is None else tuple(bias.shape)}, target {target.dtype} {tuple(target.shape)}")
-    if not (0 <= ignore_index < V and 0.0 <= label_smoothing < 1.0 and (label_smoothing == 0.0 or V >= 3)):
+    integer = _is_integer(ignore_index)  # 1.5 was read as class 1
+    if not (integer and 0 <= ignore_index < V and 0.0 <= label_smoothing < 1.0 and (label_smoothing == 0.0 or V >= 3)):
         raise ValueError(f"{name}: want ignore_index in [0, V) and label_smoothing in [0, 1) (V >= 3 to smooth); got "
                          f"{ignore_index}, {label_smoothing} with V = {V}")
+
+
+def _is_integer(value) -> bool:
+    """A Python or numpy integer (not a bool), as op_checks takes one."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _chunk_rows(N: int, V: int) -> int:

@@ -217,6 +217,9 @@ def test_the_kernels_entry_refuses_what_it_would_read_out_of_bounds():
         CE.linear_cross_entropy(x, w, b, t.int())
     with pytest.raises(ValueError, match="ignore_index in \\[0, V\\).*got 10, 0.0 with V = 10"):
         CE.linear_cross_entropy(x, w, b, t, ignore_index=10)
+    # 1.5 passed the range test and was read as class 1 (int(ignore_index)), as op_checks refuses it
+    with pytest.raises(ValueError, match="ignore_index in \\[0, V\\).*got 1.5, 0.0 with V = 10"):
+        CE.linear_cross_entropy(x, w, b, t, ignore_index=1.5)
 
 
 def test_a_target_out_of_range_unread_by_the_checks_gives_nan_not_a_guess():
