@@ -81,11 +81,16 @@ def _capability(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-def tma_rows_ok(t: torch.Tensor, *row_strides: int) -> bool:
-    """Whether TMA can address t's rows: the last dim contiguous, the base and every other
-    stride (in `row_strides`, elements) multiples of 16 bytes."""
+def tma_rows_ok(t: torch.Tensor, row_stride: int, *offset_strides: int) -> bool:
+    """Whether TMA can address t's rows: the last dim contiguous, the base, the descriptor's row
+    stride and every stride that only moves its base (`offset_strides`; all in elements) multiples
+    of 16 bytes, the row stride above 0. A row stride of 0 (an operand expanded over its rows, such
+    as x.expand(M, d)) is a tensor map whose rows overlap, which CUDA's rules for one
+    (cuTensorMapEncodeTiled: each stride at least the extent below it) do not admit; the pointer
+    kernels take any strides."""
     es = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in row_strides)
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row_stride > 0
+            and all((s * es) % 16 == 0 for s in (row_stride, *offset_strides)))
 
 
 def tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:

@@ -110,6 +110,8 @@ def test_tma_is_taken_only_where_tma_can_address_the_rows(monkeypatch):
     assert not A._tma(flat[1:].view(2, 2, 8, 16))  # base 4 bytes past a 16-byte boundary
     rows = torch.randn(2, 2, 8, 17, device=DEVICE)[..., :16]
     assert not A._tma(rows)  # rows 68 bytes apart
+    assert not A._tma(torch.randn(2, 2, 1, 16, device=DEVICE).expand(2, 2, 8, 16))  # rows overlap: stride 0
+    assert A._tma(torch.randn(1, 1, 8, 16, device=DEVICE).expand(2, 2, 8, 16))  # (batch, head) stride 0: a base
     monkeypatch.setattr(A, "TMA", None)  # auto: GPUs of Hopper and later, at head dim 128 only
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
     assert not A._tma(q, k, v)  # head dim 16: the pointer kernels won there

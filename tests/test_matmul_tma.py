@@ -42,6 +42,7 @@ def test_tma_is_taken_only_where_tma_can_address_the_operands(tma, monkeypatch):
     assert MM._tma_layout(a.t().contiguous().t(), w.t()) is None  # A's rows not contiguous
     assert MM._tma_layout(torch.randn(64, 33, device=DEVICE)[:, :32], w.t()) is None  # row stride 132 bytes
     assert MM._tma_layout(a, torch.randn(48, 33, device=DEVICE)[:, 1:].t()) is None  # base, row stride unaligned
+    assert MM._tma_layout(torch.randn(1, 32, device=DEVICE).expand(64, 32), w.t()) is None  # rows overlap: stride 0
     monkeypatch.setattr(MM, "TMA", False)
     assert MM._tma_layout(a, w.t()) is None
 
