@@ -708,6 +708,28 @@ def test_collect_files_two_calls_of_one_step(tmp_path, capsys, monkeypatch):
     assert "exit 0 after 79 s" in out and "exit 0 after 131 s" in out, out
 
 
+def test_collect_replaces_an_earlier_collects_numbered_folders(tmp_path, monkeypatch):
+    """A window's one call of step 50 collected after an earlier window's two: WORK/50_train.2/ of the
+    earlier collect goes too. Left there, finish_on_cpu.sh (which takes the last numbered 50_train
+    folder's picked.txt and predictions snapshot) finished this window's run with the other one's
+    model choice, decoding flags and predictions."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    work = tmp_path / "work"
+    for window, calls in (("w1", ("samsum-1", "samsum-2")), ("w2", ("cnndm-1",))):
+        folders = []
+        for call in calls:
+            folder = tmp_path / window / call
+            folder.mkdir(parents=True)
+            _archive_of(folder, "50_train", {"picked.txt": f"{call} best.pt --beam-size 4\n",
+                                             "log.txt": "== 50_train: exit 0 after 9 s\n"})
+            folders.append(folder)
+        collect.unpack(folders, work)
+    assert sorted(p.name for p in work.iterdir()) == ["50_train"]
+    assert (work / "50_train" / "picked.txt").read_text().startswith("cnndm-1 ")
+
+
 def _cache_entry(monkeypatch, cache_dir, key, cubin_bytes=b"\x7fELF cubin"):
     """One compiled kernel as Triton's own FileCacheManager writes it: metadata, binary, IR files,
     the group file naming them (absolute paths), and an autotuner timings file."""

@@ -4,9 +4,10 @@
 
 FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.gz` per step), in
 the order of the calls.
-1. Every archive is unpacked into WORK/<step>/ (git-ignored; what an earlier collect left there is
-   replaced), a second call's archive of the same step into WORK/<step>.2/, and so on (the tenth
-   window ran step 21 twice, add+LayerNorm then the FFN: one folder each, both filed).
+1. Every archive is unpacked into WORK/<step>/ (git-ignored; what an earlier collect left there,
+   WORK/<step>.2/ ... included, is replaced), a second call's archive of the same step into
+   WORK/<step>.2/, and so on (the tenth window ran step 21 twice, add+LayerNorm then the FFN: one
+   folder each, both filed).
 2. The benchmark JSON of the kernels (`bench_attention`, `bench_add_layer_norm`, `bench_ffn`,
    `bench_embed`) go into one pytest-benchmark file, `BENCH_DIR/<date>-<gpu>.json`, and those of the
    end-to-end step (`bench_train_step`, `bench_generate`) into `<date>-<gpu>-e2e.json`: date and GPU
@@ -36,6 +37,7 @@ the order of the calls.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import re
 import shutil
@@ -55,16 +57,21 @@ REPORTS = {"profile-*.txt": "training step profile:",  # bench/profile_train_ste
 
 def unpack(files_at: list[Path], work: Path) -> list[Path]:
     """Every <step>.tar.gz under the FILES_AT folders, in their order, into WORK/<step>/ (the
-    same step's next archive into WORK/<step>.2/, ...) -> those folders, in that order."""
+    same step's next archive into WORK/<step>.2/, ...) -> those folders, in that order. An earlier
+    collect's folders of these steps go first, WORK/<step>.2/ ... too: finish_on_cpu.sh takes the
+    last numbered 50_train folder's picked.txt, which would otherwise be another window's."""
     archives = [a for folder in files_at for a in sorted(Path(folder).glob("*.tar.gz")) if a.name != TRITON_CACHE]
     if not archives:
         raise SystemExit(f"no <step>.tar.gz in {', '.join(map(str, files_at))}")
+    for name in {a.name.removesuffix(".tar.gz") for a in archives}:
+        for old in work.glob(f"{glob.escape(name)}*"):
+            if old.is_dir() and re.fullmatch(rf"{re.escape(name)}(\.\d+)?", old.name):
+                shutil.rmtree(old)
     steps = []
     for archive in archives:
         name = archive.name.removesuffix(".tar.gz")
         earlier = sum(step.name.partition(".")[0] == name for step in steps)  # this step's archives so far
         dest = work / (f"{name}.{earlier + 1}" if earlier else name)
-        shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         with tarfile.open(archive) as tar:
             tar.extractall(dest, filter="data")  # no absolute paths, links out, devices
