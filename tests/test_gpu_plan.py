@@ -730,6 +730,33 @@ def test_collect_replaces_an_earlier_collects_numbered_folders(tmp_path, monkeyp
     assert (work / "50_train" / "picked.txt").read_text().startswith("cnndm-1 ")
 
 
+def test_collect_keeps_what_an_archive_cut_short_holds(tmp_path, capsys, monkeypatch):
+    """A step archive cut short (the call killed while the step packed it) gives the files before
+    the cut, the one it cut removed, and says so; the call's other archives are filed as ever (it
+    raised EOFError, and nothing of the window was filed)."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    call, bench, work = tmp_path / "call", tmp_path / "bench", tmp_path / "work"
+    call.mkdir()
+    dense = [("test_dense[4096-h16d64-full-triton-fwd]", "triton", 2e-3)]
+    _archive_of(call, "20_bench_attention", {"bench_attention.json": _bench_json(dense),
+                                             "log.txt": "== 20_bench_attention: exit 0 after 99 s\n"})
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "log.txt").write_text("== 21_bench_norm_ffn_embed: exit 0 after 88 s\n")
+    (src / "zz.bin").write_bytes(os.urandom(200_000))  # after log.txt in the archive (tarfile adds in name order)
+    with tarfile.open(call / "21_bench_norm_ffn_embed.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=".")
+    os.truncate(call / "21_bench_norm_ffn_embed.tar.gz", 100_000)
+    collect.main([str(call), "--bench-dir", str(bench), "--work", str(work)])
+    out = capsys.readouterr().out
+    assert "21_bench_norm_ffn_embed.tar.gz: cut short or unreadable" in out and "1 files unpacked" in out, out
+    assert sorted(p.name for p in (work / "21_bench_norm_ffn_embed").iterdir()) == ["log.txt"]
+    assert "exit 0 after 88 s" in out and "exit 0 after 99 s" in out
+    assert len(json.loads((bench / "2026-12-01-h100.json").read_text())["benchmarks"]) == 1
+
+
 def _cache_entry(monkeypatch, cache_dir, key, cubin_bytes=b"\x7fELF cubin"):
     """One compiled kernel as Triton's own FileCacheManager writes it: metadata, binary, IR files,
     the group file naming them (absolute paths), and an autotuner timings file."""

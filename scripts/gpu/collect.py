@@ -5,9 +5,9 @@
 FILES_AT: the folders the device tool put each call's files in (one `<step>.tar.gz` per step), in
 the order of the calls.
 1. Every archive is unpacked into WORK/<step>/ (git-ignored; what an earlier collect left there,
-   WORK/<step>.2/ ... included, is replaced), a second call's archive of the same step into
-   WORK/<step>.2/, and so on (the tenth window ran step 21 twice, add+LayerNorm then the FFN: one
-   folder each, both filed).
+   WORK/<step>.2/ ... included, is replaced; an archive cut short gives the files before the cut),
+   a second call's archive of the same step into WORK/<step>.2/, and so on (the tenth window ran
+   step 21 twice, add+LayerNorm then the FFN: one folder each, both filed).
 2. The benchmark JSON of the kernels (`bench_attention`, `bench_add_layer_norm`, `bench_ffn`,
    `bench_embed`) go into one pytest-benchmark file, `BENCH_DIR/<date>-<gpu>.json`, and those of the
    end-to-end step (`bench_train_step`, `bench_generate`) into `<date>-<gpu>-e2e.json`: date and GPU
@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,8 @@ def unpack(files_at: list[Path], work: Path) -> list[Path]:
     """Every <step>.tar.gz under the FILES_AT folders, in their order, into WORK/<step>/ (the
     same step's next archive into WORK/<step>.2/, ...) -> those folders, in that order. An earlier
     collect's folders of these steps go first, WORK/<step>.2/ ... too: finish_on_cpu.sh takes the
-    last numbered 50_train folder's picked.txt, which would otherwise be another window's."""
+    last numbered 50_train folder's picked.txt, which would otherwise be another window's. An
+    archive cut short (a call killed while it was written) gives what it holds up to the cut, and says so."""
     archives = [a for folder in files_at for a in sorted(Path(folder).glob("*.tar.gz")) if a.name != TRITON_CACHE]
     if not archives:
         raise SystemExit(f"no <step>.tar.gz in {', '.join(map(str, files_at))}")
@@ -73,10 +75,24 @@ def unpack(files_at: list[Path], work: Path) -> list[Path]:
         earlier = sum(step.name.partition(".")[0] == name for step in steps)  # this step's archives so far
         dest = work / (f"{name}.{earlier + 1}" if earlier else name)
         dest.mkdir(parents=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")  # no absolute paths, links out, devices
+        _extract(archive, dest)
         steps.append(dest)
     return steps
+
+
+def _extract(archive: Path, dest: Path) -> None:
+    """The archive's members into dest, one by one, so that one cut short keeps the files before
+    the cut (the one it cut is removed: half a file would pass for a whole one)."""
+    done, member = 0, None
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                tar.extract(member, dest, filter="data")  # no absolute paths, links out, devices
+                done += member.isfile()
+    except (EOFError, tarfile.TarError, zlib.error) as err:
+        if member is not None and member.isfile():
+            (dest / member.name).unlink(missing_ok=True)
+        print(f"{archive}: cut short or unreadable ({err}): {done} files unpacked, the rest lost")
 
 
 def keep_triton_cache(files_at: list[Path], cache_dir: Path) -> Path | None:
