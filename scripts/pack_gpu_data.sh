@@ -48,7 +48,9 @@ du -sh .gpu_data
 mib() { awk '{s += $1} END {printf "%.1f", s / 1048576}'; }
 size() { local there=(); for p in "$@"; do [ -e "$p" ] && there+=("$p"); done
          if [ ${#there[@]} -gt 0 ]; then find "${there[@]}" -type f -print0 | xargs -0 -r stat -c %s | mib; else echo 0.0; fi; }
-checkout=$(git ls-files -z -c -o --exclude-standard | xargs -0 stat -c %s 2>/dev/null | mib)
+# (a tracked file deleted here does not travel: left out, or stat failed the sum, silently, under pipefail)
+present() { local f; while IFS= read -r -d '' f; do if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi; done; }
+checkout=$(git ls-files -z -c -o --exclude-standard | present | xargs -0 -r stat -c %s -- | mib)
 carried=$(size .whl .gpu_build .gpu_data)
 total=$(echo "$checkout $carried" | awk '{printf "%.1f", $1 + $2}')
 echo "travels: checkout $checkout MiB + .whl, .gpu_build, .gpu_data $carried MiB = $total MiB (limit 64)"
