@@ -425,6 +425,30 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert not list(finish.glob("*/metrics.validation.json"))
 
 
+def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path):
+    """A finished run's scoring cut by the call's deadline leaves the other evaluations to the next
+    call: each one started after it got the prelude's last 10 s (and timeout's 20 s grace), all
+    but certain to be cut too, and so pushed the step past its deadline toward the device's own
+    kill, which loses the step's archive (best and averaged at 1.0 and three penalties: 5 more)."""
+    _translation_data(tmp_path / "data")
+    fake = tmp_path / "python"  # evaluate fails at once (the first call), or hangs (the second)
+    fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.evaluate ]; then\n'
+                    '  if [ -n "${EVAL_SLEEP:-}" ]; then exec sleep "$EVAL_SLEEP"; fi; exit 1; fi; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", PY=str(fake))
+    first = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    _, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert os.path.exists(tmp_path / "runs" / "iwslt" / "metrics.final.json"), first.stdout[-3000:]
+    assert "iwslt: not finished" in log and first.returncode != 0
+    # the second call starts past its deadline: every command gets the prelude's 10 s
+    second = _dry_run("50_train.sh", str(tmp_path / "o2"), EVAL_SLEEP="100",
+                      GPU_DEADLINE=str(int(__import__("time").time()) - 100), **env)
+    _, log = _archive(str(tmp_path / "o2"), "50_train.sh")
+    assert re.findall(r"== (eval_\S+): TIMED OUT", log) == ["eval_best"], log[-3000:]
+    assert "iwslt: not finished, call again" in log and second.returncode == 124
+
+
 def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     """An extension the prelude put in scratchformer/ (an earlier call on a warm machine), stamped
     with other sources' hash (csrc/ fixed since), is neither reused nor sent back by step 00 under

@@ -137,13 +137,16 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   if [ "$last" -gt 1 ] && [ ! -e "$RUN/averaged.pt" ]; then
     run_cmd 120 average "$PY" -m scratchformer.average "$RUN" --last "$last"
   fi
+  # one cut by the deadline leaves the rest to the next call: each started after it would get the
+  # prelude's last 10 s (and timeout's 20 s grace), be cut too, and push the step toward the device's kill
   scored=1
   for name in best averaged; do
     for lp in "" "${LENGTH_PENALTIES[@]}"; do
       out=$name${lp:+-lp$lp}
       if [ -e "$RUN/$name.pt" ] && [ ! -e "$RUN/$out/metrics.validation.json" ]; then
         run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$RUN/$name.pt" \
-          --out "$RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" || scored=0
+          --out "$RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
+        case $? in 124|130|137) scored=0; break 2 ;; *) scored=0 ;; esac
       fi
     done
   done
