@@ -58,3 +58,38 @@ def test_the_kernel_tests_compile_without_running(tmp_path):
     assert " passed" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     cubins = list(cache.glob("*/*.cubin"))
     assert cubins and all(c.stat().st_size > 0 for c in cubins), res.stdout[-3000:]
+
+
+def test_the_stamp_is_of_the_sources_compiled_not_those_at_the_end(tmp_path):
+    """A prewarm takes up to an hour; kernels/ changed meanwhile (a commit, a merge) must leave its
+    archive stale for `triton_cache.py check`, as its entries are the old sources': stamped with the
+    sources at its end, it read "current" and the window compiled what it was told was carried."""
+    repo = tmp_path / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+    script = f"""
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT / "scripts" / "gpu")!r})
+import tools.prewarm as prewarm
+import triton_cache
+repo = Path({str(repo)!r})
+prewarm.REPO = repo
+
+def compile_pass(cmd, **kwargs):  # one pass: an entry compiled, and meanwhile a kernel edited
+    cache = Path(cmd[cmd.index("--cache-dir") + 1])
+    (cache / "entry").mkdir(parents=True, exist_ok=True)
+    (cache / "entry" / "k.json").write_text("{{}}")
+    (repo / "kernels" / "op.py").write_text("TABLE = {{}}\\n@triton.jit\\ndef k(x):\\n    pass\\n")
+    return subprocess.CompletedProcess(cmd, 0)
+
+prewarm.subprocess.run = compile_pass
+out = repo / ".gpu_cache" / "prewarm.tar.xz"
+assert prewarm.main(["--tiles", "pinned", "--no-tests", "--cache-dir", str(repo / "cache"), "--out", str(out)]) == 0
+print("STATE", dict(triton_cache.check(out.parent, repo))[out])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "STATE stale" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]

@@ -301,6 +301,12 @@ def main(argv=None) -> int:
         return 0
     from triton.runtime.cache import triton_key
 
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    import triton_cache
+
+    # the kernel sources the passes compile, before they start: kernels/ changed during the prewarm
+    # (an hour, beside other work) leaves the archive stale, not stamped with the sources at its end
+    sources = triton_cache.sources_hash(REPO)
     # scripts/gpu/prelude.sh prints the GPU machine's: where the two differ, nothing carried can hit
     print(f"== Triton {triton.__version__} build key {hashlib.sha256(triton_key().encode()).hexdigest()[:16]}")
     if sys.version_info[:2] != (3, 12) or not triton.__version__.startswith("3.6"):
@@ -316,14 +322,14 @@ def main(argv=None) -> int:
             return 1
     if args.tests:
         tests_pass(cache, args.jobs)
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    import triton_cache
-
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # oldest first, as compiled: the models' pinned tiles (the recipes), their tuned ones (the
     # benchmarks, compiled serially on the GPU), then the tests' (which 14 processes compile there)
     packed, skipped = triton_cache.pack(cache, args.out, args.max_mb, newest_first=False)
-    triton_cache.stamp(args.out, REPO)  # the kernel sources compiled: `triton_cache.py check` finds a stale archive
+    triton_cache.stamp(args.out, REPO, sources)  # those compiled: `triton_cache.py check` finds a stale archive
+    if triton_cache.sources_hash(REPO) != sources:
+        print("== kernels/ changed while compiling: the archive is stale for the checkout now (make gpu-prewarm "
+              "again)", file=sys.stderr)
     print(f"== {packed} entries packed into {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)"
           f"{f', {skipped} left out (size)' if skipped else ''}")
     if args.cache_dir is None:  # the temporary cache (with its IR files: hundreds of MB) goes

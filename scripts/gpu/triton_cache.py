@@ -49,9 +49,11 @@ def sources_hash(repo: Path) -> str:
     return h.hexdigest()
 
 
-def stamp(archive: Path, repo: Path) -> Path:
+def stamp(archive: Path, repo: Path, sources: str | None = None) -> Path:
+    """Beside the archive, `sources` (the hash of the kernel sources its entries were compiled from,
+    taken before compiling: tools/prewarm.py), else the repo's now."""
     out = archive.with_name(archive.name + STAMP)
-    out.write_text(sources_hash(repo) + "\n")
+    out.write_text((sources or sources_hash(repo)) + "\n")
     return out
 
 
