@@ -174,6 +174,34 @@ def test_dry_run_catches_a_broken_selection(tmp_path):
     assert os.listdir(tmp_path / "out") == ["99_broken.tar.gz"]  # packed even when failing
 
 
+def test_a_step_terminated_still_packs_its_archive(tmp_path):
+    """SIGTERM to a step's process group (a kill at a limit, timeout(1)'s way) still packs its archive,
+    whose log says the step was stopped: the group's tee of the log died with it, the exit trap's
+    first line then raised SIGPIPE, and the step ended with no archive at all (its log and results
+    lost; the trap had also read exit 0)."""
+    import signal
+    import time
+
+    step = tmp_path / "97_term.sh"
+    step.write_text(f'source "{GPU}/prelude.sh"\nrun_cmd 100 nap sleep 3\necho "== after the nap"\n')
+    out, printed = tmp_path / "out", tmp_path / "stdout.txt"
+    with open(printed, "w") as stdout:
+        proc = subprocess.Popen(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(out)), stdout=stdout,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + 240
+            while " nap (limit" not in printed.read_text() and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            os.killpg(proc.pid, signal.SIGTERM)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 143 and os.listdir(out) == ["97_term.tar.gz"], (rc, printed.read_text()[-2000:])
+    _, log = _archive(str(out), "97_term.sh")
+    assert "== 97_term: exit 143 after" in log and "== after the nap" not in log, log[-2000:]
+
+
 def _archive(out, step):
     with tarfile.open(os.path.join(out, step.replace(".sh", ".tar.gz"))) as tar:
         return {os.path.normpath(m.name): m for m in tar.getmembers()}, tar.extractfile("./log.txt").read().decode()

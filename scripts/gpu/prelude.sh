@@ -23,7 +23,9 @@ OUT=${OUT:-$REPO/gpu_out}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/$STEP.XXXXXX")
 mkdir -p "$OUT"
 T0=$(date +%s)
-exec > >(tee -a "$WORK/log.txt") 2>&1  # everything the step prints also travels back
+# everything the step prints also travels back; the tee outlives a signal to the step's process group
+# (a kill at a limit), so that the exit trap still writes and packs (its first echo raised SIGPIPE)
+exec > >(trap '' INT TERM HUP; exec tee -a "$WORK/log.txt") 2>&1
 
 STATUS=0  # the step's exit status: the first failing command's (run_pytest, run_cmd)
 finish() {  # pack the step's outputs into one archive: the device returns at most 8 files
@@ -36,6 +38,7 @@ finish() {  # pack the step's outputs into one archive: the device returns at mo
   exit "$rc"
 }
 trap finish EXIT
+trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP  # the archive says it was stopped (not exit 0)
 
 # limit SECONDS: what a command may take: SECONDS, at most 240 in a dry run (the test suite runs
 # beside it; 120 s cut step 31's CPU profile once, on a machine busy with other work too), and
