@@ -760,6 +760,28 @@ def test_collect_files_two_calls_of_one_step(tmp_path, capsys, monkeypatch):
     assert "exit 0 after 79 s" in out and "exit 0 after 131 s" in out, out
 
 
+def test_collect_files_a_report_under_its_own_steps_date(tmp_path, monkeypatch):
+    """A window past midnight (step 30 on one date, step 31 on the next): step 31's profile goes under
+    the date its own step's JSON names, not under every date of the call (it overwrote the earlier
+    date's profile, filed from another window, with a measurement of the next day)."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    call, bench = tmp_path / "call", tmp_path / "bench"
+    call.mkdir()
+    _archive_of(call, "30_bench_train_step", {
+        "bench_train_step.json": _bench_json([("test_train_step[triton-base-cnndm]", "triton", 0.1)])})
+    late = _bench_json([("test_generate[triton-greedy]", "triton", 0.2)]).replace("2026-12-01", "2026-12-02")
+    _archive_of(call, "31_bench_generate_profile", {
+        "bench_generate.json": late, "profile-base-cnndm.txt": "training step profile: shape base-cnndm\n"})
+    bench.mkdir()
+    earlier = "training step profile: shape base-cnndm, another window's of 2026-12-01\n"
+    (bench / "2026-12-01-h100-profile-base-cnndm.txt").write_text(earlier)
+    written = collect.main([str(call), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
+    assert bench / "2026-12-02-h100-profile-base-cnndm.txt" in written
+    assert (bench / "2026-12-01-h100-profile-base-cnndm.txt").read_text() == earlier
+
+
 def test_collect_replaces_an_earlier_collects_numbered_folders(tmp_path, monkeypatch):
     """A window's one call of step 50 collected after an earlier window's two: WORK/50_train.2/ of the
     earlier collect goes too. Left there, finish_on_cpu.sh (which takes the last numbered 50_train

@@ -17,9 +17,10 @@ the order of the calls.
    A benchmark JSON that is empty (pytest-benchmark creates it at startup and leaves it so when it
    saved nothing), unreadable or without cases is skipped, and named.
 3. The profiles (`profile-<shape>.txt`) and the host-overhead report (`host_overhead.txt`) are
-   copied beside them, `<date>-<gpu>-profile-<shape>.txt` and `<date>-<gpu>-host-overhead.txt`,
-   each only if it is a finished report (its first line as `REPORTS` says): anything else
-   (a traceback of a cut run) is skipped and named, never filed over a good one; then
+   copied beside them, `<date>-<gpu>-profile-<shape>.txt` and `<date>-<gpu>-host-overhead.txt`
+   (the date and GPU of their own step's JSON where it saved any, else of the others), each only
+   if it is a finished report (its first line as `REPORTS` says): anything else (a traceback of a
+   cut run) is skipped and named, never filed over a good one; then
    `bench/targets.py` writes `<date>-<gpu>-targets.md` (issue 16/17 ratios, met or missed) and
    `bench/plot_results.py` the PNGs into `BENCH_DIR/plots/<date>-<gpu>/`.
 4. The Triton cache archive that `run.sh` sends back (`triton-cache.tar.gz`, the newest call's) is
@@ -147,6 +148,7 @@ def merge(jsons: list[Path], into: Path) -> int:
 def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
     """Step 2 and 3 of the docstring -> the files written."""
     groups: dict[str, list[Path]] = {}
+    own: dict[Path, set[str]] = {}  # a step folder -> the stems its own JSON are filed under
     for path in (p for step in steps for p in sorted(step.glob("bench_*.json"))):  # a later call's case replaces
         text = path.read_text()
         if not text.strip():
@@ -163,6 +165,7 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
         info = data["benchmarks"][0].get("extra_info", {})
         stem = f"{info.get('date', 'undated')}-{gpu_slug(info.get('device', 'unknown'))}"
         groups.setdefault(stem + ("-e2e" if path.stem in E2E else ""), []).append(path)
+        own.setdefault(path.parent, set()).add(stem)
     written = []
     for name, jsons in groups.items():
         out = bench_dir / f"{name}.json"
@@ -178,7 +181,8 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
             if not stems:  # the JSON names the date and GPU a report is filed under
                 print(f"{report}: finished, but no benchmark JSON of this call names its date and GPU: not filed, "
                       "it stays where it is")
-            for stem in stems:
+            # under its own step's date and GPU (a window past midnight: two dates), else the call's
+            for stem in sorted(own.get(report.parent, stems)):
                 written.append(bench_dir / f"{stem}-{report.name.replace('_', '-')}")
                 shutil.copyfile(report, written[-1])
     for stem in stems:
