@@ -226,13 +226,16 @@ if ! grep -q "| extension" "$WORK/env.txt"; then
   # a GPU names its arch to torch's build; without one (a dry run with a CUDA torch) name them
   if [ "$DRY" = 1 ] && [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then export TORCH_CUDA_ARCH_LIST="8.0;9.0"; fi
   # a build that failed on these sources (not on its time limit: 124, or 137 killed after it) fails
-  # again: a later step of the call (run.sh goes on) is not given its minutes
-  if [ "$(cat .gpu_build_failed 2>/dev/null)" = "$SOURCES_HASH" ]; then
+  # again: a later step of the call (run.sh goes on, its GPU_DEADLINE the call's) is not given its
+  # minutes. Only of this call: the marker stays on a warm machine, and the next call may bring a fix
+  # outside the hashed sources (this prelude's environment, say), which it must try
+  failed_key="$SOURCES_HASH call ${GPU_DEADLINE:-}"
+  if [ -n "${GPU_DEADLINE:-}" ] && [ "$(cat .gpu_build_failed 2>/dev/null)" = "$failed_key" ]; then
     echo "== the extension failed to build from these sources in an earlier step (.gpu_build_failed): not again"
     exit 1
   fi
   timeout "$(DRY=0 limit 300)" "$PY" setup.py -q build_ext --inplace > "$WORK/build.txt" 2>&1 ||
-    { rc=$?; tail -30 "$WORK/build.txt"; case $rc in 124 | 137) ;; *) echo "$SOURCES_HASH" > .gpu_build_failed ;; esac; exit 1; }
+    { rc=$?; tail -30 "$WORK/build.txt"; case $rc in 124 | 137) ;; *) echo "$failed_key" > .gpu_build_failed ;; esac; exit 1; }
   echo "== built in $(( $(date +%s) - b0 )) s"
   versions || { cat "$WORK/env.txt"; exit 1; }
   echo "$SOURCES_HASH" > "$EXT_STAMP"
