@@ -951,3 +951,24 @@ def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):
     assert res.returncode == 1 and "no step 99" in res.stdout, res.stdout + res.stderr
     assert (cache / "e" / "k.json").exists() and (cache / "f" / "k.cubin").exists() and (cache / ".restored").exists()
     assert sorted(tarfile.open(out / "triton-cache.tar.gz").getnames()) == ["e/k.json", "f/k.cubin"]
+
+
+def test_run_sh_sends_back_the_cache_in_what_the_steps_leave_of_64_mib(tmp_path):
+    """The device brings back 64 MiB in all: run.sh packs the Triton cache into what the steps' files
+    leave (step 50's weights may take 45 MiB), not a fixed 15 MiB beside them, which could take a
+    call past 64 and lose a file there (a weights piece: collect.py then joined the others)."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    for i, name in enumerate(("a" * 32, "b" * 32)):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "k.cubin").write_bytes(os.urandom(6 << 20))  # random: gzip keeps 6 MiB each
+        os.utime(cache / name / "k.cubin", (1000.0 + i, 1000.0 + i))
+    (cache / ".restored").touch()
+    out.mkdir()
+    with open(out / "50_x-averaged.pt.part0", "wb") as f:  # what the steps wrote: 53 MiB
+        f.truncate(53 << 20)
+    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache)}
+    res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    total = sum(f.stat().st_size for f in out.iterdir())
+    assert total <= 64 << 20 and [n.split("/")[0] for n in tarfile.open(out / "triton-cache.tar.gz").getnames()] == [
+        "b" * 32], (total, res.stdout)
