@@ -669,9 +669,10 @@ def _bench_json(cases, **extra):
         for name, kernel, median in cases]})
 
 
-def test_collect_joins_pieces_in_order(tmp_path, monkeypatch):
+def test_collect_joins_pieces_in_order(tmp_path, capsys, monkeypatch):
     """collect.join_parts: split's pieces (part0 .. part2 here, as `split -d` names them) joined in
-    their numeric order give the file back byte for byte; a folder without pieces adds nothing."""
+    their numeric order give the file back byte for byte; a folder without pieces adds nothing; pieces
+    with one missing between them are not joined, and the missing one is named."""
     monkeypatch.syspath_prepend(GPU)
     import collect
 
@@ -682,6 +683,11 @@ def test_collect_joins_pieces_in_order(tmp_path, monkeypatch):
         (calls / f"50_x-averaged.pt.part{i}").write_bytes(data[i * 1024:(i + 1) * 1024])
     (joined,) = collect.join_parts([calls, tmp_path], tmp_path / "work")
     assert joined == tmp_path / "work" / "50_x-averaged.pt" and joined.read_bytes() == data
+    # a piece the device left out (files_left_out): the others are not joined into a corrupt checkpoint
+    (calls / "50_x-averaged.pt.part1").unlink()
+    (calls / "50_x-picked.pt.part0").write_bytes(b"whole")
+    assert collect.join_parts([calls], tmp_path / "work2") == [tmp_path / "work2" / "50_x-picked.pt"]
+    assert "50_x-averaged.pt: piece 1 missing" in capsys.readouterr().out
 
 
 def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):

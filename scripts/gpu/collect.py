@@ -110,12 +110,19 @@ def keep_triton_cache(files_at: list[Path], cache_dir: Path) -> Path | None:
 
 
 def join_parts(files_at: list[Path], work: Path) -> list[Path]:
-    """Step 5 of the docstring: each <name>.part0, part1, ... of a FILES_AT folder, in order, into WORK/<name>."""
+    """Step 5 of the docstring: each <name>.part0, part1, ... of a FILES_AT folder, in order, into
+    WORK/<name>; with a piece missing between them, not at all (and said)."""
     joined = []
     for folder in files_at:
         names = {p.name.rsplit(".part", 1)[0] for p in Path(folder).glob("*.part[0-9]*")}
         for name in sorted(names):
             parts = sorted(Path(folder).glob(f"{name}.part[0-9]*"), key=lambda p: int(p.name.rsplit(".part", 1)[1]))
+            numbers = [int(p.name.rsplit(".part", 1)[1]) for p in parts]
+            if numbers != list(range(len(parts))):  # a piece the device left out: the rest is no checkpoint
+                missing = sorted(set(range(max(numbers))) - set(numbers))
+                print(f"{Path(folder) / name}: piece{'s' if len(missing) > 1 else ''} "
+                      f"{', '.join(map(str, missing))} missing (the call's files_left_out?): not joined")
+                continue
             work.mkdir(parents=True, exist_ok=True)
             with open(work / name, "wb") as out:
                 for part in parts:
