@@ -477,6 +477,34 @@ def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path)
     assert "iwslt: not finished, call again" in log and second.returncode == 124
 
 
+def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path):
+    """finish_on_cpu.sh on a search recipe's picked model goes on from the GPU's predictions snapshot,
+    which the archive holds in the grid's best variant's folder (run/<best>/), not in run/ (it
+    looked there only, and decoded every test input again on the CPU)."""
+    ids = _translation_data(tmp_path / "data")
+    env = {**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable}
+    trained = tmp_path / "trained"
+    subprocess.run([sys.executable, "-m", "scratchformer.train", "--dataset", "iwslt2017_en_de", "--kernel", "eager",
+                    "--precision", "fp32", "--max-steps", "1", "--d-model", "32", "--heads", "2", "--layers", "1",
+                    "--d-ff", "64", "--max-valid-examples", "2", "--eval-decode-examples", "2", "--no-plots",
+                    "--no-progress", "--out", str(trained)], env=env, check=True, capture_output=True, timeout=600)
+    collected = tmp_path / "collected"
+    (collected / "50_train" / "run" / "seed-1").mkdir(parents=True)
+    weights = collected / "50_iwslt-ensemble-picked.pt"
+    shutil.copy(trained / "best.pt", weights)
+    (collected / "50_train" / "picked.txt").write_text("best.pt --beam-size 1\n")
+    (collected / "50_train" / "run" / "ablation.json").write_text(json.dumps({"best": "seed-1", "runs": []}))
+    (collected / "50_train" / "run" / "seed-1" / "test_predictions.jsonl.partial").write_text(
+        json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
+    finish = tmp_path / "finish"
+    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt-ensemble", str(weights), str(finish)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
+    assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU", preds
+    assert "1 of them decoded on the GPU" in done.stdout
+
+
 def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     """An extension the prelude put in scratchformer/ (an earlier call on a warm machine), stamped
     with other sources' hash (csrc/ fixed since), is neither reused nor sent back by step 00 under

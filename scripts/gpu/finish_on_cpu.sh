@@ -11,6 +11,7 @@
 #   averaged[-lpX]/metrics.validation.json, and test_predictions.jsonl. Scores already there are kept.
 # - picked (the training finished and was scored on the GPU, its predictions cut): nothing is scored
 #   again; the predictions go on from the GPU's snapshot (the archive's run/test_predictions.jsonl.partial,
+#   a search's run/<its best variant>/test_predictions.jsonl.partial,
 #   in collect.py's 50_train/ beside the weights) with the flags the GPU decoded with (its picked.txt).
 #   RUN_DIR gets picked.pt, args.json and test_predictions.jsonl.
 # Either way the decoding of the test inputs resumes where an interrupted one stopped.
@@ -49,6 +50,10 @@ if [ "$kind" = picked ]; then
   read -r name flags < "$archive/picked.txt"
   read -ra flags <<< "$flags"
   snapshot=$archive/run/test_predictions.jsonl.partial
+  if [ -f "$archive/run/ablation.json" ]; then  # a search's archive holds its grid: its best variant predicted
+    best=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["best"])' "$archive/run/ablation.json")
+    snapshot=$archive/run/$best/test_predictions.jsonl.partial
+  fi
   if [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
     cp "$snapshot" "$RUN/test_predictions.jsonl.partial"
   fi
