@@ -459,9 +459,9 @@ def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path)
     but certain to be cut too, and so pushed the step past its deadline toward the device's own
     kill, which loses the step's archive (best and averaged at 1.0 and three penalties: 5 more)."""
     _translation_data(tmp_path / "data")
-    fake = tmp_path / "python"  # evaluate fails at once (the first call), or hangs (the second)
+    fake = tmp_path / "python"  # evaluate is cut at once (the first call: timeout's 124), or hangs (the second)
     fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.evaluate ]; then\n'
-                    '  if [ -n "${EVAL_SLEEP:-}" ]; then exec sleep "$EVAL_SLEEP"; fi; exit 1; fi; done\n'
+                    '  if [ -n "${EVAL_SLEEP:-}" ]; then exec sleep "$EVAL_SLEEP"; fi; exit 124; fi; done\n'
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", PY=str(fake))
@@ -475,6 +475,25 @@ def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path)
     _, log = _archive(str(tmp_path / "o2"), "50_train.sh")
     assert re.findall(r"== (eval_\S+): TIMED OUT", log) == ["eval_best"], log[-3000:]
     assert "iwslt: not finished, call again" in log and second.returncode == 124
+
+
+def test_train_step_leaves_out_a_candidate_whose_scoring_fails(tmp_path):
+    """A candidate whose evaluation fails other than by the deadline (out of memory, say) is left out,
+    and the run writes its test predictions with the others' pick: it set the call's scoring
+    unfinished, so each call tried it again, failed again, and the predictions never came."""
+    ids = _translation_data(tmp_path / "data")
+    fake = tmp_path / "python"  # the averaged checkpoint's evaluations fail at once; the rest run
+    fake.write_text('#!/bin/bash\ncase "$*" in *scratchformer.evaluate*averaged.pt*) exit 1;; esac\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", PY=str(fake))
+    p = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    _, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    run = tmp_path / "runs" / "iwslt"
+    assert "== eval_averaged failed: not a candidate" in log, log[-3000:]
+    assert (run / "averaged.failed").exists() and (run / "best" / "metrics.validation.json").exists()
+    preds = [json.loads(line) for line in open(run / "test_predictions.jsonl")]
+    assert [r["id"] for r in preds] == ids, p.stdout[-2000:]
 
 
 def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path):

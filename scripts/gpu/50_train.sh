@@ -138,15 +138,20 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
     run_cmd 120 average "$PY" -m scratchformer.average "$RUN" --last "$last"
   fi
   # one cut by the deadline leaves the rest to the next call: each started after it would get the
-  # prelude's last 10 s (and timeout's 20 s grace), be cut too, and push the step toward the device's kill
+  # prelude's last 10 s (and timeout's 20 s grace), be cut too, and push the step toward the device's kill.
+  # One that fails otherwise (out of memory, say) is left out of the candidates, in this call and the
+  # next (RUN/OUT.failed): retried, it failed again at every call and the run never wrote its predictions
   scored=1
   for name in best averaged; do
     for lp in "" "${LENGTH_PENALTIES[@]}"; do
       out=$name${lp:+-lp$lp}
-      if [ -e "$RUN/$name.pt" ] && [ ! -e "$RUN/$out/metrics.validation.json" ]; then
+      if [ -e "$RUN/$name.pt" ] && [ ! -e "$RUN/$out/metrics.validation.json" ] && [ ! -e "$RUN/$out.failed" ]; then
         run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$RUN/$name.pt" \
           --out "$RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
-        case $? in 124|130|137) scored=0; break 2 ;; *) scored=0 ;; esac
+        case $? in
+          124|130|137) scored=0; break 2 ;;
+          *) echo "== eval_$out failed: not a candidate (its log: eval_$out.txt)"; : > "$RUN/$out.failed" ;;
+        esac
       fi
     done
   done
