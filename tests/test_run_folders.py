@@ -103,6 +103,25 @@ def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path):
     assert (run / "notes.txt").read_text() == "kept"
 
 
+def test_overwrite_with_the_folders_own_tokenizer_reads_it_before_clearing(tmp_path):
+    """--tokenizer RUN/tokenizer.json --out RUN --overwrite: the file is read before --overwrite deletes
+    the run's files (until 2026-12-01 the checkpoints were deleted first, then the tokenizer was not
+    found: the old run gone and no new one). A missing --tokenizer leaves the folder as it was."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
+    vocab = (run / "tokenizer.json").read_text()
+    before = _snapshot(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"tokenizer file .*nope.json does not exist"):
+        T.main(TINY + ["--max-steps", "1", "--tokenizer", str(tmp_path / "nope.json"), "--out", str(run),
+                       "--overwrite"])
+    assert _snapshot(tmp_path) == before
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "1", "--tokenizer", str(run / "tokenizer.json"),
+                   "--out", str(run), "--overwrite"])
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 2
+    assert (run / "tokenizer.json").read_text() == vocab
+    assert "tokenizer: reused" in (run / "log.txt").read_text()
+
+
 def test_an_epoch_without_a_batch_is_an_error_not_a_hang(tmp_path):
     cfg, _ = parse_args(TINY + ["--eval-every", "2"])
     cfg = cfg.resolved("translation", synthetic=True)

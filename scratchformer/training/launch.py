@@ -53,6 +53,9 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
+    start = ckpt or init  # the run whose model and tokenizers this one keeps
+    # --tokenizer's files read now: they may be in the folder that --overwrite (or a stopped run's reuse) clears
+    reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -65,9 +68,10 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
-    start = ckpt or init  # the run whose model and tokenizers this one keeps
-    toks = TokenizerPair.from_dict(start["tokenizers"]) if start else None
-    if (init is not None or moved) and dist_.main:
+    toks = TokenizerPair.from_dict(start["tokenizers"]) if start else reused
+    if reused is not None:
+        log.info(f"tokenizer: reused {', '.join(config.tokenizer)}")
+    if (init is not None or moved or reused is not None) and dist_.main:
         toks.save(out)
     if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
         ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
