@@ -264,6 +264,25 @@ def test_existing_output_needs_resume_or_overwrite(runs, tmp_path):
     assert [p["id"] for p in _read(out)] == ["a"]
 
 
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag):
+    """generate --input F --output F (or F's own .partial, by another path): refused, F untouched;
+    until 2026-12-01 --overwrite (which the refusal without it suggested) replaced the inputs with
+    their predictions."""
+    src = tmp_path / "in.txt"
+    src.write_text("one two\nred house\n")
+    monkeypatch.chdir(tmp_path)
+    for output in ("in.txt", f"{tmp_path}/./in.txt"):
+        with pytest.raises(P.OptionError, match=r"over its own --input .*in.txt: the inputs would be lost"):
+            generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", output,
+                           "--beam-size", "1", *flag])
+    part = tmp_path / "in.jsonl.partial"
+    part.write_text('{"src": "one"}\n')
+    with pytest.raises(P.OptionError, match=r"in.jsonl.partial over its own --input"):
+        P.predict_file(runs["translation"], part, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
+    assert src.read_text() == "one two\nred house\n" and part.read_text() == '{"src": "one"}\n'
+
+
 def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
     out = tmp_path / "preds.jsonl"
     out.write_text('{"id": "a", "prediction": "old"}\n')

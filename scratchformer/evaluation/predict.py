@@ -321,6 +321,11 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
     output, part = Path(output), partial_path(output)
+    if str(input) != "-":
+        for written in (output, part):
+            if written.resolve() == Path(input).resolve():
+                raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
+                                  f"inputs would be lost; write the predictions elsewhere")
     if not (resume or overwrite) and (output.exists() or part.exists()):
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
                               "predictions and add the missing ones, or --overwrite to replace it")
