@@ -147,6 +147,9 @@ def main(argv=None) -> dict:
     examples = run_split(source, args.split, run, args.limit)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
     print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)
+    if args.attention is not None and args.attention >= len(dataset):  # before the work, not after it
+        raise cli.UsageError(f"--attention {args.attention}: {source.name}/{args.split} has {len(dataset)} examples "
+                             f"here (--attention 0 to {len(dataset) - 1})")
     t0 = time.time()
     ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
                   beam_sizes=(args.beam_size,), length_penalty=args.length_penalty,

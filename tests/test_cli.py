@@ -408,6 +408,18 @@ def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(
     assert _snapshot(run) == before and list(cwd.iterdir()) == []
 
 
+def test_evaluate_attention_index_past_the_split_is_refused_before_any_work(tmp_path, monkeypatch):
+    """--attention 99 of a 4-example split: a UsageError naming the range, before decoding and
+    writing; until 2026-12-01 an IndexError traceback (exit 1) after the outputs were written."""
+    run = _eval_run(tmp_path)
+    before = _snapshot(run)
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("decoded before the refusal"))
+    with pytest.raises(cli.UsageError, match=r"--attention 4: toy_mt/validation has 4 examples here "
+                       r"\(--attention 0 to 3\)"):
+        evaluate.main(["--checkpoint", str(run), "--split", "validation", "--limit", "4", "--attention", "4"])
+    assert _snapshot(run) == before
+
+
 def _predictions(folder: Path) -> list[str]:
     return [json.loads(line)["prediction"] for line in (folder / "predictions.validation.jsonl").open()]
 
