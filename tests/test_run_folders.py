@@ -122,6 +122,26 @@ def test_overwrite_with_the_folders_own_tokenizer_reads_it_before_clearing(tmp_p
     assert "tokenizer: reused" in (run / "log.txt").read_text()
 
 
+def test_a_folder_holding_results_without_checkpoints_is_refused_not_overwritten(tmp_path):
+    """evaluate --out E leaves predictions.validation.jsonl and metrics.validation.json (no checkpoint);
+    train --out E used to start there and replace the evaluation's predictions with its own final
+    report's, leaving the evaluation's metrics beside them. Refused unless --overwrite."""
+    folder = tmp_path / "E"
+    folder.mkdir()
+    (folder / "predictions.validation.jsonl").write_text('{"id": 0, "prediction": "theirs"}\n')
+    (folder / "metrics.validation.json").write_text('{"bleu": 1.0}\n')
+    (folder / "log.txt").write_text("a stopped run's log\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"--out .*E already holds the results of an earlier run or evaluation "
+                       r"\(metrics.validation.json, predictions.validation.jsonl\), which this run would replace; "
+                       r"pass --overwrite to replace them, or another --out"):
+        T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(folder)])
+    assert _snapshot(tmp_path) == before
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(folder), "--overwrite"])
+    assert not (folder / "metrics.validation.json").exists()
+    assert "theirs" not in (folder / "predictions.validation.jsonl").read_text()
+
+
 def test_an_epoch_without_a_batch_is_an_error_not_a_hang(tmp_path):
     cfg, _ = parse_args(TINY + ["--eval-every", "2"])
     cfg = cfg.resolved("translation", synthetic=True)

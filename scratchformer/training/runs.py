@@ -137,7 +137,8 @@ def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str |
 
 def check_out(out: str | None, overwrite: bool, resume: Path | None = None) -> None:
     """Refuse an --out that cannot take a new run, before any work (RunFolderError): a file; a
-    folder holding a run (unless --overwrite); with --overwrite, a folder holding files no run wrote.
+    folder holding a run, or the results of one or of an evaluation (predictions, metrics, plots: they
+    would be replaced; unless --overwrite); with --overwrite, a folder holding files no run wrote.
     A folder whose run stopped before its first checkpoint (a data error, say) is reusable.
     `resume`: the checkpoint of a run continued into this folder (--resume CKPT --out OUT)."""
     if out is None:
@@ -150,12 +151,18 @@ def check_out(out: str | None, overwrite: bool, resume: Path | None = None) -> N
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise RunFolderError(f"--out {folder} holds {shown}, which no run wrote; --overwrite deletes only run "
                              f"files: move {'it' if len(foreign) == 1 else 'them'} away, or choose another --out")
-    if any(CHECKPOINT.fullmatch(n) for n in ours) and not overwrite:
-        shown = ", ".join(ours[:5]) + (", ..." if len(ours) > 5 else "")
-        remedy = ("pass --resume to continue it, --overwrite to replace it, or another --out" if resume is None else
+    held = [n for n in ours if not EARLY_FILE.fullmatch(n)]  # a run's checkpoints, or results (evaluate --out)
+    if held and not overwrite:
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        if any(CHECKPOINT.fullmatch(n) for n in held):
+            what, it = f"a training run ({shown})", "continue it"
+        else:  # no checkpoint: an evaluation's outputs, or a run's results kept without its checkpoints
+            what, it = f"the results of an earlier run or evaluation ({shown}), which this run would replace", None
+        remedy = (f"pass {f'--resume to {it}, ' if it else ''}--overwrite to replace {'it' if it else 'them'}, or "
+                  "another --out" if resume is None else
                   f"--resume {resume} continues its run into a new --out only: choose a folder that holds no run, "
                   f"or drop --out to continue in {resume.parent}")
-        raise RunFolderError(f"--out {folder} already holds a training run ({shown}); {remedy}")
+        raise RunFolderError(f"--out {folder} already holds {what}; {remedy}")
 
 
 def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist, resume: Path | None = None) -> Path:
