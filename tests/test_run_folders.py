@@ -215,6 +215,48 @@ def test_corrupt_last_pt_falls_back_to_the_newest_intact_step_file(tmp_path, cap
     assert _snapshot(tmp_path) == before
 
 
+def test_ablation_json_is_written_atomically(tmp_path, monkeypatch):
+    """A full disk while the grid writes ablation.json leaves the previous summary whole (the GPU
+    recipe reads its "best"); it was a plain write_text, which truncated it first."""
+    import builtins
+    import errno
+    import io
+
+    from scratchformer.evaluation import plots
+    from scratchformer.training import ablation
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.jsonl").write_text('{"split": "valid", "step": 1, "loss": 2.0}\n')
+    monkeypatch.setattr(ablation, "_run_in_turn", lambda planned, shared: [{"loss": 2.0, "exact_match": 5.0}])
+    monkeypatch.setattr(plots, "plot_ablation", lambda *a, **k: None)
+    ablation.run_grid(tmp_path, ["a="], TINY)
+    summary = (tmp_path / "ablation.json").read_text()
+    assert json.loads(summary)["best"] == "a"
+
+    real_open = builtins.open
+
+    def full_disk(file, mode="r", *a, **k):
+        f = real_open(file, mode, *a, **k)
+        if "w" not in mode or "ablation.json" not in str(file):
+            return f
+        write = f.write
+
+        def fail(data):
+            write(data[:10])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        f.write = fail
+        return f
+
+    monkeypatch.setattr(builtins, "open", full_disk)
+    monkeypatch.setattr(io, "open", full_disk)  # Path.write_text's
+    with pytest.raises(OSError, match="No space left on device"):
+        ablation.run_grid(tmp_path, ["a="], TINY)
+    monkeypatch.undo()
+    assert (tmp_path / "ablation.json").read_text() == summary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "ablation.json"]
+
+
 def test_ablation_variant_names_stay_inside_out(tmp_path):
     out = tmp_path / "ab"
     for spec, message in [("..=", r"variant name '\.\.' makes no folder name"),

@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..checkpoint import write_lines_atomic
 from ..cli import add_debug_flag
 from .config import ConfigError, TrainConfig, parse_args
 from .resume import fixed_changes
@@ -119,7 +120,7 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
         curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
         results.append({"name": name, "folder": run_dir.name, "flags": flags, "final": flat, "curve": curve})
     summary = {"metric": metric, "shared": shared, "best": best_variant(results, metric), "runs": results}
-    (out / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_lines_atomic(out / "ablation.json", json.dumps(summary, indent=2).splitlines())  # a kill: the old one kept
     plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
     return metric, results
 
