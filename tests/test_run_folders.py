@@ -142,6 +142,24 @@ def test_a_folder_holding_results_without_checkpoints_is_refused_not_overwritten
     assert "theirs" not in (folder / "predictions.validation.jsonl").read_text()
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_temp_files_of_a_killed_write_are_run_files(tmp_path, overwrite):
+    """A kill mid-write leaves write_lines_atomic's .NAME.PID.tmp or a tokenizer's NAME.tmp: run
+    files, deleted with the stopped run's (or by --overwrite), not 'files no run wrote' (which made
+    --overwrite refuse the folder, the GPU recipe's fallback included)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("log.txt", ".args.json.4242.tmp", "tokenizer.json.tmp"):
+        (run / name).write_text("cut short")
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), *overwrite])
+    assert not (run / ".args.json.4242.tmp").exists() and not (run / "tokenizer.json.tmp").exists()
+    (run / ".metrics.final.json.4242.tmp").write_text("cut short")
+    with pytest.raises(RunFolderError, match="already holds a training run"):
+        T.main(TINY + ["--max-steps", "1", "--out", str(run)])
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
+    assert not (run / ".metrics.final.json.4242.tmp").exists()
+
+
 def test_an_epoch_without_a_batch_is_an_error_not_a_hang(tmp_path):
     cfg, _ = parse_args(TINY + ["--eval-every", "2"])
     cfg = cfg.resolved("translation", synthetic=True)

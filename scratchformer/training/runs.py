@@ -25,17 +25,19 @@ from .distributed import Dist
 
 RUNS_DIR = Path("runs")
 # What runs write into their folder, by exact name: `train` itself, and `evaluate --checkpoint RUN`
-# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png); a checkpoint's
-# NAME.tmp is a save cut short. --overwrite deletes these and nothing else.
-RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt(\.tmp)?|log\.txt|metrics\.jsonl|train\.csv|valid\.csv|config\.json"
-                      r"|args\.json|tokenizer(\.src|\.tgt)?\.json|metrics\.(final|train|validation|test)\.json"
-                      r"|predictions\.(train|validation|test)\.jsonl|attention\.(train|validation|test)\.\d+\.png")
+# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png); the temp file of a
+# write cut short by a kill (a checkpoint's or tokenizer's NAME.tmp, a text file's .NAME.PID.tmp:
+# `checkpoint.write_lines_atomic`) is one too. --overwrite deletes these and nothing else.
+_EARLY_TEXT = r"metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
+_TEXT = _EARLY_TEXT + r"|metrics\.(final|train|validation|test)\.json|predictions\.(train|validation|test)\.jsonl"
+RUN_FILE = re.compile(rf"(last|best|step_\d+)\.pt(\.tmp)?|log\.txt|{_TEXT}|\.({_TEXT})\.\d+\.tmp"
+                      r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|attention\.(train|validation|test)\.\d+\.png")
 RUN_SUBDIRS = {"plots": re.compile(r"curves\.png|attention\.png"), "tb": re.compile(r"events\.out\.tfevents\..+")}
 CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
 # What a run writes before its first checkpoint: a folder holding only these (and no checkpoint)
 # is a run that stopped early (a data error, say); the next run there deletes them and starts afresh.
-EARLY_FILE = re.compile(r"log\.txt|metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
-                        r"|tokenizer(\.src|\.tgt)?\.json|(last|best|step_\d+)\.pt\.tmp")
+EARLY_FILE = re.compile(rf"log\.txt|{_EARLY_TEXT}|\.({_EARLY_TEXT})\.\d+\.tmp|tokenizer(\.src|\.tgt)?\.json(\.tmp)?"
+                        r"|(last|best|step_\d+)\.pt\.tmp")
 
 
 class RunFolderError(ConfigError):
