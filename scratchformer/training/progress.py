@@ -41,7 +41,8 @@ class Progress:
 
 @dataclass
 class Window:
-    """Sums since the last train row was logged (loss and NLL: 0-dim tensors on the device until then)."""
+    """Sums since the last train row was logged (loss and NLL: 0-dim tensors on the device until then);
+    t0: the start of its training time (moved on by the validations and saves in between)."""
 
     loss: float | torch.Tensor = 0.0
     nll: float | torch.Tensor = 0.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
 
@@ -181,9 +181,10 @@ class Trainer:
                 # an epoch ends with a validation, once: a run whose last step ended its epoch left the
                 # epoch open (training ended inside it) and validated; resumed, that epoch closes here
                 if not cfg.eval_every and prog.validated != prog.step:
-                    self.validate()
-                    if not cfg.save_every:
-                        self.save("step")
+                    with self._not_training():
+                        self.validate()
+                        if not cfg.save_every:
+                            self.save("step")
         self._bar.close()
         self.train_seconds = self._elapsed()
         if self.graphs is not None:
@@ -299,10 +300,20 @@ class Trainer:
             self._log_train_row(gnorm)
         self._bar.update(1)
         validated = bool(cfg.eval_every) and step % cfg.eval_every == 0
-        if validated:
-            self.validate()
-        if (cfg.save_every and step % cfg.save_every == 0) or (validated and not cfg.save_every):
-            self.save("step")
+        with self._not_training():
+            if validated:
+                self.validate()
+            if (cfg.save_every and step % cfg.save_every == 0) or (validated and not cfg.save_every):
+                self.save("step")
+
+    @contextmanager
+    def _not_training(self):
+        """Time spent here (validation, checkpoints) is left out of the next train row's throughput."""
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self._window.t0 += time.time() - t0
 
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
