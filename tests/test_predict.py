@@ -283,6 +283,17 @@ def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag)
     assert src.read_text() == "one two\nred house\n" and part.read_text() == '{"src": "one"}\n'
 
 
+def test_output_naming_a_folder_is_refused_before_any_work(runs, tmp_path, monkeypatch):
+    """--output DIR --overwrite predicted every input, then failed to rename the file over the folder
+    (its snapshots in DIR.partial, which no --resume of a file name finds)."""
+    src = tmp_path / "in.txt"
+    src.write_text("one two\n")
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(P, "predict_records", lambda *a, **k: pytest.fail("predicted before the refusal"))
+    with pytest.raises(P.OptionError, match=r"--output .*out is a folder: name the predictions file"):
+        P.predict_file(runs["translation"], src, tmp_path / "out", overwrite=True, beam_size=1)
+
+
 def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
     out = tmp_path / "preds.jsonl"
     out.write_text('{"id": "a", "prediction": "old"}\n')

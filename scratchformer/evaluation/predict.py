@@ -321,6 +321,8 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
     output, part = Path(output), partial_path(output)
+    if output.is_dir():  # the final rename would fail after all the work
+        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
     if str(input) != "-":
         for written in (output, part):
             if written.resolve() == Path(input).resolve():
