@@ -307,6 +307,19 @@ def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
 
 
+def _checked_output(output: str | Path, input: str | Path) -> tuple[Path, Path]:
+    """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
+    final rename would fail after all the work) or either would be written over the input."""
+    output = Path(output)
+    if output.is_dir():
+        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
+    for written in (output, partial_path(output)) if str(input) != "-" else ():
+        if written.resolve() == Path(input).resolve():
+            raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
+                              f"inputs would be lost; write the predictions elsewhere")
+    return output, partial_path(output)
+
+
 def predict_file(checkpoint: str | Path | list, input: str | Path, output: str | Path, *, field: str | None = None,
                  fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
                  device=None, kernel: str | None = None, compile: str | None = None, progress: bool = False,
@@ -320,14 +333,7 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     Raises OptionError for an option no model can take (checked first), DataError for bad input,
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
-    output, part = Path(output), partial_path(output)
-    if output.is_dir():  # the final rename would fail after all the work
-        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
-    if str(input) != "-":
-        for written in (output, part):
-            if written.resolve() == Path(input).resolve():
-                raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
-                                  f"inputs would be lost; write the predictions elsewhere")
+    output, part = _checked_output(output, input)
     if not (resume or overwrite) and (output.exists() or part.exists()):
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
                               "predictions and add the missing ones, or --overwrite to replace it")

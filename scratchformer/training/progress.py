@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -48,3 +49,12 @@ class Window:
     nll: float | torch.Tensor = 0.0
     tokens: int = 0
     t0: float = field(default_factory=time.time)
+
+    @contextmanager
+    def paused(self):
+        """The time spent inside (validation, checkpoints) is left out of the window's throughput."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.t0 += time.time() - start

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from itertools import islice
 from pathlib import Path
 
@@ -181,7 +181,7 @@ class Trainer:
                 # an epoch ends with a validation, once: a run whose last step ended its epoch left the
                 # epoch open (training ended inside it) and validated; resumed, that epoch closes here
                 if not cfg.eval_every and prog.validated != prog.step:
-                    with self._not_training():
+                    with self._window.paused():  # not in the train row's throughput
                         self.validate()
                         if not cfg.save_every:
                             self.save("step")
@@ -300,20 +300,11 @@ class Trainer:
             self._log_train_row(gnorm)
         self._bar.update(1)
         validated = bool(cfg.eval_every) and step % cfg.eval_every == 0
-        with self._not_training():
+        with self._window.paused():  # not in the train row's throughput
             if validated:
                 self.validate()
             if (cfg.save_every and step % cfg.save_every == 0) or (validated and not cfg.save_every):
                 self.save("step")
-
-    @contextmanager
-    def _not_training(self):
-        """Time spent here (validation, checkpoints) is left out of the next train row's throughput."""
-        t0 = time.time()
-        try:
-            yield
-        finally:
-            self._window.t0 += time.time() - t0
 
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
