@@ -88,18 +88,23 @@ def test_overwrite_deletes_only_run_files_and_refuses_foreign_ones(tmp_path):
     assert (run / "metrics.py").read_text() == "print('my own code')\n"
 
 
-def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path):
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "train.jsonl").write_text('{"src": "a", "tgt": "b"}\n{"src": "a"}\n')
+def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path, monkeypatch):
+    from scratchformer.training import launch
+
+    def boom(*a, **k):
+        raise RuntimeError("the model could not be built")
+
     run = tmp_path / "run"
-    with pytest.raises(D.DataError, match=r"train.jsonl:2: missing field 'tgt'"):
-        T.main(TINY + ["--data", str(bad), "--task", "translation", "--out", str(run)])
-    assert not (run / "last.pt").exists()
+    monkeypatch.setattr(launch, "build_model", boom)  # fails after the folder got its log and tokenizer
+    with pytest.raises(RuntimeError, match="could not be built"):
+        T.main(TINY + ["--out", str(run)])
+    monkeypatch.undo()
+    assert (run / "log.txt").exists() and (run / "tokenizer.json").exists() and not (run / "last.pt").exists()
+    (run / "log.txt").write_text("the failed run's log\n")
     (run / "notes.txt").write_text("kept")
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])  # same --out: accepted
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 1
-    assert "missing field" not in (run / "log.txt").read_text()  # the failed run's log went
+    assert "the failed run's log" not in (run / "log.txt").read_text()  # the failed run's log went
     assert (run / "notes.txt").read_text() == "kept"
 
 
@@ -158,6 +163,23 @@ def test_temp_files_of_a_killed_write_are_run_files(tmp_path, overwrite):
         T.main(TINY + ["--max-steps", "1", "--out", str(run)])
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
     assert not (run / ".metrics.final.json.4242.tmp").exists()
+
+
+def test_a_data_error_leaves_an_earlier_run_and_runs_latest_alone(tmp_path, monkeypatch):
+    """The examples are read (and every label checked) before the run folder is made or cleared:
+    --overwrite with a damaged data file used to delete the earlier run's checkpoints, then stop on
+    the file's bad line, leaving neither run; without --out a dated folder became runs/latest."""
+    monkeypatch.chdir(tmp_path)
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1"])  # runs/<date>, runs/latest
+    latest = os.readlink(tmp_path / "runs" / "latest")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text('{"src": "a", "tgt": "b"}\n{"src": "a"}\n')
+    before = _snapshot(tmp_path)
+    for out in ([], ["--out", str(tmp_path / "runs" / latest), "--overwrite"]):
+        with pytest.raises(D.DataError, match=r"train.jsonl:2: missing field 'tgt'"):
+            T.main(TINY + ["--max-steps", "1", "--data", str(bad), "--task", "translation", *out])
+        assert _snapshot(tmp_path) == before and os.readlink(tmp_path / "runs" / "latest") == latest
 
 
 def test_an_epoch_without_a_batch_is_an_error_not_a_hang(tmp_path):

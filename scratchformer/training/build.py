@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from .. import data as D
 from ..data.tokenizer import BPETokenizer, TokenizerPair
@@ -107,12 +108,26 @@ def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: 
     return toks
 
 
+Examples = tuple[list[D.Example], list[D.Example], "int | None", list[str]]
+
+
+def load_examples(cfg: TrainConfig, source: D.DataSource) -> Examples:
+    """(train and validation examples, the classifier's class count (every label checked), the lines
+    to log about them): what a data error stops, read before the run folder is made or cleared."""
+    notes: list[str] = []
+    train_ex, valid_ex = load_data(cfg, source, SimpleNamespace(info=notes.append))
+    num_classes = class_count(source, train_ex, valid_ex) if source.task == "classification" else None
+    return train_ex, valid_ex, num_classes, notes
+
+
 def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, log: Logger,
-               tokenizers: TokenizerPair | None = None) -> TrainData:
-    """Examples, tokenizers (given on resume, else made) and encodings of both splits."""
+               tokenizers: TokenizerPair | None = None, examples: Examples | None = None) -> TrainData:
+    """Examples (`load_examples`, unless given), tokenizers (given on resume, else made) and
+    encodings of both splits."""
     task = source.task
-    train_ex, valid_ex = load_data(cfg, source, log)
-    num_classes = class_count(source, train_ex, valid_ex) if task == "classification" else None  # before any work
+    train_ex, valid_ex, num_classes, notes = load_examples(cfg, source) if examples is None else examples
+    for note in notes:
+        log.info(note)
     toks = make_tokenizers(cfg, task, train_ex, out, dist_, log) if tokenizers is None else tokenizers
     if cfg.bpe_dropout:
         t0 = time.time()

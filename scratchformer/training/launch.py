@@ -18,7 +18,7 @@ from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
-from .build import build_data, longest_position, model_config
+from .build import build_data, load_examples, longest_position, model_config
 from .config import ConfigError, TrainConfig, check_for_task
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
@@ -54,8 +54,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
-    # --tokenizer's files read now: they may be in the folder that --overwrite (or a stopped run's reuse) clears
-    reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
+    reused, examples = _read_before_the_folder(config, source, start)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -69,13 +68,11 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else reused
-    if reused is not None:
-        log.info(f"tokenizer: reused {', '.join(config.tokenizer)}")
     if (init is not None or moved or reused is not None) and dist_.main:
         toks.save(out)
     if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
         ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
-    data = build_data(config, source, out, dist_, log, toks)
+    data = build_data(config, source, out, dist_, log, toks, examples)
     mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
     if start and "kernel" in given:
         mcfg.kernel = config.kernel
@@ -96,6 +93,17 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     log.info(trainer.describe())
     log.info(f"set up in {time.time() - t0:.1f}s (data, tokenizers, model{', checkpoint' * resuming})")
     return trainer
+
+
+def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None):
+    """(the --tokenizer files' tokenizers or None, the examples): read, and their errors raised, before
+    the run folder is made or cleared: the files may be in the folder --overwrite (or a stopped run's
+    reuse) clears, and a data error (a bad line, a label) must leave an earlier run there as it was."""
+    reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
+    examples = load_examples(config, source)
+    if reused is not None:
+        examples[3].append(f"tokenizer: reused {', '.join(config.tokenizer)}")  # logged by build_data
+    return reused, examples
 
 
 def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainConfig, dict | None]:
