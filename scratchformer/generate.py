@@ -34,6 +34,10 @@ from .device import resolve_device
 from .evaluation import predict as P
 from .evaluation.evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
 
+# The flags of batch inference alone (the parser's group "batch inference"): refused without --output.
+BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
+               "--save-every", "--threads", "--no-progress")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scratchformer.generate",
@@ -97,6 +101,12 @@ def check_args(args) -> None:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
         raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
+    dests, parser = {f: f[2:].replace("-", "_") for f in BATCH_FLAGS}, build_parser()
+    batch_only = [f for f, dest in dests.items() if getattr(args, dest) != parser.get_default(dest)]
+    if batch_only and not args.output:  # the text mode would decode without them, silently
+        one = len(batch_only) == 1
+        raise cli.UsageError(f"{', '.join(batch_only)} {'is' if one else 'are'} for batch inference: give --output "
+                             f"PREDS.jsonl (with --input), or drop {'it' if one else 'them'}")
     args.device = resolve_device(args.device)  # a torch.device from here on
 
 

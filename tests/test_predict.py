@@ -553,6 +553,20 @@ def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--len-ratio", "0"], "--len-ratio is"),
+    (["--max-src-len", "4", "--precision", "bf16"], "--max-src-len, --precision are"),
+    (["--resume"], "--resume is"), (["--threads", "1", "--no-progress"], "--threads, --no-progress are"),
+])
+def test_batch_inference_flags_without_output_are_refused(runs, monkeypatch, flags, named):
+    """The text mode (--text, or --input without --output) decoded without them, silently:
+    `--len-ratio 0` still capped a translation at 2 Ls + 10 tokens, `--max-src-len 4` truncated at the
+    training's length, `--precision bf16` ran fp32."""
+    monkeypatch.setattr(generate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    with pytest.raises(cli.UsageError, match=re.escape(f"{named} for batch inference: give --output PREDS.jsonl")):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", *flags])
+
+
 def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, capsys):
     """generate --input test_inputs.jsonl.gz without --output translates each record's text, as with
     --output (until 2026-12-01 it translated the raw JSON lines); --format text reads such a file as text."""
