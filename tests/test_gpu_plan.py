@@ -644,9 +644,9 @@ def test_every_recipe_parses():
             budgets.append(config.time_budget or 0.0)
         budget = sum(max(budgets[i:i + int(jobs)]) for i in range(0, len(budgets), int(jobs)))  # waves of JOBS
         assert budget <= first_call - 180, (name, budget, first_call)
+        batch = ["--checkpoint", "x.pt", "--input", "in.jsonl", "--output", "p.jsonl"]  # as 50_train.sh predicts
         for (command, inputs), penalty in itertools.product(((evaluate, ["--checkpoint", "x.pt", *score]),
-                                                             (generate, ["--checkpoint", "x.pt", "--text", "a"])),
-                                                            [[], *penalties]):
+                                                             (generate, batch)), [[], *penalties]):
             args = command.build_parser().parse_args([*inputs, *decode, *penalty])
             command.check_args(args)
             assert not penalty or args.length_penalty == float(penalty[1]), (name, penalty)
