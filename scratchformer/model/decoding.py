@@ -41,8 +41,7 @@ import warnings
 
 import torch
 
-from .. import graphs
-from .. import ops as backends
+from .. import graphs, op_checks
 from .config import BOS_ID, EOS_ID, PAD_ID
 
 GPU_CHECK_EVERY = 8  # steps between stop checks on a GPU (each is a host sync)
@@ -53,7 +52,7 @@ def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
     if cuda_graph is not None:
         return cuda_graph
     return (device.type == "cuda" and os.environ.get("SCRATCHFORMER_CUDA_GRAPHS", "1") != "0"
-            and not backends.DEBUG)
+            and not op_checks.DEBUG)
 
 
 def _start(model, src, src_lengths, max_len, cuda_graph: bool | None, beams: int = 1):

@@ -9,7 +9,7 @@ to every layer; `model.ops.name` says which backend runs. Moving a built model (
 
 A batch is checked once, at the model's boundary (`Transformer.forward/encode/decode`,
 `Classifier.forward`, `Extractor.forward`): shapes and dtypes always (no tensor data read), token ids and lengths in
-range only where reading them is free (CPU tensors) or with SCRATCHFORMER_DEBUG=1 (`ops.DEBUG`),
+range only where reading them is free (CPU tensors) or with SCRATCHFORMER_DEBUG=1 (`op_checks.DEBUG`),
 so a GPU step never waits on a host sync.
 
 Shapes: B batch, Ls/Lt source/target length, H heads, D head dim, d d_model, V vocabulary.
