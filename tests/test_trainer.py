@@ -570,6 +570,21 @@ def test_cuda_graphs_refuses_what_it_cannot_do(tmp_path):
     check_for_device(off, "cpu", 1)
 
 
+def test_cuda_graphs_refuses_debug_value_checks(monkeypatch):
+    """SCRATCHFORMER_DEBUG=1 turns on the value checks that read a GPU batch on the host (the
+    model's check_batch, the attention's lengths); inside a capture that is a CUDA error deep in
+    the second step of a shape (decoding launches its steps then): --cuda-graphs refuses it by name."""
+    from scratchformer import op_checks
+    from scratchformer.training.launch import check_for_device
+
+    bf16, _ = parse_args(["--cuda-graphs", "--precision", "bf16"])
+    monkeypatch.setattr(op_checks, "DEBUG", True)
+    with pytest.raises(ConfigError, match="--cuda-graphs with SCRATCHFORMER_DEBUG=1"):
+        check_for_device(bf16, "cuda", 1)
+    off, _ = parse_args(["--precision", "bf16"])
+    check_for_device(off, "cuda", 1)  # launched steps may read the device
+
+
 @requires_cuda
 @pytest.mark.parametrize("kernel, model_flags", [("eager", []), ("torch", []), ("triton", []), ("triton", ["--copy"]),
                                                  ("triton", [EXTRACTIVE])],

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import data as D
+from .. import op_checks
 from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
@@ -157,6 +158,10 @@ def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
                           "whether the gradients are finite, which a graph cannot hold; use bf16 or fp32")
     if world > 1:
         raise ConfigError(f"--cuda-graphs steps one process; this is one of {world} (DDP): drop --cuda-graphs")
+    if op_checks.DEBUG:
+        raise ConfigError("--cuda-graphs with SCRATCHFORMER_DEBUG=1: its value checks (token ids, lengths) read "
+                          "the batch on the host inside the step, which a graph cannot hold; unset "
+                          "SCRATCHFORMER_DEBUG (--debug alone shows tracebacks) or drop --cuda-graphs")
 
 
 def seed_everything(seed: int) -> None:
