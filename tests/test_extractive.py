@@ -214,7 +214,7 @@ def test_backends_score_like_eager(kernel):
 
 
 def test_bad_sentence_positions_are_refused():
-    model = _extractor(device="cpu")  # values are checked where reading them is free (ops.value_checks)
+    model = _extractor(device="cpu")  # values are checked where reading them is free (op_checks.value_checks)
     batch = _doc_batch([[3, 2]], device="cpu")
     with pytest.raises(ValueError, match=r"sentence positions must lie in \[0, 7\), got min 0 max 7"):
         model(batch.src, batch.src_lengths, torch.tensor([[0, 7]]))
