@@ -123,6 +123,27 @@ def test_resumed_schedule_takes_todays_warmup_length_and_peak():
     assert same.get_last_lr() == old.get_last_lr()
 
 
+def test_resumed_optimizer_runs_as_built_now():
+    """load_optimizer restores the checkpoint's state but keeps how the optimizer runs as built now
+    (load_state_dict took the groups' fused / foreach / capturable from the checkpoint: a CPU run's,
+    fused None, resumed on a GPU turned fused AdamW off and left its step counts on the CPU, which
+    --cuda-graphs' capturable step refuses). Shown with foreach, which a CPU has."""
+    def adamw(foreach):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(4))
+        return torch.optim.AdamW([p], lr=1e-2, foreach=foreach)
+
+    old = adamw(foreach=False)
+    old.param_groups[0]["params"][0].grad = torch.ones(4)
+    old.step()
+    new = adamw(foreach=True)
+    O.load_optimizer(new, old.state_dict())
+    assert new.param_groups[0]["foreach"] is True
+    assert new.param_groups[0]["lr"] == old.param_groups[0]["lr"]
+    (got,), (want,) = new.state.values(), old.state.values()
+    assert all(torch.equal(got[k], want[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
 def test_train_rows_log_the_learning_rate_each_step_took(tmp_path):
     """Step k trains at peak * schedule(k - 1), and its row says so (until 2026-12-01 the row showed the
     next step's: the scheduler steps before the row is logged)."""

@@ -127,6 +127,21 @@ def build_scheduler(optimizer, name: str, *, warmup: int, total: int, min_lr: fl
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
+# how an optimizer runs, not where it is: this run's, whatever the checkpoint's run used
+_EXECUTION = ("fused", "foreach", "capturable", "differentiable")
+
+
+def load_optimizer(optimizer, state: dict) -> None:
+    """Restore an optimizer's state (a resume) but keep how it runs as built now (`_EXECUTION`):
+    load_state_dict takes every group field from the checkpoint, so a CPU run's checkpoint resumed
+    on a GPU turned fused AdamW off (fused None) and left its step counts on the CPU, which a
+    capturable step (--cuda-graphs) refuses. Torch places each step count by the group's settings
+    as loaded: on the parameter's device for fused or capturable AdamW."""
+    groups = [{**saved, **{k: now[k] for k in _EXECUTION if k in now}}
+              for saved, now in zip(state["param_groups"], optimizer.param_groups)]
+    optimizer.load_state_dict({**state, "param_groups": groups})
+
+
 def load_scheduler(scheduler, state: dict, lr: float) -> None:
     """Restore a schedule's position (a resume) but keep its settings as built now: the peak `lr`
     and the warmup / total / floor of the schedule function (LambdaLR saves its callable

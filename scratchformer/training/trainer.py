@@ -34,6 +34,7 @@ from .optim import (
     build_optimizer,
     build_scheduler,
     is_better,
+    load_optimizer,
     load_scheduler,
     rdrop_loss,
 )
@@ -144,7 +145,7 @@ class Trainer:
         schedule, scaler, progress and this rank's RNG states."""
         ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
         self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(self.optimizer, ckpt["optimizer"])  # how it runs stays this run's (fused on a GPU)
         load_scheduler(self.scheduler, ckpt["scheduler"], self.config.lr)  # today's --lr, --warmup-steps, --max-steps
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
