@@ -787,8 +787,9 @@ def _tma(*tensors: torch.Tensor) -> bool:
     allocator, which gives the descriptors their global memory."""
     if TMA is None and tensors[0].shape[-1] < TMA_MIN_HEAD_DIM:
         return False
-    rows_ok = all(tma_rows_ok(t, t.stride(2), t.stride(0), t.stride(1)) for t in tensors)  # rows; (batch, head)
-    if not (tma_enabled(TMA, tensors[0].device) and rows_ok):
+    if not tma_enabled(TMA, tensors[0].device):
+        return False
+    if not all(tma_rows_ok(t, t.stride(2), t.stride(0), t.stride(1)) for t in tensors):  # rows; (batch, head)
         return False
     triton.set_allocator(tma_scratch)  # a context variable: set in the launching thread (autograd's too)
     return True

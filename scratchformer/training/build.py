@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from .. import data as D
 from ..data.tokenizer import BPETokenizer, TokenizerPair
@@ -108,16 +109,22 @@ def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: 
     return toks
 
 
-Examples = tuple[list[D.Example], list[D.Example], "int | None", list[str]]
+class Examples(NamedTuple):
+    """A run's examples as `load_examples` reads them, before the run folder is made or cleared."""
+
+    train: list[D.Example]
+    valid: list[D.Example]
+    num_classes: int | None  # a classifier's, every label checked
+    notes: list[str]  # the lines to log about them
 
 
 def load_examples(cfg: TrainConfig, source: D.DataSource) -> Examples:
-    """(train and validation examples, the classifier's class count (every label checked), the lines
-    to log about them): what a data error stops, read before the run folder is made or cleared."""
+    """The examples of both splits and the classifier's class count: what a data error stops, read
+    before the run folder is made or cleared."""
     notes: list[str] = []
     train_ex, valid_ex = load_data(cfg, source, SimpleNamespace(info=notes.append))
     num_classes = class_count(source, train_ex, valid_ex) if source.task == "classification" else None
-    return train_ex, valid_ex, num_classes, notes
+    return Examples(train_ex, valid_ex, num_classes, notes)
 
 
 def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, log: Logger,

@@ -103,7 +103,7 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
     reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
     examples = load_examples(config, source)
     if reused is not None:
-        examples[3].append(f"tokenizer: reused {', '.join(config.tokenizer)}")  # logged by build_data
+        examples.notes.append(f"tokenizer: reused {', '.join(config.tokenizer)}")  # logged by build_data
     return reused, examples
 
 
