@@ -12,7 +12,7 @@ cores. SCRATCHFORMER_COMPILE_CHECK=full (or `make compile-check`) adds sm_80 and
 12 minutes on 2 cores, which is why it is not the default. SCRATCHFORMER_COMPILE_CHECK=quick
 (`make test`'s run with the CPU machines' Triton, when the GPU machines' Triton checks the default
 after it: `make test-triton-min`) compiles every kernel and flag combination through ptxas with
-one config per launch, its largest tile, and sweeps no shared memory (`tools/compile_check.py --quick`).
+one config per launch, its smallest tile, and sweeps no shared memory (`tools/compile_check.py --quick`).
 
 The compiled code is read too where a kernel's form is meant to save work: the attention forward's
 unmasked loop is checked for one multiply per score, and the dK/dV loop's for none of the per-row

@@ -533,10 +533,13 @@ def _run_all(indices, jobs_n, on_result):
 
 def _quick(full: tuple) -> tuple:
     """--quick (no shared-memory sweep either): a scenario's full compiles cut to one config per
-    launch, its largest tile (the likeliest to overflow) where it asked for several or all, its
-    own single pick otherwise. Every kernel and flag combination still goes through ptxas: a check
-    that a Triton version lowers our kernels, not of every config's fit (the default's)."""
-    return ("max_shared",) if len(full) > 1 or "all" in full else full
+    launch, its smallest tile where it asked for several or all, its own single pick otherwise.
+    Every kernel and flag combination still goes through ptxas: a check that a Triton version
+    lowers our kernels, not of every config's fit (the default's sweep and largest tiles). The
+    smallest tile lowers the same code; the largest ones spill (255 registers) and took ptxas
+    40 s each for matmul's TMA kernels (its check: 64 s with the largest, 20 s with the smallest; cold
+    cache, 2 cores)."""
+    return ("smallest",) if len(full) > 1 or "all" in full else full
 
 
 def _tile_size(config) -> tuple:
@@ -568,7 +571,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-sweep", action="store_true", help="skip the shared-memory sweep of all kept configs")
     p.add_argument("--no-full", action="store_true", help="only the shared-memory sweep (no ptxas)")
     p.add_argument("--quick", action="store_true",
-                   help="one full compile per launch (its largest tile), no shared-memory sweep")
+                   help="one full compile per launch (its smallest tile), no shared-memory sweep")
     p.add_argument("--list", action="store_true", help="list the variants, compile nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print signatures")
     a = p.parse_args(argv)
