@@ -101,6 +101,9 @@ def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
         return D.resolve_source(args.dataset or "synthetic", args.data, task)
     if ckpt_data is None:
         raise cli.UsageError("give --data or --dataset (no checkpoint to take the data source from)")
+    if args.task and args.task != ckpt_data["task"]:  # it reads --data / --dataset files; none were given
+        raise cli.UsageError(f"--task {args.task} reads --data / --dataset as that task; without them the "
+                             f"checkpoint's own data is read, as {ckpt_data['task']}")
     return D.DataSource(**ckpt_data)
 
 

@@ -477,6 +477,17 @@ def test_evaluate_read_only_run_folder_for_real(tmp_path, capsys):
     assert _snapshot(run) == before
 
 
+def test_evaluate_task_without_data_is_refused_not_ignored(tmp_path):
+    """--task says how --data / --dataset files are read; without them evaluate reads the
+    checkpoint's own data as its own task, so another --task was silently ignored."""
+    run = _eval_run(tmp_path)
+    with pytest.raises(cli.UsageError, match="--task summarization reads --data / --dataset as that task; without "
+                                             "them the checkpoint's own data is read, as translation"):
+        evaluate.main(["--checkpoint", str(run), "--split", "validation", "--task", "summarization"])
+    assert evaluate.main(["--checkpoint", str(run), "--split", "validation", "--limit", "2",
+                          "--task", "translation"])["n"] == 2  # its own task: nothing to refuse
+
+
 def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     d = tmp_path / "toy_sum"
     d.mkdir()
