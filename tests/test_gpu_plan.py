@@ -224,6 +224,37 @@ def _translation_data(folder, broken_test_input: bool = False) -> list[str]:
     return ids
 
 
+def _cut_python(folder):
+    """A python whose evaluate is cut at once (timeout's 124), or hangs (EVAL_SLEEP set); the rest runs."""
+    fake = folder / "python"
+    fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.evaluate ]; then\n'
+                    '  if [ -n "${EVAL_SLEEP:-}" ]; then exec sleep "$EVAL_SLEEP"; fi; exit 124; fi; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.fixture(scope="module")
+def scoring_cut(tmp_path_factory):
+    """50_train's first call on iwslt whose scoring the call's deadline cuts at once (evaluate exits 124):
+    the run trains to its end and nothing is scored -> (folder, the call). The tests that start from a
+    run finished training (its step checkpoints, best.pt and average, nothing scored) copy its run
+    folder (`_finished_run`) rather than train the same tiny model again each."""
+    folder = tmp_path_factory.mktemp("scoring_cut")
+    _translation_data(folder / "data")
+    call = _dry_run("50_train.sh", str(folder / "o1"), GPU_DATA=str(folder / "data"), GPU_RUNS=str(folder / "runs"),
+                    RECIPE="iwslt", PY=str(_cut_python(folder)))
+    return folder, call
+
+
+def _finished_run(scoring_cut, runs):
+    """`scoring_cut`'s run folder (finished training, nothing scored) copied to RUNS/iwslt -> that folder."""
+    run = runs / "iwslt"
+    shutil.copytree(scoring_cut[0] / "runs" / "iwslt", run)
+    assert (run / "metrics.final.json").exists() and not list(run.glob("*/metrics.validation.json")), os.listdir(run)
+    return run
+
+
 def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     """50_train (issue 18) in pieces: a call stopped by its time limit leaves a checkpoint on the
     machine, says to call again and brings back the average of its step checkpoints (which
@@ -397,12 +428,14 @@ def test_extractive_recipe_runs_to_its_test_predictions(tmp_path):
         assert 1 <= len(picked) <= 4 and all(s in t["document"] for s in picked), (p, t)
 
 
-def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch):
+def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch, scoring_cut):
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the
     checkpoint that writes them, weights only, in pieces, and names it and its decoding in
-    picked.txt; finish_on_cpu.sh finishes the predictions with it from the GPU's snapshot."""
+    picked.txt; finish_on_cpu.sh finishes the predictions with it from the GPU's snapshot. (The run
+    finished training in `scoring_cut`, on the same training and validation data; this call scores it.)"""
     _translation_data(tmp_path / "data", broken_test_input=True)
+    _finished_run(scoring_cut, tmp_path / "runs")
     env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
     call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
     files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
@@ -453,22 +486,19 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert not list(finish.glob("*/metrics.validation.json"))
 
 
-def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path):
+def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path, scoring_cut):
     """A finished run's scoring cut by the call's deadline leaves the other evaluations to the next
     call: each one started after it got the prelude's last 10 s (and timeout's 20 s grace), all
     but certain to be cut too, and so pushed the step past its deadline toward the device's own
     kill, which loses the step's archive (best and averaged at 1.0 and three penalties: 5 more)."""
-    _translation_data(tmp_path / "data")
-    fake = tmp_path / "python"  # evaluate is cut at once (the first call: timeout's 124), or hangs (the second)
-    fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.evaluate ]; then\n'
-                    '  if [ -n "${EVAL_SLEEP:-}" ]; then exec sleep "$EVAL_SLEEP"; fi; exit 124; fi; done\n'
-                    f'exec {sys.executable} "$@"\n')
-    fake.chmod(0o755)
-    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", PY=str(fake))
-    first = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
-    _, log = _archive(str(tmp_path / "o1"), "50_train.sh")
-    assert os.path.exists(tmp_path / "runs" / "iwslt" / "metrics.final.json"), first.stdout[-3000:]
+    folder, first = scoring_cut  # evaluate is cut at once (the first call: timeout's 124), or hangs (the second)
+    _, log = _archive(str(folder / "o1"), "50_train.sh")
+    assert os.path.exists(folder / "runs" / "iwslt" / "metrics.final.json"), first.stdout[-3000:]
     assert "iwslt: not finished" in log and first.returncode != 0
+    assert re.findall(r"== (eval_\S+): TIMED OUT", log) == ["eval_best"], log[-3000:]  # the first cut: no other tried
+    _finished_run(scoring_cut, tmp_path / "runs")
+    env = dict(GPU_DATA=str(folder / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt",
+               PY=str(_cut_python(tmp_path)))
     # the second call starts past its deadline: every command gets the prelude's 10 s
     second = _dry_run("50_train.sh", str(tmp_path / "o2"), EVAL_SLEEP="100",
                       GPU_DEADLINE=str(int(__import__("time").time()) - 100), **env)
@@ -477,11 +507,13 @@ def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path)
     assert "iwslt: not finished, call again" in log and second.returncode == 124
 
 
-def test_train_step_leaves_out_a_candidate_whose_scoring_fails(tmp_path):
+def test_train_step_leaves_out_a_candidate_whose_scoring_fails(tmp_path, scoring_cut):
     """A candidate whose evaluation fails other than by the deadline (out of memory, say) is left out,
     and the run writes its test predictions with the others' pick: it set the call's scoring
-    unfinished, so each call tried it again, failed again, and the predictions never came."""
+    unfinished, so each call tried it again, failed again, and the predictions never came. (The run
+    finished training in `scoring_cut`; this call scores it.)"""
     ids = _translation_data(tmp_path / "data")
+    _finished_run(scoring_cut, tmp_path / "runs")
     fake = tmp_path / "python"  # the averaged checkpoint's evaluations fail at once; the rest run
     fake.write_text('#!/bin/bash\ncase "$*" in *scratchformer.evaluate*averaged.pt*) exit 1;; esac\n'
                     f'exec {sys.executable} "$@"\n')
@@ -496,21 +528,17 @@ def test_train_step_leaves_out_a_candidate_whose_scoring_fails(tmp_path):
     assert [r["id"] for r in preds] == ids, p.stdout[-2000:]
 
 
-def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path):
+def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path, scoring_cut):
     """finish_on_cpu.sh on a search recipe's picked model goes on from the GPU's predictions snapshot,
     which the archive holds in the grid's best variant's folder (run/<best>/), not in run/ (it
-    looked there only, and decoded every test input again on the CPU)."""
+    looked there only, and decoded every test input again on the CPU). The model: `scoring_cut`'s
+    tiny iwslt run's best.pt (any model of the dataset will do)."""
     ids = _translation_data(tmp_path / "data")
     env = {**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable}
-    trained = tmp_path / "trained"
-    subprocess.run([sys.executable, "-m", "scratchformer.train", "--dataset", "iwslt2017_en_de", "--kernel", "eager",
-                    "--precision", "fp32", "--max-steps", "1", "--d-model", "32", "--heads", "2", "--layers", "1",
-                    "--d-ff", "64", "--max-valid-examples", "2", "--eval-decode-examples", "2", "--no-plots",
-                    "--no-progress", "--out", str(trained)], env=env, check=True, capture_output=True, timeout=600)
     collected = tmp_path / "collected"
     (collected / "50_train" / "run" / "seed-1").mkdir(parents=True)
     weights = collected / "50_iwslt-ensemble-picked.pt"
-    shutil.copy(trained / "best.pt", weights)
+    shutil.copy(scoring_cut[0] / "runs" / "iwslt" / "best.pt", weights)
     (collected / "50_train" / "picked.txt").write_text("best.pt --beam-size 1\n")
     (collected / "50_train" / "run" / "ablation.json").write_text(json.dumps({"best": "seed-1", "runs": []}))
     (collected / "50_train" / "run" / "seed-1" / "test_predictions.jsonl.partial").write_text(
