@@ -13,7 +13,13 @@ What `compile_model` does beyond `torch.compile`:
   static), instead of the default one static compile per new shape followed by a dynamic
   recompile. Lengths 0 and 1 are still specialised by dynamo (a batch of one, a one-token
   decoder step), so a run sees a handful of graphs, not one per bucket (the measured count is
-  in docs/training.md).
+  in docs/training.md). Only the inputs' dims: each call marks every dim of the tensors it is
+  given (`torch._dynamo.maybe_mark_dynamic`, in a pre-hook that runs before dynamo), and the rest
+  compiles as torch's default does. `torch.compile(dynamic=True)` makes every Python float of
+  the model symbolic too (its dropout rates, eps, the embedding's scale: 21 inputs at one layer
+  each side, torch 2.13); dynamo then specialised them all and traced the model a second time
+  ("Restarting analysis due to ... _tensorify_python_scalars"), so the first compile took 44 s,
+  not 25 s, for the tests' tiny model with aot_eager on 2 cores.
 
 No dynamo flag is needed for the Triton backend's dropout: each op call draws its Philox
 (seed, offset) as a (2,) int64 tensor on the model's device (`torch.randint`,
@@ -28,9 +34,10 @@ Generation (greedy, beam search) calls `model.encode` and `model.decode` with a 
 static caches (`Transformer.static_caches`: fixed-size caches, the step's position a device
 tensor, gpt-fast's design; what the GPU's CUDA-graph decoding uses). Every step of a decoding
 then has the same shapes and no Python int that changes, so one graph serves them all: the
-encoder and the step compile for the first batch size, once more (the batch dim dynamic) for the
-second, and never again, on every backend. Outputs equal the uncompiled model's up to the rounding of the
-position term, which the step adds on the device rather than in the embedding op. Before
+encoder compiles once, the step for the first batch size (the static caches' size) and once more
+(the batch dim dynamic) for the second, and never again, on every backend. Outputs equal the
+uncompiled model's up to the rounding of the position term, which the step adds on the device
+rather than in the embedding op. Before
 (2026-11-28), the cache's fill level was a Python int that `torch`'s and `triton`'s embeddings
 took as an int argument: dynamo specialised on it and compiled every step anew (11 frames for 12
 greedy steps) until its recompile limit, then ran eager. The price of static caches: each step
@@ -38,6 +45,8 @@ attends over all `max_len` slots, masked past the position, instead of the steps
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -62,7 +71,34 @@ def compile_model(
     on a GPU; "aot_eager" traces and runs on the CPU (the tests). fullgraph=True turns a graph
     break into an error.
     """
-    return torch.compile(model, dynamic=dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
+    return _compile(model, dynamic, backend=backend, mode=mode, fullgraph=fullgraph)
+
+
+def _compile(fn, dynamic: bool | None, **options):
+    """torch.compile(fn, dynamic=dynamic), except that dynamic=True makes the dims of the tensors
+    each call is given dynamic, not every float (module docstring)."""
+    if dynamic is not True:
+        return torch.compile(fn, dynamic=dynamic, **options)
+    compiled = torch.compile(fn, dynamic=None, **options)
+    if isinstance(compiled, nn.Module):  # the wrapper's own hook: it runs before dynamo
+        compiled.register_forward_pre_hook(lambda _, args, kwargs: _mark_dynamic(args, kwargs), with_kwargs=True)
+        return compiled
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _mark_dynamic(args, kwargs)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
+def _mark_dynamic(args, kwargs) -> None:
+    """Every dim of the call's tensor arguments dynamic (batch, lengths); dynamo may still
+    specialise one (a dim of 1) without an error."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            for dim in range(a.dim()):
+                torch._dynamo.maybe_mark_dynamic(a, dim)
 
 
 def compile_decoding(
@@ -81,7 +117,7 @@ def compile_decoding(
     for name in ("encode", "decode"):
         method = getattr(model, name, None)
         if method is not None:
-            setattr(model, name, torch.compile(method, dynamic=dynamic, backend=backend, mode=mode))
+            setattr(model, name, _compile(method, dynamic, backend=backend, mode=mode))
     return model
 
 
