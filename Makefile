@@ -17,9 +17,10 @@ GPU_TORCH_SPEC ?= torch==2.11.0
 GPU_TORCH_DIR := .torch-cuda
 # `make test` runs pytest in TEST_WORKERS processes (pytest-xdist), each taking whole files
 # (--dist loadfile: a file's tests run in order in one process, sharing its module fixtures, as
-# they would alone); TEST_WORKERS=0 runs them all in the calling process.
+# they would alone), the files in collection order (--no-loadscope-reorder: the longest first,
+# tests/conftest.py); TEST_WORKERS=0 runs them all in the calling process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # What the TRITON_MIN_SPEC lane runs (`make test-triton-min`), with the GPU machines' Triton: the AOT
 # compile check (every kernel through Triton's compiler and ptxas for sm_90: what a GPU run compiles),
 # the whole model on our kernels in the interpreter, and the kernel tests of the APIs that moved most

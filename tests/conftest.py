@@ -31,6 +31,18 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
+# The longest files first. `make test` spreads whole files over its workers (--dist loadfile) in
+# collection order (--no-loadscope-reorder; xdist's default orders them by test count, which put
+# test_gpu_plan.py, 31 tests and a quarter of the suite's time, among the last: on 2026-12-02 one
+# worker ran it alone for the suite's last 5 minutes).
+LONGEST_FIRST = ("test_gpu_plan.py", "test_triton_compile.py", "test_torch_ops.py", "test_compile_budget.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's order kept
+
+
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
