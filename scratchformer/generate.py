@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
@@ -153,7 +152,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     records = [P.InputRecord(i, t, n) for i, (t, n) in enumerate(zip(texts, lines, strict=True))]
     dataset = P.encode_records(records, task, toks, a["max_src_len"], strict=strict, source=source)
     if task == "classification":
-        names = D.label_names(Path(ckpt["data"]["folder"])) if ckpt["data"].get("folder") else None
+        names = ckpt["data"].get("labels")
         preds, probs = predict_labels(model, dataset, device=device)
         return [{"input": t, "label": y, "label_name": (names or {}).get(y, str(y)), "confidence": c}
                 for t, y, c in zip(texts, preds, probs, strict=True)]

@@ -88,6 +88,7 @@ def test_classification_tsv_carves_validation(tmp_path):
     assert "accuracy" in res and (run / "plots" / "attention.png").exists()
     m = evaluate.main(["--checkpoint", str(run), "--split", "validation"])
     assert m["n"] == 12 and 0.0 <= m["accuracy"] <= 100.0
+    shutil.rmtree(d)  # the class names travel in the checkpoint, not read from the data folder at generate time
     outs = generate.main(["--checkpoint", str(run), "--text", "great fun movie"])
     assert outs[0]["label_name"] in ("negative", "positive") and 0.5 <= outs[0]["confidence"] <= 1.0
 

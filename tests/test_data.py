@@ -441,7 +441,9 @@ def test_hub_loading_maps_fields(monkeypatch):
     rows = D.load_split(D.resolve_source("cnn_dailymail"), "train")
     assert (rows[0].src, rows[0].tgt, rows[0].id) == ("An article .", "A highlight .", "abc")
     assert calls[-1] == ("cnn_dailymail", "3.0.0", "train")
+    imdb = D.resolve_source("imdb")
+    assert imdb.labels == {0: "negative", 1: "positive"}  # the hub's class names, stored in checkpoints
     with pytest.raises(D.DataError, match="split 'test' is empty"):
-        D.load_split(D.resolve_source("imdb"), "test")
+        D.load_split(imdb, "test")
     with pytest.raises(D.DataError, match="unknown dataset 'nope'"):
         D.resolve_source("nope")

@@ -343,6 +343,6 @@ def test_labels_checked_against_meta_json(tmp_path):
     # meta.json's label set decides the head, also when training sees fewer classes
     (d / "meta.json").write_text(json.dumps({"task": "classification", "labels": {"0": "a", "1": "b", "2": "c",
                                                                                   "3": "d"}}))
-    assert class_count(source, train, valid) == 4
+    assert class_count(D.resolve_source(data=str(d)), train, valid) == 4
     (d / "meta.json").write_text(json.dumps({"task": "classification"}))
-    assert class_count(source, train, valid) == 3  # dense observed labels 0..2
+    assert class_count(D.resolve_source(data=str(d)), train, valid) == 3  # dense observed labels 0..2

@@ -50,7 +50,7 @@ HUB = {
     "samsum": dict(path="knkarthick/samsum", task="summarization", src="dialogue", tgt="summary"),
     "iwslt2017": dict(path="iwslt2017", name="iwslt2017-en-de", task="translation", translation=("en", "de")),
     "multi30k": dict(path="bentrevett/multi30k", task="translation", src="en", tgt="de"),
-    "imdb": dict(path="imdb", task="classification", src="text", tgt="label"),
+    "imdb": dict(path="imdb", task="classification", src="text", tgt="label", labels={0: "negative", 1: "positive"}),
 }
 # Local folder names that differ from the hub names (shared/data uses these).
 LOCAL_NAMES = {"iwslt2017": "iwslt2017_en_de", "knkarthick/samsum": "samsum", "bentrevett/multi30k": "multi30k"}
@@ -299,15 +299,17 @@ def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example
 
 @dataclass
 class DataSource:
-    """Where a run's data comes from: what `resolve_source` found, stored in checkpoints."""
+    """Where a run's data comes from: what `resolve_source` found, stored in checkpoints (with the
+    class names, so a classifier names its predictions wherever it is run later)."""
 
     kind: str  # "synthetic" | "local" | "hub"
     name: str
     task: str
     folder: str | None = None
+    labels: dict[int, str] | None = None  # class id -> name (a folder's meta.json, a hub dataset's)
 
     def to_dict(self) -> dict:
-        return dict(kind=self.kind, name=self.name, task=self.task, folder=self.folder)
+        return dict(kind=self.kind, name=self.name, task=self.task, folder=self.folder, labels=self.labels)
 
 
 def resolve_source(dataset: str = "synthetic", data: str | None = None, task: str | None = None) -> DataSource:
@@ -317,19 +319,19 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
         folder = Path(data)
         if not folder.is_dir():
             raise DataError(f"--data {data}: no such folder")
-        return DataSource("local", folder.name, task or infer_task(folder), str(folder))
+        return DataSource("local", folder.name, task or infer_task(folder), str(folder), label_names(folder))
     if dataset == "synthetic":
         if task not in (None, "translation"):
             raise DataError(f"the synthetic task is a translation task, not {task}")
         return DataSource("synthetic", "synthetic", "translation")
     folder = local_folder(dataset)
     if folder is not None:
-        return DataSource("local", dataset, task or infer_task(folder), str(folder))
+        return DataSource("local", dataset, task or infer_task(folder), str(folder), label_names(folder))
     if dataset not in HUB and task is None:
         raise DataError(f"unknown dataset {dataset!r}; use --data DIR for a local folder, or one of {sorted(HUB)}")
     if dataset in HUB and task is not None and FIELDS[task] != FIELDS[HUB[dataset]["task"]]:
         raise DataError(f"hub dataset {dataset!r} is {HUB[dataset]['task']} data; it cannot be read as {task}")
-    return DataSource("hub", dataset, task or HUB[dataset]["task"])
+    return DataSource("hub", dataset, task or HUB[dataset]["task"], labels=HUB.get(dataset, {}).get("labels"))
 
 
 def load_split(source: DataSource, split: str, limit: int | None = None, synthetic_seed: int = 1234) -> list[Example]:

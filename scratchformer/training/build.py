@@ -157,13 +157,13 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
 
 def class_count(source: D.DataSource, train: list[D.Example], valid: list[D.Example]) -> int:
     """The classifier's number of classes, every label checked first (a DataError naming the file,
-    the example and the label): against the label set of meta.json when it names one, else against
-    the observed training labels, which must fill at least half of 0..max (so one stray label of
-    100,000,000 is refused, not made into a 100M-class head)."""
-    folder = Path(source.folder) if source.folder else None
-    names = D.label_names(folder)
+    the example and the label): against the source's label set (meta.json's, a hub dataset's) when
+    it has one, else against the observed training labels, which must fill at least half of 0..max
+    (so one stray label of 100,000,000 is refused, not made into a 100M-class head)."""
+    names = source.labels
     if names:
-        allowed, rule = set(names), f"the labels of {folder / 'meta.json'} are {', '.join(map(str, sorted(names)))}"
+        where = Path(source.folder) / "meta.json" if source.folder else f"hub dataset {source.name}"
+        allowed, rule = set(names), f"the labels of {where} are {', '.join(map(str, sorted(names)))}"
     else:
         seen = {e.tgt for e in train if isinstance(e.tgt, int) and e.tgt >= 0}
         allowed = set(range(max(2, 2 * len(seen))))
