@@ -2,6 +2,7 @@
 an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/failures.md).
 Every refusal names the problem and leaves the disk as it was."""
 
+import csv
 import json
 import os
 
@@ -346,3 +347,19 @@ def test_labels_checked_against_meta_json(tmp_path):
     assert class_count(D.resolve_source(data=str(d)), train, valid) == 4
     (d / "meta.json").write_text(json.dumps({"task": "classification"}))
     assert class_count(D.resolve_source(data=str(d)), train, valid) == 3  # dense observed labels 0..2
+
+
+def test_csv_log_widens_its_header_for_a_new_column(tmp_path):
+    """A valid row with a column the first row lacked (a resumed run now decoding at validation)
+    rewrites valid.csv under the widened header: no value is dropped, earlier rows read blank there."""
+    log = Logger(tmp_path, enabled=True)
+    log.row({"split": "valid", "step": 2, "loss": 4.0})
+    log.row({"split": "valid", "step": 4, "loss": 3.5, "bleu": 12.5, "note": "a, quoted"})
+    log.row({"split": "valid", "step": 6, "bleu": 14.0})
+    log.close()
+    with open(tmp_path / "valid.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{"split": "valid", "step": "2", "loss": "4.0", "bleu": "", "note": ""},
+                    {"split": "valid", "step": "4", "loss": "3.5", "bleu": "12.5", "note": "a, quoted"},
+                    {"split": "valid", "step": "6", "loss": "", "bleu": "14.0", "note": ""}]
+    assert len(list((tmp_path).glob(".*.tmp"))) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import os
 import re
@@ -317,14 +318,24 @@ class Logger:
 
     @staticmethod
     def _csv_row(p: Path, row: dict) -> None:
-        new = not p.exists() or p.stat().st_size == 0
+        """Append a row to train.csv / valid.csv. The header is the first row's columns; a row with a
+        column it lacks (a run resumed with decoding at validation now on) rewrites the file, atomically,
+        under the widened header (earlier rows blank there), so no value is dropped."""
         flat = {k: v for k, v in row.items() if isinstance(v, (int, float, str))}
-        fields = list(flat) if new else p.open(encoding="utf-8").readline().strip().split(",")
-        with open(p, "a", encoding="utf-8", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerow(flat)
+        with open(p, "a+", encoding="utf-8", newline="") as f:
+            f.seek(0)
+            fields = next(csv.reader(f), None)
+            if fields is not None and set(flat) <= set(fields):
+                csv.DictWriter(f, fieldnames=fields, lineterminator="\n").writerow(flat)
+                return
+            f.seek(0)
+            rows = [*csv.DictReader(f), flat]
+        fields = [*(fields or []), *(k for k in flat if k not in (fields or []))]
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        write_lines_atomic(p, out.getvalue().splitlines())
 
     def close(self) -> None:
         if self.enabled:
