@@ -256,11 +256,17 @@ def _pe_table(length: int, d_model: int, device: str, dtype: torch.dtype) -> tor
 def _embed_torch(tokens, weight, *, scale, pos_offset=0, pos_encoding=True):
     # What PyTorch users write: a cached table, F.embedding, a multiply and an add.
     x = F.embedding(tokens, weight) * scale
-    if pos_encoding:
-        L = tokens.shape[-1]
-        size = max(1024, 1 << (pos_offset + L - 1).bit_length())
-        x = x + _pe_table(size, weight.shape[1], str(weight.device), weight.dtype)[pos_offset : pos_offset + L]
-    return x
+    if not pos_encoding:
+        return x
+    L = tokens.shape[-1]
+    if torch.compiler.is_compiling():
+        # The rows in the graph (inductor fuses them into the add). Dynamo traces through a cache
+        # anyway, and the table's size, from L's bit_length(), specialised each graph on its length
+        # (a recompile per new length: 6 graphs for 6 batches, then the recompile limit and eager).
+        positions = torch.arange(pos_offset, pos_offset + L, device=weight.device)
+        return x + reference.sinusoidal_positions(positions, weight.shape[1], weight.dtype)
+    size = max(1024, 1 << (pos_offset + L - 1).bit_length())
+    return x + _pe_table(size, weight.shape[1], str(weight.device), weight.dtype)[pos_offset : pos_offset + L]
 
 
 def _linear_cross_entropy_torch(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0):

@@ -22,7 +22,7 @@ On the CPU the kernels run in Triton's interpreter (slow): shapes and models are
 
 import pytest
 import torch
-from conftest import DEVICE, requires_cuda
+from conftest import DEVICE, INTERPRET, requires_cuda
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -483,12 +483,17 @@ def test_model_loss_compiles_fullgraph():
 MAX_GRAPHS = 3  # measured: 1 (docs/training.md, `--compile`)
 
 
-def test_compile_model_few_recompiles_over_varied_lengths():
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_compile_model_few_recompiles_over_varied_lengths(kernel):
     """20 training steps (forward, backward, AdamW) on batches of varied size and lengths, as
     length bucketing gives: compile_model's dynamic shapes keep the graph count at a handful, and
     each graph is traced once (with every Python float of the model symbolic, torch.compile's
-    dynamic=True, dynamo specialised them and traced the model again: two frames for one graph)."""
-    model = _model("eager", dropout=0.1).train()
+    dynamic=True, dynamo specialised them and traced the model again: two frames for one graph).
+    On every backend: the torch backend's embedding sized its position table from the length's
+    bit_length(), which specialised each graph on its length (a graph per batch: 6 for 6). The
+    triton backend under the interpreter: 3 steps, 3 shapes (each step is seconds of kernels)."""
+    steps = 3 if kernel == "triton" and INTERPRET else 20
+    model = _model(kernel, dropout=0.1).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -497,7 +502,7 @@ def test_compile_model_few_recompiles_over_varied_lengths():
     assert not torch._dynamo.config.capture_scalar_outputs  # compile_model sets no dynamo flag
     g = torch.Generator().manual_seed(1)
     shapes = set()
-    for _ in range(20):
+    for _ in range(steps):
         B, Ls, Lt = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 6), (2, 12), (2, 10)))
         src, tgt = torch.randint(4, V, (B, Ls), generator=g), torch.randint(4, V, (B, Lt + 1), generator=g)
         sl, tl = torch.randint(1, Ls + 1, (B,), generator=g), torch.randint(1, Lt + 1, (B,), generator=g)
@@ -510,9 +515,9 @@ def test_compile_model_few_recompiles_over_varied_lengths():
         opt.step()
         opt.zero_grad(set_to_none=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    print(f"{len(shapes)} distinct (B, Ls, Lt) shapes over 20 steps -> {graphs} graph(s)")
-    assert len(shapes) >= 15
-    assert 1 <= graphs <= MAX_GRAPHS
+    print(f"{len(shapes)} distinct (B, Ls, Lt) shapes over {steps} steps -> {graphs} graph(s)")
+    assert len(shapes) >= 0.75 * steps
+    assert 1 <= graphs <= min(MAX_GRAPHS, len(shapes) - 1)
     assert cnt.frame_count == graphs, f"{cnt.frame_count} traces for {graphs} graph(s)"
     assert not torch._dynamo.utils.counters["graph_break"]
 
