@@ -335,7 +335,7 @@ class Logger:
         w = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-        write_lines_atomic(p, out.getvalue().splitlines())
+        write_lines_atomic(p, [out.getvalue().removesuffix("\n")])  # as written: no splitlines() of a value
 
     def close(self) -> None:
         if self.enabled:
