@@ -1,5 +1,7 @@
 """Incremental decoding: KV cache equals full recomputation; beam search behaves."""
 
+import functools
+
 import pytest
 import torch
 
@@ -254,11 +256,55 @@ def test_beam_rows_are_independent_of_batching(copy):
         assert torch.equal(together[b, :n], alone) and (together[b, n:] == PAD_ID).all()
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("eos_bias", [2.5, -20.0])
+def test_each_rows_own_cap_decodes_as_that_row_alone(beam, eos_bias):
+    """max_len as a (B,) tensor: each row decodes as it does alone under its own int cap (greedy ends
+    the row there; beam search closes the sentence there with its unfinished beams). eos_bias -20:
+    no row ends by itself, so every row runs exactly to its cap."""
+    m = _model()
+    with torch.no_grad():
+        m.generator.bias[EOS_ID] = eos_bias
+    src, sl = _src()
+    caps = torch.tensor([3, 7, 1, 5])
+    search = greedy_decode if beam == 1 else functools.partial(beam_search, beam_size=beam)
+    together = search(m, src, sl, max_len=caps)
+    for b in range(4):
+        alone = search(m, src[b : b + 1, : sl[b]], sl[b : b + 1], max_len=int(caps[b]))[0]
+        n = alone.shape[0]
+        assert torch.equal(together[b, :n], alone) and (together[b, n:] == PAD_ID).all(), (b, together, alone)
+        if eos_bias < 0:
+            assert n == caps[b] and (alone != PAD_ID).all()
+    assert together.shape[1] <= int(caps.max())
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_rules_that_leave_no_token_let_eos_through(beam):
+    """V = 6 leaves three tokens besides PAD, BOS and EOS: with no unigram twice and EOS barred for 5
+    steps, the fourth step allows nothing. The row then ends (EOS) instead of taking PAD (the argmax
+    of an all -inf row) or a -inf hypothesis."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=6, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+                      dropout=0.0, kernel="eager")
+    m = Transformer(cfg).eval()
+    src, sl = torch.tensor([[4, 5, 3]]), torch.tensor([3])
+    kw = dict(max_len=6, no_repeat_ngram=1, min_len=5)
+    out = (greedy_decode(m, src, sl, **kw) if beam == 1 else beam_search(m, src, sl, beam_size=beam, **kw))[0]
+    assert sorted(out[:3].tolist()) == [3, 4, 5] and out[3] == EOS_ID and (out[4:] == PAD_ID).all(), out
+
+
 def test_decoding_errors():
     m = _model()
     src, sl = _src()
-    with pytest.raises(ValueError, match="max_len must be >= 1"):
+    with pytest.raises(ValueError, match="max_len must be an int >= 1"):
         greedy_decode(m, src, sl, max_len=0)
+    with pytest.raises(ValueError, match="max_len must be an int >= 1"):
+        beam_search(m, src, sl, beam_size=2, max_len=4.0)
+    for bad in (torch.tensor([3, 4]), torch.tensor([3.0, 4.0, 5.0, 6.0]), torch.tensor([[3, 4, 5, 6]])):
+        with pytest.raises(ValueError, match=r"max_len as a tensor holds each row's cap: \(B,\) = \(4,\) integers"):
+            greedy_decode(m, src, sl, max_len=bad)
+    with pytest.raises(ValueError, match=r"max_len must be >= 1 in every row, got \[3, 0, 5, 6\]"):
+        beam_search(m, src, sl, beam_size=2, max_len=torch.tensor([3, 0, 5, 6]))
     with pytest.raises(ValueError, match="beam_size must be >= 1"):
         beam_search(m, src, sl, beam_size=0, max_len=5)
     with pytest.raises(ValueError, match="no_repeat_ngram must be >= 0"):

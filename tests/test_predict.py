@@ -132,12 +132,27 @@ def test_greedy_is_beam_search_with_one_beam(runs):
 
 def test_decode_max_len_ratio():
     Ls = torch.tensor([3, 5])
-    assert decode_max_len("translation", Ls, 100) == 20  # the default ratio 2: 2 * 5 + 10
-    assert decode_max_len("translation", Ls, 15) == 15  # never past max_tgt_len
-    assert decode_max_len("translation", Ls, 100, len_ratio=1.5) == 18  # ceil(7.5) + 10
+    assert decode_max_len("translation", Ls, 100).tolist() == [16, 20]  # the default ratio 2: 2 * Ls + 10, per row
+    assert decode_max_len("translation", Ls, 18).tolist() == [16, 18]  # never past max_tgt_len
+    assert decode_max_len("translation", Ls, 100, len_ratio=1.5).tolist() == [15, 18]  # ceil(4.5), ceil(7.5) + 10
     assert decode_max_len("translation", Ls, 100, len_ratio=0) == 100  # no ratio
     assert decode_max_len("summarization", Ls, 100) == 100
-    assert decode_max_len("summarization", Ls, 100, len_ratio=1.0) == 15
+    assert decode_max_len("summarization", Ls, 100, len_ratio=1.0).tolist() == [13, 15]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_length_cap_is_each_inputs_own(tmp_path, beam_size):
+    """Under the translation default (up to 2 * Ls + 10 tokens), a model that never ends an output by
+    itself runs each output to its cap: an input's prediction is the one it gets alone, whatever the
+    source lengths of its batch (the cap once came from the batch's longest source)."""
+    model, toks, ck = load_run(_make_run(tmp_path / "never_ends", "translation", eos_bias=-20.0))
+    texts = ["one", " ".join(WORDS[:12]), "red cat", " ".join(WORDS[3:14])]
+    kw = dict(device="cpu", beam_size=beam_size, max_len=48, max_src_len=MAX_SRC)
+    together = P.predict_records(model, toks, ck, _records(texts), batch_size=len(texts), **kw)
+    alone = [P.predict_records(model, toks, ck, _records([t]), batch_size=1, **kw)[0] for t in texts]
+    assert together == alone
+    lengths = [len(toks.tgt.encode(p)) for p in alone]
+    assert lengths[0] < lengths[1] and lengths[2] < lengths[3], lengths  # the caps differ from row to row
 
 
 def test_classification_labels_are_ints(runs, tmp_path):

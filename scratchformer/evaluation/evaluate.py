@@ -10,7 +10,6 @@ and perplexity under teacher forcing (an extractive model's: of its sentences' b
 from __future__ import annotations
 
 import json
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,17 +142,18 @@ def teacher_forced(model, loader, device, precision: str = "fp32") -> dict:
     return out
 
 
-# The decoding cap's default length ratio per task: up to ratio * Ls + 10 tokens (Ls: the batch's longest
-# source); a task without one (summarization) decodes up to max_tgt_len.
+# The decoding cap's default length ratio per task: up to ratio * Ls + 10 tokens (Ls: the row's own source
+# length, so an output does not depend on its batch); a task without one (summarization) decodes up to max_tgt_len.
 LEN_RATIO = {"translation": 2.0}
 
 
-def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int, len_ratio: float | None = None) -> int:
-    """Up to ceil(len_ratio * Ls) + 10 tokens, never more than max_tgt_len; len_ratio None = the task's
-    default (`LEN_RATIO`: translation 2), 0 = no ratio (max_tgt_len)."""
+def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
+                   len_ratio: float | None = None) -> int | torch.Tensor:
+    """Each row's cap, (B,): ceil(len_ratio * Ls) + 10 tokens, never more than max_tgt_len; len_ratio None =
+    the task's default (`LEN_RATIO`: translation 2), 0 = no ratio (max_tgt_len, one int for every row)."""
     ratio = LEN_RATIO.get(task) if len_ratio is None else len_ratio
     if ratio:
-        return max(1, min(max_tgt_len, math.ceil(ratio * int(src_lengths.max())) + 10))
+        return (torch.ceil(src_lengths.double() * ratio).long() + 10).clamp(1, max_tgt_len)
     return max_tgt_len
 
 
@@ -164,7 +164,7 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                     batch_size: int | None = None, len_ratio: float | None = None, on_batch=None) -> list[str]:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
-    `len_ratio`: see `decode_max_len` (a batch whose cap falls below min_len ends its rows at the cap).
+    `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
     `on_batch(indices, outputs)`, if given, is called after every batch."""
     if min_len > max_tgt_len:
         raise ValueError(f"--min-len {min_len} exceeds the longest output, {max_tgt_len} tokens (--max-len, or the "

@@ -12,6 +12,12 @@ members'). Call `model.eval()` first: decoding does not switch modes for you.
 its EOS (fairseq's --min-len, Hugging Face's min_new_tokens; summarizers decode with one); with
 m >= max_len no row finishes.
 
+`max_len` is one int for every row, or a (B,) tensor of each row's own cap (a translation's
+ratio to its source length): a row's output is then the same alone as in any batch. Greedy ends
+a row at its cap; beam search closes a sentence at its cap (its unfinished beams compete as they
+stand, as every sentence's do at one shared max_len). When the rules leave a row no token at all
+(n-gram blocking with EOS still barred by min_len, in a tiny vocabulary), EOS is let through.
+
 Asking whether every row is done reads a flag back to the host: on a GPU that waits for the step
 to finish, so the host cannot queue the next step's kernels meanwhile. `check_every` c asks only
 every c steps (default: every step on the CPU, where the read is free, every 8 on a GPU). The
@@ -96,6 +102,19 @@ def _graph_step(model, state, rows: int, device):
     return step
 
 
+def _caps(max_len, device) -> tuple[int, torch.Tensor | None]:
+    """(the steps to run, each row's cap on `device` or None when every row shares max_len)."""
+    if not isinstance(max_len, torch.Tensor):
+        return max_len, None
+    caps = max_len.to(device=device, dtype=torch.long)
+    return (int(caps.max()) if caps.numel() else 1), caps
+
+
+def _let_eos_through(scores, eos_id):
+    """A row whose every score is -inf (nothing allowed) may end: EOS gets 0, in place."""
+    scores[:, eos_id].masked_fill_(torch.isneginf(scores).all(-1), 0.0)
+
+
 def _next_logits(step, last, bos_id, pad_id):
     """Next-token logits with PAD and BOS ruled out: neither may be generated."""
     logits = step(last)
@@ -121,8 +140,15 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
     if cuda_graph and src.device.type != "cuda":
         raise ValueError(f"cuda_graph=True replays the decoding step from a CUDA graph: it needs CUDA tensors, "
                          f"src is on {src.device}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if isinstance(max_len, torch.Tensor):
+        if max_len.shape != (src.shape[0],) or max_len.is_floating_point() or max_len.is_complex() or \
+                max_len.dtype == torch.bool:
+            raise ValueError(f"max_len as a tensor holds each row's cap: (B,) = ({src.shape[0]},) integers, got "
+                             f"{tuple(max_len.shape)} {max_len.dtype}")
+        if max_len.numel() and int(max_len.min()) < 1:
+            raise ValueError(f"max_len must be >= 1 in every row, got {max_len.tolist()}")
+    elif isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an int >= 1 or a (B,) tensor of them, got {max_len!r}")
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0 (0: off), got {min_len}")
     if no_repeat_ngram < 0:
@@ -141,26 +167,32 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
 
 
 @torch.no_grad()
-def greedy_decode(model, src, src_lengths, *, max_len: int, no_repeat_ngram: int = 0, min_len: int = 0,
+def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_repeat_ngram: int = 0, min_len: int = 0,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
                   check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
-    """Argmax decoding of up to max_len tokens per row. src (B, Ls), src_lengths (B,) -> (B, T)."""
+    """Argmax decoding of up to max_len tokens per row (an int, or each row's own in a (B,) tensor).
+    src (B, Ls), src_lengths (B,) -> (B, T)."""
     every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
                    cuda_graph=cuda_graph)
     B = src.shape[0]
-    _, step = _start(model, src, src_lengths, max_len, cuda_graph)
+    steps, caps = _caps(max_len, src.device)
+    _, step = _start(model, src, src_lengths, steps, cuda_graph)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
-    for t in range(max_len):
+    for t in range(steps):
         logits = _next_logits(step, last, bos_id, pad_id)
         if t < min_len:
             logits[:, eos_id] = float("-inf")
         if no_repeat_ngram and out:
             _block_repeats(logits, torch.stack(out, dim=1), no_repeat_ngram, pad_id)
+            if t < min_len:
+                _let_eos_through(logits, eos_id)
         nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
         out.append(nxt)
         finished |= nxt == eos_id
+        if caps is not None:
+            finished |= caps <= t + 1
         if (t + 1) % every == 0 and bool(finished.all()):
             break
         last = nxt[:, None]
@@ -193,39 +225,46 @@ def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_pe
 
 
 @torch.no_grad()
-def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, length_penalty: float = 1.0,
-                no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                pad_id: int = PAD_ID, check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
+def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | torch.Tensor,
+                length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID,
+                eos_id: int = EOS_ID, pad_id: int = PAD_ID, check_every: int | None = None,
+                cuda_graph: bool | None = None) -> torch.Tensor:
     """Beam search; returns the best hypothesis per row, (B, T).
 
     Hypotheses are ranked by sum(log p) / len**length_penalty (len counts the EOS; 0 = raw sum,
     1 = mean log-probability). As in fairseq, an EOS candidate is finished only when it ranks
     among the top beam_size candidates of its sentence, and a sentence stops once it holds
-    beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len,
-    unfinished beams compete as they stand. Blocked repeats, and EOS before min_len, get -inf
-    log-probability, unnormalised (as fairseq): a hypothesis keeps the model's score.
+    beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len
+    (one int, or each sentence's own in a (B,) tensor), unfinished beams compete as they stand.
+    Blocked repeats, and EOS before min_len, get -inf log-probability, unnormalised (as fairseq): a
+    hypothesis keeps the model's score.
     """
     every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
                    cuda_graph)
     B, K, dev = src.shape[0], beam_size, src.device
-    state, step = _start(model, src, src_lengths, max_len, cuda_graph, beams=K)
+    steps, caps = _caps(max_len, dev)
+    closing = set() if caps is None else set(caps.tolist()) - {steps}  # the lengths at which a sentence
+    # closes before the last step (one read of the caps, not one a step)
+    state, step = _start(model, src, src_lengths, steps, cuda_graph, beams=K)
 
     neg_inf = float("-inf")
     alive_seq = torch.empty(B, K, 0, dtype=torch.long, device=dev)
     alive_score = torch.full((B, K), neg_inf, device=dev)
     alive_score[:, 0] = 0.0  # all beams start identical: keep one so topk does not pick duplicates
-    fin_seq = torch.full((B, K, max_len), pad_id, dtype=torch.long, device=dev)
+    fin_seq = torch.full((B, K, steps), pad_id, dtype=torch.long, device=dev)
     fin_score = torch.full((B, K), neg_inf, device=dev)
     n_fin = torch.zeros(B, dtype=torch.long, device=dev)
     last = torch.full((B * K, 1), bos_id, dtype=torch.long, device=dev)
     batch_base = torch.arange(B, device=dev)[:, None] * K
 
-    for t in range(max_len):
+    for t in range(steps):
         logp = torch.log_softmax(_next_logits(step, last, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
         if t < min_len:
             logp[:, eos_id] = neg_inf
         if no_repeat_ngram:
             _block_repeats(logp, alive_seq.reshape(B * K, t), no_repeat_ngram, pad_id)
+            if t < min_len:
+                _let_eos_through(logp, eos_id)
         V = logp.shape[-1]
         cand = (alive_score[:, :, None] + logp.view(B, K, V)).view(B, K * V)
         top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
@@ -246,6 +285,11 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int, le
         state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True)
         last = tok.gather(1, pick).view(B * K, 1)  # alive_seq's last column, as a tensor of its own: a view's
         # strides change every step, which a compiled step would take as a new input (a recompile)
+        if t + 1 in closing:  # sentences at their cap: closed with their unfinished beams, as at the end
+            at_cap = caps == t + 1
+            fin_seq, fin_score = _add_unfinished(fin_seq, fin_score, n_fin.masked_fill(~at_cap, K), alive_seq,
+                                                 alive_score, length_penalty, pad_id)
+            n_fin = n_fin.masked_fill(at_cap, K)
         if (t + 1) % every == 0 and bool((n_fin >= K).all()):
             break
 
