@@ -222,11 +222,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
     weights = first["model"]
     total = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
-    last, steps = first, [first["progress"]["step"]]
+    last, steps, max_lens = first, [first["progress"]["step"]], [first["config"].get("max_len", 0)]
     for path in paths[1:]:
         last = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
         steps.append(last["progress"]["step"])
-        differ = [k for k in ("config", "tokenizers", "task") if last[k] != first[k]]
+        max_lens.append(last["config"].get("max_len", 0))
+        differ = [k for k in ("config", "tokenizers", "task") if _same_model(last, k) != _same_model(first, k)]
         shapes = {k: tuple(v.shape) for k, v in last["model"].items()}
         if differ or shapes != {k: tuple(v.shape) for k, v in weights.items()}:
             what = ", ".join(differ) or "tensor names or shapes"
@@ -245,8 +246,22 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     for names in _tied(weights):
         model.update(dict.fromkeys(names[1:], model[names[0]]))
     kept = {k: last[k] for k in ("version", "data", "num_classes", "args", "progress") if k in last}
-    return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model,
+    config = {**last["config"], **({"max_len": max(max_lens)} if "max_len" in last["config"] else {})}
+    return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model, "config": config,
             "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
+
+
+# ModelConfig fields that do not change what the weights mean: the backend that runs them (a run may
+# resume with another --kernel) and the longest input admitted (a guard; --init-from raises it).
+_RUNTIME_FIELDS = ("kernel", "max_len")
+
+
+def _same_model(ckpt: dict, key: str):
+    """What must be equal in checkpoints averaged together: `key` of `ckpt`, a config without
+    `_RUNTIME_FIELDS`."""
+    if key != "config":
+        return ckpt[key]
+    return {k: v for k, v in ckpt["config"].items() if k not in _RUNTIME_FIELDS}
 
 
 def _scratch_seed(ckpt: dict) -> int | None:

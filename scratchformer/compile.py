@@ -51,7 +51,20 @@ import functools
 import torch
 from torch import nn
 
-__all__ = ["compile_model", "compile_decoding", "compile_for_inference"]
+__all__ = ["check_backend", "compile_model", "compile_decoding", "compile_for_inference"]
+
+
+def check_backend(backend: str | object, error: type[ValueError] = ValueError) -> None:
+    """An `error` naming a torch.compile backend that torch does not have (torch's own error comes
+    from deep inside dynamo, after a run folder may have been written). Non-str backends (callables)
+    are torch's to judge."""
+    if not isinstance(backend, str):
+        return
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        shown = sorted({*torch._dynamo.list_backends(), "aot_eager", "eager"} & set(known))
+        raise error(f"--compile {backend}: torch.compile has no such backend; it has {', '.join(shown)} "
+                         "(torch._dynamo.list_backends())")
 
 
 def compile_model(
@@ -77,6 +90,7 @@ def compile_model(
 def _compile(fn, dynamic: bool | None, **options):
     """torch.compile(fn, dynamic=dynamic), except that dynamic=True makes the dims of the tensors
     each call is given dynamic, not every float (module docstring)."""
+    check_backend(options["backend"])
     if dynamic is not True:
         return torch.compile(fn, dynamic=dynamic, **options)
     compiled = torch.compile(fn, dynamic=None, **options)

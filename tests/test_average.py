@@ -120,6 +120,21 @@ def test_refusals_name_the_problem(run, tmp_path):
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
 
 
+def test_checkpoints_of_a_run_resumed_with_another_kernel_average(run, tmp_path):
+    """The backend (a run may resume with another --kernel) and the longest input admitted (a guard
+    --init-from raises) are not the model: checkpoints differing only there average (they were
+    refused, "its config differ"); the average admits the longest input of them all."""
+    steps = step_checkpoints(run)
+    other = load_checkpoint(steps[1])
+    other["config"] = {**other["config"], "kernel": "torch", "max_len": other["config"]["max_len"] + 64}
+    save_checkpoint(tmp_path / "torch.pt", other)
+    out = average.main([str(steps[0]), str(tmp_path / "torch.pt"), "--output", str(tmp_path / "avg.pt")])
+    config = load_checkpoint(out)["config"]
+    assert config["kernel"] == "torch" and config["max_len"] == other["config"]["max_len"]
+    assert {k: v for k, v in config.items() if k not in ("kernel", "max_len")} == {
+        k: v for k, v in load_checkpoint(steps[0])["config"].items() if k not in ("kernel", "max_len")}
+
+
 def test_pick_checkpoint_with_the_average_alone(tmp_path):
     """An unfinished GPU run brings back its average and no best.pt (scripts/gpu/finish_on_cpu.sh):
     the pick is among the average's scores, its best length penalty; with none scored, best.pt as before."""

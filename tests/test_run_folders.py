@@ -12,7 +12,7 @@ import torch
 from scratchformer import ablate
 from scratchformer import data as D
 from scratchformer import train as T
-from scratchformer.checkpoint import CheckpointError, load_checkpoint
+from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scratchformer.device import DeviceError
 from scratchformer.training.ablation import variant_folders
 from scratchformer.training.build import build_data, class_count, model_config
@@ -332,6 +332,34 @@ def test_a_huge_label_is_refused_before_a_head_is_built(tmp_path):
                        r"without a label list in meta.json .* \(3 distinct seen, so at most 5\)"):
         T.main(["--data", str(d), "--out", str(tmp_path / "run"), "--no-progress", "--max-steps", "1"])
     assert not (tmp_path / "run" / "tokenizer.json").exists()  # refused before the tokenizer was trained
+
+
+def test_a_start_checkpoint_of_other_classes_or_processes_is_refused_before_the_folder(tmp_path):
+    """--init-from a classifier of another class count, and --resume with another number of processes
+    than wrote the checkpoint, are refused naming both counts, before --overwrite clears the run
+    there (the class count was checked once the folder was cleared; a resume under another world
+    size crashed in set_rng_state, or with fewer processes silently trained batches twice)."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    two = _classification_folder(tmp_path / "a", [0, 1] * 9)
+    three = _classification_folder(tmp_path / "b", [0, 1, 2] * 6)
+    flags = ["--max-steps", "1", "--eval-every", "1", "--no-progress", "--no-plots", "--d-model", "32", "--heads",
+             "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
+    T.main(["--data", str(two), "--out", str(tmp_path / "clf2"), *flags])
+    T.main(["--data", str(three), "--out", str(tmp_path / "clf3"), *flags])
+    before = _snapshot(tmp_path / "clf3")
+    with pytest.raises(ConfigError, match=r"--init-from .*clf2.best\.pt classifies into 2 classes; the data has 3"):
+        T.main(["--data", str(three), "--out", str(tmp_path / "clf3"), "--overwrite", "--init-from",
+                str(tmp_path / "clf2"), "--max-steps", "1", "--no-progress"])
+    assert _snapshot(tmp_path / "clf3") == before
+    last = tmp_path / "clf3" / "last.pt"
+    ck = load_checkpoint(last)
+    ck["rng"] = [ck["rng"], ck["rng"]]  # as two DDP processes write it
+    save_checkpoint(last, ck)
+    before = _snapshot(tmp_path / "clf3")
+    with pytest.raises(ConfigError, match=r"--resume .*last\.pt was written by 2 processes and this run has 1: .*"
+                       r"resume with torchrun --nproc_per_node 2, or start a new run from its weights"):
+        T.main(["--resume", "--out", str(tmp_path / "clf3"), "--max-steps", "2"])
+    assert _snapshot(tmp_path / "clf3") == before
 
 
 def test_labels_checked_against_meta_json(tmp_path):

@@ -183,6 +183,7 @@ BAD_OPTIONS = [
     (["--tokenizer", "a", "b", "c"], r"--tokenizer takes one file \(shared\) or two"),
     (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile"),
     (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),
+    (["--compile", "nosuch"], r"--compile nosuch: torch.compile has no such backend; it has .*inductor"),
 ]
 
 

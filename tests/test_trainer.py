@@ -7,7 +7,9 @@ import io
 import json
 import os
 import re
+import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,9 +35,9 @@ TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--v
         "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
 
 
-def _trainer(out, *flags, device="cpu") -> Trainer:
+def _trainer(out, *flags, device="cpu", dist=None) -> Trainer:
     """A Trainer built by hand (no Trainer.create): the flags' data (default: synthetic), on
-    `device`, logging off."""
+    `device`, logging off; `dist`: its place in a DDP job (the process group set up)."""
     cfg, _ = parse_args(TINY + ["--dropout", "0.1", "--eval-every", "2", "--batch-size", "8", *flags])
     source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
     cfg = cfg.resolved(source.task, source.kind == "synthetic")
@@ -45,7 +47,7 @@ def _trainer(out, *flags, device="cpu") -> Trainer:
     data = build_data(cfg, source, out, Dist(), log)
     mcfg = model_config(cfg, data)
     model = build_model(mcfg, device)
-    return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log)
+    return Trainer(cfg, model, data, model_config=mcfg, out=out, device=torch.device(device), log=log, dist=dist)
 
 
 EXTRACTIVE = "extractive"  # in a test's flags: an extractive run on conftest.extractive_folder's documents
@@ -367,6 +369,55 @@ class _Ranks:
     def broadcast(self, obj):
         self.broadcasts += 1
         return obj
+
+
+def _ddp_gradients(rank: int, world: int, port: int, out: str) -> None:
+    """A DDP rank (gloo) of `test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens`: one
+    train_step on its own batch, the update left out; saves the batch and the gradients."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        trainer = _trainer(Path(out) / f"rank{rank}", *DDP_FLAGS, dist=Dist(rank, world, rank))
+        group = _batches(trainer, 1)[0]
+        trainer.optimizer.step = trainer.optimizer.zero_grad = lambda *a, **k: None  # keep the gradients
+        trainer.train_step(group)
+        torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()}},
+                   Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+DDP_FLAGS = ("--dropout", "0", "--clip-norm", "0")
+
+
+def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path):
+    """Under DDP (2 gloo processes, batches of unequal target tokens) a step's gradient is the one of
+    a single process accumulating both ranks' batches: every target token weighs the same. (Each
+    rank once divided its loss by its own tokens and DDP averaged: a short batch's tokens weighed
+    more; 45% off here.)"""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_ddp_gradients, args=(rank, 2, port, str(tmp_path))) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    group = ranks[0]["group"] + ranks[1]["group"]
+    ntok = [sum(b.num_tgt_tokens for b in r["group"]) for r in ranks]
+    assert ntok[0] != ntok[1], ntok  # else per-rank and global normalisation agree
+    ref = _trainer(tmp_path / "one", *DDP_FLAGS)
+    ref.optimizer.step = lambda *a, **k: None
+    ref._update(group, sum(ntok))
+    for name, p in ref.model.named_parameters():
+        torch.testing.assert_close(ranks[0]["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert torch.equal(ranks[1]["grads"][name], ranks[0]["grads"][name])
 
 
 def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):

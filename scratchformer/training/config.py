@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .. import data as D
 from ..cli import add_debug_flag
+from ..compile import check_backend
 from ..data.tokenizer import MIN_VOCAB
 from ..model import PRESETS
 
@@ -38,6 +39,8 @@ TEACHER_FORCED = ("loss", "ppl", "accuracy")
 
 class ConfigError(ValueError):
     """A training option (or a combination of options) that cannot work; the message names the flag."""
+
+
 GROUPS = ("data", "tokenizer", "model", "optimisation", "evaluation, early stopping, checkpoints, logging")
 
 
@@ -275,6 +278,8 @@ def check_config(cfg: TrainConfig) -> None:
                           f"got --compile {cfg.compile}")
     if cfg.cuda_graphs and cfg.compile:
         raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
+    if cfg.compile:
+        check_backend(cfg.compile, ConfigError)
     if cfg.cuda_graphs and cfg.recompute_activations:
         raise ConfigError("--recompute-activations sets the RNG state back for each layer's recomputation, which a "
                           "CUDA graph capture may refuse (not yet checked on a GPU): give one of it and --cuda-graphs")

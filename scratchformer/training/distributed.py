@@ -46,6 +46,15 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
+    def mean(self, value: float, device: torch.device) -> float | torch.Tensor:
+        """The mean over the ranks of each one's `value`, as a 0-dim tensor on `device` (all-reduced in
+        the device's stream: no host sync); `value` itself without DDP."""
+        if not self.on:
+            return value
+        total = torch.tensor(float(value), device=device)
+        dist.all_reduce(total)
+        return total / self.world
+
     def close(self) -> None:
         if self.on:
             dist.barrier()

@@ -54,8 +54,14 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
+    if resuming:
+        check_world(ckpt, dist_.world, str(path))
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
+    classes = start["config"].get("num_classes") if start else None
+    if examples.num_classes is not None and start and classes != examples.num_classes:
+        raise ConfigError(f"{'--resume' if resuming else '--init-from'} {path or config.init_from} classifies into "
+                          f"{classes} classes; the data has {examples.num_classes}")
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -77,7 +83,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
     if start and "kernel" in given:
         mcfg.kernel = config.kernel
-    model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, data, device, log)
+    model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, device, log)
     model.recompute_activations(config.recompute_activations)
     if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
         torch.manual_seed(config.seed + dist_.rank)
@@ -121,18 +127,28 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
     return dataclasses.replace(config, init_from=str(path)), init
 
 
-def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, data, device, log):
-    """The --init-from model with its weights, for this run's data: the same classes, and a max_len
-    (a guard; positions are computed on the fly) that admits this run's batches (`longest_position`)."""
-    if data.num_classes is not None and data.num_classes != mcfg.num_classes:
-        raise ConfigError(f"--init-from {config.init_from} classifies into {mcfg.num_classes} classes; the data has "
-                          f"{data.num_classes}")
+def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, device, log):
+    """The --init-from model with its weights, for this run's data (its classes checked in `create_trainer`),
+    with a max_len (a guard; positions are computed on the fly) that admits this run's batches
+    (`longest_position`)."""
     mcfg.max_len = max(mcfg.max_len, longest_position(config))
     model = build_model(mcfg, device)
     model.load_state_dict(init["model"])
     log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and tokenizers; "
              f"new optimizer and schedule")
     return model
+
+
+def check_world(ckpt: dict, world: int, path: str) -> None:
+    """A run resumes with the number of processes that wrote its checkpoint (one RNG state each, and
+    its place in the epoch counted in batches per process): another number would draw other batches."""
+    rng = ckpt["rng"]
+    saved = len(rng) if isinstance(rng, list) else 1
+    if saved != world:
+        how = f"torchrun --nproc_per_node {saved}" if saved > 1 else "one process (no torchrun)"
+        raise ConfigError(f"--resume {path} was written by {saved} process{'es' * (saved > 1)} and this run has "
+                          f"{world}: its place in the epoch and its random streams are per process; resume with {how}, "
+                          "or start a new run from its weights with --init-from")
 
 
 def precision_for(precision: str, device: torch.device) -> str:

@@ -152,7 +152,7 @@ class Trainer:
         self.progress = Progress(**ckpt["progress"])
         self.progress.resumed(self.config.time_budget, self.config.patience)  # larger ones go on
         rng = ckpt["rng"]
-        set_rng_state(rng[self.dist.rank] if isinstance(rng, list) and self.dist.rank < len(rng) else rng)
+        set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # as many as ranks (`check_world`)
         p = self.progress
         self.log.info(f"resumed from {self.config.resume_path}: step {p.step}, epoch {p.epoch + 1}, batch {p.batch}")
 
@@ -247,8 +247,10 @@ class Trainer:
         replays its batch shape's CUDA graph (`ShapeGraphs`).
 
         The loss is normalised by the group's target tokens (examples for classification, sentences
-        for extraction), so accumulation equals one big batch; DDP syncs gradients on the group's
-        last batch only.
+        for extraction), so accumulation equals one big batch; under DDP by the mean of every rank's
+        (DDP averages the ranks' gradients), so the ranks' groups together are one big batch, each
+        token weighed the same however the tokens fall across ranks. DDP syncs gradients on the
+        group's last batch only.
         Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
         device until a train row is logged, so the host queues the next step while this one runs.
         """
@@ -258,7 +260,8 @@ class Trainer:
         if self.graphs is not None:
             loss_total, nll_total, gnorm = self.graphs(group, ntok)
         else:
-            loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group], ntok)
+            loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group],
+                                                        self.dist.mean(ntok, self.device))
         self.optimizer.zero_grad(set_to_none=True)
         if self.config.schedule != "plateau":
             self.scheduler.step()
@@ -270,8 +273,8 @@ class Trainer:
     def _update(self, group: list[D.Batch], ntok: int | torch.Tensor,
                 graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward, backward, clipping and the optimizer's step over batches on the device (no
-        zero_grad) -> (loss sum, NLL sum, grad norm). `graphed`: run or captured for a CUDA graph
-        (autocast without its cache of cast weights)."""
+        zero_grad) -> (loss sum, NLL sum, grad norm); the loss is divided by `ntok` (`train_step`).
+        `graphed`: run or captured for a CUDA graph (autocast without its cache of cast weights)."""
         cfg = self.config
         loss_total = nll_total = torch.zeros((), device=self.device)
         for i, batch in enumerate(group):
