@@ -50,6 +50,19 @@ class Window:
     tokens: int = 0
     t0: float = field(default_factory=time.time)
 
+    def to_dict(self) -> dict:
+        """Plain numbers for a checkpoint (reads the sums on the host): a resumed run's next train row
+        then sums the same steps as the uninterrupted run's."""
+        return {"loss": float(self.loss), "nll": float(self.nll), "tokens": self.tokens,
+                "seconds": time.time() - self.t0}
+
+    @classmethod
+    def from_dict(cls, saved: dict | None) -> Window:
+        """The window a checkpoint saved (`to_dict`), its time going on from now; a new one for None."""
+        if not saved:
+            return cls()
+        return cls(saved["loss"], saved["nll"], saved["tokens"], time.time() - saved["seconds"])
+
     @contextmanager
     def paused(self):
         """The time spent inside (validation, checkpoints) is left out of the window's throughput."""

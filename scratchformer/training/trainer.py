@@ -89,6 +89,7 @@ class Trainer:
         self.train_seconds: float = 0.0  # the run's training time, every session, when fit() returns
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
         self._window = Window()
+        self._resumed_window: dict | None = None  # a resumed checkpoint's train-row sums (fit goes on with them)
         self._bar: tqdm | None = None
         self.graphs: ShapeGraphs | None = None  # --cuda-graphs: made at the first step (after a resume's optimizer)
 
@@ -119,7 +120,8 @@ class Trainer:
         return {
             "version": 1, "model": self.model.state_dict(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            "rng": rng, "progress": self.progress.to_dict(), "config": self.model_config.to_dict(),
+            "rng": rng, "progress": self.progress.to_dict(), "window": self._window.to_dict(),
+            "config": self.model_config.to_dict(),
             "args": self.config.to_dict(), "data": self.data.source.to_dict(),
             "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
         }
@@ -150,6 +152,7 @@ class Trainer:
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
+        self._resumed_window = ckpt.get("window")  # None in checkpoints before 2026-12-02: a new window
         self.progress.resumed(self.config.time_budget, self.config.patience)  # larger ones go on
         rng = ckpt["rng"]
         set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # as many as ranks (`check_world`)
@@ -169,7 +172,7 @@ class Trainer:
         self.model.train()
         self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
                          desc="train", dynamic_ncols=True, mininterval=0.5)
-        self._window = Window()
+        self._window = Window.from_dict(self._resumed_window if prog.step else None)
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
             self._check_time(force=True)
