@@ -418,3 +418,13 @@ def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_pa
         capsys.readouterr().out)
     ck = load_checkpoint(run / "last.pt")
     assert ck["progress"]["step"] == 5 and ck["args"]["resume_path"] == str(run / "step_0000004.pt")
+
+
+@pytest.mark.parametrize("metric, worse, better", [("loss", 5.0, 4.0), ("bleu", 10.0, 12.0)])
+def test_a_nan_validation_never_becomes_the_best(metric, worse, better):
+    """A diverged validation (NaN) is not an improvement, and any number improves on a NaN best (a NaN
+    taken as best once held best.pt for the rest of the run: nothing compares better than NaN)."""
+    nan = float("nan")
+    assert not O.is_better(metric, nan, None) and not O.is_better(metric, nan, worse)
+    assert O.is_better(metric, worse, nan) and O.is_better(metric, worse, None)
+    assert O.is_better(metric, better, worse) and not O.is_better(metric, worse, better)

@@ -15,7 +15,11 @@ HIGHER_IS_BETTER = {"bleu", "chrf", "exact_match", "accuracy", "rouge1", "rouge2
 
 
 def is_better(metric: str, new: float, best: float | None) -> bool:
-    if best is None:
+    """Whether `new` improves on `best` (None: nothing yet). A NaN (a diverged validation) is never
+    better, and anything else is better than a NaN best: one NaN must not hold best.pt for good."""
+    if math.isnan(new):
+        return False
+    if best is None or math.isnan(best):
         return True
     return new > best if metric in HIGHER_IS_BETTER else new < best
 
