@@ -75,6 +75,9 @@ def test_read_jsonl_translation(tmp_path, name):
         ('{"text": "t", "label": "pos"}', "classification", "field 'label' must be an integer"),
         ('{"text": "t", "label": true}', "classification", "field 'label' must be an integer"),
         ('["not", "an", "object"]', "translation", "expected a JSON object"),
+        ('{"src": "smile \\ud83d", "tgt": "b"}', "translation",  # half an emoji: the tokenizer failed on it, unnamed
+         "field 'src' holds an unpaired surrogate (\\ud83d at character 7"),
+        ('{"document": "d", "summary": "\\udc00 x"}', "summarization", "field 'summary' holds an unpaired surrogate"),
     ],
 )
 def test_read_jsonl_errors_name_file_and_line(tmp_path, line, task, message):
@@ -172,6 +175,16 @@ def test_infer_task_reads_through_the_same_reader(tmp_path):
     (tmp_path / "meta.json").write_text('{"task": "classification",\n "labels": }')
     with pytest.raises(D.DataError, match=r"meta\.json:2: bad JSON"):
         D.resolve_source(data=str(tmp_path))
+    # with --task the task is not inferred, but the class names are still read, through read_json; labels
+    # keyed by name once failed in int() ("invalid literal"), unnamed
+    for task in (None, "classification"):
+        with pytest.raises(D.DataError, match=r"meta\.json:2: bad JSON"):
+            D.resolve_source(data=str(tmp_path), task=task)
+    (tmp_path / "meta.json").write_text('{"task": "classification", "labels": {"negative": 0, "positive": 1}}')
+    with pytest.raises(D.DataError, match=r"meta\.json: 'labels' must map class ids to names, .*got \['negative', "):
+        D.resolve_source(data=str(tmp_path), task="classification")
+    (tmp_path / "meta.json").write_text('{"task": "classification", "labels": {"1": "pos", "0": "neg"}}')
+    assert D.resolve_source(data=str(tmp_path), task="classification").labels == {0: "neg", 1: "pos"}
 
 
 def test_read_tsv_positional_and_header(tmp_path):

@@ -216,6 +216,8 @@ def test_field_override(tmp_path):
     ('{"id": "a", "src": "one"}\n{"id": "a", "src": "two"}\n', r"in\.jsonl:2: duplicate id 'a' \(first on line 1\)"),
     ('{"id": "a", "src": 7}\n', r"in\.jsonl:1: field 'src' must be a string"),
     ('{"id": "a", "src": "  "}\n', r"in\.jsonl:1: field 'src' is empty"),
+    ('{"id": "a", "src": "ok"}\n{"id": "b", "src": "cut \\ud83d"}\n', r"in\.jsonl:2: field 'src' holds an unpaired "
+     r"surrogate \(\\ud83d at character 5"),
     ('["one"]\n', r"in\.jsonl:1: expected a JSON object"),
     ("", r"in\.jsonl: no inputs \(the file is empty\)"),
     ("\n\n", r"in\.jsonl: no inputs"),

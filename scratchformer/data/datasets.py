@@ -30,7 +30,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
+from .files import COMPRESSED, DataError, check_text, read_json, read_lines, uncompressed_name
 
 TASKS = ("translation", "summarization", "classification", "extractive")
 SPLITS = ("train", "validation", "test")
@@ -105,21 +105,14 @@ def _check_record(rec, task: str, where: str) -> Example:
         if f not in rec or rec[f] is None:
             have = ", ".join(sorted(map(str, rec))) or "none"
             raise DataError(f"{where}: missing field {f!r} ({task} records need {src_f!r} and {tgt_f!r}; have {have})")
-    src, tgt = rec[src_f], rec[tgt_f]
-    if not isinstance(src, str):
-        raise DataError(f"{where}: field {src_f!r} must be a string, got {type(src).__name__}")
-    if not src.strip():
-        raise DataError(f"{where}: field {src_f!r} is empty")
+    src, tgt = check_text(rec[src_f], src_f, where), rec[tgt_f]
     if task == "classification":
         if isinstance(tgt, bool) or not isinstance(tgt, int):
             raise DataError(f"{where}: field 'label' must be an integer, got {type(tgt).__name__} {tgt!r}")
         if tgt < 0:
             raise DataError(f"{where}: field 'label' must be >= 0, got {tgt}")
     else:
-        if not isinstance(tgt, str):
-            raise DataError(f"{where}: field {tgt_f!r} must be a string, got {type(tgt).__name__}")
-        if not tgt.strip():
-            raise DataError(f"{where}: field {tgt_f!r} is empty")
+        check_text(tgt, tgt_f, where)
     rid = rec.get("id")
     return Example(src, tgt, None if rid is None else str(rid))
 
@@ -244,14 +237,19 @@ def infer_task(folder: Path) -> str:
 
 
 def label_names(folder: Path | None) -> dict[int, str] | None:
-    """Class names from a folder's meta.json ("labels": {"0": "negative", ...}), if any."""
-    if folder is None or not (folder / "meta.json").exists():
+    """Class names from a folder's meta.json ("labels": {"0": "negative", ...}), if any; DataError
+    naming the file for one that is not a JSON object, or labels not keyed by class id."""
+    meta = None if folder is None else folder / "meta.json"
+    if meta is None or not meta.exists():
         return None
-    try:
-        labels = json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("labels")
-    except json.JSONDecodeError:
+    labels = read_json(meta).get("labels")
+    if labels is None:
         return None
-    return {int(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else None
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and k.isdigit() and k.isascii() for k in labels):
+        got = list(labels)[:3] if isinstance(labels, dict) else type(labels).__name__
+        raise DataError(f"{meta}: 'labels' must map class ids to names, {{\"0\": \"negative\", \"1\": \"positive\"}}; "
+                        f"got {got!r}")
+    return {int(k): str(v) for k, v in labels.items()}
 
 
 def local_folder(dataset: str) -> Path | None:

@@ -28,6 +28,22 @@ class DataError(ValueError):
     """Malformed or missing input data; the message names the file (and line) at fault."""
 
 
+def check_text(value, field: str, where: str) -> str:
+    """A record's text field: a string, not blank, and encodable as UTF-8 (a JSON escape of half a
+    surrogate pair, "\\ud83d" from a cut emoji, decodes to a str the tokenizer cannot take).
+    DataError naming `where` (file:line) and the field otherwise."""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise DataError(f"{where}: field {field!r} is empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: field {field!r} holds an unpaired surrogate (\\u{ord(value[e.start]):04x} at "
+                        f"character {e.start + 1}: half of a character cut in two, not text)") from None
+    return value
+
+
 def display_name(path: str | Path) -> str:
     return "<stdin>" if str(path) == "-" else str(path)
 

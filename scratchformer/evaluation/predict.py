@@ -35,7 +35,7 @@ import torch
 from .. import data as D
 from ..checkpoint import fsync_dir, write_lines_atomic
 from ..data.extractive import MAX_ORACLE_SENTENCES
-from ..data.files import display_name, read_lines, uncompressed_name
+from ..data.files import check_text, display_name, read_lines, uncompressed_name
 from .evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 
@@ -125,11 +125,7 @@ def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
     if field not in rec:
         have = ", ".join(repr(k) for k in rec) or "none"
         raise D.DataError(f"{where}: missing field {field!r} (fields present: {have}); choose one with --field")
-    text = rec[field]
-    if not isinstance(text, str):
-        raise D.DataError(f"{where}: field {field!r} must be a string, got {type(text).__name__}")
-    if not text.strip():
-        raise D.DataError(f"{where}: field {field!r} is empty")
+    text = check_text(rec[field], field, where)
     rid = rec.get("id", lineno)
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise D.DataError(f"{where}: field 'id' must be a string or an integer, got {type(rid).__name__}")
