@@ -305,6 +305,11 @@ def test_decoding_errors():
             greedy_decode(m, src, sl, max_len=bad)
     with pytest.raises(ValueError, match=r"max_len must be >= 1 in every row, got \[3, 0, 5, 6\]"):
         beam_search(m, src, sl, beam_size=2, max_len=torch.tensor([3, 0, 5, 6]))
+    for search in (greedy_decode, beam_search):  # a list, not a tensor: named, not an AttributeError inside
+        with pytest.raises(ValueError, match="src_lengths must be a tensor, got list"):
+            search(m, src, sl.tolist(), max_len=5)
+        with pytest.raises(ValueError, match="src must be a tensor, got list"):
+            search(m, src.tolist(), sl, max_len=5)
     with pytest.raises(ValueError, match="beam_size must be >= 1"):
         beam_search(m, src, sl, beam_size=0, max_len=5)
     with pytest.raises(ValueError, match="no_repeat_ngram must be >= 0"):

@@ -276,6 +276,8 @@ def test_debug_checks_name_the_problem(monkeypatch):
         check_batch("tgt", tokens, torch.tensor([4, 1]), vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"tokens_lengths must have shape \(2,\)"):
         check_batch("tokens", tokens, torch.tensor([3]), vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"src_lengths must be a tensor, got list"):
+        check_batch("src", tokens, [3, 1], vocab=7, max_len=8)
     clf = Classifier(get_config("classifier", src_vocab_size=V, kernel="eager"))
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 40\)"):
         clf(torch.full((2, 3), V), torch.tensor([3, 3]))

@@ -137,6 +137,11 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
 def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0,
            min_len: int = 0, check_every: int | None = None, cuda_graph: bool | None = None) -> int:
     """Checks the decoding arguments; returns the stop-check interval (see the module docstring)."""
+    if src_lengths is None:
+        raise ValueError("src_lengths is required (B,) int")
+    for name, t in (("src", src), ("src_lengths", src_lengths)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if cuda_graph and src.device.type != "cuda":
         raise ValueError(f"cuda_graph=True replays the decoding step from a CUDA graph: it needs CUDA tensors, "
                          f"src is on {src.device}")
@@ -153,8 +158,6 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
         raise ValueError(f"min_len must be >= 0 (0: off), got {min_len}")
     if no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
-    if src_lengths is None:
-        raise ValueError("src_lengths is required (B,) int")
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN

@@ -136,6 +136,9 @@ def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *
     Shapes and dtypes always; values (a host sync on a GPU) where `op_checks.value_checks` allows: on
     CPU tensors, or anywhere with SCRATCHFORMER_DEBUG=1. Raises ValueError naming the problem.
     """
+    for what, t in ((name, tokens), (f"{name}_lengths", lengths)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} must be a tensor, got {type(t).__name__}")
     if tokens.dim() != 2:
         raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(tokens.shape)}")
     if tokens.dtype not in (torch.int32, torch.int64):
