@@ -130,6 +130,11 @@ def test_draws_are_seeded_and_occurrences_draw_apart(tok):
     assert same(a.draw(2), b.draw(2))  # a resumed run rebuilds the same
     assert not same(a.draw(2), a.draw(3))  # each epoch its own
     assert not same(a.draw(2), WordSegmentations(tok, texts, 0.3, seed=6).draw(2))
+    # a stream of its own: the target's (2) draws apart from the source's (1) under one seed, and neither
+    # takes the batch sampler's numbers (stream 0, default_rng([seed, epoch]): the source's once did)
+    assert not same(a.draw(2), WordSegmentations(tok, texts, 0.3, seed=5, stream=2).draw(2))
+    with pytest.raises(ValueError, match=r"stream must be >= 1 \(0 is the batch sampler's\), got 0"):
+        WordSegmentations(tok, texts, 0.3, seed=5, stream=0)
     # the repeated word of ODD[-1]: its 8 occurrences take their own samples, not one for the text
     ids = a.draw(0)[len(TEXTS) + len(ODD) - 1].tolist()
     words = tok.tok.decode(ids).split()

@@ -87,14 +87,19 @@ def _words(tok, text: str) -> list[str]:
 
 class WordSegmentations:
     """BPE-dropout segmentations of fixed texts with one tokenizer: `draw(epoch)` gives each text's
-    ids (no special tokens added), a pure function of (seed, epoch)."""
+    ids (no special tokens added), a pure function of (seed, stream, epoch). `stream` (>= 1) keeps
+    the draws of one run's seed apart: the source's from the target's, and both from the batch
+    sampler's shuffle (`default_rng([seed, epoch])`, the same as [seed, epoch, 0]: numpy pads the
+    entropy with zeros), which they once drew the very same numbers as."""
 
-    def __init__(self, tokenizer: BPETokenizer, texts: Sequence[str], p: float, seed: int,
+    def __init__(self, tokenizer: BPETokenizer, texts: Sequence[str], p: float, seed: int, stream: int = 1,
                  samples: int = SAMPLES_PER_WORD):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"BPE-dropout rate must be in [0, 1), got {p}")
         if samples < 1:
             raise ValueError(f"samples per word must be >= 1, got {samples}")
+        if stream < 1:
+            raise ValueError(f"stream must be >= 1 (0 is the batch sampler's), got {stream}")
         model = json.loads(tokenizer.to_str())["model"]
         if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             raise ValueError("BPE-dropout needs a plain BPE tokenizer (no subword prefix or word suffix), "
@@ -102,12 +107,12 @@ class WordSegmentations:
         vocab: dict[str, int] = model["vocab"]
         ranks = {tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m): r for r, m in enumerate(model["merges"])}
         tok = tokenizer.tok
-        self.seed, self.samples = seed, samples
+        self.seed, self.stream, self.samples = seed, stream, samples
         types: dict[str, int] = {}  # a word's string -> its type id
         pieces: list[list[int]] = []  # type * samples + k -> ids
         occurrences: list[int] = []  # every text's words' types, in order
         self.text_starts = np.zeros(len(texts) + 1, dtype=np.int64)  # text t: occurrences[starts[t]:starts[t + 1]]
-        rng = random.Random(seed)
+        rng = random.Random(f"{seed}/{stream}")
 
         def drawn(word: str) -> list[list[int]]:  # a new word's `samples` segmentations, as ids
             path = bpe_path(word, ranks)
@@ -131,7 +136,7 @@ class WordSegmentations:
     def draw(self, epoch: int) -> Ragged:
         """Every text's ids for this epoch (int32): each word occurrence one of its word's samples."""
         n = len(self.occurrences)
-        pick = np.random.default_rng([self.seed, epoch]).integers(self.samples, size=n)
+        pick = np.random.default_rng([self.seed, epoch, self.stream]).integers(self.samples, size=n)
         piece = self.occurrences * self.samples + pick
         lengths = self.piece_lengths[piece]
         ends = np.cumsum(lengths)
