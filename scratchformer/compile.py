@@ -64,7 +64,7 @@ def check_backend(backend: str | object, error: type[ValueError] = ValueError) -
     if backend not in known:
         shown = sorted({*torch._dynamo.list_backends(), "aot_eager", "eager"} & set(known))
         raise error(f"--compile {backend}: torch.compile has no such backend; it has {', '.join(shown)} "
-                         "(torch._dynamo.list_backends())")
+                    "(torch._dynamo.list_backends())")
 
 
 def compile_model(

@@ -94,6 +94,7 @@ def test_abbreviations_end_no_sentence():
     ("she said : ‘ it was fun . ’ then she left .", ["she said : ‘ it was fun . ’", "then she left ."]),
     ("' we will win . ' he said . ' next time . '", ["' we will win . '", "he said .", "' next time . '"]),
     ('He said "we will win." He left.', ['He said "we will win."', "He left."]),  # untokenized
+    ("A base (in the u.s.) is big. It is.", ["A base (in the u.s.) is big.", "It is."]),  # 'u.s.)' ends none
 ])
 def test_a_closing_quote_stays_with_its_sentence(text, sentences):
     """A quotation mark token after a sentence end closes that sentence's quote when one is open (CNN/DM's

@@ -27,7 +27,8 @@ def split_sentences(text: str) -> list[str]:
     quotes = {m.start(): m.group() for m in _QUOTE_TOKEN.finditer(text)}
     pieces, start = [], 0
     for m in _SENT_END.finditer(text):
-        if "\n" not in m.group() and _ABBREVIATION.search(text, max(0, m.start() - 16), m.start()):
+        stop = m.start() - (text[m.start() - 1] not in ".!?")  # the . ! ? itself ('u.s.)' ends in '.')
+        if "\n" not in m.group() and _ABBREVIATION.search(text, max(0, stop - 16), stop):
             continue
         end, after = m.start(), m.end()
         if "\n" not in m.group() and after in quotes and _closes(quotes, after):
