@@ -24,13 +24,15 @@ def value_checks(t: torch.Tensor) -> bool:
     return (DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
 
 
-def _check_number(op: str, name: str, value, *, positive: bool = False) -> None:
-    """A float argument: finite (NaN and inf refused), and > 0 where `positive`. Not inside a
-    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
+def _check_number(op: str, name: str, value, *, positive: bool = False, nonnegative: bool = False) -> None:
+    """A float argument: finite (NaN and inf refused), and > 0 where `positive`, >= 0 where
+    `nonnegative`. Not inside a torch.compile trace, where a float may be symbolic (math.isfinite
+    would break the graph)."""
     if torch.compiler.is_compiling():
         return
-    if not math.isfinite(value) or (positive and not value > 0):
-        raise ValueError(f"{op}: {name} must be a finite number{' > 0' if positive else ''}, got {value}")
+    if not math.isfinite(value) or (positive and not value > 0) or (nonnegative and not value >= 0):
+        bound = " > 0" if positive else " >= 0" if nonnegative else ""
+        raise ValueError(f"{op}: {name} must be a finite number{bound}, got {value}")
 
 
 def _check_dropout(op: str, p) -> None:
@@ -106,7 +108,7 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=
     _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
     _check_dropout("attention", dropout_p)
     if scale is not None:
-        _check_number("attention", "scale", scale)
+        _check_number("attention", "scale", scale, nonnegative=True)  # as the kernel's (kernels/attention.py)
 
 
 def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
@@ -150,7 +152,7 @@ def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
     _check_dropout("ffn", dropout_p)
 
 
-def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
+def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, **_):
     if tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
     if tokens.dim() != 2 or weight.dim() != 2:
@@ -162,6 +164,8 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, **_):
     if _check_int("embed", "pos_offset", pos_offset) < 0:
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
     _check_number("embed", "scale", scale)
+    if pos_encoding and weight.shape[1] % 2:
+        raise ValueError(f"embed: d_model must be even for the sinusoidal positions, got {weight.shape[1]}")
     V = weight.shape[0]
     if value_checks(tokens) and tokens.numel():  # no read (and no guard) under torch.compile
         bad = (tokens < 0) | (tokens >= V)
@@ -180,18 +184,24 @@ def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, 
     V = weight.shape[0]
     if bias is not None and bias.shape != (V,):
         raise ValueError(f"linear_cross_entropy: bias must be ({V},) (V), got {tuple(bias.shape)}")
-    if target.dtype != torch.int64 or target.shape != (x.shape[0],):
-        raise ValueError(f"linear_cross_entropy: target must be int64 of shape ({x.shape[0]},), got {target.dtype} "
-                         f"{tuple(target.shape)}")
     if not (x.device == weight.device == target.device):
         raise ValueError(f"linear_cross_entropy: x on {x.device}, weight on {weight.device}, target on "
                          f"{target.device}")
+    check_targets("linear_cross_entropy", target, x.shape[0], V, label_smoothing, ignore_index)
+
+
+def check_targets(op: str, target, rows: int, V: int, label_smoothing, ignore_index) -> None:
+    """A loss's targets over V classes: int64 (rows,) ids in [0, V), a label smoothing in [0, 1) and an
+    ignore_index that is a class; `linear_cross_entropy`'s, and the copy layer's loss (`Transformer.forward`)."""
+    if not isinstance(target, torch.Tensor) or target.dtype != torch.int64 or target.shape != (rows,):
+        got = f"{target.dtype} {tuple(target.shape)}" if isinstance(target, torch.Tensor) else type(target).__name__
+        raise ValueError(f"{op}: target must be int64 of shape ({rows},), got {got}")
     if not 0.0 <= label_smoothing < 1.0 or (label_smoothing > 0.0 and V < 3):
-        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), "
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), "
                          f"got {label_smoothing} with V = {V}")
-    if not 0 <= _check_int("linear_cross_entropy", "ignore_index", ignore_index) < V:
-        raise ValueError(f"linear_cross_entropy: ignore_index {ignore_index} is not a class of [0, {V})")
+    if not 0 <= _check_int(op, "ignore_index", ignore_index) < V:
+        raise ValueError(f"{op}: ignore_index {ignore_index} is not a class of [0, {V})")
     if value_checks(target) and target.numel():
         lo, hi = int(target.min()), int(target.max())
         if lo < 0 or hi >= V:
-            raise ValueError(f"linear_cross_entropy: target ids must lie in [0, {V}), got min {lo} max {hi}")
+            raise ValueError(f"{op}: target ids must lie in [0, {V}), got min {lo} max {hi}")

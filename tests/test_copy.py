@@ -67,6 +67,26 @@ def test_a_normalised_distribution_with_finite_gradients():
         assert g.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_keeps_it_in_fp32_with_finite_gradients(dtype):
+    """Under fp16 autocast (--precision fp16) with a padded source row the gradients are finite and the
+    output is the fp32 layer's: autocast ran the layer's matmuls in fp16, where the floor on the copy
+    probabilities rounded to 0, and log 0 at the padded positions made every gradient NaN."""
+    torch.manual_seed(0)
+    pg = PointerGenerator(d)
+    h, logits, memory, src, src_lengths = _inputs(2)
+    target = torch.tensor([[1, 2, 5, 4], [10, 3, 1, 2], [8, 1, 2, 4]])
+    ref = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+    with torch.autocast("cpu", dtype=dtype):
+        out = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+        (-out.gather(-1, target[..., None])).sum().backward()
+    assert out.dtype == torch.float32
+    tol = dict(atol=2e-2, rtol=2e-2)  # the keys come from autocast's k_proj, in `dtype`
+    torch.testing.assert_close(out, ref, **tol)
+    for name, p in pg.named_parameters():
+        assert torch.isfinite(p.grad).all(), name
+
+
 def _model(copy=True, **kw):
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=V, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
@@ -90,6 +110,14 @@ def test_what_it_refuses():
     with pytest.raises(ValueError, match="init_state needs src="):
         m.init_state(memory, sl, 4)
     torch.testing.assert_close(m.decode(tgt, memory, sl, src=src), m(src, sl, tgt))
+    # the loss's targets are checked as linear_cross_entropy checks them (the copy path skipped it: an int32
+    # target or a smoothing of 1.5 or NaN gave a loss, an id of V an IndexError deep inside)
+    for target, ls, message in [(tgt.int(), 0.0, r"target must be int64 of shape \(6,\), got torch.int32"),
+                                (torch.full_like(tgt, V), 0.0, rf"target ids must lie in \[0, {V}\), got min {V}"),
+                                (tgt, 1.5, r"label_smoothing must be in \[0, 1\)"),
+                                (tgt, float("nan"), r"label_smoothing must be in \[0, 1\) .* got nan")]:
+        with pytest.raises(ValueError, match=r"forward\(target=\): " + message):
+            m(src, sl, tgt, target=target, label_smoothing=ls)
     with pytest.raises(ConfigError, match="--copy .* shared vocabulary \\(drop --separate-vocab\\)"):
         check_config(TrainConfig(copy=True, separate_vocab=True))
     with pytest.raises(ConfigError, match="--copy is for sequence-to-sequence tasks"):

@@ -169,6 +169,10 @@ def test_embed_refuses_bad_shapes_and_scales(ops_backend):
         ops_backend.embed(torch.tensor([[1, 2]]), w.long(), scale=1.0)
     with pytest.raises(ValueError, match="embed: scale must be a finite number, got nan"):
         ops_backend.embed(torch.tensor([[1, 2]]), w, scale=float("nan"))
+    # an odd width: refused with positions (triton's C++ op raised a RuntimeError), fine without them
+    with pytest.raises(ValueError, match="embed: d_model must be even for the sinusoidal positions, got 15"):
+        ops_backend.embed(torch.tensor([[1, 2]]), w[:, :15], scale=1.0)
+    assert ops_backend.embed(torch.tensor([[1, 2]]), w[:, :15], scale=1.0, pos_encoding=False).shape == (1, 2, 15)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,10 +191,11 @@ def test_attention_refuses_a_head_dim_of_zero_and_lengths_that_are_not_a_tensor(
         ops_backend.attention(q, k, v, key_lengths=[1, 3])
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
-def test_attention_refuses_a_non_finite_scale(ops_backend, scale):
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), -0.5])
+def test_attention_refuses_a_non_finite_or_negative_scale(ops_backend, scale):
+    """Every backend alike (a negative scale went through eager and torch, the triton kernel refused it)."""
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=rf"attention: scale must be a finite number, got {scale}"):
+    with pytest.raises(ValueError, match=rf"attention: scale must be a finite number >= 0, got {scale}"):
         ops_backend.attention(q, k, v, scale=scale)
 
 

@@ -48,7 +48,17 @@ class PointerGenerator(nn.Module):
         The copy part is summed per distinct source token on (B, Lt, Ls) and written into the
         vocabulary's log-probabilities at each token's first source position; only the vocabulary
         part is ever dense (B, Lt, V): one extra column takes the writes of the other positions.
+
+        Under autocast the layer runs with it off, in fp32: fp16 autocast ran its matmuls in fp16
+        whatever their inputs' dtype, where the floor on the copy probabilities (fp32's smallest
+        normal) is 0, so log 0 at a padded source position made every gradient NaN.
         """
+        if h.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(h.device.type):
+            with torch.autocast(h.device.type, enabled=False):
+                return self._mix(h.float(), logits, memory, keys, src, src_lengths)
+        return self._mix(h, logits, memory, keys, src, src_lengths)
+
+    def _mix(self, h, logits, memory, keys, src, src_lengths):
         B, Lt, V = logits.shape
         Ls = src.shape[1]
         scores = torch.matmul(self.q_proj(h).float(), keys.float().transpose(1, 2)) * self.scale  # (B, Lt, Ls)

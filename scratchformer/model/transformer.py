@@ -271,6 +271,8 @@ class Transformer(_Model):
             return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
         target = target.flatten()
         if self.copy is not None:  # log-probabilities mixed with the source's: no logits to fuse away
+            op_checks.check_targets("forward(target=)", target, target.shape[0], self.generator.out_features,
+                                    label_smoothing, PAD_ID)
             logprobs = self._decode(tgt, memory, src_lengths, tgt_lengths, src=src)
             return nll_loss_ref(logprobs.flatten(0, 1), target, label_smoothing, PAD_ID)
         h = self.decoder(tgt, memory, src_lengths, tgt_lengths).flatten(0, 1)
