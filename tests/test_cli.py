@@ -381,6 +381,26 @@ def _eval_run(root: Path, seed: int = 0, words: str = "one two three red house b
     return run
 
 
+def test_an_ensemble_reads_and_decodes_the_same_in_any_order(tmp_path):
+    """Members trained at other lengths: the ensemble takes the longest source and output of any of
+    them, whatever their order (the first member's decided: a 6-token cap first, a 10-token one
+    second, gave other predictions and another loss than the reverse order)."""
+    from scratchformer.checkpoint import save_checkpoint
+    from scratchformer.evaluation.evaluate import load_models
+
+    a, b = _eval_run(tmp_path / "a"), _eval_run(tmp_path / "b", seed=1)
+    short = load_checkpoint(b / "best.pt")
+    short["args"] = {**short["args"], "max_src_len": 6, "max_tgt_len": 4}
+    save_checkpoint(b / "best.pt", short)
+    ab, ba = (load_models(order)[2]["args"] for order in ([a, b], [b, a]))
+    assert (ab["max_src_len"], ab["max_tgt_len"]) == (ba["max_src_len"], ba["max_tgt_len"]) == (16, 10)
+    flags = ["--split", "validation", "--limit", "6", "--max-tokens", "64", "--beam-size", "2"]
+    score = {name: evaluate.main(["--checkpoint", *order, "--out", str(tmp_path / name), *flags])
+             for name, order in (("ab", [str(a), str(b)]), ("ba", [str(b), str(a)]))}
+    assert _predictions(tmp_path / "ab") == _predictions(tmp_path / "ba")
+    assert score["ab"]["loss"] == pytest.approx(score["ba"]["loss"], rel=1e-5)
+
+
 def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(tmp_path, monkeypatch, capsys):
     """evaluate without --out writes into the checkpoint's run folder, never the current directory;
     when that folder refuses writes the scores are printed first and the error says so (exit 2)."""

@@ -56,7 +56,8 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     """One checkpoint (a file or run folder) or a list of them -> (model, tokenizers, checkpoint
     dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
     one task and one tokenizer pair: a CheckpointError names the first checkpoint that differs.
-    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step."""
+    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step, and
+    the longest max_src_len / max_tgt_len of its members in "args"."""
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     loaded = [load_run(p, device, kernel, compile) for p in paths]
     model, tokenizers, ckpt = loaded[0]
@@ -69,8 +70,14 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
         if other["tokenizers"] != ckpt["tokenizers"]:
             raise CheckpointError(f"{other['path']} and {ckpt['path']} have different tokenizers: an ensemble "
                                   "averages its models' predictions over one vocabulary")
-    ckpt["ensemble"] = [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded]
-    return Ensemble(m for m, _, _ in loaded).eval(), tokenizers, ckpt
+    ensemble = Ensemble(m for m, _, _ in loaded).eval()
+    # the longest source and output of any member (within the positions all of them admit): the same
+    # ensemble in any order reads and decodes the same (the first member's once decided)
+    longest = {k: min(max(c["args"][k] for _, _, c in loaded), ensemble.cfg.max_len - 1)
+               for k in ("max_src_len", "max_tgt_len")}
+    ckpt = {**ckpt, "args": {**ckpt["args"], **longest},
+            "ensemble": [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded]}
+    return ensemble, tokenizers, ckpt
 
 
 def autocast_for(device: torch.device, precision: str, cache: bool = True):
