@@ -61,6 +61,12 @@ def debug_requested(argv: list[str]) -> tuple[list[str], bool]:
     return head + argv[end:], flag or env
 
 
+def given_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, flags) -> list[str]:
+    """Those of `flags` ("--beam-size", ...) whose value in `args` is not the parser's default."""
+    dests = {f: f[2:].replace("-", "_") for f in flags}
+    return [f for f, dest in dests.items() if getattr(args, dest) != parser.get_default(dest)]
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """Declare ``--debug`` so that ``--help`` lists it (`run` takes it off before parsing)."""
     parser.add_argument("--debug", action="store_true",

@@ -34,7 +34,13 @@ from .evaluation.evaluate import (
     load_models,
     write_outputs,
 )
-from .evaluation.predict import add_summary_options, check_extract_options, check_options
+from .evaluation.predict import (
+    DECODE_FLAGS,
+    add_summary_options,
+    check_decode_flags,
+    check_extract_options,
+    check_options,
+)
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
 
@@ -80,6 +86,14 @@ def check_args(args) -> None:
     resolves --device."""
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
+    if args.baseline is not None:  # a baseline of the data alone: no model, nothing to decode
+        unused = (["--checkpoint"] * bool(args.checkpoint) + ["--attention"] * (args.attention is not None)
+                  + cli.given_flags(args, build_parser(), (*DECODE_FLAGS, "--kernel", "--compile", "--precision")))
+        if unused:
+            raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
+                                 f"drop {', '.join(unused)}")
+    if args.data and args.dataset:
+        raise cli.UsageError(f"--data {args.data} and --dataset {args.dataset} both name the data: give one")
     if args.checkpoint and len(args.checkpoint) > 1 and args.baseline is None:
         if not args.out:  # the default, a run folder, holds that model's own predictions and metrics
             raise cli.UsageError("an ensemble (several --checkpoint) needs --out DIR for its predictions and metrics")
@@ -142,6 +156,11 @@ def main(argv=None) -> dict:
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
     check_extract_options(ckpt["task"], args.summary_sentences, args.summary_words)
+    check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), DECODE_FLAGS))
+    out = Path(args.out) if args.out else Path(ckpt["path"]).parent
+    if not args.out and Path(ckpt["path"]).name != "best.pt" and (out / "best.pt").exists():
+        raise cli.UsageError(f"{ckpt['path']}: its predictions and scores would replace those of {out / 'best.pt'} "
+                             f"in {out} (its final report's): give --out DIR")
     run = TrainConfig.from_dict(ckpt["args"])
     source = _source_from(args, ckpt.get("data"))
     if source.task != ckpt["task"]:
@@ -159,8 +178,10 @@ def main(argv=None) -> dict:
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
                   precision=args.precision, progress=sys.stderr.isatty(),
                   summary_sentences=args.summary_sentences, summary_words=args.summary_words)
+    single = "ensemble" not in ckpt and "averaged_from" not in ckpt  # one step's weights
     result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "split": args.split, "n": len(examples),
-              "step": ckpt.get("progress", {}).get("step") if "ensemble" not in ckpt else None, **ev.metrics}
+              "step": ckpt.get("progress", {}).get("step") if single else None,
+              **({"averaged_from": ckpt["averaged_from"]} if "averaged_from" in ckpt else {}), **ev.metrics}
     if source.task == "extractive":
         (name, scores), = ev.decodings.items()
         result.update(scores, decoding=name)
@@ -172,7 +193,6 @@ def main(argv=None) -> dict:
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
           f"{format_metrics(result)}", flush=True)
-    out = Path(args.out) if args.out else Path(ckpt["path"]).parent
     save_outputs(out, args.split, examples, ev.outputs, result)
     if args.attention is not None:
         from .evaluation.plots import plot_attention  # matplotlib: only when plotting

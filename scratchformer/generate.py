@@ -100,8 +100,7 @@ def check_args(args) -> None:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
         raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
-    dests, parser = {f: f[2:].replace("-", "_") for f in BATCH_FLAGS}, build_parser()
-    batch_only = [f for f, dest in dests.items() if getattr(args, dest) != parser.get_default(dest)]
+    batch_only = cli.given_flags(args, build_parser(), BATCH_FLAGS)
     if batch_only and not args.output:  # the text mode would decode without them, silently
         one = len(batch_only) == 1
         raise cli.UsageError(f"{', '.join(batch_only)} {'is' if one else 'are'} for batch inference: give --output "
@@ -123,7 +122,7 @@ def run_batch(args) -> dict:
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
-        summary_words=args.summary_words)
+        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), P.DECODE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -172,6 +171,7 @@ def main(argv=None) -> list[dict]:
         return run_batch(args)
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
+    P.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), P.DECODE_FLAGS))
     if args.text:
         source, numbered = "--text", [(n, t) for n, t in enumerate(args.text, 1) if t.strip()]
         if not numbered:
@@ -187,8 +187,8 @@ def main(argv=None) -> list[dict]:
     for r in results:
         if args.json:
             print(json.dumps(r, ensure_ascii=False))
-        elif "output" in r:
-            print(r["output"])
+        elif "output" in r:  # one line per input: a summary's sentences side by side
+            print(r["output"].replace("\n", " "))
         else:
             print(f"{r['label_name']}\t{r['confidence']:.3f}")
     return results

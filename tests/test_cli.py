@@ -533,6 +533,9 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     ([], "--checkpoint is required"),
     (["other.pt"], "an ensemble (several --checkpoint) needs --out DIR for its predictions and metrics"),
     (["other.pt", "--out", "o", "--attention", "0"], "--attention draws one model's attention; an ensemble has none"),
+    (["--length-penalty", "2"], "--length-penalty 2 ranks beam search's hypotheses; greedy decoding (--beam-size 1)"),
+    (["--baseline", "lead3"], "--baseline lead3 scores the data's own sentences, with no model: drop --checkpoint"),
+    (["--data", "d", "--dataset", "samsum"], "--data d and --dataset samsum both name the data: give one"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
     monkeypatch.setattr(evaluate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
@@ -540,6 +543,31 @@ def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags
     with pytest.raises((cli.UsageError, OptionError), match=re.escape(message)):  # both exit 2, no traceback
         evaluate.main(ckpt + flags)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lead3_refuses_the_flags_of_a_model(tmp_path):
+    with pytest.raises(cli.UsageError, match=r"--baseline lead3 .* no model: drop --attention, --beam-size, --kernel"):
+        evaluate.main(["--baseline", "lead3", "--dataset", "samsum", "--attention", "0", "--beam-size", "4",
+                       "--kernel", "eager"])
+
+
+def test_evaluate_of_a_run_folders_other_checkpoint_needs_out_and_names_an_average(tmp_path):
+    """RUN/averaged.pt (or a step file) scored without --out would replace RUN's predictions and scores of
+    best.pt (the final report's): refused, nothing written; with --out its scores carry no step (one step's
+    label once stood for an average) but the steps it averages."""
+    from scratchformer.checkpoint import save_checkpoint
+
+    run = _eval_run(tmp_path)
+    averaged_from = [{"path": "step_0000002.pt", "step": 2}, {"path": "step_0000004.pt", "step": 4}]
+    save_checkpoint(run / "averaged.pt", {**load_checkpoint(run / "best.pt"), "averaged_from": averaged_from})
+    before = _snapshot(run)
+    flags = ["--split", "validation", "--limit", "2", "--max-tokens", "64"]
+    with pytest.raises(cli.UsageError, match=r"averaged\.pt: its predictions and scores would replace those of "
+                       r".*best\.pt .*give --out DIR"):
+        evaluate.main(["--checkpoint", str(run / "averaged.pt"), *flags])
+    assert _snapshot(run) == before
+    res = evaluate.main(["--checkpoint", str(run / "averaged.pt"), "--out", str(tmp_path / "avg"), *flags])
+    assert res["step"] is None and res["averaged_from"] == averaged_from
 
 
 def test_evaluate_and_generate_help_list_debug(capsys):

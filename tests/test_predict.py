@@ -584,6 +584,43 @@ def test_batch_inference_flags_without_output_are_refused(runs, monkeypatch, fla
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", *flags])
 
 
+def test_a_model_that_decodes_nothing_refuses_decoding_flags(runs, tmp_path):
+    """A classifier took --beam-size, --no-repeat-ngram, --min-len and --length-penalty and ignored them;
+    now they are refused, naming them, in the text mode, batch inference and evaluate alike."""
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "one two"}])
+    clf = str(runs["classification"])
+    message = r"--beam-size, --no-repeat-ngram are for decoding a sequence; this model is classification"
+    flags = ["--beam-size", "2", "--no-repeat-ngram", "3"]
+    with pytest.raises(P.OptionError, match=message):
+        generate.main(["--checkpoint", clf, "--text", "one two", *flags])
+    with pytest.raises(P.OptionError, match=message):
+        generate.main(["--checkpoint", clf, "--input", str(src), "--output", str(tmp_path / "p.jsonl"), *flags])
+    assert not (tmp_path / "p.jsonl").exists()
+    with pytest.raises(P.OptionError, match=r"--min-len is for decoding a sequence; this model is classification"):
+        evaluate.main(["--checkpoint", clf, "--min-len", "2", "--out", str(tmp_path / "e")])
+    assert generate.main(["--checkpoint", clf, "--text", "one two"])[0]["label"] in (0, 1)  # the defaults run
+
+
+def test_resume_with_overwrite_is_refused(runs, tmp_path):
+    """--resume kept the output's predictions and --overwrite was ignored (a stale line stayed)."""
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "src": "one two"}])
+    out = tmp_path / "p.jsonl"
+    out.write_text('{"id": 1, "prediction": "STALE"}\n')
+    with pytest.raises(P.OptionError, match="--resume keeps the output's predictions and --overwrite replaces them"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out),
+                       "--resume", "--overwrite"])
+    assert out.read_text() == '{"id": 1, "prediction": "STALE"}\n'
+
+
+def test_the_text_mode_prints_one_line_per_input(runs, monkeypatch, capsys):
+    """A summary decoded with a newline in it (a model trained on highlights one per line) printed as
+    several lines; the text mode's contract is one line per input."""
+    monkeypatch.setattr(generate, "generate", lambda *a, **k: [{"input": "a", "output": "one .\ntwo ."},
+                                                               {"input": "b", "output": "three ."}])
+    generate.main(["--checkpoint", str(runs["summarization"]), "--text", "a", "--text", "b"])
+    assert capsys.readouterr().out.splitlines() == ["one . two .", "three ."]
+
+
 def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, capsys):
     """generate --input test_inputs.jsonl.gz without --output translates each record's text, as with
     --output (until 2026-12-01 it translated the raw JSON lines); --format text reads such a file as text."""

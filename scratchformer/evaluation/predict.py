@@ -27,6 +27,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,12 +75,28 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
             raise OptionError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(length_penalty):
         raise OptionError(f"--length-penalty must be a finite number, got {length_penalty}")
+    if beam_size == 1 and length_penalty != 1.0:
+        raise OptionError(f"--length-penalty {length_penalty:g} ranks beam search's hypotheses; greedy decoding "
+                          "(--beam-size 1) has one: give --beam-size K > 1, or drop it")
     if no_repeat_ngram < 0:
         raise OptionError(f"--no-repeat-ngram must be >= 0 (0: off), got {no_repeat_ngram}")
     if min_len < 0:
         raise OptionError(f"--min-len must be >= 0 (0: off), got {min_len}")
     if len_ratio is not None and not (math.isfinite(len_ratio) and len_ratio >= 0):
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
+
+
+# The flags of sequence decoding (evaluate, generate): a model that decodes nothing (a classifier, an
+# extractive summarizer) refuses them rather than ignore them.
+DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")
+
+
+def check_decode_flags(task: str, given: list[str]) -> None:
+    """OptionError naming `given` decoding flags (`DECODE_FLAGS` set on the command line) for a model
+    that does not decode a sequence."""
+    if task in D.ENCODER_ONLY and given:
+        raise OptionError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for decoding a sequence; this "
+                          f"model is {task} and decodes none: drop {'it' if len(given) == 1 else 'them'}")
 
 
 def check_extract_options(task: str, summary_sentences: int | None = None, summary_words: int | None = None,
@@ -319,16 +336,19 @@ def _checked_output(output: str | Path, input: str | Path) -> tuple[Path, Path]:
 def predict_file(checkpoint: str | Path | list, input: str | Path, output: str | Path, *, field: str | None = None,
                  fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
                  device=None, kernel: str | None = None, compile: str | None = None, progress: bool = False,
-                 **predict_kw) -> dict:
+                 decode_flags: Sequence[str] = (), **predict_kw) -> dict:
     """Predict every input of a file and write ``{"id", "prediction"}`` lines to `output`, in input
     order (with `resume`, lines of ids not in the input are kept after them). `checkpoint`: a file
     or run folder, or a list of them: an ensemble (`load_models`).
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
-    keyword arguments go to `predict_records`. Returns a summary dict (counts, seconds, examples/s).
+    keyword arguments go to `predict_records`. `decode_flags`: the `DECODE_FLAGS` a command line set
+    (refused for a model that decodes none). Returns a summary dict (counts, seconds, examples/s).
     Raises OptionError for an option no model can take (checked first), DataError for bad input,
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
+    if resume and overwrite:
+        raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
     output, part = _checked_output(output, input)
     if not (resume or overwrite) and (output.exists() or part.exists()):
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
@@ -337,6 +357,7 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     model, toks, ckpt = load_models(checkpoint, device, kernel, compile)
     task = ckpt["task"]
     check_extract_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
+    check_decode_flags(task, list(decode_flags))
     records = read_inputs(input, task, field, fmt)
     done: dict[str | int, str] = {**read_done(part), **read_done(output)} if resume else {}
     todo = [r for r in records if r.id not in done]
