@@ -14,7 +14,7 @@ from scratchformer import data as D
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scratchformer.device import DeviceError
-from scratchformer.training.ablation import variant_folders
+from scratchformer.training.ablation import best_variant, variant_folders
 from scratchformer.training.build import build_data, class_count, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
@@ -307,7 +307,14 @@ def test_ablation_variant_names_stay_inside_out(tmp_path):
                           ("noequals", r"must look like NAME=FLAGS")]:
         with pytest.raises(ConfigError, match=message):
             ablate.main(["--out", str(out), "--variants", "ok=", spec, "--", *TINY, "--max-steps", "1"])
+    with pytest.raises(ConfigError, match=r"--metric blue: variant 'ok' trains translation, whose final report has "
+                       r"loss, ppl, bleu"):  # it trained every variant, then named the first one best of NaNs
+        ablate.main(["--out", str(out), "--variants", "ok=", "--metric", "blue", "--", *TINY, "--max-steps", "1"])
     assert list(tmp_path.iterdir()) == []  # refused before the first run: nothing written anywhere
+    nan = float("nan")
+    assert best_variant([{"folder": "a", "final": {"bleu": nan}}, {"folder": "b", "final": {}}], "bleu") is None
+    assert best_variant([{"folder": "a", "final": {"loss": nan}}, {"folder": "b", "final": {"loss": 3.0}}],
+                        "loss") == "b"
     with pytest.raises(ConfigError, match=r"variants 'a b' and 'a/b' would share the folder"):
         variant_folders(out, ["a b=", "a/b="], [])
     planned = variant_folders(out, ["../x=", "a/../../b=--norm pre", ".hidden="], [])

@@ -38,9 +38,10 @@ import threading
 import time
 from pathlib import Path
 
+from .. import data as D
 from ..checkpoint import write_lines_atomic
 from ..cli import add_debug_flag
-from .config import ConfigError, TrainConfig, parse_args
+from .config import METRICS, ConfigError, TrainConfig, parse_args
 from .resume import fixed_changes
 from .trainer import train
 
@@ -79,10 +80,11 @@ def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
     return metric, flat
 
 
-def variant_folders(out: Path, variants: list[str], shared: list[str]) -> list[tuple[str, str, Path]]:
+def variant_folders(out: Path, variants: list[str], shared: list[str],
+                    metric: str | None = None) -> list[tuple[str, str, Path]]:
     """(name, flags, run folder) per variant, all checked before the first run: NAME=FLAGS form,
-    flags that parse into a valid config, and a name that makes a safe folder name inside `out`
-    (letters, digits, '-', '_', '.'; not '.' or '..'; unique)."""
+    flags that parse into a valid config, a name that makes a safe folder name inside `out`
+    (letters, digits, '-', '_', '.'; not '.' or '..'; unique), and a `metric` its task computes."""
     planned, seen = [], {}
     for spec in variants:
         if "=" not in spec:
@@ -94,7 +96,12 @@ def variant_folders(out: Path, variants: list[str], shared: list[str]) -> list[t
         if slug in seen:
             raise ConfigError(f"variants {seen[slug]!r} and {name!r} would share the folder {out / slug}")
         seen[slug] = name
-        parse_args([*shared, *shlex.split(flags), "--out", str(out / slug)])  # a bad flag: refused now
+        cfg, _ = parse_args([*shared, *shlex.split(flags), "--out", str(out / slug)])  # a bad flag: refused now
+        if metric is not None:
+            task = cfg.task or D.resolve_source(cfg.dataset, cfg.data).task
+            if metric not in METRICS[task]:
+                raise ConfigError(f"--metric {metric}: variant {name!r} trains {task}, whose final report has "
+                                  f"{', '.join(METRICS[task])}")
         planned.append((name, flags, out / slug))
     return planned
 
@@ -106,7 +113,7 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     variant); no results when a variant stopped before its end."""
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
-    planned = variant_folders(out, variants, shared)
+    planned = variant_folders(out, variants, shared, metric)
     finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / "logs")
     stopped = [(name, final) for (name, _, _), final in zip(planned, finals) if "stopped" in final]
     if stopped:
@@ -125,13 +132,15 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     return metric, results
 
 
-def best_variant(results: list[dict], metric: str) -> str:
-    """The folder of the variant with the best `metric`: the lowest loss or perplexity, else the highest."""
+def best_variant(results: list[dict], metric: str) -> str | None:
+    """The folder of the variant with the best `metric`: the lowest loss or perplexity, else the highest;
+    None when no variant has a number for it (every run diverged: not the first one by default)."""
     lower = metric in ("loss", "ppl")
     def score(r):
         value = r["final"].get(metric, math.nan)
         return math.inf if math.isnan(value) else (value if lower else -value)
-    return min(results, key=score)["folder"]
+    best = min(results, key=score)
+    return best["folder"] if score(best) != math.inf else None
 
 
 def _variant_argv(name: str, flags: str, run_dir: Path, shared: list[str], log: Path | None = None) -> list[str]:

@@ -90,7 +90,8 @@ fi
 # a search's best variant is the run the rest of the steps finish (the archive takes the whole grid)
 GRID=$RUN
 if [ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ] && [ -e "$GRID/ablation.json" ]; then
-  RUN=$GRID/$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["best"])' "$GRID/ablation.json")
+  best=$("$PY" -c 'import json, sys; b = json.load(open(sys.argv[1]))["best"]; print(b) if b else sys.exit(f"{sys.argv[1]}: no variant has a score (each diverged?)")' "$GRID/ablation.json") || exit 1
+  RUN=$GRID/$best
   echo "== $RECIPE: the best variant by ${METRIC:-its metric} on validation: $(basename "$RUN")"
 fi
 

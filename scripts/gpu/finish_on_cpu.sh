@@ -51,7 +51,7 @@ if [ "$kind" = picked ]; then
   read -ra flags <<< "$flags"
   snapshot=$archive/run/test_predictions.jsonl.partial
   if [ -f "$archive/run/ablation.json" ]; then  # a search's archive holds its grid: its best variant predicted
-    best=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["best"])' "$archive/run/ablation.json")
+    best=$("$PY" -c 'import json, sys; b = json.load(open(sys.argv[1]))["best"]; print(b) if b else sys.exit(f"{sys.argv[1]}: no variant has a score (each diverged?)")' "$archive/run/ablation.json")
     snapshot=$archive/run/$best/test_predictions.jsonl.partial
   fi
   if [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
