@@ -92,6 +92,9 @@ def check_args(args) -> None:
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
                                  f"drop {', '.join(unused)}")
+    above = next((p for p in (Path(args.out), *Path(args.out).parents) if p.exists()), None) if args.out else None
+    if above is not None and not above.is_dir():  # found after the decoding, as "File exists"
+        raise cli.UsageError(f"--out {args.out}: {above} is a file, not a folder")
     if args.data and args.dataset:
         raise cli.UsageError(f"--data {args.data} and --dataset {args.dataset} both name the data: give one")
     if args.checkpoint and len(args.checkpoint) > 1 and args.baseline is None:
@@ -118,7 +121,13 @@ def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
     if args.task and args.task != ckpt_data["task"]:  # it reads --data / --dataset files; none were given
         raise cli.UsageError(f"--task {args.task} reads --data / --dataset as that task; without them the "
                              f"checkpoint's own data is read, as {ckpt_data['task']}")
-    return D.DataSource(**ckpt_data)
+    source = D.DataSource(**ckpt_data)
+    if source.kind == "local" and not Path(source.folder).is_dir():  # saved as the training's cwd saw it
+        if D.local_folder(source.name) is not None:  # a named dataset (--dataset multi30k): found from here too
+            return D.resolve_source(source.name, task=source.task)
+        raise cli.UsageError(f"the checkpoint's data folder {source.folder} (as its training saw it, from where it "
+                             f"ran) is not here: give --data DIR or --dataset NAME")
+    return source
 
 
 def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:

@@ -536,13 +536,37 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--length-penalty", "2"], "--length-penalty 2 ranks beam search's hypotheses; greedy decoding (--beam-size 1)"),
     (["--baseline", "lead3"], "--baseline lead3 scores the data's own sentences, with no model: drop --checkpoint"),
     (["--data", "d", "--dataset", "samsum"], "--data d and --dataset samsum both name the data: give one"),
+    (["--out", "__file__/sub"], "is a file, not a folder"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
     monkeypatch.setattr(evaluate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
     ckpt = [] if not flags else ["--checkpoint", str(tmp_path)]
+    flags = [f.replace("__file__", __file__) for f in flags]  # a path under a file
     with pytest.raises((cli.UsageError, OptionError), match=re.escape(message)):  # both exit 2, no traceback
         evaluate.main(ckpt + flags)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_finds_a_named_datasets_folder_from_anywhere_or_says_it_is_missing(tmp_path, monkeypatch):
+    """A checkpoint keeps its data folder as the training's cwd saw it (../shared/data/multi30k): run from
+    elsewhere, a named dataset is looked up again, and a folder that is not here is named with what to
+    give (it was "no train split", though the validation split was asked for)."""
+    from scratchformer.checkpoint import save_checkpoint
+
+    run = _eval_run(tmp_path)
+    ck = load_checkpoint(run / "best.pt")
+    toy = Path(ck["data"]["folder"])
+    (tmp_path / "datasets").mkdir()
+    shutil.copytree(toy, tmp_path / "datasets" / "toy_mt")
+    save_checkpoint(run / "best.pt", {**ck, "data": {**ck["data"], "folder": "../elsewhere/toy_mt"}})
+    monkeypatch.setenv("SCRATCHFORMER_DATA", str(tmp_path / "datasets"))
+    flags = ["--checkpoint", str(run), "--split", "validation", "--limit", "2", "--max-tokens", "64", "--out"]
+    assert evaluate.main([*flags, str(tmp_path / "e1")])["n"] == 2  # toy_mt found under $SCRATCHFORMER_DATA
+    monkeypatch.delenv("SCRATCHFORMER_DATA")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cli.UsageError, match=r"the checkpoint's data folder \.\./elsewhere/toy_mt \(as its training "
+                       r"saw it, from where it ran\) is not here: give --data DIR or --dataset NAME"):
+        evaluate.main([*flags, str(tmp_path / "e2")])
 
 
 def test_lead3_refuses_the_flags_of_a_model(tmp_path):

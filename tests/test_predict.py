@@ -601,6 +601,14 @@ def test_a_model_that_decodes_nothing_refuses_decoding_flags(runs, tmp_path):
     assert generate.main(["--checkpoint", clf, "--text", "one two"])[0]["label"] in (0, 1)  # the defaults run
 
 
+def test_an_output_under_a_file_is_refused_before_any_work(runs, tmp_path):
+    """It failed after every input was decoded, as "File exists"."""
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "src": "one two"}])
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(P.OptionError, match=r"--output .*afile/sub/p\.jsonl: .*afile is a file, not a folder"):
+        P.predict_file(runs["translation"], src, tmp_path / "afile" / "sub" / "p.jsonl")
+
+
 def test_resume_with_overwrite_is_refused(runs, tmp_path):
     """--resume kept the output's predictions and --overwrite was ignored (a stale line stayed)."""
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "src": "one two"}])

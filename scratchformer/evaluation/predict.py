@@ -326,6 +326,9 @@ def _checked_output(output: str | Path, input: str | Path) -> tuple[Path, Path]:
     output = Path(output)
     if output.is_dir():
         raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
+    above = next((p for p in output.parents if p.exists()), None)  # the deepest part of its path that exists
+    if above is not None and not above.is_dir():
+        raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
     for written in (output, partial_path(output)) if str(input) != "-" else ():
         if written.resolve() == Path(input).resolve():
             raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
