@@ -278,6 +278,8 @@ def test_debug_checks_name_the_problem(monkeypatch):
         check_batch("tokens", tokens, torch.tensor([3]), vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"src_lengths must be a tensor, got list"):
         check_batch("src", tokens, [3, 1], vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"src_lengths must be int32/int64, got torch.float32"):  # it named key_lengths
+        check_batch("src", tokens, lengths.float(), vocab=7, max_len=8)
     clf = Classifier(get_config("classifier", src_vocab_size=V, kernel="eager"))
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 40\)"):
         clf(torch.full((2, 3), V), torch.tensor([3, 3]))

@@ -148,6 +148,8 @@ def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *
         raise ValueError(f"{name} length {L} exceeds max_len {max_len}")
     if lengths is not None and lengths.shape != (B,):
         raise ValueError(f"{name}_lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    if lengths is not None and lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}_lengths must be int32/int64, got {lengths.dtype}")
     if tokens.numel() and op_checks.value_checks(tokens):
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab:
