@@ -162,10 +162,9 @@ class ResegmentedDataset(EncodedDataset):
         if task == "extractive":
             raise ValueError("BPE-dropout resegments words, not an extractive summarizer's marked sentences")
         self.task, self.max_src_len, self.max_tgt_len = task, max_src_len, max_tgt_len
-        self._src = WordSegmentations(src_tok, [e.src for e in examples], p, seed, stream=1)
+        self._src = WordSegmentations(src_tok, [e.src for e in examples], p, seed, 1)  # stream 1, the target's 2
         classify = task == "classification"
-        self._tgt = None if classify else WordSegmentations(tgt_tok or src_tok, [e.tgt for e in examples], p, seed,
-                                                            stream=2)
+        self._tgt = None if classify else WordSegmentations(tgt_tok or src_tok, [e.tgt for e in examples], p, seed, 2)
         self._labels = [int(e.tgt) for e in examples] if classify else None
         self._drawn: dict[int, tuple[Ragged, Ragged | list[int], TruncationStats]] = {}  # the last 2 epochs drawn
         super().__init__(*self._epoch(0)[:2], task)

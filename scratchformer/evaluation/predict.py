@@ -7,8 +7,7 @@ line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if i
 JSON object, else text). Bad input is a `DataError` naming the file and line.
 
 Prediction (`predict_records`) reuses the evaluation path (`predict_seq2seq`, `predict_labels`,
-`predict_extracts`):
-batches by token budget over length-sorted inputs, KV-cached greedy or beam search, outputs put
+`predict_extracts`): batches by token budget over length-sorted inputs, KV-cached greedy or beam search, outputs put
 back in input order. Summaries come out one sentence per line (`metrics.split_sentences`, the
 splitter of the Lead-3 baseline, so ROUGE-Lsum sees the boundaries); labels are ints. Inputs
 longer than the model's maximum (the training ``max_src_len``) are truncated with a warning, or
@@ -86,14 +85,11 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
 
 
-# The flags of sequence decoding (evaluate, generate): a model that decodes nothing (a classifier, an
-# extractive summarizer) refuses them rather than ignore them.
-DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")
+DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")  # sequence decoding's
 
 
 def check_decode_flags(task: str, given: list[str]) -> None:
-    """OptionError naming `given` decoding flags (`DECODE_FLAGS` set on the command line) for a model
-    that does not decode a sequence."""
+    """OptionError naming `given` (`DECODE_FLAGS` set on a command line) for a model that decodes none."""
     if task in D.ENCODER_ONLY and given:
         raise OptionError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for decoding a sequence; this "
                           f"model is {task} and decodes none: drop {'it' if len(given) == 1 else 'them'}")
@@ -320,9 +316,12 @@ def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
 
 
-def _checked_output(output: str | Path, input: str | Path) -> tuple[Path, Path]:
+def _checked_output(output: str | Path, input: str | Path, resume: bool, overwrite: bool) -> tuple[Path, Path]:
     """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
-    final rename would fail after all the work) or either would be written over the input."""
+    final rename would fail after all the work), under a file, or either would be written over the
+    input; with both resume and overwrite; FileExistsError for an existing one with neither."""
+    if resume and overwrite:
+        raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
     output = Path(output)
     if output.is_dir():
         raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
@@ -333,7 +332,11 @@ def _checked_output(output: str | Path, input: str | Path) -> tuple[Path, Path]:
         if written.resolve() == Path(input).resolve():
             raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
                               f"inputs would be lost; write the predictions elsewhere")
-    return output, partial_path(output)
+    part = partial_path(output)
+    if not (resume or overwrite) and (output.exists() or part.exists()):
+        raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
+                              "predictions and add the missing ones, or --overwrite to replace it")
+    return output, part
 
 
 def predict_file(checkpoint: str | Path | list, input: str | Path, output: str | Path, *, field: str | None = None,
@@ -345,17 +348,12 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     or run folder, or a list of them: an ensemble (`load_models`).
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
-    keyword arguments go to `predict_records`. `decode_flags`: the `DECODE_FLAGS` a command line set
-    (refused for a model that decodes none). Returns a summary dict (counts, seconds, examples/s).
+    keyword arguments go to `predict_records`; `decode_flags`: see `check_decode_flags`. Returns a
+    summary dict (counts, seconds, examples/s).
     Raises OptionError for an option no model can take (checked first), DataError for bad input,
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
-    if resume and overwrite:
-        raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
-    output, part = _checked_output(output, input)
-    if not (resume or overwrite) and (output.exists() or part.exists()):
-        raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
-                              "predictions and add the missing ones, or --overwrite to replace it")
+    output, part = _checked_output(output, input, resume, overwrite)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, toks, ckpt = load_models(checkpoint, device, kernel, compile)
     task = ckpt["task"]

@@ -12,6 +12,7 @@ from .ensemble import Ensemble
 from .layers import (
     AddNorm,
     DecoderLayer,
+    DecoderState,
     Embedding,
     EncoderLayer,
     FeedForward,
@@ -23,7 +24,6 @@ from .layers import (
 from .transformer import (
     Classifier,
     Decoder,
-    DecoderState,
     Encoder,
     Extractor,
     Transformer,
@@ -35,8 +35,8 @@ from .transformer import (
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
     "greedy_decode", "beam_search", "Ensemble",
-    "AddNorm", "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "KVCache", "MultiHeadAttention",
-    "StaticKVCache", "attention_weights",
-    "Classifier", "Decoder", "DecoderState", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",
+    "AddNorm", "DecoderLayer", "DecoderState", "Embedding", "EncoderLayer", "FeedForward", "KVCache",
+    "MultiHeadAttention", "StaticKVCache", "attention_weights",
+    "Classifier", "Decoder", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",
     "count_parameters",
 ]

@@ -102,17 +102,26 @@ def _graph_step(model, state, rows: int, device):
     return step
 
 
-def _caps(max_len, device) -> tuple[int, torch.Tensor | None]:
-    """(the steps to run, each row's cap on `device` or None when every row shares max_len)."""
+def _caps(max_len, device) -> tuple[int, torch.Tensor | None, set[int]]:
+    """(the steps to run, each row's cap on `device` or None when every row shares max_len, the caps
+    that end a row before the last step: read once, not at every step)."""
     if not isinstance(max_len, torch.Tensor):
-        return max_len, None
+        return max_len, None, set()
     caps = max_len.to(device=device, dtype=torch.long)
-    return (int(caps.max()) if caps.numel() else 1), caps
+    steps = int(caps.max()) if caps.numel() else 1
+    return steps, caps, set(caps.tolist()) - {steps}
 
 
-def _let_eos_through(scores, eos_id):
-    """A row whose every score is -inf (nothing allowed) may end: EOS gets 0, in place."""
-    scores[:, eos_id].masked_fill_(torch.isneginf(scores).all(-1), 0.0)
+def _rule_out(scores, t: int, seq, min_len: int, no_repeat_ngram: int, eos_id: int, pad_id: int):
+    """In place, step t's scores (N, V): EOS barred before min_len, the tokens that would repeat an
+    n-gram of seq (N, t) blocked (seq None: nothing decoded yet); a row then left no token may end
+    (EOS gets 0)."""
+    if t < min_len:
+        scores[:, eos_id] = float("-inf")
+    if no_repeat_ngram and seq is not None:
+        _block_repeats(scores, seq, no_repeat_ngram, pad_id)
+        if t < min_len:
+            scores[:, eos_id].masked_fill_(torch.isneginf(scores).all(-1), 0.0)
 
 
 def _next_logits(step, last, bos_id, pad_id):
@@ -178,19 +187,15 @@ def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_re
     every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
                    cuda_graph=cuda_graph)
     B = src.shape[0]
-    steps, caps = _caps(max_len, src.device)
+    steps, caps, _ = _caps(max_len, src.device)
     _, step = _start(model, src, src_lengths, steps, cuda_graph)
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
     for t in range(steps):
         logits = _next_logits(step, last, bos_id, pad_id)
-        if t < min_len:
-            logits[:, eos_id] = float("-inf")
-        if no_repeat_ngram and out:
-            _block_repeats(logits, torch.stack(out, dim=1), no_repeat_ngram, pad_id)
-            if t < min_len:
-                _let_eos_through(logits, eos_id)
+        _rule_out(logits, t, torch.stack(out, dim=1) if no_repeat_ngram and out else None, min_len, no_repeat_ngram,
+                  eos_id, pad_id)
         nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
         out.append(nxt)
         finished |= nxt == eos_id
@@ -227,6 +232,15 @@ def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_pe
     return _keep_best(fin_seq, fin_score, alive_seq, norm, pad_id)
 
 
+def _close(rows, fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penalty, pad_id):
+    """The sentences of `rows` (B,) bool closed: their unfinished beams compete (`_add_unfinished`),
+    then they take no more hypotheses."""
+    K = fin_seq.shape[1]
+    fin_seq, fin_score = _add_unfinished(fin_seq, fin_score, n_fin.masked_fill(~rows, K), alive_seq, alive_score,
+                                         length_penalty, pad_id)
+    return fin_seq, fin_score, n_fin.masked_fill(rows, K)
+
+
 @torch.no_grad()
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | torch.Tensor,
                 length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID,
@@ -238,16 +252,13 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
     1 = mean log-probability). As in fairseq, an EOS candidate is finished only when it ranks
     among the top beam_size candidates of its sentence, and a sentence stops once it holds
     beam_size finished hypotheses; with beam_size 1 this is exactly greedy decoding. At max_len
-    (one int, or each sentence's own in a (B,) tensor), unfinished beams compete as they stand.
-    Blocked repeats, and EOS before min_len, get -inf log-probability, unnormalised (as fairseq): a
-    hypothesis keeps the model's score.
+    (one int, or each sentence's own in a (B,) tensor), unfinished beams compete as they stand. Blocked
+    repeats, and EOS before min_len, get -inf log-probability, unnormalised (as fairseq).
     """
     every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
                    cuda_graph)
     B, K, dev = src.shape[0], beam_size, src.device
-    steps, caps = _caps(max_len, dev)
-    closing = set() if caps is None else set(caps.tolist()) - {steps}  # the lengths at which a sentence
-    # closes before the last step (one read of the caps, not one a step)
+    steps, caps, closing = _caps(max_len, dev)
     state, step = _start(model, src, src_lengths, steps, cuda_graph, beams=K)
 
     neg_inf = float("-inf")
@@ -262,12 +273,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
 
     for t in range(steps):
         logp = torch.log_softmax(_next_logits(step, last, bos_id, pad_id).float(), dim=-1)  # (B*K, V)
-        if t < min_len:
-            logp[:, eos_id] = neg_inf
-        if no_repeat_ngram:
-            _block_repeats(logp, alive_seq.reshape(B * K, t), no_repeat_ngram, pad_id)
-            if t < min_len:
-                _let_eos_through(logp, eos_id)
+        _rule_out(logp, t, alive_seq.reshape(B * K, t), min_len, no_repeat_ngram, eos_id, pad_id)
         V = logp.shape[-1]
         cand = (alive_score[:, :, None] + logp.view(B, K, V)).view(B, K * V)
         top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
@@ -289,10 +295,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
         last = tok.gather(1, pick).view(B * K, 1)  # alive_seq's last column, as a tensor of its own: a view's
         # strides change every step, which a compiled step would take as a new input (a recompile)
         if t + 1 in closing:  # sentences at their cap: closed with their unfinished beams, as at the end
-            at_cap = caps == t + 1
-            fin_seq, fin_score = _add_unfinished(fin_seq, fin_score, n_fin.masked_fill(~at_cap, K), alive_seq,
-                                                 alive_score, length_penalty, pad_id)
-            n_fin = n_fin.masked_fill(at_cap, K)
+            fin_seq, fin_score, n_fin = _close(caps == t + 1, fin_seq, fin_score, n_fin, alive_seq, alive_score,
+                                               length_penalty, pad_id)
         if (t + 1) % every == 0 and bool((n_fin >= K).all()):
             break
 

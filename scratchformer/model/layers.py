@@ -11,6 +11,9 @@ x = x + dropout(sublayer(LN(x))); here the add of one sublayer is fused with the
 next (`add_layer_norm(..., return_residual=True)` returns both LN(s) and s), so a layer hands on
 the pair (x, delta): the residual stream and the not-yet-added output of the last sublayer.
 
+Decoding keeps a decoder's caches in a `DecoderState`: per layer a self-attention `KVCache` (or
+the fixed-size `StaticKVCache`) and the cross-attention keys and values.
+
 Shapes: B batch, Lq/Lk query/key length, H heads, D head dim, d d_model, V vocabulary.
 Padding is right padding, given as lengths (B,).
 """
@@ -116,6 +119,36 @@ def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_le
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+class DecoderState:
+    """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
+    step at a time and a cross-attention KV cache filled once from the encoder output; with the
+    copy layer, the source ids and its attention keys. `pos`, the next step's position: a host
+    int, or with static caches (`StaticKVCache`) a (1,) int64 tensor on the device."""
+
+    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
+        self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, pos
+        self.src, self.copy_keys = src, copy_keys
+
+    def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
+        """Select batch rows. same_sources: every row keeps its source sentence (beam search
+        reorders beams within one sentence), so the encoder-side caches stay as they are."""
+        for self_cache, cross_cache in self.caches:
+            self_cache.reorder(index)
+            if not same_sources:
+                cross_cache.reorder(index)
+        if not same_sources:
+            for name in ("memory", "src_lengths", "src", "copy_keys"):
+                if getattr(self, name) is not None:
+                    setattr(self, name, getattr(self, name).index_select(0, index))
+
+    def rewind(self) -> None:
+        """Back to the first step (a CUDA graph's warm-up step ran one; the first real step rewrites
+        what it cached)."""
+        self.pos = self.pos.zero_() if isinstance(self.pos, torch.Tensor) else 0
+        for self_cache, _ in self.caches:
+            self_cache.length = 0
 
 
 class MultiHeadAttention(nn.Module):

@@ -28,7 +28,7 @@ from ..ops import Ops
 from ..reference import nll_loss_ref
 from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
-from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, KVCache, StaticKVCache
+from .layers import AddNorm, DecoderLayer, DecoderState, Embedding, EncoderLayer, KVCache, StaticKVCache
 
 
 class _Stack(nn.Module):
@@ -98,36 +98,6 @@ class Decoder(_Stack):
             state.pos += tgt.shape[1]  # in place where pos is a device tensor (a static cache's step)
         x = self._finish(x, delta)
         return (x, weights) if need_weights else x
-
-
-class DecoderState:
-    """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
-    step at a time and a cross-attention KV cache filled once from the encoder output; with the
-    copy layer, the source ids and its attention keys. `pos`, the next step's position: a host
-    int, or with static caches (`StaticKVCache`) a (1,) int64 tensor on the device."""
-
-    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
-        self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, pos
-        self.src, self.copy_keys = src, copy_keys
-
-    def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
-        """Select batch rows. same_sources: every row keeps its source sentence (beam search
-        reorders beams within one sentence), so the encoder-side caches stay as they are."""
-        for self_cache, cross_cache in self.caches:
-            self_cache.reorder(index)
-            if not same_sources:
-                cross_cache.reorder(index)
-        if not same_sources:
-            for name in ("memory", "src_lengths", "src", "copy_keys"):
-                if getattr(self, name) is not None:
-                    setattr(self, name, getattr(self, name).index_select(0, index))
-
-    def rewind(self) -> None:
-        """Back to the first step (a CUDA graph's warm-up step ran one; the first real step rewrites
-        what it cached)."""
-        self.pos = self.pos.zero_() if isinstance(self.pos, torch.Tensor) else 0
-        for self_cache, _ in self.caches:
-            self_cache.length = 0
 
 
 def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *, vocab: int, max_len: int) -> None:

@@ -49,19 +49,13 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
     check_for_task(config, source.task)
-    if init is not None and init["task"] != source.task:
-        raise ConfigError(f"--init-from {config.init_from} is a {init['task']} model; the data is {source.task}")
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
-    if resuming:
-        check_world(ckpt, dist_.world, str(path))
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
-    classes = start["config"].get("num_classes") if start else None
-    if examples.num_classes is not None and start and classes != examples.num_classes:
-        raise ConfigError(f"{'--resume' if resuming else '--init-from'} {path or config.init_from} classifies into "
-                          f"{classes} classes; the data has {examples.num_classes}")
+    _check_start(start, resuming, f"--resume {path}" if resuming else f"--init-from {config.init_from}",
+                 source.task, examples.num_classes, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -139,16 +133,23 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
     return model
 
 
-def check_world(ckpt: dict, world: int, path: str) -> None:
-    """A run resumes with the number of processes that wrote its checkpoint (one RNG state each, and
-    its place in the epoch counted in batches per process): another number would draw other batches."""
-    rng = ckpt["rng"]
-    saved = len(rng) if isinstance(rng, list) else 1
-    if saved != world:
+def _check_start(start: dict | None, resuming: bool, named: str, task: str, classes: int | None, world: int) -> None:
+    """The checkpoint a run starts from (`named`: --resume's or --init-from's flag and file) against this
+    run: its task and class count; resumed, the number of processes that wrote it (one RNG state each,
+    its place in the epoch counted in batches per process: another number would draw other batches)."""
+    if start is None:
+        return
+    if start["task"] != task:
+        raise ConfigError(f"{named} is a {start['task']} model; the data is {task}")
+    if classes is not None and start["config"].get("num_classes") != classes:
+        raise ConfigError(f"{named} classifies into {start['config'].get('num_classes')} classes; the data has "
+                          f"{classes}")
+    saved = len(start["rng"]) if resuming and isinstance(start["rng"], list) else 1
+    if resuming and saved != world:
         how = f"torchrun --nproc_per_node {saved}" if saved > 1 else "one process (no torchrun)"
-        raise ConfigError(f"--resume {path} was written by {saved} process{'es' * (saved > 1)} and this run has "
-                          f"{world}: its place in the epoch and its random streams are per process; resume with {how}, "
-                          "or start a new run from its weights with --init-from")
+        raise ConfigError(f"{named} was written by {saved} process{'es' * (saved > 1)} and this run has {world}: "
+                          f"its place in the epoch and its random streams are per process; resume with {how}, or "
+                          "start a new run from its weights with --init-from")
 
 
 def precision_for(precision: str, device: torch.device) -> str:

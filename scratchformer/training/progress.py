@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .optim import is_better
+
 
 @dataclass
 class Progress:
@@ -29,6 +31,17 @@ class Progress:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def track(self, metric: str, value: float, patience: int) -> bool:
+        """A validation's `metric`: a new best (best, best_step), or one more evaluation without gain;
+        True when that makes `patience` of them (0: never), which stops the run early."""
+        if is_better(metric, value, self.best):
+            self.best, self.best_step, self.bad_evals = value, self.step, 0
+        else:
+            self.bad_evals += 1
+        if patience and self.bad_evals >= patience:
+            self.stopped_early = True
+        return self.stopped_early
 
     def resumed(self, time_budget: float | None, patience: int) -> None:
         """Resumed with today's --time-budget and --patience: a run that a smaller budget ended

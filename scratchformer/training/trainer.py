@@ -33,7 +33,6 @@ from .optim import (
     batch_loss,
     build_optimizer,
     build_scheduler,
-    is_better,
     load_optimizer,
     load_scheduler,
     rdrop_loss,
@@ -249,11 +248,10 @@ class Trainer:
         the sums and the norm as 0-dim fp32 tensors on the device. With --cuda-graphs the update
         replays its batch shape's CUDA graph (`ShapeGraphs`).
 
-        The loss is normalised by the group's target tokens (examples for classification, sentences
-        for extraction), so accumulation equals one big batch; under DDP by the mean of every rank's
-        (DDP averages the ranks' gradients), so the ranks' groups together are one big batch, each
-        token weighed the same however the tokens fall across ranks. DDP syncs gradients on the
-        group's last batch only.
+        The loss is divided by the group's target tokens (examples for classification, sentences for
+        extraction), under DDP by their mean over the ranks (DDP averages the ranks' gradients): the
+        accumulated batches, and every rank's together, weigh as one big batch. DDP syncs gradients
+        on the group's last batch only.
         Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
         device until a train row is logged, so the host queues the next step while this one runs.
         """
@@ -366,15 +364,9 @@ class Trainer:
 
     def _track_best(self, res: dict) -> None:
         cfg, prog = self.config, self.progress
-        metric = res.get(cfg.best_metric)
-        if metric is None:
+        if cfg.best_metric not in res:
             raise ConfigError(f"--best-metric {cfg.best_metric} is not computed here; have {sorted(res)}")
-        if is_better(cfg.best_metric, metric, prog.best):
-            prog.best, prog.best_step, prog.bad_evals = metric, prog.step, 0
-        else:
-            prog.bad_evals += 1
-        if cfg.patience and prog.bad_evals >= cfg.patience:
-            prog.stopped_early = True
+        if prog.track(cfg.best_metric, res[cfg.best_metric], cfg.patience):
             self.log.info(f"early stopping: {cfg.best_metric} did not improve for {cfg.patience} evaluations "
                           f"(best {prog.best:.4f} at step {prog.best_step})")
 
