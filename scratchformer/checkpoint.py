@@ -52,6 +52,13 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def file_in_the_way(folder: str | Path) -> Path | None:
+    """The file that stands where `folder` or one of its parents must be a folder (nothing could be
+    written there: found before the work, not after it), or None."""
+    above = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None
+
+
 def write_error(e: OSError, path: Path, what: str = "") -> OSError:
     """The error of a failed atomic write, naming the file, what to do, and that a previous file is
     intact (same errno, so the same OSError subclass: PermissionError stays one)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
+from .checkpoint import file_in_the_way
 from .data.extractive import selection_name
 from .device import resolve_device
 from .evaluation import metrics as M
@@ -92,8 +93,7 @@ def check_args(args) -> None:
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
                                  f"drop {', '.join(unused)}")
-    above = next((p for p in (Path(args.out), *Path(args.out).parents) if p.exists()), None) if args.out else None
-    if above is not None and not above.is_dir():  # found after the decoding, as "File exists"
+    if args.out and (above := file_in_the_way(args.out)) is not None:  # found after the decoding, as "File exists"
         raise cli.UsageError(f"--out {args.out}: {above} is a file, not a folder")
     if args.data and args.dataset:
         raise cli.UsageError(f"--data {args.data} and --dataset {args.dataset} both name the data: give one")

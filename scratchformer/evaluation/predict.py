@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import fsync_dir, write_lines_atomic
+from ..checkpoint import file_in_the_way, fsync_dir, write_lines_atomic
 from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import check_text, display_name, read_lines, uncompressed_name
 from .evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
@@ -325,8 +325,7 @@ def _checked_output(output: str | Path, input: str | Path, resume: bool, overwri
     output = Path(output)
     if output.is_dir():
         raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
-    above = next((p for p in output.parents if p.exists()), None)  # the deepest part of its path that exists
-    if above is not None and not above.is_dir():
+    if (above := file_in_the_way(output.parent)) is not None:
         raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
     for written in (output, partial_path(output)) if str(input) != "-" else ():
         if written.resolve() == Path(input).resolve():

@@ -171,7 +171,7 @@ class Trainer:
         self.model.train()
         self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
                          desc="train", dynamic_ncols=True, mininterval=0.5)
-        self._window = Window.from_dict(self._resumed_window if prog.step else None)
+        self._window = Window.from_dict(self._resumed_window)
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
             self._check_time(force=True)
