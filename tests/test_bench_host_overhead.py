@@ -47,7 +47,7 @@ def test_stubbing_needs_the_interpreter():
     assert p.returncode != 0 and "--stub-launches needs TRITON_INTERPRET=1" in p.stderr
 
 
-def test_a_gemm_is_an_op_that_does_work():
+def test_a_gemm_is_an_op_that_does_work(monkeypatch):
     """What a step issues counts the innermost aten ops that do work: a GEMM whose only aten children
     are views (`resolve_conj`) is one. Counting only the ops with no aten op at all under them
     left out every mm and bmm (267 of an eager step's), and the embedding's index_select, torch's
@@ -55,8 +55,8 @@ def test_a_gemm_is_an_op_that_does_work():
     import torch
     from torch.autograd import DeviceType
 
-    sys.path.insert(0, os.path.dirname(TOOL))
-    import host_overhead
+    monkeypatch.syspath_prepend(os.path.dirname(TOOL))  # undone after the test: bench/ first would shadow
+    import host_overhead  # tests/conftest.py for what a later test spawns
 
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -371,14 +370,14 @@ class _Ranks:
         return obj
 
 
-def _ddp_gradients(rank: int, world: int, port: int, out: str) -> None:
+def _ddp_gradients(rank: int, world: int, out: str) -> None:
     """A DDP rank (gloo) of `test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens`: one
-    train_step on its own batch, the update left out; saves the batch and the gradients."""
+    train_step on its own batch, the update left out; saves the batch and the gradients. The ranks
+    meet through a file (no port another test could take)."""
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         trainer = _trainer(Path(out) / f"rank{rank}", *DDP_FLAGS, dist=Dist(rank, world, rank))
         group = _batches(trainer, 1)[0]
@@ -393,16 +392,16 @@ def _ddp_gradients(rank: int, world: int, port: int, out: str) -> None:
 DDP_FLAGS = ("--dropout", "0", "--clip-norm", "0")
 
 
-def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path):
+def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, monkeypatch):
     """Under DDP (2 gloo processes, batches of unequal target tokens) a step's gradient is the one of
     a single process accumulating both ranks' batches: every target token weighs the same. (Each
     rank once divided its loss by its own tokens and DDP averaged: a short batch's tokens weighed
     more; 45% off here.)"""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # a spawned rank imports this module again, with this process's sys.path: tests/ first, so that its
+    # `from conftest import` finds tests/conftest.py, not bench/'s (which another test file may have put first)
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
     ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_gradients, args=(rank, 2, port, str(tmp_path))) for rank in range(2)]
+    procs = [ctx.Process(target=_ddp_gradients, args=(rank, 2, str(tmp_path))) for rank in range(2)]
     for p in procs:
         p.start()
     for p in procs:
