@@ -22,8 +22,9 @@
 // float64 table (scratchformer.reference.sinusoidal_positions), positions 0..100_000, d_model 2
 // to 1024: max abs error 7.8e-8, mean 1.4e-8 (rounding the float64 table to float32 alone: max
 // 3.0e-8, mean 1.2e-8; tests/test_embed.py asserts <= 1e-7 on CPU, <= 2.5e-7 on CUDA). A float32
-// angle p * w_i would be off by up to p * 2^-24 ~ 6e-3 at 1e5. The error stays at this level
-// until p * 2^-53 approaches it, i.e. for positions far beyond 1e8.
+// angle p * w_i would be off by up to p * 2^-24 ~ 6e-3 at 1e5. The error stays below 1e-7 up to
+// the last position the ops accept, 2^29 - 1 (9.0e-8 there; csrc/sinusoid.h kMaxPositions):
+// beyond it the double reduction's rounding shows, and from about 1e16 the values leave [-1, 1].
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -59,6 +60,10 @@ void check_embed_args(const at::Tensor& tokens, const at::Tensor& weight, int64_
               tokens.device(), " but weight is on ", weight.device(),
               "; both must be on the same device");
   TORCH_CHECK(pos_offset >= 0, "embed_sinusoidal: pos_offset must be >= 0, got ", pos_offset);
+  TORCH_CHECK(!pos_encoding || pos_offset <= sinusoid::kMaxPositions - tokens.size(1),
+              "embed_sinusoidal: positions must be below ", sinusoid::kMaxPositions,
+              " (2^29, where the float sinusoid stops being accurate), got pos_offset ", pos_offset,
+              " and L ", tokens.size(1));
   TORCH_CHECK(!pos_encoding || weight.size(1) % 2 == 0,
               "embed_sinusoidal: d_model must be even for the sinusoidal encoding, got ",
               weight.size(1));
@@ -98,6 +103,10 @@ void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset) {
               "add_sinusoidal: d_model must be even for the sinusoidal encoding, got ",
               x.size(-1));
   TORCH_CHECK(pos_offset >= 0, "add_sinusoidal: pos_offset must be >= 0, got ", pos_offset);
+  TORCH_CHECK(pos_offset <= sinusoid::kMaxPositions - x.size(-2),
+              "add_sinusoidal: positions must be below ", sinusoid::kMaxPositions,
+              " (2^29, where the float sinusoid stops being accurate), got pos_offset ", pos_offset,
+              " and L ", x.size(-2));
 }
 
 namespace {

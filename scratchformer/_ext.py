@@ -13,7 +13,8 @@ The ops (schemas in csrc/embed.cpp):
         x (..., L, d_model) + PE(pos_offset + j); gradient passes through unchanged.
 
 PE accuracy: angles in double, sin/cos polynomials in float on the reduced argument; max error
-vs the float64 table 7.8e-8 on CPU up to position 100k (float32 rounding alone: 3.0e-8). On
+vs the float64 table 7.8e-8 on CPU up to position 100k (float32 rounding alone: 3.0e-8), 9.0e-8
+at the last position the ops accept, 2^29 - 1 (pos_offset + L <= 2^29, MAX_POSITIONS). On
 CUDA the same scheme runs with FMA contraction (to be measured on a GPU; the tests bound it by
 2.5e-7). Out-of-range token ids: RuntimeError naming the id and its (b, j) on CPU; on CUDA a
 device-side assert (the id is printed) that surfaces at the next synchronisation, as with
@@ -27,6 +28,8 @@ compiled graph keeps it as one node. Imported lazily by `scratchformer.ops` (nev
 from __future__ import annotations
 
 import torch
+
+from scratchformer.op_checks import MAX_POSITIONS
 
 __all__ = ["embed_sinusoidal", "embed_sinusoidal_backward", "add_sinusoidal", "available"]
 
@@ -84,6 +87,8 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         "both must be on the same device",
     )
     torch._check(pos_offset >= 0, lambda: f"embed_sinusoidal: pos_offset must be >= 0, got {pos_offset}")
+    _check_positions("embed_sinusoidal", not pos_encoding or pos_offset <= MAX_POSITIONS - tokens.shape[1],
+                     pos_offset, tokens.shape[1])
     torch._check(
         not pos_encoding or weight.shape[1] % 2 == 0,
         lambda: "embed_sinusoidal: d_model must be even for the sinusoidal encoding, got "
@@ -95,6 +100,14 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
             lambda: f"embed_sinusoidal: padding_idx must be in [0, {weight.shape[0]}) (the Python "
             f"wrapper maps negative values), got {padding_idx}",
         )
+
+
+def _check_positions(op, ok, pos_offset, L):
+    torch._check(
+        ok,
+        lambda: f"{op}: positions must be below {MAX_POSITIONS} (2^29, where the float sinusoid stops "
+        f"being accurate), got pos_offset {pos_offset} and L {L}",
+    )
 
 
 def _register_fakes() -> None:
@@ -122,6 +135,8 @@ def _register_fakes() -> None:
             lambda: "add_sinusoidal: d_model must be even for the sinusoidal encoding, got "
             f"{x.shape[-1]}",
         )
+        torch._check(pos_offset >= 0, lambda: f"add_sinusoidal: pos_offset must be >= 0, got {pos_offset}")
+        _check_positions("add_sinusoidal", pos_offset <= MAX_POSITIONS - x.shape[-2], pos_offset, x.shape[-2])
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 

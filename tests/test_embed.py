@@ -120,6 +120,31 @@ def test_pe_accuracy_long_positions(d):
     assert err <= PE_MAX_ERR_CPU
 
 
+def test_positions_past_2_29_are_refused():
+    """Positions (pos_offset + j) stay below 2^29 (csrc/sinusoid.h kMaxPositions), where the float
+    sinusoid is within 1e-7 of the float64 table: past it the error grows (1.2e-7 at 2^30, 6e-5 at
+    1e12), and from about 1e16 the values left [-1, 1] without a word (|PE| 5e5 at 1e17; at 2^63 - 2
+    pos_offset + j overflowed int64). The last accepted positions are accurate; one more is refused
+    by the op, by its fake (meta tensors) and by add_sinusoidal; without positions any offset goes."""
+    top = 2**29
+    tokens, weight = torch.randint(0, 10, (2, 64)), _weight(10, 64, torch.float32)
+    pe = _ext.add_sinusoidal(torch.zeros(1, 64, 64), pos_offset=top - 64)[0]
+    pe64 = sinusoidal_positions(torch.arange(top - 64, top), 64, torch.float64)
+    assert report_diff("PE at the last positions", pe, pe64) <= PE_MAX_ERR_CPU
+    out = _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=top - 64)
+    exact = _exact(tokens, weight, 1.0, top - 64)
+    assert ((out.double() - exact).abs() <= 2**-24 * exact.abs() + PE_MAX_ERR_CPU).all()
+    for pos_offset in (top - 63, 10**17, 2**63 - 2):
+        msg = rf"positions must be below 536870912 \(2\^29, .*\), got pos_offset {pos_offset} and L 64"
+        for device in ("cpu", "meta"):
+            with pytest.raises(RuntimeError, match="embed_sinusoidal: " + msg):
+                _ext.embed_sinusoidal(tokens.to(device), weight.to(device), scale=1.0, pos_offset=pos_offset)
+            with pytest.raises(RuntimeError, match="add_sinusoidal: " + msg):
+                _ext.add_sinusoidal(torch.zeros(2, 64, 8, device=device), pos_offset=pos_offset)
+    plain = _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=10**17, pos_encoding=False)
+    assert torch.equal(plain, weight[tokens])
+
+
 def test_pos_encoding_off_and_offsets_compose():
     tokens = torch.randint(0, 20, (2, 9))
     weight = _weight(20, 16, torch.float32)
@@ -405,10 +430,16 @@ def test_cuda_access_widths_match_cpu(layout, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("d", [64, 512, 1024])
-def test_cuda_pe_accuracy(d):
-    L = 100_001 if d == 64 else 1_001
-    pos_offset = 0 if d == 64 else 99_000
+@pytest.mark.parametrize(
+    "d, pos_offset, L",
+    [
+        (64, 0, 100_001),  # every position to 100k
+        (512, 99_000, 1_001),  # the far end of 100k, wider rows
+        (1024, 99_000, 1_001),
+        (64, 2**29 - 100_000, 100_000),  # the last positions the op accepts (csrc/sinusoid.h)
+    ],
+)
+def test_cuda_pe_accuracy(d, pos_offset, L):
     pe = _ext.add_sinusoidal(torch.zeros(1, L, d, device="cuda"), pos_offset=pos_offset)[0].cpu()
     pe64 = sinusoidal_positions(torch.arange(pos_offset, pos_offset + L), d, torch.float64)
     assert report_diff(f"cuda PE d={d}", pe, pe64) <= PE_MAX_ERR
