@@ -226,7 +226,7 @@ def embed_sinusoidal(
     device-side assert on CUDA.
     """
     _require()
-    if padding_idx is not None and padding_idx < 0:
+    if padding_idx is not None and -weight.shape[0] <= padding_idx < 0:  # else the op names it as given
         padding_idx += weight.shape[0]
     return torch.ops.scratchformer.embed_sinusoidal.default(
         tokens, weight, float(scale), int(pos_offset), bool(pos_encoding), padding_idx

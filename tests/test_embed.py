@@ -364,6 +364,9 @@ def test_bad_scalars():
         _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=-1)
     with pytest.raises(RuntimeError, match=r"padding_idx must be in \[0, 10\) .* got 10"):
         _ext.embed_sinusoidal(tokens, weight, scale=1.0, padding_idx=10)
+    # below -V: named as given (the wrapper's mapping turned -11 into -1 and the message said "got -1")
+    with pytest.raises(RuntimeError, match=r"padding_idx must be in \[0, 10\) .* got -11$"):
+        _ext.embed_sinusoidal(tokens, weight, scale=1.0, padding_idx=-11)
     with pytest.raises(RuntimeError, match=r"grad must be \(B, L, d_model\) for tokens \(B, L\)"):
         OP.embed_sinusoidal_backward(torch.randn(2, 4, 8), tokens, 10, 1.0, -1)
     with pytest.raises(RuntimeError, match=r"padding_idx must be -1 \(none\) or in \[0, 10\), got 11"):
