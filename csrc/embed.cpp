@@ -45,11 +45,19 @@ namespace scratchformer {
 // Argument checks, shared with csrc/cuda/embed_cuda.cpp (which declares them).
 // --------------------------------------------------------------------------------------------
 
+namespace {
+// The floating types the kernels are built for (at::isFloatingType also admits the float8 types,
+// which then failed in the dispatch, and passed the fake impls).
+bool is_kernel_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+}  // namespace
+
 void check_embed_args(const at::Tensor& tokens, const at::Tensor& weight, int64_t pos_offset,
                       bool pos_encoding, std::optional<int64_t> padding_idx) {
   TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
               "embed_sinusoidal: tokens must be int64 or int32, got ", tokens.scalar_type());
-  TORCH_CHECK(at::isFloatingType(weight.scalar_type()),
+  TORCH_CHECK(is_kernel_float(weight.scalar_type()),
               "embed_sinusoidal: weight must be floating point (float32, float16, bfloat16, "
               "float64), got ", weight.scalar_type());
   TORCH_CHECK(tokens.dim() == 2, "embed_sinusoidal: tokens must be 2-D (B, L), got a ",
@@ -79,8 +87,9 @@ void check_embed_backward_args(const at::Tensor& grad, const at::Tensor& tokens,
   TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
               "embed_sinusoidal_backward: tokens must be int64 or int32, got ",
               tokens.scalar_type());
-  TORCH_CHECK(at::isFloatingType(grad.scalar_type()),
-              "embed_sinusoidal_backward: grad must be floating point, got ", grad.scalar_type());
+  TORCH_CHECK(is_kernel_float(grad.scalar_type()),
+              "embed_sinusoidal_backward: grad must be floating point (float32, float16, bfloat16, "
+              "float64), got ", grad.scalar_type());
   TORCH_CHECK(tokens.dim() == 2 && grad.dim() == 3 && grad.size(0) == tokens.size(0) &&
                   grad.size(1) == tokens.size(1),
               "embed_sinusoidal_backward: grad must be (B, L, d_model) for tokens (B, L); got "
@@ -95,8 +104,9 @@ void check_embed_backward_args(const at::Tensor& grad, const at::Tensor& tokens,
 }
 
 void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset) {
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()),
-              "add_sinusoidal: x must be floating point, got ", x.scalar_type());
+  TORCH_CHECK(is_kernel_float(x.scalar_type()),
+              "add_sinusoidal: x must be floating point (float32, float16, bfloat16, float64), got ",
+              x.scalar_type());
   TORCH_CHECK(x.dim() >= 2, "add_sinusoidal: x must be (..., L, d_model), got a ", x.dim(),
               "-D tensor");
   TORCH_CHECK(x.size(-1) % 2 == 0,

@@ -61,16 +61,23 @@ def _require() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# the floating types the kernels are built for (is_floating_point() also admits the float8 types)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_float(op, name, t):
+    torch._check(
+        t.dtype in _FLOATS,
+        lambda: f"{op}: {name} must be floating point (float32, float16, bfloat16, float64), got {t.dtype}",
+    )
+
+
 def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
     torch._check(
         tokens.dtype in (torch.int32, torch.int64),
         lambda: f"embed_sinusoidal: tokens must be int64 or int32, got {tokens.dtype}",
     )
-    torch._check(
-        weight.is_floating_point(),
-        lambda: f"embed_sinusoidal: weight must be floating point (float32, float16, bfloat16, "
-        f"float64), got {weight.dtype}",
-    )
+    _check_float("embed_sinusoidal", "weight", weight)
     torch._check(
         tokens.dim() == 2,
         lambda: f"embed_sinusoidal: tokens must be 2-D (B, L), got a {tokens.dim()}-D tensor of "
@@ -102,6 +109,27 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         )
 
 
+def _check_embed_backward(grad, tokens, num_weights, padding_idx):
+    op = "embed_sinusoidal_backward"
+    torch._check(
+        tokens.dtype in (torch.int32, torch.int64), lambda: f"{op}: tokens must be int64 or int32, got {tokens.dtype}"
+    )
+    _check_float(op, "grad", grad)
+    torch._check(
+        grad.dim() == 3 and tokens.dim() == 2 and grad.shape[:2] == tokens.shape,
+        lambda: f"{op}: grad must be (B, L, d_model) for tokens (B, L); got grad {list(grad.shape)} and tokens "
+        f"{list(tokens.shape)}",
+    )
+    torch._check(
+        grad.device == tokens.device, lambda: f"{op}: grad is on {grad.device} but tokens are on {tokens.device}"
+    )
+    torch._check(num_weights >= 0, lambda: f"{op}: num_weights must be >= 0, got {num_weights}")
+    torch._check(
+        padding_idx == -1 or 0 <= padding_idx < num_weights,
+        lambda: f"{op}: padding_idx must be -1 (none) or in [0, {num_weights}), got {padding_idx}",
+    )
+
+
 def _check_positions(op, ok, pos_offset, L):
     torch._check(
         ok,
@@ -118,18 +146,13 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("scratchformer::embed_sinusoidal_backward")
     def _(grad, tokens, num_weights, scale, padding_idx):
-        torch._check(
-            grad.dim() == 3 and tokens.dim() == 2 and grad.shape[:2] == tokens.shape,
-            lambda: "embed_sinusoidal_backward: grad must be (B, L, d_model) for tokens (B, L); "
-            f"got grad {list(grad.shape)} and tokens {list(tokens.shape)}",
-        )
+        _check_embed_backward(grad, tokens, num_weights, padding_idx)
         return grad.new_empty((num_weights, grad.shape[2]))
 
     @torch.library.register_fake("scratchformer::add_sinusoidal")
     def _(x, pos_offset):
-        torch._check(
-            x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got {x.dim()}-D"
-        )
+        _check_float("add_sinusoidal", "x", x)
+        torch._check(x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got a {x.dim()}-D tensor")
         torch._check(
             x.shape[-1] % 2 == 0,
             lambda: "add_sinusoidal: d_model must be even for the sinusoidal encoding, got "

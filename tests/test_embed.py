@@ -330,7 +330,7 @@ def test_ops_embed_triton_equals_eager(pos_offset):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got Float"),
+        (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got (Float|torch.float32)"),
         (lambda t, w: (t, w.long()), "weight must be floating point .* got Long"),
         (lambda t, w: (t[0], w), r"tokens must be 2-D \(B, L\), got a 1-D tensor"),
         (lambda t, w: (t, w[None]), r"weight must be 2-D \(V, d_model\), got a 3-D tensor"),
@@ -373,6 +373,32 @@ def test_bad_scalars():
         OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, 11)
     with pytest.raises(RuntimeError, match="add_sinusoidal: d_model must be even"):
         _ext.add_sinusoidal(torch.randn(2, 3, 5))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta runs the fake impls (_ext.py), as torch.compile does
+def test_fakes_refuse_what_the_ops_refuse(device):
+    """Each op's fake refuses with the message of its C++ check: the backward's fake checked only the
+    shapes (grad on meta with tokens on the CPU, float tokens, an int grad, num_weights -1 or a
+    padding_idx past it came back as a tensor), add_sinusoidal's took an int x; and a float8 weight
+    or grad, which is_floating_point() admits, is named (the CPU dispatch said 'not implemented').
+    The fakes spell a dtype as Python does (torch.int64 where C++ says Long)."""
+    tokens, grad = torch.randint(0, 10, (2, 5), device=device), torch.randn(2, 5, 8, device=device)
+    elsewhere = torch.zeros(2, 5, dtype=torch.long, device="cpu" if device == "meta" else "meta")
+    bwd, e5m2 = OP.embed_sinusoidal_backward, torch.float8_e5m2
+    cases = [
+        (lambda: bwd(grad, tokens.float(), 10, 1.0, -1), "tokens must be int64 or int32, got (Float|torch.float32)"),
+        (lambda: bwd(grad.long(), tokens, 10, 1.0, -1), r"grad must be floating point \(.*\), got (Long|torch.int64)"),
+        (lambda: bwd(grad.to(e5m2), tokens, 10, 1.0, -1), "grad must be .* got (Float8_e5m2|torch.float8_e5m2)"),
+        (lambda: bwd(grad, elsewhere, 10, 1.0, -1), f"grad is on {device} but tokens are on {elsewhere.device}"),
+        (lambda: bwd(grad, tokens, -1, 1.0, -1), "num_weights must be >= 0, got -1"),
+        (lambda: bwd(grad, tokens, 10, 1.0, 10), r"padding_idx must be -1 \(none\) or in \[0, 10\), got 10"),
+        (lambda: OP.add_sinusoidal(grad.long(), 0), r"x must be floating point \(.*\), got (Long|torch.int64)"),
+        (lambda: OP.embed_sinusoidal(tokens, grad.view(10, 8).to(torch.float8_e4m3fn), 1.0, 0, True, None),
+         "weight must be floating point .* got (Float8_e4m3fn|torch.float8_e4m3fn)"),
+    ]
+    for call, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
 
 
 def test_missing_extension_is_a_clear_error(monkeypatch):
