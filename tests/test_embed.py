@@ -513,6 +513,82 @@ def test_cuda_grad_every_row_written_at_each_width(d, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad_base", ["aligned", "offset"])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize(
+    "V, ids",
+    [
+        (1, "same"),  # one row: 1 key bit
+        (2**16, "ends"),  # ids 0 and V - 1 only; a power of two: 16 key bits
+        (2**16 + 1, "ends"),  # one row more: 17 key bits, V - 1 = 2^16 needs the top one
+        (50, "same"),  # every token V - 1: one run of all N
+        (50, "pad"),  # padding_idx everywhere but one token
+        (7, "rand"),  # runs of ~143
+    ],
+)
+def test_cuda_grad_sort_and_runs(V, ids, index_dtype, grad_base, dtype):
+    """The backward's sort and runs (csrc/cuda/embed_kernels.cu, stages 1-4) at their edges: the key
+    bits the vocabulary needs (1, 16, 17), a run of one id over all N = 1,001 tokens (125 steps of
+    kBwdRows = 8 and a tail of 1), ids only at 0 and V - 1, padding everywhere; int32 and int64 ids;
+    16-byte accesses (d 64) and a grad whose base is one element past 16 bytes (a column a thread).
+    Bit for bit the CPU kernel's result (same order, same roundings)."""
+    B, L, d = 7, 143, 64
+    tokens = {
+        "same": torch.full((B, L), V - 1),
+        "ends": torch.randint(0, 2, (B, L)) * (V - 1),
+        "pad": torch.full((B, L), 3).index_put_((torch.tensor(2), torch.tensor(5)), torch.tensor(4)),
+        "rand": torch.randint(0, V, (B, L)),
+    }[ids].to(index_dtype)
+    padding_idx = 3 if ids == "pad" else -1
+    grad = torch.randn(B, L, d).to(dtype)
+    grad_cuda = grad.cuda()
+    if grad_base == "offset":  # a view one element into its storage: not 16-byte aligned
+        flat = torch.empty(B * L * d + 1, dtype=dtype, device="cuda")
+        flat[1:] = grad_cuda.flatten()
+        grad_cuda = flat[1:].view(B, L, d)
+    got = OP.embed_sinusoidal_backward(grad_cuda, tokens.cuda(), V, 3.0, padding_idx).cpu()
+    want = OP.embed_sinusoidal_backward(grad, tokens, V, 3.0, padding_idx)
+    report_diff(f"cuda grad vs cpu (V {V}, {ids})", got, want)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [2, 8, 130, 520])
+@pytest.mark.parametrize("B, L", [(9, 3), (17, 1), (1, 600), (8, 5)])
+def test_cuda_forward_grid_edges(B, L, d, dtype):
+    """The forward's grid (csrc/cuda/embed_kernels.cu `launch_fwd`) at its edges: sequences past the
+    last whole group of kRowsPerThread = 8 (B 9, 17: a block of one sequence), one position (L 1),
+    many position blocks (L 600), a row of one pair (d 2), 16-byte accesses (d 8, 520: in fp32 two
+    blocks of 128 threads along the row) and pairs (d 130). int32 ids. The CPU op is the reference."""
+    V = 40
+    tokens = torch.randint(0, V, (B, L), dtype=torch.int32)
+    weight = _weight(V, d, dtype)
+    out = _ext.embed_sinusoidal(tokens.cuda(), weight.cuda(), scale=2.0, pos_offset=3).cpu()
+    want = _ext.embed_sinusoidal(tokens, weight, scale=2.0, pos_offset=3)
+    eps = torch.finfo(dtype).eps
+    report_diff(f"cuda vs cpu (B {B}, L {L}, d {d}, {dtype})", out, want)
+    torch.testing.assert_close(out, want, rtol=eps, atol=eps * 4)  # FMA contraction: one ulp
+
+
+@requires_cuda
+def test_cuda_empty_inputs():
+    """No tokens, no columns: the shapes (and dtypes) of the CPU op, zeros for the gradient, no launch."""
+    weight = _weight(10, 8, torch.bfloat16, "cuda")
+    for B, L in ((0, 5), (3, 0)):
+        tokens = torch.zeros(B, L, dtype=torch.long, device="cuda")
+        out = _ext.embed_sinusoidal(tokens, weight, scale=2.0)
+        assert out.shape == (B, L, 8) and out.dtype == torch.bfloat16 and out.is_cuda
+        gw = OP.embed_sinusoidal_backward(torch.zeros(B, L, 8, device="cuda"), tokens, 10, 2.0, -1)
+        assert gw.shape == (10, 8) and torch.count_nonzero(gw) == 0
+    tokens = torch.randint(0, 10, (2, 3), device="cuda")
+    assert _ext.embed_sinusoidal(tokens, weight[:, :0], scale=2.0).shape == (2, 3, 0)
+    assert OP.embed_sinusoidal_backward(torch.zeros(2, 3, 0, device="cuda"), tokens, 10, 2.0, -1).shape == (10, 0)
+    assert _ext.add_sinusoidal(torch.zeros(2, 0, 8, device="cuda")).shape == (2, 0, 8)
+
+
+@requires_cuda
 @pytest.mark.parametrize("bad", [-3, 10])
 def test_cuda_grad_bad_token_id_device_assert(bad):
     """The backward's out-of-range ids: every id is checked, and named with its place, before the sort."""
