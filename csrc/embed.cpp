@@ -22,8 +22,9 @@
 // float64 table (scratchformer.reference.sinusoidal_positions), positions 0..100_000, d_model 2
 // to 1024: max abs error 7.8e-8, mean 1.4e-8 (rounding the float64 table to float32 alone: max
 // 3.0e-8, mean 1.2e-8; tests/test_embed.py asserts <= 1e-7 on CPU, <= 2.5e-7 on CUDA). A float32
-// angle p * w_i would be off by up to p * 2^-24 ~ 6e-3 at 1e5. The error stays at this level
-// until p * 2^-53 approaches it, i.e. for positions far beyond 1e8.
+// angle p * w_i would be off by up to p * 2^-24 ~ 6e-3 at 1e5. The error stays below 1e-7 up to
+// the last position the ops accept, 2^29 - 1 (9.0e-8 there; csrc/sinusoid.h kMaxPositions):
+// beyond it the double reduction's rounding shows, and from about 1e16 the values leave [-1, 1].
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -44,11 +45,19 @@ namespace scratchformer {
 // Argument checks, shared with csrc/cuda/embed_cuda.cpp (which declares them).
 // --------------------------------------------------------------------------------------------
 
+namespace {
+// The floating types the kernels are built for (at::isFloatingType also admits the float8 types,
+// which then failed in the dispatch, and passed the fake impls).
+bool is_kernel_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+}  // namespace
+
 void check_embed_args(const at::Tensor& tokens, const at::Tensor& weight, int64_t pos_offset,
                       bool pos_encoding, std::optional<int64_t> padding_idx) {
   TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
               "embed_sinusoidal: tokens must be int64 or int32, got ", tokens.scalar_type());
-  TORCH_CHECK(at::isFloatingType(weight.scalar_type()),
+  TORCH_CHECK(is_kernel_float(weight.scalar_type()),
               "embed_sinusoidal: weight must be floating point (float32, float16, bfloat16, "
               "float64), got ", weight.scalar_type());
   TORCH_CHECK(tokens.dim() == 2, "embed_sinusoidal: tokens must be 2-D (B, L), got a ",
@@ -59,6 +68,10 @@ void check_embed_args(const at::Tensor& tokens, const at::Tensor& weight, int64_
               tokens.device(), " but weight is on ", weight.device(),
               "; both must be on the same device");
   TORCH_CHECK(pos_offset >= 0, "embed_sinusoidal: pos_offset must be >= 0, got ", pos_offset);
+  TORCH_CHECK(!pos_encoding || pos_offset <= sinusoid::kMaxPositions - tokens.size(1),
+              "embed_sinusoidal: positions must be below ", sinusoid::kMaxPositions,
+              " (2^29, where the float sinusoid stops being accurate), got pos_offset ", pos_offset,
+              " and L ", tokens.size(1));
   TORCH_CHECK(!pos_encoding || weight.size(1) % 2 == 0,
               "embed_sinusoidal: d_model must be even for the sinusoidal encoding, got ",
               weight.size(1));
@@ -74,8 +87,9 @@ void check_embed_backward_args(const at::Tensor& grad, const at::Tensor& tokens,
   TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
               "embed_sinusoidal_backward: tokens must be int64 or int32, got ",
               tokens.scalar_type());
-  TORCH_CHECK(at::isFloatingType(grad.scalar_type()),
-              "embed_sinusoidal_backward: grad must be floating point, got ", grad.scalar_type());
+  TORCH_CHECK(is_kernel_float(grad.scalar_type()),
+              "embed_sinusoidal_backward: grad must be floating point (float32, float16, bfloat16, "
+              "float64), got ", grad.scalar_type());
   TORCH_CHECK(tokens.dim() == 2 && grad.dim() == 3 && grad.size(0) == tokens.size(0) &&
                   grad.size(1) == tokens.size(1),
               "embed_sinusoidal_backward: grad must be (B, L, d_model) for tokens (B, L); got "
@@ -90,14 +104,19 @@ void check_embed_backward_args(const at::Tensor& grad, const at::Tensor& tokens,
 }
 
 void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset) {
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()),
-              "add_sinusoidal: x must be floating point, got ", x.scalar_type());
+  TORCH_CHECK(is_kernel_float(x.scalar_type()),
+              "add_sinusoidal: x must be floating point (float32, float16, bfloat16, float64), got ",
+              x.scalar_type());
   TORCH_CHECK(x.dim() >= 2, "add_sinusoidal: x must be (..., L, d_model), got a ", x.dim(),
               "-D tensor");
   TORCH_CHECK(x.size(-1) % 2 == 0,
               "add_sinusoidal: d_model must be even for the sinusoidal encoding, got ",
               x.size(-1));
   TORCH_CHECK(pos_offset >= 0, "add_sinusoidal: pos_offset must be >= 0, got ", pos_offset);
+  TORCH_CHECK(pos_offset <= sinusoid::kMaxPositions - x.size(-2),
+              "add_sinusoidal: positions must be below ", sinusoid::kMaxPositions,
+              " (2^29, where the float sinusoid stops being accurate), got pos_offset ", pos_offset,
+              " and L ", x.size(-2));
 }
 
 namespace {

@@ -25,6 +25,15 @@ constexpr double kTwoOverPi = 0.6366197723675814;  // 2 / pi
 constexpr double kPio2Hi = 1.5707963267948966;     // pi / 2 rounded to double
 constexpr double kPio2Lo = 6.123233995736766e-17;  // pi / 2 - kPio2Hi
 
+// The positions the ops accept: p < kMaxPositions = 2^29 (the checks in csrc/embed.cpp, the fakes
+// in scratchformer/_ext.py and op_checks.MAX_POSITIONS refuse the rest). sincos_angle rounds
+// k * kPio2Hi in double, an error of up to half an ulp of the angle (6e-8 just below 2^29, w_0 = 1
+// makes the angle the position): measured against the float64 table at positions 2^29 - 200,000 to
+// 2^29 - 1, max error 9.0e-8 (2^30: 1.2e-7, 1e12: 6e-5). From about 1e16 r leaves [-pi/4, pi/4]
+// and the polynomials return values far outside [-1, 1] (|PE| 5e5 at 1e17), and pos_offset + j can
+// overflow int64.
+constexpr int64_t kMaxPositions = int64_t{1} << 29;
+
 // w_i for the column pair starting at `col` (even): exactly the float64 reference's formula.
 SCRATCHFORMER_HOST_DEVICE double inv_freq(int64_t col, int64_t d) {
   return exp((-kLn10000 * static_cast<double>(col)) / static_cast<double>(d));

@@ -13,7 +13,8 @@ The ops (schemas in csrc/embed.cpp):
         x (..., L, d_model) + PE(pos_offset + j); gradient passes through unchanged.
 
 PE accuracy: angles in double, sin/cos polynomials in float on the reduced argument; max error
-vs the float64 table 7.8e-8 on CPU up to position 100k (float32 rounding alone: 3.0e-8). On
+vs the float64 table 7.8e-8 on CPU up to position 100k (float32 rounding alone: 3.0e-8), 9.0e-8
+at the last position the ops accept, 2^29 - 1 (pos_offset + L <= 2^29, MAX_POSITIONS). On
 CUDA the same scheme runs with FMA contraction (to be measured on a GPU; the tests bound it by
 2.5e-7). Out-of-range token ids: RuntimeError naming the id and its (b, j) on CPU; on CUDA a
 device-side assert (the id is printed) that surfaces at the next synchronisation, as with
@@ -27,6 +28,8 @@ compiled graph keeps it as one node. Imported lazily by `scratchformer.ops` (nev
 from __future__ import annotations
 
 import torch
+
+from scratchformer.op_checks import MAX_POSITIONS
 
 __all__ = ["embed_sinusoidal", "embed_sinusoidal_backward", "add_sinusoidal", "available"]
 
@@ -58,16 +61,23 @@ def _require() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# the floating types the kernels are built for (is_floating_point() also admits the float8 types)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_float(op, name, t):
+    torch._check(
+        t.dtype in _FLOATS,
+        lambda: f"{op}: {name} must be floating point (float32, float16, bfloat16, float64), got {t.dtype}",
+    )
+
+
 def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
     torch._check(
         tokens.dtype in (torch.int32, torch.int64),
         lambda: f"embed_sinusoidal: tokens must be int64 or int32, got {tokens.dtype}",
     )
-    torch._check(
-        weight.is_floating_point(),
-        lambda: f"embed_sinusoidal: weight must be floating point (float32, float16, bfloat16, "
-        f"float64), got {weight.dtype}",
-    )
+    _check_float("embed_sinusoidal", "weight", weight)
     torch._check(
         tokens.dim() == 2,
         lambda: f"embed_sinusoidal: tokens must be 2-D (B, L), got a {tokens.dim()}-D tensor of "
@@ -84,6 +94,8 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         "both must be on the same device",
     )
     torch._check(pos_offset >= 0, lambda: f"embed_sinusoidal: pos_offset must be >= 0, got {pos_offset}")
+    _check_positions("embed_sinusoidal", not pos_encoding or pos_offset <= MAX_POSITIONS - tokens.shape[1],
+                     pos_offset, tokens.shape[1])
     torch._check(
         not pos_encoding or weight.shape[1] % 2 == 0,
         lambda: "embed_sinusoidal: d_model must be even for the sinusoidal encoding, got "
@@ -97,6 +109,35 @@ def _check_embed(tokens, weight, pos_offset, pos_encoding, padding_idx):
         )
 
 
+def _check_embed_backward(grad, tokens, num_weights, padding_idx):
+    op = "embed_sinusoidal_backward"
+    torch._check(
+        tokens.dtype in (torch.int32, torch.int64), lambda: f"{op}: tokens must be int64 or int32, got {tokens.dtype}"
+    )
+    _check_float(op, "grad", grad)
+    torch._check(
+        grad.dim() == 3 and tokens.dim() == 2 and grad.shape[:2] == tokens.shape,
+        lambda: f"{op}: grad must be (B, L, d_model) for tokens (B, L); got grad {list(grad.shape)} and tokens "
+        f"{list(tokens.shape)}",
+    )
+    torch._check(
+        grad.device == tokens.device, lambda: f"{op}: grad is on {grad.device} but tokens are on {tokens.device}"
+    )
+    torch._check(num_weights >= 0, lambda: f"{op}: num_weights must be >= 0, got {num_weights}")
+    torch._check(
+        padding_idx == -1 or 0 <= padding_idx < num_weights,
+        lambda: f"{op}: padding_idx must be -1 (none) or in [0, {num_weights}), got {padding_idx}",
+    )
+
+
+def _check_positions(op, ok, pos_offset, L):
+    torch._check(
+        ok,
+        lambda: f"{op}: positions must be below {MAX_POSITIONS} (2^29, where the float sinusoid stops "
+        f"being accurate), got pos_offset {pos_offset} and L {L}",
+    )
+
+
 def _register_fakes() -> None:
     @torch.library.register_fake("scratchformer::embed_sinusoidal")
     def _(tokens, weight, scale, pos_offset, pos_encoding, padding_idx=None):
@@ -105,23 +146,20 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("scratchformer::embed_sinusoidal_backward")
     def _(grad, tokens, num_weights, scale, padding_idx):
-        torch._check(
-            grad.dim() == 3 and tokens.dim() == 2 and grad.shape[:2] == tokens.shape,
-            lambda: "embed_sinusoidal_backward: grad must be (B, L, d_model) for tokens (B, L); "
-            f"got grad {list(grad.shape)} and tokens {list(tokens.shape)}",
-        )
+        _check_embed_backward(grad, tokens, num_weights, padding_idx)
         return grad.new_empty((num_weights, grad.shape[2]))
 
     @torch.library.register_fake("scratchformer::add_sinusoidal")
     def _(x, pos_offset):
-        torch._check(
-            x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got {x.dim()}-D"
-        )
+        _check_float("add_sinusoidal", "x", x)
+        torch._check(x.dim() >= 2, lambda: f"add_sinusoidal: x must be (..., L, d_model), got a {x.dim()}-D tensor")
         torch._check(
             x.shape[-1] % 2 == 0,
             lambda: "add_sinusoidal: d_model must be even for the sinusoidal encoding, got "
             f"{x.shape[-1]}",
         )
+        torch._check(pos_offset >= 0, lambda: f"add_sinusoidal: pos_offset must be >= 0, got {pos_offset}")
+        _check_positions("add_sinusoidal", pos_offset <= MAX_POSITIONS - x.shape[-2], pos_offset, x.shape[-2])
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -211,7 +249,7 @@ def embed_sinusoidal(
     device-side assert on CUDA.
     """
     _require()
-    if padding_idx is not None and padding_idx < 0:
+    if padding_idx is not None and -weight.shape[0] <= padding_idx < 0:  # else the op names it as given
         padding_idx += weight.shape[0]
     return torch.ops.scratchformer.embed_sinusoidal.default(
         tokens, weight, float(scale), int(pos_offset), bool(pos_encoding), padding_idx

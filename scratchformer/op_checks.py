@@ -17,6 +17,12 @@ import torch
 # Read once (torch.compile guards on a global, not on the environment); tests may patch it.
 DEBUG: bool = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 
+# Positions of the sinusoidal encoding: 0 .. MAX_POSITIONS - 1, the C++ op's float sinusoid accurate
+# to 1e-7 there (csrc/sinusoid.h kMaxPositions, which the op checks itself); every backend refuses
+# the rest, where the op's values drift and then leave [-1, 1], and the torch backend's cached table
+# would need 2^30 rows.
+MAX_POSITIONS = 2**29
+
 
 def value_checks(t: torch.Tensor) -> bool:
     """Whether checks that read t's values may run: on CPU always (no device sync), on other
@@ -163,6 +169,9 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, *
         raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
     if _check_int("embed", "pos_offset", pos_offset) < 0:
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
+    if pos_encoding and not torch.compiler.is_compiling() and pos_offset + tokens.shape[1] > MAX_POSITIONS:
+        raise ValueError(f"embed: positions must be below {MAX_POSITIONS} (2^29, where the C++ op's float "
+                         f"sinusoid stops being accurate), got pos_offset {pos_offset} and L {tokens.shape[1]}")
     _check_number("embed", "scale", scale)
     if pos_encoding and weight.shape[1] % 2:
         raise ValueError(f"embed: d_model must be even for the sinusoidal positions, got {weight.shape[1]}")

@@ -120,6 +120,31 @@ def test_pe_accuracy_long_positions(d):
     assert err <= PE_MAX_ERR_CPU
 
 
+def test_positions_past_2_29_are_refused():
+    """Positions (pos_offset + j) stay below 2^29 (csrc/sinusoid.h kMaxPositions), where the float
+    sinusoid is within 1e-7 of the float64 table: past it the error grows (1.2e-7 at 2^30, 6e-5 at
+    1e12), and from about 1e16 the values left [-1, 1] without a word (|PE| 5e5 at 1e17; at 2^63 - 2
+    pos_offset + j overflowed int64). The last accepted positions are accurate; one more is refused
+    by the op, by its fake (meta tensors) and by add_sinusoidal; without positions any offset goes."""
+    top = 2**29
+    tokens, weight = torch.randint(0, 10, (2, 64)), _weight(10, 64, torch.float32)
+    pe = _ext.add_sinusoidal(torch.zeros(1, 64, 64), pos_offset=top - 64)[0]
+    pe64 = sinusoidal_positions(torch.arange(top - 64, top), 64, torch.float64)
+    assert report_diff("PE at the last positions", pe, pe64) <= PE_MAX_ERR_CPU
+    out = _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=top - 64)
+    exact = _exact(tokens, weight, 1.0, top - 64)
+    assert ((out.double() - exact).abs() <= 2**-24 * exact.abs() + PE_MAX_ERR_CPU).all()
+    for pos_offset in (top - 63, 10**17, 2**63 - 2):
+        msg = rf"positions must be below 536870912 \(2\^29, .*\), got pos_offset {pos_offset} and L 64"
+        for device in ("cpu", "meta"):
+            with pytest.raises(RuntimeError, match="embed_sinusoidal: " + msg):
+                _ext.embed_sinusoidal(tokens.to(device), weight.to(device), scale=1.0, pos_offset=pos_offset)
+            with pytest.raises(RuntimeError, match="add_sinusoidal: " + msg):
+                _ext.add_sinusoidal(torch.zeros(2, 64, 8, device=device), pos_offset=pos_offset)
+    plain = _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=10**17, pos_encoding=False)
+    assert torch.equal(plain, weight[tokens])
+
+
 def test_pos_encoding_off_and_offsets_compose():
     tokens = torch.randint(0, 20, (2, 9))
     weight = _weight(20, 16, torch.float32)
@@ -305,7 +330,7 @@ def test_ops_embed_triton_equals_eager(pos_offset):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got Float"),
+        (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got (Float|torch.float32)"),
         (lambda t, w: (t, w.long()), "weight must be floating point .* got Long"),
         (lambda t, w: (t[0], w), r"tokens must be 2-D \(B, L\), got a 1-D tensor"),
         (lambda t, w: (t, w[None]), r"weight must be 2-D \(V, d_model\), got a 3-D tensor"),
@@ -339,12 +364,41 @@ def test_bad_scalars():
         _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=-1)
     with pytest.raises(RuntimeError, match=r"padding_idx must be in \[0, 10\) .* got 10"):
         _ext.embed_sinusoidal(tokens, weight, scale=1.0, padding_idx=10)
+    # below -V: named as given (the wrapper's mapping turned -11 into -1 and the message said "got -1")
+    with pytest.raises(RuntimeError, match=r"padding_idx must be in \[0, 10\) .* got -11$"):
+        _ext.embed_sinusoidal(tokens, weight, scale=1.0, padding_idx=-11)
     with pytest.raises(RuntimeError, match=r"grad must be \(B, L, d_model\) for tokens \(B, L\)"):
         OP.embed_sinusoidal_backward(torch.randn(2, 4, 8), tokens, 10, 1.0, -1)
     with pytest.raises(RuntimeError, match=r"padding_idx must be -1 \(none\) or in \[0, 10\), got 11"):
         OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, 11)
     with pytest.raises(RuntimeError, match="add_sinusoidal: d_model must be even"):
         _ext.add_sinusoidal(torch.randn(2, 3, 5))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta runs the fake impls (_ext.py), as torch.compile does
+def test_fakes_refuse_what_the_ops_refuse(device):
+    """Each op's fake refuses with the message of its C++ check: the backward's fake checked only the
+    shapes (grad on meta with tokens on the CPU, float tokens, an int grad, num_weights -1 or a
+    padding_idx past it came back as a tensor), add_sinusoidal's took an int x; and a float8 weight
+    or grad, which is_floating_point() admits, is named (the CPU dispatch said 'not implemented').
+    The fakes spell a dtype as Python does (torch.int64 where C++ says Long)."""
+    tokens, grad = torch.randint(0, 10, (2, 5), device=device), torch.randn(2, 5, 8, device=device)
+    elsewhere = torch.zeros(2, 5, dtype=torch.long, device="cpu" if device == "meta" else "meta")
+    bwd, e5m2 = OP.embed_sinusoidal_backward, torch.float8_e5m2
+    cases = [
+        (lambda: bwd(grad, tokens.float(), 10, 1.0, -1), "tokens must be int64 or int32, got (Float|torch.float32)"),
+        (lambda: bwd(grad.long(), tokens, 10, 1.0, -1), r"grad must be floating point \(.*\), got (Long|torch.int64)"),
+        (lambda: bwd(grad.to(e5m2), tokens, 10, 1.0, -1), "grad must be .* got (Float8_e5m2|torch.float8_e5m2)"),
+        (lambda: bwd(grad, elsewhere, 10, 1.0, -1), f"grad is on {device} but tokens are on {elsewhere.device}"),
+        (lambda: bwd(grad, tokens, -1, 1.0, -1), "num_weights must be >= 0, got -1"),
+        (lambda: bwd(grad, tokens, 10, 1.0, 10), r"padding_idx must be -1 \(none\) or in \[0, 10\), got 10"),
+        (lambda: OP.add_sinusoidal(grad.long(), 0), r"x must be floating point \(.*\), got (Long|torch.int64)"),
+        (lambda: OP.embed_sinusoidal(tokens, grad.view(10, 8).to(torch.float8_e4m3fn), 1.0, 0, True, None),
+         "weight must be floating point .* got (Float8_e4m3fn|torch.float8_e4m3fn)"),
+    ]
+    for call, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
 
 
 def test_missing_extension_is_a_clear_error(monkeypatch):
@@ -405,10 +459,16 @@ def test_cuda_access_widths_match_cpu(layout, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("d", [64, 512, 1024])
-def test_cuda_pe_accuracy(d):
-    L = 100_001 if d == 64 else 1_001
-    pos_offset = 0 if d == 64 else 99_000
+@pytest.mark.parametrize(
+    "d, pos_offset, L",
+    [
+        (64, 0, 100_001),  # every position to 100k
+        (512, 99_000, 1_001),  # the far end of 100k, wider rows
+        (1024, 99_000, 1_001),
+        (64, 2**29 - 100_000, 100_000),  # the last positions the op accepts (csrc/sinusoid.h)
+    ],
+)
+def test_cuda_pe_accuracy(d, pos_offset, L):
     pe = _ext.add_sinusoidal(torch.zeros(1, L, d, device="cuda"), pos_offset=pos_offset)[0].cpu()
     pe64 = sinusoidal_positions(torch.arange(pos_offset, pos_offset + L), d, torch.float64)
     assert report_diff(f"cuda PE d={d}", pe, pe64) <= PE_MAX_ERR
@@ -450,6 +510,82 @@ def test_cuda_grad_every_row_written_at_each_width(d, dtype):
     absent[padding_idx] = True
     assert not got.isnan().any() and torch.count_nonzero(got[absent]) == 0
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # same order, same roundings
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad_base", ["aligned", "offset"])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize(
+    "V, ids",
+    [
+        (1, "same"),  # one row: 1 key bit
+        (2**16, "ends"),  # ids 0 and V - 1 only; a power of two: 16 key bits
+        (2**16 + 1, "ends"),  # one row more: 17 key bits, V - 1 = 2^16 needs the top one
+        (50, "same"),  # every token V - 1: one run of all N
+        (50, "pad"),  # padding_idx everywhere but one token
+        (7, "rand"),  # runs of ~143
+    ],
+)
+def test_cuda_grad_sort_and_runs(V, ids, index_dtype, grad_base, dtype):
+    """The backward's sort and runs (csrc/cuda/embed_kernels.cu, stages 1-4) at their edges: the key
+    bits the vocabulary needs (1, 16, 17), a run of one id over all N = 1,001 tokens (125 steps of
+    kBwdRows = 8 and a tail of 1), ids only at 0 and V - 1, padding everywhere; int32 and int64 ids;
+    16-byte accesses (d 64) and a grad whose base is one element past 16 bytes (a column a thread).
+    Bit for bit the CPU kernel's result (same order, same roundings)."""
+    B, L, d = 7, 143, 64
+    tokens = {
+        "same": torch.full((B, L), V - 1),
+        "ends": torch.randint(0, 2, (B, L)) * (V - 1),
+        "pad": torch.full((B, L), 3).index_put_((torch.tensor(2), torch.tensor(5)), torch.tensor(4)),
+        "rand": torch.randint(0, V, (B, L)),
+    }[ids].to(index_dtype)
+    padding_idx = 3 if ids == "pad" else -1
+    grad = torch.randn(B, L, d).to(dtype)
+    grad_cuda = grad.cuda()
+    if grad_base == "offset":  # a view one element into its storage: not 16-byte aligned
+        flat = torch.empty(B * L * d + 1, dtype=dtype, device="cuda")
+        flat[1:] = grad_cuda.flatten()
+        grad_cuda = flat[1:].view(B, L, d)
+    got = OP.embed_sinusoidal_backward(grad_cuda, tokens.cuda(), V, 3.0, padding_idx).cpu()
+    want = OP.embed_sinusoidal_backward(grad, tokens, V, 3.0, padding_idx)
+    report_diff(f"cuda grad vs cpu (V {V}, {ids})", got, want)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [2, 8, 130, 520])
+@pytest.mark.parametrize("B, L", [(9, 3), (17, 1), (1, 600), (8, 5)])
+def test_cuda_forward_grid_edges(B, L, d, dtype):
+    """The forward's grid (csrc/cuda/embed_kernels.cu `launch_fwd`) at its edges: sequences past the
+    last whole group of kRowsPerThread = 8 (B 9, 17: a block of one sequence), one position (L 1),
+    many position blocks (L 600), a row of one pair (d 2), 16-byte accesses (d 8, 520: in fp32 two
+    blocks of 128 threads along the row) and pairs (d 130). int32 ids. The CPU op is the reference."""
+    V = 40
+    tokens = torch.randint(0, V, (B, L), dtype=torch.int32)
+    weight = _weight(V, d, dtype)
+    out = _ext.embed_sinusoidal(tokens.cuda(), weight.cuda(), scale=2.0, pos_offset=3).cpu()
+    want = _ext.embed_sinusoidal(tokens, weight, scale=2.0, pos_offset=3)
+    eps = torch.finfo(dtype).eps
+    report_diff(f"cuda vs cpu (B {B}, L {L}, d {d}, {dtype})", out, want)
+    torch.testing.assert_close(out, want, rtol=eps, atol=eps * 4)  # FMA contraction: one ulp
+
+
+@requires_cuda
+def test_cuda_empty_inputs():
+    """No tokens, no columns: the shapes (and dtypes) of the CPU op, zeros for the gradient, no launch."""
+    weight = _weight(10, 8, torch.bfloat16, "cuda")
+    for B, L in ((0, 5), (3, 0)):
+        tokens = torch.zeros(B, L, dtype=torch.long, device="cuda")
+        out = _ext.embed_sinusoidal(tokens, weight, scale=2.0)
+        assert out.shape == (B, L, 8) and out.dtype == torch.bfloat16 and out.is_cuda
+        gw = OP.embed_sinusoidal_backward(torch.zeros(B, L, 8, device="cuda"), tokens, 10, 2.0, -1)
+        assert gw.shape == (10, 8) and torch.count_nonzero(gw) == 0
+    tokens = torch.randint(0, 10, (2, 3), device="cuda")
+    assert _ext.embed_sinusoidal(tokens, weight[:, :0], scale=2.0).shape == (2, 3, 0)
+    assert OP.embed_sinusoidal_backward(torch.zeros(2, 3, 0, device="cuda"), tokens, 10, 2.0, -1).shape == (10, 0)
+    assert _ext.add_sinusoidal(torch.zeros(2, 0, 8, device="cuda")).shape == (2, 0, 8)
 
 
 @requires_cuda

@@ -173,6 +173,10 @@ def test_embed_refuses_bad_shapes_and_scales(ops_backend):
     with pytest.raises(ValueError, match="embed: d_model must be even for the sinusoidal positions, got 15"):
         ops_backend.embed(torch.tensor([[1, 2]]), w[:, :15], scale=1.0)
     assert ops_backend.embed(torch.tensor([[1, 2]]), w[:, :15], scale=1.0, pos_encoding=False).shape == (1, 2, 15)
+    # positions past 2^29 (the last here 2^29): the C++ op's sinusoid loses its accuracy there, then leaves [-1, 1]
+    msg = r"embed: positions must be below 536870912 \(2\^29.*got pos_offset 536870911 and L 2"
+    with pytest.raises(ValueError, match=msg):
+        ops_backend.embed(torch.tensor([[1, 2]]), w, scale=1.0, pos_offset=2**29 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
