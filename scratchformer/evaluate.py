@@ -132,6 +132,14 @@ def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
     return source
 
 
+def _other_data(source: D.DataSource, ckpt_data: dict | None) -> bool:
+    """Whether --data / --dataset name other data than the checkpoint's run trained on (a local
+    folder known by its name, wherever it is)."""
+    def key(d: dict):
+        return d["kind"], Path(d["folder"]).name if d.get("folder") else d["name"]
+    return ckpt_data is not None and key(source.to_dict()) != key(ckpt_data)
+
+
 def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
     """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
     full disk) is an OSError naming the file and saying that the scores are above."""
@@ -177,6 +185,10 @@ def main(argv=None) -> dict:
     if source.task != ckpt["task"]:
         raise cli.UsageError(f"{ckpt['path']} was trained for {ckpt['task']}; the data is read as {source.task} "
                              f"(pass --task {ckpt['task']} if its files fit)")
+    if not args.out and _other_data(source, ckpt.get("data")):
+        raise cli.UsageError(f"{ckpt['path']}: its predictions and scores on {source.name} would replace those on "
+                             f"its own data in {out} (predictions.{args.split}.jsonl, metrics.{args.split}.json): "
+                             f"give --out DIR")
     examples = run_split(source, args.split, run, args.limit)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
     print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)

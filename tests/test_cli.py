@@ -614,6 +614,26 @@ def test_evaluate_of_a_run_folders_other_checkpoint_needs_out_and_names_an_avera
     assert res["step"] is None and res["averaged_from"] == averaged_from
 
 
+def test_evaluate_on_other_data_needs_out(tmp_path):
+    """A run scored on other data (docs/training.md: `--data .../iwslt2017_en_de` for a Multi30k run) wrote
+    its predictions.validation.jsonl and metrics.validation.json over the run's own, named by the split
+    alone: refused without --out, nothing written; its own data from another path is the same data."""
+    run = _eval_run(tmp_path)
+    own = Path(load_checkpoint(run / "best.pt")["data"]["folder"])
+    other = tmp_path / "other" / "news"
+    shutil.copytree(own, other)
+    flags = ["--checkpoint", str(run), "--split", "validation", "--limit", "2", "--max-tokens", "64"]
+    evaluate.main(flags)
+    before = _snapshot(run)
+    with pytest.raises(cli.UsageError, match=r"its predictions and scores on news would replace those on its own "
+                       r"data in .* \(predictions\.validation\.jsonl, metrics\.validation\.json\): give --out DIR"):
+        evaluate.main([*flags, "--data", str(other)])
+    assert _snapshot(run) == before
+    assert evaluate.main([*flags, "--data", str(other), "--out", str(tmp_path / "news")])["n"] == 2
+    shutil.copytree(own, tmp_path / "copy" / own.name)  # the run's own dataset, found elsewhere: its folder
+    assert evaluate.main([*flags, "--data", str(tmp_path / "copy" / own.name)])["n"] == 2
+
+
 def test_evaluate_and_generate_help_list_debug(capsys):
     for mod in (evaluate, generate):
         with pytest.raises(SystemExit):
