@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=4096,
                    help="token budget per batch (padded source tokens; default: 4096)")
     b.add_argument("--batch-size", type=int, help="at most this many inputs per batch")
-    b.add_argument("--max-src-len", type=int, help="longest input in tokens (default: the training max_src_len)")
+    b.add_argument("--max-src-len", type=int,
+                   help="longest input in tokens, its EOS included (default: the training max_src_len)")
     b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="autocast dtype (default: fp32)")
     b.add_argument("--resume", action="store_true", help="keep the predictions already in --output, add the rest")
