@@ -60,20 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="local data folder (default: the checkpoint's)")
     p.add_argument("--task", choices=D.TASKS, help="task (default: the checkpoint's, or inferred)")
     p.add_argument("--limit", type=int, help="score only the first N examples")
-    p.add_argument("--beam-size", type=int, default=1, help="1 = greedy decoding (default), >1 = beam search")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="beam search length penalty exponent")
+    p.add_argument("--beam-size", type=int, default=1, help="beam search width (default: 1, greedy decoding)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search length penalty exponent (default: 1.0)")
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                    help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
     p.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="at least N tokens before the end of an output (summarizers use one; 0: off)")
     add_summary_options(p)
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch")
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch (default: 4096)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
                    help="torch.compile the model (backend: inductor when given alone; aot_eager traces without "
                    "code generation)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="autocast dtype (default: fp32)")
     p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
     p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json (default: the "
                    "folder of the checkpoint, i.e. its run folder; with --baseline lead3: none, scores only)")
@@ -130,6 +132,14 @@ def _source_from(args, ckpt_data: dict | None) -> D.DataSource:
     return source
 
 
+def _other_data(source: D.DataSource, ckpt_data: dict | None) -> bool:
+    """Whether --data / --dataset name other data than the checkpoint's run trained on (a local
+    folder known by its name, wherever it is)."""
+    def key(d: dict):
+        return d["kind"], Path(d["folder"]).name if d.get("folder") else d["name"]
+    return ckpt_data is not None and key(source.to_dict()) != key(ckpt_data)
+
+
 def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
     """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
     full disk) is an OSError naming the file and saying that the scores are above."""
@@ -175,6 +185,10 @@ def main(argv=None) -> dict:
     if source.task != ckpt["task"]:
         raise cli.UsageError(f"{ckpt['path']} was trained for {ckpt['task']}; the data is read as {source.task} "
                              f"(pass --task {ckpt['task']} if its files fit)")
+    if not args.out and _other_data(source, ckpt.get("data")):
+        raise cli.UsageError(f"{ckpt['path']}: its predictions and scores on {source.name} would replace those on "
+                             f"its own data in {out} (predictions.{args.split}.jsonl, metrics.{args.split}.json): "
+                             f"give --out DIR")
     examples = run_split(source, args.split, run, args.limit)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
     print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)

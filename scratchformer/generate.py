@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
     p.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
                    help="input format (default: by the file name; stdin is sniffed)")
-    p.add_argument("--beam-size", type=int, default=4, help="1 = greedy")
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--beam-size", type=int, default=4, help="beam search width (default: 4); 1 = greedy")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search length penalty exponent (default: 1.0)")
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                    help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
     p.add_argument("--min-len", type=int, default=0, metavar="N",
@@ -72,14 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--len-ratio", type=float,
                    help="decode up to ceil(R * source length) + 10 tokens, at most --max-len "
                         "(default: 2 for translation, none for summaries; 0 = none)")
-    b.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch (padded source tokens)")
+    b.add_argument("--max-tokens", type=int, default=4096,
+                   help="token budget per batch (padded source tokens; default: 4096)")
     b.add_argument("--batch-size", type=int, help="at most this many inputs per batch")
-    b.add_argument("--max-src-len", type=int, help="longest input in tokens (default: the training max_src_len)")
-    b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    b.add_argument("--max-src-len", type=int,
+                   help="longest input in tokens, its EOS included (default: the training max_src_len)")
+    b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="autocast dtype (default: fp32)")
     b.add_argument("--resume", action="store_true", help="keep the predictions already in --output, add the rest")
     b.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     b.add_argument("--save-every", type=float, default=60.0,
-                   help="seconds between snapshots to OUTPUT.partial (what --resume picks up after a kill)")
+                   help="seconds between snapshots to OUTPUT.partial (what --resume picks up after a kill; "
+                   "default: 60)")
     b.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     cli.add_debug_flag(p)

@@ -47,7 +47,7 @@ def shapes(encoded: D.EncodedDataset, cfg: TrainConfig, multiple: int, steps: in
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a run folder (its args.json and tokenizer*.json)")
     p.add_argument("--data", help="the folder holding the dataset's folder (default: the run's own --data, "
                                   "or SCRATCHFORMER_DATA)")

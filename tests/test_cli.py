@@ -1,5 +1,6 @@
 """The command lines, in process: train -> evaluate -> generate, lead-3, ablate, --help, DDP."""
 
+import argparse
 import errno
 import json
 import os
@@ -16,7 +17,7 @@ import pytest
 import torch
 from conftest import TINY, translation_folder
 
-from scratchformer import ablate, cli, evaluate, generate, train
+from scratchformer import ablate, average, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint
 from scratchformer.data import DataError
@@ -40,6 +41,25 @@ def test_help_lists_the_options(capsys):
         with pytest.raises(SystemExit):
             mod.main(["--help"])
         assert "--" in capsys.readouterr().out
+
+
+def test_every_flag_says_what_it_does_and_its_default():
+    # --encoder-layers, --activation, --tie-embeddings, --no-plots, evaluate's and generate's --precision
+    # and generate's --length-penalty were bare names in --help; generate's --beam-size (4), --max-tokens and
+    # --save-every did not say their defaults
+    from scratchformer.training.ablation import build_parser as ablate_parser
+    from scratchformer.training.config import build_parser as train_parser
+
+    for parser in (train_parser(), evaluate.build_parser(), generate.build_parser(), ablate_parser(),
+                   average.build_parser()):
+        for a in parser._actions:
+            if a.option_strings:
+                assert a.help, (parser.prog, a.option_strings)
+            d = a.default  # train's defaults are the class's (argparse.SUPPRESS here), shown by _default_text
+            if isinstance(d, (int, float)) and not isinstance(d, bool) and d != 0:
+                assert f"default: {d}" in a.help or f"default: {d:g}" in a.help, (parser.prog, a.option_strings)
+            if isinstance(d, str) and d != argparse.SUPPRESS and a.choices is None:
+                assert f"default: {d}" in a.help, (parser.prog, a.option_strings)
 
 
 def test_train_evaluate_generate_translation(tmp_path, capsys):
@@ -592,6 +612,26 @@ def test_evaluate_of_a_run_folders_other_checkpoint_needs_out_and_names_an_avera
     assert _snapshot(run) == before
     res = evaluate.main(["--checkpoint", str(run / "averaged.pt"), "--out", str(tmp_path / "avg"), *flags])
     assert res["step"] is None and res["averaged_from"] == averaged_from
+
+
+def test_evaluate_on_other_data_needs_out(tmp_path):
+    """A run scored on other data (docs/training.md: `--data .../iwslt2017_en_de` for a Multi30k run) wrote
+    its predictions.validation.jsonl and metrics.validation.json over the run's own, named by the split
+    alone: refused without --out, nothing written; its own data from another path is the same data."""
+    run = _eval_run(tmp_path)
+    own = Path(load_checkpoint(run / "best.pt")["data"]["folder"])
+    other = tmp_path / "other" / "news"
+    shutil.copytree(own, other)
+    flags = ["--checkpoint", str(run), "--split", "validation", "--limit", "2", "--max-tokens", "64"]
+    evaluate.main(flags)
+    before = _snapshot(run)
+    with pytest.raises(cli.UsageError, match=r"its predictions and scores on news would replace those on its own "
+                       r"data in .* \(predictions\.validation\.jsonl, metrics\.validation\.json\): give --out DIR"):
+        evaluate.main([*flags, "--data", str(other)])
+    assert _snapshot(run) == before
+    assert evaluate.main([*flags, "--data", str(other), "--out", str(tmp_path / "news")])["n"] == 2
+    shutil.copytree(own, tmp_path / "copy" / own.name)  # the run's own dataset, found elsewhere: its folder
+    assert evaluate.main([*flags, "--data", str(tmp_path / "copy" / own.name)])["n"] == 2
 
 
 def test_evaluate_and_generate_help_list_debug(capsys):

@@ -210,6 +210,19 @@ def test_read_tsv_positional_and_header(tmp_path):
         ("foo", "bar"), ('say "hi', 'sag "hallo'), ("it\rs", "es")]
 
 
+def test_infer_task_from_a_tsv_header(tmp_path):
+    # docs/training.md: the task comes from meta.json or the fields of the first record; a TSV's header
+    # row names its fields (only JSON lines were read: a TSV folder always needed --task)
+    (tmp_path / "train.tsv").write_text("\nid\tsummary\tdocument\n1\tshort\ta long text\n", encoding="utf-8")
+    src = D.resolve_source(data=str(tmp_path))
+    assert src.task == "summarization"
+    assert [(e.src, e.tgt) for e in D.load_split(src, "train")] == [("a long text", "short")]
+    (tmp_path / "train.tsv").write_text("hello\thallo\n", encoding="utf-8")  # positional: which task is it?
+    with pytest.raises(D.DataError, match="cannot tell the task .*; pass --task"):
+        D.resolve_source(data=str(tmp_path))
+    assert D.resolve_source(data=str(tmp_path), task="translation").task == "translation"
+
+
 def test_infer_task_and_carve(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"text": f"t{i}", "label": i % 2} for i in range(40)])
     src = D.resolve_source(data=str(tmp_path))

@@ -282,7 +282,7 @@ TILES = {"pinned": "0", "tuned": "1"}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", nargs="+", default=["model", "bench"], choices=list(WORKLOADS))
     p.add_argument("--tiles", nargs="+", default=list(TILES), choices=list(TILES))
     p.add_argument("--cache-dir", type=Path, help="compile into this Triton cache (default: a fresh temporary one)")

@@ -213,7 +213,9 @@ def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Ex
 
 
 def infer_task(folder: Path) -> str:
-    """The task of a local folder: meta.json's "task", else the fields of the first train record."""
+    """The task of a local folder: meta.json's "task", else the fields of the first record of its
+    first split file: a JSON-lines record's keys, or a TSV's header row (a TSV without one, or a
+    parquet file, names no fields)."""
     meta = folder / "meta.json"
     if meta.exists():
         task = read_json(meta).get("task")
@@ -221,18 +223,16 @@ def infer_task(folder: Path) -> str:
             return task
     for split in SPLITS:
         p = find_split_file(folder, split)
-        if p is not None and ".jsonl" in p.name:
+        if p is not None and (".jsonl" in p.name or p.name.endswith(".tsv")):
             with closing(read_lines(p)) as lines:
-                for _, line in lines:
-                    if line.strip():
-                        try:
-                            keys = set(json.loads(line))
-                        except (json.JSONDecodeError, TypeError):
-                            break
-                        for task, fields in FIELDS.items():
-                            if set(fields) <= keys:
-                                return task
-                        break
+                first = next((line for _, line in lines if line.strip()), "")
+            try:
+                keys = set(json.loads(first)) if ".jsonl" in p.name else set(first.split("\t"))
+            except (json.JSONDecodeError, TypeError):
+                keys = set()
+            for task, fields in FIELDS.items():
+                if set(fields) <= keys:
+                    return task
     raise DataError(f"{folder}: cannot tell the task (no meta.json 'task' and no recognised fields); pass --task")
 
 

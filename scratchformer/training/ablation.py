@@ -58,12 +58,14 @@ DEFAULT_GRID = [
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scratchformer.ablate",
                                 description="Run an ablation grid of training runs and plot the comparison.")
-    p.add_argument("--out", default="runs/ablate", help="folder for the runs, ablation.json and ablation.png")
+    p.add_argument("--out", default="runs/ablate",
+                   help="folder for the runs, ablation.json and ablation.png (default: runs/ablate)")
     p.add_argument("--variants", nargs="+", default=DEFAULT_GRID, metavar="NAME=FLAGS",
                    help="variants; default: " + "; ".join(DEFAULT_GRID))
     p.add_argument("--metric", help="metric of the bar chart and of the best variant (default: exact_match "
                    "for seq2seq greedy, accuracy for classification)")
-    p.add_argument("--jobs", type=int, default=1, help="variants trained at once, each in a process of its own")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="variants trained at once, each in a process of its own (default: 1)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
     add_debug_flag(p)
     return p

@@ -63,7 +63,8 @@ class TrainConfig:
     dataset: str = _data(default="synthetic", help="'synthetic' (embedded, no download), a name of a local folder "
                          "under $SCRATCHFORMER_DATA, ./data or ../shared/data, or a hub dataset: "
                          + ", ".join(sorted(D.HUB)))
-    data: str | None = _data(help="local folder of {train,validation,test}.{jsonl,jsonl.gz,tsv,parquet}", metavar="DIR")
+    data: str | None = _data(help="local folder of train, validation, test files: .jsonl, .jsonl.gz, .jsonl.xz, "
+                             ".tsv or .parquet", metavar="DIR")
     max_train_examples: int | None = _data(help="use only the first N training examples")
     max_valid_examples: int | None = _data(help="use only the first N validation examples")
     valid_fraction: float = _data(default=0.05, help="when the data has no validation split (IMDb), carve this "
@@ -91,22 +92,26 @@ class TrainConfig:
         synthetic="tiny", real="small", classification="classifier"))
     kernel: str = _model(default="auto", help="backend of the hot paths: auto = triton on CUDA (torch for a head "
                          "dim triton does not run), eager on CPU", choices=KERNELS)
-    d_model: int | None = _model(by_data=dict(synthetic=64))
+    d_model: int | None = _model(help="model width (unset model options: the preset's)", by_data=dict(synthetic=64))
     heads: int | None = _model(help="attention heads", by_data=dict(synthetic=4))
     layers: int | None = _model(help="encoder and decoder layers (both)", by_data=dict(synthetic=2))
-    encoder_layers: int | None = _model()
-    decoder_layers: int | None = _model()
-    d_ff: int | None = _model(by_data=dict(synthetic=256))
-    dropout: float | None = _model(by_data=dict(synthetic=0.1))
+    encoder_layers: int | None = _model(help="encoder layers (over --layers)")
+    decoder_layers: int | None = _model(help="decoder layers (over --layers)")
+    d_ff: int | None = _model(help="FFN inner width", by_data=dict(synthetic=256))
+    dropout: float | None = _model(help="dropout on embeddings and sublayer outputs (0.1 otherwise)",
+                                  by_data=dict(synthetic=0.1))
     attn_dropout: float | None = _model(help="dropout on the attention probabilities")
     ffn_dropout: float | None = _model(help="dropout between the FFN's two projections (fairseq's activation dropout)")
     word_dropout: float | None = _model(help="word dropout: in training, each input token (source and decoder input; "
                                         "not a special one) replaced by <unk> with this probability (0.1-0.3 in "
                                         "Sennrich and Zhang 2019's low-resource NMT)")
-    activation: str | None = _model(choices=("relu", "gelu"))
+    activation: str | None = _model(help="FFN activation (relu otherwise)", choices=("relu", "gelu"))
     norm: str | None = _model(help="residual LayerNorm placement", choices=("post", "pre"))
     final_norm: bool | None = _model(help="LayerNorm after the last encoder/decoder layer")
-    tie_embeddings: str | None = _model(choices=("none", "decoder", "all"))
+    tie_embeddings: str | None = _model(help="one matrix for: decoder = the target embedding and the output "
+                                        "projection; all = those and the source embedding (one vocabulary); "
+                                        "none otherwise",
+                                        choices=("none", "decoder", "all"))
     no_pos_encoding: bool = _model(default=False, help="ablation: no positional encoding")
     copy: bool = _model(default=False, help="pointer-generator output layer: copy source tokens (See et al. 2017; "
                         "for summarization from scratch); needs a shared vocabulary")
@@ -127,13 +132,14 @@ class TrainConfig:
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
                            "lr*sqrt(warmup/step)); plateau halves the lr when the validation metric stalls",
                            choices=("inverse_sqrt", "cosine", "plateau", "constant"))
-    warmup_steps: int | None = _optim(by_data=dict(synthetic=100, real=1000, classification=200))
+    warmup_steps: int | None = _optim(help="linear warmup to --lr", by_data=dict(
+        synthetic=100, real=1000, classification=200))
     min_lr: float = _optim(default=0.0, help="floor of the cosine schedule")
     plateau_patience: int = _optim(default=2, help="evaluations without gain before halving")
     weight_decay: float = _optim(default=0.01, help="AdamW decay (matrices only)")
-    adam_betas: tuple[float, float] = _optim(default=(0.9, 0.98), nargs=2)
-    adam_eps: float = _optim(default=1e-9)
-    label_smoothing: float = _optim(default=0.1)
+    adam_betas: tuple[float, float] = _optim(default=(0.9, 0.98), help="AdamW betas", nargs=2, metavar=("B1", "B2"))
+    adam_eps: float = _optim(default=1e-9, help="AdamW epsilon")
+    label_smoothing: float = _optim(default=0.1, help="mass spread off the gold token or class")
     rdrop: float = _optim(default=0.0, help="R-Drop (Liang et al. 2021): each batch runs twice, each copy under its "
                           "own dropout, and the loss adds ALPHA/2 times the two outputs' symmetric KL per target "
                           "(the paper's IWSLT setting: 5); twice a step's compute and activations (0: off)",
@@ -152,7 +158,7 @@ class TrainConfig:
                                                 "forward of the layers)")
     precision: str = _optim(default="auto", help="autocast dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
                             choices=("auto", "fp32", "bf16", "fp16"))
-    seed: int = _optim(default=0)
+    seed: int = _optim(default=0, help="seed of initialisation, batching and dropout")
 
     # evaluation, early stopping, checkpoints, logging
     eval_every: int | None = _run(help="validate every N steps (0: at the end of each epoch)", by_data=dict(
@@ -175,7 +181,8 @@ class TrainConfig:
                                     "evaluation); --resume continues: a long run in chunks of bounded commands")
     init_from: str | None = _run(help="a new run from the weights, architecture and tokenizers of a checkpoint or "
                                  "run folder (best.pt): fine-tuning, a curriculum's next phase", metavar="CKPT")
-    resume: str | None = _run(help="continue from a checkpoint (default: OUT/last.pt), with its arguments",
+    resume: str | None = _run(help="continue from a checkpoint or run folder (default: OUT/last.pt; without --out, "
+                              "runs/latest's), with its arguments",
                               nargs="?", const="last", metavar="CKPT")
     out: str | None = _run(help="run folder (default: a new runs/<date>-<time>, linked as runs/latest); one that "
                            "already holds a run is refused unless --resume or --overwrite")
@@ -186,7 +193,7 @@ class TrainConfig:
     no_progress: bool = _run(default=False, help="no progress bar")
     tensorboard: bool = _run(default=False, help="also log to TensorBoard (needs tensorboard)")
     attention_example: int = _run(default=0, help="validation example drawn in plots/attention.png")
-    no_plots: bool = _run(default=False)
+    no_plots: bool = _run(default=False, help="no plots/ (curves, attention)")
     resume_path: str | None = _run(help="the checkpoint a resumed run continued from", cli=False)
 
     def __post_init__(self):

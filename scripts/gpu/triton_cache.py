@@ -152,7 +152,7 @@ def restore(archive: Path, cache: Path) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("pack")
     a.add_argument("cache", type=Path)
