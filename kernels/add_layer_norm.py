@@ -85,6 +85,7 @@ from ._common import (
     INTERPRET,
     NONE_SHAPE,
     apply_dropout,
+    call_op,
     cdiv,
     check_device,
     check_dtype,
@@ -555,7 +556,7 @@ class AddLayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s):
-        output = _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s)
+        output = call_op(_add_layer_norm_op, x, residual, weight, bias, eps, dropout_p, rng, store_s)
         _y, s, mean, rstd = output
         ctx.mark_non_differentiable(mean, rstd)
         ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
@@ -571,8 +572,8 @@ class AddLayerNormFunction(torch.autograd.Function):
         if dy is None:  # only s was used downstream
             dy = torch.zeros_like(s)
         need_dres = ctx.needs_input_grad[1]
-        dx, dres, dw, db = _add_layer_norm_backward_op(
-            dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
+        dx, dres, dw, db = call_op(
+            _add_layer_norm_backward_op, dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
         )
         if need_dres and not ctx.dropout_p > 0.0:  # not stored without dropout: dresidual == dx
             dres = dx
@@ -609,10 +610,9 @@ def add_layer_norm(
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    apply = AddLayerNormFunction.apply if needs_grad else _add_layer_norm_op  # no autograd node to build
-    y, s, _, _ = apply(
-        x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad),
-    )
+    args = (x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad))
+    # no gradient wanted: no autograd node to build, the op alone
+    y, s, _, _ = AddLayerNormFunction.apply(*args) if needs_grad else call_op(_add_layer_norm_op, *args)
     if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask
         with torch.no_grad():
             mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=False,

@@ -86,6 +86,7 @@ from ._common import (
     INTERPRET,
     LOG2E,
     attention_key_bounds,
+    call_op,
     cdiv,
     check_device,
     check_dtype,
@@ -953,7 +954,7 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
-        output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
+        output = call_op(_attention_op, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
         out, lse = output
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # out is the only differentiable output: no zero dlse built
@@ -965,7 +966,8 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
         q, k, v, out, lse, key_lengths, query_lengths, rng = ctx.saved_tensors
-        dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args, rng)
+        dq, dk, dv = call_op(_attention_backward_op, dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args,
+                             rng)
         return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
 
 
@@ -1007,10 +1009,8 @@ def attention(
     if qlen is not None and qlen is klen and torch.compiler.is_compiling():
         qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    apply = AttentionFunction.apply if needs_grad else _attention_op  # no autograd node to build: the op alone
-    out, lse = apply(
-        q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale), rng,
-    )
+    args = (q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale), rng)
+    out, lse = AttentionFunction.apply(*args) if needs_grad else call_op(_attention_op, *args)  # no gradient: the op
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:
         B, H, Lq, _ = q.shape

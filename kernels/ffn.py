@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_rng, or_empty
+from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, dropout_rng, or_empty
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -172,7 +172,7 @@ class FFNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
-        output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
+        output = call_op(_ffn_op, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
         _y, a, pre = output
         ctx.mark_non_differentiable(a, pre)
         # y is the only differentiable output, so the backward always gets dy; without this, autograd
@@ -190,7 +190,8 @@ class FFNFunction(torch.autograd.Function):
         if activation == "gelu" and pre.numel() != a.numel():
             raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
                                "(store_pre=False)")
-        dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, rng, ctx.needs_input_grad[0])
+        dx, dw1, db1, dw2, db2 = call_op(_ffn_backward_op, dy, x, w1, w2, a, pre, *ctx.cfg, rng,
+                                          ctx.needs_input_grad[0])
         return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
                 db2 if has_b2 else None, None, None, None, None)
 
@@ -223,10 +224,8 @@ def ffn(
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    apply = FFNFunction.apply if needs_grad else _ffn_op  # no autograd node to build: the op alone
-    y, _, _ = apply(
-        x, w1, b1, w2, b2, activation, float(dropout_p), rng, needs_grad and activation == "gelu",
-    )
+    args = (x, w1, b1, w2, b2, activation, float(dropout_p), rng, needs_grad and activation == "gelu")
+    y, _, _ = FFNFunction.apply(*args) if needs_grad else call_op(_ffn_op, *args)  # no gradient: the op alone
     mask = None
     if return_dropout_mask:  # debug: replay the first GEMM's Philox stream into a stored mask
         with torch.no_grad():
