@@ -376,13 +376,11 @@ def _block_m(rows: int, block_n: int) -> int:
 
 
 def _check_inputs(x, residual, weight, bias, eps, dropout_p):
-    check_device("add_layer_norm", x, residual, weight, bias)
-    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+    _check_device_dtype(x, residual, weight, bias)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
     N = x.shape[-1]
-    if N > MAX_N:
-        raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (a whole row per tile), got {N}")
+    _check_width(N)
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     if not isinstance(weight, torch.Tensor):  # bias may be None, weight may not
@@ -396,10 +394,35 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
             raise ValueError(f"add_layer_norm: {name} dtype must be {x.dtype} (x's) or float32, got {p.dtype}")
     if bias is not None and bias.dtype != weight.dtype:
         raise ValueError(f"add_layer_norm: weight {weight.dtype} and bias {bias.dtype} dtypes differ")
-    if not eps > 0.0:
-        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
+    _check_eps(eps)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_limits(x, residual, weight, bias, eps=1e-5, **_):
+    """What only this kernel refuses of the calls the backend-wide check
+    (`op_checks.check_add_layer_norm`, which `scratchformer.ops` runs first) passes: devices,
+    dtypes, widths and (inside a torch.compile trace, where that check leaves it) eps, in
+    `add_layer_norm`'s order and with its messages. `add_layer_norm_trusted` after both is
+    `add_layer_norm`, its inputs checked once."""
+    _check_device_dtype(x, residual, weight, bias)
+    _check_width(x.shape[-1])
+    _check_eps(eps)
+
+
+def _check_device_dtype(x, residual, weight, bias):
+    check_device("add_layer_norm", x, residual, weight, bias)
+    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+
+
+def _check_width(N):
+    if N > MAX_N:
+        raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (a whole row per tile), got {N}")
+
+
+def _check_eps(eps):
+    if not eps > 0.0:
+        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
 
 
 def add_layer_norm_fwd(
@@ -601,6 +624,14 @@ def add_layer_norm(
     (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    return add_layer_norm_trusted(x, residual, weight, bias, eps, dropout_p=dropout_p, return_residual=return_residual,
+                                  seed=seed, return_dropout_mask=return_dropout_mask)
+
+
+def add_layer_norm_trusted(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, seed=None,
+                           return_dropout_mask=False):
+    """`add_layer_norm` without its checks, for a caller that ran them: `scratchformer.ops`, whose
+    check (`op_checks.check_add_layer_norm`) and `check_limits` refuse every call its checks would."""
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)

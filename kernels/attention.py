@@ -750,19 +750,36 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
             f"attention: shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
             "(need the same B, H, D and k.shape == v.shape)"
         )
-    check_dtype("attention", q, k, v)
-    check_device("attention", q, k, v)  # the lengths' type and device: _check_lengths, which names them
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {D}")
+    _check_device_dtype_head_dim(q, k, v)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    _check_scale(scale)
+    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    return klen, qlen
+
+
+def check_limits(q, k, v, *, scale=None, **_):
+    """What only this kernel refuses of the calls the backend-wide check (`op_checks.check_attention`,
+    which `scratchformer.ops` runs first) passes: dtypes, devices, head dims and (inside a
+    torch.compile trace, where that check leaves it) the scale, in `attention`'s order and with its
+    messages. `attention_trusted` after both is `attention`, its inputs checked once."""
+    _check_device_dtype_head_dim(q, k, v)
+    _check_scale(scale)
+
+
+def _check_device_dtype_head_dim(q, k, v):
+    check_dtype("attention", q, k, v)
+    check_device("attention", q, k, v)  # the lengths' type and device: _check_lengths, which names them
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {q.shape[3]}")
+
+
+def _check_scale(scale):
     if scale is not None and not 0.0 <= scale < math.inf:  # NaN fails too
         # the forward offsets each row by its maximum score times scale, the scaled maximum only for a
         # scale >= 0: a negative one would offset by the minimum, and exp2 overflows to NaN on wide rows
         raise ValueError(f"attention: scale must be a finite number >= 0, got {scale}")
-    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
-    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
-    return klen, qlen
 
 
 def _flags(q, klen, qlen, causal, dropout_p, tma):
@@ -1005,6 +1022,16 @@ def attention(
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale)
+    return attention_trusted(q, k, v, key_lengths=klen, query_lengths=qlen, causal=causal, dropout_p=dropout_p,
+                             scale=scale, return_lse=return_lse, return_dropout_mask=return_dropout_mask, seed=seed)
+
+
+def attention_trusted(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None,
+                      return_lse=False, return_dropout_mask=False, seed=None):
+    """`attention` without its checks, for a caller that ran them: `scratchformer.ops`, whose check
+    (`op_checks.check_attention`) and `check_limits` refuse every call its checks would."""
+    klen = key_lengths if key_lengths is None else key_lengths.contiguous()  # as the kernels read them
+    qlen = query_lengths if query_lengths is None else query_lengths.contiguous()
     rng = dropout_rng(dropout_p, seed, q.device)
     if qlen is not None and qlen is klen and torch.compiler.is_compiling():
         qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice

@@ -53,8 +53,7 @@ WGRAD_KERNEL = "torch"  # "torch" (cuBLAS, split-K) or "triton" (our GEMM); see 
 
 
 def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
-    check_device("ffn", x, w1, b1, w2, b2)
-    check_dtype("ffn", x, w1, b1, w2, b2)
+    _check_device_dtype(x, w1, b1, w2, b2)
     if activation not in ("relu", "gelu"):
         raise ValueError(f"ffn: activation must be 'relu' or 'gelu', got {activation!r}")
     if x.dim() < 1:
@@ -69,11 +68,28 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
         raise ValueError(f"ffn: b1 must be ({d_ff},), got {tuple(b1.shape)}")
     if b2 is not None and b2.shape != (d_model,):
         raise ValueError(f"ffn: b2 must be ({d_model},), got {tuple(b2.shape)}")
+    _check_widths(d_model, d_ff)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_limits(x, w1, b1, w2, b2, **_):
+    """What only this kernel refuses of the calls the backend-wide check (`op_checks.check_ffn`,
+    which `scratchformer.ops` runs first) passes: devices, dtypes and widths, in `ffn`'s order
+    and with its messages. `ffn_trusted` after both is `ffn`, its inputs checked once."""
+    _check_device_dtype(x, w1, b1, w2, b2)
+    _check_widths(x.shape[-1], w1.shape[0])
+
+
+def _check_device_dtype(*tensors):
+    check_device("ffn", *tensors)
+    check_dtype("ffn", *tensors)
+
+
+def _check_widths(d_model, d_ff):
     for name, d in (("d_model", d_model), ("d_ff", d_ff)):
         if not MIN_DIM <= d <= MAX_DIM:
             raise ValueError(f"ffn: {name} must be in [{MIN_DIM}, {MAX_DIM}], got {d}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, rng=None, store_pre=False, store_mask=False):
@@ -221,6 +237,13 @@ def ffn(
     (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
+    return ffn_trusted(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
+                       return_dropout_mask=return_dropout_mask)
+
+
+def ffn_trusted(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None, return_dropout_mask=False):
+    """`ffn` without its checks, for a caller that ran them: `scratchformer.ops`, whose check
+    (`op_checks.check_ffn`) and `check_limits` refuse every call `ffn`'s checks would."""
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
