@@ -301,7 +301,9 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
     chosen = _CHOSEN.get((kernel, key))
     if chosen is not None:
         fn, meta = chosen
-        fn[grid](*args, **kwargs, **meta)
+        # fn.run is what fn[grid](...) calls, through a lambda made per launch that repacks the
+        # arguments once more: 0.7 us a launch (Triton 3.9)
+        fn.run(*args, grid=grid, warmup=False, **kwargs, **meta)
         _LAUNCHED[fn.__name__] = meta
         return
     kernel[grid](*args, **kwargs)

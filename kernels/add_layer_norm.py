@@ -95,6 +95,7 @@ from ._common import (
     launch_tuned,
     load_dropout_rng,
     next_pow2,
+    or_empty,
 )
 from .partial_sums import sum_partials
 
@@ -556,8 +557,7 @@ def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout
     dx, dres, dw, db = add_layer_norm_bwd(
         dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, rng=rng, store_dres=store_dres,
     )
-    none = s.new_empty(NONE_SHAPE)
-    return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(NONE_SHAPE)
+    return dx, or_empty(dres, s), dw, or_empty(db, weight)
 
 
 @torch.library.register_fake(_add_layer_norm_backward_op)
