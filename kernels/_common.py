@@ -31,7 +31,9 @@ cpu"), and the tests must run here; the launchers also autotune with early_confi
 An opaque op with a fake impl traces under torch.compile (fullgraph; dynamo traces the
 autograd.Function around it) and torch.export, runs its launcher (and autotuning) at run time,
 and keeps no host sync inside, so CUDA graphs can capture it. Autocast does not look inside:
-`scratchformer.ops` casts first.
+`scratchformer.ops` casts first. The entry points and Functions call an op through `call_op`,
+which in plain eager (nothing tracing, recording or intercepting) calls its impl without the
+dispatcher.
 """
 
 from __future__ import annotations
@@ -128,17 +130,17 @@ if INTERPRET:
 
 def check_device(name: str, *tensors: torch.Tensor | None) -> None:
     """All given tensors on one device; CUDA, or CPU only under the interpreter."""
-    present = [t for t in tensors if t is not None]
-    devices = {t.device for t in present}
+    devices = {t.device for t in tensors if t is not None}
     if len(devices) > 1:
         raise ValueError(f"{name}: inputs are on different devices: {sorted(map(str, devices))}")
-    dev = present[0].device
-    if dev.type == "cpu" and not INTERPRET:
+    (dev,) = devices
+    kind = dev.type  # read once: each .type builds its string (0.2 us; every op call checks)
+    if kind == "cpu" and not INTERPRET:
         raise ValueError(
             f"{name}: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 set before "
             f"import to run on CPU), got {dev}"
         )
-    if dev.type not in ("cpu", "cuda"):
+    if kind not in ("cpu", "cuda"):
         raise ValueError(f"{name}: unsupported device {dev}")
 
 
@@ -299,7 +301,9 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
     chosen = _CHOSEN.get((kernel, key))
     if chosen is not None:
         fn, meta = chosen
-        fn[grid](*args, **kwargs, **meta)
+        # fn.run is what fn[grid](...) calls, through a lambda made per launch that repacks the
+        # arguments once more: 0.7 us a launch (Triton 3.9)
+        fn.run(*args, grid=grid, warmup=False, **kwargs, **meta)
         _LAUNCHED[fn.__name__] = meta
         return
     kernel[grid](*args, **kwargs)
@@ -329,6 +333,35 @@ def define_op(name: str, schema: str):
         _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
         for key in ("CPU", "CUDA"):
             _LIBRARY.impl(name, impl, key)
-        return getattr(torch.ops.scratchformer, name).default
+        op = getattr(torch.ops.scratchformer, name).default
+        _IMPLS[op] = impl
+        return op
 
     return register
+
+
+_IMPLS: dict = {}  # op -> the function the dispatcher calls for it on CPU and CUDA (define_op)
+# What an op's argument may be for `call_op` to skip the dispatcher: not a tensor subclass (a
+# Parameter is one without a dispatch of its own), not a SymInt or SymFloat (a trace)
+_PLAIN_ARGS = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str})
+# The dispatch keys included in plain eager, in and out of inference mode (which drops
+# ADInplaceOrView); any other (Python: a dispatch mode such as FakeTensorMode or make_fx's;
+# PreDispatch, Tracer, functorch's, Functionalize) means something intercepts the op's call.
+_EAGER_KEYS = frozenset(torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(key).raw_repr()
+                        for key in (torch._C.DispatchKey.BackendSelect, torch._C.DispatchKey.ADInplaceOrView))
+
+
+def call_op(op, *args):
+    """op(*args) for one of our ops (`define_op`), by the shortest path that gives its result: in
+    plain eager, its impl called directly; under torch.compile or torch.export, a dispatch mode
+    (FakeTensorMode, make_fx, a recording mode in the tests), a functorch transform, jit tracing,
+    the profiler (which records the op's call), or with an argument of a tensor subclass, through
+    the dispatcher. In plain eager the dispatcher has nothing to do for our ops but call the impl
+    (no autograd or autocast kernel: the entry points' autograd.Functions do that, and the caller
+    casts), and boxing 8-12 arguments into its stack and back cost 2.5-3 us a call, two calls an
+    op's forward and backward (torch 2.13, bench/host_overhead.py). The test reads torch 2.13's
+    private C functions, a few tens of ns each."""
+    if (torch.compiler.is_compiling() or torch._C._dispatch_tls_local_include_set().raw_repr() not in _EAGER_KEYS
+            or torch._C._autograd._profiler_enabled() or not _PLAIN_ARGS.issuperset(map(type, args))):
+        return op(*args)
+    return _IMPLS[op](*args)

@@ -85,6 +85,7 @@ from ._common import (
     INTERPRET,
     NONE_SHAPE,
     apply_dropout,
+    call_op,
     cdiv,
     check_device,
     check_dtype,
@@ -94,6 +95,7 @@ from ._common import (
     launch_tuned,
     load_dropout_rng,
     next_pow2,
+    or_empty,
 )
 from .partial_sums import sum_partials
 
@@ -375,13 +377,11 @@ def _block_m(rows: int, block_n: int) -> int:
 
 
 def _check_inputs(x, residual, weight, bias, eps, dropout_p):
-    check_device("add_layer_norm", x, residual, weight, bias)
-    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+    _check_device_dtype(x, residual, weight, bias)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
     N = x.shape[-1]
-    if N > MAX_N:
-        raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (a whole row per tile), got {N}")
+    _check_width(N)
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     if not isinstance(weight, torch.Tensor):  # bias may be None, weight may not
@@ -395,10 +395,35 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
             raise ValueError(f"add_layer_norm: {name} dtype must be {x.dtype} (x's) or float32, got {p.dtype}")
     if bias is not None and bias.dtype != weight.dtype:
         raise ValueError(f"add_layer_norm: weight {weight.dtype} and bias {bias.dtype} dtypes differ")
-    if not eps > 0.0:
-        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
+    _check_eps(eps)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_limits(x, residual, weight, bias, eps=1e-5, **_):
+    """What only this kernel refuses of the calls the backend-wide check
+    (`op_checks.check_add_layer_norm`, which `scratchformer.ops` runs first) passes: devices,
+    dtypes, widths and (inside a torch.compile trace, where that check leaves it) eps, in
+    `add_layer_norm`'s order and with its messages. `add_layer_norm_trusted` after both is
+    `add_layer_norm`, its inputs checked once."""
+    _check_device_dtype(x, residual, weight, bias)
+    _check_width(x.shape[-1])
+    _check_eps(eps)
+
+
+def _check_device_dtype(x, residual, weight, bias):
+    check_device("add_layer_norm", x, residual, weight, bias)
+    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+
+
+def _check_width(N):
+    if N > MAX_N:
+        raise ValueError(f"add_layer_norm: hidden size N must be <= {MAX_N} (a whole row per tile), got {N}")
+
+
+def _check_eps(eps):
+    if not eps > 0.0:
+        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
 
 
 def add_layer_norm_fwd(
@@ -409,16 +434,17 @@ def add_layer_norm_fwd(
     None unless store_s), mean, rstd ((M,) fp32) and the bool keep mask (None unless store_mask).
     Trusts its inputs as `add_layer_norm` checked them."""
     N = x.shape[-1]
+    shape = (*x.shape,)  # a tuple: torch (2.13) parses a torch.Size argument 0.5-1 us slower
     x2 = _rows(x, N)
     res2 = _rows(residual, N) if residual is not None else x2
     M = x2.shape[0]
     weight, bias = weight.contiguous(), bias.contiguous() if bias is not None else None
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    s = torch.empty((M, N), dtype=x.dtype, device=x.device) if store_s else None
-    mean = torch.empty((M,), dtype=torch.float32, device=x.device)
-    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
+    y = x.new_empty(shape)  # x's shape, contiguous: the (M, N) rows the kernel writes, no view to make
+    s = x.new_empty(shape) if store_s else None
+    mean = x.new_empty(M, dtype=torch.float32)
+    rstd = x.new_empty(M, dtype=torch.float32)
     has_dropout = dropout_p > 0.0
-    mask = torch.empty((M, N), dtype=torch.int8, device=x.device) if (store_mask and has_dropout) else None
+    mask = x.new_empty(shape, dtype=torch.int8) if (store_mask and has_dropout) else None
     BLOCK_N = next_pow2(N)
     if M > 0:
         args = (x2, res2, weight, bias if bias is not None else weight, y,
@@ -433,15 +459,8 @@ def add_layer_norm_fwd(
             BLOCK_M, warps = _fwd_tile(M, BLOCK_N)
             _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](*args, **flags, BLOCK_M=BLOCK_M, num_warps=warps)
     if store_mask and mask is None:  # dropout_p == 0: everything is kept
-        mask = torch.ones((M, N), dtype=torch.int8, device=x.device)
-    shape = x.shape
-    return (
-        y.view(shape),
-        s.view(shape) if s is not None else None,
-        mean,
-        rstd,
-        mask.view(shape).bool() if mask is not None else None,
-    )
+        mask = torch.ones(shape, dtype=torch.int8, device=x.device)
+    return y, s, mean, rstd, mask.bool() if mask is not None else None
 
 
 def _bwd_programs(M: int, device: torch.device) -> int:
@@ -462,21 +481,22 @@ def add_layer_norm_bwd(
     replayed). Returns dx, dres (None unless store_dres, or when it equals dx: dropout_p == 0),
     dweight (weight's dtype), dbias (or None)."""
     N = s.shape[-1]
+    shape = (*s.shape,)  # a tuple, as the forward's
     s2 = s.reshape(-1, N)
     weight = weight.contiguous()
     M = s2.shape[0]
     dy2 = _rows(dy, N)
     ds2 = _rows(ds_out, N) if ds_out is not None else dy2
     has_dropout = dropout_p > 0.0
-    dx = torch.empty((M, N), dtype=s.dtype, device=s.device)
+    dx = s.new_empty(shape)  # s's shape, contiguous (as the forward's y)
     store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
-    dres = torch.empty((M, N), dtype=s.dtype, device=s.device) if store_dres else None
+    dres = s.new_empty(shape) if store_dres else None
     BLOCK_N = next_pow2(N)
     n_programs = _bwd_programs(M, s.device) if M > 0 else 1
     rows_per_program = cdiv(M, n_programs)  # the kernel rounds it up to whole BLOCK_M blocks
-    partial = torch.empty if M > 0 else torch.zeros  # every program writes its whole row (none run if M == 0)
-    dw_partial = partial((n_programs, N), dtype=torch.float32, device=s.device)
-    db_partial = partial((n_programs, N), dtype=torch.float32, device=s.device) if has_bias else None
+    partial = s.new_empty if M > 0 else s.new_zeros  # every program writes its whole row (none run if M == 0)
+    dw_partial = partial((n_programs, N), dtype=torch.float32)
+    db_partial = partial((n_programs, N), dtype=torch.float32) if has_bias else None
     if M > 0:
         args = (dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
                 dw_partial, db_partial if db_partial is not None else dw_partial,
@@ -492,8 +512,7 @@ def add_layer_norm_bwd(
             _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
                                                       num_warps=warps)
     dw, db = sum_partials(dw_partial, db_partial, weight.dtype)  # second stage: one launch, a fixed order
-    shape = s.shape
-    return dx.view(shape), dres.view(shape) if dres is not None else None, dw, db
+    return dx, dres, dw, db
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,8 +557,7 @@ def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout
     dx, dres, dw, db = add_layer_norm_bwd(
         dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, rng=rng, store_dres=store_dres,
     )
-    none = s.new_empty(NONE_SHAPE)
-    return dx, dres if dres is not None else none, dw, db if db is not None else weight.new_empty(NONE_SHAPE)
+    return dx, or_empty(dres, s), dw, or_empty(db, weight)
 
 
 @torch.library.register_fake(_add_layer_norm_backward_op)
@@ -555,7 +573,7 @@ class AddLayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s):
-        output = _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s)
+        output = call_op(_add_layer_norm_op, x, residual, weight, bias, eps, dropout_p, rng, store_s)
         _y, s, mean, rstd = output
         ctx.mark_non_differentiable(mean, rstd)
         ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
@@ -571,8 +589,8 @@ class AddLayerNormFunction(torch.autograd.Function):
         if dy is None:  # only s was used downstream
             dy = torch.zeros_like(s)
         need_dres = ctx.needs_input_grad[1]
-        dx, dres, dw, db = _add_layer_norm_backward_op(
-            dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
+        dx, dres, dw, db = call_op(
+            _add_layer_norm_backward_op, dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
         )
         if need_dres and not ctx.dropout_p > 0.0:  # not stored without dropout: dresidual == dx
             dres = dx
@@ -606,13 +624,20 @@ def add_layer_norm(
     (y, s, mask). Raises ValueError naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    return add_layer_norm_trusted(x, residual, weight, bias, eps, dropout_p=dropout_p, return_residual=return_residual,
+                                  seed=seed, return_dropout_mask=return_dropout_mask)
+
+
+def add_layer_norm_trusted(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, seed=None,
+                           return_dropout_mask=False):
+    """`add_layer_norm` without its checks, for a caller that ran them: `scratchformer.ops`, whose
+    check (`op_checks.check_add_layer_norm`) and `check_limits` refuse every call its checks would."""
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    apply = AddLayerNormFunction.apply if needs_grad else _add_layer_norm_op  # no autograd node to build
-    y, s, _, _ = apply(
-        x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad),
-    )
+    args = (x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad))
+    # no gradient wanted: no autograd node to build, the op alone
+    y, s, _, _ = AddLayerNormFunction.apply(*args) if needs_grad else call_op(_add_layer_norm_op, *args)
     if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask
         with torch.no_grad():
             mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=False,

@@ -86,6 +86,7 @@ from ._common import (
     INTERPRET,
     LOG2E,
     attention_key_bounds,
+    call_op,
     cdiv,
     check_device,
     check_dtype,
@@ -749,19 +750,36 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
             f"attention: shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
             "(need the same B, H, D and k.shape == v.shape)"
         )
-    check_dtype("attention", q, k, v)
-    check_device("attention", q, k, v)  # the lengths' type and device: _check_lengths, which names them
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {D}")
+    _check_device_dtype_head_dim(q, k, v)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    _check_scale(scale)
+    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    return klen, qlen
+
+
+def check_limits(q, k, v, *, scale=None, **_):
+    """What only this kernel refuses of the calls the backend-wide check (`op_checks.check_attention`,
+    which `scratchformer.ops` runs first) passes: dtypes, devices, head dims and (inside a
+    torch.compile trace, where that check leaves it) the scale, in `attention`'s order and with its
+    messages. `attention_trusted` after both is `attention`, its inputs checked once."""
+    _check_device_dtype_head_dim(q, k, v)
+    _check_scale(scale)
+
+
+def _check_device_dtype_head_dim(q, k, v):
+    check_dtype("attention", q, k, v)
+    check_device("attention", q, k, v)  # the lengths' type and device: _check_lengths, which names them
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be 16, 32, 64 or 128, got {q.shape[3]}")
+
+
+def _check_scale(scale):
     if scale is not None and not 0.0 <= scale < math.inf:  # NaN fails too
         # the forward offsets each row by its maximum score times scale, the scaled maximum only for a
         # scale >= 0: a negative one would offset by the minimum, and exp2 overflows to NaN on wide rows
         raise ValueError(f"attention: scale must be a finite number >= 0, got {scale}")
-    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
-    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
-    return klen, qlen
 
 
 def _flags(q, klen, qlen, causal, dropout_p, tma):
@@ -953,7 +971,7 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
-        output = _attention_op(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
+        output = call_op(_attention_op, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
         out, lse = output
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # out is the only differentiable output: no zero dlse built
@@ -965,7 +983,8 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
         q, k, v, out, lse, key_lengths, query_lengths, rng = ctx.saved_tensors
-        dq, dk, dv = _attention_backward_op(dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args, rng)
+        dq, dk, dv = call_op(_attention_backward_op, dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args,
+                             rng)
         return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
 
 
@@ -1003,14 +1022,22 @@ def attention(
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
     klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale)
+    return attention_trusted(q, k, v, key_lengths=klen, query_lengths=qlen, causal=causal, dropout_p=dropout_p,
+                             scale=scale, return_lse=return_lse, return_dropout_mask=return_dropout_mask, seed=seed)
+
+
+def attention_trusted(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None,
+                      return_lse=False, return_dropout_mask=False, seed=None):
+    """`attention` without its checks, for a caller that ran them: `scratchformer.ops`, whose check
+    (`op_checks.check_attention`) and `check_limits` refuse every call its checks would."""
+    klen = key_lengths if key_lengths is None else key_lengths.contiguous()  # as the kernels read them
+    qlen = query_lengths if query_lengths is None else query_lengths.contiguous()
     rng = dropout_rng(dropout_p, seed, q.device)
     if qlen is not None and qlen is klen and torch.compiler.is_compiling():
         qlen = qlen.clone()  # dynamo (torch 2.13) cannot trace an autograd.Function given one tensor twice
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    apply = AttentionFunction.apply if needs_grad else _attention_op  # no autograd node to build: the op alone
-    out, lse = apply(
-        q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale), rng,
-    )
+    args = (q, k, v, klen, qlen, bool(causal), float(dropout_p), None if scale is None else float(scale), rng)
+    out, lse = AttentionFunction.apply(*args) if needs_grad else call_op(_attention_op, *args)  # no gradient: the op
     extra = (lse,) if return_lse else ()
     if return_dropout_mask:
         B, H, Lq, _ = q.shape

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, next_pow2, or_empty
+from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, next_pow2, or_empty
 
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk (see the docstring)
 MAX_BLOCK_V = 4096
@@ -210,8 +210,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, target, label_smoothing, ignore_index):
-        loss, nll, dx, dw, db = _linear_cross_entropy_op(x, weight, bias, target, label_smoothing, ignore_index,
-                                                         True)
+        loss, nll, dx, dw, db = call_op(_linear_cross_entropy_op, x, weight, bias, target, label_smoothing,
+                                        ignore_index, True)
         ctx.save_for_backward(dx, dw, db)
         ctx.has_bias = bias is not None
         nll = nll.sum()
@@ -247,6 +247,6 @@ def linear_cross_entropy(
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if needs_grad:
         return LinearCrossEntropyFunction.apply(x, weight, bias, target, float(label_smoothing), int(ignore_index))
-    loss, nll, _, _, _ = _linear_cross_entropy_op(x, weight, bias, target, float(label_smoothing), int(ignore_index),
-                                                  False)
+    loss, nll, _, _, _ = call_op(_linear_cross_entropy_op, x, weight, bias, target, float(label_smoothing),
+                                 int(ignore_index), False)
     return loss.sum(), nll.sum()

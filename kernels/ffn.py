@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, check_device, check_dtype, define_op, dropout_rng, or_empty
+from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, dropout_rng, or_empty
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -53,8 +53,7 @@ WGRAD_KERNEL = "torch"  # "torch" (cuBLAS, split-K) or "triton" (our GEMM); see 
 
 
 def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
-    check_device("ffn", x, w1, b1, w2, b2)
-    check_dtype("ffn", x, w1, b1, w2, b2)
+    _check_device_dtype(x, w1, b1, w2, b2)
     if activation not in ("relu", "gelu"):
         raise ValueError(f"ffn: activation must be 'relu' or 'gelu', got {activation!r}")
     if x.dim() < 1:
@@ -69,11 +68,28 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
         raise ValueError(f"ffn: b1 must be ({d_ff},), got {tuple(b1.shape)}")
     if b2 is not None and b2.shape != (d_model,):
         raise ValueError(f"ffn: b2 must be ({d_model},), got {tuple(b2.shape)}")
+    _check_widths(d_model, d_ff)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_limits(x, w1, b1, w2, b2, **_):
+    """What only this kernel refuses of the calls the backend-wide check (`op_checks.check_ffn`,
+    which `scratchformer.ops` runs first) passes: devices, dtypes and widths, in `ffn`'s order
+    and with its messages. `ffn_trusted` after both is `ffn`, its inputs checked once."""
+    _check_device_dtype(x, w1, b1, w2, b2)
+    _check_widths(x.shape[-1], w1.shape[0])
+
+
+def _check_device_dtype(*tensors):
+    check_device("ffn", *tensors)
+    check_dtype("ffn", *tensors)
+
+
+def _check_widths(d_model, d_ff):
     for name, d in (("d_model", d_model), ("d_ff", d_ff)):
         if not MIN_DIM <= d <= MAX_DIM:
             raise ValueError(f"ffn: {name} must be in [{MIN_DIM}, {MAX_DIM}], got {d}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def ffn_fwd(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, rng=None, store_pre=False, store_mask=False):
@@ -109,7 +125,7 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
     dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, rng, has_b1)
     db1 = db1.to(w1.dtype) if has_b1 else None
     dw1 = _wgrad(dh.t(), x2)  # (d_ff, d_model)
-    dx = launch_matmul(dh, w1)[0].view(x.shape) if needs_dx else None
+    dx = launch_matmul(dh, w1)[0].view(*x.shape) if needs_dx else None  # unpacked: a torch.Size parses slower
     return dx, dw1, db1, dw2, db2
 
 
@@ -172,7 +188,7 @@ class FFNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
-        output = _ffn_op(x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
+        output = call_op(_ffn_op, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
         _y, a, pre = output
         ctx.mark_non_differentiable(a, pre)
         # y is the only differentiable output, so the backward always gets dy; without this, autograd
@@ -190,7 +206,8 @@ class FFNFunction(torch.autograd.Function):
         if activation == "gelu" and pre.numel() != a.numel():
             raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
                                "(store_pre=False)")
-        dx, dw1, db1, dw2, db2 = _ffn_backward_op(dy, x, w1, w2, a, pre, *ctx.cfg, rng, ctx.needs_input_grad[0])
+        dx, dw1, db1, dw2, db2 = call_op(_ffn_backward_op, dy, x, w1, w2, a, pre, *ctx.cfg, rng,
+                                          ctx.needs_input_grad[0])
         return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
                 db2 if has_b2 else None, None, None, None, None)
 
@@ -220,13 +237,18 @@ def ffn(
     (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
     _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
+    return ffn_trusted(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
+                       return_dropout_mask=return_dropout_mask)
+
+
+def ffn_trusted(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, seed=None, return_dropout_mask=False):
+    """`ffn` without its checks, for a caller that ran them: `scratchformer.ops`, whose check
+    (`op_checks.check_ffn`) and `check_limits` refuse every call `ffn`'s checks would."""
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, w1, b1, w2, b2)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    apply = FFNFunction.apply if needs_grad else _ffn_op  # no autograd node to build: the op alone
-    y, _, _ = apply(
-        x, w1, b1, w2, b2, activation, float(dropout_p), rng, needs_grad and activation == "gelu",
-    )
+    args = (x, w1, b1, w2, b2, activation, float(dropout_p), rng, needs_grad and activation == "gelu")
+    y, _, _ = FFNFunction.apply(*args) if needs_grad else call_op(_ffn_op, *args)  # no gradient: the op alone
     mask = None
     if return_dropout_mask:  # debug: replay the first GEMM's Philox stream into a stored mask
         with torch.no_grad():

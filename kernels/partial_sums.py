@@ -94,8 +94,8 @@ def sum_partials(a: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype):
     partials (b: a's shape, or None), in one launch and a fixed order. Trusts its callers (the
     launchers of this package) for shapes, dtypes and device."""
     P, N = a.shape
-    a_out = torch.empty((N,), dtype=dtype, device=a.device)
-    b_out = torch.empty((N,), dtype=dtype, device=a.device) if b is not None else None
+    a_out = a.new_empty(N, dtype=dtype)
+    b_out = a.new_empty(N, dtype=dtype) if b is not None else None
     if N == 0:
         return a_out, b_out
     block_p, block_n, warps = _tile(P, N)

@@ -30,7 +30,9 @@ Checks: what is valid is decided once per op (`scratchformer.op_checks`, which s
 reads values), and the same check runs in front of every backend (eager included), so all
 backends accept and refuse the same calls with the same message (docs/numerics.md lists the
 rules). The Triton entry points and the C++ op keep their own checks for what only they need
-(dtypes, head dims, sizes) and for callers that reach them directly.
+(dtypes, head dims, sizes) and for callers that reach them directly; the triton bundle runs the
+check, then each kernel's `check_limits` (what only it needs), then the entry point without its
+checks (`*_trusted`), so each input is checked once.
 Attention with no key at all (Lk = 0) is valid: every row sees no key, so the output is zeros,
 as for a row whose key length is 0.
 """
@@ -120,10 +122,12 @@ def _triton_ops() -> Ops:
     from . import _ext
 
     _ext._require()  # the embedding is the C++/CUDA op: say now, not mid-forward, when it is not built
-    # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul.
-    return Ops("triton", _adapt(attention.attention, check_attention, cast=3),
-               _adapt(add_layer_norm.add_layer_norm, check_add_layer_norm),
-               _adapt(ffn.ffn, check_ffn, cast=5), _adapt(_ext.embed_sinusoidal, check_embed),
+    # Triton kernels are opaque to autocast: cast their inputs as autocast would for a matmul. Each
+    # input is checked once: the backends' check, then what only the kernel refuses (its limits),
+    # then the entry point without its own checks (which would repeat both).
+    return Ops("triton", _adapt(attention.attention_trusted, check_attention, attention.check_limits, cast=3),
+               _adapt(add_layer_norm.add_layer_norm_trusted, check_add_layer_norm, add_layer_norm.check_limits),
+               _adapt(ffn.ffn_trusted, check_ffn, ffn.check_limits, cast=5), _adapt(_ext.embed_sinusoidal, check_embed),
                _adapt(cross_entropy.linear_cross_entropy, check_linear_cross_entropy, cast=3),
                head_dims=attention.HEAD_DIMS)
 
@@ -159,9 +163,9 @@ def _prepare_triton(device: torch.device) -> None:
         _INTERPRETER_WARNED = True
 
 
-def _adapt(fn: Callable, check: Callable | None = None, *, cast: int = 0) -> Callable:
+def _adapt(fn: Callable, *checks: Callable, cast: int = 0) -> Callable:
     """fn with its first `cast` arguments in the autocast dtype (where autocast is on), then
-    `check`ed (same arguments as fn) before the call. Those arguments may come by name too."""
+    `checks`ed in order (same arguments as fn) before the call. Those arguments may come by name too."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -171,7 +175,7 @@ def _adapt(fn: Callable, check: Callable | None = None, *, cast: int = 0) -> Cal
                 bound = signature.bind(*args, **kwargs)
                 args, kwargs = bound.args, bound.kwargs
             args = _autocast(*args[:cast]) + args[cast:]
-        if check is not None:
+        for check in checks:
             check(*args, **kwargs)
         return fn(*args, **kwargs)
 

@@ -302,6 +302,85 @@ def test_auto_runs_a_head_dim_triton_cannot_on_torch():
 
 
 # ---------------------------------------------------------------------------------------------
+# the triton bundle: each input checked once
+# ---------------------------------------------------------------------------------------------
+
+
+def _triton_calls():
+    """{op: (kernel module, call(bundle or module), leaves)} on small valid inputs that take gradients."""
+    from scratchformer.kernels import add_layer_norm, attention, ffn
+
+    q, k, v = _qkv(requires_grad=True)
+    lengths = torch.tensor([5, 2])
+    x, w, b = (torch.randn(*shape, requires_grad=True) for shape in ((2, 3, 16), (16,), (16,)))
+    f = tuple(t.requires_grad_() for t in _ffn_args())
+    return {
+        "attention": (attention, lambda m: m.attention(q, k, v, key_lengths=lengths, causal=True), (q, k, v)),
+        "add_layer_norm": (add_layer_norm, lambda m: m.add_layer_norm(x, x, w, b, 1e-5), (x, w, b)),
+        "ffn": (ffn, lambda m: m.ffn(*f, activation="gelu"), f),
+    }
+
+
+@pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn"])
+def test_the_triton_bundle_checks_each_input_once(name, monkeypatch):
+    """The triton bundle runs the backends' check and the kernel's `check_limits`, then the entry
+    point without its own checks (which would check every input again: 1.5-4 us a call, and read
+    the lengths' range twice on the CPU); it gives what the entry point gives, gradients too."""
+    module, call, leaves = _triton_calls()[name]
+    want = call(module)
+    want_grads = torch.autograd.grad(want.sum(), leaves)
+
+    def checked_again(*args, **kwargs):
+        raise AssertionError(f"{name}'s inputs checked a second time")
+
+    monkeypatch.setattr(module, "_check_inputs", checked_again)
+    with pytest.raises(AssertionError, match="a second time"):
+        call(module)  # the entry point checks: the patch is where it looks
+    got = call(ops.select("triton", DEVICE))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for g, w in zip(torch.autograd.grad(got.sum(), leaves), want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("attention float64", "attention: dtype must be float32, float16 or bfloat16, got torch.float64"),
+    ("attention head dim", "head_dim must be 16, 32, 64 or 128, got 80"),
+    ("attention on cpu", "attention: the Triton kernel needs CUDA tensors"),
+    ("add_layer_norm float64", "add_layer_norm: dtype must be float32, float16 or bfloat16, got torch.float64"),
+    ("add_layer_norm width", "add_layer_norm: hidden size N must be <= 16384 (a whole row per tile), got 16400"),
+    ("add_layer_norm on cpu", "add_layer_norm: the Triton kernel needs CUDA tensors"),
+    ("ffn float64", "ffn: dtype must be float32, float16 or bfloat16, got torch.float64"),
+    ("ffn width", "ffn: d_model must be in [16, 16384], got 8"),
+    ("ffn on cpu", "ffn: the Triton kernel needs CUDA tensors"),
+])
+def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, monkeypatch):
+    """What the backends' check passes and only a kernel refuses (its dtypes, widths, head dims, and
+    CPU tensors without the interpreter) is refused by the triton bundle with the kernel's message,
+    the entry point's own (`check_limits`, in the order of the entry point's checks)."""
+    from scratchformer.kernels import _common
+
+    bundle = ops.select("triton", DEVICE)
+    op, what = case.split(" ", 1)
+    if what == "on cpu":
+        if DEVICE != "cpu":
+            pytest.skip("the interpreter's CPU tensors")
+        monkeypatch.setattr(_common, "INTERPRET", False)
+    dtype = torch.float64 if what == "float64" else torch.float32
+    if op == "attention":
+        q, k, v = (t.to(dtype) for t in _qkv(D=80 if what == "head dim" else 16))
+        call = lambda: bundle.attention(q, k, v)  # noqa: E731
+    elif op == "add_layer_norm":
+        N = 16400 if what == "width" else 16
+        x, w = torch.randn(2, N, dtype=dtype), torch.ones(N, dtype=dtype)
+        call = lambda: bundle.add_layer_norm(x, None, w, None)  # noqa: E731
+    else:
+        args = tuple(t.to(dtype) for t in _ffn_args(d_model=8 if what == "width" else 16))
+        call = lambda: bundle.ffn(*args)  # noqa: E731
+    with pytest.raises(ValueError, match=_esc(message)):
+        call()
+
+
+# ---------------------------------------------------------------------------------------------
 # decoding
 # ---------------------------------------------------------------------------------------------
 

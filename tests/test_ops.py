@@ -179,8 +179,10 @@ def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
         from scratchformer import _ext
         from scratchformer.kernels import add_layer_norm, attention, ffn
 
-        assert chosen.attention.__wrapped__ is attention.attention and chosen.ffn.__wrapped__ is ffn.ffn
-        assert chosen.add_layer_norm.__wrapped__ is add_layer_norm.add_layer_norm
+        # the entry points without their checks, which the bundle runs (tests/test_op_checks.py)
+        assert chosen.attention.__wrapped__ is attention.attention_trusted
+        assert chosen.ffn.__wrapped__ is ffn.ffn_trusted
+        assert chosen.add_layer_norm.__wrapped__ is add_layer_norm.add_layer_norm_trusted
         assert chosen.embed.__wrapped__ is _ext.embed_sinusoidal  # every op behind its ops.py check
     with pytest.raises(dataclasses.FrozenInstanceError):
         chosen.name = "other"

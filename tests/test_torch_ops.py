@@ -176,6 +176,67 @@ def test_without_grad_the_entry_points_call_the_ops_alone(device):
         torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
 
 
+class _Recorder(TorchDispatchMode):
+    """Passes every op through, recording the scratchformer:: ones it sees (the dispatcher's calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name.startswith("scratchformer::"):
+            self.ops.append(func._schema.name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+class _Plain(torch.Tensor):
+    """A tensor subclass with no dispatch of its own (torch's default __torch_function__)."""
+
+
+def test_eager_op_calls_skip_the_dispatcher_unless_something_intercepts(device, monkeypatch):
+    """In plain eager the entry points call each op's impl directly (`_common.call_op`: the
+    dispatcher would only box the arguments and call it): the impls, swapped for recording ones
+    in `_IMPLS` (which the dispatcher does not read), see every forward and backward call. With a
+    dispatch mode, the profiler, or a tensor subclass argument, the calls go through the
+    dispatcher instead (the mode sees them; the swapped impls do not); the outputs and gradients
+    are the same either way."""
+    from scratchformer.kernels import _common
+
+    direct = []
+    for op, impl in list(_common._IMPLS.items()):
+        monkeypatch.setitem(_common._IMPLS, op, lambda *a, _impl=impl, _name=op._schema.name: (
+            direct.append(_name.split("::")[1]), _impl(*a))[1])
+    x = torch.randn(2, 4, 32, device=device)
+    w = torch.randn(32, device=device)
+    q = torch.randn(1, 2, 3, 16, device=device)
+    w1 = torch.randn(16, 16, device=device)
+    calls = {
+        "add_layer_norm": lambda x, w: LN.add_layer_norm(x, None, w, None),
+        "attention": lambda x, w: A.attention(x, x, x * w[:16]),
+        "ffn": lambda x, w: F.ffn(x, w, None, w, None),
+    }
+    inputs = {"add_layer_norm": (x, w), "attention": (q, w), "ffn": (q[0, 0], w1)}
+    for name, call in calls.items():
+        results = []
+        for how in ("eager", "mode", "profiler", "subclass"):
+            direct.clear()
+            leaves = [t.detach().clone().requires_grad_() for t in inputs[name]]
+            if how == "subclass":
+                leaves[0] = leaves[0].detach().as_subclass(_Plain).requires_grad_()
+            recorder = _Recorder()
+            with recorder if how == "mode" else torch.profiler.profile() if how == "profiler" else torch.enable_grad():
+                out = call(*leaves)
+                grads = torch.autograd.grad(out.sum(), leaves)
+            both = [name, f"{name}_backward"]
+            assert direct == (both if how == "eager" else []), (name, how, direct)
+            assert recorder.ops == (both if how == "mode" else []), (name, how, recorder.ops)
+            results.append((out.as_subclass(torch.Tensor).detach(), [g.as_subclass(torch.Tensor) for g in grads]))
+        for out, grads in results[1:]:
+            torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
+            for g, r in zip(grads, results[0][1], strict=True):
+                torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # dropout's RNG state: a (2,) int64 [seed, offset] tensor drawn on the op's device per call
 # ---------------------------------------------------------------------------------------------
