@@ -385,6 +385,7 @@ def _ddp_gradients(rank: int, world: int, out: str) -> None:
         trainer.train_step(group)
         torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()}},
                    Path(out) / f"rank{rank}.pt")
+        dist.barrier()  # as distributed.py's teardown: a rank that tears gloo down first aborted the other (1 in 5)
     finally:
         dist.destroy_process_group()
 
