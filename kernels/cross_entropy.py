@@ -101,12 +101,24 @@ def _cross_entropy_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
+def check_limits(x, weight, bias, target, **_):
+    """What only this kernel refuses of the calls the backend-wide check
+    (`op_checks.check_linear_cross_entropy`, which `scratchformer.ops` runs first) passes: devices
+    (the bias's too) and dtypes, in `linear_cross_entropy`'s order and with its messages.
+    `linear_cross_entropy_trusted` after both is `linear_cross_entropy`, its inputs checked once."""
+    _check_device_dtype(x, weight, bias, target)
+
+
+def _check_device_dtype(x, weight, bias, target):
+    check_device("linear_cross_entropy", x, weight, bias, target)
+    check_dtype("linear_cross_entropy", x, weight, bias)
+
+
 def _check_inputs(x, weight, bias, target, label_smoothing, ignore_index):
     """What the kernel needs to read in bounds: one device and dtype, (N, d) x (V, d) operands, a
     bias of V, int64 targets one per row, ignore_index a column, and V - 2 > 0 to smooth over."""
     name = "linear_cross_entropy"
-    check_device(name, x, weight, bias, target)
-    check_dtype(name, x, weight, bias)
+    _check_device_dtype(x, weight, bias, target)
     N, V = x.shape[0], weight.shape[0]
     shapes_ok = x.dim() == weight.dim() == 2 and x.shape[1] == weight.shape[1] and \
         (bias is None or tuple(bias.shape) == (V,)) and target.dtype == torch.int64 and tuple(target.shape) == (N,)
@@ -244,6 +256,13 @@ def linear_cross_entropy(
     nll is not. Raises ValueError naming a bad input.
     """
     _check_inputs(x, weight, bias, target, label_smoothing, ignore_index)
+    return linear_cross_entropy_trusted(x, weight, bias, target, label_smoothing=label_smoothing,
+                                        ignore_index=ignore_index)
+
+
+def linear_cross_entropy_trusted(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0):
+    """`linear_cross_entropy` without its checks, for a caller that ran them: `scratchformer.ops`, whose
+    check (`op_checks.check_linear_cross_entropy`) and `check_limits` refuse every call its checks would."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if needs_grad:
         return LinearCrossEntropyFunction.apply(x, weight, bias, target, float(label_smoothing), int(ignore_index))

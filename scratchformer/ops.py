@@ -128,7 +128,8 @@ def _triton_ops() -> Ops:
     return Ops("triton", _adapt(attention.attention_trusted, check_attention, attention.check_limits, cast=3),
                _adapt(add_layer_norm.add_layer_norm_trusted, check_add_layer_norm, add_layer_norm.check_limits),
                _adapt(ffn.ffn_trusted, check_ffn, ffn.check_limits, cast=5), _adapt(_ext.embed_sinusoidal, check_embed),
-               _adapt(cross_entropy.linear_cross_entropy, check_linear_cross_entropy, cast=3),
+               _adapt(cross_entropy.linear_cross_entropy_trusted, check_linear_cross_entropy,
+                      cross_entropy.check_limits, cast=3),
                head_dims=attention.HEAD_DIMS)
 
 

@@ -308,20 +308,27 @@ def test_auto_runs_a_head_dim_triton_cannot_on_torch():
 
 def _triton_calls():
     """{op: (kernel module, call(bundle or module), leaves)} on small valid inputs that take gradients."""
-    from scratchformer.kernels import add_layer_norm, attention, ffn
+    from scratchformer.kernels import add_layer_norm, attention, cross_entropy, ffn
 
     q, k, v = _qkv(requires_grad=True)
     lengths = torch.tensor([5, 2])
     x, w, b = (torch.randn(*shape, requires_grad=True) for shape in ((2, 3, 16), (16,), (16,)))
     f = tuple(t.requires_grad_() for t in _ffn_args())
+    h, g, gb = (torch.randn(*shape, requires_grad=True) for shape in ((6, 16), (11, 16), (11,)))
+    target = torch.tensor([3, 0, 10, 1, 0, 7])
+
+    def loss(m):  # the loss, not the NLL (which takes no gradient)
+        return m.linear_cross_entropy(h, g, gb, target, label_smoothing=0.1, ignore_index=0)[0]
+
     return {
         "attention": (attention, lambda m: m.attention(q, k, v, key_lengths=lengths, causal=True), (q, k, v)),
         "add_layer_norm": (add_layer_norm, lambda m: m.add_layer_norm(x, x, w, b, 1e-5), (x, w, b)),
         "ffn": (ffn, lambda m: m.ffn(*f, activation="gelu"), f),
+        "linear_cross_entropy": (cross_entropy, loss, (h, g, gb)),
     }
 
 
-@pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn"])
+@pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn", "linear_cross_entropy"])
 def test_the_triton_bundle_checks_each_input_once(name, monkeypatch):
     """The triton bundle runs the backends' check and the kernel's `check_limits`, then the entry
     point without its own checks (which would check every input again: 1.5-4 us a call, and read
@@ -352,6 +359,10 @@ def test_the_triton_bundle_checks_each_input_once(name, monkeypatch):
     ("ffn float64", "ffn: dtype must be float32, float16 or bfloat16, got torch.float64"),
     ("ffn width", "ffn: d_model must be in [16, 16384], got 8"),
     ("ffn on cpu", "ffn: the Triton kernel needs CUDA tensors"),
+    ("linear_cross_entropy float64", "linear_cross_entropy: dtype must be float32, float16 or bfloat16, got "
+                                     "torch.float64"),
+    ("linear_cross_entropy bias device", "linear_cross_entropy: inputs are on different devices: ['cpu', 'meta']"),
+    ("linear_cross_entropy on cpu", "linear_cross_entropy: the Triton kernel needs CUDA tensors"),
 ])
 def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, monkeypatch):
     """What the backends' check passes and only a kernel refuses (its dtypes, widths, head dims, and
@@ -373,9 +384,13 @@ def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, m
         N = 16400 if what == "width" else 16
         x, w = torch.randn(2, N, dtype=dtype), torch.ones(N, dtype=dtype)
         call = lambda: bundle.add_layer_norm(x, None, w, None)  # noqa: E731
-    else:
+    elif op == "ffn":
         args = tuple(t.to(dtype) for t in _ffn_args(d_model=8 if what == "width" else 16))
         call = lambda: bundle.ffn(*args)  # noqa: E731
+    else:  # the backends' check compares x's, weight's and target's devices, not the bias's
+        x, w, target = torch.randn(4, 16, dtype=dtype), torch.randn(9, 16, dtype=dtype), torch.tensor([1, 2, 3, 4])
+        bias = torch.zeros(9, dtype=dtype, device="meta" if what == "bias device" else DEVICE)
+        call = lambda: bundle.linear_cross_entropy(x, w, bias, target)  # noqa: E731
     with pytest.raises(ValueError, match=_esc(message)):
         call()
 

@@ -177,12 +177,13 @@ def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
         assert chosen.attention.__wrapped__ is ops._attention_sdpa and chosen.embed.__wrapped__ is ops._embed_torch
     else:
         from scratchformer import _ext
-        from scratchformer.kernels import add_layer_norm, attention, ffn
+        from scratchformer.kernels import add_layer_norm, attention, cross_entropy, ffn
 
         # the entry points without their checks, which the bundle runs (tests/test_op_checks.py)
         assert chosen.attention.__wrapped__ is attention.attention_trusted
         assert chosen.ffn.__wrapped__ is ffn.ffn_trusted
         assert chosen.add_layer_norm.__wrapped__ is add_layer_norm.add_layer_norm_trusted
+        assert chosen.linear_cross_entropy.__wrapped__ is cross_entropy.linear_cross_entropy_trusted
         assert chosen.embed.__wrapped__ is _ext.embed_sinusoidal  # every op behind its ops.py check
     with pytest.raises(dataclasses.FrozenInstanceError):
         chosen.name = "other"
