@@ -106,10 +106,6 @@ def check_limits(x, weight, bias, target, **_):
     (`op_checks.check_linear_cross_entropy`, which `scratchformer.ops` runs first) passes: devices
     (the bias's too) and dtypes, in `linear_cross_entropy`'s order and with its messages.
     `linear_cross_entropy_trusted` after both is `linear_cross_entropy`, its inputs checked once."""
-    _check_device_dtype(x, weight, bias, target)
-
-
-def _check_device_dtype(x, weight, bias, target):
     check_device("linear_cross_entropy", x, weight, bias, target)
     check_dtype("linear_cross_entropy", x, weight, bias)
 
@@ -118,7 +114,7 @@ def _check_inputs(x, weight, bias, target, label_smoothing, ignore_index):
     """What the kernel needs to read in bounds: one device and dtype, (N, d) x (V, d) operands, a
     bias of V, int64 targets one per row, ignore_index a column, and V - 2 > 0 to smooth over."""
     name = "linear_cross_entropy"
-    _check_device_dtype(x, weight, bias, target)
+    check_limits(x, weight, bias, target)
     N, V = x.shape[0], weight.shape[0]
     shapes_ok = x.dim() == weight.dim() == 2 and x.shape[1] == weight.shape[1] and \
         (bias is None or tuple(bias.shape) == (V,)) and target.dtype == torch.int64 and tuple(target.shape) == (N,)
