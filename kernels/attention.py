@@ -716,10 +716,9 @@ def value_checks(t: torch.Tensor) -> bool:
 
 
 def _check_lengths(name, lengths, B, L, device):
-    """Lengths (B,) int32/int64 as the kernels read them: contiguous, range-checked where that is
-    free (see above)."""
+    """Lengths (B,) int32/int64 on q's device, range-checked where that is free (see above)."""
     if lengths is None:
-        return None
+        return
     if not isinstance(lengths, torch.Tensor):
         raise ValueError(f"attention: {name} must be a tensor, got {type(lengths).__name__}")
     if lengths.dtype not in (torch.int32, torch.int64):
@@ -728,17 +727,14 @@ def _check_lengths(name, lengths, B, L, device):
         raise ValueError(f"attention: {name} must have shape ({B},), got {tuple(lengths.shape)}")
     if lengths.device != device:
         raise ValueError(f"attention: {name} is on {lengths.device} but q is on {device}")
-    if not value_checks(lengths):  # no host sync
-        return lengths.contiguous()
-    if B:
+    if B and value_checks(lengths):  # else no host sync
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > L:
             raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
-    return lengths.contiguous()
 
 
 def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
-    """The entry point's checks; returns the lengths as the kernels read them (_check_lengths)."""
+    """The entry point's checks."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"attention: {name} must be a tensor, got {type(t).__name__}")
@@ -754,9 +750,8 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
     _check_scale(scale)
-    klen = _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
-    qlen = _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
-    return klen, qlen
+    _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
+    _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
 
 
 def check_limits(q, k, v, *, scale=None, **_):
@@ -1021,9 +1016,10 @@ def attention(
     return_dropout_mask (debug) also the keep mask (B, H, Lq, Lk) bool, True = kept:
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
-    klen, qlen = _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale)
-    return attention_trusted(q, k, v, key_lengths=klen, query_lengths=qlen, causal=causal, dropout_p=dropout_p,
-                             scale=scale, return_lse=return_lse, return_dropout_mask=return_dropout_mask, seed=seed)
+    _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale)
+    return attention_trusted(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
+                             dropout_p=dropout_p, scale=scale, return_lse=return_lse,
+                             return_dropout_mask=return_dropout_mask, seed=seed)
 
 
 def attention_trusted(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None,
