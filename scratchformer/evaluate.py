@@ -37,7 +37,7 @@ from .evaluation.evaluate import (
 )
 from .evaluation.predict import (
     DECODE_FLAGS,
-    add_summary_options,
+    add_decode_options,
     check_decode_flags,
     check_extract_options,
     check_options,
@@ -60,14 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="local data folder (default: the checkpoint's)")
     p.add_argument("--task", choices=D.TASKS, help="task (default: the checkpoint's, or inferred)")
     p.add_argument("--limit", type=int, help="score only the first N examples")
-    p.add_argument("--beam-size", type=int, default=1, help="beam search width (default: 1, greedy decoding)")
-    p.add_argument("--length-penalty", type=float, default=1.0,
-                   help="beam search length penalty exponent (default: 1.0)")
-    p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
-                   help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
-    p.add_argument("--min-len", type=int, default=0, metavar="N",
-                   help="at least N tokens before the end of an output (summarizers use one; 0: off)")
-    add_summary_options(p)
+    add_decode_options(p, beam_size=1)
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch (default: 4096)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")

@@ -51,15 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
     p.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
                    help="input format (default: by the file name; stdin is sniffed)")
-    p.add_argument("--beam-size", type=int, default=4, help="beam search width (default: 4); 1 = greedy")
-    p.add_argument("--length-penalty", type=float, default=1.0,
-                   help="beam search length penalty exponent (default: 1.0)")
-    p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
-                   help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
-    p.add_argument("--min-len", type=int, default=0, metavar="N",
-                   help="at least N tokens before the end of an output (summarizers use one; 0: off)")
+    P.add_decode_options(p, beam_size=4)
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
-    P.add_summary_options(p)
     p.add_argument("--strict", action="store_true",
                    help="refuse inputs longer than the model's maximum instead of truncating them (with a warning)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")

@@ -88,6 +88,25 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
 DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")  # sequence decoding's
 
 
+def add_decode_options(parser, beam_size: int) -> None:
+    """The command-line options of decoding (evaluate, generate): `DECODE_FLAGS` (beam_size: the
+    --beam-size default), then those of an extractive model's summary."""
+    parser.add_argument("--beam-size", type=int, default=beam_size,
+                        help=f"beam search width (default: {beam_size}; 1: greedy decoding)")
+    parser.add_argument("--length-penalty", type=float, default=1.0,
+                        help="beam search length penalty exponent (default: 1.0)")
+    parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                        help="no N-gram twice in an output (3: the trigram blocking of summarizers; 0: off)")
+    parser.add_argument("--min-len", type=int, default=0, metavar="N",
+                        help="at least N tokens before the end of an output (summarizers use one; 0: off)")
+    parser.add_argument("--summary-sentences", type=int, metavar="K",
+                        help=f"an extractive model's summary: at most K of its best-scored sentences "
+                        f"(default {MAX_ORACLE_SENTENCES})")
+    parser.add_argument("--summary-words", type=int, metavar="W",
+                        help="an extractive model's summary: its best-scored sentences until they hold W words, "
+                        "at most --summary-sentences of them (default: no word budget)")
+
+
 def check_decode_flags(task: str, given: list[str]) -> None:
     """OptionError naming `given` (`DECODE_FLAGS` set on a command line) for a model that decodes none."""
     if task in D.ENCODER_ONLY and given:
@@ -103,16 +122,6 @@ def check_extract_options(task: str, summary_sentences: int | None = None, summa
         for flag, value in (("--summary-sentences", summary_sentences), ("--summary-words", summary_words)):
             if value is not None:
                 raise OptionError(f"{flag} picks an extractive model's sentences; this model is {task}")
-
-
-def add_summary_options(parser) -> None:
-    """The command-line options of an extractive model's summaries (evaluate, generate)."""
-    parser.add_argument("--summary-sentences", type=int, metavar="K",
-                        help=f"an extractive model's summary: at most K of its best-scored sentences "
-                        f"(default {MAX_ORACLE_SENTENCES})")
-    parser.add_argument("--summary-words", type=int, metavar="W",
-                        help="an extractive model's summary: its best-scored sentences until they hold W words, "
-                        "at most --summary-sentences of them (default: no word budget)")
 
 
 def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) -> tuple[int, int]:
