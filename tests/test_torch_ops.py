@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from scratchformer.compile import compile_decoding, compile_model
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
+from scratchformer.kernels import cross_entropy as CE
 from scratchformer.kernels import ffn as F
 from scratchformer.model import ModelConfig, beam_search, build_model, greedy_decode
 
@@ -210,12 +211,18 @@ def test_eager_op_calls_skip_the_dispatcher_unless_something_intercepts(device, 
     w = torch.randn(32, device=device)
     q = torch.randn(1, 2, 3, 16, device=device)
     w1 = torch.randn(16, 16, device=device)
+    classes = torch.randn(16, 32, device=device)
+    target = torch.tensor([1, 0, 5, 15], device=device)
     calls = {
         "add_layer_norm": lambda x, w: LN.add_layer_norm(x, None, w, None),
         "attention": lambda x, w: A.attention(x, x, x * w[:16]),
         "ffn": lambda x, w: F.ffn(x, w, None, w, None),
+        "linear_cross_entropy": lambda x, w: CE.linear_cross_entropy(x, w, None, target, label_smoothing=0.1)[0],
     }
-    inputs = {"add_layer_norm": (x, w), "attention": (q, w), "ffn": (q[0, 0], w1)}
+    inputs = {"add_layer_norm": (x, w), "attention": (q, w), "ffn": (q[0, 0], w1),
+              "linear_cross_entropy": (x[0], classes)}
+    # the ops each call makes, forward then backward (linear_cross_entropy's forward computes its gradients)
+    ops = {name: [name, f"{name}_backward"] for name in calls} | {"linear_cross_entropy": ["linear_cross_entropy"]}
     for name, call in calls.items():
         results = []
         for how in ("eager", "mode", "profiler", "subclass"):
@@ -227,9 +234,8 @@ def test_eager_op_calls_skip_the_dispatcher_unless_something_intercepts(device, 
             with recorder if how == "mode" else torch.profiler.profile() if how == "profiler" else torch.enable_grad():
                 out = call(*leaves)
                 grads = torch.autograd.grad(out.sum(), leaves)
-            both = [name, f"{name}_backward"]
-            assert direct == (both if how == "eager" else []), (name, how, direct)
-            assert recorder.ops == (both if how == "mode" else []), (name, how, recorder.ops)
+            assert direct == (ops[name] if how == "eager" else []), (name, how, direct)
+            assert recorder.ops == (ops[name] if how == "mode" else []), (name, how, recorder.ops)
             results.append((out.as_subclass(torch.Tensor).detach(), [g.as_subclass(torch.Tensor) for g in grads]))
         for out, grads in results[1:]:
             torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
