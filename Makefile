@@ -41,7 +41,7 @@ WHEEL_DIR := .whl
 GPU_WHEELS ?= rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1
 WHEELS_FROM ?=
 
-.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run gpu-ext gpu-prewarm \
+.PHONY: install lint train test test-triton-min cuda-check compile-check bench clean wheels gpu-dry-run gpu-check gpu-ext gpu-prewarm \
 	test-gpu-stack gpu-ready
 
 $(PY):
@@ -168,6 +168,12 @@ GPU_DATA ?= iwslt2017_en_de
 gpu-ready: gpu-prewarm
 	$(MAKE) wheels WHEELS_FROM=$(or $(WHEELS_FROM),$(wildcard ../shared/gpu-wheels))
 	bash scripts/pack_gpu_data.sh $(GPU_DATA)
+	bash scripts/gpu/ready.sh
+
+# Before a window's first device call (free): what the calls carry, there and made from this checkout?
+# Exits 1 naming each part missing or stale (scripts/gpu/ready.sh)
+gpu-check:
+	bash scripts/gpu/ready.sh
 
 # The GPU plan's test and benchmark steps on this CPU machine (tests/test_gpu_plan.py does the same in
 # `make test`, and rehearses 50_train, which needs a recipe and its data, on a synthetic dataset).

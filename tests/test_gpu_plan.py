@@ -1053,3 +1053,54 @@ def test_run_sh_sends_back_the_cache_in_what_the_steps_leave_of_64_mib(tmp_path)
     total = sum(f.stat().st_size for f in out.iterdir())
     assert total <= 64 << 20 and [n.split("/")[0] for n in tarfile.open(out / "triton-cache.tar.gz").getnames()] == [
         "b" * 32], (total, res.stdout)
+
+
+def test_ready_names_what_a_call_would_carry_stale_or_missing(tmp_path, monkeypatch):
+    """scripts/gpu/ready.sh (make gpu-check), run before a window's first device call: exit 0 only
+    when the extension in .gpu_build/ and each carried Triton archive were made from the checkout's
+    sources and the wheels and data are there; otherwise exit 1, naming each part. A csrc/ edit
+    makes the extension stale, a kernels/ edit the prewarm (a session once found it so by hand)."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("ready.sh", "ext_sources.sh", "triton_cache.py"):
+        shutil.copy(os.path.join(GPU, name), repo / "scripts" / "gpu")
+    shutil.copy(os.path.join(REPO, "setup.py"), repo)
+    shutil.copytree(os.path.join(REPO, "csrc"), repo / "csrc")
+    (repo / "kernels").mkdir()
+    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+
+    def ready():
+        p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True,
+                           timeout=60)
+        return p.returncode, p.stdout
+
+    rc, out = ready()
+    assert rc == 1 and "missing: .gpu_build" in out and "missing: .whl" in out and "missing: .gpu_data" in out, out
+    assert "missing: .gpu_cache and .gpu_cache-pinned" in out and "== not ready" in out, out
+    def build_ext():  # what make gpu-ext stamps
+        (repo / ".gpu_build").mkdir(exist_ok=True)
+        (repo / ".gpu_build" / "sources.sha256").write_text(subprocess.run(
+            ["bash", str(repo / "scripts" / "gpu" / "ext_sources.sh")], capture_output=True, text=True,
+            check=True).stdout)
+
+    build_ext()
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "rouge_score-0.1.2-py3-none-any.whl").write_bytes(b"")
+    (repo / ".gpu_cache-pinned").mkdir()
+    (repo / ".gpu_cache-pinned" / "prewarm.tar.xz").write_bytes(b"")
+    triton_cache.stamp(repo / ".gpu_cache-pinned" / "prewarm.tar.xz", repo)
+    (repo / ".gpu_data" / "multi30k").mkdir(parents=True)
+    rc, out = ready()
+    assert rc == 0 and "current: .gpu_build" in out and "prewarm.tar.xz: current" in out, out
+    assert "packed: .gpu_data/ multi30k" in out and "== ready" in out, out
+    cu = next((repo / "csrc" / "cuda").glob("*.cu"))
+    cu.write_text(cu.read_text() + "// fixed since\n")
+    rc, out = ready()
+    assert rc == 1 and "stale: .gpu_build" in out and "prewarm.tar.xz: current" in out, out
+    build_ext()
+    (repo / "kernels" / "op.py").write_text("TABLE = {}\n@triton.jit\ndef k(x):\n    pass\n")
+    rc, out = ready()
+    assert rc == 1 and "current: .gpu_build" in out and "prewarm.tar.xz: stale" in out, out
