@@ -35,7 +35,7 @@ from .evaluation.evaluate import (
     load_models,
     write_outputs,
 )
-from .evaluation.predict import (
+from .evaluation.options import (
     DECODE_FLAGS,
     add_decode_options,
     check_decode_flags,

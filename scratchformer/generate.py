@@ -30,6 +30,7 @@ from . import cli
 from . import data as D
 from .data.files import display_name
 from .device import resolve_device
+from .evaluation import options as O
 from .evaluation import predict as P
 from .evaluation.evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--field", help="input field of JSON records (default: src, document or text by task)")
     p.add_argument("--format", choices=("auto", "jsonl", "text"), default="auto",
                    help="input format (default: by the file name; stdin is sniffed)")
-    P.add_decode_options(p, beam_size=4)
+    O.add_decode_options(p, beam_size=4)
     p.add_argument("--max-len", type=int, help="longest output in tokens (default: the training max_tgt_len)")
     p.add_argument("--strict", action="store_true",
                    help="refuse inputs longer than the model's maximum instead of truncating them (with a warning)")
@@ -89,7 +90,7 @@ def check_args(args) -> None:
     resolves --device."""
     if args.output and args.text:
         raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
-    P.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
+    O.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                     min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
@@ -120,7 +121,7 @@ def run_batch(args) -> dict:
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
-        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), P.DECODE_FLAGS))
+        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), O.DECODE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -136,15 +137,15 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
     line (`lines`: each text's line in `source`, default 1, 2, ...), or refused with `strict`, as
     batch inference does."""
-    P.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
+    O.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
                     no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
                     summary_words=summary_words)
     task = ckpt["task"]
-    P.check_extract_options(task, summary_sentences, summary_words)
+    O.check_extract_options(task, summary_sentences, summary_words)
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
     if task not in D.ENCODER_ONLY and max_tgt >= model.cfg.max_len:
-        raise P.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
+        raise O.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
     lines = lines or list(range(1, len(texts) + 1))
     records = [P.InputRecord(i, t, n) for i, (t, n) in enumerate(zip(texts, lines, strict=True))]
     dataset = P.encode_records(records, task, toks, a["max_src_len"], strict=strict, source=source)
@@ -169,7 +170,7 @@ def main(argv=None) -> list[dict]:
         return run_batch(args)
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
-    P.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), P.DECODE_FLAGS))
+    O.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), O.DECODE_FLAGS))
     if args.text:
         source, numbered = "--text", [(n, t) for n, t in enumerate(args.text, 1) if t.strip()]
         if not numbered:

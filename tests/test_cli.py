@@ -22,7 +22,7 @@ from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint
 from scratchformer.data import DataError
 from scratchformer.device import DeviceError
-from scratchformer.evaluation.predict import OptionError
+from scratchformer.evaluation.options import OptionError
 from scratchformer.training.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

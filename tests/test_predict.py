@@ -24,6 +24,7 @@ from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, load_run
+from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
 
 WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
@@ -290,12 +291,12 @@ def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag)
     src.write_text("one two\nred house\n")
     monkeypatch.chdir(tmp_path)
     for output in ("in.txt", f"{tmp_path}/./in.txt"):
-        with pytest.raises(P.OptionError, match=r"over its own --input .*in.txt: the inputs would be lost"):
+        with pytest.raises(OptionError, match=r"over its own --input .*in.txt: the inputs would be lost"):
             generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", output,
                            "--beam-size", "1", *flag])
     part = tmp_path / "in.jsonl.partial"
     part.write_text('{"src": "one"}\n')
-    with pytest.raises(P.OptionError, match=r"in.jsonl.partial over its own --input"):
+    with pytest.raises(OptionError, match=r"in.jsonl.partial over its own --input"):
         P.predict_file(runs["translation"], part, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
     assert src.read_text() == "one two\nred house\n" and part.read_text() == '{"src": "one"}\n'
 
@@ -307,7 +308,7 @@ def test_output_naming_a_folder_is_refused_before_any_work(runs, tmp_path, monke
     src.write_text("one two\n")
     (tmp_path / "out").mkdir()
     monkeypatch.setattr(P, "predict_records", lambda *a, **k: pytest.fail("predicted before the refusal"))
-    with pytest.raises(P.OptionError, match=r"--output .*out is a folder: name the predictions file"):
+    with pytest.raises(OptionError, match=r"--output .*out is a folder: name the predictions file"):
         P.predict_file(runs["translation"], src, tmp_path / "out", overwrite=True, beam_size=1)
 
 
@@ -533,25 +534,25 @@ def test_min_len_longer_than_any_output_is_refused(runs, tmp_path):
 def test_library_entries_check_options_too(runs, tmp_path):
     """predict_records / predict_file / generate.generate check the same options (one function)."""
     model, toks, ck = load_run(runs["translation"])
-    with pytest.raises(P.OptionError, match="--max-len must be >= 1, got -1"):
+    with pytest.raises(OptionError, match="--max-len must be >= 1, got -1"):
         P.predict_records(model, toks, ck, _records(["one two"]), device="cpu", max_len=-1)
-    with pytest.raises(P.OptionError, match="--beam-size must be >= 1, got 0"):
+    with pytest.raises(OptionError, match="--beam-size must be >= 1, got 0"):
         generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=0)
-    with pytest.raises(P.OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
+    with pytest.raises(OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
         generate.generate(model, toks, ck, ["one two"], device="cpu", max_len=model.cfg.max_len)
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
     # an extractive model's options, even at their default value, are refused by name for another model
     for kw, flag in ((dict(summary_words=60), "--summary-words"), (dict(summary_sentences=3), "--summary-sentences")):
         message = f"{flag} picks an extractive model's sentences; this model is translation"
-        with pytest.raises(P.OptionError, match=message):
+        with pytest.raises(OptionError, match=message):
             generate.generate(model, toks, ck, ["one two"], device="cpu", **kw)
-        with pytest.raises(P.OptionError, match=message):
+        with pytest.raises(OptionError, match=message):
             P.predict_records(model, toks, ck, _records(["one two"]), device="cpu", **kw)
-        with pytest.raises(P.OptionError, match=message):
+        with pytest.raises(OptionError, match=message):
             P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", **kw)
-        with pytest.raises(P.OptionError, match=message):
+        with pytest.raises(OptionError, match=message):
             evaluate.main(["--checkpoint", str(runs["translation"]), flag, "3"])
-    with pytest.raises(P.OptionError, match="--len-ratio must be >= 0"):
+    with pytest.raises(OptionError, match="--len-ratio must be >= 0"):
         P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", len_ratio=-1.0)
     assert not (tmp_path / "p.jsonl").exists()
     # The edges still decode: one token, one beam, no ratio.
@@ -591,12 +592,12 @@ def test_a_model_that_decodes_nothing_refuses_decoding_flags(runs, tmp_path):
     clf = str(runs["classification"])
     message = r"--beam-size, --no-repeat-ngram are for decoding a sequence; this model is classification"
     flags = ["--beam-size", "2", "--no-repeat-ngram", "3"]
-    with pytest.raises(P.OptionError, match=message):
+    with pytest.raises(OptionError, match=message):
         generate.main(["--checkpoint", clf, "--text", "one two", *flags])
-    with pytest.raises(P.OptionError, match=message):
+    with pytest.raises(OptionError, match=message):
         generate.main(["--checkpoint", clf, "--input", str(src), "--output", str(tmp_path / "p.jsonl"), *flags])
     assert not (tmp_path / "p.jsonl").exists()
-    with pytest.raises(P.OptionError, match=r"--min-len is for decoding a sequence; this model is classification"):
+    with pytest.raises(OptionError, match=r"--min-len is for decoding a sequence; this model is classification"):
         evaluate.main(["--checkpoint", clf, "--min-len", "2", "--out", str(tmp_path / "e")])
     assert generate.main(["--checkpoint", clf, "--text", "one two"])[0]["label"] in (0, 1)  # the defaults run
 
@@ -605,7 +606,7 @@ def test_an_output_under_a_file_is_refused_before_any_work(runs, tmp_path):
     """It failed after every input was decoded, as "File exists"."""
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "src": "one two"}])
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(P.OptionError, match=r"--output .*afile/sub/p\.jsonl: .*afile is a file, not a folder"):
+    with pytest.raises(OptionError, match=r"--output .*afile/sub/p\.jsonl: .*afile is a file, not a folder"):
         P.predict_file(runs["translation"], src, tmp_path / "afile" / "sub" / "p.jsonl")
 
 
@@ -614,7 +615,7 @@ def test_resume_with_overwrite_is_refused(runs, tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "src": "one two"}])
     out = tmp_path / "p.jsonl"
     out.write_text('{"id": 1, "prediction": "STALE"}\n')
-    with pytest.raises(P.OptionError, match="--resume keeps the output's predictions and --overwrite replaces them"):
+    with pytest.raises(OptionError, match="--resume keeps the output's predictions and --overwrite replaces them"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out),
                        "--resume", "--overwrite"])
     assert out.read_text() == '{"id": 1, "prediction": "STALE"}\n'
