@@ -434,3 +434,44 @@ def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change,
     with pytest.raises(ValueError, match=_esc("linear_cross_entropy: " + message)):
         ops_backend.linear_cross_entropy(args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("target"),
                                          **args)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs that do not go together: every backend names them, before any kernel or aten op runs
+# ---------------------------------------------------------------------------------------------
+
+
+def _meta(t):
+    return t.to("meta")  # another device the CPU machine has (no data: nothing may read it)
+
+
+@pytest.mark.parametrize("case", ["attention v", "attention key_lengths", "add_layer_norm residual shape",
+                                  "add_layer_norm residual dtype", "embed tokens", "embed pos_offset",
+                                  "linear_cross_entropy target"])
+def test_each_op_names_inputs_that_do_not_go_together(ops_backend, case):
+    """Where an op's inputs disagree (devices, shapes, dtypes) or a position is negative, each backend
+    raises op_checks' ValueError naming them, not whatever its first aten op or kernel would say."""
+    q, k, v = _qkv()
+    x, w = torch.randn(2, 3, 8), torch.randn(8)
+    here = q.device
+    call, message = {
+        "attention v": (lambda: ops_backend.attention(q, k, _meta(v)),
+                        f"attention device mismatch: q {here}, k {here}, v meta"),
+        "attention key_lengths": (lambda: ops_backend.attention(q, k, v, key_lengths=_meta(torch.tensor([5, 2]))),
+                                  f"key_lengths is on meta but q is on {here}"),
+        "add_layer_norm residual shape": (lambda: ops_backend.add_layer_norm(x, x[..., :4], w, None),
+                                          "add_layer_norm: residual (2, 3, 4) != x (2, 3, 8)"),
+        "add_layer_norm residual dtype": (lambda: ops_backend.add_layer_norm(x, x.half(), w, None),
+                                          "add_layer_norm dtype mismatch: x torch.float32, residual torch.float16"),
+        "embed tokens": (lambda: ops_backend.embed(_meta(torch.tensor([[1, 2]])), torch.randn(10, 16), scale=1.0),
+                         f"embed: tokens on meta but weight on {here}"),
+        "embed pos_offset": (lambda: ops_backend.embed(torch.tensor([[1, 2]]), torch.randn(10, 16), scale=1.0,
+                                                       pos_offset=-1),
+                             "embed: pos_offset must be >= 0, got -1"),
+        "linear_cross_entropy target": (
+            lambda: ops_backend.linear_cross_entropy(torch.randn(6, 16), torch.randn(11, 16), None,
+                                                     _meta(torch.randint(0, 11, (6,)))),
+            f"linear_cross_entropy: x on {here}, weight on {here}, target on meta"),
+    }[case]
+    with pytest.raises(ValueError, match=_esc(message)):
+        call()
