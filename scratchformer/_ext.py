@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from scratchformer.op_checks import MAX_POSITIONS
+from .op_checks import MAX_POSITIONS
 
 __all__ = ["embed_sinusoidal", "embed_sinusoidal_backward", "add_sinusoidal", "available"]
 
