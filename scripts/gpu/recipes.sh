@@ -229,12 +229,16 @@ recipe() {
       # the summary is picked (the best sentences until 60 words, at most 4: over the best 3 on the first
       # 1,000 validation articles, +0.8 ROUGE-1 for the CPU model and +0.9 for Lead; +0.3 for Lead on the
       # other 3,368: results/cnndm-cpu-ext-words) and a batching flag. train's own validation scores
-      # by the same rule, so best.pt is the step best under it
+      # by the same rule, so best.pt is the step best under it. Pre-LN: the CPU recipe's post-LN encoder
+      # (small, lr 1e-3) collapsed when run again on 2026-12-05 (Lead-like at step 750, by step 1,000 one
+      # score for every sentence but the first: ROUGE-1 26.2), where the same run with --norm pre held
+      # (results/cnndm-cpu-ext-preln/README.md); the base encoder is deeper still, and post-LN degraded past
+      # 4 layers in the Multi30k ablation
       local rule=(--summary-sentences 4 --summary-words 60)
       DATASET=cnn_dailymail; DECODE=("${rule[@]}" --max-tokens 16384); SCORE=(--limit 1000)
-      FLAGS=(--dataset cnn_dailymail --task extractive --preset base --pad-multiple 16 --vocab-size 16000
-             --max-src-len 512 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000 --time-budget "$BUDGET"
-             --max-steps 20000 --eval-every 1000 --eval-decode-examples 1000 --best-metric rougeLsum "${rule[@]}") ;;
+      FLAGS=(--dataset cnn_dailymail --task extractive --preset base --norm pre --final-norm --pad-multiple 16
+             --vocab-size 16000 --max-src-len 512 --max-tokens 24576 --lr 5e-4 --warmup-steps 1000 --epochs 10000
+             --time-budget "$BUDGET" --max-steps 20000 --eval-every 1000 --eval-decode-examples 1000 --best-metric rougeLsum "${rule[@]}") ;;
     ablate-multi30k)  # issue 18's grid on our kernels, as results/ablate-multi30k-cpu ran it on the CPU (the
       # submission's 2.4M model with one thing changed, the same batches and steps: a budget in tokens),
       # for longer: 4,000 steps of 8,192 tokens (the multi30k-tiny run's plateau began near 12,000).
