@@ -991,7 +991,8 @@ def test_triton_cache_check_finds_a_prewarm_of_other_kernel_sources(tmp_path, mo
     """A prewarm archive is stamped with the hash of the kernel sources it was compiled from; `check`
     says current while they are unchanged, and stale (exit 1) once a kernel file changes, even by a
     line added above a kernel (Triton's key holds each kernel's first line: the 2026-11-28 prewarm
-    missed so); an archive without a stamp (a call's own cache) is named, not refused."""
+    missed so), or the prewarm's workloads do; an archive without a stamp (a call's own cache) is
+    named, not refused."""
     monkeypatch.syspath_prepend(GPU)
     import triton_cache
 
@@ -1008,6 +1009,13 @@ def test_triton_cache_check_finds_a_prewarm_of_other_kernel_sources(tmp_path, mo
     (repo / "kernels" / "op.py").write_text("TABLE = {}\n@triton.jit\ndef k(x):\n    pass\n")
     assert triton_cache.main(["check", str(carried), "--repo", str(repo)]) == 1
     assert "prewarm.tar.xz: stale" in capsys.readouterr().out
+    # a model added to the prewarm's workloads (a recipe's new norm or width) is not in the archive
+    (repo / "tools").mkdir()
+    (repo / "tools" / "prewarm.py").write_text("MODELS = []\n")
+    triton_cache.stamp(carried / "prewarm.tar.xz", repo)
+    assert dict(triton_cache.check(carried, repo))[carried / "prewarm.tar.xz"] == "current"
+    (repo / "tools" / "prewarm.py").write_text("MODELS = [('base pre-LN', {})]\n")
+    assert dict(triton_cache.check(carried, repo))[carried / "prewarm.tar.xz"] == "stale"
 
 
 def test_run_sh_restores_the_carried_cache_and_sends_it_back(tmp_path):

@@ -23,7 +23,7 @@ Autotuner keeps for that launch (`Autotuner.warmup`). What runs through them is 
   (encoder, decoder steps over static caches, as on a GPU) of the issue-18 recipes' models and the
   benchmarks' presets: small (Post-LN, ReLU; Multi30k, IWSLT with 3 layers, SAMSum with --copy),
   the multi30k-tiny recipe's d_model 128,
-  base (CNN/DM), and Pre-LN and GELU variants;
+  base (CNN/DM abstractive, and Pre-LN for the extractive recipe), and Pre-LN and GELU variants;
 - bench: the kernel benchmarks' own calls where they differ from the model's (attention at head
   dim 128, causal and padded; the FFN with GELU);
 each with the pinned tiles (SCRATCHFORMER_AUTOTUNE=0: the tests, smoke runs and recipes) and the
@@ -145,6 +145,8 @@ MODELS = [
     ("d_model 128, 4 heads, d_ff 256 (multi30k-tiny)", dict(preset="small", src_vocab_size=8000, d_model=128,
                                                             n_heads=4, d_ff=256), 64, 48, 48),
     ("base (CNN/DM --copy, bench base)", dict(preset="base", src_vocab_size=16000, copy=True), 4, 512, 128),
+    ("base pre-LN (CNN/DM extractive)", dict(preset="base", src_vocab_size=16000, norm="pre", final_norm=True),
+     4, 512, 32),
     ("small pre-LN (ablation)", dict(preset="small", src_vocab_size=8000, norm="pre", final_norm=True), 32, 32, 32),
     ("small gelu", dict(preset="small", src_vocab_size=8000, activation="gelu"), 32, 32, 32),
 ]

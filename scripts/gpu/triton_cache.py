@@ -39,12 +39,15 @@ STAMP = ".sources.sha256"  # beside an archive: the hash of the kernel sources i
 
 
 def sources_hash(repo: Path) -> str:
-    """The hash of the Triton kernels' sources (kernels/*.py: every @triton.jit of the package).
-    Whole files, so a change to host code alone (a launcher) says stale too, although Triton's cache
-    keys (a kernel's source and what it calls) still match: deliberate, as host code also picks the
-    configs a prewarm compiles (the tiles, the pinned ones), which no key here could follow."""
+    """The hash of the Triton kernels' sources (kernels/*.py: every @triton.jit of the package) and
+    of the prewarm's workloads (tools/prewarm.py: the models and shapes it compiles for). Whole files,
+    so a change to host code alone (a launcher) says stale too, although Triton's cache keys (a
+    kernel's source and what it calls) still match: deliberate, as host code also picks the configs
+    a prewarm compiles (the tiles, the pinned ones), which no key here could follow; and a model
+    added to the workloads (a recipe's new width or norm) is missing from an archive packed before."""
     h = hashlib.sha256()
-    for f in sorted((repo / "kernels").glob("*.py")):
+    workloads = repo / "tools" / "prewarm.py"
+    for f in sorted((repo / "kernels").glob("*.py")) + ([workloads] if workloads.exists() else []):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
