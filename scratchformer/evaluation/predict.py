@@ -171,7 +171,6 @@ def format_prediction(pred, task: str):
     return pred
 
 
-@torch.no_grad()
 def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) -> tuple[int, int]:
     """The source and output lengths `predict_records` runs at (default: the training's), refused
     (OptionError) where the model cannot take them."""
@@ -185,6 +184,7 @@ def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) ->
     return max_src_len, max_len
 
 
+@torch.no_grad()
 def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, device, beam_size: int = 4,
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
                     max_len: int | None = None, len_ratio: float | None = None, max_tokens: int | None = 4096,
