@@ -1,7 +1,8 @@
 """End-to-end training step per backend, bf16 autocast: forward with the trainer's label-smoothed
 loss (the model's own, `forward(target=)`: the backend's `linear_cross_entropy`, the generator and
 the loss fused on the triton backend), backward, gradient clipping and the AdamW step, as
-`Trainer.train_step` takes them (no host sync).
+`Trainer.train_step` takes them (no host sync; the weights cast to bf16 once a step, in one
+multi-tensor op, `scratchformer.training.weight_cast`, but for the compiled and recomputed cases).
 
 Shapes: `base` at CNN/DailyMail shapes (source <= 512, target <= 128 tokens, batch 16), `small` at
 SAMSum shapes (source <= 256, target <= 64, batch 64) and `small` at Multi30k shapes (a token-budget
@@ -37,7 +38,9 @@ from conftest import requires_cuda, run_bench
 from scratchformer.compile import compile_model
 from scratchformer.data import PAD_ID, BucketBatchSampler
 from scratchformer.model import build_model, get_config
+from scratchformer.training.config import TrainConfig
 from scratchformer.training.cuda_graph import capture_step
+from scratchformer.training.weight_cast import WeightCast
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
@@ -98,10 +101,14 @@ def training_step(shape, kernel, device="cuda", graph=False):
     src, sl, tgt_in, tgt_out, tl = batch
     ntok = int(tl.sum())  # the trainer counts these on the host, with the batch
     fwd = compile_model(model, dynamic=False) if kernel in COMPILED else model
+    # the weights cast once a step, where the trainer's step does it (not compiled or recomputed)
+    run = TrainConfig(precision="bf16" if device == "cuda" else "fp32", recompute_activations=kernel in RECOMPUTED,
+                      compile="inductor" if kernel in COMPILED else None)
+    cast = WeightCast.for_step(model, run, ddp=False)
 
     def update():
         # a graph cannot hold autocast's cache of cast weights (torch.cuda.graph's documentation)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph), cast():
             loss, _ = fwd(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)
         (loss / ntok).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -13,12 +13,14 @@ Two measures per backend:
   (6 + 6) at d_model 64 with 4 heads (d_ff 128), in milliseconds: the number of calls a base step makes;
 - greedy decoding with the KV cache on that model, in milliseconds per new token (no gradient:
   the ops without their autograd);
-- what one such training step issues, counted (in fp32, no autocast; the lengths' range checks,
-  which read values on the CPU only, skipped as on a GPU): the aten ops that do work (each a kernel
-  or more on a GPU: the innermost that do work in a CPU-side profile, inside our ops too; views,
-  `empty` and the like left out), the filled tensors built (zeros, full, ones: an FFN's autograd built an
-  (M, d_ff) zero gradient it never read until this count showed it), our torch ops' calls, and the
-  Triton launches;
+- what one such training step issues, counted, in fp32 and again with its forward under bf16
+  autocast as the trainer's GPU step runs (the lengths' range checks, which read values on the CPU
+  only, skipped as on a GPU): the aten ops that do work (each a kernel or more on a GPU: the
+  innermost that do work in a CPU-side profile, inside our ops too; views, `empty` and the like
+  left out), the filled tensors built (zeros, full, ones: an FFN's autograd built an (M, d_ff) zero
+  gradient it never read until this count showed it), the dtype casts (autocast's, weights and
+  activations, and the backward's casts of their gradients), our torch ops' calls, and the Triton
+  launches;
 - and once, backend aside: the training loader's collate of one 8,192-token batch of short
   sentences (Multi30k's lengths), in milliseconds: host work on the training loop's thread each
   step (`num_workers` 0), which a step replayed as a CUDA graph (`train --cuda-graphs`) waits on.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from contextlib import nullcontext
 from unittest import mock
 
 import torch
@@ -67,9 +70,12 @@ def op_calls(ops, device: str) -> dict:
     }
 
 
-def model_step(kernel: str, device: str):
-    """A closure running forward + backward of a base-layered, narrow model on one tiny batch."""
+def model_step(kernel: str, device: str, autocast: torch.dtype | None = None):
+    """A closure running forward + backward of a base-layered, narrow model on one tiny batch; with
+    `autocast` (torch.bfloat16), the forward under autocast to it, its weights cast once
+    (`WeightCast`), as the trainer's bf16 step."""
     from scratchformer.model import build_model, get_config
+    from scratchformer.training.weight_cast import WeightCast
 
     torch.manual_seed(0)
     cfg = get_config("base", src_vocab_size=512, kernel=kernel, d_model=64, n_heads=4, d_ff=128)
@@ -77,8 +83,11 @@ def model_step(kernel: str, device: str):
     src, tgt_in, tgt_out = (torch.randint(4, 512, (2, 8), device=device) for _ in range(3))
     lengths = torch.tensor([8, 5], device=device)
 
+    cast = WeightCast(model, autocast)  # as the trainer's step: the weights cast once, all together
+
     def step():
-        loss, _ = model(src, lengths, tgt_in, lengths, target=tgt_out, label_smoothing=0.1)
+        with torch.autocast(torch.device(device).type, dtype=autocast) if autocast else nullcontext(), cast():
+            loss, _ = model(src, lengths, tgt_in, lengths, target=tgt_out, label_smoothing=0.1)
         loss.backward()
         model.zero_grad(set_to_none=True)
 
@@ -88,6 +97,7 @@ def model_step(kernel: str, device: str):
 # aten ops that launch nothing on a GPU: metadata, allocations without a fill
 NO_WORK = {"empty", "empty_strided", "empty_like", "new_empty", "detach", "detach_", "alias", "lift_fresh",
            "resize_", "set_", "result_type", "_local_scalar_dense", "item"}
+FOREACH = "aten::_foreach_"  # multi-tensor ops (one launch per many tensors on a GPU)
 # tensors built filled, counted where called from Python, autograd or our ops (not inside another aten op)
 FILLS = {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like", "new_ones"}
 
@@ -100,15 +110,15 @@ def _does_work(name: str) -> bool:
     return packet is None or not any(getattr(packet, o).is_view for o in packet.overloads())
 
 
-def step_ops(kernel: str, device: str) -> dict:
+def step_ops(kernel: str, device: str, autocast: torch.dtype | None = None) -> dict:
     """What one training step of `model_step` issues (module docstring), counted from a CPU-side
     profile of it (`issued`): the innermost aten ops that do work, anywhere (inside our ops too), the fills
-    among them, our ops' calls, and the Triton launches."""
+    and the dtype casts among them, our ops' calls, and the Triton launches."""
     from torch.autograd import DeviceType
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    step = model_step(kernel, device)
+    step = model_step(kernel, device, autocast)
     step()  # compiles, tunes, allocates
     cls = InterpretedFunction if os.environ.get("TRITON_INTERPRET") == "1" else JITFunction
     run, launches = cls.run, [0]
@@ -132,14 +142,24 @@ def issued(events) -> dict:
     """From a CPU-side profile's events: the aten ops that do work with no working aten op under
     them (the innermost that do work: a GEMM whose only aten child is `resolve_conj`, a view, is
     one, where "no aten op under it" left out every mm and bmm, 267 of an eager step's), the fills
-    called from Python, autograd or our ops, and our ops' calls."""
+    called from Python, autograd or our ops, the dtype casts (`_to_copy`: autocast's casts of weights
+    and activations, and their backward's casts of the gradients; each one copy_ among the ops), the
+    multi-tensor ops among them (`_foreach_*`, each counted once: on a GPU a few launches for all its
+    tensors, on the CPU a loop of per-tensor ops, not counted apart), and our ops' calls."""
     def working_below(e) -> bool:
         return any(c.name.startswith("aten::") and (_does_work(c.name[6:]) or working_below(c)) for c in e.cpu_children)
 
-    work = [e for e in events if e.name.startswith("aten::") and _does_work(e.name[6:]) and not working_below(e)]
+    def in_foreach(e) -> bool:
+        return e.cpu_parent is not None and (e.cpu_parent.name.startswith(FOREACH) or in_foreach(e.cpu_parent))
+
+    foreach = [e for e in events if e.name.startswith(FOREACH) and not in_foreach(e)]
+    work = [e for e in events if e.name.startswith("aten::") and _does_work(e.name[6:]) and not working_below(e)
+            and not in_foreach(e) and not e.name.startswith(FOREACH)] + foreach
     fills = [e for e in events if e.name[6:] in FILLS and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
+    casts = [e for e in events if e.name == "aten::_to_copy" and not (e.cpu_parent and e.cpu_parent.name == e.name)]
     ours = sum(e.name.startswith("scratchformer::") for e in events)
-    return {"aten ops": len(work), "fills": len(fills), "our ops": ours}
+    return {"aten ops": len(work), "fills": len(fills), "casts": len(casts), "multi-tensor": len(foreach),
+            "our ops": ours}
 
 
 def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
@@ -220,9 +240,10 @@ def main(argv=None) -> str:
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton launches stubbed)"
     report = (f"host time per call, {where}, torch {torch.__version__}; tiny shapes (module docstring)\n\n"
               + table({k: measure(k, args.device, args.calls) for k in args.kernels}))
-    counts = {k: step_ops(k, args.device) for k in args.kernels}
-    report += ("\n\nwhat one such step (forward + backward) issues: aten ops that do work (of them, fills), "
-               "our ops' calls, Triton launches\n\n" + table(counts, str, str))
+    for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
+        counts = {k: step_ops(k, args.device, dtype) for k in args.kernels}
+        report += (f"\n\nwhat one such step (forward + backward, {name}) issues: aten ops that do work (of them, "
+                   "fills and dtype casts), our ops' calls, Triton launches\n\n" + table(counts, str, str))
     ms, n = collate_ms(args.calls)
     report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)

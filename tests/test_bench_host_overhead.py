@@ -1,7 +1,8 @@
 """bench/host_overhead.py (issue 17: host time per op call and per step, per backend) runs on the
 CPU with Triton's launches stubbed (on a GPU machine: on the GPU, launches real): a row per backend,
-every figure a positive time, then what a step issues (our ops and Triton launches in triton's row
-only); and it refuses to stub without the interpreter, naming what to set."""
+every figure a positive time, then what a step issues in fp32 and under bf16 autocast (our ops and
+Triton launches in triton's row only; autocast's casts); and it refuses to stub without the
+interpreter, naming what to set."""
 
 import os
 import re
@@ -27,17 +28,27 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     env = {"TRITON_INTERPRET": "1"} if DEVICE == "cpu" else {}
     p = _run(env, "--calls", "20", "--out", str(out), device=DEVICE)
     assert p.returncode == 0, p.stderr[-2000:]
-    times, counts = out.read_text().split("what one such step")
+    times, fp32, bf16 = out.read_text().split("what one such step")
     rows = [line for line in times.splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch", "triton"]
     for row in rows:
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
         assert len(cells) == 8 and all(c > 0 for c in cells), row
-    rows = [line.strip("|").split("|") for line in counts.splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
-    assert [r[0].strip() for r in rows] == ["eager", "torch", "triton"]
-    for backend, *cells in rows:  # our ops and Triton's launches: triton's only
-        aten, fills, ours, launches = (int(c) for c in cells)
-        assert aten > 0 and fills <= aten and (ours > 0) == (launches > 0) == (backend.strip() == "triton"), cells
+    casts = {}
+    for precision, counts in (("fp32", fp32), ("bf16", bf16)):
+        assert counts.startswith(f" (forward + backward, {precision}"), counts[:80]
+        rows = [line.strip("|").split("|") for line in counts.splitlines()
+                if re.match(r"\| (eager|torch|triton) \|", line)]
+        assert [r[0].strip() for r in rows] == ["eager", "torch", "triton"]
+        for backend, *cells in rows:  # our ops and Triton's launches: triton's only
+            aten, fills, cast, multi, ours, launches = (int(c) for c in cells)
+            assert aten > 0 and fills + cast + multi <= aten
+            assert (ours > 0) == (launches > 0) == (backend.strip() == "triton")
+            casts[precision, backend.strip()] = cast, multi
+    # autocast casts the activations on their way into a matmul and the backward their gradients back;
+    # the weights, cast once a step, are two multi-tensor copies (forward, backward) in bf16, none in fp32
+    for b in ("eager", "torch", "triton"):
+        assert casts["bf16", b][0] > casts["fp32", b][0] + 50 and (casts["fp32", b][1], casts["bf16", b][1]) == (0, 2)
     collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
     assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()
 
@@ -51,7 +62,8 @@ def test_a_gemm_is_an_op_that_does_work(monkeypatch):
     """What a step issues counts the innermost aten ops that do work: a GEMM whose only aten children
     are views (`resolve_conj`) is one. Counting only the ops with no aten op at all under them
     left out every mm and bmm (267 of an eager step's), and the embedding's index_select, torch's
-    native_layer_norm and its SDPA, whose children are views or allocations."""
+    native_layer_norm and its SDPA, whose children are views or allocations. A cast is one (and
+    counted as a cast); a multi-tensor op is one, however many tensors (a few launches on a GPU)."""
     import torch
     from torch.autograd import DeviceType
 
@@ -59,9 +71,12 @@ def test_a_gemm_is_an_op_that_does_work(monkeypatch):
     import host_overhead  # tests/conftest.py for what a later test spawns
 
     a, b = torch.randn(4, 8), torch.randn(8, 3)
+    dst, src = [torch.empty(2), torch.empty(3)], [torch.randn(2), torch.randn(3)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         a @ b  # mm: one GEMM
         a.t().contiguous()  # clone: its copy_ is the work
         a.view(-1)  # a view: none
+        a.to(torch.float64)  # a cast: its copy_ is the work
+        torch._foreach_copy_(dst, src)  # one multi-tensor op
     counts = host_overhead.issued([e for e in prof.events() if e.device_type == DeviceType.CPU])
-    assert counts == {"aten ops": 2, "fills": 0, "our ops": 0}
+    assert counts == {"aten ops": 4, "fills": 0, "casts": 1, "multi-tensor": 1, "our ops": 0}

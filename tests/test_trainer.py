@@ -148,6 +148,26 @@ def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     assert all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in (loss, nll, gnorm)) and ntok > 0
 
 
+@pytest.mark.parametrize("flags", [[], ["--rdrop", "1"], ["--grad-accum", "2"]], ids=["plain", "rdrop", "grad-accum"])
+def test_bf16_steps_with_the_weights_cast_once_train_as_autocast_alone(tmp_path, monkeypatch, flags):
+    """On the CPU's bf16 autocast (which train refuses, as slow, and allowed here): the trainer's steps
+    with its weights cast once a step (WeightCast, tests/test_weight_cast.py) leave every parameter as
+    the same steps with autocast's own casts, bit for bit, and the parameters fp32 nn.Parameters."""
+    monkeypatch.setattr("scratchformer.training.trainer.precision_for", lambda precision, device: precision)
+    runs = []
+    for lend in (True, False):
+        tr = _trainer(tmp_path / str(lend), "--precision", "bf16", *flags)
+        if not lend:
+            tr.weight_cast.slots = []
+        assert tr.config.precision == "bf16" and bool(tr.weight_cast.slots) == lend
+        for group in _batches(tr, 3 * tr.config.grad_accum)[::tr.config.grad_accum]:
+            tr.train_step(group)
+        runs.append(dict(tr.model.named_parameters()))
+    lent, own = runs
+    for name, p in lent.items():
+        assert isinstance(p, torch.nn.Parameter) and p.dtype == torch.float32 and torch.equal(p, own[name]), name
+
+
 @requires_cuda
 @pytest.mark.parametrize("kernel, flags", [("eager", []), ("triton", []), ("triton", [EXTRACTIVE]),
                                            ("triton", ["--rdrop", "5"])],

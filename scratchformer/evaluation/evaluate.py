@@ -80,12 +80,15 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     return ensemble, tokenizers, ckpt
 
 
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision name -> autocast's dtype
+
+
 def autocast_for(device: torch.device, precision: str, cache: bool = True):
     """The autocast context of a precision name ("fp32", "bf16", "fp16"); `cache`: keep cast
     weights for the context's life (off inside a CUDA graph's capture)."""
-    if precision == "fp32":
+    dtype = AUTOCAST_DTYPES[precision]
+    if dtype is None:
         return nullcontext()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype, cache_enabled=cache)
 
 

@@ -41,6 +41,7 @@ from .progress import Progress, Window
 from .report import final_report
 from .runs import Logger
 from .stopping import stop_on_signals
+from .weight_cast import WeightCast
 
 # Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
 # which waits for the GPU (a host sync); --time-budget / --time-limit are decisions in seconds.
@@ -59,6 +60,7 @@ class Trainer:
         self.net = wrap_ddp(model, self.dist, device)
         if config.compile:  # the training step runs compiled; checkpoints hold self.model's (uncompiled) state
             self.net = compile_model(self.net, backend=config.compile, mode=config.compile_mode)
+        self.weight_cast = WeightCast.for_step(model, config, ddp=self.dist.on)  # autocast's weight casts, once a step
         cfg = config
         self.sampler = D.BucketBatchSampler(data.train_set.lengths, batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
@@ -281,7 +283,7 @@ class Trainer:
         for i, batch in enumerate(group):
             sync = self.net.no_sync() if self.dist.on and i < len(group) - 1 else nullcontext()
             with sync:
-                with autocast_for(self.device, cfg.precision, cache=not graphed):
+                with autocast_for(self.device, cfg.precision, cache=not graphed), self.weight_cast():
                     if cfg.rdrop:  # both copies' logits, for their KL
                         logits, target = loss_terms(self.net, batch.twice())
                         loss, nll = rdrop_loss(self.data.task, logits, target, cfg.label_smoothing, cfg.rdrop)
