@@ -343,7 +343,7 @@ def define_op(name: str, schema: str):
 _IMPLS: dict = {}  # op -> the function the dispatcher calls for it on CPU and CUDA (define_op)
 # What an op's argument may be for `call_op` to skip the dispatcher: not a tensor subclass (a
 # Parameter is one without a dispatch of its own), not a SymInt or SymFloat (a trace)
-_PLAIN_ARGS = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str})
+_PLAIN_ARGS = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, torch.dtype})
 # The dispatch keys included in plain eager, in and out of inference mode (which drops
 # ADInplaceOrView); any other (Python: a dispatch mode such as FakeTensorMode or make_fx's;
 # PreDispatch, Tracer, functorch's, Functionalize) means something intercepts the op's call.

@@ -3,15 +3,19 @@
 Forward, per row of N features (statistics in fp32 whatever the storage dtype):
 
     x' = dropout(x) = x · keep / (1 - p)        keep ~ Bernoulli(1 - p), in-kernel Philox
-    s  = round(x' + residual)                   summed in fp32, rounded once to x's dtype: the
-                                                Pre-LN residual stream, returned on request
+    s  = round(x' + residual)                   summed in fp32, rounded once to the stream's
+                                                dtype (residual's, else x's): the Pre-LN
+                                                residual stream, returned on request
     mean = s₀ + Σ (s - s₀) / N                  shifted by the row's first value s₀: exact for
                                                 a constant row, however large
     var = Σ (s - mean)² / N,   rstd = 1 / sqrt(var + eps)
     x̂ = (s - mean) · rstd,   y = x̂ · w + b
 
-Dtype contract (docs/numerics.md): the norm normalises s exactly as it is stored and returned
-(x's dtype), as `F.layer_norm(x + residual)` does in PyTorch and as the Mamba/flash-attention
+Dtype contract (docs/numerics.md): x and residual share a dtype, or x is float16/bfloat16 under
+a float32 residual (a sublayer's autocast output added to the fp32 stream: read as it is, where a
+cast to fp32 first cost a kernel and its bytes each way). The norm normalises s exactly as it is
+stored and returned (the stream's dtype; y has it too; dx has x's), as `F.layer_norm(x + residual)`
+does in PyTorch and as the Mamba/flash-attention
 unfused paths do; the backward rebuilds x̂ from that saved s with the saved fp32 mean and rstd,
 so forward and backward see the same x̂ bit for bit. (Normalising the unrounded fp32 sum while
 saving the rounded one made the backward's x̂ differ by an ulp of s times rstd, up to
@@ -109,12 +113,12 @@ MAX_N = 16384
 
 @triton.jit(do_not_specialize=["M"])  # N (fixed) keeps its alignment
 def _add_layer_norm_fwd_kernel(
-    x_ptr,  # (M, N) input, row stride stride_x_row
+    x_ptr,  # (M, N) input, row stride stride_x_row; its dtype, or a 16-bit one under an fp32 residual
     residual_ptr,  # (M, N) residual, or a dummy when HAS_RESIDUAL is False
     weight_ptr,  # (N,)
     bias_ptr,  # (N,) or dummy
-    y_ptr,  # (M, N) output, contiguous
-    s_ptr,  # (M, N) pre-norm sum dropout(x) + residual, contiguous; written if STORE_S
+    y_ptr,  # (M, N) output, contiguous, in the stream's dtype (residual's, else x's)
+    s_ptr,  # (M, N) pre-norm sum dropout(x) + residual, contiguous, y's dtype; written if STORE_S
     mean_ptr,  # (M,) fp32
     rstd_ptr,  # (M,) fp32
     mask_ptr,  # (M, N) int8 keep mask, written if STORE_MASK (debug path)
@@ -147,9 +151,10 @@ def _add_layer_norm_fwd_kernel(
             tl.store(mask_ptr + at, keep.to(tl.int8), mask=ok)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + rows[:, None] * stride_res_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    # The norm's input is s as stored and returned, in x's dtype: one rounding (a no-op for fp32),
-    # so the backward rebuilds from the saved s exactly the x̂ that made y.
-    s = s.to(x_ptr.dtype.element_ty).to(tl.float32)
+    # The norm's input is s as stored and returned, in the stream's dtype (y's: residual's, else
+    # x's): one rounding (a no-op for fp32), so the backward rebuilds from the saved s exactly the
+    # x̂ that made y.
+    s = s.to(y_ptr.dtype.element_ty).to(tl.float32)
     if STORE_S:
         tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty), mask=ok)
     # Mean shifted by each row's first value (exact for a constant row at any magnitude), then the
@@ -176,8 +181,8 @@ def _add_layer_norm_bwd_kernel(
     weight_ptr,  # (N,)
     mean_ptr,  # (M,) fp32
     rstd_ptr,  # (M,) fp32
-    dx_ptr,  # (M, N) gradient of x, contiguous
-    dres_ptr,  # (M, N) gradient of residual (= ds_total), written if STORE_DRES
+    dx_ptr,  # (M, N) gradient of x, contiguous, x's dtype
+    dres_ptr,  # (M, N) gradient of residual (= ds_total), s's dtype, written if STORE_DRES
     dw_partial_ptr,  # (n_programs, N) fp32 partial Σ dy · x̂ of this program's rows
     db_partial_ptr,  # (n_programs, N) fp32 partial Σ dy, written if HAS_BIAS
     stride_dy_row,
@@ -391,8 +396,9 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
             continue
         if p.shape != (N,):
             raise ValueError(f"add_layer_norm: {name} must have shape ({N},) for hidden size {N}, got {tuple(p.shape)}")
-        if p.dtype not in (x.dtype, torch.float32):
-            raise ValueError(f"add_layer_norm: {name} dtype must be {x.dtype} (x's) or float32, got {p.dtype}")
+        if p.dtype not in (stream_dtype(x, residual), torch.float32):
+            raise ValueError(f"add_layer_norm: {name} dtype must be {stream_dtype(x, residual)} (the stream's: "
+                             f"residual's, else x's) or float32, got {p.dtype}")
     if bias is not None and bias.dtype != weight.dtype:
         raise ValueError(f"add_layer_norm: weight {weight.dtype} and bias {bias.dtype} dtypes differ")
     _check_eps(eps)
@@ -413,7 +419,17 @@ def check_limits(x, residual, weight, bias, eps=1e-5, **_):
 
 def _check_device_dtype(x, residual, weight, bias):
     check_device("add_layer_norm", x, residual, weight, bias)
-    check_dtype("add_layer_norm", x, residual)  # x and residual must match exactly
+    check_dtype("add_layer_norm", x)
+    if residual is not None and residual.dtype != x.dtype:  # an fp32 stream may take a 16-bit x; nothing else
+        check_dtype("add_layer_norm", residual)
+        if not (residual.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)):
+            raise ValueError(f"add_layer_norm: dtype mismatch: x {x.dtype}, residual {residual.dtype} (x may be "
+                             f"float16/bfloat16 under a float32 residual, else the residual's dtype)")
+
+
+def stream_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
+    """The dtype of y and s: the residual stream's (residual's), else x's."""
+    return residual.dtype if residual is not None else x.dtype
 
 
 def _check_width(N):
@@ -430,17 +446,18 @@ def add_layer_norm_fwd(
     x, residual, weight, bias, eps=1e-5, dropout_p=0.0, rng=None, *, store_s=True, store_mask=False
 ):
     """Launch the forward. x, residual (..., N); rng the (2,) int64 [seed, offset] tensor on x's
-    device (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape and dtype), s (same;
-    None unless store_s), mean, rstd ((M,) fp32) and the bool keep mask (None unless store_mask).
-    Trusts its inputs as `add_layer_norm` checked them."""
+    device (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape, the stream's dtype:
+    `stream_dtype`), s (same; None unless store_s), mean, rstd ((M,) fp32) and the bool keep mask
+    (None unless store_mask). Trusts its inputs as `add_layer_norm` checked them."""
     N = x.shape[-1]
     shape = (*x.shape,)  # a tuple: torch (2.13) parses a torch.Size argument 0.5-1 us slower
     x2 = _rows(x, N)
     res2 = _rows(residual, N) if residual is not None else x2
     M = x2.shape[0]
     weight, bias = weight.contiguous(), bias.contiguous() if bias is not None else None
-    y = x.new_empty(shape)  # x's shape, contiguous: the (M, N) rows the kernel writes, no view to make
-    s = x.new_empty(shape) if store_s else None
+    out = stream_dtype(x, residual)
+    y = x.new_empty(shape, dtype=out)  # x's shape, contiguous: the (M, N) rows the kernel writes, no view to make
+    s = x.new_empty(shape, dtype=out) if store_s else None
     mean = x.new_empty(M, dtype=torch.float32)
     rstd = x.new_empty(M, dtype=torch.float32)
     has_dropout = dropout_p > 0.0
@@ -454,7 +471,7 @@ def add_layer_norm_fwd(
                      STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_N=BLOCK_N)
         if AUTOTUNE and not INTERPRET:  # the Autotuner's key: N and the dtypes (rng's and mask's too)
             launch_tuned(_add_layer_norm_fwd_tuned, lambda meta: (cdiv(M, meta["BLOCK_M"]),),
-                         (N, x.dtype, weight.dtype, has_dropout, mask is not None), *args, **flags)
+                         (N, x.dtype, out, weight.dtype, has_dropout, mask is not None), *args, **flags)
         else:
             BLOCK_M, warps = _fwd_tile(M, BLOCK_N)
             _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](*args, **flags, BLOCK_M=BLOCK_M, num_warps=warps)
@@ -475,11 +492,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def add_layer_norm_bwd(
-    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, rng=None, store_dres=False
+    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, rng=None, store_dres=False, dx_dtype=None
 ):
     """Launch the backward. dy, ds_out (None allowed), s (..., N); rng the forward's (its mask is
-    replayed). Returns dx, dres (None unless store_dres, or when it equals dx: dropout_p == 0),
-    dweight (weight's dtype), dbias (or None)."""
+    replayed). Returns dx (in dx_dtype, x's: None for s's), dres (s's dtype; None unless
+    store_dres, or when it equals dx: dropout_p == 0 and one dtype), dweight (weight's dtype),
+    dbias (or None)."""
     N = s.shape[-1]
     shape = (*s.shape,)  # a tuple, as the forward's
     s2 = s.reshape(-1, N)
@@ -488,8 +506,8 @@ def add_layer_norm_bwd(
     dy2 = _rows(dy, N)
     ds2 = _rows(ds_out, N) if ds_out is not None else dy2
     has_dropout = dropout_p > 0.0
-    dx = s.new_empty(shape)  # s's shape, contiguous (as the forward's y)
-    store_dres = store_dres and has_dropout  # without dropout dres == dx: the caller reuses dx
+    dx = s.new_empty(shape, dtype=dx_dtype or s.dtype)  # s's shape, contiguous (as the forward's y)
+    store_dres = store_dres and (has_dropout or dx.dtype != s.dtype)  # else dres == dx: the caller reuses dx
     dres = s.new_empty(shape) if store_dres else None
     BLOCK_N = next_pow2(N)
     n_programs = _bwd_programs(M, s.device) if M > 0 else 1
@@ -505,7 +523,7 @@ def add_layer_norm_bwd(
                      BLOCK_N=BLOCK_N)
         if AUTOTUNE and not INTERPRET:  # as the forward's; the key: N, the dtypes and the flags
             launch_tuned(_add_layer_norm_bwd_tuned, (n_programs,),
-                         (N, s.dtype, dy2.dtype, weight.dtype, *flags.values()), *args, **flags)
+                         (N, s.dtype, dy2.dtype, dx.dtype, weight.dtype, *flags.values()), *args, **flags)
         else:
             BLOCK_M, warps = _bwd_tile(rows_per_program, BLOCK_N)
             stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out))
@@ -530,9 +548,10 @@ def add_layer_norm_bwd(
     "bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s):
-    """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and dtype (s empty (0,)
-    unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N rows. Dropout is a pure
-    function of rng's (seed, offset) (a (2,) int64 tensor on x's device; None without dropout)."""
+    """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and the stream's dtype
+    (`stream_dtype`; s empty (0,) unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N
+    rows. Dropout is a pure function of rng's (seed, offset) (a (2,) int64 tensor on x's device;
+    None without dropout)."""
     y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=store_s)
     return y, s if s is not None else x.new_empty(NONE_SHAPE), mean, rstd
 
@@ -541,30 +560,33 @@ def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s):
 def _(x, residual, weight, bias, eps, dropout_p, rng, store_s):
     _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
     M = x.numel() // x.shape[-1]
-    rows = x.new_empty(M, dtype=torch.float32)
-    return x.new_empty(x.shape), x.new_empty(x.shape if store_s else NONE_SHAPE), rows, torch.empty_like(rows)
+    rows, out = x.new_empty(M, dtype=torch.float32), stream_dtype(x, residual)
+    return (x.new_empty(x.shape, dtype=out), x.new_empty(x.shape if store_s else NONE_SHAPE, dtype=out), rows,
+            torch.empty_like(rows))
 
 
 @define_op(
     "add_layer_norm_backward",
     "(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
-    "float dropout_p, Tensor? rng, bool store_dres) -> (Tensor, Tensor, Tensor, Tensor)",
+    "float dropout_p, Tensor? rng, bool store_dres, ScalarType dx_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres):
-    """(dx, dres, dweight, dbias): dx in s's shape and dtype; dres likewise when store_dres and
-    dropout_p > 0, else empty (0,) (without dropout dres == dx); dweight and dbias (N,) in
-    weight's dtype, dbias empty (0,) without a bias. The mask is replayed from the forward's rng."""
+def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres, dx_dtype):
+    """(dx, dres, dweight, dbias): dx in s's shape and dx_dtype (x's); dres in s's shape and dtype
+    when store_dres and it differs from dx (dropout_p > 0, or dx_dtype not s's), else empty (0,);
+    dweight and dbias (N,) in weight's dtype, dbias empty (0,) without a bias. The mask is replayed
+    from the forward's rng."""
     dx, dres, dw, db = add_layer_norm_bwd(
         dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, rng=rng, store_dres=store_dres,
+        dx_dtype=dx_dtype,
     )
     return dx, or_empty(dres, s), dw, or_empty(db, weight)
 
 
 @torch.library.register_fake(_add_layer_norm_backward_op)
-def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres):
-    dres = s.new_empty(s.shape if store_dres and dropout_p > 0.0 else NONE_SHAPE)
+def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres, dx_dtype):
+    dres = s.new_empty(s.shape if store_dres and (dropout_p > 0.0 or dx_dtype != s.dtype) else NONE_SHAPE)
     db = weight.new_empty(weight.shape if has_bias else NONE_SHAPE)
-    return s.new_empty(s.shape), dres, weight.new_empty(weight.shape), db
+    return s.new_empty(s.shape, dtype=dx_dtype), dres, weight.new_empty(weight.shape), db
 
 
 class AddLayerNormFunction(torch.autograd.Function):
@@ -581,6 +603,7 @@ class AddLayerNormFunction(torch.autograd.Function):
             ctx.save_for_backward(s, weight, mean, rstd, rng)  # s = dropout(x) + residual, the norm's input
         ctx.has_bias = bias is not None
         ctx.dropout_p = dropout_p
+        ctx.x_dtype = x.dtype
         return output
 
     @staticmethod
@@ -590,9 +613,10 @@ class AddLayerNormFunction(torch.autograd.Function):
             dy = torch.zeros_like(s)
         need_dres = ctx.needs_input_grad[1]
         dx, dres, dw, db = call_op(
-            _add_layer_norm_backward_op, dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres
+            _add_layer_norm_backward_op, dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres,
+            ctx.x_dtype,
         )
-        if need_dres and not ctx.dropout_p > 0.0:  # not stored without dropout: dresidual == dx
+        if need_dres and not ctx.dropout_p > 0.0 and ctx.x_dtype == s.dtype:  # not stored: dresidual == dx
             dres = dx
         return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None
 
@@ -612,14 +636,16 @@ def add_layer_norm(
     """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
 
     x (..., N) float32/float16/bfloat16, any leading dims and row strides (last dim contiguous,
-    else copied); residual same shape and dtype as x, or None; weight (N,), bias (N,) or None, in
-    x's dtype or float32; 1 <= N <= 16384. dropout_p drops x (not the residual) with in-kernel
+    else copied); residual x's shape and dtype, or float32 under a float16/bfloat16 x (a sublayer's
+    autocast output added to an fp32 residual stream: x is read as it is, no fp32 copy of it made),
+    or None; weight (N,), bias (N,) or None, in the stream's dtype (residual's, else x's) or
+    float32; 1 <= N <= 16384. dropout_p drops x (not the residual) with in-kernel
     Philox; seed (int) fixes the stream, else its (seed, offset) is drawn on x's device from
     torch's generator for that device (`_common.dropout_rng`), so `torch.manual_seed` makes runs
     reproducible and each call, CUDA graph replay or compiled call draws afresh.
 
-    Returns y (x's shape and dtype); with return_residual, (y, s) where s = dropout(x) + residual
-    in x's dtype, exactly the values y normalises (it takes a gradient too); with
+    Returns y (x's shape, the stream's dtype); with return_residual, (y, s) where s = dropout(x) +
+    residual in the stream's dtype, exactly the values y normalises (it takes a gradient too); with
     return_dropout_mask (debug), the bool keep mask (x's shape) is appended: (y, mask) or
     (y, s, mask). Raises ValueError naming a bad input.
     """

@@ -131,12 +131,16 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
             f"add_layer_norm: weight/bias must be ({N},) for hidden size {N}, got "
             f"{tuple(weight.shape)} / {None if bias is None else tuple(bias.shape)}"
         )
-    if residual is not None and residual.dtype != x.dtype:
-        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype}")
-    # the parameters: x's dtype or fp32 (a bf16 activation normalised with fp32 gains), one for both
-    if weight.dtype not in (x.dtype, torch.float32) or (bias is not None and bias.dtype != weight.dtype):
-        raise ValueError(f"add_layer_norm: weight and bias must share one dtype, x's ({x.dtype}) or float32, got "
-                         f"{weight.dtype} / {None if bias is None else bias.dtype}")
+    # one dtype, or a 16-bit x (a sublayer's autocast output) under an fp32 residual (the stream)
+    if residual is not None and residual.dtype != x.dtype and not (
+            residual.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)):
+        raise ValueError(f"add_layer_norm dtype mismatch: x {x.dtype}, residual {residual.dtype} (x may be "
+                         f"float16/bfloat16 under a float32 residual, else the residual's dtype)")
+    stream = residual.dtype if residual is not None else x.dtype  # y's and s's
+    # the parameters: the stream's dtype or fp32 (a bf16 activation normalised with fp32 gains), one for both
+    if weight.dtype not in (stream, torch.float32) or (bias is not None and bias.dtype != weight.dtype):
+        raise ValueError(f"add_layer_norm: weight and bias must share one dtype, the stream's ({stream}: residual's, "
+                         f"else x's) or float32, got {weight.dtype} / {None if bias is None else bias.dtype}")
     _check_number("add_layer_norm", "eps", eps, positive=True)
     _check_dropout("add_layer_norm", dropout_p)
 

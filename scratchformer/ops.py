@@ -231,9 +231,11 @@ def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
 
 
 def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False):
+    if residual is not None:
+        x = x.to(residual.dtype)  # a 16-bit x under an fp32 stream: the stream's dtype (a no-op otherwise)
     s = F.dropout(x, dropout_p) if dropout_p > 0 else x
     if residual is not None:
-        s = s + residual  # rounded to x's dtype: the norm normalises exactly the s it returns
+        s = s + residual  # rounded to the stream's dtype: the norm normalises exactly the s it returns
     if s.device.type == "cpu" and s.dtype in (torch.float16, torch.bfloat16):
         # PyTorch's CPU LayerNorm for half types is not exact on constant rows (0.08, not 0, for a
         # row of fp16 10000s; torch 2.13) and its backward loses bits: normalise in fp32 there,

@@ -115,23 +115,26 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
                        return_residual=False):
     """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
 
-    x and residual (..., N); weight, bias (N,). With return_residual also returns the pre-norm
-    sum s = dropout(x) + residual (x's dtype), the residual stream a Pre-LN model carries on.
+    x and residual (..., N) (a 16-bit x under an fp32 residual: the stream's dtype is the
+    residual's); weight, bias (N,). With return_residual also returns the pre-norm sum
+    s = dropout(x) + residual (the stream's dtype), the residual stream a Pre-LN model carries on.
     dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask.
 
-    The sum is taken in fp32 and rounded once to x's dtype; the norm normalises that rounded s,
-    the values returned (docs/numerics.md). The mean is shifted by each row's first value, so a
-    constant row gives x̂ = 0 exactly at any magnitude; the variance is that of the centred values.
+    The sum is taken in fp32 and rounded once to the stream's dtype; the norm normalises that
+    rounded s, the values returned, and y has that dtype (docs/numerics.md). The mean is shifted by
+    each row's first value, so a constant row gives x̂ = 0 exactly at any magnitude; the variance is
+    that of the centred values.
     """
-    acc = _acc(x.dtype)
+    stream = residual.dtype if residual is not None else x.dtype
+    acc = _acc(stream)
     xf = x.to(acc)
     if dropout_mask is not None:
         xf = xf * dropout_mask / (1.0 - dropout_p)
     elif dropout_p > 0.0:
         xf = torch.nn.functional.dropout(xf, dropout_p)
     s = xf if residual is None else xf + residual.to(acc)
-    # Round s to x's dtype as a value change only: gradients flow on in acc precision, as in the kernel.
-    s = s + (s.to(x.dtype).to(acc) - s).detach()
+    # Round s to the stream's dtype as a value change only: gradients flow on in acc precision, as in the kernel.
+    s = s + (s.to(stream).to(acc) - s).detach()
     shift = s[..., :1].detach()  # the mean does not depend on the shift: no gradient through it
     mean = shift + (s - shift).mean(dim=-1, keepdim=True)
     d = s - mean
@@ -139,8 +142,8 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
     y = d * torch.rsqrt(var + eps) * weight.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
-    y = y.to(x.dtype)
-    return (y, s.to(x.dtype)) if return_residual else y
+    y = y.to(stream)
+    return (y, s.to(stream)) if return_residual else y
 
 
 def _activation(h: torch.Tensor, activation: str) -> torch.Tensor:

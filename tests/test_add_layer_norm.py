@@ -127,6 +127,42 @@ def test_add_layer_norm_fp32_params_with_bf16_activations():
     )
 
 
+def _as_stored(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 t as a kernel's store to `dtype` rounds it: to nearest even on a GPU, as torch's cast;
+    Triton's interpreter truncates fp32 to bf16 (Triton 3.6 and 3.9, an explicit
+    fp_downcast_rounding="rtne" too; fp16 it rounds to nearest even)."""
+    if DEVICE == "cuda" or dtype != torch.bfloat16:
+        return t.to(dtype)
+    return (t.view(torch.int32) & -65536).view(torch.float32).to(dtype)  # the low 16 bits dropped
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("return_residual", [True, False])
+def test_a_16_bit_x_on_an_fp32_stream_is_the_cast_x_bit_for_bit(low, dropout_p, return_residual):
+    """x in 16 bits (a sublayer's autocast output) under an fp32 residual, read as it is: y and s in
+    fp32 and every gradient as when x is cast to fp32 first (the model's way until 2026-12-05, a cast
+    kernel each way), dx rounded once to x's dtype (as the cast's backward rounded it; `_as_stored`
+    in the interpreter), bit for bit, with and without dropout (one seed: one mask)."""
+    x, r, w, b = _inputs((33, 100), torch.float32, param_dtype=torch.float32)
+    x_low = x.detach().to(low).requires_grad_()
+    x_up = x_low.detach().float().requires_grad_()  # the same values, cast first
+
+    def run(x_in):
+        out = add_layer_norm(x_in, r, w, b, dropout_p=dropout_p, seed=3, return_residual=return_residual)
+        out = out if isinstance(out, tuple) else (out,)
+        grads = [torch.linspace(-1, 1, o.numel(), device=DEVICE).view_as(o) for o in out]
+        return out, torch.autograd.grad(out, (x_in, r, w, b), grads)
+
+    (out, grads), (want, want_grads) = run(x_low), run(x_up)
+    for o, t in zip(out, want):
+        assert o.dtype == torch.float32 and torch.equal(o, t)
+    dx, *rest = grads
+    assert dx.dtype == low and torch.equal(dx, _as_stored(want_grads[0], low))
+    for g, t in zip(rest, want_grads[1:]):
+        assert g.dtype == torch.float32 and torch.equal(g, t)
+
+
 def test_add_layer_norm_strided_rows():
     """Rows with a stride (a slice of a wider buffer, 3-D leading dims) go in without a copy;
     a non-contiguous last dim is copied by the launcher; both give the reference's numbers."""

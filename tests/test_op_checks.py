@@ -66,14 +66,27 @@ def test_add_layer_norm_refuses_an_empty_row(ops_backend):
 
 
 def test_add_layer_norm_refuses_mixed_parameter_dtypes_everywhere(ops_backend):
-    """weight and bias: one dtype, x's or float32 (a half-precision activation with fp32 gains); the
-    backends accepted and refused different mixes (eager all, torch some, triton none)."""
+    """weight and bias: one dtype, the stream's (residual's, else x's) or float32 (a half-precision
+    activation with fp32 gains); the backends accepted and refused different mixes (eager all, torch
+    some, triton none). x and residual: one dtype, or a 16-bit x under an fp32 residual (a sublayer's
+    autocast output on the fp32 stream), which every backend takes, y in the stream's dtype."""
     x = torch.randn(2, 16)
     for weight, bias, got in [(torch.ones(16, dtype=torch.float16), None, "torch.float16 / None"),
                               (torch.ones(16), torch.zeros(16, dtype=torch.float16), "torch.float32 / torch.float16")]:
-        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: weight and bias must share one dtype, x's "
-                                                  f"(torch.float32) or float32, got {got}")):
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: weight and bias must share one dtype, the stream's "
+                                                  f"(torch.float32: residual's, else x's) or float32, got {got}")):
             ops_backend.add_layer_norm(x, None, weight, bias)
+    with pytest.raises(ValueError, match=_esc("the stream's (torch.float32: residual's, else x's) or float32, got "
+                                              "torch.bfloat16 / None")):  # a bf16 x on an fp32 stream: fp32 gains
+        ops_backend.add_layer_norm(x.bfloat16(), x, torch.ones(16, dtype=torch.bfloat16), None)
+    for low, high in [(torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16)]:  # only 16-bit under fp32
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm dtype mismatch: x {low}, residual {high} (x may be "
+                                                  f"float16/bfloat16 under a float32 residual")):
+            ops_backend.add_layer_norm(x.to(low), x.to(high), torch.ones(16), None)
+    got = ops_backend.add_layer_norm(x.bfloat16(), x, torch.ones(16), torch.zeros(16))
+    cast_first = ops_backend.add_layer_norm(x.bfloat16().float(), x, torch.ones(16), torch.zeros(16))
+    want = ops.select("eager").add_layer_norm(x.bfloat16().float(), x, torch.ones(16), torch.zeros(16))
+    assert got.dtype == torch.float32 and torch.equal(got, cast_first) and torch.allclose(got, want, atol=1e-5)
     with pytest.raises(ValueError, match="add_layer_norm: weight must be a tensor of the hidden size, got NoneType"):
         ops_backend.add_layer_norm(x, None, None, None)
     half = x.to(torch.float16)  # fp16 activations, fp32 gains: accepted everywhere, one answer

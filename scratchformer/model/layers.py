@@ -229,15 +229,15 @@ class AddNorm(nn.Module):
         return self.ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps, **kw)
 
     def post(self, x, out):
-        """Post-LN: LN(x + dropout(out))."""
-        out = out.to(x.dtype)  # under autocast the sublayer output is low precision, the stream is not
+        """Post-LN: LN(x + dropout(out)). Under autocast the sublayer output is low precision and the
+        stream x is not: the op takes both as they are and returns the stream's dtype."""
         return self._ln(out, x, dropout_p=self.dropout if self.training else 0.0)
 
     def pre(self, x, delta):
         """Pre-LN: x <- x + dropout(delta) (delta None: nothing pending); returns (LN(x), x)."""
         if delta is None:
             return self._ln(x, None, return_residual=True)
-        return self._ln(delta.to(x.dtype), x, dropout_p=self.dropout if self.training else 0.0, return_residual=True)
+        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0, return_residual=True)
 
     def norm(self, x):
         return self._ln(x, None)
