@@ -553,7 +553,7 @@ def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s):
     rows. Dropout is a pure function of rng's (seed, offset) (a (2,) int64 tensor on x's device;
     None without dropout)."""
     y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=store_s)
-    return y, s if s is not None else x.new_empty(NONE_SHAPE), mean, rstd
+    return y, s if s is not None else y.new_empty(NONE_SHAPE), mean, rstd
 
 
 @torch.library.register_fake(_add_layer_norm_op)

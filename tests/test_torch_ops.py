@@ -87,18 +87,20 @@ def test_opcheck_attention(case, device):
 
 
 LN_CASES = {
-    # name: (shape, residual, bias, dropout_p)
-    "residual-bias": ((2, 5, 32), True, True, 0.0),
-    "no-residual-no-bias-dropout": ((3, 24), False, False, 0.3),
-    "residual-dropout-ragged-N": ((2, 3, 40), True, True, 0.2),
+    # name: (shape, residual, bias, dropout_p, x's dtype: a bf16 x on the fp32 residual stream)
+    "residual-bias": ((2, 5, 32), True, True, 0.0, torch.float32),
+    "no-residual-no-bias-dropout": ((3, 24), False, False, 0.3, torch.float32),
+    "residual-dropout-ragged-N": ((2, 3, 40), True, True, 0.2, torch.float32),
+    "bf16-x-fp32-residual-dropout": ((2, 5, 32), True, True, 0.2, torch.bfloat16),
 }
 
 
 @pytest.mark.parametrize("case", list(LN_CASES))
 def test_opcheck_add_layer_norm(case, device):
-    shape, has_res, has_bias, p = LN_CASES[case]
+    shape, has_res, has_bias, p, x_dtype = LN_CASES[case]
     N = shape[-1]
-    x, r, w, b = _grad(torch.randn(shape, device=device), torch.randn(shape, device=device) if has_res else None,
+    x, r, w, b = _grad(torch.randn(shape, device=device, dtype=x_dtype),
+                       torch.randn(shape, device=device) if has_res else None,
                        torch.randn(N, device=device), torch.randn(N, device=device) if has_bias else None)
     rng = _rng(p, 99, 5, device)
     _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, rng, True))
@@ -108,7 +110,7 @@ def test_opcheck_add_layer_norm(case, device):
     dy, ds = torch.randn_like(y), torch.randn_like(s)
     saved = (s.detach(), w.detach(), mean, rstd)
     for ds_arg, store_dres in ((None, False), (ds, True)):
-        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, rng, store_dres))
+        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, rng, store_dres, x_dtype))
 
 
 FFN_CASES = {
