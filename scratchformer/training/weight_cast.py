@@ -7,7 +7,7 @@ and an autograd node on the host. A `base`-layered triton step under bf16 autoca
 among its 764 aten ops (and 223 Triton launches), 268 of them these (`bench/host_overhead.py`;
 the rest are activations). `WeightCast` casts them all ahead of the forward with one
 `torch._foreach_copy_` (a few multi-tensor launches on a GPU; one copy a tensor on the CPU) and
-their gradients back with another, and lends the model the cast copies for the forward (`WeightCast`). The copies
+their gradients back with another, and lends the model the cast copies for the forward. The copies
 hold the values autocast's casts would (round to nearest even, either way), so the loss and every
 gradient are the same bit for bit (tests/test_weight_cast.py); autocast finds them already in its
 dtype and casts nothing.
@@ -15,7 +15,8 @@ dtype and casts nothing.
 Which weights (`cast_slots`): those of the `nn.Linear` layers (every matmul the model runs under
 autocast: attention projections, the FFN, the generator and the heads), but a weight another module
 also holds (a tied embedding: the embedding op reads the table in fp32) and the layers of a module
-that computes in fp32 (`FP32_MODULES`: the pointer-generator turns autocast off). Leaving a weight
+that computes in fp32 (`FP32_MODULES`: the pointer-generator, which turns autocast off for its
+mixture; its key projection, run under autocast, keeps autocast's own cast). Leaving a weight
 out is always safe (autocast casts it where it is used, as before); lending a copy of one autocast
 would not have cast is not, hence a list, not a guess.
 """
