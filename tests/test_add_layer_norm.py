@@ -142,7 +142,8 @@ def test_a_16_bit_x_on_an_fp32_stream_is_the_cast_x_bit_for_bit(low, dropout_p, 
     """x in 16 bits (a sublayer's autocast output) under an fp32 residual, read as it is: y and s in
     fp32 and every gradient as when x is cast to fp32 first (the model's way until 2026-12-05, a cast
     kernel each way), dx rounded once to x's dtype (as the cast's backward rounded it; `_as_stored`
-    in the interpreter), bit for bit, with and without dropout (one seed: one mask)."""
+    in the interpreter), bit for bit, with and without dropout (one seed: one mask); and the eager
+    reference's numbers, given the same mixed inputs."""
     x, r, w, b = _inputs((33, 100), torch.float32, param_dtype=torch.float32)
     x_low = x.detach().to(low).requires_grad_()
     x_up = x_low.detach().float().requires_grad_()  # the same values, cast first
@@ -160,6 +161,21 @@ def test_a_16_bit_x_on_an_fp32_stream_is_the_cast_x_bit_for_bit(low, dropout_p, 
     assert dx.dtype == low and torch.equal(dx, _as_stored(want_grads[0], low))
     for g, t in zip(rest, want_grads[1:]):
         assert g.dtype == torch.float32 and torch.equal(g, t)
+    # and the eager reference given the same mixed inputs and our dropout mask: y and s in fp32 to
+    # fp32's tolerance, dx to one rounding to x's dtype
+    mask = add_layer_norm(x_low, r, w, b, dropout_p=dropout_p, seed=3, return_dropout_mask=True)[1]
+    ref = add_layer_norm_ref(x_low, r, w, b, dropout_p=dropout_p, dropout_mask=mask if dropout_p else None,
+                             return_residual=return_residual)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    ref_grads = torch.autograd.grad(ref, (x_low, r, w, b), [torch.linspace(-1, 1, o.numel(), device=DEVICE).view_as(o)
+                                                              for o in ref])
+    for o, t in zip(out, ref):
+        assert t.dtype == torch.float32
+        torch.testing.assert_close(o, t, atol=1e-4, rtol=1e-4)
+    assert ref_grads[0].dtype == low
+    torch.testing.assert_close(dx, ref_grads[0], atol=2e-2, rtol=2e-2)
+    for g, t in zip(rest, ref_grads[1:]):
+        torch.testing.assert_close(g, t, atol=1e-4, rtol=1e-4)
 
 
 def test_add_layer_norm_strided_rows():
