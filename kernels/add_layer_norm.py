@@ -14,12 +14,19 @@ Forward, per row of N features (statistics in fp32 whatever the storage dtype):
 Dtype contract (docs/numerics.md): x and residual share a dtype, or x is float16/bfloat16 under
 a float32 residual (a sublayer's autocast output added to the fp32 stream: read as it is, where a
 cast to fp32 first cost a kernel and its bytes each way). The norm normalises s exactly as it is
-stored and returned (the stream's dtype; y has it too; dx has x's), as `F.layer_norm(x + residual)`
-does in PyTorch and as the Mamba/flash-attention
-unfused paths do; the backward rebuilds x̂ from that saved s with the saved fp32 mean and rstd,
-so forward and backward see the same x̂ bit for bit. (Normalising the unrounded fp32 sum while
+stored and returned (the stream's dtype; y has it too unless asked otherwise; dx has x's), as
+`F.layer_norm(x + residual)` does in PyTorch and as the Mamba/flash-attention unfused paths do;
+the backward rebuilds x̂ from that saved s with the saved fp32 mean and rstd, so forward and
+backward see the same x̂ bit for bit. (Normalising the unrounded fp32 sum while
 saving the rounded one made the backward's x̂ differ by an ulp of s times rstd, up to
 1/sqrt(eps): fp16 x = 1, residual = 4e-4, N = 1 gave dx = -5.06 instead of 0.)
+
+The next sublayer's input in its matmuls' dtype (an autocast model's fp32 stream feeding bf16
+matmuls, which would cast y in a kernel of its own, and its gradient back in another): y_dtype
+stores y in that dtype (Pre-LN, where y feeds only the sublayer); copy_dtype stores a second copy
+of y in it beside y (Post-LN, where y is also the stream), whose gradient the backward adds to
+y's in fp32 as it loads them (autograd added the cast's gradient to y's in a kernel of its own).
+Both are the fp32 y rounded once: the values of the casts they replace, bit for bit on a GPU.
 
 Backward (tutorial 05's derivation), with g = dy · w the gradient reaching x̂:
 
@@ -66,9 +73,10 @@ or float32. Rows may be strided (a row-stride argument); a last dim that is not 
 copied once by the launcher (`.contiguous()`), not rejected.
 
 Torch ops (registration section): `scratchformer::add_layer_norm(x, residual?, weight, bias?, eps,
-dropout_p, rng?, store_s) -> (y, s, mean, rstd)` (s = dropout(x) + residual is a fresh
-output, empty unless store_s; mean/rstd are saved for the backward, not differentiable) and
-`scratchformer::add_layer_norm_backward` -> (dx, dresidual, dweight, dbias).
+dropout_p, rng?, store_s, y_dtype?, copy_dtype?) -> (y, s, mean, rstd, copy)` (s = dropout(x) +
+residual is a fresh output, empty unless store_s; mean/rstd are saved for the backward, not
+differentiable; copy is empty without copy_dtype) and `scratchformer::add_layer_norm_backward(dy,
+dy_copy?, ds?, ...)` -> (dx, dresidual, dweight, dbias).
 Linked by `AddLayerNormFunction`, which saves rng (the (2,) int64 [seed, offset] tensor; None
 without dropout) for the backward (how they are registered, and why: `kernels/_common.py`).
 
@@ -88,6 +96,7 @@ from ._common import (
     AUTOTUNE,
     INTERPRET,
     NONE_SHAPE,
+    SUPPORTED_DTYPES,
     apply_dropout,
     call_op,
     cdiv,
@@ -117,8 +126,9 @@ def _add_layer_norm_fwd_kernel(
     residual_ptr,  # (M, N) residual, or a dummy when HAS_RESIDUAL is False
     weight_ptr,  # (N,)
     bias_ptr,  # (N,) or dummy
-    y_ptr,  # (M, N) output, contiguous, in the stream's dtype (residual's, else x's)
-    s_ptr,  # (M, N) pre-norm sum dropout(x) + residual, contiguous, y's dtype; written if STORE_S
+    y_ptr,  # (M, N) output, contiguous, its own dtype (the stream's unless asked otherwise)
+    copy_ptr,  # (M, N) y again in another dtype (the next sublayer's autocast one), written if STORE_COPY
+    s_ptr,  # (M, N) pre-norm sum dropout(x) + residual, contiguous, the stream's dtype; written if STORE_S
     mean_ptr,  # (M,) fp32
     rstd_ptr,  # (M,) fp32
     mask_ptr,  # (M, N) int8 keep mask, written if STORE_MASK (debug path)
@@ -134,6 +144,7 @@ def _add_layer_norm_fwd_kernel(
     HAS_DROPOUT: tl.constexpr,
     STORE_S: tl.constexpr,
     STORE_MASK: tl.constexpr,
+    STORE_COPY: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per program (_block_m)
     BLOCK_N: tl.constexpr,
 ):
@@ -151,10 +162,13 @@ def _add_layer_norm_fwd_kernel(
             tl.store(mask_ptr + at, keep.to(tl.int8), mask=ok)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + rows[:, None] * stride_res_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    # The norm's input is s as stored and returned, in the stream's dtype (y's: residual's, else
-    # x's): one rounding (a no-op for fp32), so the backward rebuilds from the saved s exactly the
-    # x̂ that made y.
-    s = s.to(y_ptr.dtype.element_ty).to(tl.float32)
+    # The norm's input is s as stored and returned, in the stream's dtype (residual's, else x's):
+    # one rounding (a no-op for fp32), so the backward rebuilds from the saved s exactly the x̂
+    # that made y.
+    if HAS_RESIDUAL:
+        s = s.to(residual_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        s = s.to(x_ptr.dtype.element_ty).to(tl.float32)
     if STORE_S:
         tl.store(s_ptr + at, s.to(s_ptr.dtype.element_ty), mask=ok)
     # Mean shifted by each row's first value (exact for a constant row at any magnitude), then the
@@ -171,11 +185,14 @@ def _add_layer_norm_fwd_kernel(
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if STORE_COPY:  # rounded from the fp32 y, as a cast of an fp32 y would round it
+        tl.store(copy_ptr + at, y.to(copy_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["M", "rows_per_program"])
 def _add_layer_norm_bwd_kernel(
     dy_ptr,  # (M, N) gradient of y, row stride stride_dy_row
+    dy_copy_ptr,  # (M, N) gradient of y's copy, row stride stride_dyc_row, or dummy when HAS_DY_COPY is False
     ds_out_ptr,  # (M, N) gradient of the returned s, or dummy when HAS_DS is False
     s_ptr,  # (M, N) saved pre-norm sum, contiguous
     weight_ptr,  # (N,)
@@ -186,12 +203,14 @@ def _add_layer_norm_bwd_kernel(
     dw_partial_ptr,  # (n_programs, N) fp32 partial Σ dy · x̂ of this program's rows
     db_partial_ptr,  # (n_programs, N) fp32 partial Σ dy, written if HAS_BIAS
     stride_dy_row,
+    stride_dyc_row,
     stride_ds_row,
     M,  # rows
     N,  # hidden size
     rows_per_program,
     dropout_p,
     rng_ptr,  # (2,) int64 Philox [seed, offset], the forward's (read if HAS_DROPOUT)
+    HAS_DY_COPY: tl.constexpr,
     HAS_DS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     STORE_DRES: tl.constexpr,
@@ -228,6 +247,10 @@ def _add_layer_norm_bwd_kernel(
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
         xhat = tl.where(ok, (s - mean) * rstd, 0.0)
         dy = tl.load(dy_ptr + rows[:, None] * stride_dy_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_DY_COPY:  # y and its copy are one value: their gradients add up (in fp32, as autograd's would)
+            dy += tl.load(dy_copy_ptr + rows[:, None] * stride_dyc_row + cols[None, :], mask=ok, other=0.0).to(
+                tl.float32
+            )
         g = dy * w  # dL/dx̂, zero outside the rows
         c1 = tl.sum(xhat * g, axis=1)[:, None] / N
         c2 = tl.sum(g, axis=1)[:, None] / N
@@ -289,7 +312,8 @@ def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
                 and (c.kwargs["BLOCK_M"], c.num_warps) != (bm, warps)]
         if not pipelined:
             return [triton.Config({"BLOCK_M": bm}, num_warps=warps)] + kept
-        row_bytes = _loaded_bytes(nargs["dy_ptr"], nargs["s_ptr"], nargs["ds_out_ptr"] if kwargs["HAS_DS"] else None)
+        row_bytes = _loaded_bytes(nargs["dy_ptr"], nargs["s_ptr"], nargs["ds_out_ptr"] if kwargs["HAS_DS"] else None,
+                                  nargs["dy_copy_ptr"] if kwargs["HAS_DY_COPY"] else None)
         pinned = _loop_stages(bm, block_n, row_bytes)
         depths = sorted(LOOP_STAGE_CHOICES, key=lambda st: st != pinned)
         own = [triton.Config({"BLOCK_M": bm, "LOOP_STAGES": st}, num_warps=warps) for st in depths]
@@ -303,14 +327,15 @@ def _pruner(rows_arg: str, max_values: int, pipelined: bool = False):
 MAX_PIPELINE_BYTES = 48 << 10
 
 
-def _loaded_bytes(dy, s, ds_out) -> int:
-    """Bytes a backward's row loop loads per element: dy, s and (if given) ds_out."""
-    return sum(t.element_size() for t in (dy, s, ds_out) if t is not None)
+def _loaded_bytes(*loaded) -> int:
+    """Bytes a backward's row loop loads per element: of dy, s, and ds_out and dy's copy's gradient
+    where given (None where not)."""
+    return sum(t.element_size() for t in loaded if t is not None)
 
 
 def _pipeline_bytes(stages: int, block_m: int, block_n: int, loaded_bytes: int) -> int:
-    """Shared memory of the backward's pipelined loads: stages - 1 row blocks ahead, each of dy, s
-    and ds_out (`_loaded_bytes`; as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages)."""
+    """Shared memory of the backward's pipelined loads: stages - 1 row blocks ahead, each of the
+    loaded tensors (`_loaded_bytes`; as sm_90 compiles it: 24,612 B at N 4096, bf16, 2 stages)."""
     return (stages - 1) * block_m * block_n * loaded_bytes
 
 
@@ -381,8 +406,9 @@ def _block_m(rows: int, block_n: int) -> int:
     return max(1, min(budget // block_n, next_pow2(max(rows, 1))))
 
 
-def _check_inputs(x, residual, weight, bias, eps, dropout_p):
+def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_dtype=None):
     _check_device_dtype(x, residual, weight, bias)
+    _check_out_dtypes(y_dtype, copy_dtype)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
     N = x.shape[-1]
@@ -406,13 +432,14 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p):
         raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def check_limits(x, residual, weight, bias, eps=1e-5, **_):
+def check_limits(x, residual, weight, bias, eps=1e-5, *, y_dtype=None, copy_dtype=None, **_):
     """What only this kernel refuses of the calls the backend-wide check
     (`op_checks.check_add_layer_norm`, which `scratchformer.ops` runs first) passes: devices,
     dtypes, widths and (inside a torch.compile trace, where that check leaves it) eps, in
     `add_layer_norm`'s order and with its messages. `add_layer_norm_trusted` after both is
     `add_layer_norm`, its inputs checked once."""
     _check_device_dtype(x, residual, weight, bias)
+    _check_out_dtypes(y_dtype, copy_dtype)
     _check_width(x.shape[-1])
     _check_eps(eps)
 
@@ -425,6 +452,13 @@ def _check_device_dtype(x, residual, weight, bias):
         if not (residual.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)):
             raise ValueError(f"add_layer_norm: dtype mismatch: x {x.dtype}, residual {residual.dtype} (x may be "
                              f"float16/bfloat16 under a float32 residual, else the residual's dtype)")
+
+
+def _check_out_dtypes(y_dtype, copy_dtype):
+    for name, dtype in (("y_dtype", y_dtype), ("copy_dtype", copy_dtype)):
+        if dtype is not None and dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"add_layer_norm: {name} must be None, torch.float32, torch.float16 or torch.bfloat16, "
+                             f"got {dtype!r}")
 
 
 def stream_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
@@ -443,41 +477,45 @@ def _check_eps(eps):
 
 
 def add_layer_norm_fwd(
-    x, residual, weight, bias, eps=1e-5, dropout_p=0.0, rng=None, *, store_s=True, store_mask=False
+    x, residual, weight, bias, eps=1e-5, dropout_p=0.0, rng=None, *, store_s=True, store_mask=False, y_dtype=None,
+    copy_dtype=None,
 ):
     """Launch the forward. x, residual (..., N); rng the (2,) int64 [seed, offset] tensor on x's
-    device (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape, the stream's dtype:
-    `stream_dtype`), s (same; None unless store_s), mean, rstd ((M,) fp32) and the bool keep mask
-    (None unless store_mask). Trusts its inputs as `add_layer_norm` checked them."""
+    device (`dropout_rng`), needed when dropout_p > 0. Returns y (x's shape, in y_dtype, None for
+    the stream's: `stream_dtype`), s (x's shape, the stream's dtype; None unless store_s), mean,
+    rstd ((M,) fp32), the bool keep mask (None unless store_mask) and y's copy in copy_dtype (None
+    unless asked). Trusts its inputs as `add_layer_norm` checked them."""
     N = x.shape[-1]
     shape = (*x.shape,)  # a tuple: torch (2.13) parses a torch.Size argument 0.5-1 us slower
     x2 = _rows(x, N)
     res2 = _rows(residual, N) if residual is not None else x2
     M = x2.shape[0]
     weight, bias = weight.contiguous(), bias.contiguous() if bias is not None else None
-    out = stream_dtype(x, residual)
-    y = x.new_empty(shape, dtype=out)  # x's shape, contiguous: the (M, N) rows the kernel writes, no view to make
-    s = x.new_empty(shape, dtype=out) if store_s else None
+    stream = stream_dtype(x, residual)
+    y = x.new_empty(shape, dtype=y_dtype or stream)  # x's shape, contiguous: the (M, N) rows the kernel writes
+    copy = x.new_empty(shape, dtype=copy_dtype) if copy_dtype is not None else None
+    s = x.new_empty(shape, dtype=stream) if store_s else None
     mean = x.new_empty(M, dtype=torch.float32)
     rstd = x.new_empty(M, dtype=torch.float32)
     has_dropout = dropout_p > 0.0
     mask = x.new_empty(shape, dtype=torch.int8) if (store_mask and has_dropout) else None
     BLOCK_N = next_pow2(N)
     if M > 0:
-        args = (x2, res2, weight, bias if bias is not None else weight, y,
+        args = (x2, res2, weight, bias if bias is not None else weight, y, copy if copy is not None else y,
                 s if s is not None else y, mean, rstd, mask if mask is not None else y,
                 x2.stride(0), res2.stride(0), M, N, eps, dropout_p, rng if has_dropout else mean)
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=has_dropout,
-                     STORE_S=store_s, STORE_MASK=mask is not None, BLOCK_N=BLOCK_N)
-        if AUTOTUNE and not INTERPRET:  # the Autotuner's key: N and the dtypes (rng's and mask's too)
+                     STORE_S=store_s, STORE_MASK=mask is not None, STORE_COPY=copy is not None, BLOCK_N=BLOCK_N)
+        if AUTOTUNE and not INTERPRET:  # the Autotuner's key: N and the dtypes (rng's, mask's and the copy's too)
             launch_tuned(_add_layer_norm_fwd_tuned, lambda meta: (cdiv(M, meta["BLOCK_M"]),),
-                         (N, x.dtype, out, weight.dtype, has_dropout, mask is not None), *args, **flags)
+                         (N, x.dtype, stream, y.dtype, weight.dtype, has_dropout, mask is not None, copy_dtype),
+                         *args, **flags)
         else:
             BLOCK_M, warps = _fwd_tile(M, BLOCK_N)
             _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](*args, **flags, BLOCK_M=BLOCK_M, num_warps=warps)
     if store_mask and mask is None:  # dropout_p == 0: everything is kept
         mask = torch.ones(shape, dtype=torch.int8, device=x.device)
-    return y, s, mean, rstd, mask.bool() if mask is not None else None
+    return y, s, mean, rstd, mask.bool() if mask is not None else None, copy
 
 
 def _bwd_programs(M: int, device: torch.device) -> int:
@@ -492,18 +530,20 @@ def _sm_count(device: torch.device) -> int:
 
 
 def add_layer_norm_bwd(
-    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, rng=None, store_dres=False, dx_dtype=None
+    dy, ds_out, s, weight, mean, rstd, *, has_bias, dropout_p=0.0, rng=None, store_dres=False, dx_dtype=None,
+    dy_copy=None,
 ):
-    """Launch the backward. dy, ds_out (None allowed), s (..., N); rng the forward's (its mask is
-    replayed). Returns dx (in dx_dtype, x's: None for s's), dres (s's dtype; None unless
-    store_dres, or when it equals dx: dropout_p == 0 and one dtype), dweight (weight's dtype),
-    dbias (or None)."""
+    """Launch the backward. dy, ds_out (None allowed), s (..., N); dy_copy (None allowed) the
+    gradient of y's copy, added to dy's; rng the forward's (its mask is replayed). Returns dx (in
+    dx_dtype, x's: None for s's), dres (s's dtype; None unless store_dres, or when it equals dx:
+    dropout_p == 0 and one dtype), dweight (weight's dtype), dbias (or None)."""
     N = s.shape[-1]
     shape = (*s.shape,)  # a tuple, as the forward's
     s2 = s.reshape(-1, N)
     weight = weight.contiguous()
     M = s2.shape[0]
     dy2 = _rows(dy, N)
+    dyc2 = _rows(dy_copy, N) if dy_copy is not None else dy2
     ds2 = _rows(ds_out, N) if ds_out is not None else dy2
     has_dropout = dropout_p > 0.0
     dx = s.new_empty(shape, dtype=dx_dtype or s.dtype)  # s's shape, contiguous (as the forward's y)
@@ -516,17 +556,19 @@ def add_layer_norm_bwd(
     dw_partial = partial((n_programs, N), dtype=torch.float32)
     db_partial = partial((n_programs, N), dtype=torch.float32) if has_bias else None
     if M > 0:
-        args = (dy2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
+        args = (dy2, dyc2, ds2, s2, weight, mean, rstd, dx, dres if dres is not None else dx,
                 dw_partial, db_partial if db_partial is not None else dw_partial,
-                dy2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p, rng if has_dropout else mean)
-        flags = dict(HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout, STORE_DRES=store_dres, HAS_BIAS=has_bias,
-                     BLOCK_N=BLOCK_N)
+                dy2.stride(0), dyc2.stride(0), ds2.stride(0), M, N, rows_per_program, dropout_p,
+                rng if has_dropout else mean)
+        flags = dict(HAS_DY_COPY=dy_copy is not None, HAS_DS=ds_out is not None, HAS_DROPOUT=has_dropout,
+                     STORE_DRES=store_dres, HAS_BIAS=has_bias, BLOCK_N=BLOCK_N)
         if AUTOTUNE and not INTERPRET:  # as the forward's; the key: N, the dtypes and the flags
             launch_tuned(_add_layer_norm_bwd_tuned, (n_programs,),
-                         (N, s.dtype, dy2.dtype, dx.dtype, weight.dtype, *flags.values()), *args, **flags)
+                         (N, s.dtype, dy2.dtype, dyc2.dtype, dx.dtype, weight.dtype, *flags.values()), *args,
+                         **flags)
         else:
             BLOCK_M, warps = _bwd_tile(rows_per_program, BLOCK_N)
-            stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out))
+            stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out, dy_copy))
             _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
                                                       num_warps=warps)
     dw, db = sum_partials(dw_partial, db_partial, weight.dtype)  # second stage: one launch, a fixed order
@@ -545,45 +587,51 @@ def add_layer_norm_bwd(
 @define_op(
     "add_layer_norm",
     "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, float dropout_p, Tensor? rng, "
-    "bool store_s) -> (Tensor, Tensor, Tensor, Tensor)",
+    "bool store_s, ScalarType? y_dtype, ScalarType? copy_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
-def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s):
-    """(y, s, mean, rstd): y and s = dropout(x) + residual in x's shape and the stream's dtype
-    (`stream_dtype`; s empty (0,) unless store_s), mean and rstd (M,) fp32 over the M = x.numel() / N
-    rows. Dropout is a pure function of rng's (seed, offset) (a (2,) int64 tensor on x's device;
-    None without dropout)."""
-    y, s, mean, rstd, _ = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=store_s)
-    return y, s if s is not None else y.new_empty(NONE_SHAPE), mean, rstd
+def _add_layer_norm_op(x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype, copy_dtype):
+    """(y, s, mean, rstd, copy): y in x's shape and y_dtype (None: the stream's, `stream_dtype`),
+    s = dropout(x) + residual in x's shape and the stream's dtype (empty (0,) unless store_s),
+    mean and rstd (M,) fp32 over the M = x.numel() / N rows, copy y again in copy_dtype (empty (0,)
+    without one). Dropout is a pure function of rng's (seed, offset) (a (2,) int64 tensor on x's
+    device; None without dropout)."""
+    y, s, mean, rstd, _, copy = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=store_s,
+                                                   y_dtype=y_dtype, copy_dtype=copy_dtype)
+    if s is None:
+        s = x.new_empty(NONE_SHAPE, dtype=stream_dtype(x, residual))
+    return y, s, mean, rstd, or_empty(copy, y)
 
 
 @torch.library.register_fake(_add_layer_norm_op)
-def _(x, residual, weight, bias, eps, dropout_p, rng, store_s):
-    _check_inputs(x, residual, weight, bias, eps, dropout_p)  # no data read
+def _(x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype, copy_dtype):
+    _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype, copy_dtype)  # no data read
     M = x.numel() // x.shape[-1]
-    rows, out = x.new_empty(M, dtype=torch.float32), stream_dtype(x, residual)
-    return (x.new_empty(x.shape, dtype=out), x.new_empty(x.shape if store_s else NONE_SHAPE, dtype=out), rows,
-            torch.empty_like(rows))
+    rows, stream = x.new_empty(M, dtype=torch.float32), stream_dtype(x, residual)
+    return (x.new_empty(x.shape, dtype=y_dtype or stream),
+            x.new_empty(x.shape if store_s else NONE_SHAPE, dtype=stream), rows, torch.empty_like(rows),
+            x.new_empty(x.shape if copy_dtype is not None else NONE_SHAPE, dtype=copy_dtype or y_dtype or stream))
 
 
 @define_op(
     "add_layer_norm_backward",
-    "(Tensor dy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
+    "(Tensor dy, Tensor? dy_copy, Tensor? ds, Tensor s, Tensor weight, Tensor mean, Tensor rstd, bool has_bias, "
     "float dropout_p, Tensor? rng, bool store_dres, ScalarType dx_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-def _add_layer_norm_backward_op(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres, dx_dtype):
-    """(dx, dres, dweight, dbias): dx in s's shape and dx_dtype (x's); dres in s's shape and dtype
-    when store_dres and it differs from dx (dropout_p > 0, or dx_dtype not s's), else empty (0,);
-    dweight and dbias (N,) in weight's dtype, dbias empty (0,) without a bias. The mask is replayed
-    from the forward's rng."""
+def _add_layer_norm_backward_op(dy, dy_copy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres,
+                                dx_dtype):
+    """(dx, dres, dweight, dbias) from the gradients of y, of its copy (added to dy's) and of s: dx
+    in s's shape and dx_dtype (x's); dres in s's shape and dtype when store_dres and it differs
+    from dx (dropout_p > 0, or dx_dtype not s's), else empty (0,); dweight and dbias (N,) in
+    weight's dtype, dbias empty (0,) without a bias. The mask is replayed from the forward's rng."""
     dx, dres, dw, db = add_layer_norm_bwd(
         dy, ds, s, weight, mean, rstd, has_bias=has_bias, dropout_p=dropout_p, rng=rng, store_dres=store_dres,
-        dx_dtype=dx_dtype,
+        dx_dtype=dx_dtype, dy_copy=dy_copy,
     )
     return dx, or_empty(dres, s), dw, or_empty(db, weight)
 
 
 @torch.library.register_fake(_add_layer_norm_backward_op)
-def _(dy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres, dx_dtype):
+def _(dy, dy_copy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dres, dx_dtype):
     dres = s.new_empty(s.shape if store_dres and (dropout_p > 0.0 or dx_dtype != s.dtype) else NONE_SHAPE)
     db = weight.new_empty(weight.shape if has_bias else NONE_SHAPE)
     return s.new_empty(s.shape, dtype=dx_dtype), dres, weight.new_empty(weight.shape), db
@@ -594,31 +642,35 @@ class AddLayerNormFunction(torch.autograd.Function):
     rng tensor is saved, so the backward replays the forward's dropout mask)."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s):
-        output = call_op(_add_layer_norm_op, x, residual, weight, bias, eps, dropout_p, rng, store_s)
-        _y, s, mean, rstd = output
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype, copy_dtype):
+        output = call_op(_add_layer_norm_op, x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype,
+                         copy_dtype)
+        _y, s, mean, rstd, _copy = output
         ctx.mark_non_differentiable(mean, rstd)
-        ctx.set_materialize_grads(False)  # an unused s gets no gradient: skip its read
+        ctx.set_materialize_grads(False)  # an unused s or copy gets no gradient: skip its read
         if any(ctx.needs_input_grad[:4]):
             ctx.save_for_backward(s, weight, mean, rstd, rng)  # s = dropout(x) + residual, the norm's input
         ctx.has_bias = bias is not None
         ctx.dropout_p = dropout_p
         ctx.x_dtype = x.dtype
+        ctx.has_copy = copy_dtype is not None
         return output
 
     @staticmethod
-    def backward(ctx, dy, ds, dmean, drstd):
+    def backward(ctx, dy, ds, dmean, drstd, dcopy):
         s, weight, mean, rstd, rng = ctx.saved_tensors
-        if dy is None:  # only s was used downstream
-            dy = torch.zeros_like(s)
+        if not ctx.has_copy:  # the empty placeholder: a traced backward may hand it a (0,) gradient
+            dcopy = None
+        if dy is None:  # y unused downstream: its copy's gradient (if any) is the whole of it
+            dy, dcopy = (dcopy, None) if dcopy is not None else (torch.zeros_like(s), None)
         need_dres = ctx.needs_input_grad[1]
         dx, dres, dw, db = call_op(
-            _add_layer_norm_backward_op, dy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng, need_dres,
-            ctx.x_dtype,
+            _add_layer_norm_backward_op, dy, dcopy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng,
+            need_dres, ctx.x_dtype,
         )
         if need_dres and not ctx.dropout_p > 0.0 and ctx.x_dtype == s.dtype:  # not stored: dresidual == dx
             dres = dx
-        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None
+        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None, None
 
 
 def add_layer_norm(
@@ -632,6 +684,8 @@ def add_layer_norm(
     return_residual: bool = False,
     seed: int | None = None,
     return_dropout_mask: bool = False,
+    y_dtype: torch.dtype | None = None,
+    copy_dtype: torch.dtype | None = None,
 ):
     """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
 
@@ -644,31 +698,41 @@ def add_layer_norm(
     torch's generator for that device (`_common.dropout_rng`), so `torch.manual_seed` makes runs
     reproducible and each call, CUDA graph replay or compiled call draws afresh.
 
-    Returns y (x's shape, the stream's dtype); with return_residual, (y, s) where s = dropout(x) +
-    residual in the stream's dtype, exactly the values y normalises (it takes a gradient too); with
-    return_dropout_mask (debug), the bool keep mask (x's shape) is appended: (y, mask) or
-    (y, s, mask). Raises ValueError naming a bad input.
+    The next sublayer's input in its own dtype, written by this kernel rather than cast by another
+    (a bf16 matmul under autocast reading the fp32 stream): y_dtype stores y in that dtype (Pre-LN,
+    where y feeds only the sublayer; s stays in the stream's); copy_dtype also returns y in that
+    dtype beside y itself (Post-LN, where y is both the stream and the sublayer's input), and the
+    gradients of the two add up in the backward. Either is the fp32 y rounded once to its dtype: the
+    values of a cast of the stream's y.
+
+    Returns y (x's shape, y_dtype, else the stream's dtype), followed by what was asked, in this
+    order: s = dropout(x) + residual (return_residual; the stream's dtype, exactly the values y
+    normalises; it takes a gradient too), y's copy (copy_dtype), the bool keep mask (x's shape;
+    return_dropout_mask, debug): y alone, or a tuple such as (y, s) or (y, copy). Raises ValueError
+    naming a bad input.
     """
-    _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype, copy_dtype)
     return add_layer_norm_trusted(x, residual, weight, bias, eps, dropout_p=dropout_p, return_residual=return_residual,
-                                  seed=seed, return_dropout_mask=return_dropout_mask)
+                                  seed=seed, return_dropout_mask=return_dropout_mask, y_dtype=y_dtype,
+                                  copy_dtype=copy_dtype)
 
 
 def add_layer_norm_trusted(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, seed=None,
-                           return_dropout_mask=False):
+                           return_dropout_mask=False, y_dtype=None, copy_dtype=None):
     """`add_layer_norm` without its checks, for a caller that ran them: `scratchformer.ops`, whose
     check (`op_checks.check_add_layer_norm`) and `check_limits` refuse every call its checks would."""
     rng = dropout_rng(dropout_p, seed, x.device)
     params = (x, residual, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
-    args = (x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad))
+    args = (x, residual, weight, bias, float(eps), float(dropout_p), rng, bool(return_residual or needs_grad), y_dtype,
+            copy_dtype)
     # no gradient wanted: no autograd node to build, the op alone
-    y, s, _, _ = AddLayerNormFunction.apply(*args) if needs_grad else call_op(_add_layer_norm_op, *args)
+    y, s, _, _, copy = AddLayerNormFunction.apply(*args) if needs_grad else call_op(_add_layer_norm_op, *args)
+    out = (y, s) if return_residual else (y,)
+    if copy_dtype is not None:
+        out = out + (copy,)
     if return_dropout_mask:  # debug: replay the forward's Philox stream into a stored mask
         with torch.no_grad():
-            mask = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=False,
-                                      store_mask=True)[4]
-    out = (y, s) if return_residual else (y,)
-    if return_dropout_mask:
-        out = out + (mask,)
+            out = out + (add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, rng, store_s=False,
+                                            store_mask=True)[4],)
     return out if len(out) > 1 else out[0]

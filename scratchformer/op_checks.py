@@ -117,7 +117,7 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=
         _check_number("attention", "scale", scale, nonnegative=True)  # as the kernel's (kernels/attention.py)
 
 
-def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, **_):
+def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, y_dtype=None, copy_dtype=None, **_):
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"add_layer_norm: weight must be a tensor of the hidden size, got {type(weight).__name__}")
     _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
@@ -141,6 +141,9 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
     if weight.dtype not in (stream, torch.float32) or (bias is not None and bias.dtype != weight.dtype):
         raise ValueError(f"add_layer_norm: weight and bias must share one dtype, the stream's ({stream}: residual's, "
                          f"else x's) or float32, got {weight.dtype} / {None if bias is None else bias.dtype}")
+    for name, dtype in (("y_dtype", y_dtype), ("copy_dtype", copy_dtype)):
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"add_layer_norm: {name} must be None or a floating-point torch.dtype, got {dtype!r}")
     _check_number("add_layer_norm", "eps", eps, positive=True)
     _check_dropout("add_layer_norm", dropout_p)
 

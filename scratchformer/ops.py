@@ -6,8 +6,10 @@ One signature per op, for every backend (backends may accept more keywords; the 
 
     attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None)
         q (B, H, Lq, D), k and v (B, H, Lk, D), lengths (B,) int (right padding) -> (B, H, Lq, D)
-    add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False)
-        x, residual (..., N); weight, bias (N,) -> LN(dropout(x) + residual) [, dropout(x) + residual]
+    add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, y_dtype=None,
+                   copy_dtype=None)
+        x, residual (..., N); weight, bias (N,) -> y = LN(dropout(x) + residual) in y_dtype (None: the
+        stream's, residual's else x's) [, dropout(x) + residual] [, y in copy_dtype]
     ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0)
         x (..., d_model), w1 (d_ff, d_model), w2 (d_model, d_ff) -> (..., d_model)
     embed(tokens, weight, *, scale, pos_offset=0, pos_encoding=True)
@@ -187,12 +189,28 @@ def _autocast(*tensors):
     """Cast to the autocast dtype where autocast is on, as it would for a matmul: floating-point
     tensors other than float64; None, integer and float64 tensors pass as they are (the checks
     then name a dtype the op does not take)."""
-    dev = next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), None)
-    if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
+    dtype = _autocast_on(next((t for t in tensors if isinstance(t, torch.Tensor)), None))
+    if dtype is None:
         return tensors
-    dtype = torch.get_autocast_dtype(dev)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  else t for t in tensors)
+
+
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast would cast t to for a matmul; None where it would leave t as it is
+    (autocast off on t's device, t already in that dtype, or t not a float16/32 or bfloat16 tensor)."""
+    dtype = _autocast_on(t)
+    if dtype is None or t.dtype == dtype or t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None
+    return dtype
+
+
+def _autocast_on(t: torch.Tensor | None) -> torch.dtype | None:
+    """Autocast's dtype on t's device where it is on there, else None."""
+    dev = t.device.type if t is not None else None
+    if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
+        return None
+    return torch.get_autocast_dtype(dev)
 
 
 def key_padding_mask_to_lengths(mask: torch.Tensor) -> torch.Tensor:
@@ -230,7 +248,8 @@ def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
     return out.masked_fill(empty, 0.0)
 
 
-def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False):
+def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, y_dtype=None,
+                          copy_dtype=None):
     if residual is not None:
         x = x.to(residual.dtype)  # a 16-bit x under an fp32 stream: the stream's dtype (a no-op otherwise)
     s = F.dropout(x, dropout_p) if dropout_p > 0 else x
@@ -244,7 +263,9 @@ def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0,
         y = F.layer_norm(s.float(), (s.shape[-1],), *f32, eps).to(s.dtype)
     else:
         y = F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
-    return (y, s) if return_residual else y
+    out = (y.to(y_dtype or y.dtype),) + ((s,) if return_residual else ())
+    out += (y.to(copy_dtype),) if copy_dtype is not None else ()
+    return out if len(out) > 1 else out[0]
 
 
 def _ffn_torch(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0):

@@ -112,13 +112,15 @@ def attention_ref(q, k, v, *, key_lengths=None, query_lengths=None, causal=False
 
 
 def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dropout_mask=None,
-                       return_residual=False):
+                       return_residual=False, y_dtype=None, copy_dtype=None):
     """y = LayerNorm(dropout(x) + residual) over the last dim, statistics in fp32.
 
     x and residual (..., N) (a 16-bit x under an fp32 residual: the stream's dtype is the
     residual's); weight, bias (N,). With return_residual also returns the pre-norm sum
     s = dropout(x) + residual (the stream's dtype), the residual stream a Pre-LN model carries on.
-    dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask.
+    dropout_mask (same shape as x, bool, True = keep) replays a kernel's mask. y is in y_dtype
+    (None: the stream's); copy_dtype appends y again in that dtype (after s), each rounded once
+    from the unrounded y.
 
     The sum is taken in fp32 and rounded once to the stream's dtype; the norm normalises that
     rounded s, the values returned, and y has that dtype (docs/numerics.md). The mean is shifted by
@@ -142,8 +144,9 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
     y = d * torch.rsqrt(var + eps) * weight.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
-    y = y.to(stream)
-    return (y, s.to(stream)) if return_residual else y
+    out = (y.to(y_dtype or stream),) + ((s.to(stream),) if return_residual else ())
+    out += (y.to(copy_dtype),) if copy_dtype is not None else ()
+    return out if len(out) > 1 else out[0]
 
 
 def _activation(h: torch.Tensor, activation: str) -> torch.Tensor:

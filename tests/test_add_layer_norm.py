@@ -136,6 +136,66 @@ def _as_stored(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (t.view(torch.int32) & -65536).view(torch.float32).to(dtype)  # the low 16 bits dropped
 
 
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@pytest.mark.parametrize("low,x_low,dropout_p,return_residual,used", [  # used: which of y and its copy the loss reads
+    (BF16, False, 0.0, False, "both"), (BF16, True, 0.3, True, "both"), (BF16, True, 0.0, False, "copy"),
+    (BF16, False, 0.3, True, "y"), (FP16, True, 0.3, False, "both")])  # (kernel variants: tests/test_compile_budget.py)
+def test_a_copy_of_y_in_another_dtype_is_y_stored_in_it(low, x_low, dropout_p, return_residual, used):
+    """copy_dtype (the Post-LN model's next sublayer input under autocast): y as without it, bit for
+    bit, and its copy the fp32 y stored in that dtype (`_as_stored`); the gradients those of y's
+    alone given the sum of both outputs' gradients in fp32 (as autograd adds a cast's gradient to
+    y's), also when only one of them is used; and the eager reference's values."""
+    x, r, w, b = _inputs((33, 100), torch.float32, param_dtype=torch.float32)
+    if x_low:  # the sublayer's output in 16 bits on the fp32 stream, as the model runs it
+        x = x.detach().to(low).requires_grad_()
+    kw = dict(dropout_p=dropout_p, seed=3, return_residual=return_residual)
+    out = add_layer_norm(x, r, w, b, copy_dtype=low, **kw)
+    plain = add_layer_norm(x, r, w, b, **kw)
+    y, *s, copy = out
+    y_plain, *s_plain = plain if return_residual else (plain,)
+    assert copy.dtype == low and torch.equal(copy, _as_stored(y_plain, low))
+    assert y.dtype == torch.float32 and torch.equal(y, y_plain) and all(map(torch.equal, s, s_plain))
+    g_y = torch.randn_like(y) if used != "copy" else None
+    g_copy = torch.randn_like(copy) if used != "y" else None
+    g_s = [torch.randn_like(t) for t in s]
+    ours = torch.autograd.grad([t for t, g in zip(out, [g_y, *g_s, g_copy]) if g is not None], (x, r, w, b),
+                               [g for g in (g_y, *g_s, g_copy) if g is not None])
+    g_sum = g_copy.float() if g_y is None else g_y if g_copy is None else g_y + g_copy.float()
+    want = torch.autograd.grad((y_plain, *s_plain), (x, r, w, b), [g_sum, *g_s])
+    for a, c in zip(ours, want):
+        assert a.dtype == c.dtype and torch.equal(a, c)
+    mask = add_layer_norm(x, r, w, b, dropout_p=dropout_p, seed=3, return_dropout_mask=True)[1]
+    ref = add_layer_norm_ref(x, r, w, b, dropout_p=dropout_p, dropout_mask=mask if dropout_p else None,
+                             return_residual=return_residual, copy_dtype=low)
+    torch.testing.assert_close(ref[-1], copy, atol=2e-2, rtol=2e-2)  # a rounding apart, or the interpreter's
+    torch.testing.assert_close(ref[0], y, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("low,dropout_p", [(BF16, 0.0), (BF16, 0.3), (FP16, 0.3)])
+def test_y_in_another_dtype_is_y_stored_in_it(low, dropout_p):
+    """y_dtype (the Pre-LN model's sublayer input under autocast): y the fp32 y stored in that dtype
+    (`_as_stored`), s in the stream's as without it, and the gradients those given y's gradient in
+    fp32 (as a cast's backward hands it on); and the eager reference's values."""
+    x, r, w, b = _inputs((33, 100), torch.float32, param_dtype=torch.float32)
+    kw = dict(dropout_p=dropout_p, seed=3, return_residual=True)
+    (y, s), (y_plain, s_plain) = add_layer_norm(x, r, w, b, y_dtype=low, **kw), add_layer_norm(x, r, w, b, **kw)
+    assert y.dtype == low and torch.equal(y, _as_stored(y_plain, low))
+    assert s.dtype == torch.float32 and torch.equal(s, s_plain)
+    g_y, g_s = torch.randn_like(y), torch.randn_like(s)
+    ours = torch.autograd.grad((y, s), (x, r, w, b), (g_y, g_s))
+    want = torch.autograd.grad((y_plain, s_plain), (x, r, w, b), (g_y.float(), g_s))
+    for a, c in zip(ours, want):
+        assert a.dtype == c.dtype and torch.equal(a, c)
+    mask = add_layer_norm(x, r, w, b, dropout_p=dropout_p, seed=3, return_dropout_mask=True)[1]
+    ref_y, ref_s = add_layer_norm_ref(x, r, w, b, dropout_p=dropout_p, dropout_mask=mask if dropout_p else None,
+                                      return_residual=True, y_dtype=low)
+    assert ref_y.dtype == low
+    torch.testing.assert_close(ref_y, y, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ref_s, s, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("low,dropout_p,return_residual", [  # each dtype with and without dropout and s's gradient
     (torch.bfloat16, 0.0, True), (torch.bfloat16, 0.3, False), (torch.float16, 0.0, False), (torch.float16, 0.3, True)])
 def test_a_16_bit_x_on_an_fp32_stream_is_the_cast_x_bit_for_bit(low, dropout_p, return_residual):
@@ -323,6 +383,14 @@ def test_add_layer_norm_bad_inputs():
         add_layer_norm(big, None, torch.ones(20000, device=DEVICE), None)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
         add_layer_norm(x, None, w, None, dropout_p=1.0)
+    with pytest.raises(ValueError, match="y_dtype must be None, torch.float32, torch.float16 or torch.bfloat16, got "
+                                         "torch.float64"):
+        add_layer_norm(x, None, w, None, y_dtype=torch.float64)
+    with pytest.raises(ValueError, match="copy_dtype must be None, .* got torch.int8"):
+        add_layer_norm(x, None, w, None, copy_dtype=torch.int8)
+    for kernel in ("eager", "torch", "triton"):  # the backends' own check: a floating-point dtype
+        with pytest.raises(ValueError, match="copy_dtype must be None or a floating-point torch.dtype, got 'bf16'"):
+            ops.select(kernel, DEVICE).add_layer_norm(x, None, w, None, copy_dtype="bf16")
     # weight is required (bias is optional): None was skipped by the checks, then weight.contiguous() raised
     # AttributeError 'NoneType' object has no attribute 'contiguous' in the launcher
     with pytest.raises(ValueError, match=r"add_layer_norm: weight must be a tensor of shape \(48,\), got NoneType"):
@@ -379,9 +447,10 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's heuristic (the interpreter's packs rows)
     bn = LN.next_pow2(N)
     rows = torch.empty(0, N, dtype=torch.bfloat16)  # dy, s and ds_out: what a pipelined block loads
-    nargs = {"rows_per_program": rows_per_program, "dy_ptr": rows, "s_ptr": rows, "ds_out_ptr": rows}
+    nargs = {"rows_per_program": rows_per_program, "dy_ptr": rows, "s_ptr": rows, "ds_out_ptr": rows,
+             "dy_copy_ptr": rows}
     got = [(c.kwargs["BLOCK_M"], c.num_warps, c.kwargs["LOOP_STAGES"])
-           for c in LN._prune_bwd(LN.BWD_TILE_CONFIGS, nargs, BLOCK_N=bn, HAS_DS=True)]
+           for c in LN._prune_bwd(LN.BWD_TILE_CONFIGS, nargs, BLOCK_N=bn, HAS_DS=True, HAS_DY_COPY=False)]
     own = LN._bwd_tile(rows_per_program, bn)
     n_own = sum(g[:2] == own for g in got)
     assert got[0] == (*own, LN._loop_stages(own[0], bn, 6)) and len(set(got)) == len(got)

@@ -86,31 +86,37 @@ def test_opcheck_attention(case, device):
     _opcheck(OPS.attention_backward.default, bargs)
 
 
+BF16 = torch.bfloat16
 LN_CASES = {
-    # name: (shape, residual, bias, dropout_p, x's dtype: a bf16 x on the fp32 residual stream)
-    "residual-bias": ((2, 5, 32), True, True, 0.0, torch.float32),
-    "no-residual-no-bias-dropout": ((3, 24), False, False, 0.3, torch.float32),
-    "residual-dropout-ragged-N": ((2, 3, 40), True, True, 0.2, torch.float32),
-    "bf16-x-fp32-residual-dropout": ((2, 5, 32), True, True, 0.2, torch.bfloat16),
+    # name: (shape, residual, bias, dropout_p, x's dtype: a bf16 x on the fp32 residual stream,
+    #        y's dtype (None: the stream's), y's copy's dtype (None: no copy))
+    "residual-bias": ((2, 5, 32), True, True, 0.0, torch.float32, None, None),
+    "no-residual-no-bias-dropout": ((3, 24), False, False, 0.3, torch.float32, None, None),
+    "residual-dropout-ragged-N": ((2, 3, 40), True, True, 0.2, torch.float32, None, None),
+    "bf16-x-fp32-residual-dropout": ((2, 5, 32), True, True, 0.2, BF16, None, None),
+    "bf16-x-fp32-residual-bf16-y": ((2, 5, 32), True, True, 0.0, BF16, BF16, None),  # Pre-LN's sublayer input
+    "bf16-x-fp32-residual-bf16-copy-dropout": ((2, 5, 32), True, True, 0.2, BF16, None, BF16),  # Post-LN's
 }
 
 
 @pytest.mark.parametrize("case", list(LN_CASES))
 def test_opcheck_add_layer_norm(case, device):
-    shape, has_res, has_bias, p, x_dtype = LN_CASES[case]
+    shape, has_res, has_bias, p, x_dtype, y_dtype, copy_dtype = LN_CASES[case]
     N = shape[-1]
     x, r, w, b = _grad(torch.randn(shape, device=device, dtype=x_dtype),
                        torch.randn(shape, device=device) if has_res else None,
                        torch.randn(N, device=device), torch.randn(N, device=device) if has_bias else None)
     rng = _rng(p, 99, 5, device)
-    _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, rng, True))
+    _opcheck(OPS.add_layer_norm.default, (x, r, w, b, 1e-5, p, rng, True, y_dtype, copy_dtype))
     with torch.no_grad():  # store_s=False: inference, s is an empty placeholder
-        _opcheck(OPS.add_layer_norm.default, (x.detach(), r, w.detach(), b, 1e-5, p, rng, False))
-    y, s, mean, rstd = OPS.add_layer_norm(x, r, w, b, 1e-5, p, rng, True)
-    dy, ds = torch.randn_like(y), torch.randn_like(s)
+        _opcheck(OPS.add_layer_norm.default, (x.detach(), r, w.detach(), b, 1e-5, p, rng, False, y_dtype, copy_dtype))
+    y, s, mean, rstd, copy = OPS.add_layer_norm(x, r, w, b, 1e-5, p, rng, True, y_dtype, copy_dtype)
+    assert y.dtype == (y_dtype or s.dtype) and (copy_dtype is None) == (copy.numel() == 0)
+    dy, ds, dcopy = torch.randn_like(y), torch.randn_like(s), torch.randn_like(copy) if copy.numel() else None
     saved = (s.detach(), w.detach(), mean, rstd)
     for ds_arg, store_dres in ((None, False), (ds, True)):
-        _opcheck(OPS.add_layer_norm_backward.default, (dy, ds_arg, *saved, has_bias, p, rng, store_dres, x_dtype))
+        _opcheck(OPS.add_layer_norm_backward.default,
+                 (dy, dcopy, ds_arg, *saved, has_bias, p, rng, store_dres, x_dtype))
 
 
 FFN_CASES = {

@@ -235,15 +235,18 @@ def _attention(mods, dtypes):
 def _add_layer_norm(mods, dtypes):
     LN, PS = mods["add_layer_norm"], mods["partial_sums"]
 
-    def fwd_bwd(M, N, dt, wdt, residual, bias, p, store_mask=False, ds=False, dres=False, rdt=None):
+    def fwd_bwd(M, N, dt, wdt, residual, bias, p, store_mask=False, ds=False, dres=False, rdt=None, ydt=None,
+                cdt=None):
         x = _e(M, N, dtype=dt)
         r = _e(M, N, dtype=rdt or dt) if residual else None
         w = _e(N, dtype=wdt)
         b = _e(N, dtype=wdt) if bias else None
         rng = _rng() if p > 0.0 else None
-        y, s, mean, rstd, _ = LN.add_layer_norm_fwd(x, r, w, b, 1e-5, p, rng, store_s=True, store_mask=store_mask)
-        LN.add_layer_norm_bwd(torch.empty_like(y), torch.empty_like(y) if ds else None, s, w, mean, rstd,
-                              has_bias=bias, dropout_p=p, rng=rng, store_dres=dres, dx_dtype=dt)
+        y, s, mean, rstd, _, copy = LN.add_layer_norm_fwd(x, r, w, b, 1e-5, p, rng, store_s=True, store_mask=store_mask,
+                                                          y_dtype=ydt, copy_dtype=cdt)
+        LN.add_layer_norm_bwd(torch.empty_like(y), torch.empty_like(s) if ds else None, s, w, mean, rstd,
+                              has_bias=bias, dropout_p=p, rng=rng, store_dres=dres, dx_dtype=dt,
+                              dy_copy=torch.empty_like(copy) if copy is not None else None)
 
     for name in dtypes:
         dt = DTYPES[name]
@@ -262,6 +265,12 @@ def _add_layer_norm(mods, dtypes):
             with scenario(f"{name} x on an fp32 residual stream (the autocast model's), N=512", name, full=("all",)):
                 fwd_bwd(64, 512, dt, torch.float32, residual=True, bias=True, p=0.1, ds=True, dres=True,
                         rdt=torch.float32)
+            with scenario(f"{name} Pre-LN under autocast: fp32 stream, y in {name}, N=512", name, full=("all",)):
+                fwd_bwd(64, 512, dt, torch.float32, residual=True, bias=True, p=0.1, ds=True, dres=True,
+                        rdt=torch.float32, ydt=dt)
+            with scenario(f"{name} Post-LN under autocast: fp32 y and its {name} copy, N=512", name, full=("all",)):
+                fwd_bwd(64, 512, dt, torch.float32, residual=True, bias=True, p=0.1, dres=True, rdt=torch.float32,
+                        cdt=dt)
         with scenario(f"{name} dw/db second stage, an H100's 528 partial rows", name):  # the GPU's tallest tile
             PS.sum_partials(_e(528, 512, dtype=torch.float32), _e(528, 512, dtype=torch.float32), dt)
 

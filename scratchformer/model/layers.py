@@ -9,7 +9,15 @@ F.scaled_dot_product_attention here. Leaf layers take plain ints, so tests can b
 Residual placement. Post-LN (the paper): x = LN(x + dropout(sublayer(x))). Pre-LN:
 x = x + dropout(sublayer(LN(x))); here the add of one sublayer is fused with the LayerNorm of the
 next (`add_layer_norm(..., return_residual=True)` returns both LN(s) and s), so a layer hands on
-the pair (x, delta): the residual stream and the not-yet-added output of the last sublayer.
+the pair (x, carry): the residual stream and, Pre-LN, the not-yet-added output of the last
+sublayer (`delta`).
+
+Under autocast the stream stays in fp32 and the sublayers' matmuls run in autocast's dtype: the
+add + LayerNorm writes the next sublayer's input in that dtype itself (`AddNorm`), where a matmul
+would cast it (a kernel each way, forward and backward). Pre-LN its LN(s) only feeds the sublayer:
+it comes in that dtype. Post-LN it is also the stream: the norm writes a copy in that dtype beside
+it, which a layer hands on as its carry (the next layer's first sublayer reads it); the gradients of
+the two add up inside the norm's backward.
 
 Decoding keeps a decoder's caches in a `DecoderState`: per layer a self-attention `KVCache` (or
 the fixed-size `StaticKVCache`) and the cross-attention keys and values.
@@ -25,7 +33,7 @@ import math
 import torch
 import torch.nn as nn
 
-from ..ops import Ops
+from ..ops import Ops, autocast_dtype
 from ..reference import attention_mask, sinusoidal_positions
 from ..special_tokens import SPECIAL_TOKENS, UNK_ID
 from .config import ModelConfig
@@ -229,18 +237,27 @@ class AddNorm(nn.Module):
         return self.ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps, **kw)
 
     def post(self, x, out):
-        """Post-LN: LN(x + dropout(out)). Under autocast the sublayer output is low precision and the
-        stream x is not: the op takes both as they are and returns the stream's dtype."""
-        return self._ln(out, x, dropout_p=self.dropout if self.training else 0.0)
+        """Post-LN: y = LN(x + dropout(out)) -> (y, h): y the stream (x's dtype), h the next
+        sublayer's input: under autocast y's copy in its dtype, else y. The sublayer's output may
+        come in autocast's dtype beside the fp32 stream: the op takes both as they are."""
+        low = autocast_dtype(x)
+        y = self._ln(out, x, dropout_p=self.dropout if self.training else 0.0, copy_dtype=low)
+        return y if low is not None else (y, y)
 
     def pre(self, x, delta):
-        """Pre-LN: x <- x + dropout(delta) (delta None: nothing pending); returns (LN(x), x)."""
+        """Pre-LN: x <- x + dropout(delta) (delta None: nothing pending); returns (LN(x), x), LN(x)
+        the sublayer's input: under autocast in its dtype."""
+        low = autocast_dtype(x)
         if delta is None:
-            return self._ln(x, None, return_residual=True)
-        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0, return_residual=True)
+            return self._ln(x, None, return_residual=True, y_dtype=low)
+        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0, return_residual=True,
+                        y_dtype=low)
 
-    def norm(self, x):
-        return self._ln(x, None)
+    def norm(self, x, delta=None):
+        """A stack's last norm: LN(x [+ dropout(delta)]) in x's dtype."""
+        if delta is None:
+            return self._ln(x, None)
+        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0)
 
 
 class Embedding(nn.Module):
@@ -288,14 +305,23 @@ def _add_norm(cfg: ModelConfig, ops: Ops) -> AddNorm:
 class _Layer(nn.Module):
     """Shared by EncoderLayer and DecoderLayer: the last attention output, then the FFN step."""
 
+    def _sublayer_input(self, x, carry, norm: AddNorm):
+        """-> (h, x): the first sublayer's input and the stream. Pre-LN: x = x + carry (the last
+        layer's pending output), h = norm(x). Post-LN: h = carry (x's copy in autocast's dtype)
+        or x (no copy: the first layer, or no autocast)."""
+        if self.pre_norm:
+            return norm.pre(x, carry)
+        return x if carry is None else carry, x
+
     def _then_ffn(self, x, out, out_norm: AddNorm, ffn_norm: AddNorm):
-        """-> (x, delta). Post-LN: x = out_norm(x + out); x = ffn_norm(x + FFN(x)); delta None.
-        Pre-LN: x = x + out; delta = FFN(ffn_norm(x)), added by the next layer's first norm."""
+        """-> (x, carry). Post-LN: x = out_norm(x + out); x = ffn_norm(x + FFN(x)); carry x's copy
+        for the next layer (`AddNorm.post`). Pre-LN: x = x + out; carry = FFN(ffn_norm(x)), added
+        by the next layer's first norm."""
         if self.pre_norm:
             h, x = ffn_norm.pre(x, out)
             return x, self.ffn(h)
-        x = out_norm.post(x, out)
-        return ffn_norm.post(x, self.ffn(x)), None
+        x, h = out_norm.post(x, out)
+        return ffn_norm.post(x, self.ffn(h))
 
 
 class EncoderLayer(_Layer):
@@ -308,14 +334,11 @@ class EncoderLayer(_Layer):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, ops=ops, activation=cfg.activation, dropout=cfg.ffn_dropout)
         self.norm1, self.norm2 = _add_norm(cfg, ops), _add_norm(cfg, ops)
 
-    def forward(self, x, delta, lengths, *, need_weights=False):
-        """(x, delta) -> (x, delta, weights); delta is always None for Post-LN, weights None unless asked."""
-        attn_kw = dict(key_lengths=lengths, query_lengths=lengths, need_weights=need_weights)
-        if self.pre_norm:
-            h, x = self.norm1.pre(x, delta)
-            out = self.self_attn(h, **attn_kw)
-        else:
-            out = self.self_attn(x, **attn_kw)
+    def forward(self, x, carry, lengths, *, need_weights=False):
+        """(x, carry) -> (x, carry, weights); carry as `_then_ffn` hands it on (None into the
+        first layer), weights None unless asked."""
+        h, x = self._sublayer_input(x, carry, self.norm1)
+        out = self.self_attn(h, key_lengths=lengths, query_lengths=lengths, need_weights=need_weights)
         out, weights = out if need_weights else (out, None)
         return (*self._then_ffn(x, out, self.norm1, self.norm2), weights)
 
@@ -332,18 +355,19 @@ class DecoderLayer(_Layer):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, ops=ops, activation=cfg.activation, dropout=cfg.ffn_dropout)
         self.norm1, self.norm2, self.norm3 = (_add_norm(cfg, ops) for _ in range(3))
 
-    def forward(self, x, delta, memory, src_lengths, tgt_lengths, *, cache=None, need_weights=False):
-        """(x, delta) -> (x, delta, cross-attention weights or None); cache: (self, cross) KVCaches."""
+    def forward(self, x, carry, memory, src_lengths, tgt_lengths, *, cache=None, need_weights=False):
+        """(x, carry) -> (x, carry, cross-attention weights or None), carry as the encoder layer's;
+        cache: (self, cross) KVCaches."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         self_kw = dict(key_lengths=tgt_lengths, query_lengths=tgt_lengths, causal=True, cache=self_cache)
         cross_kw = dict(memory=memory, key_lengths=src_lengths, query_lengths=tgt_lengths, cache=cross_cache,
                         need_weights=need_weights)
+        h, x = self._sublayer_input(x, carry, self.norm1)
+        out = self.self_attn(h, **self_kw)
         if self.pre_norm:
-            h, x = self.norm1.pre(x, delta)
-            h, x = self.norm2.pre(x, self.self_attn(h, **self_kw))
-            out = self.cross_attn(h, **cross_kw)
+            h, x = self.norm2.pre(x, out)
         else:
-            x = self.norm1.post(x, self.self_attn(x, **self_kw))
-            out = self.cross_attn(x, **cross_kw)
+            x, h = self.norm1.post(x, out)
+        out = self.cross_attn(h, **cross_kw)
         out, weights = out if need_weights else (out, None)
         return (*self._then_ffn(x, out, self.norm2, self.norm3), weights)

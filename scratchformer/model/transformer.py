@@ -53,12 +53,12 @@ class _Stack(nn.Module):
             return checkpoint(layer, *args, use_reentrant=False, **kwargs)
         return layer(*args, **kwargs)
 
-    def _finish(self, x, delta):
-        if self.pre_norm and delta is not None:
-            if self.final_norm is not None:
-                return self.final_norm.pre(x, delta)[0]
-            return x + F.dropout(delta.to(x.dtype), self.dropout, self.training)
-        return self.final_norm.norm(x) if self.final_norm is not None else x
+    def _finish(self, x, carry):
+        """The stack's output, in the stream's dtype, from its last layer's (x, carry)."""
+        delta = carry if self.pre_norm else None  # Post-LN's carry is a copy of x
+        if self.final_norm is not None:
+            return self.final_norm.norm(x, delta)
+        return x if delta is None else x + F.dropout(delta.to(x.dtype), self.dropout, self.training)
 
 
 class Encoder(_Stack):
@@ -70,11 +70,11 @@ class Encoder(_Stack):
     def forward(self, x, lengths, *, need_weights=False):
         """x (B, L, d) already embedded; lengths (B,). -> (B, L, d) [, list of (B, H, L, L)]."""
         x = F.dropout(x, self.dropout, self.training)
-        delta, weights = None, []
+        carry, weights = None, []
         for layer in self.layers:
-            x, delta, w = self._layer(layer, x, delta, lengths, need_weights=need_weights)
+            x, carry, w = self._layer(layer, x, carry, lengths, need_weights=need_weights)
             weights.append(w)
-        x = self._finish(x, delta)
+        x = self._finish(x, carry)
         return (x, weights) if need_weights else x
 
 
@@ -88,15 +88,15 @@ class Decoder(_Stack):
         """tgt (B, Lt) ids, memory (B, Ls, d) -> (B, Lt, d) [, cross-attention weights per layer]."""
         pos_offset = state.pos if state is not None else 0
         x = F.dropout(self.embedding(tgt, pos_offset=pos_offset), self.dropout, self.training)
-        delta, weights = None, []
+        carry, weights = None, []
         for i, layer in enumerate(self.layers):
             cache = state.caches[i] if state is not None else None
-            x, delta, w = self._layer(layer, x, delta, memory, src_lengths, tgt_lengths, cache=cache,
+            x, carry, w = self._layer(layer, x, carry, memory, src_lengths, tgt_lengths, cache=cache,
                                       need_weights=need_weights)
             weights.append(w)
         if state is not None:
             state.pos += tgt.shape[1]  # in place where pos is a device tensor (a static cache's step)
-        x = self._finish(x, delta)
+        x = self._finish(x, carry)
         return (x, weights) if need_weights else x
 
 
