@@ -242,7 +242,7 @@ class AddNorm(nn.Module):
         come in autocast's dtype beside the fp32 stream: the op takes both as they are."""
         low = autocast_dtype(x)
         y = self._ln(out, x, dropout_p=self.dropout if self.training else 0.0, copy_dtype=low)
-        return y if low is not None else (y, y)
+        return y if low is not None else (y, y)  # with a copy_dtype the op returns (y, copy)
 
     def pre(self, x, delta):
         """Pre-LN: x <- x + dropout(delta) (delta None: nothing pending); returns (LN(x), x), LN(x)
@@ -311,7 +311,7 @@ class _Layer(nn.Module):
         or x (no copy: the first layer, or no autocast)."""
         if self.pre_norm:
             return norm.pre(x, carry)
-        return x if carry is None else carry, x
+        return (x if carry is None else carry), x
 
     def _then_ffn(self, x, out, out_norm: AddNorm, ffn_norm: AddNorm):
         """-> (x, carry). Post-LN: x = out_norm(x + out); x = ffn_norm(x + FFN(x)); carry x's copy
