@@ -5,6 +5,7 @@ decoration time), so it is set here, at collection, when no CUDA device is prese
 every kernel through Triton's CPU interpreter.
 """
 
+import contextlib
 import gzip
 import json
 import os
@@ -128,3 +129,51 @@ def extractive_folder(root: Path) -> Path:
                 sents = random_sentences(rng, rng.randint(4, 6))
                 f.write(json.dumps({"id": f"{split}-{i}", "document": " ".join(sents), "summary": sents[0]}) + "\n")
     return d
+
+
+# A 2 + 2-layer model of the `tiny` preset at d_model 32, and one training loss of it, for tests
+# that compare two ways of running the same step (tests/test_weight_cast.py, test_sublayer_inputs.py).
+STEP_VOCAB = 50
+
+
+def step_model(kernel: str, device: str, **overrides):
+    """The model (`build_model` of `tiny` with dropout 0.1 and `overrides`), seeded, in training mode."""
+    from scratchformer.model import build_model, get_config
+
+    cfg = dict(src_vocab_size=STEP_VOCAB, kernel=kernel, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
+               n_encoder_layers=2, n_decoder_layers=2)
+    torch.manual_seed(0)
+    return build_model(get_config("tiny", **{**cfg, **overrides}), device).train()
+
+
+def step_loss(model, device: str) -> torch.Tensor:
+    """A loss of one fixed batch: a seq2seq model's label-smoothed training loss, a classifier's
+    logsumexp of its logits, an extractor's sum of its sentence scores."""
+    from scratchformer.model import Classifier, Extractor
+
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, STEP_VOCAB, (3, 9), generator=g).to(device)
+    lengths = torch.tensor([9, 6, 3], device=device)
+    if isinstance(model, Classifier):
+        return model(src, lengths).float().logsumexp(-1).sum()
+    if isinstance(model, Extractor):
+        return model(src, lengths, torch.tensor([[0, 4], [0, 2], [0, 1]], device=device)).float().sum()
+    tgt = torch.randint(4, STEP_VOCAB, (3, 7), generator=g).to(device)
+    loss, _ = model(src, lengths, tgt[:, :-1], torch.tensor([6, 4, 2], device=device), target=tgt[:, 1:],
+                    label_smoothing=0.1)
+    return loss
+
+
+def step_grads(model, device: str, within=None):
+    """The loss and every parameter's gradient of one bf16-autocast step of `step_loss`, inside the
+    context manager `within` (if any), torch's RNG reseeded first (the same dropout draws each
+    time); the gradients are cleared after."""
+    torch.manual_seed(2)
+    if device == "cuda":
+        torch.cuda.manual_seed(2)
+    with torch.autocast(device, dtype=torch.bfloat16), within if within is not None else contextlib.nullcontext():
+        loss = step_loss(model, device)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads

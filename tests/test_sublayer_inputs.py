@@ -9,70 +9,41 @@ backward), and Post-LN the add of the stream's and the copy's gradients."""
 
 import pytest
 import torch
-from conftest import DEVICE, requires_cuda
+from conftest import DEVICE, requires_cuda, step_grads, step_model
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scratchformer.model import build_model, get_config, layers
+from scratchformer.model import layers
 
-V = 50
-KINDS = ("post-ln", "pre-ln", "pre-ln-no-final-norm", "copy", "classifier", "extractive")
+KINDS = {  # step_model's overrides
+    "post-ln": {},
+    "pre-ln": dict(norm="pre", final_norm=True),
+    "pre-ln-no-final-norm": dict(norm="pre"),
+    "copy": dict(copy=True, tie_embeddings="all"),
+    "classifier": dict(num_classes=3, n_decoder_layers=0, final_norm=True),
+    "extractive": dict(extractive=True, n_decoder_layers=0, norm="pre", final_norm=True),
+}
 
 
 def _model(kind: str, kernel: str, device: str) -> nn.Module:
-    overrides = dict(src_vocab_size=V, kernel=kernel, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
-                     n_encoder_layers=2, n_decoder_layers=2)
-    if kind == "pre-ln":
-        overrides.update(norm="pre", final_norm=True)
-    elif kind == "pre-ln-no-final-norm":
-        overrides.update(norm="pre")
-    elif kind == "copy":
-        overrides.update(copy=True, tie_embeddings="all")
-    elif kind == "classifier":
-        overrides.update(num_classes=3, n_decoder_layers=0, final_norm=True)
-    elif kind == "extractive":
-        overrides.update(extractive=True, n_decoder_layers=0, norm="pre", final_norm=True)
-    torch.manual_seed(0)
-    return build_model(get_config("tiny", **overrides), device).train()
+    return step_model(kernel, device, **KINDS[kind])
 
 
-def _loss(model: nn.Module, kind: str, device: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, V, (3, 9), generator=g).to(device)
-    lengths = torch.tensor([9, 6, 3], device=device)
-    if kind == "classifier":
-        return model(src, lengths).float().logsumexp(-1).sum()
-    if kind == "extractive":
-        return model(src, lengths, torch.tensor([[0, 4], [0, 2], [0, 1]], device=device)).float().sum()
-    tgt = torch.randint(4, V, (3, 7), generator=g).to(device)
-    loss, _ = model(src, lengths, tgt[:, :-1], torch.tensor([6, 4, 2], device=device), target=tgt[:, 1:],
-                    label_smoothing=0.1)
-    return loss
-
-
-def _step(model, kind, device, *, norm_writes: bool, monkeypatch):
-    """Loss and gradients of one bf16-autocast step, dropout's draws the same each time; with
-    norm_writes False the norms hand on their fp32 output and the matmuls cast it (autocast's way)."""
+def _step(model, device, *, norm_writes: bool, monkeypatch):
+    """Loss and gradients of one bf16-autocast step; with norm_writes False the norms hand on their
+    fp32 output and the matmuls cast it (autocast's way)."""
     with monkeypatch.context() as m:
         if not norm_writes:
             m.setattr(layers, "autocast_dtype", lambda t: None)
-        torch.manual_seed(2)
-        if device == "cuda":
-            torch.cuda.manual_seed(2)
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = _loss(model, kind, device)
-        loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
+        return step_grads(model, device)
 
 
 @pytest.mark.parametrize("kernel", ["eager", "torch"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_the_step_is_the_same_bit_for_bit(kind, kernel, monkeypatch):
     model = _model(kind, kernel, DEVICE)
-    loss, grads = _step(model, kind, DEVICE, norm_writes=False, monkeypatch=monkeypatch)
-    loss_new, grads_new = _step(model, kind, DEVICE, norm_writes=True, monkeypatch=monkeypatch)
+    loss, grads = _step(model, DEVICE, norm_writes=False, monkeypatch=monkeypatch)
+    loss_new, grads_new = _step(model, DEVICE, norm_writes=True, monkeypatch=monkeypatch)
     assert torch.equal(loss, loss_new)
     assert grads.keys() == grads_new.keys() and len(grads) == len(list(model.parameters()))
     for name in grads:
@@ -102,7 +73,7 @@ def test_the_triton_step_is_the_same_bit_for_bit_as_its_stores_round(kind, monke
     stream's by autograd): in the interpreter, which truncates where a cast rounds to nearest even,
     the truncated values; on a GPU the cast's, the step without the norms' writes (below)."""
     model = _model(kind, "triton", DEVICE)
-    loss_new, grads_new = _step(model, kind, DEVICE, norm_writes=True, monkeypatch=monkeypatch)
+    loss_new, grads_new = _step(model, DEVICE, norm_writes=True, monkeypatch=monkeypatch)
     post, pre = layers.AddNorm.post, layers.AddNorm.pre
 
     def post_rounded(self, x, out):
@@ -116,7 +87,7 @@ def test_the_triton_step_is_the_same_bit_for_bit_as_its_stores_round(kind, monke
     with monkeypatch.context() as m:
         m.setattr(layers.AddNorm, "post", post_rounded)
         m.setattr(layers.AddNorm, "pre", pre_rounded)
-        loss, grads = _step(model, kind, DEVICE, norm_writes=False, monkeypatch=monkeypatch)
+        loss, grads = _step(model, DEVICE, norm_writes=False, monkeypatch=monkeypatch)
     assert torch.equal(loss, loss_new)
     assert grads.keys() == grads_new.keys()
     for name in grads:
@@ -146,7 +117,7 @@ def test_the_triton_step_has_no_casts_of_sublayer_inputs(kind, monkeypatch):
     counts = {}
     for norm_writes in (False, True):
         with _CountCasts() as c:
-            _step(model, kind, DEVICE, norm_writes=norm_writes, monkeypatch=monkeypatch)
+            _step(model, DEVICE, norm_writes=norm_writes, monkeypatch=monkeypatch)
         counts[norm_writes] = c
     fed = 4 + 6 if kind == "pre-ln" else 3 + 5
     assert counts[False].casts - counts[True].casts == 2 * fed
@@ -170,6 +141,6 @@ def test_without_autocast_nothing_changes(kernel, monkeypatch):
 def test_the_triton_step_is_the_same_bit_for_bit_on_the_gpu(kind, monkeypatch):
     """On a GPU the kernel's bf16 stores round to nearest even, as the casts: the same step."""
     model = _model(kind, "triton", "cuda")
-    loss, grads = _step(model, kind, "cuda", norm_writes=False, monkeypatch=monkeypatch)
-    loss_new, grads_new = _step(model, kind, "cuda", norm_writes=True, monkeypatch=monkeypatch)
+    loss, grads = _step(model, "cuda", norm_writes=False, monkeypatch=monkeypatch)
+    loss_new, grads_new = _step(model, "cuda", norm_writes=True, monkeypatch=monkeypatch)
     assert torch.equal(loss, loss_new) and all(torch.equal(grads[n], grads_new[n]) for n in grads)

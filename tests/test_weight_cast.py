@@ -6,61 +6,32 @@ each backend; a weight no output reached keeps no gradient (None, not zeros: Ada
 the parameters are back after the step, after an error too; and the trainer lends only where the
 step is served (autocast on; not compiled, recomputed or DDP)."""
 
-from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import DEVICE, requires_cuda
+from conftest import DEVICE, requires_cuda, step_grads, step_model
 from torch import nn
 
-from scratchformer.model import build_model, get_config
 from scratchformer.model.copy import PointerGenerator
 from scratchformer.training.config import TrainConfig
 from scratchformer.training.weight_cast import WeightCast, cast_slots
 
-V = 50
+KINDS = {  # step_model's overrides
+    "seq2seq": {},
+    "classifier": dict(num_classes=3, n_decoder_layers=0),
+    "extractive": dict(extractive=True, n_decoder_layers=0),
+    "copy": dict(copy=True, tie_embeddings="all"),
+    "tied-pre-ln": dict(tie_embeddings="all", norm="pre", final_norm=True),
+}
 
 
 def _model(kind: str, kernel: str, device: str) -> nn.Module:
-    overrides = dict(src_vocab_size=V, kernel=kernel, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
-                     n_encoder_layers=2, n_decoder_layers=2)
-    if kind == "classifier":
-        overrides.update(num_classes=3, n_decoder_layers=0)
-    elif kind == "extractive":
-        overrides.update(extractive=True, n_decoder_layers=0)
-    elif kind == "copy":
-        overrides.update(copy=True, tie_embeddings="all")
-    elif kind == "tied-pre-ln":
-        overrides.update(tie_embeddings="all", norm="pre", final_norm=True)
-    torch.manual_seed(0)
-    return build_model(get_config("tiny", **overrides), device).train()
+    return step_model(kernel, device, **KINDS[kind])
 
 
-def _loss(model: nn.Module, kind: str, device: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, V, (3, 9), generator=g).to(device)
-    lengths = torch.tensor([9, 6, 3], device=device)
-    if kind == "classifier":
-        return model(src, lengths).float().logsumexp(-1).sum()
-    if kind == "extractive":
-        return model(src, lengths, torch.tensor([[0, 4], [0, 2], [0, 1]], device=device)).float().sum()
-    tgt = torch.randint(4, V, (3, 7), generator=g).to(device)
-    loss, _ = model(src, lengths, tgt[:, :-1], torch.tensor([6, 4, 2], device=device), target=tgt[:, 1:],
-                    label_smoothing=0.1)
-    return loss
-
-
-def _step(model, kind, device, cast: WeightCast | None):
-    """Loss and gradients of one step under bf16 autocast, dropout's draws the same each time."""
-    torch.manual_seed(2)
-    if device == "cuda":
-        torch.cuda.manual_seed(2)
-    with torch.autocast(device, dtype=torch.bfloat16), (cast() if cast else nullcontext()):
-        loss = _loss(model, kind, device)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
+def _step(model, device, cast: WeightCast | None):
+    """Loss and gradients of one bf16-autocast step, with the weights lent by `cast` or not."""
+    return step_grads(model, device, cast() if cast else None)
 
 
 CASES = [(kind, "torch") for kind in ("seq2seq", "copy", "tied-pre-ln", "classifier", "extractive")]
@@ -72,8 +43,8 @@ def test_the_step_is_the_same_bit_for_bit(kind, kernel):
     model = _model(kind, kernel, DEVICE)
     cast = WeightCast(model, torch.bfloat16)
     assert len(cast.slots) > 0
-    loss, grads = _step(model, kind, DEVICE, None)
-    loss_cast, grads_cast = _step(model, kind, DEVICE, cast)
+    loss, grads = _step(model, DEVICE, None)
+    loss_cast, grads_cast = _step(model, DEVICE, cast)
     assert torch.equal(loss, loss_cast)
     assert grads.keys() == grads_cast.keys() and len(grads) == len(list(model.parameters()))
     for name in grads:
@@ -84,8 +55,8 @@ def test_the_step_is_the_same_bit_for_bit(kind, kernel):
 def test_the_step_is_the_same_bit_for_bit_on_the_gpu():
     """As above on CUDA's autocast, where the casts are multi-tensor kernels."""
     model = _model("seq2seq", "triton", "cuda")
-    loss, grads = _step(model, "seq2seq", "cuda", None)
-    loss_cast, grads_cast = _step(model, "seq2seq", "cuda", WeightCast(model, torch.bfloat16))
+    loss, grads = _step(model, "cuda", None)
+    loss_cast, grads_cast = _step(model, "cuda", WeightCast(model, torch.bfloat16))
     assert torch.equal(loss, loss_cast) and all(torch.equal(grads[n], grads_cast[n]) for n in grads)
 
 
