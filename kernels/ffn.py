@@ -120,10 +120,13 @@ def ffn_bwd(dy, x, w1, w2, a, pre, *, activation, has_b1, has_b2, dropout_p=0.0,
     d_model = x.shape[-1]
     x2 = x.reshape(-1, d_model)
     g = dy.reshape(-1, d_model)
-    db2 = g.sum(0, dtype=torch.float32).to(w2.dtype) if has_b2 else None  # fp32 sums, no fp32 copy of g
+    # g has the bias's dtype: torch's sum accumulates 16-bit floats in fp32 (CUDA and CPU) and rounds
+    # once, as the fp32 sum cast after did (the same values on the CPU machine, 7-70k rows), in one
+    # kernel where that took two
+    db2 = g.sum(0) if has_b2 else None
     dw2 = _wgrad(g.t(), a)  # (d_model, d_ff)
-    dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, rng, has_b1)
-    db1 = db1.to(w1.dtype) if has_b1 else None
+    dh, db1 = launch_matmul_dact(g, w2, a if activation == "relu" else pre, activation, dropout_p, rng, has_b1,
+                                 w1.dtype)  # db1 rounded to the bias's dtype where it is summed: no cast after
     dw1 = _wgrad(dh.t(), x2)  # (d_ff, d_model)
     dx = launch_matmul(dh, w1)[0].view(*x.shape) if needs_dx else None  # unpacked: a torch.Size parses slower
     return dx, dw1, db1, dw2, db2

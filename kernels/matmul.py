@@ -580,9 +580,10 @@ def launch_matmul(a, b, bias=None, activation="none", dropout_p=0.0, rng=None, s
     return out
 
 
-def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad=False):
+def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad=False, bias_dtype=torch.float32):
     """`matmul_dact` without its checks (see launch_matmul): (dH, column sums or None). rng: the
-    forward's (2,) int64 tensor, read for gelu with dropout (relu needs no mask)."""
+    forward's (2,) int64 tensor, read for gelu with dropout (relu needs no mask). The column sums
+    are taken in fp32 and stored in bias_dtype (the bias's: one rounding, in the sums' kernel)."""
     a, b = _k_strides_fit(a, b)
     M, K = a.shape
     N = b.shape[1]
@@ -615,7 +616,7 @@ def launch_matmul_dact(a, b, aux, activation, dropout_p=0.0, rng=None, bias_grad
             ACTIVATION=ACTIVATIONS[activation], HAS_DROPOUT=dropout_p > 0.0, BIAS_GRAD=bias_grad,
             UPCAST=upcast_dot(a.dtype), INPUT_PRECISION=_input_precision(a.dtype),
         )
-    return dh, (sum_partials(partial, None, torch.float32)[0] if bias_grad else None)
+    return dh, (sum_partials(partial, None, bias_dtype)[0] if bias_grad else None)
 
 
 def matmul(
