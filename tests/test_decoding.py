@@ -14,6 +14,7 @@ from scratchformer.model import (
     Transformer,
     beam_search,
     greedy_decode,
+    transformer,
 )
 
 V = 30
@@ -222,7 +223,7 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
 
 
 @pytest.mark.parametrize("copy", [False, True])
-def test_beams_share_their_sources_projections(copy):
+def test_beams_share_their_sources_projections(copy, monkeypatch):
     """init_state(beams=K) projects each source's cross-attention K/V (and copy keys) once and
     repeats them for its K hypotheses: the caches equal those of the source repeated K times, and
     the projections saw B rows, not B·K."""
@@ -230,12 +231,18 @@ def test_beams_share_their_sources_projections(copy):
     src, sl = _src()
     memory = m.encode(src, sl)
     seen = []
-    linears = [layer.cross_attn.kv_proj for layer in m.decoder.layers] + ([m.copy.k_proj] if copy else [])
-    hooks = [lin.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0])) for lin in linears]
+    project = transformer.project_memory  # every layer's K/V in one matmul
+
+    def recorded(layers, memory):
+        seen.append(memory.shape[0])
+        return project(layers, memory)
+
+    monkeypatch.setattr(transformer, "project_memory", recorded)
+    hooks = [m.copy.k_proj.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))] if copy else []
     shared = m.init_state(memory, sl, 5, src=src, beams=3)
     for h in hooks:
         h.remove()
-    assert seen == [4] * len(linears)
+    assert seen == [4] * (1 + copy)
     rep = [t.repeat_interleave(3, 0) for t in (memory, sl, src)]
     repeated = m.init_state(*rep[:2], 5, src=rep[2])
     for (_, a), (_, b) in zip(shared.caches, repeated.caches, strict=True):

@@ -297,3 +297,30 @@ def test_attention_weights_are_zero_on_padded_query_rows():
     assert torch.all(w[0, :, 3:] == 0) and torch.all(out[0, 3:] == mha.out_proj.bias)
     torch.testing.assert_close(w[0, :, :3].sum(-1), torch.ones(2, 3))
     torch.testing.assert_close(w[1].sum(-1), torch.ones(2, 6))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_one_matmul_projects_every_layers_memory_as_each_layer_would(autocast):
+    """`project_memory`: every decoder layer's cross-attention K/V of the encoder output in one
+    matmul; each (k, v) as that layer's own kv_proj gives it (to fp32's rounding; under bf16 autocast
+    to bf16's), and the gradient of memory the sum of the layers' (one GEMM's fp32 sum, where each
+    layer's came rounded to bf16 under autocast)."""
+    from scratchformer.model.layers import project_memory
+
+    torch.manual_seed(0)
+    model = build_model(get_config("tiny", src_vocab_size=40, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=3))
+    layers = model.decoder.layers
+    memory = torch.randn(2, 7, 32, requires_grad=True)
+    grads = [torch.randn(2, 7, 4, 8) for _ in range(2 * len(layers))]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ours = [t for kv in project_memory(layers, memory) for t in kv]
+        own = [t for layer in layers for t in layer.cross_attn.kv_proj(memory).view(2, 7, 2, 4, 8).unbind(2)]
+    tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
+    assert len(ours) == len(own) == 6 and all(a.dtype == b.dtype for a, b in zip(ours, own))
+    for a, b in zip(ours, own):
+        torch.testing.assert_close(a, b, **tol)
+    weights = [layer.cross_attn.kv_proj.weight for layer in layers]
+    g_ours = torch.autograd.grad(ours, [memory, *weights], grads)
+    g_own = torch.autograd.grad(own, [memory, *weights], grads)
+    for a, b in zip(g_ours, g_own):
+        torch.testing.assert_close(a, b, **tol)

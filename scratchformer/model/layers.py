@@ -32,6 +32,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..ops import Ops, autocast_dtype
 from ..reference import attention_mask, sinusoidal_positions
@@ -173,14 +174,11 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def project_kv(self, memory: torch.Tensor):
-        """Cross-attention keys and values of the encoder output: two (B, Ls, H, D) views."""
-        B, L, _ = memory.shape
-        return self.kv_proj(memory).view(B, L, 2, self.n_heads, self.head_dim).unbind(2)
-
-    def forward(self, x, *, memory=None, key_lengths=None, query_lengths=None, causal=False,
+    def forward(self, x, *, memory_kv=None, key_lengths=None, query_lengths=None, causal=False,
                 cache: KVCache | None = None, need_weights: bool = False):
-        """x (B, Lq, d) -> (B, Lq, d) [, weights (B, H, Lq, Lk)]; memory (B, Lk, d) for cross-attention."""
+        """x (B, Lq, d) -> (B, Lq, d) [, weights (B, H, Lq, Lk)]. Cross-attention: memory_kv the
+        keys and values of the encoder output, two (B, Lk, H, D) tensors (`project_memory`), or
+        those a cache holds."""
         B, Lq, d = x.shape
         H, D = self.n_heads, self.head_dim
         if self.cross:
@@ -188,7 +186,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.length > 0:  # encoder K/V computed once per sequence
                 k, v = cache.view()
             else:
-                k, v = self.project_kv(memory)  # (B, Lk, H, D) each
+                k, v = memory_kv
                 k, v = (cache.append(k, v) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2)))
         else:
             q, k, v = self.qkv_proj(x).view(B, Lq, 3, H, D).unbind(2)  # (B, Lq, H, D) views
@@ -355,12 +353,13 @@ class DecoderLayer(_Layer):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, ops=ops, activation=cfg.activation, dropout=cfg.ffn_dropout)
         self.norm1, self.norm2, self.norm3 = (_add_norm(cfg, ops) for _ in range(3))
 
-    def forward(self, x, carry, memory, src_lengths, tgt_lengths, *, cache=None, need_weights=False):
+    def forward(self, x, carry, memory_kv, src_lengths, tgt_lengths, *, cache=None, need_weights=False):
         """(x, carry) -> (x, carry, cross-attention weights or None), carry as the encoder layer's;
-        cache: (self, cross) KVCaches."""
+        memory_kv this layer's keys and values of the encoder output (`project_memory`; None where
+        the cache holds them); cache: (self, cross) KVCaches."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         self_kw = dict(key_lengths=tgt_lengths, query_lengths=tgt_lengths, causal=True, cache=self_cache)
-        cross_kw = dict(memory=memory, key_lengths=src_lengths, query_lengths=tgt_lengths, cache=cross_cache,
+        cross_kw = dict(memory_kv=memory_kv, key_lengths=src_lengths, query_lengths=tgt_lengths, cache=cross_cache,
                         need_weights=need_weights)
         h, x = self._sublayer_input(x, carry, self.norm1)
         out = self.self_attn(h, **self_kw)
@@ -371,3 +370,24 @@ class DecoderLayer(_Layer):
         out = self.cross_attn(h, **cross_kw)
         out, weights = out if need_weights else (out, None)
         return (*self._then_ffn(x, out, self.norm2, self.norm3), weights)
+
+
+def project_memory(layers, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every decoder layer's cross-attention keys and values of the encoder output memory (B, Ls,
+    d), in one matmul with the layers' `kv_proj` weights side by side: [(k, v), ...], each (B, Ls,
+    H, D), views of its (B, Ls, layers · 2d) output.
+
+    Where each layer projected (and, under autocast, cast) memory itself: one cast of it and one
+    GEMM (layers · 2d wide) forward, and backward one GEMM whose fp32 accumulation sums every
+    layer's gradient of memory, where each layer's came rounded to the autocast dtype, was cast
+    back and added to the others' (a kernel each). The same sums of products, in another order:
+    equal to rounding, not bit for bit."""
+    projs = [layer.cross_attn.kv_proj for layer in layers]
+    if not projs:
+        return []
+    B, Ls, _ = memory.shape
+    H, D = layers[0].cross_attn.n_heads, layers[0].cross_attn.head_dim
+    weight = torch.cat([p.weight for p in projs]) if len(projs) > 1 else projs[0].weight
+    bias = torch.cat([p.bias for p in projs]) if len(projs) > 1 else projs[0].bias
+    kv = F.linear(memory, weight, bias).view(B, Ls, 2 * len(projs), H, D).unbind(2)  # one backward: a stack
+    return list(zip(kv[0::2], kv[1::2]))

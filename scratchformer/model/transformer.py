@@ -28,7 +28,16 @@ from ..ops import Ops
 from ..reference import nll_loss_ref
 from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
-from .layers import AddNorm, DecoderLayer, DecoderState, Embedding, EncoderLayer, KVCache, StaticKVCache
+from .layers import (
+    AddNorm,
+    DecoderLayer,
+    DecoderState,
+    Embedding,
+    EncoderLayer,
+    KVCache,
+    StaticKVCache,
+    project_memory,
+)
 
 
 class _Stack(nn.Module):
@@ -88,10 +97,12 @@ class Decoder(_Stack):
         """tgt (B, Lt) ids, memory (B, Ls, d) -> (B, Lt, d) [, cross-attention weights per layer]."""
         pos_offset = state.pos if state is not None else 0
         x = F.dropout(self.embedding(tgt, pos_offset=pos_offset), self.dropout, self.training)
+        # every layer's cross-attention keys and values at once (a state's caches hold them already)
+        memory_kv = project_memory(self.layers, memory) if state is None else [None] * len(self.layers)
         carry, weights = None, []
         for i, layer in enumerate(self.layers):
             cache = state.caches[i] if state is not None else None
-            x, carry, w = self._layer(layer, x, carry, memory, src_lengths, tgt_lengths, cache=cache,
+            x, carry, w = self._layer(layer, x, carry, memory_kv[i], src_lengths, tgt_lengths, cache=cache,
                                       need_weights=need_weights)
             weights.append(w)
         if state is not None:
@@ -272,9 +283,8 @@ class Transformer(_Model):
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
         shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=memory.dtype)
         caches = []
-        for layer in self.decoder.layers:
+        for k, v in project_memory(self.decoder.layers, memory):
             self_cache = StaticKVCache.empty(*shape, **kw, pos=pos) if static else KVCache.empty(*shape, **kw)
-            k, v = layer.cross_attn.project_kv(memory)
             caches.append((self_cache, KVCache(per_row(k), per_row(v), Ls)))
         keys = None if self.copy is None else per_row(self.copy.keys(memory))
         memory, src_lengths = per_row(memory), per_row(src_lengths)
