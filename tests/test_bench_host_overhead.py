@@ -48,10 +48,10 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     # autocast casts the activations on their way into a matmul and the backward their gradients back;
     # the weights, cast once a step, are two multi-tensor copies (forward, backward) in bf16, none in fp32.
     # Our kernels write most of those inputs in bf16 themselves (the norms, the FFN's bias sums): triton's
-    # step keeps a few (the encoder output into each cross-attention, the embeddings' into the first layers)
+    # step keeps a few (the encoder output into the cross-attentions, the embeddings' into the first layers)
     for b in ("eager", "torch", "triton"):
         assert (casts["fp32", b][1], casts["bf16", b][1]) == (0, 2)
-        assert casts["bf16", b][0] > casts["fp32", b][0] + (50 if b != "triton" else 10)
+        assert casts["bf16", b][0] > casts["fp32", b][0] + (50 if b != "triton" else 4)
     assert casts["bf16", "triton"][0] < casts["bf16", "torch"][0] - 100
     collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
     assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()

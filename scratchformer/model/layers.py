@@ -251,11 +251,13 @@ class AddNorm(nn.Module):
         return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0, return_residual=True,
                         y_dtype=low)
 
-    def norm(self, x, delta=None):
-        """A stack's last norm: LN(x [+ dropout(delta)]) in x's dtype."""
+    def norm(self, x, delta=None, *, for_matmul=False):
+        """A stack's last norm: LN(x [+ dropout(delta)]) in x's dtype; for_matmul (its only reader
+        a matmul) under autocast in autocast's dtype."""
+        low = autocast_dtype(x) if for_matmul else None
         if delta is None:
-            return self._ln(x, None)
-        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0)
+            return self._ln(x, None, y_dtype=low)
+        return self._ln(delta, x, dropout_p=self.dropout if self.training else 0.0, y_dtype=low)
 
 
 class Embedding(nn.Module):

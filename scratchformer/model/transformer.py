@@ -62,12 +62,16 @@ class _Stack(nn.Module):
             return checkpoint(layer, *args, use_reentrant=False, **kwargs)
         return layer(*args, **kwargs)
 
-    def _finish(self, x, carry):
-        """The stack's output, in the stream's dtype, from its last layer's (x, carry)."""
-        delta = carry if self.pre_norm else None  # Post-LN's carry is a copy of x
+    def _finish(self, x, carry, *, for_matmul=False):
+        """The stack's output from its last layer's (x, carry), in the stream's dtype; for_matmul
+        (its only reader a matmul: the generator) in autocast's dtype where the last norm writes
+        it so (a final norm's y, a Post-LN layer's copy)."""
+        delta = carry if self.pre_norm else None  # Post-LN's carry is x or its copy
         if self.final_norm is not None:
-            return self.final_norm.norm(x, delta)
-        return x if delta is None else x + F.dropout(delta.to(x.dtype), self.dropout, self.training)
+            return self.final_norm.norm(x, delta, for_matmul=for_matmul)
+        if delta is not None:
+            return x + F.dropout(delta.to(x.dtype), self.dropout, self.training)
+        return carry if for_matmul and carry is not None else x
 
 
 class Encoder(_Stack):
@@ -93,8 +97,10 @@ class Decoder(_Stack):
         self.embedding = embedding
         self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.n_decoder_layers))
 
-    def forward(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False):
-        """tgt (B, Lt) ids, memory (B, Ls, d) -> (B, Lt, d) [, cross-attention weights per layer]."""
+    def forward(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False,
+                for_matmul=False):
+        """tgt (B, Lt) ids, memory (B, Ls, d) -> (B, Lt, d) [, cross-attention weights per layer];
+        for_matmul: the output's only reader is a matmul (`_Stack._finish`)."""
         pos_offset = state.pos if state is not None else 0
         x = F.dropout(self.embedding(tgt, pos_offset=pos_offset), self.dropout, self.training)
         # every layer's cross-attention keys and values at once (a state's caches hold them already)
@@ -107,7 +113,7 @@ class Decoder(_Stack):
             weights.append(w)
         if state is not None:
             state.pos += tgt.shape[1]  # in place where pos is a device tensor (a static cache's step)
-        x = self._finish(x, carry)
+        x = self._finish(x, carry, for_matmul=for_matmul)
         return (x, weights) if need_weights else x
 
 
@@ -226,7 +232,8 @@ class Transformer(_Model):
         return self._decode(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights, src=src)
 
     def _decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False, src=None):
-        out = self.decoder(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights)
+        out = self.decoder(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights,
+                           for_matmul=self.copy is None)  # the copy layer reads it too
         h, weights = out if need_weights else (out, None)
         logits = self.generator(h)
         if self.copy is not None:
@@ -258,7 +265,7 @@ class Transformer(_Model):
                                     label_smoothing, PAD_ID)
             logprobs = self._decode(tgt, memory, src_lengths, tgt_lengths, src=src)
             return nll_loss_ref(logprobs.flatten(0, 1), target, label_smoothing, PAD_ID)
-        h = self.decoder(tgt, memory, src_lengths, tgt_lengths).flatten(0, 1)
+        h = self.decoder(tgt, memory, src_lengths, tgt_lengths, for_matmul=True).flatten(0, 1)
         return self.ops.linear_cross_entropy(h, self.generator.weight, self.generator.bias, target,
                                              label_smoothing=label_smoothing, ignore_index=PAD_ID)
 
