@@ -64,8 +64,8 @@ class _Stack(nn.Module):
 
     def _finish(self, x, carry, *, for_matmul=False):
         """The stack's output from its last layer's (x, carry), in the stream's dtype; for_matmul
-        (its only reader a matmul: the generator) in autocast's dtype where the last norm writes
-        it so (a final norm's y, a Post-LN layer's copy)."""
+        (its only reader a matmul: the generator, the cross-attentions' K/V projection) in
+        autocast's dtype where the last norm writes it so (a final norm's y, a Post-LN layer's copy)."""
         delta = carry if self.pre_norm else None  # Post-LN's carry is x or its copy
         if self.final_norm is not None:
             return self.final_norm.norm(x, delta, for_matmul=for_matmul)
@@ -80,14 +80,15 @@ class Encoder(_Stack):
         self.embedding = embedding
         self.layers = nn.ModuleList(EncoderLayer(cfg, ops) for _ in range(cfg.n_encoder_layers))
 
-    def forward(self, x, lengths, *, need_weights=False):
-        """x (B, L, d) already embedded; lengths (B,). -> (B, L, d) [, list of (B, H, L, L)]."""
+    def forward(self, x, lengths, *, need_weights=False, for_matmul=False):
+        """x (B, L, d) already embedded; lengths (B,). -> (B, L, d) [, list of (B, H, L, L)];
+        for_matmul: the output's only reader is a matmul (`_Stack._finish`)."""
         x = F.dropout(x, self.dropout, self.training)
         carry, weights = None, []
         for layer in self.layers:
             x, carry, w = self._layer(layer, x, carry, lengths, need_weights=need_weights)
             weights.append(w)
-        x = self._finish(x, carry)
+        x = self._finish(x, carry, for_matmul=for_matmul)
         return (x, weights) if need_weights else x
 
 
@@ -217,8 +218,8 @@ class Transformer(_Model):
         self._check("src", src, src_lengths)
         return self._encode(src, src_lengths)
 
-    def _encode(self, src, src_lengths):
-        return self.encoder(self.encoder.embedding(src), src_lengths)
+    def _encode(self, src, src_lengths, *, for_matmul=False):
+        return self.encoder(self.encoder.embedding(src), src_lengths, for_matmul=for_matmul)
 
     def decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False, src=None):
         """tgt (B, Lt) decoder input ids -> logits (B, Lt, V) [, cross-attention weights per layer].
@@ -256,7 +257,8 @@ class Transformer(_Model):
             raise ValueError(f"target must have tgt's shape {tuple(tgt.shape)}, got {tuple(target.shape)}")
         if target is not None and need_weights:
             raise ValueError("forward(target=) returns the loss, not attention weights: need_weights is for the logits")
-        memory = self._encode(src, src_lengths)
+        # its only reader the cross-attentions' one matmul (`project_memory`), unless the copy layer's
+        memory = self._encode(src, src_lengths, for_matmul=self.copy is None)
         if target is None:
             return self._decode(tgt, memory, src_lengths, tgt_lengths, need_weights=need_weights, src=src)
         target = target.flatten()
