@@ -445,3 +445,32 @@ def test_no_repeat_ngram_beam(n):
     assert torch.equal(beam_search(m, src, sl, beam_size=1, max_len=12, no_repeat_ngram=n), greedy)
     alone = beam_search(m, src[1:2, : sl[1]], sl[1:2], beam_size=3, max_len=12, no_repeat_ngram=n)[0]
     assert torch.equal(out[1, : alone.shape[0]], alone)
+
+
+@pytest.mark.parametrize("kernel,static", [("eager", False), ("torch", False), ("torch", True), ("triton", False)])
+def test_under_autocast_the_self_attention_caches_keep_its_dtype(kernel, static, monkeypatch):
+    """init_state under bf16 autocast: the self-attention K/V caches are bf16, the dtype their
+    values come in (from a matmul), where fp32 caches were cast whole to bf16 for every step's
+    attention; the decoding steps' logits are those of fp32 caches, bit for bit."""
+    from conftest import DEVICE, step_model
+
+    from scratchformer import ops
+
+    m = step_model(kernel, DEVICE, dropout=0.0).eval()  # head dim 16: triton's smallest
+    src, sl = (t.to(DEVICE) for t in _src())
+
+    def steps(caches_follow_autocast: bool):
+        with monkeypatch.context() as mp, torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+            if not caches_follow_autocast:
+                mp.setattr(ops, "autocast_dtype", lambda t: None)
+            state = m.init_state(m.encode(src, sl), sl, 4, static=static)
+            dtypes = {c.k.dtype for c, _ in state.caches}
+            tokens, out = torch.full((4, 1), BOS_ID, device=DEVICE), []
+            for _ in range(4):
+                out.append(m.decode_step(tokens, state))
+                tokens = out[-1].argmax(-1, keepdim=True)
+        return dtypes, out
+
+    (new_dtypes, new), (old_dtypes, old) = steps(True), steps(False)
+    assert new_dtypes == {torch.bfloat16} and old_dtypes == {torch.float32}
+    assert all(torch.equal(a, b) for a, b in zip(new, old))

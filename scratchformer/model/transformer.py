@@ -290,7 +290,10 @@ class Transformer(_Model):
         B, Ls = memory.shape[0] * beams, memory.shape[1]
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
-        shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=memory.dtype)
+        # the self-attention K/V come from a matmul: under autocast in its dtype, which the caches
+        # keep (an fp32 cache was cast whole to it again for every step's attention, every layer)
+        dtype = backends.autocast_dtype(memory) or memory.dtype
+        shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=dtype)
         caches = []
         for k, v in project_memory(self.decoder.layers, memory):
             self_cache = StaticKVCache.empty(*shape, **kw, pos=pos) if static else KVCache.empty(*shape, **kw)
