@@ -263,9 +263,8 @@ def _add_layer_norm_torch(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0,
         y = F.layer_norm(s.float(), (s.shape[-1],), *f32, eps).to(s.dtype)
     else:
         y = F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
-    out = (y.to(y_dtype or y.dtype),) + ((s,) if return_residual else ())
-    out += (y.to(copy_dtype),) if copy_dtype is not None else ()
-    return out if len(out) > 1 else out[0]
+    return reference.add_layer_norm_outputs(y, s, return_residual=return_residual, y_dtype=y_dtype,
+                                            copy_dtype=copy_dtype)
 
 
 def _ffn_torch(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0):

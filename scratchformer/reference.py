@@ -33,6 +33,7 @@ __all__ = [
     "attention_ref",
     "attention_mask",
     "add_layer_norm_ref",
+    "add_layer_norm_outputs",
     "ffn_ref",
     "embed_ref",
     "sinusoidal_positions",
@@ -144,7 +145,15 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, dr
     y = d * torch.rsqrt(var + eps) * weight.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
-    out = (y.to(y_dtype or stream),) + ((s.to(stream),) if return_residual else ())
+    return add_layer_norm_outputs(y, s.to(stream), return_residual=return_residual, y_dtype=y_dtype,
+                                  copy_dtype=copy_dtype)
+
+
+def add_layer_norm_outputs(y, s, *, return_residual=False, y_dtype=None, copy_dtype=None):
+    """What `add_layer_norm` returns, from y (any precision: each output dtype is one rounding of
+    it) and s (the stream's dtype): y in y_dtype (None: s's), then s if return_residual, then y
+    again in copy_dtype if given; y alone when nothing else is asked."""
+    out = (y.to(y_dtype or s.dtype),) + ((s,) if return_residual else ())
     out += (y.to(copy_dtype),) if copy_dtype is not None else ()
     return out if len(out) > 1 else out[0]
 
