@@ -38,9 +38,9 @@ from conftest import requires_cuda, run_bench
 from scratchformer.compile import compile_model
 from scratchformer.data import PAD_ID, BucketBatchSampler
 from scratchformer.model import build_model, get_config
+from scratchformer.training import weight_cast
 from scratchformer.training.config import TrainConfig
 from scratchformer.training.cuda_graph import capture_step
-from scratchformer.training.weight_cast import WeightCast
 
 pytestmark = [pytest.mark.benchmark(group="train_step"), requires_cuda]
 
@@ -104,7 +104,7 @@ def training_step(shape, kernel, device="cuda", graph=False):
     # the weights cast once a step, where the trainer's step does it (not compiled or recomputed)
     run = TrainConfig(precision="bf16" if device == "cuda" else "fp32", recompute_activations=kernel in RECOMPUTED,
                       compile="inductor" if kernel in COMPILED else None)
-    cast = WeightCast.for_step(model, run, ddp=False)
+    cast = weight_cast.for_step(model, run, ddp=False)
 
     def update():
         # a graph cannot hold autocast's cache of cast weights (torch.cuda.graph's documentation)

@@ -21,6 +21,8 @@ Two measures per backend:
   gradient it never read until this count showed it), the dtype casts (autocast's, weights and
   activations, and the backward's casts of their gradients), our torch ops' calls, and the Triton
   launches;
+- what one greedy decoding step of that model issues under bf16 autocast with its cast cache off,
+  as a CUDA graph's capture of the step holds it (decoding's default on a GPU): the same counts;
 - and once, backend aside: the training loader's collate of one 8,192-token batch of short
   sentences (Multi30k's lengths), in milliseconds: host work on the training loop's thread each
   step (`num_workers` 0), which a step replayed as a CUDA graph (`train --cuda-graphs`) waits on.
@@ -75,7 +77,7 @@ def model_step(kernel: str, device: str, autocast: torch.dtype | None = None):
     `autocast` (torch.bfloat16), the forward under autocast to it, its weights cast once
     (`WeightCast`), as the trainer's bf16 step."""
     from scratchformer.model import build_model, get_config
-    from scratchformer.training.weight_cast import WeightCast
+    from scratchformer.model.weight_cast import WeightCast
 
     torch.manual_seed(0)
     cfg = get_config("base", src_vocab_size=512, kernel=kernel, d_model=64, n_heads=4, d_ff=128)
@@ -114,25 +116,36 @@ def step_ops(kernel: str, device: str, autocast: torch.dtype | None = None) -> d
     """What one training step of `model_step` issues (module docstring), counted from a CPU-side
     profile of it (`issued`): the innermost aten ops that do work, anywhere (inside our ops too), the fills
     and the dtype casts among them, our ops' calls, and the Triton launches."""
+    return counted(model_step(kernel, device, autocast))
+
+
+def decode_step_ops(kernel: str, device: str) -> dict:
+    """What one greedy decoding step issues under bf16 autocast with its cast cache off, as a CUDA
+    graph's capture of the step holds it: a call of 16 new tokens's counts less one of 8's, over 8."""
+    long, short = (counted(greedy_tokens(kernel, device, n, torch.bfloat16)) for n in (16, 8))
+    return {k: (long[k] - short[k]) / 8 for k in long}
+
+
+def counted(fn) -> dict:
+    """What fn() issues, after a call that compiles, tunes and allocates (`step_ops`)."""
     from torch.autograd import DeviceType
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    step = model_step(kernel, device, autocast)
-    step()  # compiles, tunes, allocates
+    fn()
     cls = InterpretedFunction if os.environ.get("TRITON_INTERPRET") == "1" else JITFunction
     run, launches = cls.run, [0]
 
-    def counted(self, *args, **kwargs):
+    def counting(self, *args, **kwargs):
         launches[0] += 1
         return run(self, *args, **kwargs)
 
-    cls.run = counted
+    cls.run = counting
     try:
         with mock.patch("scratchformer.op_checks.value_checks", lambda t: False), \
                 mock.patch("scratchformer.kernels.attention.value_checks", lambda t: False), \
                 torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            step()  # as on a GPU: the lengths' range checks, which read values (a sync there), skipped
+            fn()  # as on a GPU: the lengths' range checks, which read values (a sync there), skipped
     finally:
         cls.run = run
     return {**issued([e for e in prof.events() if e.device_type == DeviceType.CPU]), "Triton launches": launches[0]}
@@ -162,8 +175,9 @@ def issued(events) -> dict:
             "our ops": ours}
 
 
-def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
-    """A closure decoding `new_tokens` greedily (no EOS) for a batch of 2 on the base-layered model."""
+def greedy_tokens(kernel: str, device: str, new_tokens: int = 16, autocast: torch.dtype | None = None):
+    """A closure decoding `new_tokens` greedily (no EOS) for a batch of 2 on the base-layered model;
+    with `autocast`, under autocast to it with its cast cache off (as inside a CUDA graph's capture)."""
     from scratchformer.model import build_model, get_config, greedy_decode
 
     torch.manual_seed(0)
@@ -173,7 +187,9 @@ def greedy_tokens(kernel: str, device: str, new_tokens: int = 16):
 
     @torch.no_grad()
     def decode():
-        greedy_decode(model, src, lengths, max_len=new_tokens, eos_id=-1, check_every=new_tokens)  # no EOS: no sync
+        with torch.autocast(torch.device(device).type, dtype=autocast, cache_enabled=False) if autocast \
+                else nullcontext():
+            greedy_decode(model, src, lengths, max_len=new_tokens, eos_id=-1, check_every=new_tokens)  # no EOS: no sync
 
     return decode
 
@@ -244,6 +260,9 @@ def main(argv=None) -> str:
         counts = {k: step_ops(k, args.device, dtype) for k in args.kernels}
         report += (f"\n\nwhat one such step (forward + backward, {name}) issues: aten ops that do work (of them, "
                    "fills and dtype casts), our ops' calls, Triton launches\n\n" + table(counts, str, str))
+    counts = {k: decode_step_ops(k, args.device) for k in args.kernels}
+    report += ("\n\nwhat one greedy decoding step issues under bf16 autocast, its cast cache off as in a CUDA graph's "
+               "capture (16 tokens' counts less 8's, over 8)\n\n" + table(counts, str, lambda v: f"{v:g}"))
     ms, n = collate_ms(args.calls)
     report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)

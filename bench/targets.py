@@ -156,19 +156,22 @@ def train_step(rows):
 
 
 def generation(rows) -> list[str]:
-    """Issue 17's generation figures (no targets): new tokens/s and peak memory per backend, search
-    and step kind, and the ratio to eager's launched steps of the same search."""
-    cases = _by([{**r, "steps": r.get("steps", "launched")} for r in rows], "generate", "search", "steps")
+    """Issue 17's generation figures (no targets): new tokens/s and peak memory per backend, search,
+    step kind and weights (bf16, or fp32 under autocast as `evaluate` runs them), and the ratio to
+    eager's launched steps of the same search with bf16 weights."""
+    rows = [{**r, "steps": r.get("steps", "launched"), "weights": r.get("weights", "bf16")} for r in rows]
+    cases = _by(rows, "generate", "search", "steps", "weights")
     if not cases:
         return []
     lines = ["", "Generation (issue 17 asks for the figures; no targets): new tokens/s, ratio to eager with "
-             "launched steps", "", "| search | steps | kernel | new tokens/s | vs eager | peak GiB |",
-             "| --- | --- | --- | ---: | ---: | ---: |"]
-    for (search, steps), ks in sorted(cases.items()):
-        base = cases.get((search, "launched"), {}).get("eager")
+             "launched steps and bf16 weights", "",
+             "| search | steps | weights | kernel | new tokens/s | vs eager | peak GiB |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for (search, steps, weights), ks in sorted(cases.items()):
+        base = cases.get((search, "launched", "bf16"), {}).get("eager")
         for kernel, r in sorted(ks.items()):
             ratio = f"{r['new_tokens_per_s'] / base['new_tokens_per_s']:.2f}" if base else ""
-            lines.append(f"| {search} | {steps} | {kernel} | {r['new_tokens_per_s']:,.0f} | {ratio} | "
+            lines.append(f"| {search} | {steps} | {weights} | {kernel} | {r['new_tokens_per_s']:,.0f} | {ratio} | "
                          f"{r['peak_mem_gib']:.2f} |")
     return lines
 

@@ -189,7 +189,8 @@ def _autocast(*tensors):
     """Cast to the autocast dtype where autocast is on, as it would for a matmul: floating-point
     tensors other than float64; None, integer and float64 tensors pass as they are (the checks
     then name a dtype the op does not take)."""
-    dtype = _autocast_on(next((t for t in tensors if isinstance(t, torch.Tensor)), None))
+    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+    dtype = autocast_on(first.device) if first is not None else None
     if dtype is None:
         return tensors
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
@@ -199,15 +200,15 @@ def _autocast(*tensors):
 def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast would cast t to for a matmul; None where it would leave t as it is
     (autocast off on t's device, t already in that dtype, or t not a float16/32 or bfloat16 tensor)."""
-    dtype = _autocast_on(t)
+    dtype = autocast_on(t.device)
     if dtype is None or t.dtype == dtype or t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
     return dtype
 
 
-def _autocast_on(t: torch.Tensor | None) -> torch.dtype | None:
-    """Autocast's dtype on t's device where it is on there, else None."""
-    dev = t.device.type if t is not None else None
+def autocast_on(device: torch.device) -> torch.dtype | None:
+    """Autocast's dtype on `device` where it is on there, else None."""
+    dev = device.type
     if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
         return None
     return torch.get_autocast_dtype(dev)

@@ -1,7 +1,8 @@
 """bench/host_overhead.py (issue 17: host time per op call and per step, per backend) runs on the
 CPU with Triton's launches stubbed (on a GPU machine: on the GPU, launches real): a row per backend,
 every figure a positive time, then what a step issues in fp32 and under bf16 autocast (our ops and
-Triton launches in triton's row only; autocast's casts); and it refuses to stub without the
+Triton launches in triton's row only; autocast's casts), and what a decoding step issues under bf16
+autocast (no weight cast); and it refuses to stub without the
 interpreter, naming what to set."""
 
 import os
@@ -28,7 +29,8 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     env = {"TRITON_INTERPRET": "1"} if DEVICE == "cpu" else {}
     p = _run(env, "--calls", "20", "--out", str(out), device=DEVICE)
     assert p.returncode == 0, p.stderr[-2000:]
-    times, fp32, bf16 = out.read_text().split("what one such step")
+    steps, decoding = out.read_text().split("what one greedy decoding step")
+    times, fp32, bf16 = steps.split("what one such step")
     rows = [line for line in times.splitlines() if re.match(r"\| (eager|torch|triton) \|", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch", "triton"]
     for row in rows:
@@ -53,6 +55,14 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
         assert (casts["fp32", b][1], casts["bf16", b][1]) == (0, 2)
         assert casts["bf16", b][0] > casts["fp32", b][0] + (50 if b != "triton" else 4)
     assert casts["bf16", "triton"][0] < casts["bf16", "torch"][0] - 100
+    # decoding lends its weights cast once a call: a step (with autocast's cast cache off, as in a CUDA
+    # graph) casts none of them; the triton step's only cast is of an activation
+    rows = {r[0].strip(): [float(c) for c in r[1:]] for r in (line.strip("|").split("|") for line in
+            decoding.splitlines() if re.match(r"\| (eager|torch|triton) \|", line))}
+    assert list(rows) == ["eager", "torch", "triton"], decoding
+    aten, fills, cast, multi, ours, launches = rows["triton"]
+    assert aten > 0 and cast <= 2 and multi == 0 and ours > 0 and launches > 0, decoding
+    assert all(r[0] > r[2] > cast and r[4] == r[5] == 0 for b, r in rows.items() if b != "triton"), decoding
     collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
     assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()
 

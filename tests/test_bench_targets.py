@@ -168,22 +168,26 @@ def test_graphed_steps_are_compared_among_themselves(tmp_path):
 
 def test_generation_figures_follow_the_targets(tmp_path):
     """bench_generate's cases (issue 17 asks for the figures, sets no target) as a table: new
-    tokens/s per search, step kind and backend, each against eager's launched steps of its search;
-    files from before the graph cases (no `steps`) count as launched."""
-    def gen(k, search, steps, tps):
-        extra = {} if steps is None else {"steps": steps}
+    tokens/s per search, step kind, weights and backend, each against eager's launched steps of its
+    search with bf16 weights; files from before the graph cases (no `steps`) count as launched, and
+    from before the fp32 weights' cases (no `weights`) as bf16."""
+    def gen(k, search, steps, tps, weights=None):
+        extra = ({} if steps is None else {"steps": steps}) | ({} if weights is None else {"weights": weights})
         return _bench("generate", f"test_generate[{k}-{search}]", {"kernel": k, "search": search},
                       new_tokens_per_s=tps, peak_mem_gib=2.0, search=search, **extra)
     path = tmp_path / "run.json"
     cases = [gen("eager", "greedy", None, 1000.0), gen("triton", "greedy", None, 1500.0),
-             gen("triton", "greedy", "graph", 6000.0), gen("triton", "beam4", "graph", 900.0)]
+             gen("triton", "greedy", "graph", 6000.0, "bf16"),
+             gen("triton", "greedy", "graph", 5000.0, "fp32-autocast"), gen("triton", "beam4", "graph", 900.0)]
     path.write_text(json.dumps({"benchmarks": cases}))
     text = targets.main([str(path)])
-    got = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:6]]
+    got = {tuple(c.strip() for c in line.split("|")[1:5]): [c.strip() for c in line.split("|")[5:7]]
            for line in text.splitlines() if line.startswith(("| greedy", "| beam4"))}
-    assert got == {("greedy", "launched", "eager"): ["1,000", "1.00"],
-                   ("greedy", "launched", "triton"): ["1,500", "1.50"],
-                   ("greedy", "graph", "triton"): ["6,000", "6.00"], ("beam4", "graph", "triton"): ["900", ""]}
+    assert got == {("greedy", "launched", "bf16", "eager"): ["1,000", "1.00"],
+                   ("greedy", "launched", "bf16", "triton"): ["1,500", "1.50"],
+                   ("greedy", "graph", "bf16", "triton"): ["6,000", "6.00"],
+                   ("greedy", "graph", "fp32-autocast", "triton"): ["5,000", "5.00"],
+                   ("beam4", "graph", "bf16", "triton"): ["900", ""]}
     assert not text.startswith("no targets")
 
 

@@ -1,7 +1,8 @@
 """CUDA graphs. `scratchformer.training.cuda_graph.capture_step`: a training step captured as a
 CUDA graph and replayed trains as the launched step does, on every backend, and its dropout draws
 afresh each replay (torch's and our Triton ops'). Decoding with cuda_graph=True (each step a
-replay) decodes what launched steps decode; a failed capture leaves the CUDA generator usable.
+replay) decodes what launched steps decode, and under autocast with its weights lent as without;
+a failed capture leaves the CUDA generator usable.
 CUDA graphs need a GPU: everything here but the argument check and the failed capture's clean-up
 is skipped on the CPU machine (GPU plan, step 10; tests/test_decoding.py checks the static caches
 the decoding graph reads, on the CPU)."""
@@ -275,3 +276,28 @@ def test_graph_decoding_of_an_ensemble_equals_launched_steps(kernel):
                                          cuda_graph=c) for c in (False, True))
         assert (launched == EOS_ID).any(), "test needs rows that finish"
         assert torch.equal(launched, graphed), f"{kernel} beam {beam}: {launched} vs {graphed}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_graph_decoding_under_autocast_with_lent_weights_decodes_as_without(kernel, monkeypatch):
+    """Under bf16 autocast the step's graph reads the weights lent in bf16 for the call
+    (`WeightCast.for_decoding`), where it held a cast of each one, replayed every step: greedy and
+    beam 3 decode the same tokens as the graph with autocast's own casts, bit for bit."""
+    from scratchformer.model import weight_cast
+
+    model = _model(kernel, 0.0).eval()
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] = 2.0  # some rows end early
+    g = torch.Generator().manual_seed(2)
+    src, sl = torch.randint(4, V, (6, 11), generator=g).cuda(), torch.tensor([11, 4, 9, 1, 7, 11]).cuda()
+
+    def decode(lend: bool):
+        with monkeypatch.context() as mp, torch.autocast("cuda", dtype=torch.bfloat16):
+            if not lend:
+                mp.setattr(weight_cast.WeightCast, "for_decoding", lambda m, d: weight_cast.WeightCast(m, None))
+            return [beam_search(model, src, sl, beam_size=beam, max_len=16, cuda_graph=True) for beam in (1, 3)]
+
+    lent, own = decode(True), decode(False)
+    assert (own[0] == EOS_ID).any(), "test needs rows that finish"
+    assert all(torch.equal(a, b) for a, b in zip(lent, own)), f"{kernel}: {lent} vs {own}"

@@ -474,3 +474,61 @@ def test_under_autocast_the_self_attention_caches_keep_its_dtype(kernel, static,
     (new_dtypes, new), (old_dtypes, old) = steps(True), steps(False)
     assert new_dtypes == {torch.bfloat16} and old_dtypes == {torch.float32}
     assert all(torch.equal(a, b) for a, b in zip(new, old))
+
+
+class _WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the dtype casts whose input is one of `params` (by storage), as dispatched."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.ptrs, self.count = {p.data_ptr() for p in params}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.ptrs:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernel,kind", [("eager", "tied"), ("torch", "tied"), ("torch", "copy"), ("triton", "tied"),
+                                         ("torch", "static")])
+def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monkeypatch):
+    """greedy and beam search under bf16 autocast with the matmul weights lent in bf16 for the call
+    (`WeightCast.for_decoding`; the generator's tied embedding among them): every step's logits
+    and so the tokens are those of autocast's own casts, bit for bit, and no step casts a weight
+    (where it did at every step, with autocast's cast cache off as in a CUDA graph's capture): the
+    pointer-generator's key projection, outside the lending, casts its own once a call. A model
+    with compiled decoding (`static_caches`) lends nothing."""
+    from conftest import DEVICE, step_model
+
+    from scratchformer.model import weight_cast
+
+    overrides = {"tied": dict(tie_embeddings="all"), "copy": dict(tie_embeddings="all", copy=True),
+                 "static": dict(tie_embeddings="all")}[kind]
+    m = step_model(kernel, DEVICE, dropout=0.0, **overrides).eval()  # head dim 16: triton's smallest
+    m.static_caches = kind == "static"  # compile_decoding's caches, without the compile: lends nothing
+    src, sl = (t.to(DEVICE) for t in _src())
+    src = src.clamp(max=V - 1)
+    keys = list(m.copy.k_proj.parameters()) if m.copy else []  # cast once a call, by autocast
+    decode_step = m.decode_step
+
+    def run(lend: bool):
+        logits = []
+        m.decode_step = lambda *a, **k: logits.append(decode_step(*a, **k).clone()) or logits[-1]
+        with monkeypatch.context() as mp, torch.autocast(DEVICE, dtype=torch.bfloat16, cache_enabled=False), \
+                _WeightCasts(m.parameters()) as casts:
+            if not lend:
+                mp.setattr(weight_cast.WeightCast, "for_decoding", lambda *a: weight_cast.WeightCast(m, None))
+            out = (greedy_decode(m, src, sl, max_len=5, check_every=5),
+                   beam_search(m, src, sl, beam_size=2, max_len=5, check_every=5))
+        del m.decode_step
+        return out, logits, casts.count
+
+    (lent, lent_logits, lent_casts), (own, own_logits, own_casts) = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(lent, own))
+    assert len(lent_logits) == len(own_logits) and all(torch.equal(a, b) for a, b in zip(lent_logits, own_logits))
+    assert own_casts > 10 * len(own_logits)  # every step cast its weights
+    if kind == "static":
+        assert lent_casts == own_casts
+    else:
+        assert lent_casts == 2 * len(keys)  # two calls
+    assert all(isinstance(p, torch.nn.Parameter) for p in m.parameters())  # given back

@@ -1,4 +1,4 @@
-"""WeightCast (scratchformer/training/weight_cast.py): autocast's weight casts done once a step.
+"""WeightCast (scratchformer/model/weight_cast.py): autocast's weight casts done once a step.
 A step with the weights lent as one multi-tensor cast gives the loss and every parameter's gradient
 of the step without it, bit for bit (the same rounding, the same ops), for each model kind, with
 tied embeddings and the pointer-generator's fp32 layers (left out: they run with autocast off), on
@@ -13,8 +13,9 @@ from conftest import DEVICE, requires_cuda, step_grads, step_model
 from torch import nn
 
 from scratchformer.model.copy import PointerGenerator
+from scratchformer.model.weight_cast import WeightCast, cast_slots
 from scratchformer.training.config import TrainConfig
-from scratchformer.training.weight_cast import WeightCast, cast_slots
+from scratchformer.training.weight_cast import for_step
 
 KINDS = {  # step_model's overrides
     "seq2seq": {},
@@ -74,6 +75,17 @@ def test_which_weights_are_lent():
     assert lent == expected
 
 
+def test_decoding_lends_the_generators_tied_weight_in_its_slot_only():
+    """With `shared` (decoding's, no gradients): the tied weight too, in the generator's slot; the
+    embeddings keep the fp32 table, which their op reads."""
+    model = _model("copy", "torch", "cpu")
+    slots = cast_slots(model, shared=True)
+    assert set(slots) - set(cast_slots(model)) == {(model.generator, "weight")}
+    with torch.autocast("cpu", dtype=torch.bfloat16), WeightCast(model, torch.bfloat16, shared=True)():
+        assert model.generator.weight.dtype == torch.bfloat16
+        assert model.decoder.embedding.weight.dtype == model.encoder.embedding.weight.dtype == torch.float32
+
+
 def test_an_unreached_weight_keeps_no_gradient():
     net = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
     with torch.autocast("cpu", dtype=torch.bfloat16), WeightCast(net, torch.bfloat16)():
@@ -96,5 +108,5 @@ def test_the_parameters_come_back_after_an_error():
 def test_the_training_step_lends_where_it_is_served(change, served):
     ddp = change.pop("ddp", False)
     config = TrainConfig(**{"precision": "bf16", **change})
-    cast = WeightCast.for_step(nn.Linear(4, 4), config, ddp=ddp)
+    cast = for_step(nn.Linear(4, 4), config, ddp=ddp)
     assert (cast.dtype == torch.bfloat16 and len(cast.slots) == 2) if served else not cast.slots

@@ -37,10 +37,17 @@ a capture that fails then warns once and the steps are launched; True insists (a
 launches every step (vLLM's --enforce-eager). A model whose `static_caches` is set
 (`compile.compile_decoding` sets it) decodes on the same static caches without graphs: every step
 has the same shapes, so a compiled step is one graph.
+
+Under autocast, the model's matmul weights are cast to its dtype once a call and lent to the model
+for it (`WeightCast.for_decoding`), where every step cast them again: our ops each launch, and
+inside a CUDA graph, which holds no cast cache, every matmul. The same logits bit for bit (the
+casts' values); the price is the lent copies, half the fp32 weights' bytes, while the call runs.
+Not for a compiled model (`static_caches`), whose steps keep autocast's casts.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -49,9 +56,22 @@ import torch
 
 from .. import graphs, op_checks
 from .config import BOS_ID, EOS_ID, PAD_ID
+from .weight_cast import WeightCast
 
 GPU_CHECK_EVERY = 8  # steps between stop checks on a GPU (each is a host sync)
 _CAPTURE_WARNED = False
+
+
+def _weights_lent(decode):
+    """decode(model, src, ...) with the model's matmul weights lent in autocast's dtype for the whole
+    call, one cast of them all (`WeightCast.for_decoding`; module docstring)."""
+    @functools.wraps(decode)
+    def call(model, src, *args, **kwargs):
+        device = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")  # not a tensor: _check says so
+        with WeightCast.for_decoding(model, device)():
+            return decode(model, src, *args, **kwargs)
+
+    return call
 
 
 def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
@@ -179,6 +199,7 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
 
 
 @torch.no_grad()
+@_weights_lent
 def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_repeat_ngram: int = 0, min_len: int = 0,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID,
                   check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
@@ -242,6 +263,7 @@ def _close(rows, fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penal
 
 
 @torch.no_grad()
+@_weights_lent
 def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | torch.Tensor,
                 length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID,
                 eos_id: int = EOS_ID, pad_id: int = PAD_ID, check_every: int | None = None,

@@ -23,6 +23,7 @@ from ..checkpoint import load_checkpoint, prune_checkpoints, rng_state, save_che
 from ..compile import compile_model
 from ..evaluation.evaluate import autocast_for, evaluate, format_metrics, loss_terms
 from ..model import ModelConfig
+from . import weight_cast
 from .build import TrainData
 from .config import ConfigError, TrainConfig
 from .cuda_graph import ShapeGraphs, portable
@@ -41,7 +42,6 @@ from .progress import Progress, Window
 from .report import final_report
 from .runs import Logger
 from .stopping import stop_on_signals
-from .weight_cast import WeightCast
 
 # Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
 # which waits for the GPU (a host sync); --time-budget / --time-limit are decisions in seconds.
@@ -60,7 +60,7 @@ class Trainer:
         self.net = wrap_ddp(model, self.dist, device)
         if config.compile:  # the training step runs compiled; checkpoints hold self.model's (uncompiled) state
             self.net = compile_model(self.net, backend=config.compile, mode=config.compile_mode)
-        self.weight_cast = WeightCast.for_step(model, config, ddp=self.dist.on)  # autocast's weight casts, once a step
+        self.weight_cast = weight_cast.for_step(model, config, ddp=self.dist.on)  # autocast's weight casts, once a step
         cfg = config
         self.sampler = D.BucketBatchSampler(data.train_set.lengths, batch_size=cfg.batch_size,
                                             max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,

@@ -4,10 +4,13 @@
 # time by category, top kernels, host-device syncs a step; 24 s for base/CNN-DM with pinned tiles
 # on an H100), then KV-cached greedy and beam-4 generation per backend, autotuned (our two cases
 # compiled first, side by side: 55 s for triton-greedy on an H100; the timed run of all 6 took 84 s
-# with pinned tiles). The profiles' triton part reuses what step 30 compiled and the configs its
-# timed run tuned (TRITON_CACHE_AUTOTUNING); on a fresh machine it compiles and tunes first (about
-# 2 min at base/CNN-DM) and is cut. Each profile's log is profile_log-<shape>.txt: the report
-# itself, profile-<shape>.txt, exists only when the profile finished (collect.py files no other).
+# with pinned tiles, when there were 6: now 18, launched and graph-replayed with bf16 weights and
+# graph-replayed with fp32 weights under autocast, each timed over 3 rounds after 1 warm-up call:
+# 72 decoding calls, where 12 cases of 5 after 2 made 84). The profiles' triton part reuses what
+# step 30 compiled and the configs its timed run tuned (TRITON_CACHE_AUTOTUNING); on a fresh
+# machine it compiles and tunes first (about 2 min at base/CNN-DM) and is cut. Each profile's log
+# is profile_log-<shape>.txt: the report itself, profile-<shape>.txt, exists only when the profile
+# finished (collect.py files no other).
 export SCRATCHFORMER_AUTOTUNE=${SCRATCHFORMER_AUTOTUNE:-1}
 WARM_MAX=2
 source "$(dirname "$0")/prelude.sh"
