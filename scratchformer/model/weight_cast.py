@@ -24,9 +24,9 @@ that computes in fp32 (`FP32_MODULES`: the pointer-generator, which turns autoca
 mixture; its key projection, run under autocast, keeps autocast's own cast), and, for a step with
 gradients, a weight another module also holds (the generator's tied embedding): the lending
 replaces only the linear layer's slot (the embedding op reads the table in fp32 from its own), so
-the values are the same, but the gradient would reach the parameter last, where it was summed with
-the embeddings' first, another order of three terms where the embeddings of both sides are tied
-too. Leaving a weight out is always safe (autocast casts it where it is used, as before); lending a
+the values are the same, but the generator's gradient would come to the parameter after the
+embeddings' instead of before them: another order of a sum of three terms where both sides'
+embeddings are tied too, not the same bits. Leaving a weight out is always safe (autocast casts it where it is used, as before); lending a
 copy of one autocast would not have cast is not, hence a list, not a guess.
 """
 
