@@ -26,8 +26,9 @@ gradients, a weight another module also holds (the generator's tied embedding): 
 replaces only the linear layer's slot (the embedding op reads the table in fp32 from its own), so
 the values are the same, but the generator's gradient would come to the parameter after the
 embeddings' instead of before them: another order of a sum of three terms where both sides'
-embeddings are tied too, not the same bits. Leaving a weight out is always safe (autocast casts it where it is used, as before); lending a
-copy of one autocast would not have cast is not, hence a list, not a guess.
+embeddings are tied too, not the same bits. Leaving a weight out is always safe (autocast casts it
+where it is used, as before); lending a copy of one autocast would not have cast is not, hence a
+list, not a guess.
 """
 
 from __future__ import annotations
