@@ -50,7 +50,7 @@ def test_static_cache_steps_equal_the_growing_cache(norm, copy, amp):
     """init_state(static=True), what a CUDA graph of the step needs (fixed-size caches read whole,
     masked by the device-side position; beams reordered in place), decodes as the growing cache
     does, step by step and after reordering rows; under bf16 autocast too (the keys and values
-    come in bf16, the caches hold the encoder output's fp32)."""
+    come in bf16, the caches' dtype)."""
     m = _model(norm=norm, final_norm=norm == "pre", copy=copy)
     src, sl = _src()
     tgt = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, V, (4, 6))], 1)
@@ -531,3 +531,42 @@ def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monke
     else:
         assert lent_casts == 2 * len(keys)  # two calls
     assert all(isinstance(p, torch.nn.Parameter) for p in m.parameters())  # given back
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops dispatched that are not views, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_gather(static):
+    """DecoderState.reorder: every layer's self-attention keys and values (one buffer, k and v side
+    by side) gathered to the new rows in one index_select and copied back in place in one copy,
+    where each layer's k and v took one (growing) or two (static) ops of their own, over the whole
+    buffer: only the filled positions (the growing cache's `pos`; for static caches, which the host
+    does not track, beam search's `filled`), the rest left as they were; the cross-attention caches
+    stay (same sources)."""
+    m = _model()  # 2 decoder layers
+    src, sl = _src()
+    with torch.no_grad():
+        state = m.init_state(m.encode(src, sl), sl, max_len=6, src=src, static=static)
+        for _ in range(3):
+            m.decode_step(torch.randint(4, V, (4, 1)), state)
+        before = state.self_kv.clone()
+        cross = [c.kv for _, c in state.caches]
+        order = torch.tensor([3, 3, 0, 1])
+        with _Ops() as ops:
+            state.reorder(order, same_sources=True, filled=3 if static else None)
+    assert ops.names == ["index_select.default", "copy_.default"]
+    assert torch.equal(state.self_kv[:, :, :3], before[:, order, :3])
+    assert torch.equal(state.self_kv[:, :, 3:], before[:, :, 3:])
+    assert all(s.kv.data_ptr() == state.self_kv[i].data_ptr() for i, (s, _) in enumerate(state.caches))
+    assert all(c.kv is kv for (_, c), kv in zip(state.caches, cross))

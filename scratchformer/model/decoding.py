@@ -313,7 +313,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
         # Continue with the best K candidates that did not end in EOS.
         alive_score, pick = top_score.masked_fill(is_eos, neg_inf).topk(K, dim=1)
         alive_seq = seq.gather(1, pick[..., None].expand(-1, -1, t + 1))
-        state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True)
+        state.reorder((batch_base + beam.gather(1, pick)).view(-1), same_sources=True, filled=t + 1)
         last = tok.gather(1, pick).view(B * K, 1)  # alive_seq's last column, as a tensor of its own: a view's
         # strides change every step, which a compiled step would take as a new input (a recompile)
         if t + 1 in closing:  # sentences at their cap: closed with their unfinished beams, as at the end

@@ -54,9 +54,9 @@ class EnsembleState:
     def __init__(self, states):
         self.states = states
 
-    def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
+    def reorder(self, index: torch.Tensor, *, same_sources: bool = False, filled: int | None = None) -> None:
         for state in self.states:
-            state.reorder(index, same_sources=same_sources)
+            state.reorder(index, same_sources=same_sources, filled=filled)
 
     def rewind(self) -> None:
         for state in self.states:

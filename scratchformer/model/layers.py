@@ -20,7 +20,8 @@ it, which a layer hands on as its carry (the next layer's first sublayer reads i
 the two add up inside the norm's backward.
 
 Decoding keeps a decoder's caches in a `DecoderState`: per layer a self-attention `KVCache` (or
-the fixed-size `StaticKVCache`) and the cross-attention keys and values.
+the fixed-size `StaticKVCache`), views of one buffer for all layers (a beam search's reorder moves
+them together), and the cross-attention keys and values.
 
 Shapes: B batch, Lq/Lk query/key length, H heads, D head dim, d d_model, V vocabulary.
 Padding is right padding, given as lengths (B,).
@@ -41,32 +42,33 @@ from .config import ModelConfig
 
 
 class KVCache:
-    """Keys and values of one attention layer, (B, Lmax, H, D) buffers filled up to `length`.
+    """Keys and values of one attention layer side by side, a (B, Lmax, 2, H, D) buffer filled up
+    to `length` (k at [:, :, 0], v at [:, :, 1]: one copy appends both, as they come out of their
+    fused projection). Decoder self-attention appends one step at a time; cross-attention is
+    filled once from the encoder output. Attention gets (B, H, L, D) views, no copies."""
 
-    Decoder self-attention appends one step at a time; cross-attention fills it once from the
-    encoder output. Views handed to attention are (B, H, L, D) without copies.
-    """
+    def __init__(self, kv: torch.Tensor, length: int = 0):
+        self.kv, self.length = kv, length
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
-        self.k, self.v, self.length = k, v, length
+    @property
+    def k(self) -> torch.Tensor:
+        return self.kv[:, :, 0]
 
-    @classmethod
-    def empty(cls, B, max_len, H, D, *, device, dtype):
-        return cls(torch.empty(B, max_len, H, D, device=device, dtype=dtype),
-                   torch.empty(B, max_len, H, D, device=device, dtype=dtype))
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv[:, :, 1]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor):
-        """k, v (B, L, H, D) -> all cached keys and values as (B, H, length, D) views."""
-        L = k.shape[1]
-        if self.length + L > self.k.shape[1]:
-            raise ValueError(f"KV cache full: {self.length} + {L} > capacity {self.k.shape[1]}")
-        self.k[:, self.length : self.length + L] = k
-        self.v[:, self.length : self.length + L] = v
+    def append(self, kv: torch.Tensor):
+        """kv (B, L, 2, H, D) -> all cached keys and values as (B, H, length, D) views."""
+        L = kv.shape[1]
+        if self.length + L > self.kv.shape[1]:
+            raise ValueError(f"KV cache full: {self.length} + {L} > capacity {self.kv.shape[1]}")
+        self.kv[:, self.length : self.length + L] = kv
         self.length += L
         return self.view()
 
     def view(self):
-        return self.k[:, : self.length].transpose(1, 2), self.v[:, : self.length].transpose(1, 2)
+        return self.kv[:, : self.length, 0].transpose(1, 2), self.kv[:, : self.length, 1].transpose(1, 2)
 
     def key_lengths(self, batch: int) -> torch.Tensor | None:
         """The keys a new query may see, when the views hold more than that (StaticKVCache);
@@ -74,9 +76,8 @@ class KVCache:
         return None
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): index (B',) into the batch dimension."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Select batch rows: index (B',) into the batch dimension."""
+        self.kv = self.kv.index_select(0, index)
 
 
 class StaticKVCache(KVCache):
@@ -86,24 +87,16 @@ class StaticKVCache(KVCache):
     each step writes its key and value at `pos` and attention gets the whole (B, H, Lmax, D)
     buffers, masked by key_lengths pos + 1 (gpt-fast's static cache)."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor):
-        super().__init__(k, v)
+    def __init__(self, kv: torch.Tensor, pos: torch.Tensor):
+        super().__init__(kv)
         self.pos = pos
 
-    @classmethod
-    def empty(cls, B, max_len, H, D, *, device, dtype, pos):
-        # zeros, not empty: the masked keys and values are read too (a probability of 0 times a
-        # NaN bit pattern left in fresh memory is NaN)
-        return cls(torch.zeros(B, max_len, H, D, device=device, dtype=dtype),
-                   torch.zeros(B, max_len, H, D, device=device, dtype=dtype), pos)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor):
-        if k.shape[1] != 1:
-            raise ValueError(f"StaticKVCache takes one step at a time, got {k.shape[1]}")
-        # past the capacity index_copy_ raises (CPU) or asserts (CUDA); under autocast k and v come
-        # in its dtype and are stored in the cache's, as the growing cache's slice assignment does
-        self.k.index_copy_(1, self.pos, k.to(self.k.dtype))
-        self.v.index_copy_(1, self.pos, v.to(self.v.dtype))
+    def append(self, kv: torch.Tensor):
+        if kv.shape[1] != 1:
+            raise ValueError(f"StaticKVCache takes one step at a time, got {kv.shape[1]}")
+        # past the capacity index_copy_ raises (CPU) or asserts (CUDA); stored in the cache's dtype,
+        # as the growing cache's slice assignment does
+        self.kv.index_copy_(1, self.pos, kv.to(self.kv.dtype))
         return self.k.transpose(1, 2), self.v.transpose(1, 2)
 
     def view(self):
@@ -111,11 +104,6 @@ class StaticKVCache(KVCache):
 
     def key_lengths(self, batch: int) -> torch.Tensor:
         return (self.pos + 1).repeat(batch)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """In place: a captured step keeps reading these buffers."""
-        self.k.copy_(self.k.index_select(0, index))
-        self.v.copy_(self.v.index_select(0, index))
 
 
 def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_lengths=None):
@@ -132,25 +120,33 @@ def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_le
 
 class DecoderState:
     """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
-    step at a time and a cross-attention KV cache filled once from the encoder output; with the
-    copy layer, the source ids and its attention keys. `pos`, the next step's position: a host
-    int, or with static caches (`StaticKVCache`) a (1,) int64 tensor on the device."""
+    step at a time, each a view of `self_kv` (layers, B, Lmax, 2, H, D), and a cross-attention KV
+    cache filled once from the encoder output; with the copy layer, the source ids and its
+    attention keys. `pos`, the next step's position: a host int, or a (1,) int64 tensor on the
+    device, what makes the self-attention caches static (`StaticKVCache`)."""
 
-    def __init__(self, caches, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
-        self.caches, self.memory, self.src_lengths, self.pos = caches, memory, src_lengths, pos
+    def __init__(self, self_kv, cross, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
+        static = isinstance(pos, torch.Tensor)
+        self.self_kv, self.memory, self.src_lengths, self.pos = self_kv, memory, src_lengths, pos
+        self.caches = [(StaticKVCache(self_kv[i], pos) if static else KVCache(self_kv[i]), c)  # one view each
+                       for i, c in enumerate(cross)]
         self.src, self.copy_keys = src, copy_keys
 
-    def reorder(self, index: torch.Tensor, *, same_sources: bool = False) -> None:
+    def reorder(self, index: torch.Tensor, *, same_sources: bool = False, filled: int | None = None) -> None:
         """Select batch rows. same_sources: every row keeps its source sentence (beam search
-        reorders beams within one sentence), so the encoder-side caches stay as they are."""
-        for self_cache, cross_cache in self.caches:
-            self_cache.reorder(index)
-            if not same_sources:
-                cross_cache.reorder(index)
-        if not same_sources:
-            for name in ("memory", "src_lengths", "src", "copy_keys"):
-                if getattr(self, name) is not None:
-                    setattr(self, name, getattr(self, name).index_select(0, index))
+        reorders beams within one sentence), so the encoder-side caches stay as they are. The
+        self-attention caches move in place, all layers in one gather and one copy, their filled
+        positions only: `pos`, or for static caches (whose step the host does not track) `filled`
+        (None: every position)."""
+        kv = self.self_kv[:, :, : self.pos if isinstance(self.pos, int) else filled]
+        kv.copy_(kv.index_select(1, index))
+        if same_sources:
+            return
+        for _, cross_cache in self.caches:
+            cross_cache.reorder(index)
+        for name in ("memory", "src_lengths", "src", "copy_keys"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).index_select(0, index))
 
     def rewind(self) -> None:
         """Back to the first step (a CUDA graph's warm-up step ran one; the first real step rewrites
@@ -183,18 +179,15 @@ class MultiHeadAttention(nn.Module):
         H, D = self.n_heads, self.head_dim
         if self.cross:
             q = self.q_proj(x).view(B, Lq, H, D).transpose(1, 2)  # (B, H, Lq, D)
-            if cache is not None and cache.length > 0:  # encoder K/V computed once per sequence
-                k, v = cache.view()
-            else:
-                k, v = memory_kv
-                k, v = (cache.append(k, v) if cache is not None else (k.transpose(1, 2), v.transpose(1, 2)))
-        else:
-            q, k, v = self.qkv_proj(x).view(B, Lq, 3, H, D).unbind(2)  # (B, Lq, H, D) views
-            q = q.transpose(1, 2)
             if cache is None:
-                k, v = k.transpose(1, 2), v.transpose(1, 2)
-            else:
-                k, v = cache.append(k, v)
+                k, v = (t.transpose(1, 2) for t in memory_kv)
+            else:  # the encoder's keys and values, projected once a sequence (`init_state`)
+                k, v = cache.view()
+        else:
+            qkv = self.qkv_proj(x).view(B, Lq, 3, H, D)
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, Lq, D) views; one backward: a stack
+            if cache is not None:  # decoding: k and v appended side by side, one copy
+                k, v = cache.append(qkv[:, :, 1:])
                 if (seen := cache.key_lengths(B)) is not None:  # a fixed-size cache: its filled part
                     key_lengths, causal = seen, False
         out = self.ops.attention(

@@ -35,7 +35,6 @@ from .layers import (
     Embedding,
     EncoderLayer,
     KVCache,
-    StaticKVCache,
     project_memory,
 )
 
@@ -291,20 +290,20 @@ class Transformer(_Model):
         H, D = self.cfg.n_heads, self.cfg.head_dim
         pos = torch.zeros(1, dtype=torch.long, device=memory.device) if static else 0
         # the self-attention K/V come from a matmul: under autocast in its dtype, which the caches
-        # keep (an fp32 cache was cast whole to it again for every step's attention, every layer)
-        dtype = backends.autocast_dtype(memory) or memory.dtype
-        shape, kw = (B, max_len, H, D), dict(device=memory.device, dtype=dtype)
-        caches = []
-        for k, v in project_memory(self.decoder.layers, memory):
-            self_cache = StaticKVCache.empty(*shape, **kw, pos=pos) if static else KVCache.empty(*shape, **kw)
-            caches.append((self_cache, KVCache(per_row(k), per_row(v), Ls)))
+        # keep (an fp32 cache was cast whole to it again for every step's attention, every layer).
+        # Static: zeros, not empty, as their masked keys and values are read too (a probability of 0
+        # times a NaN bit pattern left in fresh memory is NaN)
+        self_kv = (torch.zeros if static else torch.empty)(len(self.decoder.layers), B, max_len, 2, H, D,
+                                                           device=memory.device,
+                                                           dtype=backends.autocast_dtype(memory) or memory.dtype)
+        cross = [KVCache(per_row(torch.stack(kv, 2)), Ls) for kv in project_memory(self.decoder.layers, memory)]
         keys = None if self.copy is None else per_row(self.copy.keys(memory))
         memory, src_lengths = per_row(memory), per_row(src_lengths)
         if self.copy is None:
-            return DecoderState(caches, memory, src_lengths, pos=pos)
+            return DecoderState(self_kv, cross, memory, src_lengths, pos=pos)
         src = per_row(src)
         self._check("src", src, src_lengths)
-        return DecoderState(caches, memory, src_lengths, src, keys, pos=pos)
+        return DecoderState(self_kv, cross, memory, src_lengths, src, keys, pos=pos)
 
     def decode_step(self, tokens, state: DecoderState):
         """tokens (B, 1): the last emitted token of each row -> next-token logits (B, V)."""
