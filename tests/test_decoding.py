@@ -570,3 +570,7 @@ def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_g
     assert torch.equal(state.self_kv[:, :, 3:], before[:, :, 3:])
     assert all(s.kv.data_ptr() == state.self_kv[i].data_ptr() for i, (s, _) in enumerate(state.caches))
     assert all(c.kv is kv for (_, c), kv in zip(state.caches, cross))
+    if static:  # one layer's cache alone moves in place too: a captured step keeps reading it
+        layer, kept = state.caches[0][0], state.self_kv[0].clone()
+        layer.reorder(order)
+        assert layer.kv.data_ptr() == state.self_kv[0].data_ptr() and torch.equal(layer.kv, kept[order])

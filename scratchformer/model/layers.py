@@ -105,6 +105,11 @@ class StaticKVCache(KVCache):
     def key_lengths(self, batch: int) -> torch.Tensor:
         return (self.pos + 1).repeat(batch)
 
+    def reorder(self, index: torch.Tensor) -> None:
+        """In place: a captured step keeps reading this buffer (`DecoderState.reorder` moves every
+        layer's at once)."""
+        self.kv.copy_(self.kv.index_select(0, index))
+
 
 def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_lengths=None):
     """softmax(q kᵀ · scale) with masks, (B, H, Lq, Lk): for visualisation, never the hot path.
