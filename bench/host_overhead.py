@@ -176,8 +176,10 @@ def issued(events) -> dict:
 
 
 def greedy_tokens(kernel: str, device: str, new_tokens: int = 16, autocast: torch.dtype | None = None):
-    """A closure decoding `new_tokens` greedily (no EOS) for a batch of 2 on the base-layered model;
-    with `autocast`, under autocast to it with its cast cache off (as inside a CUDA graph's capture)."""
+    """A closure decoding `new_tokens` greedily (no EOS) for a batch of 2 on the base-layered model
+    (on a GPU each step a CUDA graph's replay, decoding's default); with `autocast`, under autocast
+    to it with its cast cache off, as inside a graph's capture, and every step launched: what a
+    captured step holds, counted (`decode_step_ops`)."""
     from scratchformer.model import build_model, get_config, greedy_decode
 
     torch.manual_seed(0)
@@ -189,7 +191,8 @@ def greedy_tokens(kernel: str, device: str, new_tokens: int = 16, autocast: torc
     def decode():
         with torch.autocast(torch.device(device).type, dtype=autocast, cache_enabled=False) if autocast \
                 else nullcontext():
-            greedy_decode(model, src, lengths, max_len=new_tokens, eos_id=-1, check_every=new_tokens)  # no EOS: no sync
+            greedy_decode(model, src, lengths, max_len=new_tokens, eos_id=-1, check_every=new_tokens,  # no EOS: no sync
+                          cuda_graph=False if autocast else None)
 
     return decode
 
