@@ -476,17 +476,23 @@ def test_under_autocast_the_self_attention_caches_keep_its_dtype(kernel, static,
     assert all(torch.equal(a, b) for a, b in zip(new, old))
 
 
-class _WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the dtype casts whose input is one of `params` (by storage), as dispatched."""
+class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops dispatched that are not views: (name, its first argument's data_ptr or None)."""
 
-    def __init__(self, params):
+    def __init__(self):
         super().__init__()
-        self.ptrs, self.count = {p.data_ptr() for p in params}, 0
+        self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.ptrs:
-            self.count += 1
+        if not func.is_view:
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            self.calls.append((func.__name__, first.data_ptr() if first is not None else None))
         return func(*args, **(kwargs or {}))
+
+    def casts_of(self, tensors) -> int:
+        """How many dtype casts read one of `tensors` (by storage)."""
+        ptrs = {t.data_ptr() for t in tensors}
+        return sum(name == "_to_copy.default" and ptr in ptrs for name, ptr in self.calls)
 
 
 @pytest.mark.parametrize("kernel,kind", [("eager", "tied"), ("torch", "tied"), ("torch", "copy"), ("triton", "tied"),
@@ -514,13 +520,13 @@ def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monke
         logits = []
         m.decode_step = lambda *a, **k: logits.append(decode_step(*a, **k).clone()) or logits[-1]
         with monkeypatch.context() as mp, torch.autocast(DEVICE, dtype=torch.bfloat16, cache_enabled=False), \
-                _WeightCasts(m.parameters()) as casts:
+                _Dispatched() as dispatched:
             if not lend:
                 mp.setattr(weight_cast.WeightCast, "for_decoding", lambda *a: weight_cast.WeightCast(m, None))
             out = (greedy_decode(m, src, sl, max_len=5, check_every=5),
                    beam_search(m, src, sl, beam_size=2, max_len=5, check_every=5))
         del m.decode_step
-        return out, logits, casts.count
+        return out, logits, dispatched.casts_of(m.parameters())
 
     (lent, lent_logits, lent_casts), (own, own_logits, own_casts) = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(lent, own))
@@ -531,19 +537,6 @@ def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monke
     else:
         assert lent_casts == 2 * len(keys)  # two calls
     assert all(isinstance(p, torch.nn.Parameter) for p in m.parameters())  # given back
-
-
-class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops dispatched that are not views, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -563,9 +556,9 @@ def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_g
         before = state.self_kv.clone()
         cross = [c.kv for _, c in state.caches]
         order = torch.tensor([3, 3, 0, 1])
-        with _Ops() as ops:
+        with _Dispatched() as dispatched:
             state.reorder(order, same_sources=True, filled=3 if static else None)
-    assert ops.names == ["index_select.default", "copy_.default"]
+    assert [name for name, _ in dispatched.calls] == ["index_select.default", "copy_.default"]
     assert torch.equal(state.self_kv[:, :, :3], before[:, order, :3])
     assert torch.equal(state.self_kv[:, :, 3:], before[:, :, 3:])
     assert all(s.kv.data_ptr() == state.self_kv[i].data_ptr() for i, (s, _) in enumerate(state.caches))
