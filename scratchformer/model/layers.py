@@ -41,6 +41,11 @@ from ..special_tokens import SPECIAL_TOKENS, UNK_ID
 from .config import ModelConfig
 
 
+def _heads_first(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, 2, H, D) keys and values side by side -> k, v as (B, H, L, D) views."""
+    return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+
 class KVCache:
     """Keys and values of one attention layer side by side, a (B, Lmax, 2, H, D) buffer filled up
     to `length` (k at [:, :, 0], v at [:, :, 1]: one copy appends both, as they come out of their
@@ -68,7 +73,7 @@ class KVCache:
         return self.view()
 
     def view(self):
-        return self.kv[:, : self.length, 0].transpose(1, 2), self.kv[:, : self.length, 1].transpose(1, 2)
+        return _heads_first(self.kv[:, : self.length])
 
     def key_lengths(self, batch: int) -> torch.Tensor | None:
         """The keys a new query may see, when the views hold more than that (StaticKVCache);
@@ -97,7 +102,7 @@ class StaticKVCache(KVCache):
         # past the capacity index_copy_ raises (CPU) or asserts (CUDA); stored in the cache's dtype,
         # as the growing cache's slice assignment does
         self.kv.index_copy_(1, self.pos, kv.to(self.kv.dtype))
-        return self.k.transpose(1, 2), self.v.transpose(1, 2)
+        return _heads_first(self.kv)
 
     def view(self):
         raise TypeError("StaticKVCache has no host-side length: attention gets the whole buffers (append)")
