@@ -222,34 +222,50 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
     assert EOS_ID not in g[:min_len] and _score(m, src, sl, g, 1.0) <= best + 1e-6
 
 
-@pytest.mark.parametrize("copy", [False, True])
-def test_beams_share_their_sources_projections(copy, monkeypatch):
-    """init_state(beams=K) projects each source's cross-attention K/V (and copy keys) once and
-    repeats them for its K hypotheses: the caches equal those of the source repeated K times, and
-    the projections saw B rows, not B·K."""
-    m = _model(copy=copy)
-    src, sl = _src()
-    memory = m.encode(src, sl)
+@pytest.mark.parametrize("kernel,kind", [("eager", "tied"), ("eager", "copy"), ("torch", "tied"), ("torch", "static"),
+                                         ("triton", "tied")])
+def test_a_sources_hypotheses_read_its_encoder_side_once(kernel, kind, monkeypatch):
+    """init_state(beams=K) keeps the encoder side once a source: its cross-attention K/V (and the
+    copy keys) projected for B rows, not B·K, and held so (memory, lengths, caches, ids), while
+    the self-attention caches hold B·K rows; each step the K hypotheses of a source attend to its
+    keys and values as one row of K queries. Every step's logits are those of the sources repeated
+    K times (each row with copies of its own, as before), through reorders within the sources."""
+    from conftest import DEVICE, step_model
+
+    m = step_model(kernel, DEVICE, dropout=0.0, copy=kind == "copy").eval()  # head dim 16: triton's smallest
+    vocab, K, steps = m.cfg.tgt_vocab_size, 3, 4
+    src, sl = (t.to(DEVICE) for t in _src())
     seen = []
     project = transformer.project_memory  # every layer's K/V in one matmul
-
-    def recorded(layers, memory):
-        seen.append(memory.shape[0])
-        return project(layers, memory)
-
-    monkeypatch.setattr(transformer, "project_memory", recorded)
-    hooks = [m.copy.k_proj.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))] if copy else []
-    shared = m.init_state(memory, sl, 5, src=src, beams=3)
-    for h in hooks:
-        h.remove()
-    assert seen == [4] * (1 + copy)
-    rep = [t.repeat_interleave(3, 0) for t in (memory, sl, src)]
-    repeated = m.init_state(*rep[:2], 5, src=rep[2])
-    for (_, a), (_, b) in zip(shared.caches, repeated.caches, strict=True):
-        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
-    assert torch.equal(shared.memory, repeated.memory) and torch.equal(shared.src_lengths, repeated.src_lengths)
-    if copy:
-        assert torch.equal(shared.copy_keys, repeated.copy_keys) and torch.equal(shared.src, repeated.src)
+    monkeypatch.setattr(transformer, "project_memory", lambda layers, mem: seen.append(mem.shape[0]) or
+                        project(layers, mem))
+    g = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(4, vocab, (4 * K, 1), generator=g).to(DEVICE) for _ in range(steps)]
+    orders = [(torch.arange(4)[:, None] * K + torch.randint(0, K, (4, K), generator=g)).view(-1).to(DEVICE)
+              for _ in range(steps)]
+    with torch.no_grad():
+        memory, static = m.encode(src, sl), kind == "static"
+        shared = m.init_state(memory, sl, steps, src=src, static=static, beams=K)
+        rep = [t.repeat_interleave(K, 0) for t in (memory, sl, src)]
+        repeated = m.init_state(*rep[:2], steps, src=rep[2], static=static)
+        assert seen == [4, 4 * K]
+        assert shared.self_kv.shape[1] == 4 * K and {c.kv.shape[0] for _, c in shared.caches} == {4}
+        assert shared.memory.shape[0] == shared.src_lengths.shape[0] == 4
+        if kind == "copy":
+            assert shared.src.shape[0] == shared.copy_keys.shape[0] == 4
+        for t in range(steps):
+            torch.testing.assert_close(m.decode_step(tokens[t], shared), m.decode_step(tokens[t], repeated),
+                                       atol=1e-5, rtol=1e-5)
+            for state in (shared, repeated):
+                state.reorder(orders[t], same_sources=True, filled=t + 1)
+    with pytest.raises(ValueError, match="same_sources=True"):
+        shared.reorder(orders[0])
+    with torch.no_grad():  # the cross-attention weights too, one row of them a hypothesis
+        shared, repeated = m.init_state(memory, sl, 1, src=src, beams=K), m.init_state(*rep[:2], 1, src=rep[2])
+        a, b = (m.decode(tokens[0], s.memory, s.src_lengths, state=s, need_weights=True) for s in (shared, repeated))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="tgt_lengths with a state of 3 rows a source"):
+        m.decode(tokens[0], shared.memory, shared.src_lengths, torch.ones(4 * K, dtype=torch.long), state=shared)
 
 
 @pytest.mark.parametrize("copy", [False, True])

@@ -174,12 +174,9 @@ def model_workload(dropout: float = 0.1) -> None:
         model.eval()
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             model(src, sl, tgt, tl, target=tgt_out)  # validation loss: no dropout, no gradient written
-            for beams in (1, 4):  # greedy and beam search's batch of B * 4 rows
-                rows = B * beams
-                memory = model.encode(src.repeat_interleave(beams, 0), sl.repeat_interleave(beams, 0))
-                state = model.init_state(memory, sl.repeat_interleave(beams, 0), Lt, static=True,
-                                         src=src.repeat_interleave(beams, 0))
-                last = torch.full((rows, 1), BOS_ID)
+            for beams in (1, 4):  # greedy, and beam search's B * 4 rows over the B sources' caches
+                state = model.init_state(model.encode(src, sl), sl, Lt, static=True, src=src, beams=beams)
+                last = torch.full((B * beams, 1), BOS_ID)
                 for _ in range(2):
                     model.decode_step(last, state)
         print(f"  model {name}: {time.time() - t0:.0f} s", flush=True)

@@ -6,19 +6,17 @@ batched decoding (`decoding`).
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
 """
 
+from .caches import DecoderState, KVCache, StaticKVCache
 from .config import BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ModelConfig, get_config
 from .decoding import beam_search, greedy_decode
 from .ensemble import Ensemble
 from .layers import (
     AddNorm,
     DecoderLayer,
-    DecoderState,
     Embedding,
     EncoderLayer,
     FeedForward,
-    KVCache,
     MultiHeadAttention,
-    StaticKVCache,
     attention_weights,
 )
 from .transformer import (

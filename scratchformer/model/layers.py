@@ -19,9 +19,7 @@ it comes in that dtype. Post-LN it is also the stream: the norm writes a copy in
 it, which a layer hands on as its carry (the next layer's first sublayer reads it); the gradients of
 the two add up inside the norm's backward.
 
-Decoding keeps a decoder's caches in a `DecoderState`: per layer a self-attention `KVCache` (or
-the fixed-size `StaticKVCache`), views of one buffer for all layers (a beam search's reorder moves
-them together), and the cross-attention keys and values.
+Decoding keeps a decoder's keys and values in a `DecoderState` (`caches.py`).
 
 Shapes: B batch, Lq/Lk query/key length, H heads, D head dim, d d_model, V vocabulary.
 Padding is right padding, given as lengths (B,).
@@ -38,82 +36,8 @@ import torch.nn.functional as F
 from ..ops import Ops, autocast_dtype
 from ..reference import attention_mask, sinusoidal_positions
 from ..special_tokens import SPECIAL_TOKENS, UNK_ID
+from .caches import KVCache
 from .config import ModelConfig
-
-
-def _heads_first(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L, 2, H, D) keys and values side by side -> k, v as (B, H, L, D) views."""
-    return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-
-
-class KVCache:
-    """Keys and values of one attention layer side by side, a (B, Lmax, 2, H, D) buffer filled up
-    to `length` (k at [:, :, 0], v at [:, :, 1]: one copy appends both, as they come out of their
-    fused projection). Decoder self-attention appends one step at a time; cross-attention is
-    filled once from the encoder output. Attention gets (B, H, L, D) views, no copies."""
-
-    def __init__(self, kv: torch.Tensor, length: int = 0):
-        self.kv, self.length = kv, length
-
-    @property
-    def k(self) -> torch.Tensor:
-        return self.kv[:, :, 0]
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.kv[:, :, 1]
-
-    def append(self, kv: torch.Tensor):
-        """kv (B, L, 2, H, D) -> all cached keys and values as (B, H, length, D) views."""
-        L = kv.shape[1]
-        if self.length + L > self.kv.shape[1]:
-            raise ValueError(f"KV cache full: {self.length} + {L} > capacity {self.kv.shape[1]}")
-        self.kv[:, self.length : self.length + L] = kv
-        self.length += L
-        return self.view()
-
-    def view(self):
-        return _heads_first(self.kv[:, : self.length])
-
-    def key_lengths(self, batch: int) -> torch.Tensor | None:
-        """The keys a new query may see, when the views hold more than that (StaticKVCache);
-        None: every key of the views (a causal mask covers the rest)."""
-        return None
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows: index (B',) into the batch dimension."""
-        self.kv = self.kv.index_select(0, index)
-
-
-class StaticKVCache(KVCache):
-    """A self-attention cache whose shapes and addresses never change, so a CUDA graph can replay
-    the decoding step that fills it (`decoding.py`, cuda_graph=True): the step index `pos` is a
-    (1,) int64 tensor on the device, shared by the decoder's layers and advanced by the decoder;
-    each step writes its key and value at `pos` and attention gets the whole (B, H, Lmax, D)
-    buffers, masked by key_lengths pos + 1 (gpt-fast's static cache)."""
-
-    def __init__(self, kv: torch.Tensor, pos: torch.Tensor):
-        super().__init__(kv)
-        self.pos = pos
-
-    def append(self, kv: torch.Tensor):
-        if kv.shape[1] != 1:
-            raise ValueError(f"StaticKVCache takes one step at a time, got {kv.shape[1]}")
-        # past the capacity index_copy_ raises (CPU) or asserts (CUDA); stored in the cache's dtype,
-        # as the growing cache's slice assignment does
-        self.kv.index_copy_(1, self.pos, kv.to(self.kv.dtype))
-        return _heads_first(self.kv)
-
-    def view(self):
-        raise TypeError("StaticKVCache has no host-side length: attention gets the whole buffers (append)")
-
-    def key_lengths(self, batch: int) -> torch.Tensor:
-        return (self.pos + 1).repeat(batch)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """In place: a captured step keeps reading this buffer (`DecoderState.reorder` moves every
-        layer's at once)."""
-        self.kv.copy_(self.kv.index_select(0, index))
 
 
 def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_lengths=None):
@@ -126,44 +50,6 @@ def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_le
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
-
-
-class DecoderState:
-    """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
-    step at a time, each a view of `self_kv` (layers, B, Lmax, 2, H, D), and a cross-attention KV
-    cache filled once from the encoder output; with the copy layer, the source ids and its
-    attention keys. `pos`, the next step's position: a host int, or a (1,) int64 tensor on the
-    device, what makes the self-attention caches static (`StaticKVCache`)."""
-
-    def __init__(self, self_kv, cross, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
-        static = isinstance(pos, torch.Tensor)
-        self.self_kv, self.memory, self.src_lengths, self.pos = self_kv, memory, src_lengths, pos
-        self.caches = [(StaticKVCache(self_kv[i], pos) if static else KVCache(self_kv[i]), c)  # one view each
-                       for i, c in enumerate(cross)]
-        self.src, self.copy_keys = src, copy_keys
-
-    def reorder(self, index: torch.Tensor, *, same_sources: bool = False, filled: int | None = None) -> None:
-        """Select batch rows. same_sources: every row keeps its source sentence (beam search
-        reorders beams within one sentence), so the encoder-side caches stay as they are. The
-        self-attention caches move in place, all layers in one gather and one copy, their filled
-        positions only: `pos`, or for static caches (whose step the host does not track) `filled`
-        (None: every position)."""
-        kv = self.self_kv[:, :, : self.pos if isinstance(self.pos, int) else filled]
-        kv.copy_(kv.index_select(1, index))
-        if same_sources:
-            return
-        for _, cross_cache in self.caches:
-            cross_cache.reorder(index)
-        for name in ("memory", "src_lengths", "src", "copy_keys"):
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).index_select(0, index))
-
-    def rewind(self) -> None:
-        """Back to the first step (a CUDA graph's warm-up step ran one; the first real step rewrites
-        what it cached)."""
-        self.pos = self.pos.zero_() if isinstance(self.pos, torch.Tensor) else 0
-        for self_cache, _ in self.caches:
-            self_cache.length = 0
 
 
 class MultiHeadAttention(nn.Module):
@@ -184,15 +70,15 @@ class MultiHeadAttention(nn.Module):
                 cache: KVCache | None = None, need_weights: bool = False):
         """x (B, Lq, d) -> (B, Lq, d) [, weights (B, H, Lq, Lk)]. Cross-attention: memory_kv the
         keys and values of the encoder output, two (B, Lk, H, D) tensors (`project_memory`), or
-        those a cache holds."""
+        those a cache holds: a row a source, which its consecutive rows of x (a beam search's K
+        hypotheses) attend to as one row of K·Lq queries, key_lengths a source's."""
         B, Lq, d = x.shape
         H, D = self.n_heads, self.head_dim
         if self.cross:
-            q = self.q_proj(x).view(B, Lq, H, D).transpose(1, 2)  # (B, H, Lq, D)
-            if cache is None:
-                k, v = (t.transpose(1, 2) for t in memory_kv)
-            else:  # the encoder's keys and values, projected once a sequence (`init_state`)
-                k, v = cache.view()
+            # the encoder's keys and values (B, H, Lk, D); a cache holds them once a source
+            # (`init_state`), and the rows of its hypotheses attend to them as one row of queries
+            k, v = (t.transpose(1, 2) for t in memory_kv) if cache is None else cache.view()
+            q = self.q_proj(x).view(k.shape[0], -1, H, D).transpose(1, 2)  # (B, H, Lq, D); (B/K, H, K·Lq, D)
         else:
             qkv = self.qkv_proj(x).view(B, Lq, 3, H, D)
             q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, Lq, D) views; one backward: a stack
@@ -206,7 +92,8 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, Lq, D)
         out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, d))
         if need_weights:
-            return out, attention_weights(q, k, key_lengths, causal, query_lengths=query_lengths)
+            w = attention_weights(q, k, key_lengths, causal, query_lengths=query_lengths)
+            return out, w.view(q.shape[0], H, -1, Lq, w.shape[-1]).transpose(1, 2).reshape(B, H, Lq, -1)
         return out
 
 

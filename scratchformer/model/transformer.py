@@ -26,17 +26,10 @@ from .. import op_checks
 from .. import ops as backends
 from ..ops import Ops
 from ..reference import nll_loss_ref
+from .caches import DecoderState, KVCache
 from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
-from .layers import (
-    AddNorm,
-    DecoderLayer,
-    DecoderState,
-    Embedding,
-    EncoderLayer,
-    KVCache,
-    project_memory,
-)
+from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, project_memory
 
 
 class _Stack(nn.Module):
@@ -225,6 +218,8 @@ class Transformer(_Model):
         With the copy layer (cfg.copy) the logits are log-probabilities, and the source ids `src`
         (B, Ls) are needed: given here, or kept in `state`."""
         self._check("tgt", tgt, tgt_lengths)
+        if tgt_lengths is not None and state is not None and state.beams > 1:
+            raise ValueError(f"tgt_lengths with a state of {state.beams} rows a source: its rows share their queries")
         if src is not None:
             self._check("src", src, src_lengths)
         elif self.copy is not None and state is None:
@@ -236,9 +231,12 @@ class Transformer(_Model):
                            for_matmul=self.copy is None)  # the copy layer reads it too
         h, weights = out if need_weights else (out, None)
         logits = self.generator(h)
-        if self.copy is not None:
-            keys = state.copy_keys if state is not None else self.copy.keys(memory)
-            logits = self.copy(h, logits, memory, keys, state.src if state is not None else src, src_lengths)
+        if self.copy is not None and state is None:
+            logits = self.copy(h, logits, memory, self.copy.keys(memory), src, src_lengths)
+        elif self.copy is not None:  # a source's rows (beam search's hypotheses) as one row of queries
+            sources = state.src.shape[0]
+            logits = self.copy(h.view(sources, -1, h.shape[-1]), logits.view(sources, -1, logits.shape[-1]), memory,
+                               state.copy_keys, state.src, src_lengths).view(logits.shape)
         return (logits, weights) if need_weights else logits
 
     def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False, target=None,
@@ -275,16 +273,13 @@ class Transformer(_Model):
         """Decoding state for up to max_len target steps; cross-attention K/V computed here, once
         (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
         the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
-        needs; one token a step. beams: each source row repeated that many times, consecutively
-        (beam search's hypotheses): its cross-attention K/V (and copy keys) are projected once and
-        repeated, not projected for every beam."""
+        needs; one token a step. beams: the decoder's rows per source, consecutively (beam search's
+        hypotheses); the encoder side is kept once a source, and the rows of a source read it
+        together (`DecoderState`)."""
         if max_len > self.cfg.max_len:  # a step's position is its index: as forward refuses a longer target
             raise ValueError(f"max_len {max_len} is over the model's max_len {self.cfg.max_len}, the positions it has")
         if self.copy is not None and src is None:
             raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
-
-        def per_row(t):  # projected once per source, then repeated for its beams
-            return t.repeat_interleave(beams, 0) if beams > 1 else t.contiguous()
 
         B, Ls = memory.shape[0] * beams, memory.shape[1]
         H, D = self.cfg.n_heads, self.cfg.head_dim
@@ -296,13 +291,13 @@ class Transformer(_Model):
         self_kv = (torch.zeros if static else torch.empty)(len(self.decoder.layers), B, max_len, 2, H, D,
                                                            device=memory.device,
                                                            dtype=backends.autocast_dtype(memory) or memory.dtype)
-        cross = [KVCache(per_row(torch.stack(kv, 2)), Ls) for kv in project_memory(self.decoder.layers, memory)]
-        keys = None if self.copy is None else per_row(self.copy.keys(memory))
-        memory, src_lengths = per_row(memory), per_row(src_lengths)
+        cross = [KVCache(torch.stack(kv, 2), Ls) for kv in project_memory(self.decoder.layers, memory)]
+        memory, src_lengths = memory.contiguous(), src_lengths.contiguous()
         if self.copy is None:
             return DecoderState(self_kv, cross, memory, src_lengths, pos=pos)
-        src = per_row(src)
+        src = src.contiguous()
         self._check("src", src, src_lengths)
+        keys = self.copy.keys(memory)
         return DecoderState(self_kv, cross, memory, src_lengths, src, keys, pos=pos)
 
     def decode_step(self, tokens, state: DecoderState):
