@@ -264,7 +264,7 @@ def test_a_sources_hypotheses_read_its_encoder_side_once(kernel, kind, monkeypat
         shared, repeated = m.init_state(memory, sl, 1, src=src, beams=K), m.init_state(*rep[:2], 1, src=rep[2])
         a, b = (m.decode(tokens[0], s.memory, s.src_lengths, state=s, need_weights=True) for s in (shared, repeated))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="tgt_lengths with a state of 3 rows a source"):
+    with pytest.raises(ValueError, match="no tgt_lengths with a state of 3 rows per source"):
         m.decode(tokens[0], shared.memory, shared.src_lengths, torch.ones(4 * K, dtype=torch.long), state=shared)
 
 

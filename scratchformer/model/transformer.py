@@ -219,7 +219,8 @@ class Transformer(_Model):
         (B, Ls) are needed: given here, or kept in `state`."""
         self._check("tgt", tgt, tgt_lengths)
         if tgt_lengths is not None and state is not None and state.beams > 1:
-            raise ValueError(f"tgt_lengths with a state of {state.beams} rows a source: its rows share their queries")
+            raise ValueError(f"decode: no tgt_lengths with a state of {state.beams} rows per source (a beam search's "
+                             "hypotheses, which attend as one row of queries)")
         if src is not None:
             self._check("src", src, src_lengths)
         elif self.copy is not None and state is None:
