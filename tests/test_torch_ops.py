@@ -603,7 +603,10 @@ def test_compile_decoding_equals_uncompiled_with_one_graph_for_every_step(kernel
     tokens, with no graph break (the cache's in-place appends are traced), and every step of every
     decoding reuses the step's graph: the encoder compiled once (its inputs' dims dynamic from the
     first call), the step for the first batch size (its static caches' size) and once more (dynamic)
-    for the next, none for the 12 steps nor for a third size or beam search. Each graph is traced once:
+    for the next, none for the 12 steps nor for a third size; beam search's step once (its K
+    hypotheses a source read the source's cross-attention keys and values as one row of queries, so
+    its rows are K times its sources, where greedy's are as many: one size then), and none for a
+    second beam search of another size. Each graph is traced once:
     before, 4 frames and two restarted traces, when torch.compile's dynamic=True made the floats symbolic.
     Before static caches, torch's and triton's embeddings took the step's position as an int and
     dynamo compiled every step anew (11 frames for 12 greedy steps). On triton, whose kernels run in
@@ -625,7 +628,7 @@ def test_compile_decoding_equals_uncompiled_with_one_graph_for_every_step(kernel
     compile_decoding(model, backend=cnt)
     assert not torch._dynamo.config.capture_scalar_outputs  # no dynamo flag set
     out = decode()
-    assert cnt.frame_count == 3 and not torch._dynamo.utils.counters["graph_break"], cnt.frame_count
+    assert cnt.frame_count == 4 and not torch._dynamo.utils.counters["graph_break"], cnt.frame_count
     for a, b in zip(out, ref, strict=True):
         assert torch.equal(a, b)
 
