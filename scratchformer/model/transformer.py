@@ -232,12 +232,11 @@ class Transformer(_Model):
                            for_matmul=self.copy is None)  # the copy layer reads it too
         h, weights = out if need_weights else (out, None)
         logits = self.generator(h)
-        if self.copy is not None and state is None:
-            logits = self.copy(h, logits, memory, self.copy.keys(memory), src, src_lengths)
-        elif self.copy is not None:  # a source's rows (beam search's hypotheses) as one row of queries
-            sources = state.src.shape[0]
+        if self.copy is not None:
+            keys, src = (self.copy.keys(memory), src) if state is None else (state.copy_keys, state.src)
+            sources = src.shape[0]  # a state's rows of one source (beam search's hypotheses): one row of queries
             logits = self.copy(h.view(sources, -1, h.shape[-1]), logits.view(sources, -1, logits.shape[-1]), memory,
-                               state.copy_keys, state.src, src_lengths).view(logits.shape)
+                               keys, src, src_lengths).view(logits.shape)
         return (logits, weights) if need_weights else logits
 
     def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False, target=None,
