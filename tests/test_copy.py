@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, greedy_decode
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, beam_search, greedy_decode
 from scratchformer.model.copy import PointerGenerator
 from scratchformer.training.config import ConfigError, TrainConfig, check_config, check_for_task
 
@@ -30,7 +30,7 @@ def test_matches_the_formula_term_by_term():
     torch.manual_seed(0)
     pg = PointerGenerator(d)
     h, logits, memory, src, src_lengths = _inputs()
-    out = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+    out = pg(h, logits, memory, pg.source(memory, src, src_lengths))
     W = {n: p.detach().double() for n, p in pg.named_parameters()}
     for b in range(3):
         n = int(src_lengths[b])
@@ -55,7 +55,7 @@ def test_a_normalised_distribution_with_finite_gradients():
     h.requires_grad_(True)
     logits.requires_grad_(True)
     memory.requires_grad_(True)
-    out = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+    out = pg(h, logits, memory, pg.source(memory, src, src_lengths))
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.logsumexp(-1), torch.zeros(3, 4), atol=1e-5, rtol=0)
     # the targets include tokens absent from every source (probability 0 under the copy part)
@@ -76,9 +76,9 @@ def test_autocast_keeps_it_in_fp32_with_finite_gradients(dtype):
     pg = PointerGenerator(d)
     h, logits, memory, src, src_lengths = _inputs(2)
     target = torch.tensor([[1, 2, 5, 4], [10, 3, 1, 2], [8, 1, 2, 4]])
-    ref = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+    ref = pg(h, logits, memory, pg.source(memory, src, src_lengths))
     with torch.autocast("cpu", dtype=dtype):
-        out = pg(h, logits, memory, pg.keys(memory), src, src_lengths)
+        out = pg(h, logits, memory, pg.source(memory, src, src_lengths))
         (-out.gather(-1, target[..., None])).sum().backward()
     assert out.dtype == torch.float32
     tol = dict(atol=2e-2, rtol=2e-2)  # the keys come from autocast's k_proj, in `dtype`
@@ -122,6 +122,33 @@ def test_what_it_refuses():
         check_config(TrainConfig(copy=True, separate_vocab=True))
     with pytest.raises(ConfigError, match="--copy is for sequence-to-sequence tasks"):
         check_for_task(TrainConfig(copy=True), "classification")
+
+
+def test_a_decoding_call_reads_its_sources_tables_built_once_and_moved_with_their_rows(monkeypatch):
+    """What the copy layer reads of a source besides its encoder output (keys, which positions hold
+    the same id, which is its first) is built once a decoding call, not once a step; a reorder
+    that moves rows across sources moves those tables with them: the next step's log-probabilities
+    are those of a state built from the reordered sources."""
+    m = _model()
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 8, (4, 7), generator=g)  # 4 ids over 7 positions: repeats in every row
+    sl = torch.tensor([7, 5, 3, 1])
+    built = []
+    source = PointerGenerator.source
+    monkeypatch.setattr(PointerGenerator, "source", lambda self, *a: built.append(a[1].shape) or source(self, *a))
+    with torch.no_grad():
+        beam_search(m, src, sl, beam_size=3, max_len=6, eos_id=-1)
+        greedy_decode(m, src, sl, max_len=6, eos_id=-1)
+        assert built == [src.shape, src.shape]  # one a call, for the sources (not the beams)
+
+        memory, perm = m.encode(src, sl), torch.tensor([2, 0, 3, 1])
+        tokens = torch.randint(4, V, (2, 4, 1), generator=g)
+        state = m.init_state(memory, sl, 2, src=src)
+        moved = m.init_state(memory[perm], sl[perm], 2, src=src[perm])
+        m.decode_step(tokens[0], state)
+        m.decode_step(tokens[0][perm], moved)
+        state.reorder(perm)
+        torch.testing.assert_close(m.decode_step(tokens[1], state), m.decode_step(tokens[1], moved))
 
 
 def test_copies_tokens_it_was_never_trained_to_emit():

@@ -226,7 +226,7 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
                                          ("triton", "tied")])
 def test_a_sources_hypotheses_read_its_encoder_side_once(kernel, kind, monkeypatch):
     """init_state(beams=K) keeps the encoder side once a source: its cross-attention K/V (and the
-    copy keys) projected for B rows, not B·K, and held so (memory, lengths, caches, ids), while
+    copy layer's keys and id tables) computed for B rows, not B·K, and held so (memory, lengths, caches), while
     the self-attention caches hold B·K rows; each step the K hypotheses of a source attend to its
     keys and values as one row of K queries. Every step's logits are those of the sources repeated
     K times (each row with copies of its own, as before), through reorders within the sources."""
@@ -253,7 +253,7 @@ def test_a_sources_hypotheses_read_its_encoder_side_once(kernel, kind, monkeypat
         assert shared.self_kv.shape[1] == 4 * K and {c.kv.shape[0] for _, c in shared.caches} == {4}
         assert shared.memory.shape[0] == shared.src_lengths.shape[0] == 4
         if kind == "copy":
-            assert shared.src.shape[0] == shared.copy_keys.shape[0] == 4
+            assert {t.shape[0] for t in shared.copy_source} == {4}
         for t in range(steps):
             torch.testing.assert_close(m.decode_step(tokens[t], shared), m.decode_step(tokens[t], repeated), **tol)
             for state in (shared, repeated):

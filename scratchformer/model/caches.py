@@ -92,22 +92,23 @@ class StaticKVCache(KVCache):
 class DecoderState:
     """Incremental-decoding state: per decoder layer a self-attention KV cache that grows by one
     step at a time, each a view of `self_kv` (layers, B, Lmax, 2, H, D), and a cross-attention KV
-    cache filled once from the encoder output; with the copy layer, the source ids and its
-    attention keys. `pos`, the next step's position: a host int, or a (1,) int64 tensor on the
-    device, what makes the self-attention caches static (`StaticKVCache`).
+    cache filled once from the encoder output; with the copy layer, what it reads of the source
+    (`CopySource`: its ids, attention keys and id tables). `pos`, the next step's position: a host
+    int, or a (1,) int64 tensor on the device, what makes the self-attention caches static
+    (`StaticKVCache`).
 
-    The encoder side (memory, src_lengths, the cross-attention caches, src, copy keys) holds one
+    The encoder side (memory, src_lengths, the cross-attention caches, the copy source) holds one
     row per source, the decoder side B = sources · `beams` rows, a source's hypotheses consecutive
     (beam search's): they read their source's keys and values together, as one row of `beams`
     queries (`MultiHeadAttention`, the copy layer), where each kept a copy of its own."""
 
-    def __init__(self, self_kv, cross, memory, src_lengths, src=None, copy_keys=None, pos: int | torch.Tensor = 0):
+    def __init__(self, self_kv, cross, memory, src_lengths, copy_source=None, pos: int | torch.Tensor = 0):
         static = isinstance(pos, torch.Tensor)
         self.self_kv, self.memory, self.src_lengths, self.pos = self_kv, memory, src_lengths, pos
         self.beams = self_kv.shape[1] // max(src_lengths.shape[0], 1)
         self.caches = [(StaticKVCache(self_kv[i], pos) if static else KVCache(self_kv[i]), c)  # one view each
                        for i, c in enumerate(cross)]
-        self.src, self.copy_keys = src, copy_keys
+        self.copy_source = copy_source
 
     def reorder(self, index: torch.Tensor, *, same_sources: bool = False, filled: int | None = None) -> None:
         """Select batch rows. same_sources: every row keeps its source sentence (beam search
@@ -124,7 +125,7 @@ class DecoderState:
             return
         for _, cross_cache in self.caches:
             cross_cache.reorder(index)
-        for name in ("memory", "src_lengths", "src", "copy_keys"):
+        for name in ("memory", "src_lengths", "copy_source"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).index_select(0, index))
 

@@ -22,10 +22,27 @@ PyTorch in every backend (its probabilities are the output, which a flash kernel
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+class CopySource(NamedTuple):
+    """A batch of sources as the copy layer reads them besides their encoder output
+    (`PointerGenerator.source`), each tensor B rows first: built once a decoding call
+    (`Transformer.init_state`), where every step rebuilt them."""
+
+    keys: torch.Tensor  # (B, Ls, d) its copy-attention keys
+    src: torch.Tensor  # (B, Ls) token ids
+    valid: torch.Tensor  # (B, Ls) bool: a position within the source's length
+    same: torch.Tensor  # (B, Ls, Ls) fp32, [k, j] = 1 where k is valid and src_k == src_j
+    first: torch.Tensor  # (B, Ls) bool: the first valid position of its id
+
+    def index_select(self, dim: int, index: torch.Tensor) -> CopySource:
+        """Tensor.index_select of each (dim 0: batch rows, as a decoding state moves its tensors)."""
+        return CopySource(*(t.index_select(dim, index) for t in self))
 
 
 class PointerGenerator(nn.Module):
@@ -36,13 +53,19 @@ class PointerGenerator(nn.Module):
         self.gate = nn.Linear(2 * d_model, 1)
         self.scale = 1.0 / math.sqrt(d_model)
 
-    def keys(self, memory: torch.Tensor) -> torch.Tensor:
-        """memory (B, Ls, d) -> copy-attention keys (B, Ls, d): once per source when decoding."""
-        return self.k_proj(memory)
+    def source(self, memory: torch.Tensor, src: torch.Tensor, src_lengths: torch.Tensor) -> CopySource:
+        """memory (B, Ls, d), src (B, Ls) ids, src_lengths (B,) -> what every target position reads of
+        them: the copy-attention keys, which positions are valid, which hold the same id, and which is
+        its first (where the copy probability of an id is written)."""
+        Ls = src.shape[1]
+        valid = torch.arange(Ls, device=src.device)[None, :] < src_lengths[:, None]  # (B, Ls)
+        same = (src[:, :, None] == src[:, None, :]) & valid[:, None, :]  # (B, Ls, Ls): [j, k] valid k, same id
+        first = valid & ~(same & torch.ones(Ls, Ls, dtype=torch.bool, device=src.device).tril(-1)).any(-1)
+        return CopySource(self.k_proj(memory), src, valid, same.transpose(1, 2).float(), first)
 
-    def forward(self, h, logits, memory, keys, src, src_lengths):
-        """h (B, Lt, d) decoder output, logits (B, Lt, V) of the vocabulary, memory and keys (B, Ls, d),
-        src (B, Ls) token ids, src_lengths (B,) -> log p (B, Lt, V) fp32.
+    def forward(self, h: torch.Tensor, logits: torch.Tensor, memory: torch.Tensor, source: CopySource) -> torch.Tensor:
+        """h (B, Lt, d) decoder output, logits (B, Lt, V) of the vocabulary, memory (B, Ls, d) and
+        `source` of B rows -> log p (B, Lt, V) fp32.
 
         A row with an empty source has nothing to copy: its distribution is the vocabulary's alone.
         The copy part is summed per distinct source token on (B, Lt, Ls) and written into the
@@ -55,27 +78,24 @@ class PointerGenerator(nn.Module):
         """
         if h.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(h.device.type):
             with torch.autocast(h.device.type, enabled=False):
-                return self._mix(h.float(), logits, memory, keys, src, src_lengths)
-        return self._mix(h, logits, memory, keys, src, src_lengths)
+                return self._mix(h.float(), logits, memory, source)
+        return self._mix(h, logits, memory, source)
 
-    def _mix(self, h, logits, memory, keys, src, src_lengths):
+    def _mix(self, h, logits, memory, source: CopySource):
         B, Lt, V = logits.shape
-        Ls = src.shape[1]
+        keys, src, valid, same, first = source
         scores = torch.matmul(self.q_proj(h).float(), keys.float().transpose(1, 2)) * self.scale  # (B, Lt, Ls)
-        valid = torch.arange(Ls, device=src.device)[None, :] < src_lengths[:, None]  # (B, Ls)
         attn = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
         context = torch.matmul(attn, memory.float())  # (B, Lt, d)
         z = self.gate(torch.cat([h.float(), context], dim=-1).to(self.gate.weight.dtype)).float()  # (B, Lt, 1)
-        z = z.masked_fill((src_lengths == 0)[:, None, None], float("inf"))  # nothing to copy: p_gen = 1
+        z = z.masked_fill(~valid.any(-1)[:, None, None], float("inf"))  # an empty source, nothing to copy: p_gen = 1
 
-        same = (src[:, :, None] == src[:, None, :]) & valid[:, None, :]  # (B, Ls, Ls): [j, k] valid k, same id
-        copy = torch.matmul(attn, same.transpose(1, 2).float())  # (B, Lt, Ls): copy probability of src_j's id
-        first = valid & ~(same & torch.ones(Ls, Ls, dtype=torch.bool, device=src.device).tril(-1)).any(-1)
-        where = torch.where(first, src, V)[:, None, :].expand(B, Lt, Ls)  # the rest write to column V
+        copy = torch.matmul(attn, same)  # (B, Lt, Ls): copy probability of src_j's id
+        where = torch.where(first, src, V)[:, None, :].expand(B, Lt, -1)  # the rest write to column V
 
         extra = logits.new_full((B, Lt, 1), float("-inf"))
         log_gen = F.logsigmoid(z) + torch.log_softmax(torch.cat([logits, extra], dim=-1).float(), dim=-1)
         # copy > 0 at first positions; clamped so that an underflow gives a finite gradient
-        mixed = torch.logaddexp(log_gen.gather(2, src[:, None, :].expand(B, Lt, Ls)),
+        mixed = torch.logaddexp(log_gen.gather(2, src[:, None, :].expand(B, Lt, -1)),
                                 F.logsigmoid(-z) + copy.clamp_min(torch.finfo(torch.float32).tiny).log())
         return log_gen.scatter(2, where, mixed)[..., :V]

@@ -233,10 +233,10 @@ class Transformer(_Model):
         h, weights = out if need_weights else (out, None)
         logits = self.generator(h)
         if self.copy is not None:
-            keys, src = (self.copy.keys(memory), src) if state is None else (state.copy_keys, state.src)
-            sources = src.shape[0]  # a state's rows of one source (beam search's hypotheses): one row of queries
+            source = self.copy.source(memory, src, src_lengths) if state is None else state.copy_source
+            sources = source.src.shape[0]  # a state's rows of one source (beam search's hypotheses): one row of queries
             logits = self.copy(h.view(sources, -1, h.shape[-1]), logits.view(sources, -1, logits.shape[-1]), memory,
-                               keys, src, src_lengths).view(logits.shape)
+                               source).view(logits.shape)
         return (logits, weights) if need_weights else logits
 
     def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False, target=None,
@@ -271,7 +271,7 @@ class Transformer(_Model):
     def init_state(self, memory, src_lengths, max_len: int, src=None, *, static: bool = False,
                    beams: int = 1) -> DecoderState:
         """Decoding state for up to max_len target steps; cross-attention K/V computed here, once
-        (and the copy layer's keys: it needs the source ids `src`). static: fixed-size caches and
+        (and what the copy layer reads of the source: it needs the source ids `src`). static: fixed-size caches and
         the step position on the device (`StaticKVCache`), what a CUDA graph of `decode_step`
         needs; one token a step. beams: the decoder's rows per source, consecutively (beam search's
         hypotheses); the encoder side is kept once a source, and the rows of a source read it
@@ -295,10 +295,9 @@ class Transformer(_Model):
         memory, src_lengths = memory.contiguous(), src_lengths.contiguous()
         if self.copy is None:
             return DecoderState(self_kv, cross, memory, src_lengths, pos=pos)
-        src = src.contiguous()
         self._check("src", src, src_lengths)
-        keys = self.copy.keys(memory)
-        return DecoderState(self_kv, cross, memory, src_lengths, src, keys, pos=pos)
+        source = self.copy.source(memory, src.contiguous(), src_lengths)
+        return DecoderState(self_kv, cross, memory, src_lengths, source, pos=pos)
 
     def decode_step(self, tokens, state: DecoderState):
         """tokens (B, 1): the last emitted token of each row -> next-token logits (B, V)."""
