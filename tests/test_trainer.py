@@ -230,6 +230,41 @@ def test_save_then_resume_continues_bit_for_bit(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_a_run_whose_weights_turn_nan_stops_with_an_error_and_keeps_its_finite_checkpoints(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A diverged run (a weight NaN after step 3, as a too-high learning rate leaves them) stops at the
+    next train row with an error naming the step and the last checkpoint, exit status 2; step 2's
+    checkpoints stay the last ones, finite (it trained on, wrote NaN step files and last.pt, pruned
+    the good ones, and exited 0). A learning rate of 1e30 diverges by itself, before any save."""
+    from scratchformer import cli
+
+    step = Trainer.train_step
+
+    def poisoned(self, group):
+        out = step(self, group)
+        if self.progress.step == 3:
+            next(self.model.parameters()).data[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    out = tmp_path / "run"
+    flags = ["--max-steps", "6", "--save-every", "2", "--eval-every", "2", "--keep-checkpoints", "1"]
+    assert cli.run(T.main, TINY + flags + ["--out", str(out)]) == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "training diverged: the weights are NaN or infinite after step 3 (found at the train row)" in err, err
+    assert f"{out / 'last.pt'} holds the last weights saved (step 2)" in err and "lower --lr" in err
+    assert sorted(p.name for p in out.glob("*.pt")) == ["best.pt", "last.pt", "step_0000002.pt"]
+    for name in ("last.pt", "step_0000002.pt"):
+        ckpt = load_checkpoint(out / name)
+        assert ckpt["progress"]["step"] == 2 and all(t.isfinite().all() for t in ckpt["model"].values())
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    flags = ["--max-steps", "6", "--lr", "1e30", "--schedule", "constant", "--warmup-steps", "0"]
+    assert cli.run(T.main, TINY + flags + ["--out", str(tmp_path / "huge")]) == cli.EXIT_USER_ERROR
+    assert "no checkpoint was saved. Train again with a lower --lr (this run's 1e+30)" in capsys.readouterr().err
+    assert not list((tmp_path / "huge").glob("*.pt"))
+
+
 def test_evaluate_library_function():
     from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
     from scratchformer.model import build_model, get_config

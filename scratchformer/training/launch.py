@@ -91,9 +91,19 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
     if resuming:
         trainer.resume(ckpt)
-    log.info(trainer.describe())
+    log.info(_describe(trainer))
     log.info(f"set up in {time.time() - t0:.1f}s (data, tokenizers, model{', checkpoint' * resuming})")
     return trainer
+
+
+def _describe(trainer) -> str:
+    cfg = trainer.config
+    batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
+                        + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
+    return (f"training: {trainer.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
+            f"{cfg.grad_accum}), {trainer.total_steps} steps"
+            f"{f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, lr {cfg.lr:g} {cfg.schedule} warmup "
+            f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
 
 
 def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None):

@@ -1,12 +1,35 @@
-"""Stopping a run on purpose, from outside: SIGINT (Ctrl-C) and SIGTERM finish the current step, save
-last.pt and stop, so `train --resume` continues exactly (the Trainer's --time-limit and --time-budget
-are its own clock's)."""
+"""Stopping a run: on purpose, from outside (SIGINT (Ctrl-C) and SIGTERM finish the current step, save
+last.pt and stop, so `train --resume` continues exactly; the Trainer's --time-limit and --time-budget
+are its own clock's), and when it diverged (`check_finite`: weights no longer finite are never saved)."""
 
 from __future__ import annotations
 
 import signal
 import threading
 from contextlib import contextmanager
+
+import torch
+
+
+class Diverged(ValueError):
+    """Training diverged: the weights are no longer finite. What the user changes is the recipe (the
+    learning rate, its warm-up, the clipping, the precision), so the command says it in one line."""
+
+
+def check_finite(trainer, before: str) -> None:
+    """Raise `Diverged` when a weight is NaN or infinite, `before` logging, validating or saving: a
+    diverged run stops with an error, and its checkpoints keep the last finite weights (a NaN last.pt
+    would replace them, and its step files prune the good ones). The weights, not the loss: under
+    fp16's GradScaler an overflowing step is skipped and leaves them finite. Read where the host
+    reads anyway (a train row, a validation, a save), never every step."""
+    norms = torch._foreach_norm([p.detach() for p in trainer.model.parameters()], float("inf"))  # NaN stays NaN
+    if bool(torch.stack([n.float() for n in norms]).isfinite().all()):
+        return
+    last, step = trainer.out / "last.pt", f" (step {trainer.last_saved})" if trainer.last_saved >= 0 else ""
+    saved = f"{last} holds the last weights saved{step}" if last.exists() else "no checkpoint was saved"
+    raise Diverged(f"training diverged: the weights are NaN or infinite after step {trainer.progress.step} "
+                   f"(found {before}); {saved}. Train again with a lower --lr (this run's {trainer.config.lr:g}), "
+                   "a longer --warmup-steps or a smaller --clip-norm")
 
 
 @contextmanager

@@ -41,7 +41,7 @@ from .optim import (
 from .progress import Progress, Window
 from .report import final_report
 from .runs import Logger
-from .stopping import stop_on_signals
+from .stopping import check_finite, stop_on_signals
 
 # Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
 # which waits for the GPU (a host sync); --time-budget / --time-limit are decisions in seconds.
@@ -102,15 +102,6 @@ class Trainer:
         `given`: the options set on the command line (they override a resumed run's). See `launch`."""
         return create_trainer(cls, config, given)
 
-    def describe(self) -> str:
-        cfg = self.config
-        batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
-                            + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
-        return (f"training: {self.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
-                f"{cfg.grad_accum}), {self.total_steps} steps"
-                f"{f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, lr {cfg.lr:g} {cfg.schedule} warmup "
-                f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
-
     # --- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -129,6 +120,7 @@ class Trainer:
 
     def save(self, kind: str) -> None:
         """kind "step": step_<N>.pt and last.pt (older step files pruned); "best": best.pt. Rank 0 writes."""
+        check_finite(self, "before saving")
         if kind == "step":
             self.progress.seconds = self._elapsed()
         ckpt = self.state_dict()
@@ -326,6 +318,7 @@ class Trainer:
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
         self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
                       f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
+        check_finite(self, "at the train row")
         self._window = Window()
 
     def _step_lr(self) -> float:
@@ -342,6 +335,7 @@ class Trainer:
         """Validation loss (and decoding metrics on the first --eval-decode-examples) on rank 0;
         then best.pt, early stopping and the plateau schedule, the same on every rank."""
         cfg, prog = self.config, self.progress
+        check_finite(self, "before validating")
         res = {}
         prog.validated = prog.step
         if self.dist.main:
