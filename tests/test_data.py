@@ -69,6 +69,7 @@ def test_read_jsonl_translation(tmp_path, name):
     [
         ('{"src": "a", "tgt": ', "translation", "bad JSON"),
         ('{"src": "a"}', "translation", "missing field 'tgt'"),
+        ('{"src": null, "tgt": "b"}', "translation", "field 'src' is null"),  # was "missing field 'src' (...; have src"
         ('{"src": 3, "tgt": "b"}', "translation", "field 'src' must be a string, got int"),
         ('{"src": "  ", "tgt": "b"}', "translation", "field 'src' is empty"),
         ('{"document": "d", "summary": ["s"]}', "summarization", "field 'summary' must be a string, got list"),
@@ -88,6 +89,21 @@ def test_read_jsonl_errors_name_file_and_line(tmp_path, line, task, message):
         D.read_split(p, task)
     print(e.value)
     assert f"{p}:3:" in str(e.value) and message in str(e.value)
+
+
+def test_a_split_in_two_files_and_a_file_for_a_folder_are_refused_by_name(tmp_path):
+    """train.jsonl beside train.jsonl.gz: either might be the one meant (one was read, unnamed); --data
+    naming a file, not the folder of its splits."""
+    p = write_jsonl(tmp_path / "train.jsonl", [{"src": "a", "tgt": "b"}])
+    assert D.find_split_file(tmp_path, "train") == p
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as f:
+        f.write('{"src": "c", "tgt": "d"}\n')
+    with pytest.raises(D.DataError, match=r"2 files hold the train split \(train.jsonl, train.jsonl.gz\): keep one"):
+        D.find_split_file(tmp_path, "train")
+    with pytest.raises(D.DataError, match=r"2 files hold the train split"):
+        D.resolve_source(data=str(tmp_path))  # its task is read from the first record of a split
+    with pytest.raises(D.DataError, match=r"--data .*train.jsonl: a file: give the folder that holds the splits"):
+        D.resolve_source(data=str(p))
 
 
 def test_empty_and_missing_split(tmp_path):

@@ -3,6 +3,7 @@ an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/
 Every refusal names the problem and leaves the disk as it was."""
 
 import csv
+import gzip
 import json
 import os
 
@@ -117,15 +118,21 @@ def test_overwrite_with_the_folders_own_tokenizer_reads_it_before_clearing(tmp_p
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
     vocab = (run / "tokenizer.json").read_text()
     before = _snapshot(tmp_path)
+    tiny = [f for f in TINY if f not in ("--vocab-size", "300")]  # a reused tokenizer has its vocabulary
     with pytest.raises(FileNotFoundError, match=r"tokenizer file .*nope.json does not exist"):
-        T.main(TINY + ["--max-steps", "1", "--tokenizer", str(tmp_path / "nope.json"), "--out", str(run),
+        T.main(tiny + ["--max-steps", "1", "--tokenizer", str(tmp_path / "nope.json"), "--out", str(run),
                        "--overwrite"])
     assert _snapshot(tmp_path) == before
-    T.main(TINY + ["--max-steps", "2", "--eval-every", "1", "--tokenizer", str(run / "tokenizer.json"),
-                   "--out", str(run), "--overwrite"])
+    reuse = tiny + ["--tokenizer", str(run / "tokenizer.json")]
+    with pytest.raises(ConfigError, match=r"--tokenizer .*tokenizer.json reuses trained tokenizers .*: drop "
+                       r"--vocab-size, --tokenizer-examples, --separate-vocab, which train a new one"):
+        T.main(reuse + ["--vocab-size", "500", "--tokenizer-examples", "9", "--separate-vocab", "--out", str(run)])
+    assert _snapshot(tmp_path) == before
+    T.main(reuse + ["--max-steps", "2", "--eval-every", "1", "--out", str(run), "--overwrite"])
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 2
     assert (run / "tokenizer.json").read_text() == vocab
     assert "tokenizer: reused" in (run / "log.txt").read_text()
+    assert json.loads((run / "args.json").read_text())["vocab_size"] is None  # the file's, not a default's 8000
 
 
 def test_a_folder_holding_results_without_checkpoints_is_refused_not_overwritten(tmp_path):
@@ -367,6 +374,35 @@ def test_a_start_checkpoint_of_other_classes_or_processes_is_refused_before_the_
                        r"resume with torchrun --nproc_per_node 2, or start a new run from its weights"):
         T.main(["--resume", "--out", str(tmp_path / "clf3"), "--max-steps", "2"])
     assert _snapshot(tmp_path / "clf3") == before
+
+
+def test_a_resume_over_other_training_data_and_an_attention_example_past_validation_are_refused(tmp_path):
+    """The checkpoint records its training examples (their number and a digest): a resume after they
+    changed on disk is refused naming both counts, before anything is written (it went on silently,
+    its place in the epoch counting batches of the old examples). The same number of other examples
+    too. An --attention-example past the validation split is refused before training (it was clamped
+    to the last example, unsaid)."""
+    from conftest import translation_folder
+
+    data, run = translation_folder(tmp_path), tmp_path / "run"
+    flags = TINY + ["--data", str(data), "--eval-every", "1"]
+    with pytest.raises(ConfigError, match=r"--attention-example 12: the validation split has 12 examples \(0 to 11\)"):
+        T.main([f for f in flags if f != "--no-plots"] + ["--attention-example", "12", "--out", str(run)])
+    assert not run.exists()
+    T.main(flags + ["--max-steps", "2", "--out", str(run)])
+    assert load_checkpoint(run / "last.pt")["train_data"]["examples"] == 48
+    train = data / "train.jsonl.gz"
+    rows = gzip.decompress(train.read_bytes()).decode().splitlines()
+    before = _snapshot(run)
+    for changed, now in [(rows[:30], "30 examples"), (rows[:-1] + [rows[0]], "other contents")]:
+        train.write_bytes(gzip.compress("\n".join(changed).encode()))
+        with pytest.raises(ConfigError, match=rf"--resume .*last\.pt: the training data changed since that checkpoint "
+                           rf"\(48 examples then, {now} now\).* start a new run from its weights with --init-from"):
+            T.main(["--resume", "--out", str(run), "--max-steps", "4"])
+        assert _snapshot(run) == before
+    train.write_bytes(gzip.compress("\n".join(rows).encode()))  # restored: it resumes
+    T.main(["--resume", "--out", str(run), "--max-steps", "3", "--no-progress", "--no-plots"])
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
 
 def test_labels_checked_against_meta_json(tmp_path):

@@ -181,6 +181,11 @@ BAD_OPTIONS = [
     (["--synthetic-seed", "-2"], r"--synthetic-seed must be an integer >= 0, got -2"),
     (["--lr", "1e-3", "--min-lr", "2e-3"], r"--min-lr 0.002 is the floor .* from --lr 0.001: it cannot be above"),
     (["--tokenizer", "a", "b", "c"], r"--tokenizer takes one file \(shared\) or two"),
+    (["--tie-embeddings", "all", "--separate-vocab"],  # equal sizes of the two made a model that mixed them up
+     r"--tie-embeddings all gives a source token and the target token of the same id one embedding: it needs one "
+     r"shared vocabulary \(drop --separate-vocab\)"),
+    (["--tie-embeddings", "all", "--tokenizer", "a", "b"], r"it needs one shared vocabulary \(drop the second "
+                                                          r"--tokenizer\)"),
     (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile"),
     (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),
     (["--compile", "nosuch"], r"--compile nosuch: torch.compile has no such backend; it has .*inductor"),

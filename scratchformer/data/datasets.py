@@ -102,9 +102,11 @@ def _check_record(rec, task: str, where: str) -> Example:
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     src_f, tgt_f = FIELDS[task]
     for f in (src_f, tgt_f):
-        if f not in rec or rec[f] is None:
+        if f not in rec:
             have = ", ".join(sorted(map(str, rec))) or "none"
             raise DataError(f"{where}: missing field {f!r} ({task} records need {src_f!r} and {tgt_f!r}; have {have})")
+        if rec[f] is None:
+            raise DataError(f"{where}: field {f!r} is null ({task} records need {src_f!r} and {tgt_f!r})")
     src, tgt = check_text(rec[src_f], src_f, where), rec[tgt_f]
     if task == "classification":
         if isinstance(tgt, bool) or not isinstance(tgt, int):
@@ -184,11 +186,13 @@ def _read_parquet(path: Path, task: str, limit: int | None):
 
 
 def find_split_file(folder: Path, split: str) -> Path | None:
-    for ext in EXTENSIONS:
-        p = folder / f"{split}{ext}"
-        if p.exists():
-            return p
-    return None
+    """The file of a split in a data folder (None: there is none); two of one split (train.jsonl and
+    train.jsonl.gz) are refused, as either might be the one meant."""
+    found = [p for p in (folder / f"{split}{ext}" for ext in EXTENSIONS) if p.exists()]
+    if len(found) > 1:
+        raise DataError(f"{folder}: {len(found)} files hold the {split} split ({', '.join(p.name for p in found)}): "
+                        f"keep one")
+    return found[0] if found else None
 
 
 def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Example]:
@@ -316,7 +320,8 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
     if data is not None:
         folder = Path(data)
         if not folder.is_dir():
-            raise DataError(f"--data {data}: no such folder")
+            raise DataError(f"--data {data}: " + ("a file: give the folder that holds the splits (train.jsonl, ...)"
+                                                  if folder.exists() else "no such folder"))
         return DataSource("local", folder.name, task or infer_task(folder), str(folder), label_names(folder))
     if dataset == "synthetic":
         if task not in (None, "translation"):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -32,10 +34,27 @@ class TrainData:
     def task(self) -> str:
         return self.source.task
 
+    @cached_property
+    def train_id(self) -> dict:
+        """What a checkpoint records of its training examples, for a resume to check: `examples_id`."""
+        return examples_id(self.train_examples)
+
+
+def examples_id(examples: list[D.Example]) -> dict:
+    """Their number and a digest of their contents, in order: a resumed run's place in its epoch
+    counts batches of these examples, which another set would draw differently."""
+    h = hashlib.blake2b(digest_size=16)
+    for e in examples:
+        h.update(repr((e.src, e.tgt, e.id)).encode())
+    return {"examples": len(examples), "digest": h.hexdigest()}
+
 
 def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list[D.Example], list[D.Example]]:
     """Train and validation examples (validation carved from train when the data has none)."""
     seed_kw = dict(synthetic_seed=cfg.synthetic_seed)
+    if source.folder:  # the file of each split (train.jsonl, or train.jsonl.gz, ...)
+        files = (D.find_split_file(Path(source.folder), split) for split in ("train", "validation"))
+        log.info(f"{source.name}: reading {', '.join(str(f) for f in files if f is not None)}")
     train = D.load_split(source, "train", cfg.max_train_examples, **seed_kw)
     valid = _own_validation(source, cfg.max_valid_examples, **seed_kw)
     if valid is None:

@@ -213,11 +213,12 @@ class TrainConfig:
 
     def resolved(self, task: str, synthetic: bool) -> TrainConfig:
         """The data-dependent defaults filled in: values still None take the synthetic task's,
-        or the task's, or real data's default. Values already set (given flags) stay."""
+        or the task's, or real data's default. Values already set (given flags) stay. A run with
+        --tokenizer has the vocabulary of its files: no --vocab-size."""
         fill = {}
         for f in dataclasses.fields(self):
             by = f.metadata["by_data"]
-            if getattr(self, f.name) is None and by:
+            if getattr(self, f.name) is None and by and not (f.name == "vocab_size" and self.tokenizer):
                 fill[f.name] = by.get("synthetic") if synthetic else by.get(task, by.get("real"))
         return dataclasses.replace(self, **fill)
 
@@ -298,9 +299,13 @@ def check_config(cfg: TrainConfig) -> None:
                           f"cannot be above it")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
-    if cfg.copy and (cfg.separate_vocab or (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)):
-        raise ConfigError("--copy copies source tokens into the target: it needs one shared vocabulary (drop "
-                          + ("--separate-vocab)" if cfg.separate_vocab else "the second --tokenizer)"))
+    separate = ("--separate-vocab" if cfg.separate_vocab else
+                "the second --tokenizer" if cfg.tokenizer is not None and len(cfg.tokenizer) == 2 else None)
+    for needs, why in ((cfg.copy, "--copy copies source tokens into the target"),
+                       (cfg.tie_embeddings == "all", "--tie-embeddings all gives a source token and the target token "
+                                                     "of the same id one embedding")):
+        if needs and separate:  # (equal sizes of two vocabularies made a model that mixed their tokens up)
+            raise ConfigError(f"{why}: it needs one shared vocabulary (drop {separate})")
 
 
 def check_for_task(cfg: TrainConfig, task: str) -> None:

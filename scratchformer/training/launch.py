@@ -19,8 +19,8 @@ from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
-from .build import build_data, load_examples, longest_position, model_config
-from .config import ConfigError, TrainConfig, check_for_task
+from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config
+from .config import ConfigError, TrainConfig, check_for_task, flag
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
 from .runs import (
@@ -44,6 +44,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
     resuming, moved = ckpt is not None, path is not None and resumes_elsewhere(Path(config.out), path)
+    _check_tokenizer_flags(config, given)
     config, init = _init_checkpoint(config, given)
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
@@ -54,8 +55,11 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
+    if not config.no_plots and config.attention_example >= len(examples.valid):
+        raise ConfigError(f"--attention-example {config.attention_example}: the validation split has "
+                          f"{len(examples.valid)} examples (0 to {len(examples.valid) - 1})")
     _check_start(start, resuming, f"--resume {path}" if resuming else f"--init-from {config.init_from}",
-                 source.task, examples.num_classes, dist_.world)
+                 source.task, examples, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
@@ -117,6 +121,16 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
     return reused, examples
 
 
+def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
+    """--tokenizer reuses trained tokenizers, shared or not as its files are: the options for training
+    one, given with it, would be ignored (and --vocab-size recorded in args.json as if it were true)."""
+    unused = [flag(k) for k in ("vocab_size", "tokenizer_examples", "separate_vocab") if k in given]
+    if config.tokenizer and not config.resume and unused:
+        raise ConfigError(f"--tokenizer {' '.join(config.tokenizer)} reuses trained tokenizers (their vocabulary, one "
+                          f"file shared, two separate): drop {', '.join(unused)}, which train{'s' * (len(unused) == 1)}"
+                          " a new one")
+
+
 def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainConfig, dict | None]:
     """--init-from: the config naming the checkpoint file, and that checkpoint; (config, None)
     without it, or when resuming (a resumed run has its weights in its own checkpoint)."""
@@ -143,12 +157,19 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
     return model
 
 
-def _check_start(start: dict | None, resuming: bool, named: str, task: str, classes: int | None, world: int) -> None:
+def _check_start(start: dict | None, resuming: bool, named: str, task: str, examples: Examples, world: int) -> None:
     """The checkpoint a run starts from (`named`: --resume's or --init-from's flag and file) against this
-    run: its task and class count; resumed, the number of processes that wrote it (one RNG state each,
-    its place in the epoch counted in batches per process: another number would draw other batches)."""
+    run: its task and class count; resumed, its training examples (their number and contents) and the
+    number of processes that wrote it (one RNG state each): its place in the epoch counts batches of
+    those examples per process, which other examples or another number would draw otherwise."""
     if start is None:
         return
+    classes, saved_data = examples.num_classes, start.get("train_data") if resuming else None  # from 2026-12-05
+    if saved_data is not None and saved_data != (now := examples_id(examples.train)):
+        how = "other contents" if saved_data["examples"] == now["examples"] else f"{now['examples']} examples"
+        raise ConfigError(f"{named}: the training data changed since that checkpoint ({saved_data['examples']} "
+                          f"examples then, {how} now); its place in the epoch counts batches of the old examples. "
+                          f"Restore them, or start a new run from its weights with --init-from")
     if start["task"] != task:
         raise ConfigError(f"{named} is a {start['task']} model; the data is {task}")
     if classes is not None and start["config"].get("num_classes") != classes:

@@ -56,7 +56,7 @@ def _plots(trainer) -> None:
 
     out, data = trainer.out, trainer.data
     plot_curves(read_metrics(out / "metrics.jsonl"), out / "plots" / "curves.png", title=str(out))
-    idx = min(max(0, trainer.config.attention_example), len(data.valid_set) - 1)
+    idx = trainer.config.attention_example  # within the split (`launch`)
     w, rows, cols, title = attention_map(trainer.model, data.valid_set, idx, data.tokenizers, device=trainer.device,
                                          max_tgt_len=trainer.config.max_tgt_len)
     plot_attention(w, rows, cols, out / "plots" / "attention.png", title=f"{title}, validation example {idx}")
