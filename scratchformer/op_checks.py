@@ -65,6 +65,13 @@ def _check_int(op: str, name: str, value) -> int:
         raise ValueError(f"{op}: {name} must be an integer, got {value!r}") from None
 
 
+def _check_bool(op: str, name: str, value) -> None:
+    """A flag: True or False (a numpy or tensor bool refused too). A truthy string such as "yes" was
+    taken as True by one backend and refused by torch's SDPA in another."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{op}: {name} must be a bool, got {value!r}")
+
+
 def _check_same_dtype(op: str, **tensors) -> None:
     """One floating-point dtype for every given tensor (after autocast's casts)."""
     given = {name: t.dtype for name, t in tensors.items() if t is not None}
@@ -90,7 +97,7 @@ def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, devi
             raise ValueError(f"{name} must lie in [0, {L}] (the sequence length), got min {lo} max {hi}")
 
 
-def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=0.0, scale=None, **_):
+def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None, **_):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -112,12 +119,14 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, dropout_p=
         raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
     _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
     _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
+    _check_bool("attention", "causal", causal)
     _check_dropout("attention", dropout_p)
     if scale is not None:
         _check_number("attention", "scale", scale, nonnegative=True)  # as the kernel's (kernels/attention.py)
 
 
-def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, y_dtype=None, copy_dtype=None, **_):
+def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, y_dtype=None,
+                         copy_dtype=None, **_):
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"add_layer_norm: weight must be a tensor of the hidden size, got {type(weight).__name__}")
     _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
@@ -144,6 +153,7 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
     for name, dtype in (("y_dtype", y_dtype), ("copy_dtype", copy_dtype)):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"add_layer_norm: {name} must be None or a floating-point torch.dtype, got {dtype!r}")
+    _check_bool("add_layer_norm", "return_residual", return_residual)
     _check_number("add_layer_norm", "eps", eps, positive=True)
     _check_dropout("add_layer_norm", dropout_p)
 
@@ -174,6 +184,7 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, *
     _check_floating("embed", weight=weight)
     if tokens.device != weight.device:
         raise ValueError(f"embed: tokens on {tokens.device} but weight on {weight.device}")
+    _check_bool("embed", "pos_encoding", pos_encoding)
     if _check_int("embed", "pos_offset", pos_offset) < 0:
         raise ValueError(f"embed: pos_offset must be >= 0, got {pos_offset}")
     if pos_encoding and not torch.compiler.is_compiling() and pos_offset + tokens.shape[1] > MAX_POSITIONS:

@@ -239,7 +239,9 @@ def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
     Lk = k.shape[2]
     if key_lengths is None and query_lengths is None and (not causal or Lq == Lk):
         # Dense case: SDPA picks its flash/efficient kernels. is_causal aligns top-left, which
-        # equals our bottom-right alignment only when Lq == Lk.
+        # equals our bottom-right alignment only when Lq == Lk. A NaN in a query row: PyTorch's CPU
+        # flash kernel returns 0 there (its math kernel and the other backends NaN); left as it is, as no check
+        # reads values on the hot path, and the NaN lives on in the residual stream that made the query.
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
     mask = reference.attention_mask(
         B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, device=q.device

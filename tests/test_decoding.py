@@ -334,11 +334,11 @@ def test_decoding_errors():
             search(m, src, sl.tolist(), max_len=5)
         with pytest.raises(ValueError, match="src must be a tensor, got list"):
             search(m, src.tolist(), sl, max_len=5)
-    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+    with pytest.raises(ValueError, match="beam_size must be an int >= 1"):
         beam_search(m, src, sl, beam_size=0, max_len=5)
-    with pytest.raises(ValueError, match="no_repeat_ngram must be >= 0"):
+    with pytest.raises(ValueError, match="no_repeat_ngram must be an int >= 0"):
         beam_search(m, src, sl, beam_size=2, max_len=5, no_repeat_ngram=-1)
-    with pytest.raises(ValueError, match="min_len must be >= 0"):
+    with pytest.raises(ValueError, match="min_len must be an int >= 0"):
         greedy_decode(m, src, sl, max_len=5, min_len=-1)
     for search in (greedy_decode, beam_search):  # a step's position is its index: as forward's targets
         over = m.cfg.max_len + 1
@@ -353,6 +353,73 @@ def test_decoding_errors():
             greedy_decode(m, src, sl, max_len=5, check_every=bad)
         with pytest.raises(ValueError, match="check_every must be an int >= 1"):
             beam_search(m, src, sl, beam_size=2, max_len=5, check_every=bad)
+
+
+@pytest.mark.parametrize("name", ["beam_size", "no_repeat_ngram", "min_len"])
+@pytest.mark.parametrize("bad", [2.5, True, "2"])
+def test_decoding_refuses_counts_that_are_not_ints(name, bad):
+    """A float beam_size or no_repeat_ngram was a TypeError deep in torch (torch.empty, unfold); a bool
+    or a float min_len went through."""
+    m = _model()
+    src, sl = _src()
+    with pytest.raises(ValueError, match=rf"{name} must be an int >= \d.*, got {bad!r}"):
+        beam_search(m, src, sl, max_len=5, **{name: bad})
+
+
+def test_decoding_refuses_a_min_len_over_max_len_and_ids_outside_the_vocabulary():
+    """min_len > max_len decoded max_len tokens and no EOS (the command line refuses it); an eos_id past
+    the vocabulary decoded as if nothing could end, a bos_id there failed only as a bad token in tgt."""
+    m = _model()
+    src, sl = _src()
+    for search in (greedy_decode, beam_search):
+        with pytest.raises(ValueError, match="min_len 6 exceeds max_len 5, the longest output"):
+            search(m, src, sl, max_len=5, min_len=6)
+        assert search(m, src, sl, max_len=5, min_len=5).shape == (4, 5)  # no row ends: allowed, as documented
+        caps = torch.tensor([3, 6, 2, 5])  # each row's own: one below min_len ends at its cap, as alone
+        assert ((search(m, src, sl, max_len=caps, min_len=7) != PAD_ID).sum(1) == caps).all()
+        for name, bad in (("eos_id", V), ("eos_id", -2), ("bos_id", V + 5), ("pad_id", -1), ("eos_id", True),
+                          ("bos_id", 1.0)):
+            with pytest.raises(ValueError, match=rf"{name} must be a token id of the model's target vocabulary, an "
+                                                 rf"int in \[0, {V}\).*got {bad!r}"):
+                search(m, src, sl, max_len=5, **{name: bad})
+
+
+@pytest.mark.parametrize("search", [greedy_decode, functools.partial(beam_search, beam_size=2)])
+def test_eos_id_minus_one_never_ends_an_output_and_min_len_bars_nothing(search):
+    """eos_id=-1 (bench/host_overhead.py, test_copy.py): every row runs to max_len. min_len barred
+    index -1 then, the vocabulary's last token, which the model favours here."""
+    m = _model()
+    with torch.no_grad():
+        m.generator.bias[V - 1] = 4.0
+    src, sl = _src()
+    free = search(m, src, sl, max_len=6, eos_id=-1)
+    assert free.shape == (4, 6) and (free == V - 1).any()
+    assert torch.equal(search(m, src, sl, max_len=6, eos_id=-1, min_len=4), free)
+
+
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+@pytest.mark.parametrize("copy", [False, True])
+def test_an_empty_batch_gives_empty_results(kernel, copy):
+    """B = 0 crashed forward, greedy and beam search in the cross-attention's view(B, -1, ...) (which 0
+    elements leave open), while encode and the ops take it: now (0, Lt, V) logits, weights (0, H, Lt, Ls),
+    a zero loss with gradients, and (0, 1) outputs (at least one column, as `_trim` keeps)."""
+    from conftest import DEVICE, step_model
+
+    m = step_model(kernel, DEVICE, dropout=0.0, copy=copy).eval()  # head dim 16: triton's smallest
+    V_, H = m.cfg.tgt_vocab_size, m.cfg.n_heads
+    src, tgt = (torch.zeros(0, L, dtype=torch.long, device=DEVICE) for L in (6, 5))
+    sl = tl = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    logits, weights = m(src, sl, tgt, tl, need_weights=True)
+    assert logits.shape == (0, 5, V_) and [w.shape for w in weights] == [(0, H, 5, 6)] * m.cfg.n_decoder_layers
+    m.train()
+    loss, nll = m(src, sl, tgt, tl, target=tgt)
+    loss.backward()
+    assert loss.item() == nll.item() == 0.0 and all(p.grad is not None for p in m.decoder.parameters())
+    m.eval()
+    caps = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    for search in (greedy_decode, functools.partial(beam_search, beam_size=3)):
+        for max_len in (5, caps):
+            assert search(m, src, sl, max_len=max_len, min_len=2, no_repeat_ngram=2).shape == (0, 1)
 
 
 @pytest.mark.parametrize("beam,no_repeat,min_len", [(1, 0, 0), (3, 0, 0), (1, 2, 2), (3, 2, 2)])

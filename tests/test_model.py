@@ -151,6 +151,53 @@ def test_bad_inputs_name_the_problem():
         Transformer(_cfg(max_len=8))(src, sl, tgt, tl)
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_decode_and_init_state_check_memory(copy):
+    """memory came unchecked: a wrong width, dtype or rank was a matmul's or an unpack's error in torch, a
+    batch that does not match src_lengths an attention's (naming key_lengths)."""
+    m = Transformer(_cfg(copy=copy)).eval()
+    src, sl, tgt, tl = _batch()
+    memory = m.encode(src, sl)
+    decode = lambda mem, lengths=sl: m.decode(tgt, mem, lengths, tl, src=src if copy else None)  # noqa: E731
+    init = lambda mem, lengths=sl: m.init_state(mem, lengths, 4, src=src if copy else None)  # noqa: E731
+    torch.testing.assert_close(decode(memory), m(src, sl, tgt, tl))
+    for call in (decode, init):
+        with pytest.raises(ValueError, match=r"memory must be the encoder output \(B, Ls, d_model\) = \(B, Ls, 32\), "
+                                             r"got shape \(3, 9, 16\)"):
+            call(memory[..., :16])
+        with pytest.raises(ValueError, match=r"memory must be the encoder output .* got shape \(9, 32\)"):
+            call(memory[0])
+        for dtype in (torch.float64, torch.bfloat16, torch.int64):
+            with pytest.raises(ValueError, match=f"memory must be torch.float32, the model's dtype .* got {dtype}"):
+                call(memory.to(dtype))
+        with pytest.raises(ValueError, match=r"src_lengths must have shape \(2,\), one per row of memory, got \(3,\)"):
+            call(memory[:2])
+        with pytest.raises(ValueError, match=r"memory is on meta but the model is on cpu"):
+            call(memory.to("meta"))
+        with pytest.raises(ValueError, match=r"memory must be a tensor, got list"):
+            call(memory.tolist())
+        with pytest.raises(ValueError, match=r"src_lengths must lie in \[0, 9\] \(the padded length\)"):
+            call(memory, torch.tensor([10, 1, 1]))
+    with pytest.raises(ValueError, match="tgt batch 3 != memory batch 2"):
+        m.decode(tgt, memory[:2], sl[:2], tl, src=src[:2] if copy else None)
+    if copy:
+        with pytest.raises(ValueError, match=r"src \(3, 8\) must be the source memory encodes, \(B, Ls\) = \(3, 9\)"):
+            m.decode(tgt, memory, sl.clamp(max=8), tl, src=src[:, :8])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's matmuls cast it
+        assert decode(memory.bfloat16()).shape == (3, 7, V)
+        assert init(memory.bfloat16()).memory.dtype == torch.bfloat16
+
+
+def test_config_refuses_a_max_len_past_the_sinusoid():
+    """max_len 2^40 was accepted, though the embedding refuses a position from op_checks.MAX_POSITIONS on."""
+    limit = op_checks.MAX_POSITIONS
+    with pytest.raises(ValueError, match=f"max_len {limit + 1} is over the sinusoidal positions' limit, {limit}"):
+        _cfg(max_len=limit + 1)
+    with pytest.raises(ValueError, match="max_len 1099511627776 is over"):
+        _cfg(max_len=2**40)
+    assert _cfg(max_len=limit).max_len == limit and _cfg(max_len=2**40, pos_encoding=False).max_len == 2**40
+
+
 @pytest.mark.parametrize("kernel,copy", [("eager", False), ("torch", False), ("torch", True)])
 def test_autocast_forward_backward_and_decoding(kernel, copy):
     """bf16 autocast (CPU here; the same path runs on CUDA): close to fp32, and decoding works with

@@ -222,6 +222,18 @@ def test_attention_accepts_a_finite_scale_everywhere(ops_backend):
     torch.testing.assert_close(ops_backend.attention(q, k, v, scale=0.5), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("flag", ["yes", 1, None, torch.tensor(True)])
+def test_every_backend_refuses_a_flag_that_is_not_a_bool(ops_backend, flag):
+    """causal="yes" was True to eager and triton and a TypeError in torch's SDPA: every op's flags are bools."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=_esc(f"attention: causal must be a bool, got {flag!r}")):
+        ops_backend.attention(q, k, v, causal=flag)
+    with pytest.raises(ValueError, match=_esc(f"add_layer_norm: return_residual must be a bool, got {flag!r}")):
+        ops_backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16), None, return_residual=flag)
+    with pytest.raises(ValueError, match=_esc(f"embed: pos_encoding must be a bool, got {flag!r}")):
+        ops_backend.embed(torch.tensor([[1, 2]]), torch.randn(8, 16), scale=1.0, pos_encoding=flag)
+
+
 @pytest.mark.parametrize("case", ["dense", "key-lengths", "causal"])
 def test_attention_with_no_key_is_zeros_in_every_backend(ops_backend, case):
     """Lk = 0: every query row sees no key, so it is zeros (the rule for an empty row), with zero

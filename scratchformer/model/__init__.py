@@ -1,12 +1,13 @@
-"""The model: configuration (`config`), layers (`layers`), the encoder-decoder Transformer, the
-classifier and the extractive summarizer (`transformer`), several of one kind as one (`ensemble`), and
-batched decoding (`decoding`).
+"""The model: configuration (`config`), layers (`layers`), the checks at its boundary (`checks`), the
+encoder-decoder Transformer, the classifier and the extractive summarizer (`transformer`), several of one
+kind as one (`ensemble`), and batched decoding (`decoding`).
 
     from scratchformer.model import build_model, get_config
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
 """
 
 from .caches import DecoderState, KVCache, StaticKVCache
+from .checks import check_batch
 from .config import BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ModelConfig, get_config
 from .decoding import beam_search, greedy_decode
 from .ensemble import Ensemble
@@ -26,7 +27,6 @@ from .transformer import (
     Extractor,
     Transformer,
     build_model,
-    check_batch,
     count_parameters,
 )
 

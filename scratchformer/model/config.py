@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 # Special token ids shared by the tokenizers, the data pipeline and decoding: the tokenizer fixes them.
+from ..op_checks import MAX_POSITIONS
 from ..special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
 
 
@@ -93,6 +94,9 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if self.pos_encoding and self.max_len > MAX_POSITIONS:  # a position is its index: 0 .. max_len - 1
+            raise ValueError(f"max_len {self.max_len} is over the sinusoidal positions' limit, {MAX_POSITIONS} "
+                             "(op_checks.MAX_POSITIONS, where the embedding's float sinusoid stops being accurate)")
         if self.extractive and self.num_classes is not None:
             raise ValueError("extractive and num_classes are both set: a model is a classifier or an extractive "
                              "summarizer, not both")

@@ -10,7 +10,12 @@ members'). Call `model.eval()` first: decoding does not switch modes for you.
 (fairseq's --no-repeat-ngram-size, the trigram blocking of summarizers since Paulus et al. 2018).
 `min_len` m > 0 forbids EOS for the first m tokens, so an output holds at least m tokens before
 its EOS (fairseq's --min-len, Hugging Face's min_new_tokens; summarizers decode with one); with
-m >= max_len no row finishes.
+m = max_len no row finishes (m > max_len is refused: no output could end; a row whose own cap, in
+a (B,) max_len, is below m ends at its cap, as it would alone).
+
+`eos_id=-1`: no token ends an output; every row runs to its cap (`min_len` then bars nothing). For
+timing a fixed number of steps (bench/host_overhead.py) and for tests that need every step taken.
+Any other id (`bos_id`, `eos_id`, `pad_id`) must lie in the model's target vocabulary.
 
 `max_len` is one int for every row, or a (B,) tensor of each row's own cap (a translation's
 ratio to its source length): a row's output is then the same alone as in any batch. Greedy ends
@@ -136,11 +141,12 @@ def _rule_out(scores, t: int, seq, min_len: int, no_repeat_ngram: int, eos_id: i
     """In place, step t's scores (N, V): EOS barred before min_len, the tokens that would repeat an
     n-gram of seq (N, t) blocked (seq None: nothing decoded yet); a row then left no token may end
     (EOS gets 0)."""
-    if t < min_len:
+    bar_eos = t < min_len and eos_id >= 0  # eos_id -1: no EOS to bar (index -1 is the last token)
+    if bar_eos:
         scores[:, eos_id] = float("-inf")
     if no_repeat_ngram and seq is not None:
         _block_repeats(scores, seq, no_repeat_ngram, pad_id)
-        if t < min_len:
+        if bar_eos:
             scores[:, eos_id].masked_fill_(torch.isneginf(scores).all(-1), 0.0)
 
 
@@ -163,8 +169,9 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
-def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1, length_penalty: float = 1.0,
-           min_len: int = 0, check_every: int | None = None, cuda_graph: bool | None = None) -> int:
+def _check(model, src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1,
+           length_penalty: float = 1.0, min_len: int = 0, check_every: int | None = None,
+           cuda_graph: bool | None = None, *, bos_id: int, eos_id: int, pad_id: int) -> int:
     """Checks the decoding arguments; returns the stop-check interval (see the module docstring)."""
     if src_lengths is None:
         raise ValueError("src_lengths is required (B,) int")
@@ -174,28 +181,43 @@ def _check(src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int =
     if cuda_graph and src.device.type != "cuda":
         raise ValueError(f"cuda_graph=True replays the decoding step from a CUDA graph: it needs CUDA tensors, "
                          f"src is on {src.device}")
-    if isinstance(max_len, torch.Tensor):
-        if max_len.shape != (src.shape[0],) or max_len.is_floating_point() or max_len.is_complex() or \
-                max_len.dtype == torch.bool:
-            raise ValueError(f"max_len as a tensor holds each row's cap: (B,) = ({src.shape[0]},) integers, got "
-                             f"{tuple(max_len.shape)} {max_len.dtype}")
-        if max_len.numel() and int(max_len.min()) < 1:
-            raise ValueError(f"max_len must be >= 1 in every row, got {max_len.tolist()}")
-    elif isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len must be an int >= 1 or a (B,) tensor of them, got {max_len!r}")
-    if min_len < 0:
-        raise ValueError(f"min_len must be >= 0 (0: off), got {min_len}")
-    if no_repeat_ngram < 0:
-        raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    _check_int("min_len", min_len, 0, " (0: off)")
+    _check_max_len(max_len, src.shape[0])
+    if not isinstance(max_len, torch.Tensor) and min_len > max_len:  # each row's own cap may be below: it ends there
+        raise ValueError(f"min_len {min_len} exceeds max_len {max_len}, the longest output: no output could end")
+    _check_int("no_repeat_ngram", no_repeat_ngram, 0, " (0: off)")
+    _check_int("beam_size", beam_size, 1)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or \
+            not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    V = model.cfg.tgt_vocab_size
+    for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        never_ends = name == "eos_id" and token == -1  # module docstring
+        if isinstance(token, bool) or not isinstance(token, int) or not (0 <= token < V or never_ends):
+            never = " or -1 (no token ends an output)" if name == "eos_id" else ""
+            raise ValueError(f"{name} must be a token id of the model's target vocabulary, an int in [0, {V}){never}, "
+                             f"got {token!r}")
     if check_every is None:
         return 1 if src.device.type == "cpu" else GPU_CHECK_EVERY
-    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-        raise ValueError(f"check_every must be an int >= 1 (steps between stop checks), got {check_every!r}")
+    _check_int("check_every", check_every, 1, " (steps between stop checks)")
     return check_every
+
+
+def _check_int(name: str, value, least: int, note: str = "") -> None:
+    """An int argument >= least (a bool, a float such as 2.5, refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}{note}, got {value!r}")
+
+
+def _check_max_len(max_len, B: int) -> None:
+    """max_len, an int >= 1 or a (B,) tensor of them."""
+    if not isinstance(max_len, torch.Tensor):
+        return _check_int("max_len", max_len, 1, " or a (B,) tensor of them")
+    if max_len.shape != (B,) or max_len.is_floating_point() or max_len.is_complex() or max_len.dtype == torch.bool:
+        raise ValueError(f"max_len as a tensor holds each row's cap: (B,) = ({B},) integers, got "
+                         f"{tuple(max_len.shape)} {max_len.dtype}")
+    if max_len.numel() and int(max_len.min()) < 1:
+        raise ValueError(f"max_len must be >= 1 in every row, got {max_len.tolist()}")
 
 
 @torch.no_grad()
@@ -205,8 +227,8 @@ def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_re
                   check_every: int | None = None, cuda_graph: bool | None = None) -> torch.Tensor:
     """Argmax decoding of up to max_len tokens per row (an int, or each row's own in a (B,) tensor).
     src (B, Ls), src_lengths (B,) -> (B, T)."""
-    every = _check(src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
-                   cuda_graph=cuda_graph)
+    every = _check(model, src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
+                   cuda_graph=cuda_graph, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     B = src.shape[0]
     steps, caps, _ = _caps(max_len, src.device)
     _, step = _start(model, src, src_lengths, steps, cuda_graph)
@@ -277,8 +299,8 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
     (one int, or each sentence's own in a (B,) tensor), unfinished beams compete as they stand. Blocked
     repeats, and EOS before min_len, get -inf log-probability, unnormalised (as fairseq).
     """
-    every = _check(src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
-                   cuda_graph)
+    every = _check(model, src, src_lengths, max_len, no_repeat_ngram, beam_size, length_penalty, min_len, check_every,
+                   cuda_graph, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     B, K, dev = src.shape[0], beam_size, src.device
     steps, caps, closing = _caps(max_len, dev)
     state, step = _start(model, src, src_lengths, steps, cuda_graph, beams=K)

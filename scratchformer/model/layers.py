@@ -52,6 +52,12 @@ def attention_weights(q, k, key_lengths=None, causal=False, scale=None, query_le
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
 
 
+def per_source(x: torch.Tensor, sources: int) -> torch.Tensor:
+    """x (N, L, ...), the K = N / sources consecutive rows of each source (a beam search's hypotheses) ->
+    (sources, K·L, ...): a source's rows as one row. Sizes spelt out: an empty batch (N = 0) leaves a -1 open."""
+    return x.view(sources, x.shape[0] // max(sources, 1) * x.shape[1], *x.shape[2:])
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with fused projections: QKV for self-attention, Q and KV for cross."""
 
@@ -78,7 +84,7 @@ class MultiHeadAttention(nn.Module):
             # the encoder's keys and values (B, H, Lk, D); a cache holds them once a source
             # (`init_state`), and the rows of its hypotheses attend to them as one row of queries
             k, v = (t.transpose(1, 2) for t in memory_kv) if cache is None else cache.view()
-            q = self.q_proj(x).view(k.shape[0], -1, H, D).transpose(1, 2)  # (B, H, Lq, D); (B/K, H, K·Lq, D)
+            q = per_source(self.q_proj(x), k.shape[0]).unflatten(-1, (H, D)).transpose(1, 2)  # (B/K, H, K·Lq, D)
         else:
             qkv = self.qkv_proj(x).view(B, Lq, 3, H, D)
             q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, Lq, D) views; one backward: a stack
@@ -93,7 +99,7 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, d))
         if need_weights:
             w = attention_weights(q, k, key_lengths, causal, query_lengths=query_lengths)
-            return out, w.view(q.shape[0], H, -1, Lq, w.shape[-1]).transpose(1, 2).reshape(B, H, Lq, -1)
+            return out, w.transpose(1, 2).reshape(B, Lq, H, w.shape[-1]).transpose(1, 2)  # (B/K, K·Lq) -> (B, Lq)
         return out
 
 

@@ -7,10 +7,10 @@ The backend is chosen once, when a model is built for a device: `build_model(cfg
 to every layer; `model.ops.name` says which backend runs. Moving a built model (`.to`, `.cuda`,
 `.cpu`) chooses again for the new device, so `auto` stays triton on CUDA and eager on CPU.
 
-A batch is checked once, at the model's boundary (`Transformer.forward/encode/decode`,
-`Classifier.forward`, `Extractor.forward`): shapes and dtypes always (no tensor data read), token ids and lengths in
-range only where reading them is free (CPU tensors) or with SCRATCHFORMER_DEBUG=1 (`op_checks.DEBUG`),
-so a GPU step never waits on a host sync.
+A batch, and an encoder output handed to the decoder, are checked once, at the model's boundary
+(`Transformer.forward/encode/decode/init_state`, `Classifier.forward`, `Extractor.forward`; `checks.py`): shapes,
+dtypes and devices always (no tensor data read), token ids and lengths in range only where reading them is free (CPU
+tensors) or with SCRATCHFORMER_DEBUG=1 (`op_checks.DEBUG`), so a GPU step never waits on a host sync.
 
 Shapes: B batch, Ls/Lt source/target length, H heads, D head dim, d d_model, V vocabulary.
 """
@@ -27,9 +27,10 @@ from .. import ops as backends
 from ..ops import Ops
 from ..reference import nll_loss_ref
 from .caches import DecoderState, KVCache
+from .checks import check_batch, check_memory
 from .config import PAD_ID, ModelConfig
 from .copy import PointerGenerator
-from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, project_memory
+from .layers import AddNorm, DecoderLayer, Embedding, EncoderLayer, per_source, project_memory
 
 
 class _Stack(nn.Module):
@@ -110,37 +111,6 @@ class Decoder(_Stack):
         return (x, weights) if need_weights else x
 
 
-def check_batch(name: str, tokens: torch.Tensor, lengths: torch.Tensor | None, *, vocab: int, max_len: int) -> None:
-    """The model's one check of a batch: tokens (B, L) int ids in [0, vocab), lengths (B,) in [0, L].
-
-    Shapes and dtypes always; values (a host sync on a GPU) where `op_checks.value_checks` allows: on
-    CPU tensors, or anywhere with SCRATCHFORMER_DEBUG=1. Raises ValueError naming the problem.
-    """
-    for what, t in ((name, tokens), (f"{name}_lengths", lengths)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise ValueError(f"{what} must be a tensor, got {type(t).__name__}")
-    if tokens.dim() != 2:
-        raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(tokens.shape)}")
-    if tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32/int64 token ids, got {tokens.dtype}")
-    B, L = tokens.shape
-    if L > max_len:
-        raise ValueError(f"{name} length {L} exceeds max_len {max_len}")
-    if lengths is not None and lengths.shape != (B,):
-        raise ValueError(f"{name}_lengths must have shape ({B},), got {tuple(lengths.shape)}")
-    if lengths is not None and lengths.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name}_lengths must be int32/int64, got {lengths.dtype}")
-    if tokens.numel() and op_checks.value_checks(tokens):
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"token ids must lie in [0, {vocab}), got min {lo} max {hi} in {name}")
-    if lengths is not None and B and op_checks.value_checks(lengths):
-        lo, hi = int(lengths.min()), int(lengths.max())
-        if lo < 0 or hi > L:
-            shown = lengths.tolist() if B <= 8 else (lo, hi)
-            raise ValueError(f"{name}_lengths must lie in [0, {L}] (the padded length), got {shown}")
-
-
 class _Model(nn.Module):
     """Holds `ops`, the backend chosen for the device the parameters live on, and gives it to
     every layer; moving the model (`.to`, `.cuda`, `.cpu`, ...) chooses again for the new device."""
@@ -205,6 +175,13 @@ class Transformer(_Model):
         vocab = self.cfg.src_vocab_size if name == "src" else self.cfg.tgt_vocab_size
         check_batch(name, tokens, lengths, vocab=vocab, max_len=self.cfg.max_len)
 
+    def _check_memory(self, memory, src_lengths, src=None):
+        """decode's and init_state's encoder side: memory and src_lengths, and the source ids src where given."""
+        if src is not None:
+            self._check("src", src, None)  # its lengths: memory's
+        weight = self.generator.weight
+        check_memory(memory, src_lengths, src, d_model=self.cfg.d_model, dtype=weight.dtype, device=weight.device)
+
     def encode(self, src, src_lengths):
         """src (B, Ls) ids, src_lengths (B,) -> memory (B, Ls, d)."""
         self._check("src", src, src_lengths)
@@ -221,10 +198,14 @@ class Transformer(_Model):
         if tgt_lengths is not None and state is not None and state.beams > 1:
             raise ValueError(f"decode: no tgt_lengths with a state of {state.beams} rows per source (a beam search's "
                              "hypotheses, which attend as one row of queries)")
-        if src is not None:
-            self._check("src", src, src_lengths)
-        elif self.copy is not None and state is None:
+        if src is None and self.copy is not None and state is None:
             raise ValueError("this model copies from its source (cfg.copy): decode needs src=, the source ids")
+        if state is None or src is not None or memory is not state.memory or src_lengths is not state.src_lengths:
+            self._check_memory(memory, src_lengths, src)  # a state's own (decode_step's) init_state checked
+        rows = memory.shape[0] * (state.beams if state is not None else 1)
+        if tgt.shape[0] != rows:
+            raise ValueError(f"tgt batch {tgt.shape[0]} != memory batch {memory.shape[0]}" + (
+                f" x {state.beams} rows a source in the state" if state is not None and state.beams > 1 else ""))
         return self._decode(tgt, memory, src_lengths, tgt_lengths, state=state, need_weights=need_weights, src=src)
 
     def _decode(self, tgt, memory, src_lengths, tgt_lengths=None, *, state=None, need_weights=False, src=None):
@@ -235,8 +216,7 @@ class Transformer(_Model):
         if self.copy is not None:
             source = self.copy.source(memory, src, src_lengths) if state is None else state.copy_source
             sources = source.src.shape[0]  # a state's rows of one source (beam search's hypotheses): one row of queries
-            logits = self.copy(h.view(sources, -1, h.shape[-1]), logits.view(sources, -1, logits.shape[-1]), memory,
-                               source).view(logits.shape)
+            logits = self.copy(per_source(h, sources), per_source(logits, sources), memory, source).view(logits.shape)
         return (logits, weights) if need_weights else logits
 
     def forward(self, src, src_lengths, tgt, tgt_lengths=None, *, need_weights=False, target=None,
@@ -280,6 +260,7 @@ class Transformer(_Model):
             raise ValueError(f"max_len {max_len} is over the model's max_len {self.cfg.max_len}, the positions it has")
         if self.copy is not None and src is None:
             raise ValueError("this model copies from its source (cfg.copy): init_state needs src=, the source ids")
+        self._check_memory(memory, src_lengths, src)
 
         B, Ls = memory.shape[0] * beams, memory.shape[1]
         H, D = self.cfg.n_heads, self.cfg.head_dim
@@ -295,7 +276,6 @@ class Transformer(_Model):
         memory, src_lengths = memory.contiguous(), src_lengths.contiguous()
         if self.copy is None:
             return DecoderState(self_kv, cross, memory, src_lengths, pos=pos)
-        self._check("src", src, src_lengths)
         source = self.copy.source(memory, src.contiguous(), src_lengths)
         return DecoderState(self_kv, cross, memory, src_lengths, source, pos=pos)
 
