@@ -44,7 +44,6 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
         config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
     resuming, moved = ckpt is not None, path is not None and resumes_elsewhere(Path(config.out), path)
-    _check_tokenizer_flags(config, given)
     config, init = _init_checkpoint(config, given)
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
@@ -55,9 +54,6 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
-    if not config.no_plots and config.attention_example >= len(examples.valid):
-        raise ConfigError(f"--attention-example {config.attention_example}: the validation split has "
-                          f"{len(examples.valid)} examples (0 to {len(examples.valid) - 1})")
     _check_start(start, resuming, f"--resume {path}" if resuming else f"--init-from {config.init_from}",
                  source.task, examples, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
@@ -116,6 +112,9 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
     reuse) clears, and a data error (a bad line, a label) must leave an earlier run there as it was."""
     reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
     examples = load_examples(config, source)
+    if not config.no_plots and config.attention_example >= len(examples.valid):
+        raise ConfigError(f"--attention-example {config.attention_example}: the validation split has "
+                          f"{len(examples.valid)} examples (0 to {len(examples.valid) - 1})")
     if reused is not None:
         examples.notes.append(f"tokenizer: reused {', '.join(config.tokenizer)}")  # logged by build_data
     return reused, examples
@@ -133,7 +132,9 @@ def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
 
 def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainConfig, dict | None]:
     """--init-from: the config naming the checkpoint file, and that checkpoint; (config, None)
-    without it, or when resuming (a resumed run has its weights in its own checkpoint)."""
+    without it, or when resuming (a resumed run has its weights in its own checkpoint). First the
+    flags given beside what a run starts from (--init-from, --resume, --tokenizer) are checked."""
+    _check_tokenizer_flags(config, given)
     if config.resume and "init_from" in given:
         raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
                           "give one")
