@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from . import cli
-from .checkpoint import average_checkpoints, save_checkpoint, step_checkpoints
+from .checkpoint import average_checkpoints, file_in_the_way, save_checkpoint, step_checkpoints
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +61,10 @@ def main(argv=None) -> Path:
     output = Path(args.output) if args.output else paths[-1].parent / "averaged.pt"
     if output.resolve() in {p.resolve() for p in paths}:
         raise cli.UsageError(f"--output {output} is one of the checkpoints to average: write elsewhere")
+    if output.is_dir():  # --overwrite could not replace it either: found after the averaging, as "Is a directory"
+        raise cli.UsageError(f"--output {output} is a folder: name the checkpoint file (e.g. {output / 'averaged.pt'})")
+    if (above := file_in_the_way(output.parent)) is not None:
+        raise cli.UsageError(f"--output {output}: {above} is a file, not a folder: the checkpoint cannot go under it")
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or another --output")
     averaged = average_checkpoints(paths)

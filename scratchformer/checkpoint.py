@@ -25,6 +25,7 @@ import os
 import random
 import re
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     weights = first["model"]
     total = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
     last, steps, max_lens = first, [first["progress"]["step"]], [first["config"].get("max_len", 0)]
-    for path in paths[1:]:
+    digests = {weights_digest(weights): 0}  # -> the index of the first checkpoint holding those weights
+    for i, path in enumerate(paths[1:], 1):
         last = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
         steps.append(last["progress"]["step"])
         max_lens.append(last["config"].get("max_len", 0))
@@ -244,6 +246,10 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
             raise CheckpointError(f"{path} is of a run trained from --seed {seeds[0]}'s random weights, {paths[0]} "
                                   f"from --seed {seeds[1]}'s: independent runs' weights do not average into a working "
                                   f"model; predict with them as an ensemble (evaluate/generate --checkpoint A B)")
+        if (same := digests.setdefault(weights_digest(last["model"]), i)) != i:
+            raise CheckpointError(f"{paths[same]} (step {steps[same]}) and {path} (step {steps[i]}) hold the same "
+                                  f"weights (a run's best.pt is the step file of its best step): they would count "
+                                  f"twice in the average; give one of them")
         for k, v in last["model"].items():
             if v.is_floating_point():
                 total[k] += v.double()
@@ -261,6 +267,17 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 # ModelConfig fields that do not change what the weights mean: the backend that runs them (a run may
 # resume with another --kernel) and the longest input admitted (a guard; --init-from raises it).
 _RUNTIME_FIELDS = ("kernel", "max_len")
+
+
+def weights_digest(weights: dict) -> str:
+    """SHA-256 of a state dict's tensors (names, dtypes, shapes, values): equal for the same weights in
+    whatever file (a copy, best.pt and the step file of its step, the average of one checkpoint)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().cpu().contiguous()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def _same_model(ckpt: dict, key: str):
@@ -288,17 +305,17 @@ def _tied(weights: dict) -> list[list[str]]:
 
 def find_checkpoint(path: str | Path, prefer: str = "best") -> Path:
     """A checkpoint file, or a run folder: its best.pt (or last.pt when `prefer` is "last"),
-    falling back to the other, then to the newest step file."""
+    falling back to the other, then to the newest step file; a fallback is said on stderr."""
     path = Path(path)
     if path.is_file():
         return path
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint at {path}")
     order = ["best.pt", "last.pt"] if prefer == "best" else ["last.pt", "best.pt"]
-    for name in order:
-        if (path / name).is_file():
-            return path / name
-    steps = step_checkpoints(path)
-    if steps:
-        return steps[-1]
-    raise CheckpointError(f"{path} holds no checkpoint (best.pt, last.pt or step_*.pt)")
+    found = next((path / name for name in order if (path / name).is_file()), None)
+    found = found or next(iter(step_checkpoints(path)[-1:]), None)
+    if found is None:
+        raise CheckpointError(f"{path} holds no checkpoint (best.pt, last.pt or step_*.pt)")
+    if found.name != order[0]:  # best.pt: none when no validation scored a best step
+        print(f"{path} has no {order[0]}: using {found}", file=sys.stderr)
+    return found

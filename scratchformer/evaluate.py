@@ -9,8 +9,9 @@ ROUGE-1/2/L/Lsum (rouge-score, stemming on), also of an extractive model's picke
 classification: accuracy; every task: loss and perplexity under teacher forcing. The scores are
 printed first (stdout), then ``predictions.<split>.jsonl`` and ``metrics.<split>.json`` are written
 into ``--out`` (default: the folder of the checkpoint, i.e. its run folder, never the current
-directory; the Lead-3 baseline writes only with ``--out``). A folder that cannot be written ends the
-command with an error after the scores. The work is `scratchformer.evaluation.evaluate.evaluate`;
+directory; the Lead-3 baseline writes only with ``--out``), never over those files already there
+unless ``--overwrite`` (refused before any work). A folder that cannot be written ends the command
+with an error after the scores. The work is `scratchformer.evaluation.evaluate.evaluate`;
 this is its command line.
 """
 
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
     p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json (default: the "
                    "folder of the checkpoint, i.e. its run folder; with --baseline lead3: none, scores only)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace predictions.<split>.jsonl and metrics.<split>.json already in the output folder")
     p.add_argument("--attention", type=int, metavar="INDEX", help="also draw the attention heatmap of example INDEX")
     cli.add_debug_flag(p)
     return p
@@ -84,6 +87,7 @@ def check_args(args) -> None:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
     if args.baseline is not None:  # a baseline of the data alone: no model, nothing to decode
         unused = (["--checkpoint"] * bool(args.checkpoint) + ["--attention"] * (args.attention is not None)
+                  + ["--overwrite"] * (args.overwrite and not args.out)
                   + cli.given_flags(args, build_parser(), (*DECODE_FLAGS, "--kernel", "--compile", "--precision")))
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
@@ -133,6 +137,33 @@ def _other_data(source: D.DataSource, ckpt_data: dict | None) -> bool:
     return ckpt_data is not None and key(source.to_dict()) != key(ckpt_data)
 
 
+def check_outputs(out: Path, stem: str, overwrite: bool, attention: int | None = None) -> None:
+    """Refuse, before any work, to replace the files `save_outputs` (and the attention map) would write
+    that are already in `out` (another checkpoint's or evaluation's, or the training's final
+    predictions) without --overwrite: FileExistsError naming them."""
+    names = [f"predictions.{stem}.jsonl", f"metrics.{stem}.json"]
+    names += [f"attention.{stem}.{attention}.png"] if attention is not None else []
+    there = [str(out / name) for name in names if (out / name).exists()]
+    if there and not overwrite:
+        one = len(there) == 1
+        raise FileExistsError(f"{' and '.join(there)} exist{'s' if one else ''}; pass --overwrite to replace "
+                              f"{'it' if one else 'them'}, or --out DIR to write elsewhere")
+
+
+def check_labels(examples, source: D.DataSource, split: str, ckpt: dict) -> None:
+    """A classifier's data: DataError naming the example and the model's classes for a label the
+    model has no class for (its loss would fail inside torch)."""
+    classes = ckpt["config"].get("num_classes") or 0
+    names = (ckpt.get("data") or {}).get("labels") or {}
+    for i, e in enumerate(examples):
+        if isinstance(e.tgt, bool) or not 0 <= e.tgt < classes:
+            where = D.find_split_file(Path(source.folder), split) if source.folder else f"{source.name}/{split}"
+            known = ", ".join(f"{c} ({names[c]})" if c in names else str(c) for c in range(classes))
+            shown = f" (id {e.id})" if e.id is not None else ""
+            raise D.DataError(f"{where}, example {i + 1}{shown}: label {e.tgt!r} is not one of the {classes} classes "
+                              f"of {ckpt['path']}: {known}")
+
+
 def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
     """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
     full disk) is an OSError naming the file and saying that the scores are above."""
@@ -148,12 +179,14 @@ def run_lead3(args) -> dict:
     source = _source_from(args, None)
     if source.task not in ("summarization", "extractive"):
         raise cli.UsageError(f"lead3 is a summarization baseline; this data is {source.task}")
-    examples = D.load_split(source, args.split, args.limit)
     k, words = args.summary_sentences or 3, args.summary_words  # Lead-3, or Lead-K cut at W words
+    name = "lead3" if (k, words) == (3, None) else f"lead-{selection_name(k, words)}"
+    if args.out:
+        check_outputs(Path(args.out), f"{args.split}.{name}", args.overwrite)
+    examples = D.load_split(source, args.split, args.limit)
     hyps = [M.lead3(e.src, k, words) for e in examples]
     result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": k, "words": words,
               **M.rouge(hyps, [e.tgt for e in examples])}
-    name = "lead3" if (k, words) == (3, None) else f"lead-{selection_name(k, words)}"
     print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
     if args.out:
         save_outputs(Path(args.out), f"{args.split}.{name}", examples, hyps, result)
@@ -182,7 +215,10 @@ def main(argv=None) -> dict:
         raise cli.UsageError(f"{ckpt['path']}: its predictions and scores on {source.name} would replace those on "
                              f"its own data in {out} (predictions.{args.split}.jsonl, metrics.{args.split}.json): "
                              f"give --out DIR")
+    check_outputs(out, args.split, args.overwrite, args.attention)
     examples = run_split(source, args.split, run, args.limit)
+    if source.task == "classification":
+        check_labels(examples, source, args.split, ckpt)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)
     print(f"{source.name}/{args.split}: {stats}", file=sys.stderr)
     if args.attention is not None and args.attention >= len(dataset):  # before the work, not after it

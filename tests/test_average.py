@@ -115,6 +115,7 @@ def test_refusals_name_the_problem(run, tmp_path):
         average.main([steps[0], str(tmp_path / "seed1.pt"), "--output", str(tmp_path / "y.pt")])
     assert not (tmp_path / "y.pt").exists()
     other["args"]["init_from"] = steps[0]  # a fine-tune of this run's weights (another seed): it averages
+    other["model"] = {k: v + 0.01 if v.is_floating_point() else v for k, v in other["model"].items()}  # tuned
     save_checkpoint(tmp_path / "tuned.pt", other)
     average.main([steps[0], str(tmp_path / "tuned.pt"), "--output", str(tmp_path / "soup.pt")])
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
@@ -224,3 +225,30 @@ def test_pick_checkpoint_takes_an_ensemble_only_when_it_scores_higher(tmp_path):
            "ensemble-lp1.6 31.00" in done.stderr
     members[1].unlink()
     assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"
+
+
+def test_the_same_weights_twice_are_refused(run, tmp_path):
+    """A run's best.pt is the step file of its best step: the two were averaged with step 4 as
+    "steps 6, 6, 4", step 6 weighing twice; a copy under another name the same."""
+    steps = step_checkpoints(run)
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 6
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(run / 'best.pt'))} \(step 6\) and "
+                                              rf"{re.escape(str(steps[-1]))} \(step 6\) hold the same weights"):
+        average.main([str(run / "best.pt"), str(steps[-1]), str(steps[-2]), "--output", str(tmp_path / "b.pt")])
+    shutil.copy(steps[0], tmp_path / "copy.pt")
+    with pytest.raises(CheckpointError, match=r"copy.pt \(step 2\) hold the same weights.*count twice"):
+        average.main([str(steps[0]), str(steps[1]), str(tmp_path / "copy.pt"), "--output", str(tmp_path / "b.pt")])
+    assert not (tmp_path / "b.pt").exists()
+
+
+def test_an_output_folder_is_refused_before_the_averaging(run, tmp_path, monkeypatch):
+    """--output DIR said "pass --overwrite", which then failed after every checkpoint was averaged."""
+    monkeypatch.setattr(average, "average_checkpoints", lambda paths: pytest.fail("averaged before the refusal"))
+    (tmp_path / "somedir").mkdir()
+    steps = [str(p) for p in step_checkpoints(run)[-2:]]
+    for flags in ([], ["--overwrite"]):
+        with pytest.raises(cli.UsageError, match=r"--output .*somedir is a folder: name the checkpoint file"):
+            average.main([*steps, "--output", str(tmp_path / "somedir"), *flags])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(cli.UsageError, match=r"file is a file, not a folder"):
+        average.main([*steps, "--output", str(tmp_path / "file" / "avg.pt")])

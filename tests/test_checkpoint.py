@@ -188,6 +188,33 @@ def test_checkpoint_whose_parts_disagree(tmp_path):
                                                       "tokenizers": {"src": "not a tokenizer"}})
     with pytest.raises(C.CheckpointError, match=rf"{r}: bad model config or tokenizer"):
         load_run(r)
+    t = C.save_checkpoint(tmp_path / "d" / "best.pt", {**base, "model": {}, "config": cfg.to_dict(), "tokenizers": {}})
+    with pytest.raises(C.CheckpointError, match=rf"{t}: bad model config or tokenizer in the checkpoint \(no 'src'\)"):
+        load_run(t)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"task": "bogus"}, r"unknown task 'bogus' in the checkpoint \(one of translation, summarization, "),
+    ({"args": {"max_src_len": "x"}}, r"bad training arguments in the checkpoint: max_src_len must be an integer "
+                                     r">= 2, got 'x'"),
+    ({"args": {"max_tgt_len": -5}}, r"bad training arguments in the checkpoint: max_tgt_len must be an integer "
+                                    r">= 2, got -5"),
+    ({"args": [1]}, r"bad training arguments in the checkpoint: a list, not a dict")])
+def test_checkpoint_whose_task_or_arguments_are_bad(tmp_path, change, message):
+    """A crafted task decoded as translation; bad arguments failed later, in a TypeError or as a flag
+    the user did not give (`--min-len 0 exceeds the longest output, -5 tokens`)."""
+    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+    from scratchformer.model import ModelConfig, build_model
+
+    tok = BPETokenizer.train(["one two three four five six seven"] * 20, vocab_size=300, min_frequency=1)
+    cfg = ModelConfig(d_model=32, src_vocab_size=tok.vocab_size, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                      d_ff=64)
+    good = {"tokenizers": TokenizerPair(tok).to_dict(), "task": "translation", "model": build_model(cfg).state_dict(),
+            "config": cfg.to_dict(), "args": {"max_src_len": 16, "max_tgt_len": 16}}
+    load_run(C.save_checkpoint(tmp_path / "good.pt", good))
+    bad = C.save_checkpoint(tmp_path / "bad.pt", {**good, **change})
+    with pytest.raises(C.CheckpointError, match=rf"{bad}: {message}"):
+        load_run(bad)
 
 
 class Evil:
@@ -209,16 +236,21 @@ def test_rng_state_round_trip(tmp_path):
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
 
 
-def test_prune_and_find(tmp_path):
+def test_prune_and_find(tmp_path, capsys):
     for s in (5, 10, 15, 20):
         C.save_checkpoint(tmp_path / f"step_{s:07d}.pt", {"s": s})
     C.prune_checkpoints(tmp_path, keep=2)
     assert [p.name for p in C.step_checkpoints(tmp_path)] == ["step_0000015.pt", "step_0000020.pt"]
     assert C.find_checkpoint(tmp_path).name == "step_0000020.pt"
+    # a fallback is said (a diverged run has no best.pt: its NaN last.pt was used silently)
+    assert capsys.readouterr().err == f"{tmp_path} has no best.pt: using {tmp_path / 'step_0000020.pt'}\n"
     C.save_checkpoint(tmp_path / "last.pt", {})
+    assert C.find_checkpoint(tmp_path).name == "last.pt"
+    assert capsys.readouterr().err == f"{tmp_path} has no best.pt: using {tmp_path / 'last.pt'}\n"
     C.save_checkpoint(tmp_path / "best.pt", {})
     assert C.find_checkpoint(tmp_path).name == "best.pt"
     assert C.find_checkpoint(tmp_path, prefer="last").name == "last.pt"
+    assert capsys.readouterr().err == ""  # each found where it was looked for first
     empty = tmp_path / "nothing"
     empty.mkdir()
     with pytest.raises(C.CheckpointError, match="holds no checkpoint"):

@@ -76,7 +76,14 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     ck = load_checkpoint(run / "last.pt")
     assert ck["progress"]["step"] == 8 and ck["task"] == "translation"
 
-    m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--beam-size", "2", "--attention", "0"])
+    # the final report's predictions are not replaced unasked (a --limit 1 evaluation did, silently)
+    final = (run / "predictions.validation.jsonl").read_text()
+    with pytest.raises(FileExistsError, match=rf"{run / 'predictions.validation.jsonl'} exists; pass --overwrite to "
+                                              r"replace it, or --out DIR to write elsewhere"):
+        evaluate.main(["--checkpoint", str(run), "--split", "validation", "--limit", "1", "--beam-size", "2"])
+    assert (run / "predictions.validation.jsonl").read_text() == final
+    m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--beam-size", "2", "--attention", "0",
+                       "--overwrite"])
     assert m["n"] == 12 and {"bleu", "chrf", "loss", "ppl", "exact_match"} <= set(m)
     assert (run / "metrics.validation.json").exists() and (run / "attention.validation.0.png").exists()
     preds = [json.loads(l) for l in (run / "predictions.validation.jsonl").read_text().splitlines()]
@@ -96,7 +103,7 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     assert (run3 / "tokenizer.src.json").exists() and (run3 / "tokenizer.tgt.json").exists()
 
 
-def test_classification_tsv_carves_validation(tmp_path):
+def test_classification_tsv_carves_validation(tmp_path, monkeypatch):
     d = tmp_path / "toy_clf"
     d.mkdir()
     lines = ["text\tlabel"] + [f"{'great fun' if i % 2 else 'awful bore'} movie {i}\t{i % 2}" for i in range(60)]
@@ -106,8 +113,19 @@ def test_classification_tsv_carves_validation(tmp_path):
     res = train.main(["--data", str(d), "--max-steps", "6", "--eval-every", "3", "--batch-size", "16",
                       "--vocab-size", "300", "--valid-fraction", "0.2", "--no-progress", "--out", str(run)])
     assert "accuracy" in res and (run / "plots" / "attention.png").exists()
-    m = evaluate.main(["--checkpoint", str(run), "--split", "validation"])
+    m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--overwrite"])  # the final report's
     assert m["n"] == 12 and 0.0 <= m["accuracy"] <= 100.0
+    # a label the model has no class for: named with the model's classes before any work (an IndexError in torch)
+    bad = tmp_path / "bad_labels"
+    bad.mkdir()
+    (bad / "validation.tsv").write_text("text\tlabel\ngreat fun\t1\nawful bore\t0\ngreat movie\t7\n")
+    (bad / "meta.json").write_text(json.dumps({"task": "classification"}))
+    with monkeypatch.context() as mp:
+        mp.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("evaluated before the refusal"))
+        with pytest.raises(DataError, match=rf"{bad / 'validation.tsv'}, example 3: label 7 is not one of the 2 "
+                           rf"classes of {run / 'best.pt'}: 0 \(negative\), 1 \(positive\)"):
+            evaluate.main(["--checkpoint", str(run), "--data", str(bad), "--out", str(tmp_path / "bad_eval")])
+    assert not (tmp_path / "bad_eval").exists()
     shutil.rmtree(d)  # the class names travel in the checkpoint, not read from the data folder at generate time
     outs = generate.main(["--checkpoint", str(run), "--text", "great fun movie"])
     assert outs[0]["label_name"] in ("negative", "positive") and 0.5 <= outs[0]["confidence"] <= 1.0
@@ -435,6 +453,12 @@ def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(
     capsys.readouterr()
 
     before = _snapshot(run)
+    # another evaluation's files are not replaced unasked (another checkpoint's, or --limit 1's, silently were)
+    with pytest.raises(FileExistsError, match=rf"{run / 'predictions.validation.jsonl'} and "
+                       rf"{run / 'metrics.validation.json'} exist; pass --overwrite to replace them, or --out DIR"):
+        evaluate.main([*args[:-4], "--limit", "1"])
+    assert _snapshot(run) == before
+    args.append("--overwrite")
 
     def read_only(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / ".predictions.validation.jsonl.1.tmp"))
@@ -631,7 +655,7 @@ def test_evaluate_on_other_data_needs_out(tmp_path):
     assert _snapshot(run) == before
     assert evaluate.main([*flags, "--data", str(other), "--out", str(tmp_path / "news")])["n"] == 2
     shutil.copytree(own, tmp_path / "copy" / own.name)  # the run's own dataset, found elsewhere: its folder
-    assert evaluate.main([*flags, "--data", str(tmp_path / "copy" / own.name)])["n"] == 2
+    assert evaluate.main([*flags, "--data", str(tmp_path / "copy" / own.name), "--overwrite"])["n"] == 2
 
 
 def test_evaluate_and_generate_help_list_debug(capsys):

@@ -342,7 +342,7 @@ def test_validation_picks_best_pt_by_the_runs_summary_rule(tmp_path):
     assert valid[final["best_step"]]["rouge1"] == max(r["rouge1"] for r in valid.values())
     assert final["top2-1w"]["rouge1"] == pytest.approx(valid[final["best_step"]]["rouge1"])
     again = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--summary-sentences", "2",
-                           "--summary-words", "1", "--out", str(tmp_path / "ev")])
+                           "--summary-words", "1", "--out", str(tmp_path / "ev"), "--overwrite"])
     assert again["decoding"] == "top2-1w" and again["rouge1"] == pytest.approx(final["top2-1w"]["rouge1"])
     best3 = evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "ev3")])
     assert best3["rouge1"] < final["top2-1w"]["rouge1"] - 20

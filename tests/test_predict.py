@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from scratchformer import cli, evaluate, generate
-from scratchformer.checkpoint import save_checkpoint
+from scratchformer.checkpoint import load_checkpoint, save_checkpoint
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
@@ -221,7 +221,9 @@ def test_field_override(tmp_path):
      r"surrogate \(\\ud83d at character 5"),
     ('["one"]\n', r"in\.jsonl:1: expected a JSON object"),
     ("", r"in\.jsonl: no inputs \(the file is empty\)"),
-    ("\n\n", r"in\.jsonl: no inputs"),
+    ("\n\n", r"in\.jsonl: no inputs \(the file holds only blank lines\)"),
+    ('{"id": 1, "src": "one"}\n{"id": "1", "src": "two"}\n',  # two "1" ids to whoever reads the output
+     r"in\.jsonl:2: duplicate id '1' \(first on line 1, as 1: ids are compared as text\)"),
 ])
 def test_bad_input_names_the_line(tmp_path, content, message):
     path = tmp_path / "in.jsonl"
@@ -255,8 +257,12 @@ def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplo
     assert "2 of 3 inputs are longer than the model's maximum of 15 tokens" in caplog.text
     assert "(lines 2, 3)" in caplog.text
     assert len(_read(tmp_path / "preds.jsonl")) == 3
-    with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum 15"):
+    with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum of 15"):
         P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True)
+    # a limit of --max-src-len is named as that flag's ("the model's maximum 2" for --max-src-len 3)
+    with pytest.raises(DataError, match=r"in\.jsonl:1: input has \d+ tokens, more than the 1 that --max-src-len 2 "
+                                        r"admits, its EOS aside \(--strict; 3 input\(s\)"):
+        P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True, max_src_len=2)
     assert not (tmp_path / "strict.jsonl").exists()
     # An input of exactly the maximum is neither warned about nor refused.
     model, toks, ck = load_run(runs["translation"])
@@ -387,21 +393,97 @@ def test_resume_keeps_the_lines_already_written(runs, tmp_path):
     rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 6))]
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "preds.jsonl"
-    kept = ['{"id": "r4", "prediction": "KEEP ME"}', '{"id": "elsewhere", "prediction": "from another input"}',
-            '{"id": "r1", "prediction": "me too"}']
-    out.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    kept = ['{"id": "r4", "prediction": "KEEP ME"}', '{"id": "r1", "prediction": "me too"}']
+    out.write_text("\n".join(kept) + "\n", encoding="utf-8")  # no record beside it: kept, with a warning
     summary = P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
     assert summary["predicted"] == 4 and summary["kept"] == 2
     lines = out.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4", "r5", "elsewhere"]
-    assert lines[1] == kept[2] and lines[4] == kept[0] and lines[6] == kept[1]  # verbatim
+    assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3", "r4", "r5"]
+    assert lines[1] == kept[1] and lines[4] == kept[0]  # verbatim
     # Nothing left to do: the output is rewritten unchanged.
     again = P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
     assert again["predicted"] == 0 and out.read_text(encoding="utf-8").splitlines() == lines
 
     out.write_text('{"id": "r0", "prediction": "x"}\n{"id": "r1", "predic', encoding="utf-8")
-    with pytest.raises(DataError, match=r"preds\.jsonl:2: bad JSON in the existing output"):
-        P.predict_file(runs["translation"], src, out, resume=True)
+    with pytest.raises(DataError, match=r"preds\.jsonl:2: bad JSON in the existing output \(Unterminated string "
+                                        r"starting at column 14\)"):  # the column was cut off
+        P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+
+
+def test_resume_refuses_lines_it_would_mix_in(runs, tmp_path):
+    """--resume kept another model's predictions, or another decoding's, beside the new ones, the lines
+    of ids not in the input (after them), and the last of an id twice; none of it said."""
+    rows = [{"id": "a", "src": "one two", "tgt": "two"}, {"id": "b", "src": "red house big", "tgt": "big"}]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "preds.jsonl"
+    P.predict_file(runs["translation"], _write_jsonl(tmp_path / "first.jsonl", rows[:1]), out, beam_size=1)
+    record = json.loads(P.record_path(out).read_text())
+    assert record["options"]["--beam-size"] == 1 and record["output"] is True
+    before = _snapshot_of(tmp_path)
+    translation, other = runs["translation"] / "best.pt", runs["ends_early"] / "best.pt"
+    with pytest.raises(OptionError, match=rf"--resume: {out} holds predictions of {translation}, whose weights are "
+                       rf"not those of {other}: the output would mix two models' predictions"):
+        P.predict_file(runs["ends_early"], src, out, beam_size=1, resume=True)
+    for kw, said in ((dict(beam_size=2), r"--beam-size 1 \(now 2\)"), (dict(len_ratio=0), r"--len-ratio 2.0 \(now 0\)"),
+                     (dict(max_len=5), rf"--max-len {MAX_TGT} \(now 5\)"),
+                     (dict(field="tgt"), r"--field src \(now tgt\)")):
+        with pytest.raises(OptionError, match=rf"--resume: {out} was written with {said}.*: the output would mix two "
+                           r"decodings; give the options it was written with"):
+            P.predict_file(runs["translation"], src, out, resume=True, **{"beam_size": 1, **kw})
+    assert _snapshot_of(tmp_path) == before
+    # the same weights in another file, and a default given explicitly: the same model and options
+    averaged_from = [{"path": str(translation), "step": 0}]  # the average of one: another file, the same weights
+    save_checkpoint(tmp_path / "copy.pt", {**load_checkpoint(translation), "averaged_from": averaged_from})
+    summary = P.predict_file(tmp_path / "copy.pt", src, out, beam_size=1, len_ratio=2.0, max_len=MAX_TGT, resume=True)
+    assert summary["kept"] == 1 and summary["predicted"] == 1
+    for lines, said in (('{"id": "a", "prediction": "x"}\n{"id": "zzz", "prediction": "y"}\n',
+                         r"hand\.jsonl:2: id 'zzz' is not one of the input's: the output was written for other inputs"),
+                        ('{"id": "a", "prediction": "x"}\n{"id": "a", "prediction": "y"}\n',
+                         r"hand\.jsonl:2: id 'a' twice in the existing output")):
+        (tmp_path / "hand.jsonl").write_text(lines)
+        with pytest.raises(DataError, match=said):
+            P.predict_file(runs["translation"], src, tmp_path / "hand.jsonl", beam_size=1, resume=True)
+        assert (tmp_path / "hand.jsonl").read_text() == lines
+
+
+def test_resume_after_a_cut_overwrite_keeps_none_of_the_output_it_replaces(runs, tmp_path, monkeypatch):
+    """--overwrite with another model, killed: its snapshot is resumed, the old output's lines are not."""
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 3))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out, clean = tmp_path / "preds.jsonl", tmp_path / "clean.jsonl"
+    kw = dict(beam_size=1, batch_size=1)
+    P.predict_file(runs["translation"], src, out, **kw)
+    P.predict_file(runs["ends_early"], src, clean, **kw)
+    real, calls = P.format_prediction, []
+
+    def killed(pred, task):
+        calls.append(pred)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(pred, task)
+
+    monkeypatch.setattr(P, "format_prediction", killed)
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["ends_early"], src, out, overwrite=True, **kw)
+    monkeypatch.setattr(P, "format_prediction", real)
+    summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
+    assert summary["kept"] == 2 and _read(out) == _read(clean)
+
+
+def _snapshot_of(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("suffix", [".bz2", ".zst"])
+def test_an_output_compressed_otherwise_is_refused_before_any_work(runs, tmp_path, monkeypatch, suffix):
+    """--output preds.jsonl.bz2 was written as plain text under that name."""
+    monkeypatch.setattr(P, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    with pytest.raises(OptionError, match=rf"--output .*preds\.jsonl\{suffix}: \{suffix} compression cannot be "
+                       r"written; name it \.jsonl, or \.jsonl\.gz or \.jsonl\.xz to compress it"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
+                       str(tmp_path / f"preds.jsonl{suffix}")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 
@@ -455,7 +537,7 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
         outs = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--beam-size", "1"])
     assert len(outs) == 2
     assert "1 of 2 inputs are longer than the model's maximum of 15 tokens and were truncated (lines 3)" in caplog.text
-    with pytest.raises(DataError, match=r"--text:2: input has \d+ tokens, more than the model's maximum 15"):
+    with pytest.raises(DataError, match=r"--text:2: input has \d+ tokens, more than the model's maximum of 15"):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--text", long_text, "--strict"])
 
 
@@ -466,7 +548,8 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--beam-size", "-3"], "--beam-size must be >= 1, got -3"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-    (["--max-src-len", "0"], "--max-src-len must be >= 1, got 0"),
+    (["--max-src-len", "0"], "--max-src-len must be >= 2 (an input's tokens, its EOS included), got 0"),
+    (["--max-src-len", "1"], "--max-src-len must be >= 2 (an input's tokens, its EOS included), got 1"),
     (["--len-ratio", "-0.5"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got -0.5"),
     (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
     (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),

@@ -33,11 +33,13 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
     Raises CheckpointError naming the file when it lacks a part (`RUN_KEYS`) or its parts disagree."""
     path = find_checkpoint(checkpoint)
     ckpt = load_checkpoint(path, require=RUN_KEYS)
+    check_run_fields(path, ckpt)
     try:  # data from a file: any fault is the file's
         cfg = ModelConfig.from_dict({**ckpt["config"], **({"kernel": kernel} if kernel is not None else {})})
         tokenizers = TokenizerPair.from_dict(ckpt["tokenizers"])
     except Exception as e:
-        raise CheckpointError(f"{path}: bad model config or tokenizer in the checkpoint ({e})") from None
+        detail = f"no {e}" if isinstance(e, KeyError) else e
+        raise CheckpointError(f"{path}: bad model config or tokenizer in the checkpoint ({detail})") from None
     model = build_model(cfg, device)
     try:
         model.load_state_dict(ckpt["model"])
@@ -49,6 +51,22 @@ def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel:
         model = compile_for_inference(model, backend=compile)
     ckpt["path"] = str(path)
     return model, tokenizers, ckpt
+
+
+def check_run_fields(path: Path, ckpt: dict) -> None:
+    """CheckpointError naming the file for a task that is not one of `data.TASKS`, training arguments
+    that are not a dict, or lengths a run is read and decoded at (max_src_len, max_tgt_len) that are
+    not integers >= 2."""
+    if ckpt["task"] not in D.TASKS:
+        raise CheckpointError(f"{path}: unknown task {ckpt['task']!r} in the checkpoint (one of {', '.join(D.TASKS)})")
+    if not isinstance(ckpt["args"], dict):
+        raise CheckpointError(f"{path}: bad training arguments in the checkpoint: a {type(ckpt['args']).__name__}, "
+                              "not a dict")
+    for key in ("max_src_len", "max_tgt_len"):
+        value = ckpt["args"].get(key, 2)  # an older version's, without them: not read here
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise CheckpointError(f"{path}: bad training arguments in the checkpoint: {key} must be an integer >= 2, "
+                                  f"got {value!r}")
 
 
 def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | None = None,

@@ -22,10 +22,12 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
-                        ("--batch-size", batch_size), ("--max-src-len", max_src_len),
-                        ("--summary-sentences", summary_sentences), ("--summary-words", summary_words)):
+                        ("--batch-size", batch_size), ("--summary-sentences", summary_sentences),
+                        ("--summary-words", summary_words)):
         if value is not None and value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
+    if max_src_len is not None and max_src_len < 2:
+        raise OptionError(f"--max-src-len must be >= 2 (an input's tokens, its EOS included), got {max_src_len}")
     if not math.isfinite(length_penalty):
         raise OptionError(f"--length-penalty must be a finite number, got {length_penalty}")
     if beam_size == 1 and length_penalty != 1.0:

@@ -16,11 +16,13 @@ refused (``strict``).
 Output (`predict_file`): the final file appears only when complete (temp file in the same folder,
 fsync, rename). While running, snapshots of the finished predictions go, atomically as well, to
 ``OUTPUT.partial``; ``resume`` keeps the lines of an existing output and of its snapshot and
-predicts only the ids they lack, so a killed run loses at most one snapshot interval.
+predicts only the ids they lack, so a killed run loses at most one snapshot interval; the record
+beside the output (`resume`) refuses lines of other weights or decoding options.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -33,11 +35,12 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import file_in_the_way, fsync_dir, write_lines_atomic
-from ..data.files import check_text, display_name, read_lines, uncompressed_name
-from .evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
+from ..checkpoint import file_in_the_way, fsync_dir, weights_digest, write_lines_atomic
+from ..data.files import COMPRESSED, check_text, display_name, read_lines, uncompressed_name
+from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 from .options import OptionError, check_decode_flags, check_extract_options, check_options
+from .resume import record_path, start_output, write_record
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +89,13 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     field = field or INPUT_FIELDS[task]
     name = display_name(path)
     records: list[InputRecord] = []
-    seen: dict[str | int, int] = {}
+    seen: dict[str, InputRecord] = {}  # by the id as text: 1 and "1" are one id to whoever reads the output
+    blank = 0
     if fmt == "auto" and str(path) != "-":
         fmt = "jsonl" if uncompressed_name(name).endswith((".jsonl", ".json")) else "text"
     for lineno, raw in read_lines(path):  # DataError (file:line) for missing, undecodable or broken files
         if not raw.strip():
+            blank += 1
             continue
         if fmt == "auto":  # stdin: the first non-blank line decides
             fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
@@ -98,32 +103,13 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
             rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
         else:
             rec = InputRecord(lineno, raw, lineno)
-        if rec.id in seen:
-            raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {seen[rec.id]})")
-        seen[rec.id] = lineno
+        if (first := seen.setdefault(str(rec.id), rec)) is not rec:
+            also = "" if first.id == rec.id else f", as {first.id!r}: ids are compared as text"
+            raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {first.line}{also})")
         records.append(rec)
     if not records:
-        raise D.DataError(f"{name}: no inputs (the file is empty)")
+        raise D.DataError(f"{name}: no inputs ({'the file holds only blank lines' if blank else 'the file is empty'})")
     return records
-
-
-def read_done(path: str | Path) -> dict[str | int, str]:
-    """The predictions already in an output file: id -> its line (without the newline)."""
-    path = Path(path)
-    done: dict[str | int, str] = {}
-    if not path.is_file():
-        return done
-    for lineno, raw in read_lines(path):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise D.DataError(f"{path}:{lineno}: bad JSON in the existing output ({e.msg})") from None
-        if not isinstance(rec, dict) or "id" not in rec or "prediction" not in rec:
-            raise D.DataError(f"{path}:{lineno}: not an {{\"id\", \"prediction\"}} line")
-        done[rec["id"]] = raw
-    return done
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,20 +118,23 @@ def read_done(path: str | Path) -> dict[str | int, str]:
 
 
 def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int, *, strict: bool = False,
-                   source: str = "input") -> D.EncodedDataset:
+                   source: str = "input", from_flag: bool = False) -> D.EncodedDataset:
     """Tokenize inputs as evaluation does (`data.encode_examples`). Longer than max_src_len tokens
     (seq2seq: max_src_len - 1 plus EOS): truncated with a warning naming how many, or with
-    `strict` a DataError naming the first offending line."""
+    `strict` a DataError naming the first offending line. `from_flag`: max_src_len is --max-src-len's
+    (else the model's maximum), as the messages say."""
     examples = [D.Example(r.text, 0 if task == "classification" else "", r.id) for r in records]
     dataset, stats = D.encode_examples(examples, task, toks.src, toks.tgt, max_src_len, max(2, max_src_len))
     if stats.src_truncated and task == "extractive":  # a document's sentences are taken while they fit
         if strict:  # the first document whose marked sentences (a marker each) overflow
             first = next(r.line for r in records
                          if sum(len(ids) + 1 for ids in toks.src.encode_batch(split_sentences(r.text))) > max_src_len)
-            raise D.DataError(f"{source}:{first}: document does not fit in the model's {max_src_len} tokens "
+            fits = f"--max-src-len {max_src_len}" if from_flag else f"the model's {max_src_len} tokens"
+            raise D.DataError(f"{source}:{first}: document does not fit in {fits} "
                               f"(--strict; {stats.src_truncated} document(s) in all are too long)")
-        log.warning(f"{stats.src_truncated} of {len(records)} documents are longer than the model's maximum of "
-                    f"{max_src_len} tokens: their sentences past it are not candidates; --strict refuses them")
+        most = f"--max-src-len {max_src_len}" if from_flag else f"the model's maximum of {max_src_len} tokens"
+        log.warning(f"{stats.src_truncated} of {len(records)} documents are longer than {most}: their sentences "
+                    "past it are not candidates; --strict refuses them")
     elif stats.src_truncated:
         # Truncated rows end at exactly max_src_len tokens; re-encode only those to tell which were over.
         limit = max_src_len if task == "classification" else max_src_len - 1
@@ -153,12 +142,16 @@ def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int
         lens = [len(ids) for ids in toks.src.encode_batch([records[i].text for i in cands])]
         over = [(records[i].line, n) for i, n in zip(cands, lens, strict=True) if n > limit]
         first_line, first_n = over[0]
+        most = f"the model's maximum of {limit}"
+        if from_flag:
+            most = f"the {limit} that --max-src-len {max_src_len} admits" + (", its EOS aside" if limit < max_src_len
+                                                                                else "")
         if strict:
-            raise D.DataError(f"{source}:{first_line}: input has {first_n} tokens, more than the model's maximum "
-                              f"{limit} (--strict; {len(over)} input(s) in all are too long)")
+            raise D.DataError(f"{source}:{first_line}: input has {first_n} tokens, more than {most} (--strict; "
+                              f"{len(over)} input(s) in all are too long)")
         shown = ", ".join(str(line) for line, _ in over[:5]) + (", ..." if len(over) > 5 else "")
-        log.warning(f"{len(over)} of {len(records)} inputs are longer than the model's maximum of {limit} tokens "
-                    f"and were truncated (lines {shown}); --strict refuses them instead")
+        log.warning(f"{len(over)} of {len(records)} inputs are longer than {most} tokens and were truncated (lines "
+                    f"{shown}); --strict refuses them instead")
     return dataset
 
 
@@ -177,10 +170,10 @@ def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) ->
     args = ckpt["args"]
     max_src_len = max_src_len or args["max_src_len"]
     if max_src_len + 1 > model.cfg.max_len:
-        raise OptionError(f"max_src_len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
+        raise OptionError(f"--max-src-len {max_src_len} exceeds the model's max_len {model.cfg.max_len} - 1")
     max_len = max_len or args["max_tgt_len"]
     if ckpt["task"] not in D.ENCODER_ONLY and not 1 <= max_len < model.cfg.max_len:
-        raise OptionError(f"max_len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
+        raise OptionError(f"--max-len must be in [1, {model.cfg.max_len - 1}], got {max_len}")
     return max_src_len, max_len
 
 
@@ -208,8 +201,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                   summary_words=summary_words)
     task = ckpt["task"]
     check_extract_options(task, summary_sentences, summary_words)
+    from_flag = max_src_len is not None
     max_src_len, max_len = _lengths(model, ckpt, max_src_len, max_len)
-    dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source)
+    dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source, from_flag=from_flag)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -258,6 +252,10 @@ def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
 
 
+# Compressed formats that `write_lines_atomic` does not write (it writes `data.files.COMPRESSED`'s)
+OTHER_COMPRESSION = (".bz2", ".zst", ".zstd", ".lz4", ".lzma", ".lz", ".z", ".zip", ".br", ".7z", ".sz", ".tgz")
+
+
 def _checked_output(output: str | Path, input: str | Path, resume: bool, overwrite: bool) -> tuple[Path, Path]:
     """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
     final rename would fail after all the work), under a file, or either would be written over the
@@ -267,9 +265,12 @@ def _checked_output(output: str | Path, input: str | Path, resume: bool, overwri
     output = Path(output)
     if output.is_dir():
         raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
+    if output.suffix.lower() in OTHER_COMPRESSION:  # it would be plain text under that name
+        raise OptionError(f"--output {output}: {output.suffix} compression cannot be written; name it .jsonl, or "
+                          f"{' or '.join(f'.jsonl{c}' for c in COMPRESSED)} to compress it")
     if (above := file_in_the_way(output.parent)) is not None:
         raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
-    for written in (output, partial_path(output)) if str(input) != "-" else ():
+    for written in (output, partial_path(output), record_path(output)) if str(input) != "-" else ():
         if written.resolve() == Path(input).resolve():
             raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
                               f"inputs would be lost; write the predictions elsewhere")
@@ -280,13 +281,35 @@ def _checked_output(output: str | Path, input: str | Path, resume: bool, overwri
     return output, part
 
 
+# The options that change a prediction (flag -> `predict_records`' keyword), recorded beside an output
+# (`resume.check_resume`); the precision, backend and batching change none.
+RECORDED = {"--beam-size": "beam_size", "--length-penalty": "length_penalty", "--no-repeat-ngram": "no_repeat_ngram",
+            "--min-len": "min_len", "--max-len": "max_len", "--len-ratio": "len_ratio", "--max-src-len": "max_src_len",
+            "--summary-sentences": "summary_sentences", "--summary-words": "summary_words"}
+
+
+def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
+    """What predictions come from: the checkpoint (its path(s), and its weights' digest) and the
+    `RECORDED` options, defaults resolved (a default given explicitly is the same option)."""
+    defaults = inspect.signature(predict_records).parameters
+    options = {flag: predict_kw.get(k, defaults[k].default) for flag, k in RECORDED.items()}
+    options["--max-src-len"], options["--max-len"] = _lengths(model, ckpt, options["--max-src-len"],
+                                                              options["--max-len"])
+    if options["--len-ratio"] is None:
+        options["--len-ratio"] = LEN_RATIO.get(ckpt["task"], 0)
+    weights = getattr(model, "_orig_mod", model).state_dict()  # compiled: the model it wraps
+    return {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "weights": weights_digest(weights),
+            "options": {"--field": field, **options}}
+
+
 def predict_file(checkpoint: str | Path | list, input: str | Path, output: str | Path, *, field: str | None = None,
                  fmt: str = "auto", resume: bool = False, overwrite: bool = False, save_every: float = 60.0,
                  device=None, kernel: str | None = None, compile: str | None = None, progress: bool = False,
                  decode_flags: Sequence[str] = (), **predict_kw) -> dict:
     """Predict every input of a file and write ``{"id", "prediction"}`` lines to `output`, in input
-    order (with `resume`, lines of ids not in the input are kept after them). `checkpoint`: a file
-    or run folder, or a list of them: an ensemble (`load_models`).
+    order, and beside it what wrote them (`resume.write_record`). `checkpoint`: a file or run folder,
+    or a list of them: an ensemble (`load_models`). `resume` keeps the lines of an earlier output and
+    its snapshot (`resume.check_resume`: of the same weights and options, and only ids of the input).
 
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
     keyword arguments go to `predict_records`; `decode_flags`: see `check_decode_flags`. Returns a
@@ -301,14 +324,13 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     check_extract_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
     check_decode_flags(task, list(decode_flags))
     records = read_inputs(input, task, field, fmt)
-    done: dict[str | int, str] = {**read_done(part), **read_done(output)} if resume else {}
+    record = run_record(model, ckpt, field or INPUT_FIELDS[task], predict_kw)
+    done = start_output(output, part, record, [r.id for r in records], resume, overwrite)
     todo = [r for r in records if r.id not in done]
     new: dict[str | int, str] = {}
 
     def all_lines():
         yield from (new[r.id] if r.id in new else done[r.id] for r in records if r.id in new or r.id in done)
-        ids = {r.id for r in records}
-        yield from (line for rid, line in done.items() if rid not in ids)
 
     last_save = time.monotonic()
 
@@ -333,6 +355,7 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
             raise
     seconds = time.time() - t0
     write_lines_atomic(output, all_lines())
+    write_record(output, record, True)
     part.unlink(missing_ok=True)
     fsync_dir(output.parent)
     return {"output": str(output), "task": task, "inputs": len(records), "predicted": len(todo),

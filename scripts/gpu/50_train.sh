@@ -127,7 +127,7 @@ score_ensemble() {
     out=ensemble${lp:+-lp$lp}
     [ ! -e "$RUN/$out/metrics.validation.json" ] || continue
     run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "${members[@]}" --out "$RUN/$out" \
-      "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
+      --overwrite "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
     case $? in 124|130|137) scored=0 ;; *) echo "== the ensemble failed: not a candidate" ;; esac
     return 0
   done
@@ -141,13 +141,14 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   # one cut by the deadline leaves the rest to the next call: each started after it would get the
   # prelude's last 10 s (and timeout's 20 s grace), be cut too, and push the step toward the device's kill.
   # One that fails otherwise (out of memory, say) is left out of the candidates, in this call and the
-  # next (RUN/OUT.failed): retried, it failed again at every call and the run never wrote its predictions
+  # next (RUN/OUT.failed): retried, it failed again at every call and the run never wrote its predictions.
+  # (--overwrite: a call cut between an evaluation's predictions and its scores leaves the first)
   scored=1
   for name in best averaged; do
     for lp in "" "${LENGTH_PENALTIES[@]}"; do
       out=$name${lp:+-lp$lp}
       if [ -e "$RUN/$name.pt" ] && [ ! -e "$RUN/$out/metrics.validation.json" ] && [ ! -e "$RUN/$out.failed" ]; then
-        run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$RUN/$name.pt" \
+        run_cmd "$(limit 570)" "eval_$out" "$PY" -m scratchformer.evaluate --checkpoint "$RUN/$name.pt" --overwrite \
           --out "$RUN/$out" "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${RUNTIME[@]}" && continue
         case $? in
           124|130|137) scored=0; break 2 ;;

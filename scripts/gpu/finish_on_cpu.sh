@@ -56,6 +56,9 @@ if [ "$kind" = picked ]; then
   fi
   if [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
     cp "$snapshot" "$RUN/test_predictions.jsonl.partial"
+    # and what wrote it (generate's record: the weights and the decoding), which --resume checks
+    record=${snapshot%.partial}.meta.json
+    [ ! -f "$record" ] || cp "$record" "$RUN/test_predictions.jsonl.meta.json"
   fi
   "$PY" -m scratchformer.generate --checkpoint "$RUN/picked.pt" --input "$inputs" --output "$RUN/test_predictions.jsonl" \
     --resume --no-progress "${flags[@]}" "${CPU[@]}"
@@ -65,7 +68,7 @@ fi
 for lp in "" "${LENGTH_PENALTIES[@]}"; do
   out=$RUN/averaged${lp:+-lp$lp}
   if [ ! -e "$out/metrics.validation.json" ]; then
-    "$PY" -m scratchformer.evaluate --checkpoint "$RUN/averaged.pt" --out "$out" "${DECODE[@]}" \
+    "$PY" -m scratchformer.evaluate --checkpoint "$RUN/averaged.pt" --out "$out" --overwrite "${DECODE[@]}" \
       ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${CPU[@]}"
   fi
 done
