@@ -405,6 +405,36 @@ def test_a_resume_over_other_training_data_and_an_attention_example_past_validat
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
 
+def test_a_folder_another_process_trains_in_is_refused_until_it_ends(tmp_path):
+    """Two runs into one --out at once both trained: one run's checkpoints and logs were lost, its rows
+    mixed into the other's. The folder is held (an flock on RUN/.lock) while a process trains there: a
+    new run, an --overwrite and a resume into it are refused naming the holder's pid, nothing written;
+    once the holder ends (a kill too: the system drops the lock) they go on."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "1", "--out", str(run)])
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "os.ftruncate(fd, 0); os.write(fd, b'4242'); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot(tmp_path)
+        for flags in (["--out", str(run), "--overwrite"], ["--resume", "--out", str(run), "--max-steps", "3"]):
+            with pytest.raises(RunFolderError, match=rf"--out {run} is in use: another process \(pid 4242\) trains "
+                               r"there now; wait for it to end, or choose another --out"):
+                T.main(TINY + ["--max-steps", "3"] + flags if "--overwrite" in flags else flags)
+            assert _snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    T.main(["--resume", "--out", str(run), "--max-steps", "3", "--no-progress", "--no-plots"])
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])  # .lock: no one's file
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 1
+
+
 def test_labels_checked_against_meta_json(tmp_path):
     d = _classification_folder(tmp_path, [0, 1, 2, 1], meta_labels={"0": "neg", "1": "pos"})
     source = D.resolve_source(data=str(d))

@@ -186,7 +186,9 @@ BAD_OPTIONS = [
      r"shared vocabulary \(drop --separate-vocab\)"),
     (["--tie-embeddings", "all", "--tokenizer", "a", "b"], r"it needs one shared vocabulary \(drop the second "
                                                           r"--tokenizer\)"),
-    (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile"),
+    (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile "
+                                            r"\(inductor\), which is not given"),  # it said "got --compile None"
+    (["--threads", "100000"], r"--threads 100000: at most 1024"),  # the tokenizers' thread pool panicked, then crashed
     (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),
     (["--compile", "nosuch"], r"--compile nosuch: torch.compile has no such backend; it has .*inductor"),
 ]
@@ -231,6 +233,28 @@ def test_device_without_cuda_is_a_clear_error(monkeypatch):
         resolve_device("gpu0")
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device(None) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["meta", "mps", "xpu:0", "cpu:0"])
+def test_device_the_project_cannot_run_on_is_refused(name):
+    """--device meta failed after step 1 (Tensor.item on meta) and left a half-built run folder; mps failed in
+    model.to: every command refuses them here, before any work, naming what it runs on."""
+    if name == "cpu:0":  # a cpu with an index is still the cpu
+        assert resolve_device(name).type == "cpu"
+        return
+    with pytest.raises(DeviceError, match=rf"--device {name}: scratchformer runs on cpu or cuda\[:N\] only, not "
+                                          rf"{name.split(':')[0]}"):
+        resolve_device(name)
+
+
+def test_train_on_a_meta_device_is_refused_before_its_run_folder(tmp_path):
+    """train --device meta used to leave args.json, config.json and tokenizer.json behind (then needing
+    --overwrite): resolve_device refuses it before the run folder is made."""
+    from scratchformer import train
+
+    with pytest.raises(DeviceError, match=r"--device meta: scratchformer runs on cpu or cuda"):
+        train.main(["--device", "meta", "--max-steps", "1", "--out", str(tmp_path / "run")])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_resume_refuses_flags_that_cannot_change():

@@ -772,6 +772,21 @@ METRICS = ['{"split": "train", "step": 1, "loss": 5.0}', '{"split": "valid", "st
            '{"split": "train", "step": 4, "loss": 2.5}']
 
 
+def test_resume_drops_the_valid_rows_its_checkpoint_did_not_validate(tmp_path):
+    """A kill between step 4's validation and its save left last.pt at step 4 validated at step 2: the
+    resumed run validates step 4 again, so its first valid row must not stay (metrics.jsonl and
+    valid.csv held each such step twice). Its train rows to step 4 stay; a checkpoint that does not
+    say what it validated (older: -1) keeps the valid rows to its step, as before."""
+    rows = ['{"split": "train", "step": 2, "loss": 4.5}', '{"split": "valid", "step": 2, "loss": 4.0}',
+            '{"split": "train", "step": 4, "loss": 3.0}', '{"split": "valid", "step": 4, "loss": 3.5}']
+    for validated, kept in ((2, 3), (-1, 4)):
+        (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+        (tmp_path / "valid.csv").write_text("split,step,loss\nvalid,2,4.0\nvalid,4,3.5\n")
+        Logger(tmp_path, enabled=True, resume={"step": 4, "validated": validated}).close()
+        assert (tmp_path / "metrics.jsonl").read_text().splitlines() == rows[:kept]
+        assert (tmp_path / "valid.csv").read_text().splitlines()[1:] == ["valid,2,4.0", "valid,4,3.5"][: kept - 2]
+
+
 def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path, monkeypatch):
     """On resume from step 3 the logs lose the rows after it, rewritten atomically: a full disk
     leaves them as they were (and says which file). A last row cut short (a crash mid-append) is
@@ -783,9 +798,9 @@ def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path
     with monkeypatch.context() as m:
         _disk_full_for(m, "metrics.jsonl")
         with pytest.raises(OSError, match=r"cannot write .*metrics\.jsonl: No space left on device"):
-            Logger(tmp_path, enabled=True, resume_step=3)
+            Logger(tmp_path, enabled=True, resume={"step": 3})
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no history lost, no temp file left
-    log = Logger(tmp_path, enabled=True, resume_step=3)
+    log = Logger(tmp_path, enabled=True, resume={"step": 3})
     log.close()
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == METRICS[:4]
     assert (tmp_path / "train.csv").read_text().splitlines() == ["split,step,loss", "train,1,5.0", "train,3,3.0"]
@@ -795,7 +810,7 @@ def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path
         assert f"warning: {tmp_path / name}: its last line is cut short" in text, text
     (tmp_path / "metrics.jsonl").write_text("\n".join([METRICS[0], '{"split": "tr', *METRICS[1:]]) + "\n")
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'metrics.jsonl'}, line 2: "):
-        Logger(tmp_path, enabled=True, resume_step=3)
+        Logger(tmp_path, enabled=True, resume={"step": 3})
 
 
 def test_final_report_writes_metrics_final_json_atomically(tmp_path, monkeypatch):
@@ -808,7 +823,7 @@ def test_final_report_writes_metrics_final_json_atomically(tmp_path, monkeypatch
         T.main(["--resume", "--out", str(run), "--no-progress"])
     monkeypatch.undo()
     assert (run / "metrics.final.json").read_bytes() == before
-    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [".lock"]  # no temp file left
 
 
 def _valid_steps(run):

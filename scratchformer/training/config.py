@@ -242,6 +242,7 @@ _RANGES = {
     **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget", "rdrop"),
                     (0.0, math.inf, False)),
 }
+MAX_THREADS = 1024
 _POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit", "time_budget")  # these may not be 0 either
 
 
@@ -283,7 +284,9 @@ def check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--data {cfg.data} and --dataset {cfg.dataset} both name the data: give one")
     if cfg.compile_mode is not None and cfg.compile != "inductor":
         raise ConfigError(f"--compile-mode {cfg.compile_mode} is an inductor mode: it needs --compile (inductor), "
-                          f"got --compile {cfg.compile}")
+                          + (f"got --compile {cfg.compile}" if cfg.compile else "which is not given"))
+    if cfg.threads is not None and cfg.threads > MAX_THREADS:  # 100,000: the tokenizers' thread pool crashed
+        raise ConfigError(f"--threads {cfg.threads}: at most {MAX_THREADS} (a thread a CPU core is what helps)")
     if cfg.cuda_graphs and cfg.compile:
         raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
     if cfg.compile:

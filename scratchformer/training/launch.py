@@ -29,6 +29,7 @@ from .runs import (
     fresh_run_folder,
     load_resume_checkpoint,
     resume_folder,
+    resumed_run_folder,
     resumes_elsewhere,
     summary_writer,
 )
@@ -54,15 +55,15 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
-    _check_start(start, resuming, f"--resume {path}" if resuming else f"--init-from {config.init_from}",
-                 source.task, examples, dist_.world)
+    _check_start(start, path, config.init_from, source.task, examples, dist_)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
-    out = Path(config.out) if resuming and not moved else fresh_run_folder(config.out, config.overwrite, dist_, path)
+    out = resumed_run_folder(config.out, dist_) if resuming and not moved else fresh_run_folder(
+        config.out, config.overwrite, dist_, path)
     config = dataclasses.replace(config, out=str(out))
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"]["step"] if resuming else None,
+    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"] if resuming else None,
                  history=path.parent if moved else None)  # a run resumed into a new folder: its logs go on there
     if warning:
         log.info(warning)
@@ -158,13 +159,16 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
     return model
 
 
-def _check_start(start: dict | None, resuming: bool, named: str, task: str, examples: Examples, world: int) -> None:
-    """The checkpoint a run starts from (`named`: --resume's or --init-from's flag and file) against this
+def _check_start(start: dict | None, resumed: Path | None, init_from: str | None, task: str, examples: Examples,
+                 dist_) -> None:
+    """The checkpoint a run starts from (--resume's file `resumed`, or --init-from's) against this
     run: its task and class count; resumed, its training examples (their number and contents) and the
     number of processes that wrote it (one RNG state each): its place in the epoch counts batches of
     those examples per process, which other examples or another number would draw otherwise."""
     if start is None:
         return
+    world, resuming = dist_.world, resumed is not None
+    named = f"--resume {resumed}" if resuming else f"--init-from {init_from}"
     classes, saved_data = examples.num_classes, start.get("train_data") if resuming else None  # from 2026-12-05
     if saved_data is not None and saved_data != (now := examples_id(examples.train)):
         how = "other contents" if saved_data["examples"] == now["examples"] else f"{now['examples']} examples"

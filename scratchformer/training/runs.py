@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import fcntl
 import io
 import json
 import os
@@ -45,6 +46,42 @@ class RunFolderError(ConfigError):
     """An --out that cannot take this run: a file, another run, or files no run wrote."""
 
 
+# The lock of a folder a process trains in (`lock_run_folder`): never deleted (a lock file removed
+# while held lets the next process lock a new one beside it), no run's file, nobody's either.
+LOCK = ".lock"
+_HELD: dict[Path, int] = {}  # this process's locks: folder -> the file descriptor holding it
+
+
+def lock_run_folder(folder: Path) -> Path:
+    """Hold `folder` for this process's run (an exclusive flock on FOLDER/.lock, which says its pid;
+    the system drops it when the process ends, however it ends): a second run or resume into the
+    folder while one trains there is refused, naming the holder (both ran: one run's checkpoints
+    and logs were lost, its rows mixed into the other's). This process may lock it again
+    (`release_run_folders` ends its runs' locks)."""
+    key = folder.resolve()
+    if key in _HELD:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderError(f"--out {folder} is in use: another process (pid {pid}) trains there now; wait for "
+                             "it to end, or choose another --out") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+    return folder
+
+
+def release_run_folders() -> None:
+    """End this process's locks on its run folders (`train` does, however it ends)."""
+    while _HELD:
+        os.close(_HELD.popitem()[1])
+
+
 def folder_contents(out: Path) -> tuple[list[str], list[str]]:
     """(the run files in `out`, checkpoints first; everything else in it), as names relative to
     `out` ("plots/curves.png"). Both empty when `out` does not exist."""
@@ -52,6 +89,8 @@ def folder_contents(out: Path) -> tuple[list[str], list[str]]:
         return [], []
     ours, foreign = [], []
     for p in sorted(out.iterdir()):
+        if p.name == LOCK:
+            continue
         if p.name in RUN_SUBDIRS and p.is_dir() and not p.is_symlink():
             for q in sorted(p.iterdir()):
                 ok = RUN_SUBDIRS[p.name].fullmatch(q.name) and q.is_file() and not q.is_symlink()
@@ -138,7 +177,7 @@ def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str |
     raise CheckpointError(f"{error}; no intact step_*.pt in {path.parent} to resume from instead")
 
 
-def check_out(out: str | None, overwrite: bool, resume: Path | None = None) -> None:
+def check_out(out: str | Path | None, overwrite: bool, resume: Path | None = None) -> None:
     """Refuse an --out that cannot take a new run, before any work (RunFolderError): a file; a
     folder holding a run, or the results of one or of an evaluation (predictions, metrics, plots: they
     would be replaced; unless --overwrite); with --overwrite, a folder holding files no run wrote.
@@ -179,7 +218,8 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist, resume: Path
     if out is not None:
         folder = Path(out)
         if dist_.main:
-            check_out(out, overwrite, resume)
+            check_out(out, overwrite, resume)  # then again, held: a run that started in between holds it now
+            check_out(lock_run_folder(folder), overwrite, resume)
             for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
                 if overwrite or EARLY_FILE.fullmatch(name):
                     (folder / name).unlink()
@@ -189,7 +229,14 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist, resume: Path
         dist_.barrier()
         return folder
     name = _new_dated_folder() if dist_.main else None
+    if dist_.main:
+        lock_run_folder(RUNS_DIR / name)
     return RUNS_DIR / dist_.broadcast(name)
+
+
+def resumed_run_folder(out: str, dist_: Dist) -> Path:
+    """The folder of a run resumed in place, held for this process (`lock_run_folder`; rank 0's)."""
+    return lock_run_folder(Path(out)) if dist_.main else Path(out)
 
 
 def _new_dated_folder() -> str:
@@ -213,9 +260,11 @@ def _new_dated_folder() -> str:
     return name
 
 
-def _kept_rows(path: Path, step: int) -> tuple[list[str], str | None]:
+def _kept_rows(path: Path, step: int, validated: int) -> tuple[list[str], str | None]:
     """(the lines of a log, metrics.jsonl or train.csv / valid.csv, that a run resumed at `step`
-    keeps: all but the train and valid rows of later steps; a warning or None). A last line cut
+    keeps: all but the train rows of later steps and the valid rows after `validated`, the step its
+    checkpoint last validated (a kill between a validation and its save left a row the resumed run
+    writes again); a warning or None). A last line cut
     short (a crash mid-append: unparsable, or a CSV row without its newline) is dropped with a
     warning naming the file; a damaged line elsewhere is refused (RunFolderError naming file and line)."""
     text = path.read_text(encoding="utf-8")
@@ -227,7 +276,7 @@ def _kept_rows(path: Path, step: int) -> tuple[list[str], str | None]:
         if not lines[i].strip():
             continue
         try:
-            row_step = _row_step(lines[i], head)
+            row_step = _row_step(lines[i], head, valid=path.name == "valid.csv")
             if i == last and head is not None and not text.endswith("\n"):
                 raise ValueError("no newline")
         except ValueError as e:
@@ -236,28 +285,29 @@ def _kept_rows(path: Path, step: int) -> tuple[list[str], str | None]:
                                      f"logs: mend or delete that line, then resume again") from None
             warning = f"warning: {path}: its last line is cut short (a crash mid-write?); dropped: {lines[i][:80]!r}"
             continue
-        if row_step <= step:
+        if (row_step[1] <= validated) if row_step[0] else row_step[1] <= step:
             kept.append(lines[i])
     return kept, warning
 
 
-def _row_step(line: str, head: list[str] | None) -> int:
-    """The step of a log row (-1 for a row kept at any step); a ValueError says what is wrong with it.
-    `head`: a CSV file's columns; None for a metrics.jsonl row."""
+def _row_step(line: str, head: list[str] | None, valid: bool) -> tuple[bool, int]:
+    """(whether it is a valid row, the step of a log row: -1 for a row kept at any step); a ValueError
+    says what is wrong with it. `head`: a CSV file's columns (`valid`: valid.csv's); None for a
+    metrics.jsonl row."""
     if head is None:
         row = json.loads(line)  # a JSONDecodeError is a ValueError
         if not isinstance(row, dict):
             raise ValueError("not a JSON object")
         if row.get("split") not in ("train", "valid"):
-            return -1
+            return False, -1
         value = row.get("step", 0)
         if type(value) is not int:
             raise ValueError(f"its step is {value!r}")
-        return value
+        return row["split"] == "valid", value
     fields = next(csv.reader([line]))
     if len(fields) != len(head):
         raise ValueError(f"{len(fields)} fields, the header has {len(head)}")
-    return int(fields[head.index("step")]) if "step" in head else -1
+    return valid, int(fields[head.index("step")]) if "step" in head else -1
 
 
 def summary_writer():
@@ -274,20 +324,23 @@ class Logger:
     """Rank-0 logging: console (through tqdm), log.txt, metrics.jsonl, train.csv / valid.csv,
     optionally TensorBoard."""
 
-    def __init__(self, out: Path, enabled: bool, tensorboard: bool = False, resume_step: int | None = None,
+    def __init__(self, out: Path, enabled: bool, tensorboard: bool = False, resume: dict | None = None,
                  history: Path | None = None):
-        """`resume_step`: a resumed run's step, whose logs (those of its folder `history`, by default
-        `out`) continue here without the rows logged after it (`_kept_rows`)."""
+        """`resume`: a resumed run's progress (its checkpoint's), whose logs (those of its folder
+        `history`, by default `out`) continue here without the rows logged after its step, or
+        validated after the step it last validated (`_kept_rows`; an older checkpoint's, which does
+        not say: after its step)."""
         self.out, self.enabled = out, enabled
         self.tb = None
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
         warnings = []
-        if resume_step is not None:
+        if resume is not None:
+            step, validated = resume["step"], resume.get("validated", -1)
             for name in ("metrics.jsonl", "train.csv", "valid.csv"):
                 if (history or out).joinpath(name).is_file():
-                    lines, warning = _kept_rows((history or out) / name, resume_step)
+                    lines, warning = _kept_rows((history or out) / name, step, validated if validated >= 0 else step)
                     write_lines_atomic(out / name, lines)  # a full disk leaves the old file whole
                     warnings += [warning] if warning else []
         self.log_file = open(out / "log.txt", "a", encoding="utf-8")

@@ -40,7 +40,7 @@ from .optim import (
 )
 from .progress import Progress, Window
 from .report import final_report
-from .runs import Logger
+from .runs import Logger, release_run_folders
 from .stopping import check_finite, stop_on_signals
 
 # Under DDP, the steps between two agreements on whether to stop (_check_time): each is a broadcast,
@@ -392,3 +392,4 @@ def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
         return final
     finally:
         torch.set_num_threads(threads)  # --threads is for this run, not for the caller's process
+        release_run_folders()
