@@ -285,6 +285,8 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.compile_mode is not None and cfg.compile != "inductor":
         raise ConfigError(f"--compile-mode {cfg.compile_mode} is an inductor mode: it needs --compile (inductor), "
                           + (f"got --compile {cfg.compile}" if cfg.compile else "which is not given"))
+    if cfg.max_tokens is not None and cfg.pad_multiple > cfg.max_tokens:  # every batch one example, over the budget
+        raise ConfigError(f"--pad-multiple {cfg.pad_multiple} pads every batch past --max-tokens {cfg.max_tokens}")
     if cfg.threads is not None and cfg.threads > MAX_THREADS:  # 100,000: the tokenizers' thread pool crashed
         raise ConfigError(f"--threads {cfg.threads}: at most {MAX_THREADS} (a thread a CPU core is what helps)")
     if cfg.cuda_graphs and cfg.compile:
