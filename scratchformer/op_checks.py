@@ -19,8 +19,8 @@ DEBUG: bool = os.environ.get("SCRATCHFORMER_DEBUG", "0") == "1"
 
 # Positions of the sinusoidal encoding: 0 .. MAX_POSITIONS - 1, the C++ op's float sinusoid accurate
 # to 1e-7 there (csrc/sinusoid.h kMaxPositions, which the op checks itself); every backend refuses
-# the rest, where the op's values drift and then leave [-1, 1], and the torch backend's cached table
-# would need 2^30 rows.
+# the rest, where the op's values drift and then leave [-1, 1]. (The torch backend caches its table
+# only up to `ops.PE_TABLE_ROWS` and computes the rows of a later pos_offset for the call.)
 MAX_POSITIONS = 2**29
 
 
@@ -54,7 +54,12 @@ def _check_floating(op: str, **tensors) -> None:
 
 def _check_int(op: str, name: str, value) -> int:
     """An integer argument (a Python or numpy int, a bool refused): a float such as 1.5 was read as 1 by
-    one backend and as 1.5 by another. Inside a torch.compile trace it may be symbolic: taken as it is."""
+    one backend and as 1.5 by another. A tensor is refused too, even a 0-dim one: reading it is a host
+    sync on a GPU, and the torch backend failed on it (the model's CUDA-graph decoding keeps its device
+    position out of the ops: `Embedding.forward` adds those positions itself). Inside a torch.compile
+    trace an int may be symbolic: taken as it is."""
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a Python int, not a tensor (got {value!r}); pass int(...) of it")
     if torch.compiler.is_compiling():
         return value
     try:
@@ -72,12 +77,13 @@ def _check_bool(op: str, name: str, value) -> None:
         raise ValueError(f"{op}: {name} must be a bool, got {value!r}")
 
 
-def _check_same_dtype(op: str, **tensors) -> None:
-    """One floating-point dtype for every given tensor (after autocast's casts)."""
-    given = {name: t.dtype for name, t in tensors.items() if t is not None}
+def _check_same(op: str, what: str, **tensors) -> None:
+    """One `what` ("dtype": one floating-point dtype after autocast's casts; "device") for every given
+    tensor (None skipped), else a ValueError naming each tensor's."""
+    given = {name: getattr(t, what) for name, t in tensors.items() if t is not None}
     if len(set(given.values())) > 1:
-        raise ValueError(f"{op}: dtype mismatch: " + ", ".join(f"{n} {str(d).removeprefix('torch.')}"
-                                                              for n, d in given.items()))
+        raise ValueError(f"{op}: {what} mismatch: " + ", ".join(f"{n} {str(d).removeprefix('torch.')}"
+                                                               for n, d in given.items()))
 
 
 def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, device: torch.device) -> None:
@@ -130,6 +136,7 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"add_layer_norm: weight must be a tensor of the hidden size, got {type(weight).__name__}")
     _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
+    _check_same("add_layer_norm", "device", x=x, residual=residual, weight=weight, bias=bias)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"add_layer_norm: x must be (..., N) with N >= 1, got {tuple(x.shape)}")
     N = x.shape[-1]
@@ -162,7 +169,8 @@ def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
     _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
-    _check_same_dtype("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    _check_same("ffn", "dtype", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    _check_same("ffn", "device", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     d_model = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != d_model or w2.shape != (d_model, w1.shape[0]):
         raise ValueError(
@@ -204,7 +212,7 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, *
 
 def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0, **_):
     _check_floating("linear_cross_entropy", x=x, weight=weight, bias=bias)
-    _check_same_dtype("linear_cross_entropy", x=x, weight=weight, bias=bias)
+    _check_same("linear_cross_entropy", "dtype", x=x, weight=weight, bias=bias)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: x must be (N, d) and weight (V, d), got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")

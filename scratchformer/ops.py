@@ -240,8 +240,8 @@ def _attention_sdpa(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
     if key_lengths is None and query_lengths is None and (not causal or Lq == Lk):
         # Dense case: SDPA picks its flash/efficient kernels. is_causal aligns top-left, which
         # equals our bottom-right alignment only when Lq == Lk. A NaN in a query row: PyTorch's CPU
-        # flash kernel returns 0 there (its math kernel and the other backends NaN); left as it is, as no check
-        # reads values on the hot path, and the NaN lives on in the residual stream that made the query.
+        # flash kernel returns 0 there (as triton does; its math kernel and eager NaN); left as it is, as no
+        # check reads values on the hot path (docs/numerics.md lists where the backends differ).
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
     mask = reference.attention_mask(
         B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal, device=q.device
@@ -278,6 +278,13 @@ def _ffn_torch(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0):
     return F.linear(h, w2, b2)
 
 
+# The torch backend's cached position table holds at most this many rows (from position 0): decoding
+# reads one row a step, training the first L. Positions past it are computed for the call alone, so
+# a large pos_offset costs its L rows, not a table from 0 (2^21 took 4.7 s and 5.2 GiB, 2^29 more
+# than a machine has).
+PE_TABLE_ROWS = 2**16
+
+
 @functools.lru_cache(maxsize=8)
 def _pe_table(length: int, d_model: int, device: str, dtype: torch.dtype) -> torch.Tensor:
     return reference.sinusoidal_positions(torch.arange(length), d_model, dtype).to(device)
@@ -289,13 +296,14 @@ def _embed_torch(tokens, weight, *, scale, pos_offset=0, pos_encoding=True):
     if not pos_encoding:
         return x
     L = tokens.shape[-1]
-    if torch.compiler.is_compiling():
-        # The rows in the graph (inductor fuses them into the add). Dynamo traces through a cache
-        # anyway, and the table's size, from L's bit_length(), specialised each graph on its length
-        # (a recompile per new length: 6 graphs for 6 batches, then the recompile limit and eager).
+    if torch.compiler.is_compiling() or pos_offset + L > PE_TABLE_ROWS:
+        # Under torch.compile: the rows in the graph (inductor fuses them into the add). Dynamo traces
+        # through a cache anyway, and the table's size, from L's bit_length(), specialised each graph on
+        # its length (a recompile per new length: 6 graphs for 6 batches, then the recompile limit and
+        # eager). Past the table's bound: the call's own rows.
         positions = torch.arange(pos_offset, pos_offset + L, device=weight.device)
         return x + reference.sinusoidal_positions(positions, weight.shape[1], weight.dtype)
-    size = max(1024, 1 << (pos_offset + L - 1).bit_length())
+    size = max(1024, 1 << int(pos_offset + L - 1).bit_length())
     return x + _pe_table(size, weight.shape[1], str(weight.device), weight.dtype)[pos_offset : pos_offset + L]
 
 

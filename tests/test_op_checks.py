@@ -159,6 +159,21 @@ def test_embed_refuses_an_out_of_range_token_id_naming_it(ops_backend, bad, monk
         ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0)
 
 
+def test_embed_takes_an_int_offset_and_refuses_a_tensor_in_every_backend(ops_backend):
+    """A 0-dim tensor pos_offset worked in eager and triton and was an AttributeError in torch. The ops take a
+    Python (or numpy) int: a device tensor would be a host sync per call, and the model's CUDA-graph decoding
+    keeps its device position out of the ops (`Embedding.forward` adds those positions itself)."""
+    import numpy as np
+
+    tokens, weight = torch.tensor([[1, 2, 3]]), torch.randn(8, 16)
+    want = ops.select("eager", DEVICE).embed(tokens, weight, scale=2.0, pos_offset=3)
+    torch.testing.assert_close(ops_backend.embed(tokens, weight, scale=2.0, pos_offset=np.int64(3)), want)
+    for offset in (torch.tensor(3), torch.tensor([3])):
+        with pytest.raises(ValueError, match=_esc(f"embed: pos_offset must be a Python int, not a tensor (got "
+                                                  f"{offset!r}); pass int(...) of it")):
+            ops_backend.embed(tokens, weight, scale=2.0, pos_offset=offset)
+
+
 def test_embed_value_check_follows_the_value_checks_gate(monkeypatch):
     """Reading ids is a host sync on a GPU: it runs where `op_checks.value_checks` allows (CPU, or
     SCRATCHFORMER_DEBUG=1), never inside torch.compile. A meta tensor cannot be read: it shows
@@ -471,8 +486,9 @@ def _meta(t):
 
 
 @pytest.mark.parametrize("case", ["attention v", "attention key_lengths", "add_layer_norm residual shape",
-                                  "add_layer_norm residual dtype", "embed tokens", "embed pos_offset",
-                                  "linear_cross_entropy target"])
+                                  "add_layer_norm residual dtype", "add_layer_norm weight device",
+                                  "add_layer_norm residual device", "ffn w2 device", "ffn x device", "embed tokens",
+                                  "embed pos_offset", "linear_cross_entropy target"])
 def test_each_op_names_inputs_that_do_not_go_together(ops_backend, case):
     """Where an op's inputs disagree (devices, shapes, dtypes) or a position is negative, each backend
     raises op_checks' ValueError naming them, not whatever its first aten op or kernel would say."""
@@ -488,6 +504,16 @@ def test_each_op_names_inputs_that_do_not_go_together(ops_backend, case):
                                           "add_layer_norm: residual (2, 3, 4) != x (2, 3, 8)"),
         "add_layer_norm residual dtype": (lambda: ops_backend.add_layer_norm(x, x.half(), w, None),
                                           "add_layer_norm dtype mismatch: x torch.float32, residual torch.float16"),
+        # weights on another device: torch's internal RuntimeError in eager and torch, the kernel's in triton
+        "add_layer_norm weight device": (lambda: ops_backend.add_layer_norm(x, x, _meta(w), _meta(torch.zeros(8))),
+                                         f"add_layer_norm: device mismatch: x {here}, residual {here}, weight meta, "
+                                         "bias meta"),
+        "add_layer_norm residual device": (lambda: ops_backend.add_layer_norm(x, _meta(x), w, None),
+                                           f"add_layer_norm: device mismatch: x {here}, residual meta, weight {here}"),
+        "ffn w2 device": (lambda: ops_backend.ffn(*_ffn_args()[:3], _meta(_ffn_args()[3]), None),
+                          f"ffn: device mismatch: x {here}, w1 {here}, b1 {here}, w2 meta"),
+        "ffn x device": (lambda: ops_backend.ffn(_meta(_ffn_args()[0]), *_ffn_args()[1:]),
+                         f"ffn: device mismatch: x meta, w1 {here}, b1 {here}, w2 {here}, b2 {here}"),
         "embed tokens": (lambda: ops_backend.embed(_meta(torch.tensor([[1, 2]])), torch.randn(10, 16), scale=1.0),
                          f"embed: tokens on meta but weight on {here}"),
         "embed pos_offset": (lambda: ops_backend.embed(torch.tensor([[1, 2]]), torch.randn(10, 16), scale=1.0,

@@ -109,6 +109,29 @@ def test_embed_eager_and_torch_agree():
     assert pe[0] == pytest.approx(math.sin(3.0)) and pe[1] == pytest.approx(math.cos(3.0))
 
 
+@pytest.mark.parametrize("pos_offset", [ops.PE_TABLE_ROWS - 4, ops.PE_TABLE_ROWS - 3, 2**21, 2**29 - 4])
+def test_torch_embed_at_a_large_offset_computes_only_its_rows(pos_offset):
+    """The torch backend's embedding at pos_offset 2^21 built and cached the whole table from position 0
+    (4.7 s, +5.2 GiB; 2^29, which the checks accept, more than the machine has). Past its bounded table it
+    computes the call's rows alone: eager's values, and no table is built (within the bound: one, as before)."""
+    tokens, w = torch.randint(0, 30, (2, 4)), torch.randn(30, 64)
+    ops._pe_table.cache_clear()
+    got = TORCH.embed(tokens, w, scale=4.0, pos_offset=pos_offset)
+    torch.testing.assert_close(got, EAGER.embed(tokens, w, scale=4.0, pos_offset=pos_offset), rtol=0, atol=0)
+    assert ops._pe_table.cache_info().currsize == (pos_offset + 4 <= ops.PE_TABLE_ROWS)
+
+
+def test_torch_embed_decoding_steps_share_one_cached_table():
+    """The common path stays cached: offset 0, then one position a step (decoding), all from one table."""
+    tokens, w = torch.randint(0, 30, (2, 9)), torch.randn(30, 16)
+    ops._pe_table.cache_clear()
+    TORCH.embed(tokens, w, scale=4.0)
+    for step in range(5):
+        got = TORCH.embed(tokens[:, step : step + 1], w, scale=4.0, pos_offset=step)
+        torch.testing.assert_close(got, EAGER.embed(tokens[:, step : step + 1], w, scale=4.0, pos_offset=step))
+    assert ops._pe_table.cache_info().currsize == 1 and ops._pe_table.cache_info().hits == 5
+
+
 def test_gradcheck_eager_ops_float64():
     d = dict(dtype=torch.float64, requires_grad=True)
     q, k, v = torch.randn(2, 2, 3, 4, **d), torch.randn(2, 2, 5, 4, **d), torch.randn(2, 2, 5, 4, **d)
