@@ -325,8 +325,8 @@ def test_ablation_variant_names_stay_inside_out(tmp_path):
     with pytest.raises(ConfigError, match=r"variants 'a b' and 'a/b' would share the folder"):
         variant_folders(out, ["a b=", "a/b="], [])
     planned = variant_folders(out, ["../x=", "a/../../b=--norm pre", ".hidden="], [])
-    assert [p for _, _, p in planned] == [out / "x", out / "a-..-..-b", out / "hidden"]
-    assert all(os.path.dirname(p) == str(out) for _, _, p in planned)
+    assert [v.folder for v in planned] == [out / "x", out / "a-..-..-b", out / "hidden"]
+    assert all(os.path.dirname(v.folder) == str(out) for v in planned)
 
 
 def _classification_folder(root, labels, meta_labels=None):

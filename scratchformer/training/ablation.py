@@ -7,18 +7,20 @@
 
 Each variant is ``NAME=FLAGS`` (train flags appended to the shared ones). Runs go to OUT/<name>/;
 OUT/ablation.json holds every run's final metrics and validation-loss curve, OUT/ablation.png the
-plot (final metric bars + validation loss curves).
+plot (final metric bars + validation loss curves). All is checked before the first run (`variant_folders`).
 
 A grid continues where it stopped: run the same command again. A variant whose folder holds a
 finished run (its metrics.final.json) is read back, one with checkpoints but no final report is
 resumed, and a variant stopped by --time-limit (or Ctrl-C) stops the grid, which then writes no
-summary, so a grid runs in bounded commands (a GPU machine's 10-minute calls).
+summary, so a grid runs in bounded commands (a GPU machine's 10-minute calls). A run built with other
+flags than today's is refused by name, but for one command's own (PER_COMMAND: --time-limit, ...); a
+finished run given more --max-steps, --epochs or --time-budget trains on, as `train --resume` does.
 
 --jobs N trains up to N variants at once, each a `python -m scratchformer.train` process of its own
 writing its console to OUT/logs/NAME.txt: small models leave a GPU mostly idle (their steps are
 host-bound), so several share one. The processes stay in the grid's process group, so Ctrl-C (or
 `timeout -s INT`) reaches each once: each saves last.pt and stops, and the grid starts no other.
-A variant that fails leaves the others running; the grid then names it and shows its log's end.
+A variant that fails (any --jobs) leaves the others to train; the grid then fails naming it and its log.
 The summary names the best variant by the compared metric (lowest loss or perplexity, else
 highest): a search recipe predicts with that one (scripts/gpu/50_train.sh).
 """
@@ -26,6 +28,7 @@ highest): a search recipe predicts with that one (scripts/gpu/50_train.sh).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -37,12 +40,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import data as D
-from ..checkpoint import write_lines_atomic
-from ..cli import add_debug_flag
-from .config import METRICS, ConfigError, TrainConfig, parse_args
-from .resume import fixed_changes
+from ..checkpoint import find_checkpoint, write_lines_atomic
+from ..cli import add_debug_flag, describe, is_user_error
+from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
+from .config import build_parser as train_parser
 from .trainer import train
 
 DEFAULT_GRID = [
@@ -53,6 +57,26 @@ DEFAULT_GRID = [
     "pre-norm=--norm pre",
     "grad-accum-2=--grad-accum 2",
 ]
+# The grid's own flags: each variant trains into OUT/NAME, resumed when it holds checkpoints.
+GRID_FLAGS = ("out", "resume", "overwrite")
+# Options of one command, not of the run it trains: a variant's earlier run is read back or resumed
+# whatever they are now (a grid run in bounded commands gives each its own --time-limit).
+PER_COMMAND = (*GRID_FLAGS, "resume_path", "time_limit", "device", "threads", "num_workers", "no_progress",
+               "log_every", "tensorboard", "no_plots", "attention_example", "save_every", "keep_checkpoints")
+# How long a run trains: a finished run given more trains on (as `train --resume` does); less is refused.
+BUDGET = ("max_steps", "epochs", "time_budget")
+
+
+class VariantError(ValueError):
+    """Variants whose training failed, each named with its log (a user error: `cli` prints it, exit 2)."""
+
+
+class Variant(NamedTuple):
+    """A checked variant; `final`: its finished run's report, read back, or None to train (or resume) it."""
+    name: str
+    flags: str
+    folder: Path
+    final: dict | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,30 +106,138 @@ def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
     return metric, flat
 
 
-def variant_folders(out: Path, variants: list[str], shared: list[str],
-                    metric: str | None = None) -> list[tuple[str, str, Path]]:
-    """(name, flags, run folder) per variant, all checked before the first run: NAME=FLAGS form,
-    flags that parse into a valid config, a name that makes a safe folder name inside `out`
-    (letters, digits, '-', '_', '.'; not '.' or '..'; unique), and a `metric` its task computes."""
-    planned, seen = [], {}
+def variant_folders(out: Path, variants: list[str], shared: list[str], metric: str | None = None) -> list[Variant]:
+    """The grid's variants, all checked before the first run: NAME=FLAGS form; flags that parse into a
+    valid config, not the grid's own (--out, --resume, --overwrite), an error named by its variant; a
+    name that makes a safe folder name inside `out` (letters, digits, '-', '_', '.'; not '.' or '..';
+    unique); one task, or a `metric` each variant's task computes; no summary of another grid in
+    `out`; and a run already in a variant's folder built with today's flags (`_earlier_run`)."""
+    _check_given("the shared flags (after --)", shared)
+    checked, seen = [], {}
     for spec in variants:
-        if "=" not in spec:
-            raise ConfigError(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
-        name, flags = spec.split("=", 1)
-        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
-        if not slug:
-            raise ConfigError(f"variant name {name!r} makes no folder name: use letters, digits, '-', '_' or '.'")
-        if slug in seen:
-            raise ConfigError(f"variants {seen[slug]!r} and {name!r} would share the folder {out / slug}")
-        seen[slug] = name
-        cfg, _ = parse_args([*shared, *shlex.split(flags), "--out", str(out / slug)])  # a bad flag: refused now
-        if metric is not None:
-            task = cfg.task or D.resolve_source(cfg.dataset, cfg.data).task
-            if metric not in METRICS[task]:
-                raise ConfigError(f"--metric {metric}: variant {name!r} trains {task}, whose final report has "
-                                  f"{', '.join(METRICS[task])}")
-        planned.append((name, flags, out / slug))
-    return planned
+        name, flags, folder = _name_and_folder(spec, out, seen)
+        checked.append((name, flags, folder, *_variant_config(name, flags, shared, folder)))
+    _check_metric({name: task for name, _, _, _, task in checked}, metric)
+    _check_summary(out / "ablation.json", {folder.name for _, _, folder, _, _ in checked})
+    return [Variant(name, flags, folder, _earlier_run(name, folder, config))
+            for name, flags, folder, config, _ in checked]
+
+
+def _name_and_folder(spec: str, out: Path, seen: dict[str, str]) -> tuple[str, str, Path]:
+    """(name, flags, run folder) of a NAME=FLAGS variant; `seen`: the folder names taken so far."""
+    if "=" not in spec:
+        raise ConfigError(f"variant {spec!r} must look like NAME=FLAGS (FLAGS may be empty)")
+    name, flags = spec.split("=", 1)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+    if not slug:
+        raise ConfigError(f"variant name {name!r} makes no folder name: use letters, digits, '-', '_' or '.'")
+    if slug in seen:
+        raise ConfigError(f"variants {seen[slug]!r} and {name!r} would share the folder {out / slug}")
+    seen[slug] = name
+    return name, flags, out / slug
+
+
+def _check_given(where: str, argv: list[str]) -> None:
+    """Refuse train flags that do not parse, and the grid's own, naming `where` they were given
+    (train's parser would print its whole usage and name no variant)."""
+    parser = train_parser()
+
+    def error(message: str):
+        raise ConfigError(f"{where}: {message}")
+
+    parser.error = error
+    own = [flag(k) for k in GRID_FLAGS if k in vars(parser.parse_args(argv))]
+    if own:
+        raise ConfigError(f"{where}: drop {', '.join(own)}: the grid trains each variant into OUT/NAME (ablate's "
+                          f"--out, before --), resumed when it holds checkpoints")
+
+
+def _variant_config(name: str, flags: str, shared: list[str], folder: Path) -> tuple[TrainConfig, str]:
+    """(its config as its run's args.json records it, its task); an error is named by the variant."""
+    try:
+        argv = shlex.split(flags)
+    except ValueError as e:  # an unclosed quote
+        raise ConfigError(f"variant {name!r}: {e} in {flags!r}") from None
+    _check_given(f"variant {name!r}", argv)
+    try:
+        config, _ = parse_args([*shared, *argv, "--out", str(folder)])
+        source = D.resolve_source(config.dataset, config.data, config.task)
+        config = dataclasses.replace(config.resolved(source.task, source.kind == "synthetic"), task=source.task)
+    except ValueError as e:  # ConfigError, DataError
+        raise ConfigError(f"variant {name!r}: {e}") from e
+    return config, source.task
+
+
+def _check_metric(tasks: dict[str, str], metric: str | None) -> None:
+    """The compared metric is in every variant's final report: `metric` in each task's; by default (a
+    task's own: accuracy, exact_match) one task, or a classifier's NaN exact_match would lose to any."""
+    if metric is None and len(set(tasks.values())) > 1:
+        common = [m for m in METRICS[next(iter(tasks.values()))] if all(m in METRICS[t] for t in tasks.values())]
+        raise ConfigError(f"the variants train different tasks ({', '.join(f'{n!r}: {t}' for n, t in tasks.items())})"
+                          f": give --metric, one that every task reports ({', '.join(common)})")
+    for name, task in tasks.items():
+        if metric is not None and metric not in METRICS[task]:
+            raise ConfigError(f"--metric {metric}: variant {name!r} trains {task}, whose final report has "
+                              f"{', '.join(METRICS[task])}")
+
+
+def _check_summary(path: Path, folders: set[str]) -> None:
+    """Refuse to replace another grid's summary: one with a variant this grid lacks (its run stays)."""
+    if not path.is_file():
+        return
+    try:
+        runs = {r["folder"]: r["name"] for r in json.loads(path.read_text(encoding="utf-8"))["runs"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path} is not a grid's summary ({e}): give the grid another --out") from e
+    lacking = [name for folder, name in runs.items() if folder not in folders]
+    if lacking:
+        raise ConfigError(f"{path} is the summary of another grid, with {', '.join(map(repr, lacking))}, which "
+                          f"this one lacks and would replace: give this grid another --out, or name those "
+                          f"variants too (their finished runs are read back)")
+
+
+def _earlier_run(name: str, folder: Path, config: TrainConfig) -> dict | None:
+    """The report of the variant's finished run, read back; None to train it (no run yet, one stopped,
+    or a finished one given more --max-steps, --epochs or --time-budget: it trains on). A run built
+    otherwise than `config` is refused by name (until 2026-12-06 read back beside today's flags)."""
+    if not (folder / "args.json").is_file():
+        return None
+    run = TrainConfig.from_dict(json.loads((folder / "args.json").read_text(encoding="utf-8")))
+    if run.task is None and (run.dataset, run.data) == (config.dataset, config.data):
+        run = dataclasses.replace(run, task=D.resolve_source(run.dataset, run.data).task)  # as `config`'s
+    final = _final(folder)
+    changed = _changes(config, run, finished=final is not None)
+    if changed:
+        raise ConfigError(f"ablation {name}: {folder} holds a {'stopped' if final is None else 'finished'} run "
+                          f"built otherwise: {'; '.join(changed)}; give the grid another --out, or remove {folder} "
+                          f"to train the variant again")
+    if final is None:
+        return None
+    more = [f"{flag(k)} {_value(getattr(config, k))}" for k in BUDGET if getattr(config, k) != getattr(run, k)]
+    print(f"=== ablation {name}: finished earlier, " + (f"trains on to {', '.join(more)}" if more else
+                                                        f"read back from {folder / 'metrics.final.json'}"))
+    return None if more else final
+
+
+def _changes(config: TrainConfig, run: TrainConfig, finished: bool) -> list[str]:
+    """Today's options that differ from the run's, each as "--flag NOW (the run has THEN)": all but those
+    of one command (PER_COMMAND), an "auto" --precision (the device's), and a budget (BUDGET) but a
+    finished run's cut short (a larger one trains on; a stopped run takes any, as --resume does)."""
+    changed = []
+    for k in (f.name for f in dataclasses.fields(TrainConfig)):
+        now, then = getattr(config, k), getattr(run, k)
+        if k == "init_from" and now is not None and now != then:
+            now = str(find_checkpoint(now, prefer="best"))  # the run records the checkpoint file
+        if now == then or k in PER_COMMAND or (k == "precision" and now == "auto"):
+            continue
+        if k in BUDGET and not (finished and now is not None and (then is None or now < then)):
+            continue
+        changed.append(f"{flag(k)} {_value(now)} (the run has {_value(then)})")
+    return changed
+
+
+def _value(v) -> str:
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None,
@@ -117,17 +249,17 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
 
     planned = variant_folders(out, variants, shared, metric)
     finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / "logs")
-    stopped = [(name, final) for (name, _, _), final in zip(planned, finals) if "stopped" in final]
+    stopped = [(v.name, final) for v, final in zip(planned, finals) if "stopped" in final]
     if stopped:
         for name, final in stopped:
             print(f"=== ablation stopped in {name} at step {final['step']} ({final['stopped']}): run the same "
                   f"command again to continue")
         return metric or "", []
     results = []
-    for (name, flags, run_dir), final in zip(planned, finals):
+    for v, final in zip(planned, finals):
         metric, flat = _final_metric(final, metric)
-        curve = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "valid"]
-        results.append({"name": name, "folder": run_dir.name, "flags": flags, "final": flat, "curve": curve})
+        curve = [(r["step"], r["loss"]) for r in read_metrics(v.folder / "metrics.jsonl") if r.get("split") == "valid"]
+        results.append({"name": v.name, "folder": v.folder.name, "flags": v.flags, "final": flat, "curve": curve})
     summary = {"metric": metric, "shared": shared, "best": best_variant(results, metric), "runs": results}
     write_lines_atomic(out / "ablation.json", json.dumps(summary, indent=2).splitlines())  # a kill: the old one kept
     plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
@@ -145,12 +277,12 @@ def best_variant(results: list[dict], metric: str) -> str | None:
     return best["folder"] if score(best) != math.inf else None
 
 
-def _variant_argv(name: str, flags: str, run_dir: Path, shared: list[str], log: Path | None = None) -> list[str]:
+def _variant_argv(v: Variant, shared: list[str], log: Path | None = None) -> list[str]:
     """One variant's train flags, announced: resumed when its folder holds checkpoints."""
-    resume = ["--resume"] if list(run_dir.glob("*.pt")) else []
-    print(f"=== ablation {name}: {flags or '(shared flags only)'} -> {run_dir}{' (resumed)' if resume else ''}"
+    resume = ["--resume"] if list(v.folder.glob("*.pt")) else []
+    print(f"=== ablation {v.name}: {v.flags or '(shared flags only)'} -> {v.folder}{' (resumed)' if resume else ''}"
           f"{f', log {log}' if log else ''}", flush=True)
-    return [*resume, *shared, *shlex.split(flags), "--out", str(run_dir), "--no-progress"]
+    return [*resume, *shared, *shlex.split(v.flags), "--out", str(v.folder), "--no-progress"]
 
 
 def _final(run_dir: Path) -> dict | None:
@@ -159,38 +291,35 @@ def _final(run_dir: Path) -> dict | None:
     return json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
 
 
-def _read_back(name: str, flags: str, run_dir: Path, shared: list[str]) -> dict | None:
-    """A variant's final report when its folder holds a finished run of today's flags; None before
-    its end. A finished run built otherwise (a model, data or seed flag given now with another value,
-    as --resume refuses them) is refused by name: its report is not this variant's."""
-    final = _final(run_dir)
-    if final is None:
-        return None
-    if (run_dir / "args.json").is_file():
-        config, given = parse_args([*shared, *shlex.split(flags), "--out", str(run_dir)])
-        changed = fixed_changes(config, given, TrainConfig.from_dict(json.loads((run_dir / "args.json").read_text())))
-        if changed:
-            raise ConfigError(f"ablation {name}: {run_dir} holds a finished run built otherwise: {'; '.join(changed)}; "
-                              f"give the grid another --out, or remove {run_dir} to train the variant again")
-    print(f"=== ablation {name}: finished earlier, read back from {run_dir / 'metrics.final.json'}")
-    return final
+def _failed(failed: str) -> VariantError:
+    """The grid's error once its other variants ran: each failed variant with its log and what it said."""
+    return VariantError(f"ablation variants failed, the others ran: {failed}")
 
 
-def _run_in_turn(planned: list[tuple[str, str, Path]], shared: list[str]) -> list[dict]:
-    """Each variant's final report, trained one after the other in this process (resumed when it has
-    checkpoints); the first that stops before its end ({"stopped", "step"}) stops the grid."""
-    finals = []
-    for name, flags, run_dir in planned:
-        final = _read_back(name, flags, run_dir, shared)
-        if final is None:
-            final = train(*parse_args(_variant_argv(name, flags, run_dir, shared)))
+def _run_in_turn(planned: list[Variant], shared: list[str]) -> list[dict]:
+    """Each variant's final report: read back, or trained one after the other in this process (resumed
+    when it has checkpoints). The first that stops before its end ({"stopped", "step"}) stops the grid;
+    one that fails with a user error leaves the others to train, then the grid fails naming it."""
+    finals, failed, first = [], [], None
+    for v in planned:
+        try:
+            final = v.final or train(*parse_args(_variant_argv(v, shared)))
+        except Exception as e:
+            if not is_user_error(e):
+                raise
+            log = v.folder / "log.txt"
+            failed.append(f"{v.name} ({log if log.is_file() else 'no log: its output is above'}): {describe(e)}")
+            first = first or e
+            continue
         finals.append(final)
         if "stopped" in final:
             break
+    if failed:
+        raise _failed("; ".join(failed)) from first
     return finals
 
 
-def _run_at_once(planned: list[tuple[str, str, Path]], shared: list[str], jobs: int, logs: Path) -> list[dict]:
+def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Path) -> list[dict]:
     """Each variant's final report, up to `jobs` trained at once in processes of their own; after a
     signal (SIGINT, SIGTERM) none is started, and the ones running stop as the signal tells them."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -206,10 +335,10 @@ def _run_at_once(planned: list[tuple[str, str, Path]], shared: list[str], jobs: 
     try:
         while running or (queue and not signalled):
             while queue and len(running) < jobs and not signalled:
-                name, flags, run_dir = queue.pop(0)
-                finals[name] = _read_back(name, flags, run_dir, shared)
-                if finals[name] is None:
-                    running[name] = _start(name, flags, run_dir, shared, env, logs / f"{run_dir.name}.txt")
+                v = queue.pop(0)
+                finals[v.name] = v.final
+                if v.final is None:
+                    running[v.name] = _start(v, shared, env, logs / f"{v.folder.name}.txt")
             time.sleep(0.2)
             for name, (proc, run_dir, log) in list(running.items()):
                 if proc.poll() is None:
@@ -225,18 +354,17 @@ def _run_at_once(planned: list[tuple[str, str, Path]], shared: list[str], jobs: 
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failed:
-        raise RuntimeError("ablation variants failed: " + "\n".join(failed))
-    not_started = {"stopped": "a signal, before it started", "step": 0}
-    return [finals.get(name) or not_started for name, _, _ in planned]
+        raise _failed("\n".join(failed))
+    return [finals.get(v.name) or {"stopped": "a signal, before it started", "step": 0} for v in planned]
 
 
-def _start(name: str, flags: str, run_dir: Path, shared: list[str], env: dict, log: Path):
+def _start(v: Variant, shared: list[str], env: dict, log: Path):
     """(the training process of one variant, its folder, its log); the log is appended to."""
-    argv = _variant_argv(name, flags, run_dir, shared, log)
+    argv = _variant_argv(v, shared, log)
     with open(log, "a", encoding="utf-8") as f:
         proc = subprocess.Popen([sys.executable, "-m", "scratchformer.train", *argv], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
-    return proc, run_dir, log
+    return proc, v.folder, log
 
 
 def _tail(log: Path, lines: int = 12) -> str:

@@ -1,0 +1,134 @@
+"""Ablation grids given what a grid cannot use: a folder that holds runs of other flags or another
+grid's summary, variants of different tasks, a variant that fails, flags that are the grid's own or
+do not parse (docs/failures.md, "Ablation grids")."""
+
+import json
+
+import pytest
+from conftest import TINY, translation_folder
+
+from scratchformer import ablate
+from scratchformer.checkpoint import load_checkpoint
+from scratchformer.training.ablation import variant_folders
+from scratchformer.training.config import ConfigError
+
+MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
+
+
+def _stamps(root):
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_rerun_with_other_flags_is_refused_by_name_and_more_steps_train_on(tmp_path):
+    """A grid run again into its folder with other shared or variant flags read its finished runs back
+    and recorded today's flags beside them (--max-steps 4 over 2-step runs): now each difference is
+    refused by name before anything runs, also a flag dropped since; the options of one command
+    (--time-limit, logging) read back; more --max-steps trains the finished run on, as --resume."""
+    grid = ["--out", str(tmp_path), "--variants", "a=", "b=--label-smoothing 0.2", "--", *TINY, "--max-steps", "2",
+            "--eval-every", "2", "--no-plots"]
+    first = ablate.main(grid)
+    stamps = _stamps(tmp_path)
+    for changed, message in [([*grid, "--lr", "0.1"], r"ablation a: .*a holds a finished run built otherwise: "
+                              r"--lr 0\.1 \(the run has 0\.002\); give the grid another --out, or remove"),
+                             ([*grid, "--max-steps", "1"], r"ablation a: .*--max-steps 1 \(the run has 2\)"),
+                             ([*grid[:4], "b=", *grid[5:]],  # a flag dropped: its default is not the run's
+                              r"ablation b: .*--label-smoothing 0\.1 \(the run has 0\.2\)"),
+                             ([*grid[:4], "b=--eval-decode-examples 4 --label-smoothing 0.2", *grid[5:]],
+                              r"ablation b: .*--eval-decode-examples 4 \(the run has 6\)")]:
+        with pytest.raises(ConfigError, match=message):
+            ablate.main(changed)
+        assert _stamps(tmp_path) == stamps  # refused before the first run: nothing trained or rewritten
+    again = ablate.main([*grid, "--time-limit", "600", "--log-every", "1"])
+    assert [r["final"] for r in again] == [r["final"] for r in first]
+    assert {p: t for p, t in _stamps(tmp_path).items() if p.suffix == ".pt"} == {
+        p: t for p, t in stamps.items() if p.suffix == ".pt"}
+    more = ablate.main([*grid, "--max-steps", "3"])
+    assert load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"] == 3
+    assert json.loads((tmp_path / "a" / "metrics.final.json").read_text())["steps"] == 3
+    assert "resumed from" in (tmp_path / "a" / "log.txt").read_text()
+    assert json.loads((tmp_path / "ablation.json").read_text())["shared"][-2:] == ["--max-steps", "3"]
+    assert more[0]["final"]["loss"] != first[0]["final"]["loss"]
+
+
+def test_a_stopped_variant_resumes_only_with_its_flags(tmp_path):
+    """A variant stopped by --time-limit resumes in the next command (any --time-limit, more steps),
+    but not with a flag that would make the rest of its run another one."""
+    grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--max-steps", "3", "--eval-every", "3",
+            "--no-plots"]
+    assert ablate.main([*grid, "--time-limit", "0.001"]) == []
+    with pytest.raises(ConfigError, match=r"ablation a: .*a holds a stopped run built otherwise: --warmup-steps 1 "
+                                          r"\(the run has"):
+        ablate.main([*grid, "--warmup-steps", "1", "--time-limit", "600"])
+    assert [r["name"] for r in ablate.main([*grid, "--max-steps", "4", "--time-limit", "600"])] == ["a"]
+    assert load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"] == 4
+
+
+def test_another_grids_summary_is_not_replaced(tmp_path):
+    """A second grid into the same folder replaced the first one's ablation.json without a word."""
+    (tmp_path / "ablation.json").write_text(json.dumps({"runs": [{"name": "a b", "folder": "a-b"}]}))
+    with pytest.raises(ConfigError, match=r"ablation\.json is the summary of another grid, with 'a b', which this "
+                                          r"one lacks and would replace: give this grid another --out"):
+        variant_folders(tmp_path, ["c="], TINY)
+    assert [v.name for v in variant_folders(tmp_path, ["a b=", "c="], TINY)] == ["a b", "c"]  # a grid grown
+    (tmp_path / "ablation.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"ablation\.json is not a grid's summary"):
+        variant_folders(tmp_path, ["c="], TINY)
+
+
+def test_variants_of_different_tasks_need_a_metric_they_all_report(tmp_path):
+    """A translation and a classification variant compared by the default metric: the classifier's
+    exact_match was NaN and the translation variant "best". Refused before the first run, unless
+    --metric names one both report."""
+    mt = translation_folder(tmp_path)
+    clf = tmp_path / "clf"
+    clf.mkdir()
+    rows = [{"text": f"text {i}", "label": i % 2} for i in range(8)]
+    for split in ("train", "validation"):
+        (clf / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (clf / "meta.json").write_text(json.dumps({"task": "classification"}))
+    out = tmp_path / "ab"
+    variants = ["--variants", f"mt=--data {mt}", f"clf=--data {clf}"]
+    with pytest.raises(ConfigError, match=r"the variants train different tasks \('mt': translation, 'clf': "
+                                          r"classification\): give --metric, one that every task reports "
+                                          r"\(loss, ppl\)"):
+        ablate.main(["--out", str(out), *variants, "--", *MODEL])
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=r"--metric accuracy: variant 'mt' trains translation"):
+        ablate.main(["--out", str(out), *variants, "--metric", "accuracy", "--", *MODEL])
+    assert [v.name for v in variant_folders(out, variants[1:], MODEL, "loss")] == ["mt", "clf"]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_failed_variant_is_a_user_error_naming_it_after_the_others_ran(tmp_path, capsys, jobs):
+    """A variant that fails (here: a last.pt that cannot be read, so its resume stops): under --jobs 2 a
+    RuntimeError traceback and exit 1, under --jobs 1 the bare error (no variant named) and the grid
+    stopped. Now under either: the others train to their end, then one error naming it, exit 2."""
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "last.pt").write_bytes(b"not a checkpoint")
+    grid = ["--out", str(tmp_path), "--jobs", jobs, "--variants", "broken=--heads 1", "base=", "--", *TINY,
+            "--max-steps", "2", "--eval-every", "2", "--no-plots"]
+    assert ablate.run(grid) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ablation variants failed, the others ran: broken ("), err
+    assert "last.pt is not a scratchformer checkpoint" in err and "Traceback" not in err
+    if jobs == "2":
+        assert f"(exit 2; {tmp_path / 'logs' / 'broken.txt'})" in err
+    assert (tmp_path / "base" / "metrics.final.json").exists() and not (tmp_path / "ablation.json").exists()
+
+
+def test_flags_the_grid_sets_or_cannot_parse_are_refused_naming_the_variant(tmp_path, capsys):
+    """A variant's --out was silently replaced by OUT/NAME; an unknown flag printed train's whole usage
+    and an unclosed quote a bare "No closing quotation", neither naming the variant."""
+    for variants, shared, message in [(["a=--out /elsewhere"], [], r"variant 'a': drop --out: the grid trains each "
+                                       r"variant into OUT/NAME"),
+                                      (["a="], ["--resume"], r"the shared flags \(after --\): drop --resume"),
+                                      (["a=", "b=--overwrite"], [], r"variant 'b': drop --overwrite"),
+                                      (["a=", "b=--nosuch 3"], [], r"variant 'b': unrecognized arguments: --nosuch 3"),
+                                      (["a=--norm 'pre"], [], r"variant 'a': No closing quotation"),
+                                      (["a=--heads 3"], ["--d-model", "32"], r"variant 'a': --d-model 32 is not "
+                                       r"divisible by --heads 3"),
+                                      (["a="], ["--nosuch"], r"the shared flags \(after --\): unrecognized")]:
+        with pytest.raises(ConfigError, match=message):
+            variant_folders(tmp_path / "ab", variants, shared)
+    assert capsys.readouterr().err == ""  # no usage printed
+    assert list(tmp_path.iterdir()) == []
