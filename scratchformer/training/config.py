@@ -242,7 +242,7 @@ _RANGES = {
     **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget", "rdrop"),
                     (0.0, math.inf, False)),
 }
-MAX_THREADS = 1024
+_AT_MOST = dict(threads=1024)  # 100,000 threads: the tokenizers' thread pool panicked, then the process crashed
 _POSITIVE = ("lr", "adam_eps", "valid_fraction", "time_limit", "time_budget")  # these may not be 0 either
 
 
@@ -254,9 +254,9 @@ def check_config(cfg: TrainConfig) -> None:
     """Refuse options that cannot work, naming the flag (ConfigError). Runs whenever a TrainConfig
     is made (parse_args, args.json, resume), so before any data is read or folder written."""
     for name, lo in _AT_LEAST.items():
-        v = getattr(cfg, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-            raise ConfigError(f"{flag(name)} must be an integer >= {lo}, got {v!r}"
+        v, hi = getattr(cfg, name), _AT_MOST.get(name, math.inf)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+            raise ConfigError(f"{flag(name)} must be an integer >= {lo}{f' and <= {hi}' * (hi < math.inf)}, got {v!r}"
                               + (" (leave it out for no limit)" if name in ("max_steps", "max_train_examples",
                                                                             "max_valid_examples", "epochs") else ""))
     for name, (lo, hi, hi_ok) in _RANGES.items():
@@ -287,8 +287,6 @@ def check_config(cfg: TrainConfig) -> None:
                           + (f"got --compile {cfg.compile}" if cfg.compile else "which is not given"))
     if cfg.max_tokens is not None and cfg.pad_multiple > cfg.max_tokens:  # every batch one example, over the budget
         raise ConfigError(f"--pad-multiple {cfg.pad_multiple} pads every batch past --max-tokens {cfg.max_tokens}")
-    if cfg.threads is not None and cfg.threads > MAX_THREADS:  # 100,000: the tokenizers' thread pool crashed
-        raise ConfigError(f"--threads {cfg.threads}: at most {MAX_THREADS} (a thread a CPU core is what helps)")
     if cfg.cuda_graphs and cfg.compile:
         raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
     if cfg.compile:
