@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import sys
 from collections import Counter
 from pathlib import Path
 
+from scratchformer import cli
 from scratchformer import data as D
+from scratchformer.data.files import read_json
 from scratchformer.data.tokenizer import TokenizerPair
 from scratchformer.training.config import TrainConfig
 
@@ -46,34 +48,63 @@ def shapes(encoded: D.EncodedDataset, cfg: TrainConfig, multiple: int, steps: in
     return counts, 1 - real / padded
 
 
+def run_task(run: Path, cfg: TrainConfig) -> str | None:
+    """The task a run trained: its --task, else its model's kind (config.json: a classifier's classes,
+    an extractor); None for a seq2seq model whose task args.json leaves to the data (inferred)."""
+    model = read_json(run / "config.json") if (run / "config.json").is_file() else {}
+    return cfg.task or ("extractive" if model.get("extractive") else
+                        "classification" if model.get("num_classes") else None)
+
+
+def run_source(run: Path, cfg: TrainConfig, data: str | None) -> D.DataSource:
+    """The run's data, as its training read it, or its folder under `data` (the folder of a --data
+    run, the dataset of a --dataset one)."""
+    name = Path(cfg.data).name if cfg.data else cfg.dataset
+    if data and name == "synthetic" and not cfg.data:
+        raise cli.UsageError(f"--data {data}: {run} trained on the synthetic task, which has no data folder")
+    return D.resolve_source(cfg.dataset, str(Path(data) / name) if data else cfg.data, cfg.task)
+
+
+def load_encoded(run: Path, cfg: TrainConfig, source: D.DataSource):
+    """The run's training split encoded by its tokenizer (run/tokenizer*.json), as the trainer did."""
+    examples = D.load_split(source, "train", cfg.max_train_examples)
+    files = sorted(run.glob("tokenizer*.json"))
+    if not files:
+        raise cli.UsageError(f"{run}: no tokenizer*.json (the run's tokenizer, which its batches were cut by)")
+    toks = TokenizerPair.load(files)
+    if cfg.bpe_dropout:
+        return D.ResegmentedDataset(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len,
+                                    p=cfg.bpe_dropout, seed=cfg.seed)
+    return D.encode_examples(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)[0]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run", type=Path, help="a run folder (its args.json and tokenizer*.json)")
+    p.add_argument("run", type=Path, help="a run folder (its args.json, config.json and tokenizer*.json)")
     p.add_argument("--data", help="the folder holding the dataset's folder (default: the run's own --data, "
                                   "or SCRATCHFORMER_DATA)")
     p.add_argument("--steps", type=int, required=True, help="training steps (one batch each) to replay")
     p.add_argument("--pad-multiples", type=int, nargs="+", default=[1, 8, 16, 32])
     p.add_argument("--bpe-dropout", type=float, help="replay as if the run had this --bpe-dropout (default: its own)")
+    cli.add_debug_flag(p)
     args = p.parse_args(argv)
-    cfg = TrainConfig.from_dict(json.loads((args.run / "args.json").read_text()))
-    if cfg.task in D.ENCODER_ONLY:
-        raise SystemExit(f"{args.run}: a {cfg.task} run: its batches have no target side to replay here")
+    for flag, value in (("--steps", args.steps), *(("--pad-multiples", m) for m in args.pad_multiples)):
+        if value < 1:
+            raise cli.UsageError(f"{flag} must be >= 1, got {value}")
+    if not args.run.is_dir():
+        raise cli.UsageError(f"{args.run}: {'a file, not a' if args.run.exists() else 'no such'} run folder")
+    cfg = TrainConfig.from_dict(read_json(args.run / "args.json"))
+    task = run_task(args.run, cfg)
+    source = None if task in D.ENCODER_ONLY else run_source(args.run, cfg, args.data)
+    if task in D.ENCODER_ONLY or source.task in D.ENCODER_ONLY:  # the data's task: a run's with task None
+        raise cli.UsageError(f"{args.run}: a {task or source.task} run: its batches have no target side to "
+                             "replay here")
     if cfg.grad_accum != 1:
-        raise SystemExit(f"{args.run}: grad_accum {cfg.grad_accum}: a step is then several batches, not replayed here")
-    folder = Path(args.data) / cfg.dataset if args.data else None
-    source = D.resolve_source(cfg.dataset, str(folder) if folder else cfg.data)
-    examples = D.load_split(source, "train", cfg.max_train_examples)
-    files = sorted(args.run.glob("tokenizer*.json"))
-    if not files:
-        raise SystemExit(f"{args.run}: no tokenizer*.json")
-    toks = TokenizerPair.load(files)
+        raise cli.UsageError(f"{args.run}: grad_accum {cfg.grad_accum}: a step is then several batches, not replayed "
+                             "here")
     if args.bpe_dropout is not None:
         cfg = dataclasses.replace(cfg, bpe_dropout=args.bpe_dropout)
-    if cfg.bpe_dropout:
-        encoded = D.ResegmentedDataset(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len,
-                                       p=cfg.bpe_dropout, seed=cfg.seed)
-    else:
-        encoded, _ = D.encode_examples(examples, source.task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
+    encoded = load_encoded(args.run, cfg, source)
     for m in args.pad_multiples:
         counts, pad = shapes(encoded, cfg, m, args.steps)
         captured = sum(c >= 2 for c in counts.values())
@@ -84,4 +115,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

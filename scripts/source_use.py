@@ -16,12 +16,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
 
+from scratchformer import cli
 from scratchformer import data as D
 from scratchformer.data.batching import collate, encode_examples
+from scratchformer.device import resolve_device
 from scratchformer.evaluation.evaluate import load_run
 
 
@@ -31,28 +34,40 @@ def spread(memory: torch.Tensor, length: int) -> tuple[float, float]:
     return common.norm().item(), (m - common).norm(dim=-1).mean().item()
 
 
+def load(a: argparse.Namespace):
+    """(model, checkpoint, the first -n validation examples encoded); UsageError for a model without
+    a decoder, data of another task than the model's, or fewer than two examples to roll."""
+    device = resolve_device(a.device)  # names a --device this machine lacks (torch: an AssertionError)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    model, toks, ckpt = load_run(a.checkpoint, device, "eager")
+    if ckpt["task"] in D.ENCODER_ONLY:
+        raise cli.UsageError(f"{a.checkpoint} is a {ckpt['task']} model: it has no decoder to check")
+    source = D.resolve_source("synthetic", a.data, None)
+    if source.task != ckpt["task"]:
+        raise cli.UsageError(f"{a.checkpoint} is a {ckpt['task']} model and --data {a.data} holds {source.task} data: "
+                             "give the data it was trained for")
+    examples = D.load_split(source, "validation", a.n)
+    if len(examples) < 2:
+        raise cli.UsageError(f"--data {a.data}: its validation split holds {len(examples)} example(s); the sources are "
+                             "rolled among the examples, which needs at least 2")
+    args = ckpt["args"]
+    ds, _ = encode_examples(examples, ckpt["task"], toks.src, toks.tgt, args["max_src_len"], args["max_tgt_len"])
+    return model, ckpt, ds, device
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", required=True, help="a data folder with a validation split")
     p.add_argument("-n", type=int, default=24, help="validation examples (at least 2)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="where the eager model runs (default: cuda where there is one; on one CPU thread a base "
-                   "model took over 120 s for 64 CNN/DM articles)")
+    p.add_argument("--device", help="where the eager model runs (default: cuda where there is one; on one CPU thread "
+                   "a base model took over 120 s for 64 CNN/DM articles)")
+    cli.add_debug_flag(p)
     a = p.parse_args(argv)
     if a.n < 2:
-        raise SystemExit("error: -n must be at least 2 (the sources are rolled among the examples)")
-    device = torch.device(a.device)
-    if device.type == "cpu":
-        torch.set_num_threads(1)
-    model, toks, ckpt = load_run(a.checkpoint, device, "eager")
-    if ckpt["task"] in D.ENCODER_ONLY:
-        raise SystemExit(f"error: {a.checkpoint} is a {ckpt['task']} model: it has no decoder to check")
-    model.eval()
-    source = D.resolve_source("synthetic", a.data, None)
-    examples = D.load_split(source, "validation", a.n)
-    args = ckpt["args"]
-    ds, _ = encode_examples(examples, ckpt["task"], toks.src, toks.tgt, args["max_src_len"], args["max_tgt_len"])
+        raise cli.UsageError(f"-n must be at least 2, got {a.n} (the sources are rolled among the examples)")
+    model, ckpt, ds, device = load(a)
     b = collate([ds[i] for i in range(len(ds))]).to(device)
     roll = torch.roll(torch.arange(len(ds), device=device), 1)
 
@@ -78,4 +93,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

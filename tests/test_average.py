@@ -1,6 +1,9 @@
 """Checkpoint averaging (`scratchformer.average`): the mean of a run's weights, checked against the
 mean taken tensor by tensor here, on a real training run's step checkpoints."""
 
+import contextlib
+import importlib.util
+import io
 import json
 import re
 import shutil
@@ -138,10 +141,11 @@ def test_checkpoints_of_a_run_resumed_with_another_kernel_average(run, tmp_path)
 
 def test_pick_checkpoint_with_the_average_alone(tmp_path):
     """An unfinished GPU run brings back its average and no best.pt (scripts/gpu/finish_on_cpu.sh):
-    the pick is among the average's scores, its best length penalty; with none scored, best.pt as before."""
+    the pick is among the average's scores, its best length penalty; with none scored, refused: the
+    best.pt a run without scores keeps is not there (it was printed, exit 0)."""
     (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
     (tmp_path / "averaged.pt").write_bytes(b"")
-    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")
+    _pick_refused(_pick(tmp_path), f"{tmp_path}: no best.pt, and validation scores for none of best, averaged")
     for name, bleu, lp in (("averaged", 40.0, 1.0), ("averaged-lp1.3", 41.0, 1.3), ("averaged-lp1.6", 40.5, 1.6)):
         (tmp_path / name).mkdir()
         scores = {"n": 9, "decoding": "beam4", "bleu": bleu, "length_penalty": lp}
@@ -151,9 +155,53 @@ def test_pick_checkpoint_with_the_average_alone(tmp_path):
     assert "validation bleu (beam4): averaged 40.00, averaged-lp1.3 41.00, averaged-lp1.6 40.50" in done.stderr
 
 
+PICK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pick_checkpoint.py"
+_spec = importlib.util.spec_from_file_location("pick_checkpoint", PICK_SCRIPT)
+pick_checkpoint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pick_checkpoint)
+
+
 def _pick(run, *args):
-    script = Path(__file__).resolve().parents[1] / "scripts" / "pick_checkpoint.py"
-    return subprocess.run([sys.executable, str(script), str(run), *args], capture_output=True, text=True)
+    """scripts/pick_checkpoint.py RUN as its command line runs it (`cli.run`), in this process: a
+    subprocess would import torch each time (test_pick_checkpoint_is_a_command runs the file)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.run(pick_checkpoint.main, [str(run), *args])
+    return subprocess.CompletedProcess([str(PICK_SCRIPT), str(run), *args], code, out.getvalue(), err.getvalue())
+
+
+def test_pick_checkpoint_is_a_command(tmp_path):
+    done = subprocess.run([sys.executable, str(PICK_SCRIPT), str(tmp_path / "nosuchrun")], capture_output=True,
+                          text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {tmp_path / 'nosuchrun'}: no such run "
+                                                                  "folder\n")
+
+
+def _pick_refused(done, *phrases):
+    """pick_checkpoint.py refused: one `error:` line holding every phrase, exit status 2, no path printed."""
+    assert done.returncode == 2 and not done.stdout and done.stderr.startswith("error: "), (done.returncode, done)
+    assert len(done.stderr.strip().splitlines()) == 1 and all(p in done.stderr for p in phrases), done.stderr
+
+
+def test_pick_checkpoint_refuses_what_it_cannot_pick_from(tmp_path):
+    """A missing run or a file printed RUN/best.pt with exit 0 (a path that is not there, which
+    scripts/gpu/50_train.sh would decode with); a cut scores file, a missing args.json or scores
+    without the run's metric were tracebacks. Each is one error line naming the file, exit 2."""
+    _pick_refused(_pick(tmp_path / "nosuchrun"), f"{tmp_path / 'nosuchrun'}: no such run folder")
+    (tmp_path / "best.pt").write_bytes(b"")
+    _pick_refused(_pick(tmp_path / "best.pt"), f"{tmp_path / 'best.pt'}: a file, not a run folder")
+    scored = {"n": 9, "decoding": "beam4", "bleu": 30.0}
+    for name in ("best", "averaged"):
+        (tmp_path / f"{name}.pt").write_bytes(b"")
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.validation.json").write_text(json.dumps(scored))
+    _pick_refused(_pick(tmp_path), f"{tmp_path / 'args.json'}: no such file")
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "chrf"}))
+    _pick_refused(_pick(tmp_path), f"{tmp_path / 'best' / 'metrics.validation.json'}: no chrf score")
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'best.pt'}\t1"
+    (tmp_path / "averaged" / "metrics.validation.json").write_text(json.dumps(scored)[:20])  # cut short
+    _pick_refused(_pick(tmp_path), f"{tmp_path / 'averaged' / 'metrics.validation.json'}:1: bad JSON")
 
 
 @pytest.mark.parametrize("best_metric, averaged, picked", [
@@ -181,8 +229,8 @@ def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, 
         (tmp_path / f"best-lp{lp}" / "metrics.validation.json").write_text(json.dumps(lp_scores))
         done = _pick(tmp_path)
         assert done.stdout.strip() == f"{tmp_path / won}\t{lp if gain else 1}", done.stderr
-    (tmp_path / "best.pt").rename(tmp_path / "best.pt.away")  # a candidate's scores without its checkpoint
-    assert _pick(tmp_path).stdout.strip() == str(tmp_path / "best.pt")
+    (tmp_path / "best.pt").rename(tmp_path / "best.pt.away")  # a candidate's scores without its checkpoint:
+    _pick_refused(_pick(tmp_path), "no best.pt")  # not a candidate, and best.pt (kept without both) is not there
     (tmp_path / "best.pt.away").rename(tmp_path / "best.pt")
     for lp in ("1.6", "1.3"):
         shutil.rmtree(tmp_path / f"best-lp{lp}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY, translation_folder
 
 from scratchformer import generate, train
@@ -67,3 +68,32 @@ def test_source_use_finds_where_an_encoder_collapses(run, tmp_path):
     collapsed = _spreads(text)
     assert collapsed["embedding"] == healthy["embedding"] and collapsed["layer 1"] == healthy["layer 1"]
     assert collapsed["layer 2"] == 0.0 and "spread 0.000" in text, text
+
+
+def _source_use_refused(*args):
+    """source_use.py refused: one `error:` line (returned), exit status 2, no figures printed."""
+    done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+    assert done.returncode == 2 and not done.stdout and done.stderr.startswith("error: "), (done.returncode, done)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done.stderr
+
+
+def test_source_use_refuses_what_it_would_measure_wrongly(run, tmp_path):
+    """It printed figures for a translation model on summarization data, a gap of 0 for a validation
+    split of one example (rolled onto itself), and an AssertionError for --device cuda without CUDA."""
+    folder, data = run
+    summ = tmp_path / "summ"
+    summ.mkdir()
+    rows = [{"document": f"one two red house {i} .", "summary": "one"} for i in range(4)]
+    (summ / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    err = _source_use_refused("--checkpoint", folder / "best.pt", "--data", summ, "-n", 4)
+    assert "is a translation model" in err and f"--data {summ} holds summarization data" in err, err
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "validation.jsonl").write_text(json.dumps({"src": "one two", "tgt": "eins zwei"}) + "\n")
+    err = _source_use_refused("--checkpoint", folder / "best.pt", "--data", one, "-n", 4)
+    assert "validation split holds 1 example(s)" in err and "at least 2" in err, err
+    if not torch.cuda.is_available():
+        err = _source_use_refused("--checkpoint", folder / "best.pt", "--data", data, "--device", "cuda")
+        assert "--device cuda: no CUDA device here" in err, err
+    assert "no checkpoint at" in _source_use_refused("--checkpoint", tmp_path / "nosuch.pt", "--data", data)

@@ -72,7 +72,9 @@ for lp in "" "${LENGTH_PENALTIES[@]}"; do
       ${lp:+--length-penalty "$lp"} "${SCORE[@]}" "${CPU[@]}"
   fi
 done
-IFS=$'\t' read -r ckpt lp <<< "$("$PY" "$REPO/scripts/pick_checkpoint.py" "$RUN")"
+# (a refusal, one error line and status 2, ends this script here: inside the here-string it did not)
+picked=$("$PY" "$REPO/scripts/pick_checkpoint.py" "$RUN")
+IFS=$'\t' read -r ckpt lp <<< "$picked"
 "$PY" -m scratchformer.generate --checkpoint "$ckpt" --input "$inputs" --output "$RUN/test_predictions.jsonl" \
   --resume --no-progress "${DECODE[@]}" ${lp:+--length-penalty "$lp"} "${CPU[@]}"
 echo "== $RUN: test predictions from $(basename "$ckpt")${lp:+ at length penalty $lp}"
