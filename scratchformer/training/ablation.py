@@ -47,6 +47,7 @@ from ..checkpoint import find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, describe, is_user_error
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
+from .resume import shown
 from .trainer import train
 
 DEFAULT_GRID = [
@@ -199,7 +200,7 @@ def _check_summary(path: Path, folders: set[str]) -> None:
 def _earlier_run(name: str, folder: Path, config: TrainConfig) -> dict | None:
     """The report of the variant's finished run, read back; None to train it (no run yet, one stopped,
     or a finished one given more --max-steps, --epochs or --time-budget: it trains on). A run built
-    otherwise than `config` is refused by name (until 2026-12-06 read back beside today's flags)."""
+    otherwise than `config` is refused by name (until 2026-12-05 read back beside today's flags)."""
     if not (folder / "args.json").is_file():
         return None
     run = TrainConfig.from_dict(json.loads((folder / "args.json").read_text(encoding="utf-8")))
@@ -213,7 +214,7 @@ def _earlier_run(name: str, folder: Path, config: TrainConfig) -> dict | None:
                           f"to train the variant again")
     if final is None:
         return None
-    more = [f"{flag(k)} {_value(getattr(config, k))}" for k in BUDGET if getattr(config, k) != getattr(run, k)]
+    more = [f"{flag(k)} {shown(getattr(config, k))}" for k in BUDGET if getattr(config, k) != getattr(run, k)]
     print(f"=== ablation {name}: finished earlier, " + (f"trains on to {', '.join(more)}" if more else
                                                         f"read back from {folder / 'metrics.final.json'}"))
     return None if more else final
@@ -232,12 +233,8 @@ def _changes(config: TrainConfig, run: TrainConfig, finished: bool) -> list[str]
             continue
         if k in BUDGET and not (finished and now is not None and (then is None or now < then)):
             continue
-        changed.append(f"{flag(k)} {_value(now)} (the run has {_value(then)})")
+        changed.append(f"{flag(k)} {shown(now)} (the run has {shown(then)})")
     return changed
-
-
-def _value(v) -> str:
-    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | None = None,

@@ -55,7 +55,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples = _read_before_the_folder(config, source, start)
-    _check_start(start, path, config.init_from, source.task, examples, dist_)
+    _check_start(start, path, config.init_from, source.task, examples, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = resumed_run_folder(config.out, dist_) if resuming and not moved else fresh_run_folder(
         config.out, config.overwrite, dist_, path)
@@ -160,14 +160,14 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
 
 
 def _check_start(start: dict | None, resumed: Path | None, init_from: str | None, task: str, examples: Examples,
-                 dist_) -> None:
+                 world: int) -> None:
     """The checkpoint a run starts from (--resume's file `resumed`, or --init-from's) against this
     run: its task and class count; resumed, its training examples (their number and contents) and the
     number of processes that wrote it (one RNG state each): its place in the epoch counts batches of
     those examples per process, which other examples or another number would draw otherwise."""
     if start is None:
         return
-    world, resuming = dist_.world, resumed is not None
+    resuming = resumed is not None
     named = f"--resume {resumed}" if resuming else f"--init-from {init_from}"
     classes, saved_data = examples.num_classes, start.get("train_data") if resuming else None  # from 2026-12-05
     if saved_data is not None and saved_data != (now := examples_id(examples.train)):

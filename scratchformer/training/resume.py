@@ -50,9 +50,10 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
 def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig) -> list[str]:
     """The options of FIXED_ON_RESUME given in `config` with another value than `run`'s, each as
     "--flag NEW (the run has OLD)"."""
-    return [f"{flag(k)} {_shown(getattr(config, k))} (the run has {_shown(getattr(run, k))})"
+    return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(getattr(run, k))})"
             for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(run, k)]
 
 
-def _shown(v) -> str:
-    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+def shown(v) -> str:
+    """An option's value as a message shows it: a list as its flag's words, None as "unset"."""
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
