@@ -79,8 +79,9 @@ def _check_bool(op: str, name: str, value) -> None:
 
 def _check_same(op: str, what: str, **tensors) -> None:
     """One `what` ("dtype": one floating-point dtype after autocast's casts; "device") for every given
-    tensor (None skipped), else a ValueError naming each tensor's."""
-    given = {name: getattr(t, what) for name, t in tensors.items() if t is not None}
+    tensor (None, and what is not a tensor, skipped: named by its own check), else a ValueError naming each
+    tensor's."""
+    given = {name: getattr(t, what) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
     if len(set(given.values())) > 1:
         raise ValueError(f"{op}: {what} mismatch: " + ", ".join(f"{n} {str(d).removeprefix('torch.')}"
                                                                for n, d in given.items()))
@@ -219,9 +220,7 @@ def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, 
     V = weight.shape[0]
     if bias is not None and bias.shape != (V,):
         raise ValueError(f"linear_cross_entropy: bias must be ({V},) (V), got {tuple(bias.shape)}")
-    if not (x.device == weight.device == target.device):
-        raise ValueError(f"linear_cross_entropy: x on {x.device}, weight on {weight.device}, target on "
-                         f"{target.device}")
+    _check_same("linear_cross_entropy", "device", x=x, weight=weight, bias=bias, target=target)
     check_targets("linear_cross_entropy", target, x.shape[0], V, label_smoothing, ignore_index)
 
 
