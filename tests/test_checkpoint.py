@@ -4,6 +4,7 @@ import errno
 import io
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -267,3 +268,35 @@ def test_prune_up_to_the_step_just_saved_leaves_later_ones(tmp_path):
     assert [p.name for p in C.step_checkpoints(tmp_path)] == ["step_0000009.pt", "step_0000010.pt"]
     C.prune_checkpoints(tmp_path, keep=0, upto=9)  # 0 keeps them all
     assert len(C.step_checkpoints(tmp_path)) == 2
+
+
+def test_a_lock_is_held_once_even_when_its_holder_removes_it_between_anothers_open_and_flock(tmp_path, monkeypatch):
+    """`hold` is an flock on a file that `release` unlinks: a process that opened the name before the
+    unlink and locks after it holds a file no longer on disk, while a third creates the name anew and
+    holds that. `hold` sees its file is gone and opens the name again, so one name has one holder."""
+    import fcntl
+
+    from scratchformer.checkpoint import Held, hold, release
+
+    lock = tmp_path / ".out.lock"
+    first = hold(lock)
+    with pytest.raises(Held, match=rf"{re.escape(str(lock))} is held by another process \(pid {os.getpid()}\)"):
+        hold(lock)  # flock: one per open file, so this process's second open is refused too
+    real_flock, opened = fcntl.flock, []
+
+    def flock_after_the_holder_releases(fd, op):
+        opened.append(os.fstat(fd).st_ino)
+        if len(opened) == 1:  # the holder ends between this open and its flock
+            release(lock, first)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_releases)
+    second = hold(lock)
+    monkeypatch.setattr(fcntl, "flock", real_flock)
+    assert len(opened) == 2 and os.path.samestat(os.stat(lock), os.fstat(second))
+    assert lock.read_text() == str(os.getpid())
+    with pytest.raises(Held):
+        hold(lock)  # the name's holder is `second`: a third is refused
+    release(lock, second)
+    assert not lock.exists()
+    release(lock, hold(lock))

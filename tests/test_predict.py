@@ -288,6 +288,37 @@ def test_existing_output_needs_resume_or_overwrite(runs, tmp_path):
     assert [p["id"] for p in _read(out)] == ["a"]
 
 
+def test_an_output_another_process_writes_is_refused_until_it_ends(runs, tmp_path):
+    """Two `generate --output F` started in one instant both ran (each found no F and no F.partial):
+    one's predictions were lost, or mixed into the other's. While a process writes F it holds
+    .F.lock (an flock): another, --overwrite and --resume included, is refused naming its pid,
+    nothing written; once it ends (a kill too: the system drops the lock) the next goes on, and a
+    finished run leaves no lock file."""
+    import subprocess
+    import sys
+
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one two"}, {"id": "b", "src": "red"}])
+    out = tmp_path / "preds.jsonl"
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "preds.jsonl", "preds.jsonl.meta.json"]
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.checkpoint import hold; "
+            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(P.lock_path(out))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot_of(tmp_path)
+        for flags in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(OptionError, match=rf"--output {re.escape(str(out))} is being written by another "
+                                                  rf"process \(pid {holder.pid}\); wait for it to end"):
+                P.predict_file(runs["translation"], src, out, beam_size=1, **flags)
+            assert _snapshot_of(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    P.predict_file(runs["translation"], src, out, beam_size=2, overwrite=True)
+    assert [p["id"] for p in _read(out)] == ["a", "b"] and not P.lock_path(out).exists()
+
+
 @pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
 def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag):
     """generate --input F --output F (or F's own .partial, by another path): refused, F untouched;

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import file_in_the_way, fsync_dir, weights_digest, write_lines_atomic
+from ..checkpoint import Held, file_in_the_way, fsync_dir, hold, release, weights_digest, write_lines_atomic
 from ..data.files import COMPRESSED, check_text, display_name, read_lines, uncompressed_name
 from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
@@ -248,6 +248,11 @@ def partial_path(output: str | Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
+def lock_path(output: Path) -> Path:
+    """The lock a process writing `output` holds (`predict_file`), removed when it ends."""
+    return output.with_name(f".{output.name}.lock")
+
+
 def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
 
@@ -258,8 +263,8 @@ OTHER_COMPRESSION = (".bz2", ".zst", ".zstd", ".lz4", ".lzma", ".lz", ".z", ".zi
 
 def _checked_output(output: str | Path, input: str | Path, resume: bool, overwrite: bool) -> tuple[Path, Path]:
     """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
-    final rename would fail after all the work), under a file, or either would be written over the
-    input; with both resume and overwrite; FileExistsError for an existing one with neither."""
+    final rename would fail after all the work), under a file, or it, its snapshot, record or lock
+    would be written over the input; with both resume and overwrite."""
     if resume and overwrite:
         raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
     output = Path(output)
@@ -270,15 +275,28 @@ def _checked_output(output: str | Path, input: str | Path, resume: bool, overwri
                           f"{' or '.join(f'.jsonl{c}' for c in COMPRESSED)} to compress it")
     if (above := file_in_the_way(output.parent)) is not None:
         raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
-    for written in (output, partial_path(output), record_path(output)) if str(input) != "-" else ():
+    for written in (output, partial_path(output), record_path(output), lock_path(output)) if str(input) != "-" else ():
         if written.resolve() == Path(input).resolve():
             raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
                               f"inputs would be lost; write the predictions elsewhere")
-    part = partial_path(output)
+    return output, partial_path(output)
+
+
+def _hold_output(output: Path, part: Path, resume: bool, overwrite: bool) -> int:
+    """Hold `output` for this process (`lock_path`; the descriptor to `release`): refused (OptionError)
+    while another process writes it (both wrote: one's predictions were lost, or mixed into the other's);
+    then FileExistsError for an existing output or snapshot without resume or overwrite."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = hold(lock_path(output))
+    except Held as e:
+        raise OptionError(f"--output {output} is being written by another process (pid {e.pid}); wait for it "
+                          "to end, or write elsewhere") from None
     if not (resume or overwrite) and (output.exists() or part.exists()):
+        release(lock_path(output), fd)
         raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
                               "predictions and add the missing ones, or --overwrite to replace it")
-    return output, part
+    return fd
 
 
 # The options that change a prediction (flag -> `predict_records`' keyword), recorded beside an output
@@ -314,10 +332,23 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     save_every: seconds between snapshots to ``OUTPUT.partial`` (0: after every batch). Other
     keyword arguments go to `predict_records`; `decode_flags`: see `check_decode_flags`. Returns a
     summary dict (counts, seconds, examples/s).
+    While it runs the output is held (`lock_path`): a second process writing it is refused.
     Raises OptionError for an option no model can take (checked first), DataError for bad input,
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
     output, part = _checked_output(output, input, resume, overwrite)
+    fd = _hold_output(output, part, resume, overwrite)
+    try:
+        return _predict_file(checkpoint, input, output, part, field=field, fmt=fmt, resume=resume, overwrite=overwrite,
+                             save_every=save_every, device=device, kernel=kernel, compile=compile, progress=progress,
+                             decode_flags=decode_flags, **predict_kw)
+    finally:
+        release(lock_path(output), fd)
+
+
+def _predict_file(checkpoint, input, output: Path, part: Path, *, field, fmt, resume, overwrite, save_every, device,
+                  kernel, compile, progress, decode_flags, **predict_kw) -> dict:
+    """`predict_file`'s work, once its output is held."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, toks, ckpt = load_models(checkpoint, device, kernel, compile)
     task = ckpt["task"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import fcntl
 import io
 import json
 import os
@@ -16,7 +15,9 @@ from tqdm import tqdm
 from ..checkpoint import (
     RESUME_KEYS,
     CheckpointError,
+    Held,
     find_checkpoint,
+    hold,
     load_checkpoint,
     save_checkpoint,
     step_checkpoints,
@@ -62,17 +63,11 @@ def lock_run_folder(folder: Path) -> Path:
     if key in _HELD:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise RunFolderError(f"--out {folder} is in use: another process (pid {pid}) trains there now; wait for "
+        _HELD[key] = hold(folder / LOCK)
+    except Held as e:
+        raise RunFolderError(f"--out {folder} is in use: another process (pid {e.pid}) trains there now; wait for "
                              "it to end, or choose another --out") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    _HELD[key] = fd
     return folder
 
 
