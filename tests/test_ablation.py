@@ -132,3 +132,22 @@ def test_flags_the_grid_sets_or_cannot_parse_are_refused_naming_the_variant(tmp_
             variant_folders(tmp_path / "ab", variants, shared)
     assert capsys.readouterr().err == ""  # no usage printed
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_variant_whose_data_its_task_cannot_read_is_refused_before_the_first_run(tmp_path):
+    """A variant that reads a translation folder as a classifier's (or a folder whose records lack its
+    task's fields) failed only when the grid reached it, after the variants before it had trained.
+    Its first training record is read when the grid is planned: refused by name, nothing trained."""
+    mt = translation_folder(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text(json.dumps({"source": "a b", "summary": "a"}) + "\n")
+    out = tmp_path / "ab"
+    for variant, message in [(f"clf=--data {mt} --task classification", r"variant 'clf': .*train\.jsonl\.gz:1: missing "
+                              r"field 'text' \(classification records need 'text' and 'label'"),
+                             (f"bad=--data {bad} --task translation", r"variant 'bad': .*train\.jsonl:1: missing "
+                              r"field 'src'")]:
+        with pytest.raises(ConfigError, match=message):
+            ablate.main(["--out", str(out), "--metric", "loss", "--variants", f"base=--data {mt}", variant, "--",
+                         *MODEL])
+        assert not out.exists()

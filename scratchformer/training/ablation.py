@@ -154,7 +154,9 @@ def _check_given(where: str, argv: list[str]) -> None:
 
 
 def _variant_config(name: str, flags: str, shared: list[str], folder: Path) -> tuple[TrainConfig, str]:
-    """(its config as its run's args.json records it, its task); an error is named by the variant."""
+    """(its config as its run's args.json records it, its task); an error is named by the variant, one
+    of its data's too: a local folder's first training record is read as its task's (a variant with
+    another --task, or a folder without that task's fields, stopped only when the grid reached it)."""
     try:
         argv = shlex.split(flags)
     except ValueError as e:  # an unclosed quote
@@ -164,6 +166,8 @@ def _variant_config(name: str, flags: str, shared: list[str], folder: Path) -> t
         config, _ = parse_args([*shared, *argv, "--out", str(folder)])
         source = D.resolve_source(config.dataset, config.data, config.task)
         config = dataclasses.replace(config.resolved(source.task, source.kind == "synthetic"), task=source.task)
+        if source.kind == "local":  # the hub's is read when training (a download)
+            D.load_split(source, "train", limit=1)
     except ValueError as e:  # ConfigError, DataError
         raise ConfigError(f"variant {name!r}: {e}") from e
     return config, source.task
