@@ -67,6 +67,11 @@ def given_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, flags
     return [f for f, dest in dests.items() if getattr(args, dest) != parser.get_default(dest)]
 
 
+def shown(v) -> str:
+    """An option's value as a message shows it: a list as its flag's words, None as "unset"."""
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """Declare ``--debug`` so that ``--help`` lists it (`run` takes it off before parsing)."""
     parser.add_argument("--debug", action="store_true",

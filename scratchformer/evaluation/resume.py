@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import data as D
 from ..checkpoint import write_lines_atomic
+from ..cli import shown
 from ..data.files import read_lines
 from .options import OptionError
 
@@ -62,8 +63,7 @@ def check_resume(output: Path, part: Path, record: dict) -> bool:
         raise OptionError(f"--resume: {found[0]} holds predictions of {_named(old.get('checkpoint'))}, whose weights "
                           f"are not those of {_named(record['checkpoint'])}: the output would mix two models' "
                           f"predictions; resume with that checkpoint, {fix}")
-    changed = [f"{flag} {'unset' if old_options.get(flag) is None else old_options.get(flag)} (now "
-               f"{'unset' if value is None else value})"
+    changed = [f"{flag} {shown(old_options.get(flag))} (now {shown(value)})"
                for flag, value in record["options"].items() if old_options.get(flag) != value]
     if changed:
         raise OptionError(f"--resume: {found[0]} was written with {', '.join(changed)}: the output would mix two "

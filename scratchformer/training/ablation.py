@@ -44,10 +44,9 @@ from typing import NamedTuple
 
 from .. import data as D
 from ..checkpoint import find_checkpoint, write_lines_atomic
-from ..cli import add_debug_flag, describe, is_user_error
+from ..cli import add_debug_flag, describe, is_user_error, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
-from .resume import shown
 from .trainer import train
 
 DEFAULT_GRID = [

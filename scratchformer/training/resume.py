@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..cli import shown
 from .config import ConfigError, TrainConfig, flag
 
 # What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
@@ -52,8 +53,3 @@ def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig) 
     "--flag NEW (the run has OLD)"."""
     return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(getattr(run, k))})"
             for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(run, k)]
-
-
-def shown(v) -> str:
-    """An option's value as a message shows it: a list as its flag's words, None as "unset"."""
-    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
