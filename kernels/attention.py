@@ -12,12 +12,13 @@ which the entry point checks (`tools/sass_loops.py` counts the loop's instructio
 Masks (the spec is `scratchformer.reference.attention_ref`):
 - key padding as per-sequence lengths (right padding): key blocks at or beyond key_lengths[b]
   are outside the loop bounds (skipped, not computed and masked);
-- query rows at or beyond query_lengths[b] give zeros (and zero gradients); whole query blocks
-  past it run no key loop;
+- query rows at or beyond query_lengths[b] give zeros (and zero gradients), whatever they hold
+  (a NaN there reaches no gradient); whole query blocks past it run no key loop;
 - causal aligned bottom-right: query i sits at position Lk - Lq + i (so decoding with a KV cache,
   Lq < Lk, is exact); key blocks wholly above the diagonal are skipped;
 - a row with no visible key (length 0, or fully causal-masked when Lq > Lk) gives zeros and
-  lse = -inf, never NaN. Only the blocks that straddle a boundary pay for masking: each loop is
+  lse = -inf, never NaN; a row with a NaN score (a NaN in q, an infinite key) is NaN in out, lse
+  and the gradients, as in the reference, never a quiet 0. Only the blocks that straddle a boundary pay for masking: each loop is
   split into an unmasked part and a masked part.
 
 Dropout on the probabilities, in-kernel: keep(b, h, i, j) = rand(seed, offset + ((b·H + h)·Lq
@@ -435,8 +436,9 @@ def _attention_fwd_kernel(
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
 
-    # Epilogue: rows with no visible key (l = 0) and rows at or past qlen give 0 and lse = -inf.
-    row_ok = (offs_m < qlen) & (l_i > 0.0)
+    # Epilogue: rows with no visible key (l = 0) and rows at or past qlen give 0 and lse = -inf; a NaN
+    # l (a NaN score: a NaN in q, or +inf - inf) stays NaN in out and lse, as in the reference's softmax.
+    row_ok = (offs_m < qlen) & (l_i != 0.0)
     l_safe = tl.where(row_ok, l_i, 1.0)
     out = acc / l_safe[:, None]
     if HAS_DROPOUT:
@@ -499,7 +501,7 @@ def _attention_bwd_dkdv_inner(
     dk, dv, k, v,  # accumulators (BLOCK_N, D) fp32; resident k, v tiles (BLOCK_N, D)
     q_base, do_base, lse2_base, delta_base,  # pointers at (b, h, 0, 0) / (b, h, 0)
     stride_q_l, stride_q_d, stride_do_l, stride_do_d,
-    offs_n, offs_d, lo, hi, klen, Lq, shift, qk_scale,
+    offs_n, offs_d, lo, hi, klen, qlen, Lq, shift, qk_scale,
     dropout_p, seed, rng_base, Lk,
     BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -515,8 +517,8 @@ def _attention_bwd_dkdv_inner(
         lse2, delta = _lse2_delta(lse2_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
-        if MASKED:
-            visible = offs_n[:, None] < klen
+        if MASKED:  # rows at or past qlen too: their lse2 is +inf, but a NaN in their q would reach P
+            visible = (offs_n[:, None] < klen) & (offs_m[None, :] < qlen)
             if IS_CAUSAL:
                 visible = visible & (offs_n[:, None] <= offs_m[None, :] + shift)
             pT = tl.where(visible, pT, 0.0)
@@ -530,6 +532,8 @@ def _attention_bwd_dkdv_inner(
             pdT = pT
         dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += (P∘Z·r)ᵀ dO
         dsT = pT * (dpT - delta[None, :])  # dSᵀ
+        if MASKED:  # a hidden key's dS is 0 even where its row's δ is NaN (a NaN row): 0 · NaN would reach dK
+            dsT = tl.where(visible, dsT, 0.0)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
     return dk, dv
 
@@ -566,7 +570,7 @@ def _attention_bwd_dkdv_kernel(
     # Query blocks [m_lo, qlen) can see this key block (none if it lies past key_lengths).
     # Masking is needed in [m_lo, m_mid) (the causal diagonal; everything if the key block is
     # partial) and in the tail [m_tail, qlen) (rows past Lq); [m_mid, m_tail) runs unmasked.
-    # Rows in [qlen, Lq) need no mask: their saved lse is -inf, so P = 0 there.
+    # Rows in [qlen, Lq) lie only in the masked tail, whose mask hides them (P = 0 there).
     m_hi = tl.where(start_n < klen, qlen, 0)
     m_lo = 0
     m_mid = 0
@@ -588,17 +592,17 @@ def _attention_bwd_dkdv_kernel(
     rng_base = rng_offset + pid_bh * Lq * Lk
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
-        stride_do_l, stride_do_d, offs_n, offs_d, m_lo, m_mid, klen, Lq, shift, qk_scale,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_lo, m_mid, klen, qlen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
-        stride_do_l, stride_do_d, offs_n, offs_d, m_mid, m_tail, klen, Lq, shift, qk_scale,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_mid, m_tail, klen, qlen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, False, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk, dv = _attention_bwd_dkdv_inner(
         dk, dv, k, v, q_base, do_base, lse2_base, delta_base, stride_q_l, stride_q_d,
-        stride_do_l, stride_do_d, offs_n, offs_d, m_tail, m_hi, klen, Lq, shift, qk_scale,
+        stride_do_l, stride_do_d, offs_n, offs_d, m_tail, m_hi, klen, qlen, Lq, shift, qk_scale,
         dropout_p, seed, rng_base, Lk, BLOCK_M, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
     dk = dk * sm_scale
@@ -683,7 +687,7 @@ def _attention_bwd_dq_kernel(
         offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
-    dq = dq * sm_scale
+    dq = tl.where((offs_m < qlen)[:, None], dq * sm_scale, 0.0)  # rows past qlen: 0, whatever their q holds
     _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
 
 

@@ -243,6 +243,38 @@ def test_padded_keys_are_never_read():
         assert not a.isnan().any() and report_diff("grad", a, b) < 1e-5
 
 
+@pytest.mark.parametrize("poison", ["nan query", "inf key", "inf key, mixed-sign query"])
+def test_a_non_finite_score_makes_its_row_nan_as_in_the_reference_never_zero(poison):
+    """A NaN score (a NaN in q; an infinite key: the row's max is inf, and inf - inf is NaN) makes its
+    row NaN in out and lse exactly where the reference's softmax does (the epilogue used to test
+    l > 0, which a NaN l fails, so such a row came out a quiet 0 and hid the NaN from the next layer).
+    In the gradients the NaN reaches at least that row's dq and the dk, dv of the keys it sees, and
+    nothing the reference keeps finite (a hidden key's dS is 0, not 0 · the row's NaN δ). A NaN in a
+    row past query_lengths is never read: that row's out and dq are 0, no gradient takes it in."""
+    B, H, L = 2, 2, 24
+    q, k, v = (t.detach().clone() for t in make_qkv(B, H, L, L, 16))  # leaves: poisoned in place
+    if poison == "nan query":
+        q[0, 1, 5, 3] = float("nan")
+        q[1, 0, 20, 0] = float("nan")  # past query_lengths[1]
+    else:
+        k[0, 0, 7] = float("inf")
+        if poison == "inf key, mixed-sign query":
+            q[0, 0, :, 0] = -q[0, 0, :, 1].abs()  # some scores -inf + inf = NaN, others -inf
+    lengths = dict(key_lengths=torch.tensor([L, 11], device=DEVICE), query_lengths=torch.tensor([L, 19], device=DEVICE))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    (out, lse, grads), (ref, ref_lse, ref_grads) = run_both(q, k, v, causal=True, **lengths)
+    nan_rows = ref.isnan().any(-1)  # (B, H, L)
+    assert nan_rows.any()  # the poison reaches the reference: the case tests something
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(lse.isnan(), ref_lse.isnan())
+    seen = (nan_rows[..., None] & attention_mask(B, L, L, causal=True, **lengths, device=DEVICE)).any(-2)
+    for ours, theirs, least in ((out, ref, nan_rows), *zip(grads, ref_grads, (nan_rows, seen, seen))):
+        nan = ours.isnan()
+        assert not (nan & ~theirs.isnan()).any() and nan.any(-1)[least].all()
+        finite = ~theirs.isnan() & ~theirs.isinf()
+        assert report_diff("finite", ours[finite], theirs[finite]) < 1e-4
+    assert torch.all(out[1, :, 19:] == 0) and torch.all(grads[0][1, :, 19:] == 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # fp16 / bf16: flash-attention's rule
 # ---------------------------------------------------------------------------------------------
