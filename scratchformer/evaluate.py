@@ -18,13 +18,14 @@ this is its command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 from . import cli
 from . import data as D
-from .checkpoint import file_in_the_way
+from .checkpoint import Held, file_in_the_way, hold, release
 from .data.extractive import selection_name
 from .device import resolve_device
 from .evaluation import metrics as M
@@ -150,6 +151,29 @@ def check_outputs(out: Path, stem: str, overwrite: bool, attention: int | None =
                               f"{'it' if one else 'them'}, or --out DIR to write elsewhere")
 
 
+@contextlib.contextmanager
+def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None = None):
+    """`check_outputs`, then hold out/.evaluate.<stem>.lock (`checkpoint.hold`) until the files are
+    written: a second evaluate of the same files is refused naming the first's pid (two at once both
+    ran, and one's predictions could end beside the other's metrics). A folder that cannot be
+    written takes no lock: its scores still come first, and the write fails after them."""
+    lock = out / f".evaluate.{stem}.lock"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = hold(lock)
+    except Held as e:
+        raise cli.UsageError(f"{out / f'predictions.{stem}.jsonl'} and metrics.{stem}.json are being written by "
+                             f"another evaluate (pid {e.pid}); wait for it to end, or give --out DIR") from None
+    except OSError:  # read-only
+        fd = None
+    try:
+        check_outputs(out, stem, overwrite, attention)
+        yield
+    finally:
+        if fd is not None:
+            release(lock, fd)
+
+
 def check_labels(examples, source: D.DataSource, split: str, ckpt: dict) -> None:
     """A classifier's data: DataError naming the example and the model's classes for a label the
     model has no class for (its loss would fail inside torch)."""
@@ -181,15 +205,15 @@ def run_lead3(args) -> dict:
         raise cli.UsageError(f"lead3 is a summarization baseline; this data is {source.task}")
     k, words = args.summary_sentences or 3, args.summary_words  # Lead-3, or Lead-K cut at W words
     name = "lead3" if (k, words) == (3, None) else f"lead-{selection_name(k, words)}"
-    if args.out:
-        check_outputs(Path(args.out), f"{args.split}.{name}", args.overwrite)
-    examples = D.load_split(source, args.split, args.limit)
-    hyps = [M.lead3(e.src, k, words) for e in examples]
-    result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": k, "words": words,
-              **M.rouge(hyps, [e.tgt for e in examples])}
-    print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
-    if args.out:
-        save_outputs(Path(args.out), f"{args.split}.{name}", examples, hyps, result)
+    stem = f"{args.split}.{name}"
+    with writing_outputs(Path(args.out), stem, args.overwrite) if args.out else contextlib.nullcontext():
+        examples = D.load_split(source, args.split, args.limit)
+        hyps = [M.lead3(e.src, k, words) for e in examples]
+        result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": k, "words": words,
+                  **M.rouge(hyps, [e.tgt for e in examples])}
+        print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
+        if args.out:
+            save_outputs(Path(args.out), stem, examples, hyps, result)
     return result
 
 
@@ -215,7 +239,13 @@ def main(argv=None) -> dict:
         raise cli.UsageError(f"{ckpt['path']}: its predictions and scores on {source.name} would replace those on "
                              f"its own data in {out} (predictions.{args.split}.jsonl, metrics.{args.split}.json): "
                              f"give --out DIR")
-    check_outputs(out, args.split, args.overwrite, args.attention)
+    with writing_outputs(out, args.split, args.overwrite, args.attention):
+        return _evaluate(args, model, toks, ckpt, run, source, out)
+
+
+def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSource, out: Path) -> dict:
+    """The evaluation `main` set up, its files written into `out` (held: `writing_outputs`)."""
+    device = args.device
     examples = run_split(source, args.split, run, args.limit)
     if source.task == "classification":
         check_labels(examples, source, args.split, ckpt)

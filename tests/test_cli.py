@@ -477,6 +477,33 @@ def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(
     assert _snapshot(run) == before and list(cwd.iterdir()) == []
 
 
+def test_an_evaluation_another_evaluate_writes_is_refused_until_it_ends(tmp_path):
+    """Two evaluates of one split into one folder at once both ran (each found no files, or both had
+    --overwrite): one's predictions could end beside the other's metrics. While one runs it holds
+    .evaluate.<split>.lock there: another is refused naming its pid, nothing written; once it ends
+    (a kill too) the next goes on and leaves no lock file."""
+    run = _eval_run(tmp_path)
+    args = ["--checkpoint", str(run / "best.pt"), "--split", "validation", "--limit", "4", "--max-tokens", "64"]
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.checkpoint import hold; "
+            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    lock = run / ".evaluate.validation.lock"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot(run)
+        for flags in ([], ["--overwrite"]):
+            with pytest.raises(cli.UsageError, match=rf"{re.escape(str(run / 'predictions.validation.jsonl'))} and "
+                                                     rf"metrics.validation.json are being written by another "
+                                                     rf"evaluate \(pid {holder.pid}\); wait for it to end"):
+                evaluate.main([*args, *flags])
+            assert _snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    evaluate.main(args)
+    assert (run / "metrics.validation.json").exists() and not lock.exists()
+
+
 def test_evaluate_attention_index_past_the_split_is_refused_before_any_work(tmp_path, monkeypatch):
     """--attention 99 of a 4-example split: a UsageError naming the range, before decoding and
     writing; until 2026-12-01 an IndexError traceback (exit 1) after the outputs were written."""
