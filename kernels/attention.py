@@ -18,8 +18,9 @@ Masks (the spec is `scratchformer.reference.attention_ref`):
   Lq < Lk, is exact); key blocks wholly above the diagonal are skipped;
 - a row with no visible key (length 0, or fully causal-masked when Lq > Lk) gives zeros and
   lse = -inf, never NaN; a row with a NaN score (a NaN in q, an infinite key) is NaN in out, lse
-  and the gradients, as in the reference, never a quiet 0. Only the blocks that straddle a boundary pay for masking: each loop is
-  split into an unmasked part and a masked part.
+  and the gradients, as in the reference, never a quiet 0.
+Only the blocks that straddle a boundary pay for masking: each loop is split into an unmasked part
+and a masked part.
 
 Dropout on the probabilities, in-kernel: keep(b, h, i, j) = rand(seed, offset + ((b·H + h)·Lq
 + i)·Lk + j) >= p (Philox via tl.rand, 64-bit counters), kept values scaled by 1/(1 - p). The
@@ -510,15 +511,15 @@ def _attention_bwd_dkdv_inner(
     q_base, do_base: the query and output-gradient slabs (`_slab`)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qT = _stream_rows(q_base, start_m, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST, MASKED, True,
+        qT = _stream_rows(q_base, start_m, offs_m, offs_d, stride_q_l, stride_q_d, qlen, UPCAST, MASKED, True,
                           TMA)  # (D, BLOCK_M)
         do = _stream_rows(do_base, start_m, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST, MASKED, False,
                           TMA)  # (BLOCK_M, D)
         lse2, delta = _lse2_delta(lse2_base, delta_base, offs_m, Lq, MASKED)
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(sT - lse2[None, :])  # Pᵀ
-        if MASKED:  # rows at or past qlen too: their lse2 is +inf, but a NaN in their q would reach P
-            visible = (offs_n[:, None] < klen) & (offs_m[None, :] < qlen)
+        if MASKED:
+            visible = offs_n[:, None] < klen
             if IS_CAUSAL:
                 visible = visible & (offs_n[:, None] <= offs_m[None, :] + shift)
             pT = tl.where(visible, pT, 0.0)
@@ -532,8 +533,6 @@ def _attention_bwd_dkdv_inner(
             pdT = pT
         dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += (P∘Z·r)ᵀ dO
         dsT = pT * (dpT - delta[None, :])  # dSᵀ
-        if MASKED:  # a hidden key's dS is 0 even where its row's δ is NaN (a NaN row): 0 · NaN would reach dK
-            dsT = tl.where(visible, dsT, 0.0)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
     return dk, dv
 
@@ -570,7 +569,8 @@ def _attention_bwd_dkdv_kernel(
     # Query blocks [m_lo, qlen) can see this key block (none if it lies past key_lengths).
     # Masking is needed in [m_lo, m_mid) (the causal diagonal; everything if the key block is
     # partial) and in the tail [m_tail, qlen) (rows past Lq); [m_mid, m_tail) runs unmasked.
-    # Rows in [qlen, Lq) lie only in the masked tail, whose mask hides them (P = 0 there).
+    # Rows in [qlen, Lq) lie only in the masked tail, which reads their q as zeros (the slab ends at
+    # qlen: a NaN there would reach P) and their saved lse as -inf, so P = 0 there.
     m_hi = tl.where(start_n < klen, qlen, 0)
     m_lo = 0
     m_mid = 0
@@ -584,7 +584,7 @@ def _attention_bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    q_base = _slab(q_ptr + b * stride_q_b + h * stride_q_h, Lq, stride_q_l, HEAD_DIM, BLOCK_M, TMA)
+    q_base = _slab(q_ptr + b * stride_q_b + h * stride_q_h, qlen, stride_q_l, HEAD_DIM, BLOCK_M, TMA)
     do_base = _slab(do_ptr + b * stride_do_b + h * stride_do_h, Lq, stride_do_l, HEAD_DIM, BLOCK_M, TMA)
     lse2_base = lse2_ptr + pid_bh * Lq
     delta_base = delta_ptr + pid_bh * Lq
@@ -667,7 +667,8 @@ def _attention_bwd_dq_kernel(
     shift = Lk - Lq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, Lq, UPCAST)
+    # Rows past qlen read as zeros (a NaN there would reach P, and so dQ): their P is 0, their dQ 0.
+    q = _load_rows(q_ptr + b * stride_q_b + h * stride_q_h, offs_m, offs_d, stride_q_l, stride_q_d, qlen, UPCAST)
     do = _load_rows(do_ptr + b * stride_do_b + h * stride_do_h, offs_m, offs_d, stride_do_l, stride_do_d, Lq, UPCAST)
     lse2, delta = _lse2_delta(lse2_ptr + pid_bh * Lq, delta_ptr + pid_bh * Lq, offs_m, Lq, True)
     n_full, n_end = attention_key_bounds(start_m, klen, qlen, shift, IS_CAUSAL, BLOCK_M, BLOCK_N)  # as the forward
@@ -687,7 +688,7 @@ def _attention_bwd_dq_kernel(
         offs_m, offs_d, n_full, n_end, klen, shift, qk_scale, dropout_p, seed, rng_base, Lk,
         BLOCK_N, IS_CAUSAL, True, HAS_DROPOUT, UPCAST, DOT_PRECISION, TMA,
     )
-    dq = tl.where((offs_m < qlen)[:, None], dq * sm_scale, 0.0)  # rows past qlen: 0, whatever their q holds
+    dq = dq * sm_scale
     _store_rows(dq_ptr + b * stride_dq_b + h * stride_dq_h, offs_m, offs_d, stride_dq_l, stride_dq_d, Lq, dq)
 
 
