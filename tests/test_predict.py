@@ -224,6 +224,12 @@ def test_field_override(tmp_path):
     ("\n\n", r"in\.jsonl: no inputs \(the file holds only blank lines\)"),
     ('{"id": 1, "src": "one"}\n{"id": "1", "src": "two"}\n',  # two "1" ids to whoever reads the output
      r"in\.jsonl:2: duplicate id '1' \(first on line 1, as 1: ids are compared as text\)"),
+    # an id a record has for want of one is its line number, as the message says (it said "duplicate id 3" alone)
+    ('{"id": 3, "src": "one"}\n{"id": "x", "src": "two"}\n{"src": "three"}\n',
+     r"in\.jsonl:3: duplicate id 3, line 3's number: its record has no \"id\" \(first on line 1\)$"),
+    ('{"src": "one"}\n{"id": "1", "src": "two"}\n',
+     r"in\.jsonl:2: duplicate id '1' \(first on line 1, line 1's number: its record has no \"id\", as 1: ids are "
+     r"compared as text\)$"),
 ])
 def test_bad_input_names_the_line(tmp_path, content, message):
     path = tmp_path / "in.jsonl"

@@ -53,6 +53,7 @@ class InputRecord:
     id: str | int  # the record's id, or its line number
     text: str
     line: int  # 1-based line in the input file
+    implied: bool = False  # the id is the line number (a text line, or a record without "id")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def _json_record(raw: str, where: str, field: str, lineno: int) -> InputRecord:
     rid = rec.get("id", lineno)
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise D.DataError(f"{where}: field 'id' must be a string or an integer, got {type(rid).__name__}")
-    return InputRecord(rid, text, lineno)
+    return InputRecord(rid, text, lineno, "id" not in rec)
 
 
 def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str = "auto") -> list[InputRecord]:
@@ -102,10 +103,12 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
         if fmt == "jsonl":
             rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
         else:
-            rec = InputRecord(lineno, raw, lineno)
+            rec = InputRecord(lineno, raw, lineno, True)
         if (first := seen.setdefault(str(rec.id), rec)) is not rec:
             also = "" if first.id == rec.id else f", as {first.id!r}: ids are compared as text"
-            raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r} (first on line {first.line}{also})")
+            own = ", line {}'s number: its record has no \"id\"".format
+            raise D.DataError(f"{name}:{lineno}: duplicate id {rec.id!r}{own(lineno) if rec.implied else ''} (first on "
+                              f"line {first.line}{own(first.line) if first.implied else ''}{also})")
         records.append(rec)
     if not records:
         raise D.DataError(f"{name}: no inputs ({'the file holds only blank lines' if blank else 'the file is empty'})")
