@@ -37,6 +37,8 @@ from .evaluation.evaluate import load_models, predict_extracts, predict_labels, 
 # The flags of batch inference alone (the parser's group "batch inference"): refused without --output.
 BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
                "--save-every", "--threads", "--no-progress")
+# The flags that only decoding a sequence reads: refused for a model that decodes none (`O.check_decode_flags`).
+SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +123,7 @@ def run_batch(args) -> dict:
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
-        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), O.DECODE_FLAGS))
+        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -170,7 +172,7 @@ def main(argv=None) -> list[dict]:
         return run_batch(args)
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
-    O.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), O.DECODE_FLAGS))
+    O.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     if args.text:
         source, numbered = "--text", [(n, t) for n, t in enumerate(args.text, 1) if t.strip()]
         if not numbered:

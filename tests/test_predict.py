@@ -717,6 +717,14 @@ def test_a_model_that_decodes_nothing_refuses_decoding_flags(runs, tmp_path):
     with pytest.raises(OptionError, match=message):
         generate.main(["--checkpoint", clf, "--input", str(src), "--output", str(tmp_path / "p.jsonl"), *flags])
     assert not (tmp_path / "p.jsonl").exists()
+    # --max-len (and batch inference's --len-ratio), the output's length, were taken and ignored as well
+    with pytest.raises(OptionError, match=r"^--max-len is for decoding a sequence; this model is classification"):
+        generate.main(["--checkpoint", clf, "--text", "one two", "--max-len", "5"])
+    with pytest.raises(OptionError, match=r"^--max-len, --len-ratio are for decoding a sequence; this model is "
+                       r"classification and decodes none: drop them$"):
+        generate.main(["--checkpoint", clf, "--input", str(src), "--output", str(tmp_path / "p.jsonl"), "--max-len",
+                       "5", "--len-ratio", "1"])
+    assert not (tmp_path / "p.jsonl").exists()
     with pytest.raises(OptionError, match=r"--min-len is for decoding a sequence; this model is classification"):
         evaluate.main(["--checkpoint", clf, "--min-len", "2", "--out", str(tmp_path / "e")])
     assert generate.main(["--checkpoint", clf, "--text", "one two"])[0]["label"] in (0, 1)  # the defaults run

@@ -64,7 +64,8 @@ def add_decode_options(parser, beam_size: int) -> None:
 
 
 def check_decode_flags(task: str, given: list[str]) -> None:
-    """OptionError naming `given` (`DECODE_FLAGS` set on a command line) for a model that decodes none."""
+    """OptionError naming `given` (flags of sequence decoding set on a command line: `DECODE_FLAGS`, and
+    generate's --max-len and --len-ratio) for a model that decodes none."""
     if task in D.ENCODER_ONLY and given:
         raise OptionError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for decoding a sequence; this "
                           f"model is {task} and decodes none: drop {'it' if len(given) == 1 else 'them'}")
