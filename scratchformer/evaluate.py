@@ -93,6 +93,7 @@ def check_args(args) -> None:
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
                                  f"drop {', '.join(unused)}")
+    D.check_split(args.split, "--split")  # it names the files written, before the data layer reads it
     if args.out and (above := file_in_the_way(args.out)) is not None:  # found after the decoding, as "File exists"
         raise cli.UsageError(f"--out {args.out}: {above} is a file, not a folder")
     if args.data and args.dataset:

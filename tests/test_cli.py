@@ -706,3 +706,22 @@ def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, mes
     io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
     with pytest.raises(DeviceError, match=message):
         mod.main(io_args + ["--device", device])
+
+
+@pytest.mark.parametrize("split", ["raw/../../mt/validation", "/abs/path/test", "", ".validation"])
+def test_evaluate_split_is_a_plain_name_refused_before_anything_is_read_or_written(tmp_path, capsys, split):
+    """--split raw/../../mt/validation read a file outside the data folder and wrote
+    predictions.raw/../../mt/validation.jsonl outside --out; /abs/path/test read any file and made folders
+    predictions./abs/...; "" said "no  split": now one line naming the split, exit 2, nothing written."""
+    run = _eval_run(tmp_path)
+    data = Path(load_checkpoint(run / "best.pt")["data"]["folder"])
+    (data / "raw").mkdir()
+    shutil.copytree(data, tmp_path / "mt")
+    (tmp_path / "out" / "predictions.raw").mkdir(parents=True)  # where the stem's path would lead out of --out
+    before = _snapshot(tmp_path)
+    flags = ["--checkpoint", str(run), "--split", split, "--limit", "2", "--max-tokens", "64"]
+    assert evaluate.run([*flags, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --split {split!r}: not a split name (train, validation, "
+                                               "test, ...): a plain name, not empty, without '/', '\\' or '..', "
+                                               "not starting with '.'")
+    assert _snapshot(tmp_path) == before

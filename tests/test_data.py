@@ -5,6 +5,7 @@ import gzip
 import json
 import lzma
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,26 @@ def test_empty_and_missing_split(tmp_path):
     src = D.resolve_source(data=str(tmp_path), task="translation")
     with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl"):
         D.load_split(src, "test")
+
+
+@pytest.mark.parametrize("split", ["", " ", "../mt/validation", "raw/../../mt/validation", "/abs/test", "a\\b",
+                                   ".hidden", "..", "val..x"])
+def test_a_split_is_a_plain_name(tmp_path, split):
+    """A split names a file in the data folder: one with a path in it read a file outside it (../mt/validation
+    read mt/validation.jsonl beside the folder), an empty one said "no  split". Every entry of the data
+    layer refuses it by name, for a local folder, the synthetic task and the hub alike."""
+    write_jsonl((tmp_path / "mt").mkdir() or tmp_path / "mt" / "validation.jsonl", [{"src": "a", "tgt": "b"}])
+    (tmp_path / "raw" / "raw").mkdir(parents=True)
+    write_jsonl(tmp_path / "raw" / "train.jsonl", [{"src": "a", "tgt": "b"}])
+    local = D.resolve_source(data=str(tmp_path / "raw"), task="translation")
+    message = re.escape(f"split {split!r}: not a split name (train, validation, test, ...)")
+    for source in (local, D.resolve_source(), D.DataSource("hub", "multi30k", "translation")):
+        for call in (D.load_split, D.has_split):
+            with pytest.raises(D.DataError, match=message):
+                call(source, split)
+    with pytest.raises(D.DataError, match=message):
+        D.find_split_file(tmp_path / "raw", split)
+    assert D.check_split("validation") == "validation" and D.check_split("train[:10%]") == "train[:10%]"
 
 
 # One reader (`data.files.read_lines`) serves the split files and the inputs of batch inference: both

@@ -37,6 +37,7 @@ from .datasets import (
     DataSource,
     Example,
     carve_validation,
+    check_split,
     find_split_file,
     has_split,
     infer_task,
@@ -65,8 +66,8 @@ from .tokenizer import (
 __all__ = [
     # datasets
     "TASKS", "SPLITS", "EXTENSIONS", "FIELDS", "HUB", "LOCAL_NAMES", "DEFAULT_TASK", "EN_NUMBERS", "DE_NUMBERS",
-    "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "find_split_file", "read_split",
-    "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
+    "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "check_split", "find_split_file",
+    "read_split", "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
     "carve_validation", "texts_for_tokenizer",
     "split_sentences",
     # tokenizer, BPE-dropout

@@ -185,9 +185,21 @@ def _read_parquet(path: Path, task: str, limit: int | None):
     return [_check_record(r, task, f"{path}: row {i}") for i, r in enumerate(rows, 1)]
 
 
+def check_split(split: str, name: str = "split") -> str:
+    """`split` if it is a plain name: it names the file read (<split>.jsonl in the data folder) and
+    those written (predictions.<split>.jsonl), so one that is empty, holds a path separator or '..',
+    or starts with '.' (a path out of those folders) is a DataError naming it, as `name` (a flag)."""
+    if not split.strip() or any(c in split for c in "/\\\0") or ".." in split or split.startswith("."):
+        raise DataError(f"{name} {split!r}: not a split name (train, validation, test, ...): a plain name, not empty, "
+                        "without '/', '\\' or '..', not starting with '.'")
+    return split
+
+
 def find_split_file(folder: Path, split: str) -> Path | None:
     """The file of a split in a data folder (None: there is none); two of one split (train.jsonl and
-    train.jsonl.gz) are refused, as either might be the one meant."""
+    train.jsonl.gz) are refused, as either might be the one meant; a split that is not a plain name
+    (`check_split`) too."""
+    check_split(split)
     found = [p for p in (folder / f"{split}{ext}" for ext in EXTENSIONS) if p.exists()]
     if len(found) > 1:
         raise DataError(f"{folder}: {len(found)} files hold the {split} split ({', '.join(p.name for p in found)}): "
@@ -338,6 +350,7 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
 
 
 def load_split(source: DataSource, split: str, limit: int | None = None, synthetic_seed: int = 1234) -> list[Example]:
+    check_split(split)
     if source.kind == "synthetic":
         n = SYNTHETIC_SIZES.get(split)
         return synthetic_examples(split, n if limit is None else min(n or limit, limit), seed=synthetic_seed)
@@ -352,6 +365,7 @@ def load_split(source: DataSource, split: str, limit: int | None = None, synthet
 
 
 def has_split(source: DataSource, split: str) -> bool:
+    check_split(split)
     if source.kind == "synthetic":
         return split in SYNTHETIC_SIZES
     if source.kind == "local":
