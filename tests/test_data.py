@@ -224,6 +224,27 @@ def test_infer_task_reads_through_the_same_reader(tmp_path):
     assert D.resolve_source(data=str(tmp_path), task="classification").labels == {0: "neg", 1: "pos"}
 
 
+def test_meta_json_task_must_be_known_and_its_byte_order_mark_is_read(tmp_path):
+    """A meta.json task that is not one of TASKS ("extractiv") was ignored and the task guessed from the
+    fields (summarization): now refused naming the file, the task and the tasks, with --task too (the
+    file is read for its class names). A meta.json an editor saved with a byte-order mark was "bad JSON
+    (Unexpected UTF-8 BOM)", while split files with one are read: read alike."""
+    write_jsonl(tmp_path / "train.jsonl", [{"document": "A text .", "summary": "A ."}])
+    meta = tmp_path / "meta.json"
+    for task in ("extractiv", 3, ""):
+        meta.write_text(json.dumps({"task": task}))
+        for given in (None, "summarization"):
+            with pytest.raises(D.DataError, match=re.escape(f"{meta}: unknown task {task!r} (the tasks: "
+                                                            f"{', '.join(D.TASKS)})")):
+                D.resolve_source(data=str(tmp_path), task=given)
+    meta.write_bytes("\ufeff".encode() + json.dumps({"task": "extractive", "labels": {"0": "x"}}).encode())
+    source = D.resolve_source(data=str(tmp_path))
+    assert (source.task, source.labels) == ("extractive", {0: "x"})
+    meta.write_bytes(b'{"task":\n "caf\xe9"}')
+    with pytest.raises(D.DataError, match=re.escape(f"{meta}:2: not UTF-8 text (byte 0xe9")):
+        D.resolve_source(data=str(tmp_path))
+
+
 def test_read_tsv_positional_and_header(tmp_path):
     p = tmp_path / "train.tsv"
     p.write_text("hello\thallo\nworld\twelt\n", encoding="utf-8")

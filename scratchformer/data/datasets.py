@@ -228,15 +228,22 @@ def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Ex
     return rows
 
 
+def _meta(folder: Path | None) -> tuple[Path | None, dict]:
+    """A folder's meta.json and what it holds ({}: none); DataError naming it for a "task" not one of TASKS."""
+    meta = None if folder is None else folder / "meta.json"
+    obj = read_json(meta) if meta is not None and meta.exists() else {}
+    if obj.get("task") not in (None, *TASKS):
+        raise DataError(f"{meta}: unknown task {obj['task']!r} (the tasks: {', '.join(TASKS)})")
+    return meta, obj
+
+
 def infer_task(folder: Path) -> str:
-    """The task of a local folder: meta.json's "task", else the fields of the first record of its
+    """The task of a local folder: meta.json's "task" (`_meta`), else the fields of the first record of its
     first split file: a JSON-lines record's keys, or a TSV's header row (a TSV without one, or a
     parquet file, names no fields)."""
-    meta = folder / "meta.json"
-    if meta.exists():
-        task = read_json(meta).get("task")
-        if task in TASKS:
-            return task
+    task = _meta(folder)[1].get("task")
+    if task is not None:
+        return task
     for split in SPLITS:
         p = find_split_file(folder, split)
         if p is not None and (".jsonl" in p.name or p.name.endswith(".tsv")):
@@ -255,10 +262,8 @@ def infer_task(folder: Path) -> str:
 def label_names(folder: Path | None) -> dict[int, str] | None:
     """Class names from a folder's meta.json ("labels": {"0": "negative", ...}), if any; DataError
     naming the file for one that is not a JSON object, or labels not keyed by class id."""
-    meta = None if folder is None else folder / "meta.json"
-    if meta is None or not meta.exists():
-        return None
-    labels = read_json(meta).get("labels")
+    meta, obj = _meta(folder)
+    labels = obj.get("labels")
     if labels is None:
         return None
     if not isinstance(labels, dict) or not all(isinstance(k, str) and k.isdigit() and k.isascii() for k in labels):
@@ -382,7 +387,6 @@ def carve_validation(train: list[Example], fraction: float, seed: int) -> tuple[
     n_val = max(1, int(round(len(train) * fraction)))
     val_idx = set(idx[:n_val])
     return [e for i, e in enumerate(train) if i not in val_idx], [train[i] for i in sorted(val_idx)]
-
 
 
 def texts_for_tokenizer(examples: Iterable[Example], side: str) -> Iterable[str]:

@@ -116,13 +116,10 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 
 
 def read_json(path: str | Path) -> dict:
-    """A JSON object from a UTF-8 file (a folder's meta.json); DataError names the file and the fault."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start + 1})") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    """A JSON object from a UTF-8 file (a folder's meta.json), read as the split files are (`read_lines`: a
+    leading byte-order mark is dropped, bytes that are not UTF-8 named by line); DataError names the file
+    and the fault."""
+    text = "\n".join(line for _, line in read_lines(path))
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
