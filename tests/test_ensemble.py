@@ -191,6 +191,10 @@ def test_members_must_be_of_one_kind_and_vocabulary():
     classifier = Classifier(ModelConfig(src_vocab_size=V, n_decoder_layers=0, num_classes=2, **base))
     with pytest.raises(ValueError, match=r"of one kind, got \['Classifier', 'Transformer'\]"):
         Ensemble([seq2seq, classifier])
+    three = Classifier(ModelConfig(src_vocab_size=V, n_decoder_layers=0, num_classes=3, **base))
+    with pytest.raises(ValueError, match=r"^ensemble member 1 has 3 classes, member 0 2: the members must predict "
+                       r"the same classes$"):  # it said "num_classes 3 ...: must share one vocabulary"
+        Ensemble([classifier, three])
     with pytest.raises(TypeError, match="Transformer, Classifier or Extractor models, got Linear"):
         Ensemble([torch.nn.Linear(2, 2)])
     short = Transformer(ModelConfig(src_vocab_size=V, n_decoder_layers=1, max_len=40, **base))

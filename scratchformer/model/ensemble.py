@@ -64,8 +64,8 @@ class EnsembleState:
 
 
 class Ensemble(nn.Module):
-    """Models of one kind (all encoder-decoders, classifiers or extractive summarizers) and
-    vocabulary whose predictions are averaged (module docstring). `cfg` is the first member's with
+    """Models of one kind (all encoder-decoders, classifiers or extractive summarizers), vocabulary
+    and set of classes whose predictions are averaged (module docstring). `cfg` is the first member's with
     the smallest `max_len` of them all. Inference only: call `.eval()` as for one model."""
 
     def __init__(self, models):
@@ -79,7 +79,10 @@ class Ensemble(nn.Module):
         self.kind = kinds.pop()
         first = models[0].cfg
         for i, m in enumerate(models[1:], 1):
-            for field in ("src_vocab_size", "tgt_vocab_size", "num_classes"):
+            if m.cfg.num_classes != first.num_classes:
+                raise ValueError(f"ensemble member {i} has {m.cfg.num_classes} classes, member 0 {first.num_classes}: "
+                                 "the members must predict the same classes")
+            for field in ("src_vocab_size", "tgt_vocab_size"):
                 if getattr(m.cfg, field) != getattr(first, field):
                     raise ValueError(f"ensemble member {i} has {field} {getattr(m.cfg, field)}, member 0 "
                                      f"{getattr(first, field)}: the members must share one vocabulary")
