@@ -31,6 +31,7 @@ from .device import resolve_device
 from .evaluation import metrics as M
 from .evaluation.evaluate import (
     attention_map,
+    class_names,
     decoding_name,
     evaluate,
     format_metrics,
@@ -175,11 +176,22 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
             release(lock, fd)
 
 
+def check_class_names(source: D.DataSource, ckpt: dict) -> None:
+    """DataError naming both for data whose meta.json names the classes otherwise than the checkpoint's
+    did (its class ids would be scored under other names); data or a checkpoint without names: nothing
+    to compare."""
+    names = class_names(ckpt)
+    if source.labels and names and source.labels != names:
+        where = Path(source.folder) / "meta.json" if source.folder else f"{source.kind} dataset {source.name}"
+        raise D.DataError(f"{where} names the classes {source.labels}, {ckpt['path']} was trained with {names}: "
+                          "its predictions would be scored against other classes")
+
+
 def check_labels(examples, source: D.DataSource, split: str, ckpt: dict) -> None:
     """A classifier's data: DataError naming the example and the model's classes for a label the
     model has no class for (its loss would fail inside torch)."""
     classes = ckpt["config"].get("num_classes") or 0
-    names = (ckpt.get("data") or {}).get("labels") or {}
+    names = class_names(ckpt) or {}
     for i, e in enumerate(examples):
         if isinstance(e.tgt, bool) or not 0 <= e.tgt < classes:
             where = D.find_split_file(Path(source.folder), split) if source.folder else f"{source.name}/{split}"
@@ -236,6 +248,7 @@ def main(argv=None) -> dict:
     if source.task != ckpt["task"]:
         raise cli.UsageError(f"{ckpt['path']} was trained for {ckpt['task']}; the data is read as {source.task} "
                              f"(pass --task {ckpt['task']} if its files fit)")
+    check_class_names(source, ckpt)
     if not args.out and _other_data(source, ckpt.get("data")):
         raise cli.UsageError(f"{ckpt['path']}: its predictions and scores on {source.name} would replace those on "
                              f"its own data in {out} (predictions.{args.split}.jsonl, metrics.{args.split}.json): "

@@ -725,3 +725,67 @@ def test_evaluate_split_is_a_plain_name_refused_before_anything_is_read_or_writt
                                                "test, ...): a plain name, not empty, without '/', '\\' or '..', "
                                                "not starting with '.'")
     assert _snapshot(tmp_path) == before
+
+
+def _classifier_run(root: Path, labels: dict[int, str] | None, seed: int = 0) -> Path:
+    """A run folder of an untrained classifier whose data folder (root/toy_clf) names its classes `labels`."""
+    from scratchformer.checkpoint import save_checkpoint
+    from scratchformer.data import DataSource
+    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+    from scratchformer.model import ModelConfig, build_model
+    from scratchformer.training.config import TrainConfig
+
+    data = root / "toy_clf"
+    data.mkdir(parents=True)
+    (data / "validation.tsv").write_text("text\tlabel\ngreat fun\t1\nawful bore\t0\ngreat movie\t1\n")
+    (data / "meta.json").write_text(json.dumps({"task": "classification", **({"labels": labels} if labels else {})}))
+    tok = BPETokenizer.train(["great fun awful bore movie"] * 20, vocab_size=300, min_frequency=1)
+    torch.manual_seed(seed)
+    cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=0,
+                      num_classes=2, d_ff=64, dropout=0.0, kernel="eager")
+    save_checkpoint(root / "run" / "best.pt", {
+        "model": build_model(cfg).state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
+        "task": "classification", "args": {**TrainConfig().to_dict(), "max_src_len": 16, "max_tgt_len": 10},
+        "data": DataSource("local", "toy_clf", "classification", str(data), labels).to_dict(), "progress": {"step": 0}})
+    return root / "run"
+
+
+def test_classifiers_whose_class_names_differ_are_no_ensemble(tmp_path, capsys):
+    """Members trained with {0: negative, 1: positive} and {0: positive, 1: negative}: their probabilities of
+    class 0 were averaged and named by the first ("positive" 0.99 where the members said positive and
+    negative). Refused naming both, before anything is written; one set of names, or none, still averages."""
+    a = _classifier_run(tmp_path / "a", {0: "negative", 1: "positive"})
+    b = _classifier_run(tmp_path / "b", {0: "positive", 1: "negative"}, seed=1)
+    same, unnamed = (_classifier_run(tmp_path / n, lb, seed=2) for n, lb in (("c", {0: "negative", 1: "positive"}),
+                                                                            ("d", None)))
+    message = re.escape(f"{b / 'best.pt'} names its classes {{0: 'positive', 1: 'negative'}}, {a / 'best.pt'} "
+                        "{0: 'negative', 1: 'positive'}: an ensemble averages its models' probabilities of each class")
+    with pytest.raises(CheckpointError, match=message):
+        evaluate.main(["--checkpoint", str(a), str(b), "--out", str(tmp_path / "ab")])
+    with pytest.raises(CheckpointError, match=message):
+        generate.main(["--checkpoint", str(a), str(b), "--text", "great fun"])
+    assert not (tmp_path / "ab").exists()
+    for other in (same, unnamed):
+        res = evaluate.main(["--checkpoint", str(a), str(other), "--out", str(tmp_path / other.parent.name)])
+        assert res["n"] == 3 and 0.0 <= res["accuracy"] <= 100.0
+    assert generate.main(["--checkpoint", str(a), str(same), "--text", "great fun"])[0]["label_name"] in (
+        "negative", "positive")
+    capsys.readouterr()
+
+
+def test_evaluate_on_data_naming_the_classes_otherwise_is_refused(tmp_path, capsys):
+    """--data OTHER whose meta.json names class 0 "positive" where the checkpoint's named it "negative" was
+    scored without notice: refused naming both mappings, nothing written; data without names, or with the
+    same, is scored."""
+    a = _classifier_run(tmp_path / "a", {0: "negative", 1: "positive"})
+    flags = ["--checkpoint", str(a), "--out", str(tmp_path / "o")]
+    other = _classifier_run(tmp_path / "b", {0: "positive", 1: "negative"}).parent / "toy_clf"
+    with pytest.raises(DataError, match=re.escape(f"{other / 'meta.json'} names the classes {{0: 'positive', 1: "
+                                                  f"'negative'}}, {a / 'best.pt'} was trained with {{0: 'negative', "
+                                                  "1: 'positive'}: its predictions would be scored against other")):
+        evaluate.main([*flags, "--data", str(other)])
+    assert not (tmp_path / "o").exists()
+    for labels in (None, {0: "negative", 1: "positive"}):
+        data = _classifier_run(tmp_path / str(labels is None), labels).parent / "toy_clf"
+        assert evaluate.main([*flags, "--data", str(data), "--overwrite"])["n"] == 3
+    capsys.readouterr()

@@ -73,7 +73,8 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
                 compile: str | None = None):
     """One checkpoint (a file or run folder) or a list of them -> (model, tokenizers, checkpoint
     dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
-    one task and one tokenizer pair: a CheckpointError names the first checkpoint that differs.
+    one task, one tokenizer pair and, where they name them, one set of class names: a
+    CheckpointError names the first checkpoint that differs.
     The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step, and
     the longest max_src_len / max_tgt_len of its members in "args"."""
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
@@ -88,6 +89,10 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
         if other["tokenizers"] != ckpt["tokenizers"]:
             raise CheckpointError(f"{other['path']} and {ckpt['path']} have different tokenizers: an ensemble "
                                   "averages its models' predictions over one vocabulary")
+        names = [class_names(c) for c in (other, ckpt)]
+        if None not in names and names[0] != names[1]:
+            raise CheckpointError(f"{other['path']} names its classes {names[0]}, {ckpt['path']} {names[1]}: an "
+                                  "ensemble averages its models' probabilities of each class id, one class each")
     ensemble = Ensemble(m for m, _, _ in loaded).eval()
     # the longest source and output of any member (within the positions all of them admit): the same
     # ensemble in any order reads and decodes the same (the first member's once decided)
@@ -96,6 +101,11 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     ckpt = {**ckpt, "args": {**ckpt["args"], **longest},
             "ensemble": [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded]}
     return ensemble, tokenizers, ckpt
+
+
+def class_names(ckpt: dict) -> dict[int, str] | None:
+    """A classifier checkpoint's class names (its data's meta.json "labels"); None: it has none."""
+    return (ckpt.get("data") or {}).get("labels") or None
 
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision name -> autocast's dtype
