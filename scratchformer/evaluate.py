@@ -158,8 +158,10 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
     """`check_outputs`, then hold out/.evaluate.<stem>.lock (`checkpoint.hold`) until the files are
     written: a second evaluate of the same files is refused naming the first's pid (two at once both
     ran, and one's predictions could end beside the other's metrics). A folder that cannot be
-    written takes no lock: its scores still come first, and the write fails after them."""
+    written takes no lock: its scores still come first, and the write fails after them. The folders
+    made for the lock are removed again if the command ends before writing into them."""
     lock = out / f".evaluate.{stem}.lock"
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = hold(lock)
@@ -174,6 +176,11 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
     finally:
         if fd is not None:
             release(lock, fd)
+        for folder in made:  # an error before any file was written: nothing of ours is left
+            try:
+                folder.rmdir()
+            except OSError:  # written into (or not ours to remove)
+                break
 
 
 def check_class_names(source: D.DataSource, ckpt: dict) -> None:
