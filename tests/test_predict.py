@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from scratchformer import cli, evaluate, generate
-from scratchformer.checkpoint import load_checkpoint, save_checkpoint
+from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lines_atomic
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
@@ -364,10 +364,10 @@ def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
         raise KeyboardInterrupt  # killed mid-write
 
     with pytest.raises(KeyboardInterrupt):
-        P.write_lines_atomic(out, lines())
+        write_lines_atomic(out, lines())
     assert out.read_text() == '{"id": "a", "prediction": "old"}\n'
     assert os.listdir(tmp_path) == ["preds.jsonl"]  # no temp file left behind
-    P.write_lines_atomic(out, ['{"id": "a", "prediction": "new"}'])
+    write_lines_atomic(out, ['{"id": "a", "prediction": "new"}'])
     (tmp_path / "plain").write_text("")
     assert out.stat().st_mode == (tmp_path / "plain").stat().st_mode  # the umask's mode (mkstemp's is 0600)
     os.remove(tmp_path / "plain")
@@ -377,7 +377,7 @@ def test_atomic_write_leaves_the_old_file_on_a_crash(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", no_fsync)
     with pytest.raises(OSError):
-        P.write_lines_atomic(tmp_path / "fresh.jsonl", ['{"id": "b", "prediction": "x"}'])
+        write_lines_atomic(tmp_path / "fresh.jsonl", ['{"id": "b", "prediction": "x"}'])
     assert os.listdir(tmp_path) == ["preds.jsonl"]
 
 
@@ -509,6 +509,122 @@ def test_resume_after_a_cut_overwrite_keeps_none_of_the_output_it_replaces(runs,
 
 def _snapshot_of(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_resume_refuses_a_prediction_whose_input_changed(runs, tmp_path, capsys):
+    """--resume kept a line by its id alone: a line put above the others (their ids are line numbers)
+    left id 1 with the prediction of the input that was there before, "3 inputs, 1 predicted, 2 kept".
+    The record beside the output names each line's input (16 hex digits of its SHA-256)."""
+    src, out = tmp_path / "in.txt", tmp_path / "t.jsonl"
+    argv = ["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(out), "--beam-size", "1",
+            "--no-progress"]
+    src.write_text("red dog\nblue cat\n")
+    assert generate.main(argv)["predicted"] == 2
+    inputs = json.loads(P.record_path(out).read_text())["inputs"]
+    assert set(inputs) == {"1", "2"} and all(re.fullmatch("[0-9a-f]{16}", d) for d in inputs.values())
+    src.write_text("the man rides a bike\nred dog\nblue cat\n")
+    before = _snapshot_of(tmp_path)
+    assert generate.run([*argv, "--resume"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --resume: {out} holds a prediction for id 1 made from another input than the input's line 1 now "
+        "holds (2 of its 2 predictions' inputs changed): the output would pair inputs with predictions of others; "
+        "restore the input it was written for, or --overwrite (or write a new --output)")
+    assert _snapshot_of(tmp_path) == before  # nothing written
+    src.write_text("red dog\nblue cat\nthe man rides a bike\n")  # the same inputs on their lines, and one more
+    assert generate.main([*argv, "--resume"])["kept"] == 2
+    assert generate.main([*argv, "--overwrite"])["predicted"] == 3
+
+    # JSON records: a changed input under the same id; a field the model does not read changes nothing
+    rows = [{"id": "a", "src": "one two", "tgt": "x"}, {"id": "b", "src": "red house", "tgt": "y"}]
+    src, out = _write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "p.jsonl"
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    _write_jsonl(src, [rows[0], {**rows[1], "tgt": "z"}, {"id": "c", "src": "six"}])
+    assert P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)["kept"] == 2
+    _write_jsonl(src, [rows[0], {**rows[1], "src": "red house big"}, {"id": "c", "src": "six"}])
+    with pytest.raises(OptionError, match=rf"--resume: {out} holds a prediction for id 'b' made from another input "
+                       r"than the input's line 2 now holds \(1 of its 3 predictions' inputs changed\)"):
+        P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+
+
+@pytest.mark.parametrize("resumed, save_every", [(False, 0), (True, 1e9)])
+def test_a_kill_at_any_write_leaves_what_resume_finishes(runs, tmp_path, monkeypatch, resumed, save_every):
+    """The record names the inputs of the lines before they are written (each snapshot's, and the
+    output's before its rename): a kill at any write, of a fresh run snapshotting every batch or of a
+    --resume keeping an output's lines (and no snapshot), leaves nothing that --resume refuses or
+    finishes wrong."""
+    from scratchformer.evaluation import resume
+
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 7))]
+    src, clean, first = (_write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "clean.jsonl",
+                         tmp_path / "first.jsonl")
+    kw = dict(beam_size=1, batch_size=2)
+    P.predict_file(runs["translation"], src, clean, **kw)
+    P.predict_file(runs["translation"], _write_jsonl(tmp_path / "two.jsonl", rows[:2]), first, **kw)
+    real, n = resume.write_lines_atomic, 0
+
+    class Killed(BaseException):
+        """A hard kill (SIGKILL): nothing runs after it."""
+
+    while True:
+        n, out, writes = n + 1, tmp_path / f"preds{n + 1}.jsonl", []
+        if resumed:  # an output holding r0 and r1, and its record
+            out.write_bytes(first.read_bytes())
+            P.record_path(out).write_bytes(P.record_path(first).read_bytes())
+
+        def dies(path, lines, n=n, writes=writes, out=out):
+            writes.append(path.name.removeprefix(out.name))
+            if len(writes) == n:
+                raise Killed
+            real(path, lines)
+
+        monkeypatch.setattr(resume, "write_lines_atomic", dies)
+        try:
+            P.predict_file(runs["translation"], src, out, resume=resumed, save_every=save_every, **kw)
+            break  # no write left to kill
+        except Killed:
+            pass
+        finally:
+            monkeypatch.undo()
+        P.predict_file(runs["translation"], src, out, resume=True, **kw)
+        assert _read(out) == _read(clean), writes
+    snapshots = 0 if save_every else 3  # the record at the start, (record, snapshot) a batch, record, output, record
+    assert writes == [".meta.json", *[".meta.json", ".partial"] * snapshots, ".meta.json", "", ".meta.json"]
+
+
+def test_a_snapshots_changed_input_is_refused(runs, tmp_path, monkeypatch):
+    """A killed run's snapshot is resumed only for the inputs it was made from."""
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 7))]
+    src, kw = _write_jsonl(tmp_path / "in.jsonl", rows), dict(beam_size=1, batch_size=2)
+    out, calls, real_format = tmp_path / "cut.jsonl", [], P.format_prediction
+
+    def interrupted(pred, task):  # Ctrl-C after two batches: their 4 predictions are saved
+        calls.append(pred)
+        if len(calls) > 4:
+            raise KeyboardInterrupt
+        return real_format(pred, task)
+
+    monkeypatch.setattr(P, "format_prediction", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["translation"], src, out, save_every=1e9, **kw)
+    monkeypatch.undo()
+    _write_jsonl(src, [*rows[:3], {**rows[3], "src": "nine nine"}, *rows[4:]])
+    with pytest.raises(OptionError, match=rf"--resume: {P.partial_path(out)} holds a prediction for id 'r3'"):
+        P.predict_file(runs["translation"], src, out, resume=True, **kw)
+    _write_jsonl(src, rows)
+    assert P.predict_file(runs["translation"], src, out, resume=True, **kw)["kept"] == 4
+
+
+def test_a_record_without_inputs_resumes_unchecked(runs, tmp_path):
+    """The record of an output written before inputs were recorded: its lines are kept as before, and
+    the record rewritten names their inputs from then on."""
+    src, out = tmp_path / "in.txt", tmp_path / "t.jsonl"
+    src.write_text("red dog\nblue cat\n")
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    record = json.loads(P.record_path(out).read_text())
+    P.record_path(out).write_text(json.dumps({k: v for k, v in record.items() if k != "inputs"}))
+    src.write_text("red dog\nsix\nnine\n")
+    assert P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)["kept"] == 2
+    assert set(json.loads(P.record_path(out).read_text())["inputs"]) == {"1", "2", "3"}
 
 
 @pytest.mark.parametrize("suffix", [".bz2", ".zst"])

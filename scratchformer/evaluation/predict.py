@@ -17,7 +17,7 @@ Output (`predict_file`): the final file appears only when complete (temp file in
 fsync, rename). While running, snapshots of the finished predictions go, atomically as well, to
 ``OUTPUT.partial``; ``resume`` keeps the lines of an existing output and of its snapshot and
 predicts only the ids they lack, so a killed run loses at most one snapshot interval; the record
-beside the output (`resume`) refuses lines of other weights or decoding options.
+beside the output (`resume`) refuses lines of other weights or decoding options, or of inputs that changed.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import Held, file_in_the_way, fsync_dir, hold, release, weights_digest, write_lines_atomic
+from ..checkpoint import Held, file_in_the_way, fsync_dir, hold, release, weights_digest
 from ..data.files import COMPRESSED, check_text, display_name, read_lines, uncompressed_name
 from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 from .options import OptionError, check_decode_flags, check_extract_options, check_options
-from .resume import record_path, start_output, write_record
+from .resume import Lines, record_path
 
 log = logging.getLogger(__name__)
 
@@ -359,21 +359,16 @@ def _predict_file(checkpoint, input, output: Path, part: Path, *, field, fmt, re
     check_decode_flags(task, list(decode_flags))
     records = read_inputs(input, task, field, fmt)
     record = run_record(model, ckpt, field or INPUT_FIELDS[task], predict_kw)
-    done = start_output(output, part, record, [r.id for r in records], resume, overwrite)
-    todo = [r for r in records if r.id not in done]
-    new: dict[str | int, str] = {}
-
-    def all_lines():
-        yield from (new[r.id] if r.id in new else done[r.id] for r in records if r.id in new or r.id in done)
-
+    out = Lines(output, part, record, records, resume, overwrite)
+    todo = [r for r in records if r.id not in out.done]
     last_save = time.monotonic()
 
     def on_result(batch_records, preds):
         nonlocal last_save
         for r, p in zip(batch_records, preds, strict=True):
-            new[r.id] = _json_line(r.id, p)
+            out.add(r.id, _json_line(r.id, p))
         if time.monotonic() - last_save >= save_every:
-            write_lines_atomic(part, all_lines())
+            out.snapshot()
             last_save = time.monotonic()
 
     t0 = time.time()
@@ -383,14 +378,12 @@ def _predict_file(checkpoint, input, output: Path, part: Path, *, field, fmt, re
             predict_records(model, toks, ckpt, todo, device=device, on_result=on_result, progress=progress,
                             source=source, **predict_kw)
         except KeyboardInterrupt:  # Ctrl-C: keep what is done for --resume (a hard kill keeps the last snapshot)
-            if new:
-                write_lines_atomic(part, all_lines())
-                log.warning(f"interrupted: {len(new)} new predictions saved to {part}; rerun with --resume")
+            if out.new:
+                out.snapshot()
+                log.warning(f"interrupted: {len(out.new)} new predictions saved to {part}; rerun with --resume")
             raise
     seconds = time.time() - t0
-    write_lines_atomic(output, all_lines())
-    write_record(output, record, True)
-    part.unlink(missing_ok=True)
+    out.finish()
     fsync_dir(output.parent)
     return {"output": str(output), "task": task, "inputs": len(records), "predicted": len(todo),
             "kept": len(records) - len(todo), "seconds": round(seconds, 2),

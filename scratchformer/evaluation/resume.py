@@ -7,12 +7,16 @@ average of one checkpoint that `scripts/gpu/50_train.sh` ships), the options tha
 prediction (`predict.RECORDED`: beam, penalties, lengths, the input field; not the precision, the
 kernel or the batching: a GPU's bf16 snapshot is finished on a CPU in fp32), and whether F itself
 was written with them ("output": a cut --overwrite run leaves the F it was replacing, whose lines
-are not kept). `check_resume` refuses another model or other options before any work;
-`start_output` does what a run does first.
+are not kept), and for each id with a line in F or its snapshot a digest of the input its prediction
+was made from ("inputs", `input_digest`; written before the lines it names). `check_resume` refuses
+another model or other options before any work, `check_inputs` a line kept for an input that changed
+(a record without "inputs", written before they were kept, resumes unchecked); `Lines` holds what a
+run writes: what it keeps (`start_output`) and what it adds, the record beside each write of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -40,21 +44,28 @@ def _named(checkpoint) -> str:
     return " + ".join(c["path"] for c in checkpoint) if isinstance(checkpoint, list) else str(checkpoint)
 
 
-def check_resume(output: Path, part: Path, record: dict) -> bool:
-    """Whether `output`'s lines are kept (those of `part`, its snapshot, always are), or OptionError
-    when the record beside them names other weights or options. An output without a record (written
-    before records were kept) is kept unchecked, with a warning."""
+def input_digest(text: str) -> str:
+    """What the record keeps of the input text a prediction is made from: 16 hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def check_resume(output: Path, part: Path, record: dict) -> tuple[bool, dict[str, str] | None]:
+    """Whether `output`'s lines are kept (those of `part`, its snapshot, always are), and the digests
+    of their inputs the record holds (id as text -> `input_digest`; None: not recorded), or
+    OptionError when the record beside them names other weights or options. An output without a
+    record (written before records were kept) is kept unchecked, with a warning."""
     found = [p for p in (output, part) if p.exists()]
     path = record_path(output)
     if not found:
-        return False
+        return False, None
     if not path.exists():
         log.warning(f"{found[0]} has no record of the checkpoint and options it was written with ({path.name}; "
                     "written by an older version): its predictions are kept unchecked")
-        return True
+        return True, None
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
         old_options, old_weights = dict(old["options"]), old["weights"]
+        inputs = None if old.get("inputs") is None else {str(k): str(v) for k, v in dict(old["inputs"]).items()}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise D.DataError(f"{path}: not a record of generate's ({type(e).__name__}: {e}); it says what wrote "
                           f"{found[0]}: without it, write a new --output (or --overwrite)") from None
@@ -68,20 +79,73 @@ def check_resume(output: Path, part: Path, record: dict) -> bool:
     if changed:
         raise OptionError(f"--resume: {found[0]} was written with {', '.join(changed)}: the output would mix two "
                           f"decodings; give the options it was written with, {fix}")
-    return bool(old.get("output"))
+    return bool(old.get("output")), inputs
 
 
-def start_output(output: Path, part: Path, record: dict, ids, resume: bool, overwrite: bool) -> dict[str | int, str]:
-    """The lines kept of an earlier output and its snapshot (`resume`: `check_resume`, `read_done`),
-    id -> line; the record written beside the output before any new line (a snapshot's lines are its)."""
-    keep_output = resume and check_resume(output, part, record)
+def check_inputs(path: Path, lines: dict, old: dict[str, str] | None, records, digests: dict) -> None:
+    """OptionError naming the first id of `records` (the inputs: .id, .line) with a line in `path`
+    (`lines`, id -> line) whose input is not the one the record says its prediction was made from
+    (`old`, id as text -> `input_digest`; `digests`: the inputs' now); None: not recorded, unchecked."""
+    if old is None:
+        return
+    changed = [r for r in records if r.id in lines and old.get(str(r.id)) != digests[r.id]]
+    if changed:
+        first = changed[0]
+        raise OptionError(f"--resume: {path} holds a prediction for id {first.id!r} made from another input than "
+                          f"the input's line {first.line} now holds ({len(changed)} of its {len(lines)} predictions' "
+                          "inputs changed): the output would pair inputs with predictions of others; restore the "
+                          "input it was written for, or --overwrite (or write a new --output)")
+
+
+def start_output(output: Path, part: Path, record: dict, records, digests: dict, resume: bool,
+                 overwrite: bool) -> tuple[dict[str | int, str], bool]:
+    """The lines kept of an earlier output and its snapshot (`resume`: `check_resume`, `read_done`,
+    `check_inputs`), id -> line, and whether the output's are among them (see `Lines`)."""
+    keep_output, old = check_resume(output, part, record) if resume else (False, None)
     done: dict[str | int, str] = {}
-    if resume:
-        done = {**read_done(part, ids), **(read_done(output, ids) if keep_output else {})}
+    for path, keep in ((part, resume), (output, keep_output)):  # the output's line of an id wins
+        if keep:
+            lines = read_done(path, digests)
+            check_inputs(path, lines, old, records, digests)
+            done.update(lines)
     if overwrite:  # the snapshot of a run it replaces, which a --resume after a cut would keep
         part.unlink(missing_ok=True)
-    write_record(output, record, keep_output)
-    return done
+    return done, keep_output
+
+
+class Lines:
+    """An output as a run writes it: the lines kept of an earlier one (`start_output`) and those added
+    (`add`), in the inputs' order (`records`: .id, .text, .line). Each write of them (`snapshot` to
+    `part`, `finish` to `output`) is preceded by the record's, naming each line's input
+    (`input_digest`), so that no line is ever on disk without it."""
+
+    def __init__(self, output: Path, part: Path, record: dict, records, resume: bool, overwrite: bool):
+        self.output, self.part, self.record, self.records = output, part, record, records
+        self.digests = {r.id: input_digest(r.text) for r in records}
+        self.done, self.keep_output = start_output(output, part, record, records, self.digests, resume, overwrite)
+        self.new: dict[str | int, str] = {}
+        self._write_record(self.keep_output)  # before any new line (a snapshot's lines are its)
+
+    def add(self, rid, line: str) -> None:
+        self.new[rid] = line
+
+    def lines(self):
+        return (self.new.get(r.id, self.done.get(r.id)) for r in self.records if r.id in self.new or r.id in self.done)
+
+    def _write_record(self, written: bool) -> None:
+        ids = [r.id for r in self.records if r.id in self.new or r.id in self.done]
+        write_record(self.output, {**self.record, "inputs": {str(i): self.digests[i] for i in ids}}, written)
+
+    def snapshot(self) -> None:
+        self._write_record(self.keep_output)
+        write_lines_atomic(self.part, self.lines())
+
+    def finish(self) -> None:
+        """The output, complete; its record says so; no snapshot left."""
+        self._write_record(self.keep_output)  # a kill before the output's rename leaves the earlier output
+        write_lines_atomic(self.output, self.lines())
+        self._write_record(True)
+        self.part.unlink(missing_ok=True)
 
 
 def read_done(path: str | Path, ids) -> dict[str | int, str]:
