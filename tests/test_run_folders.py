@@ -61,6 +61,27 @@ def test_options_refused_on_the_device_leave_an_earlier_run_and_runs_latest_alon
             assert _snapshot(tmp_path) == before and os.readlink(tmp_path / "runs" / "latest") == latest
 
 
+def test_a_model_or_backend_refusal_leaves_an_earlier_run_as_it_was(tmp_path):
+    """What building the model refuses (a head dim triton's attention does not run, from the options
+    or an --init-from checkpoint; a preset's d_model that --heads does not divide) is refused before
+    --overwrite clears the earlier run: until 2026-12-06 the model was built after, and the run's
+    checkpoints, logs and predictions were gone when the error came."""
+    from conftest import translation_folder
+
+    data, run, other = ["--data", str(translation_folder(tmp_path))], tmp_path / "run", tmp_path / "hd20"
+    T.main(TINY + data + ["--max-steps", "1", "--eval-every", "1", "--out", str(run)])
+    T.main(TINY + data + ["--d-model", "40", "--max-steps", "1", "--kernel", "eager", "--out", str(other)])
+    before = _snapshot(run)
+    triton = r"the triton backend's attention runs head dim 16, 32, 64, 128, not 20 \(d_model / heads\)"
+    for flags, message in [(TINY + ["--d-model", "40", "--kernel", "triton"], triton),
+                           (["--init-from", str(other), "--kernel", "triton", "--no-progress"], triton),
+                           ([f for f in TINY if f not in ("--d-model", "32")] + ["--preset", "tiny", "--heads", "3"],
+                            r"d_model \(256\) must be divisible by n_heads \(3\)")]:
+        with pytest.raises(ValueError, match=message):
+            T.main(flags + data + ["--max-steps", "1", "--out", str(run), "--overwrite"])
+        assert _snapshot(run) == before
+
+
 def test_out_naming_a_file_is_refused(tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("mine")

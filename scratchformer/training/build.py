@@ -212,8 +212,15 @@ _MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="d
 
 def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
     """The model's config: the preset, with the model options that were set."""
-    task, toks = data.task, data.tokenizers
-    over = dict(src_vocab_size=toks.src.vocab_size, tgt_vocab_size=toks.tgt.vocab_size, kernel=cfg.kernel)
+    toks = data.tokenizers
+    return model_config_for(cfg, data.task, (toks.src.vocab_size, toks.tgt.vocab_size), data.num_classes)
+
+
+def model_config_for(cfg: TrainConfig, task: str, vocab: tuple[int, int], num_classes: int | None) -> ModelConfig:
+    """`model_config` for a task, (source, target) vocabulary sizes and class count: also before the
+    tokenizers are trained (`launch`, with the sizes they are trained to), so that what the model
+    refuses is refused before the run folder is touched."""
+    over = dict(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], kernel=cfg.kernel)
     over.update({key: getattr(cfg, name) for name, key in _MODEL_FIELDS.items() if getattr(cfg, name) is not None})
     if cfg.layers is not None:
         over["n_encoder_layers"] = over["n_decoder_layers"] = cfg.layers
@@ -226,7 +233,7 @@ def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
     if cfg.copy:
         over["copy"] = True
     if task == "classification":
-        over["n_decoder_layers"], over["num_classes"] = 0, data.num_classes
+        over["n_decoder_layers"], over["num_classes"] = 0, num_classes
         over.pop("tgt_vocab_size")
     else:
         if PRESETS[cfg.preset].get("num_classes"):

@@ -15,11 +15,12 @@ import torch
 
 from .. import data as D
 from .. import op_checks
+from .. import ops as backends
 from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
-from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config
+from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
 from .config import ConfigError, TrainConfig, check_for_task, flag
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
@@ -54,7 +55,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
-    reused, examples = _read_before_the_folder(config, source, start)
+    reused, examples, planned = _read_before_the_folder(config, source, start, given, device)
     _check_start(start, path, config.init_from, source.task, examples, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = resumed_run_folder(config.out, dist_) if resuming and not moved else fresh_run_folder(
@@ -75,9 +76,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
         ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
     data = build_data(config, source, out, dist_, log, toks, examples)
-    mcfg = ModelConfig.from_dict(start["config"]) if start else model_config(config, data)
-    if start and "kernel" in given:
-        mcfg.kernel = config.kernel
+    mcfg = planned if start else model_config(config, data)  # a new run's: with its tokenizers' vocabulary sizes
     model = build_model(mcfg, device) if init is None else _initialised_model(mcfg, init, config, device, log)
     model.recompute_activations(config.recompute_activations)
     if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
@@ -107,10 +106,13 @@ def _describe(trainer) -> str:
             f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
 
 
-def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None):
-    """(the --tokenizer files' tokenizers or None, the examples): read, and their errors raised, before
-    the run folder is made or cleared: the files may be in the folder --overwrite (or a stopped run's
-    reuse) clears, and a data error (a bad line, a label) must leave an earlier run there as it was."""
+def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None, given: frozenset[str],
+                            device: torch.device):
+    """(the --tokenizer files' tokenizers or None, the examples, the model's config): read, and their
+    errors raised, before the run folder is made or cleared: the files may be in the folder --overwrite
+    (or a stopped run's reuse) clears, and a data error (a bad line, a label), a model size the model
+    refuses or a backend that cannot run it on `device` (`ops.select`: a head dim triton's attention
+    does not run, kernels that do not load) must leave an earlier run there as it was."""
     reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
     examples = load_examples(config, source)
     if not config.no_plots and config.attention_example >= len(examples.valid):
@@ -118,7 +120,24 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
                           f"{len(examples.valid)} examples (0 to {len(examples.valid) - 1})")
     if reused is not None:
         examples.notes.append(f"tokenizer: reused {', '.join(config.tokenizer)}")  # logged by build_data
-    return reused, examples
+    planned = _planned_model(config, source.task, start, given, examples, reused)
+    backends.select(planned.kernel, device, planned.head_dim)  # its refusals, as building the model would raise
+    return reused, examples, planned
+
+
+def _planned_model(config: TrainConfig, task: str, start: dict | None, given: frozenset[str], examples: Examples,
+                   reused: TokenizerPair | None) -> ModelConfig:
+    """The model's config (its checks run): the checkpoint's a run starts from, with --kernel when given
+    and, for --init-from, a max_len that admits this run's batches (`longest_position`); a new run's
+    with the vocabulary sizes of its --tokenizer files, else the --vocab-size its tokenizer is trained
+    to (a shared one: `check_config` refuses --copy and --tie-embeddings all with two), replaced by the
+    trained sizes once the data is built."""
+    if start is not None:
+        mcfg = ModelConfig.from_dict({**start["config"], **({"kernel": config.kernel} if "kernel" in given else {})})
+        return mcfg if config.resume else dataclasses.replace(mcfg, max_len=max(mcfg.max_len,
+                                                                                longest_position(config)))
+    vocab = (reused.src.vocab_size, reused.tgt.vocab_size) if reused is not None else (config.vocab_size,) * 2
+    return model_config_for(config, task, vocab, examples.num_classes)
 
 
 def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
@@ -148,10 +167,8 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
 
 
 def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, device, log):
-    """The --init-from model with its weights, for this run's data (its classes checked in `create_trainer`),
-    with a max_len (a guard; positions are computed on the fly) that admits this run's batches
-    (`longest_position`)."""
-    mcfg.max_len = max(mcfg.max_len, longest_position(config))
+    """The --init-from model with its weights, for this run's data (its classes checked in `create_trainer`;
+    its max_len, a guard, set by `_planned_model`)."""
     model = build_model(mcfg, device)
     model.load_state_dict(init["model"])
     log.info(f"initialised from {config.init_from} (its step {init['progress']['step']}): weights and tokenizers; "
