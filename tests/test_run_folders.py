@@ -426,6 +426,41 @@ def test_a_resume_over_other_training_data_and_an_attention_example_past_validat
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
 
+def test_a_resume_is_refused_what_changes_the_validation_its_best_is_compared_in(tmp_path):
+    """A resume scored later validations on other examples than best.pt's (--max-valid-examples, an
+    edited validation file; with a decoding best metric, --eval-decode-examples) and compared them with
+    it: best.pt, the final report and --patience acted on incomparable numbers. Those changes are now
+    refused, naming the option or both counts; what does not change the best's numbers still resumes,
+    and a checkpoint without the validation record (older) resumes unchecked."""
+    from conftest import translation_folder
+
+    data, run, loss_run = translation_folder(tmp_path), tmp_path / "run", tmp_path / "loss"
+    flags = TINY + ["--data", str(data), "--eval-every", "1", "--max-steps", "2"]
+    T.main(flags + ["--best-metric", "chrf", "--out", str(run)])
+    T.main(flags + ["--out", str(loss_run)])
+    assert load_checkpoint(run / "last.pt")["valid_data"]["examples"] == 12
+    before = _snapshot(run)
+    for option, message in [(["--max-valid-examples", "1"], r"--max-valid-examples 1 \(the run has 16\)"),
+                            (["--eval-decode-examples", "4"],
+                             r"--eval-decode-examples 4 \(the run has 8; its best chrf depends on it\)")]:
+        with pytest.raises(ConfigError, match=rf"--resume continues the run of .*: {message} cannot change"):
+            T.main(["--resume", "--out", str(run), "--max-steps", "3", *option])
+    valid = data / "validation.jsonl.gz"
+    rows = gzip.decompress(valid.read_bytes()).decode().splitlines()
+    for changed, now in [(rows[:11], "11 examples"), (rows[1:] + rows[:1], "other contents")]:
+        valid.write_bytes(gzip.compress("\n".join(changed).encode()))
+        with pytest.raises(ConfigError, match=rf"--resume .*last\.pt: the validation data changed since that "
+                           rf"checkpoint \(12 examples then, {now} now\); its best chrf was measured on the old"):
+            T.main(["--resume", "--out", str(run), "--max-steps", "3"])
+    assert _snapshot(run) == before
+    ck = load_checkpoint(loss_run / "last.pt")
+    del ck["valid_data"]  # as a checkpoint written before the record
+    save_checkpoint(loss_run / "last.pt", ck)
+    # a loss best is not of the decodings: --eval-decode-examples may change (over the edited file: unchecked)
+    T.main(["--resume", "--out", str(loss_run), "--max-steps", "3", "--eval-decode-examples", "4", "--no-progress"])
+    assert load_checkpoint(loss_run / "last.pt")["progress"]["step"] == 3
+
+
 def test_a_folder_another_process_trains_in_is_refused_until_it_ends(tmp_path):
     """Two runs into one --out at once both trained: one run's checkpoints and logs were lost, its rows
     mixed into the other's. The folder is held (an flock on RUN/.lock) while a process trains there: a

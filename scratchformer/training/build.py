@@ -39,10 +39,16 @@ class TrainData:
         """What a checkpoint records of its training examples, for a resume to check: `examples_id`."""
         return examples_id(self.train_examples)
 
+    @cached_property
+    def valid_id(self) -> dict:
+        """And of its validation examples, which its best metric is measured on."""
+        return examples_id(self.valid_examples)
+
 
 def examples_id(examples: list[D.Example]) -> dict:
     """Their number and a digest of their contents, in order: a resumed run's place in its epoch
-    counts batches of these examples, which another set would draw differently."""
+    counts batches of its training examples, which another set would draw differently, and its best
+    metric is measured on its validation examples."""
     h = hashlib.blake2b(digest_size=16)
     for e in examples:
         h.update(repr((e.src, e.tgt, e.id)).encode())

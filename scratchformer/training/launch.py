@@ -179,19 +179,15 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
 def _check_start(start: dict | None, resumed: Path | None, init_from: str | None, task: str, examples: Examples,
                  world: int) -> None:
     """The checkpoint a run starts from (--resume's file `resumed`, or --init-from's) against this
-    run: its task and class count; resumed, its training examples (their number and contents) and the
-    number of processes that wrote it (one RNG state each): its place in the epoch counts batches of
-    those examples per process, which other examples or another number would draw otherwise."""
+    run: its task and class count; resumed, its training and validation examples (`_check_examples`)
+    and the number of processes that wrote it (one RNG state each): its place in the epoch counts batches
+    of its examples per process, which another number would draw otherwise."""
     if start is None:
         return
-    resuming = resumed is not None
+    resuming, classes = resumed is not None, examples.num_classes
     named = f"--resume {resumed}" if resuming else f"--init-from {init_from}"
-    classes, saved_data = examples.num_classes, start.get("train_data") if resuming else None  # from 2026-12-05
-    if saved_data is not None and saved_data != (now := examples_id(examples.train)):
-        how = "other contents" if saved_data["examples"] == now["examples"] else f"{now['examples']} examples"
-        raise ConfigError(f"{named}: the training data changed since that checkpoint ({saved_data['examples']} "
-                          f"examples then, {how} now); its place in the epoch counts batches of the old examples. "
-                          f"Restore them, or start a new run from its weights with --init-from")
+    if resuming:
+        _check_examples(named, start, examples)
     if start["task"] != task:
         raise ConfigError(f"{named} is a {start['task']} model; the data is {task}")
     if classes is not None and start["config"].get("num_classes") != classes:
@@ -203,6 +199,24 @@ def _check_start(start: dict | None, resumed: Path | None, init_from: str | None
         raise ConfigError(f"{named} was written by {saved} process{'es' * (saved > 1)} and this run has {world}: "
                           f"its place in the epoch and its random streams are per process; resume with {how}, or "
                           "start a new run from its weights with --init-from")
+
+
+def _check_examples(named: str, ckpt: dict, examples: Examples) -> None:
+    """A resumed run's examples against those its checkpoint records (`examples_id`; train's from
+    2026-12-05, validation's from 2026-12-06): its place in the epoch counts batches of its training
+    examples, and its best metric, which later validations are compared with, was measured on its
+    validation examples."""
+    best = ckpt["args"].get("best_metric")
+    for split, key, now_examples, why in (
+            ("training", "train_data", examples.train, "its place in the epoch counts batches of the old examples"),
+            ("validation", "valid_data", examples.valid, f"its best {best} was measured on the old examples, and "
+                                                         f"later validations would be compared with it")):
+        saved = ckpt.get(key)
+        if saved is not None and saved != (now := examples_id(now_examples)):
+            how = "other contents" if saved["examples"] == now["examples"] else f"{now['examples']} examples"
+            raise ConfigError(f"{named}: the {split} data changed since that checkpoint ({saved['examples']} examples "
+                              f"then, {how} now); {why}. Restore them, or start a new run from its weights with "
+                              f"--init-from")
 
 
 def precision_for(precision: str, device: torch.device) -> str:

@@ -6,20 +6,25 @@ from __future__ import annotations
 import dataclasses
 
 from ..cli import shown
-from .config import ConfigError, TrainConfig, flag
+from .config import TEACHER_FORCED, ConfigError, TrainConfig, flag
 
 # What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
 # batching (the epoch position is counted in batches), the seed (the batch order), the optimizer's
-# and plateau schedule's settings (restored from the checkpoint) and the metric its best is in.
+# and plateau schedule's settings (restored from the checkpoint), the metric its best is in and the
+# validation examples it is measured on (--max-valid-examples; the examples' digest: `launch`).
 # Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
 # checkpoint and logging flags, --device, --kernel, --precision, --compile, --recompute-activations).
 FIXED_ON_RESUME = (
-    "task", "dataset", "data", "max_train_examples", "valid_fraction", "max_src_len", "max_tgt_len", "synthetic_seed",
+    "task", "dataset", "data", "max_train_examples", "max_valid_examples", "valid_fraction", "max_src_len",
+    "max_tgt_len", "synthetic_seed",
     "vocab_size", "separate_vocab", "tokenizer", "tokenizer_examples", "bpe_dropout", "preset", "d_model", "heads",
     "layers", "encoder_layers", "decoder_layers", "d_ff", "dropout", "attn_dropout", "ffn_dropout", "word_dropout",
     "activation", "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens",
     "pad_multiple", "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
+# And where the best metric is a decoding one (BLEU, ROUGE, ...): the examples decoded and an extractive
+# summary's size, which its value depends on (a teacher-forced best, the loss, does not).
+FIXED_FOR_A_DECODED_BEST = ("eval_decode_examples", "summary_sentences", "summary_words")
 
 
 def check_init_from(given: frozenset[str], init_path: str) -> None:
@@ -49,7 +54,9 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
 
 
 def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig) -> list[str]:
-    """The options of FIXED_ON_RESUME given in `config` with another value than `run`'s, each as
-    "--flag NEW (the run has OLD)"."""
-    return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(getattr(run, k))})"
-            for k in FIXED_ON_RESUME if k in given and getattr(config, k) != getattr(run, k)]
+    """The options of FIXED_ON_RESUME (and FIXED_FOR_A_DECODED_BEST, for a run whose best metric is a
+    decoding one) given in `config` with another value than `run`'s, each as "--flag NEW (the run has OLD)"."""
+    fixed = FIXED_ON_RESUME + (FIXED_FOR_A_DECODED_BEST if run.best_metric not in TEACHER_FORCED else ())
+    return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(getattr(run, k))}"
+            f"{f'; its best {run.best_metric} depends on it' * (k in FIXED_FOR_A_DECODED_BEST)})"
+            for k in fixed if k in given and getattr(config, k) != getattr(run, k)]

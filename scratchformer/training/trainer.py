@@ -113,8 +113,8 @@ class Trainer:
             "version": 1, "model": self.model.state_dict(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "window": self._window.to_dict(),
-            "config": self.model_config.to_dict(),
-            "args": self.config.to_dict(), "data": self.data.source.to_dict(), "train_data": self.data.train_id,
+            "config": self.model_config.to_dict(), "args": self.config.to_dict(), "data": self.data.source.to_dict(),
+            "train_data": self.data.train_id, "valid_data": self.data.valid_id,
             "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
         }
 
