@@ -461,6 +461,41 @@ def test_a_resume_is_refused_what_changes_the_validation_its_best_is_compared_in
     assert load_checkpoint(loss_run / "last.pt")["progress"]["step"] == 3
 
 
+def test_a_run_whose_data_folder_moved_resumes_from_its_new_place(tmp_path):
+    """A run whose --data folder moved could not be resumed (its old place: no such folder; --data NEW:
+    cannot change). --data NEW is now taken when its examples are the run's (the checkpoint's digests)
+    and recorded for later resumes; other examples there, or a checkpoint without the record, are
+    refused saying why, nothing written."""
+    from conftest import translation_folder
+
+    old, run = translation_folder(tmp_path), tmp_path / "run"
+    T.main(TINY + ["--data", str(old), "--eval-every", "1", "--max-steps", "2", "--out", str(run)])
+    new = old.rename(tmp_path / "moved")
+    (other := tmp_path / "other").mkdir()
+    other = translation_folder(other)
+    rows = gzip.decompress((other / "train.jsonl.gz").read_bytes()).decode().splitlines()
+    (other / "train.jsonl.gz").write_bytes(gzip.compress("\n".join(rows[:40]).encode()))
+    before = _snapshot(run)
+    with pytest.raises(ConfigError, match=rf"on its --data {old}, which is not there: if that folder moved, give "
+                       r"--data with its new place"):
+        T.main(["--resume", "--out", str(run), "--max-steps", "3"])
+    with pytest.raises(ConfigError, match=rf"--data {other} holds other training examples than the run's --data {old} "
+                       r"\(48 examples then, 40 examples now\)"):
+        T.main(["--resume", "--out", str(run), "--max-steps", "3", "--data", str(other)])
+    assert _snapshot(run) == before
+    ck = load_checkpoint(run / "last.pt")
+    save_checkpoint(tmp_path / "old.pt", {k: v for k, v in ck.items() if k not in ("train_data", "valid_data")})
+    with pytest.raises(ConfigError, match=rf"--data {new} cannot replace the run's --data {old}: that checkpoint "
+                       r"records no digest"):
+        T.main(["--resume", str(tmp_path / "old.pt"), "--out", str(run), "--max-steps", "3", "--data", str(new)])
+    assert _snapshot(run) == before
+    T.main(["--resume", "--out", str(run), "--max-steps", "3", "--data", str(new), "--no-progress"])
+    T.main(["--resume", "--out", str(run), "--max-steps", "4", "--no-progress"])  # the new place is the run's now
+    last = load_checkpoint(run / "last.pt")
+    assert last["progress"]["step"] == 4 and last["args"]["data"] == str(new) and last["data"]["folder"] == str(new)
+    assert json.loads((run / "args.json").read_text())["data"] == str(new)
+
+
 def test_a_folder_another_process_trains_in_is_refused_until_it_ends(tmp_path):
     """Two runs into one --out at once both trained: one run's checkpoints and logs were lost, its rows
     mixed into the other's. The folder is held (an flock on RUN/.lock) while a process trains there: a

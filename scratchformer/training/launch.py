@@ -56,7 +56,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     check_for_device(config, device.type, dist_.world)
     start = ckpt or init  # the run whose model and tokenizers this one keeps
     reused, examples, planned = _read_before_the_folder(config, source, start, given, device)
-    _check_start(start, path, config.init_from, source.task, examples, dist_.world)
+    _check_start(start, path, config, source.task, examples, dist_.world)
     # the last refusal is above: --overwrite clears an earlier run below, a new dated folder becomes runs/latest
     out = resumed_run_folder(config.out, dist_) if resuming and not moved else fresh_run_folder(
         config.out, config.overwrite, dist_, path)
@@ -176,7 +176,7 @@ def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, devic
     return model
 
 
-def _check_start(start: dict | None, resumed: Path | None, init_from: str | None, task: str, examples: Examples,
+def _check_start(start: dict | None, resumed: Path | None, config: TrainConfig, task: str, examples: Examples,
                  world: int) -> None:
     """The checkpoint a run starts from (--resume's file `resumed`, or --init-from's) against this
     run: its task and class count; resumed, its training and validation examples (`_check_examples`)
@@ -185,9 +185,9 @@ def _check_start(start: dict | None, resumed: Path | None, init_from: str | None
     if start is None:
         return
     resuming, classes = resumed is not None, examples.num_classes
-    named = f"--resume {resumed}" if resuming else f"--init-from {init_from}"
+    named = f"--resume {resumed}" if resuming else f"--init-from {config.init_from}"
     if resuming:
-        _check_examples(named, start, examples)
+        _check_examples(named, start, examples, config.data)
     if start["task"] != task:
         raise ConfigError(f"{named} is a {start['task']} model; the data is {task}")
     if classes is not None and start["config"].get("num_classes") != classes:
@@ -201,12 +201,17 @@ def _check_start(start: dict | None, resumed: Path | None, init_from: str | None
                           "start a new run from its weights with --init-from")
 
 
-def _check_examples(named: str, ckpt: dict, examples: Examples) -> None:
+def _check_examples(named: str, ckpt: dict, examples: Examples, data: str | None) -> None:
     """A resumed run's examples against those its checkpoint records (`examples_id`; train's from
     2026-12-05, validation's from 2026-12-06): its place in the epoch counts batches of its training
     examples, and its best metric, which later validations are compared with, was measured on its
-    validation examples."""
-    best = ckpt["args"].get("best_metric")
+    validation examples. --data `data` may name another folder than the run's (moved there) whose
+    examples are the same: it is recorded (args.json, the checkpoints' args and data) for what follows."""
+    best, old = ckpt["args"].get("best_metric"), ckpt["args"].get("data")
+    if data != old and ckpt.get("train_data") is None:
+        raise ConfigError(f"{named}: --data {data} cannot replace the run's --data {old}: that checkpoint records no "
+                          f"digest of the run's examples to check them against (it was written before 2026-12-05); "
+                          f"give the folder its old place, or start a new run from its weights with --init-from")
     for split, key, now_examples, why in (
             ("training", "train_data", examples.train, "its place in the epoch counts batches of the old examples"),
             ("validation", "valid_data", examples.valid, f"its best {best} was measured on the old examples, and "
@@ -214,9 +219,10 @@ def _check_examples(named: str, ckpt: dict, examples: Examples) -> None:
         saved = ckpt.get(key)
         if saved is not None and saved != (now := examples_id(now_examples)):
             how = "other contents" if saved["examples"] == now["examples"] else f"{now['examples']} examples"
-            raise ConfigError(f"{named}: the {split} data changed since that checkpoint ({saved['examples']} examples "
-                              f"then, {how} now); {why}. Restore them, or start a new run from its weights with "
-                              f"--init-from")
+            changed = (f"--data {data} holds other {split} examples than the run's --data {old}" if data != old else
+                       f"the {split} data changed since that checkpoint")
+            raise ConfigError(f"{named}: {changed} ({saved['examples']} examples then, {how} now); {why}. Restore "
+                              f"them, or start a new run from its weights with --init-from")
 
 
 def precision_for(precision: str, device: torch.device) -> str:
