@@ -114,6 +114,10 @@ def test_classification_tsv_carves_validation(tmp_path, monkeypatch):
     res = train.main(["--data", str(d), "--max-steps", "6", "--eval-every", "3", "--batch-size", "16",
                       "--vocab-size", "300", "--valid-fraction", "0.2", "--no-progress", "--out", str(run)])
     assert "accuracy" in res and (run / "plots" / "attention.png").exists()
+    # the final report writes a classifier's predictions too (label and confidence), which its accuracy counts
+    rows = [json.loads(line) for line in (run / "predictions.validation.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["prediction"] in (0, 1) and 0.5 <= r["confidence"] <= 1.0 for r in rows)
+    assert 100.0 * sum(r["prediction"] == r["reference"] for r in rows) / len(rows) == pytest.approx(res["accuracy"])
     m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--overwrite"])  # the final report's
     assert m["n"] == 12 and 0.0 <= m["accuracy"] <= 100.0
     # a label the model has no class for: named with the model's classes before any work (an IndexError in torch)

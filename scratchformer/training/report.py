@@ -11,7 +11,8 @@ from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write
 
 def final_report(trainer) -> dict:
     """A finished Trainer's last words (rank 0): best.pt evaluated on the validation split (greedy,
-    and beam --beam-size); predictions.validation.jsonl (greedy), metrics.final.json and the plots
+    and beam --beam-size); predictions.validation.jsonl (greedy; a classifier's label and confidence per
+    example), metrics.final.json and the plots
     written; the summary logged. Returns the metrics: teacher-forced loss/ppl (+ accuracy) and one
     dict per decoding."""
     t0, cfg, data, out, prog = time.time(), trainer.config, trainer.data, trainer.out, trainer.progress
@@ -29,10 +30,10 @@ def final_report(trainer) -> dict:
     res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
            **ev.metrics, **ev.decodings}
     n_valid = len(data.valid_set)
+    write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs)
     if classify:
         lines = [f"validation ({n_valid} examples): {format_metrics(res)}"]
     else:
-        write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs)
         shown = reversed(list(zip(data.valid_examples, ev.outputs))[:3])
         lines = [f"  example: {e.src[:80]!r} -> {h[:80]!r} (ref {str(e.tgt)[:80]!r})" for e, h in shown]
         lines.append(f"validation ({n_valid} examples, teacher forcing): loss {res['loss']:.4f} | ppl {res['ppl']:.2f}")
