@@ -193,6 +193,19 @@ def test_a_run_ended_with_its_epoch_resumes_with_more_epochs_without_validating_
     assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == steps
 
 
+def test_rows_name_the_epoch_their_step_was_taken_in(tmp_path):
+    """Each epoch's end validation is logged with that epoch (it was logged with the next: epochs 2
+    and 3 for a 2-epoch run), as are the train rows of its steps; with --eval-every the last step of
+    an epoch is still that epoch's."""
+    for name, flags in (("ends", ["--eval-every", "0"]), ("every", ["--eval-every", "2"])):
+        T.main(TINY + [*flags, "--epochs", "2", "--max-steps", "1000", "--log-every", "1",
+                       "--out", str(tmp_path / name)])  # 4 batches an epoch
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for split in ("train", "valid"):
+            got = {r["step"]: r["epoch"] for r in rows if r["split"] == split}
+            assert got == {s: (s - 1) // 4 + 1 for s in got} and set(got.values()) == {1, 2}, (name, split, got)
+
+
 def test_bpe_dropout_resumes_exactly_and_changes_the_training_batches(tmp_path):
     """--bpe-dropout: a resumed run sees the same segmentations (the same losses, bit for bit), which
     are not the usual ones (another run's training tokens differ); it may not change on resume."""

@@ -32,6 +32,13 @@ class Progress:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @property
+    def step_epoch(self) -> int:
+        """The epoch (from 1) the last step was taken in, which its logged rows name: the current one,
+        or at an epoch's end (no batch of the next consumed yet) the one that just ended, whose
+        validation that is (it was logged as the next)."""
+        return max(1, self.epoch + (1 if self.batch else 0))
+
     def track(self, metric: str, value: float, patience: int) -> bool:
         """A validation's `metric`: a new best (best, best_step), or one more evaluation without gain;
         True when that makes `patience` of them (0: never), which stops the run early."""

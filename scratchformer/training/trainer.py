@@ -310,14 +310,14 @@ class Trainer:
         w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
         lr = self._step_lr()
         dt = max(1e-9, time.time() - w.t0)
-        row = {"split": "train", "step": prog.step, "epoch": prog.epoch + 1,
+        row = {"split": "train", "step": prog.step, "epoch": prog.step_epoch,
                "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
                "lr": lr, "grad_norm": gnorm, "tokens_per_s": w.tokens * self.dist.world / dt}
         self.log.row(row)
         unit = {"classification": "ex", "extractive": "sent"}.get(self.data.task, "tok")
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
-        self.log.info(f"step {prog.step:>6} | epoch {prog.epoch + 1} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
-                      f"lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
+        self.log.info(f"step {prog.step:>6} | epoch {prog.step_epoch} | loss {row['loss']:.4f} | "
+                      f"nll {row['nll']:.4f} | lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
         check_finite(self, "at the train row")
         self._window = Window()
 
@@ -345,7 +345,7 @@ class Trainer:
                           max_tokens=self.eval_max_tokens, precision=cfg.precision,
                           summary_sentences=cfg.summary_sentences, summary_words=cfg.summary_words)
             res = {**ev.metrics, **next(iter(ev.decodings.values()), {})}  # greedy (or the extracts)
-            self.log.row({"split": "valid", "step": prog.step, "epoch": prog.epoch + 1, **res})
+            self.log.row({"split": "valid", "step": prog.step, "epoch": prog.step_epoch, **res})
             self.log.info(f"valid step {prog.step}: {format_metrics(res)}")
             self._track_best(res)
         if self.dist.on:  # rank 0 decided best / early stopping; the others follow
