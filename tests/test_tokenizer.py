@@ -78,3 +78,22 @@ def test_errors(tmp_path):
         BPETokenizer.load(bad)
     with pytest.raises(FileNotFoundError):
         BPETokenizer.load(tmp_path / "missing.json")
+
+
+def test_a_tokenizer_file_not_laid_out_as_ours_is_refused_by_name(tmp_path):
+    """A --tokenizer file with the four specials at ids 0-3 but another layout (a WordLevel model, no
+    ByteLevel pre-tokenizer or decoder, specials not registered as special) was taken: most text became
+    <unk> and decoding kept "<pad>" in its output. It is refused naming what differs; ours loads."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    word = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "hello": 4}, unk_token="<unk>"))
+    word.pre_tokenizer = pre_tokenizers.Whitespace()
+    word.save(str(tmp_path / "word.json"))
+    with pytest.raises(ValueError, match=r"word.json: not a byte-level BPE tokenizer as train makes them \(its model "
+                                         r"is WordLevel, not BPE; it has no ByteLevel pre-tokenizer; its decoder is "
+                                         r"None, not ByteLevel; <pad>, <s>, </s>, <unk> not registered as special "
+                                         r"tokens\)"):
+        BPETokenizer.load(tmp_path / "word.json")
+    ours = BPETokenizer.train(TEXTS, 300)
+    ours.save(tmp_path / "ours.json")
+    assert BPETokenizer.load(tmp_path / "ours.json").encode("hello there") == ours.encode("hello there")

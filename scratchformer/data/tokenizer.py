@@ -14,6 +14,7 @@ share a vocabulary, else ``tokenizer.src.json`` and ``tokenizer.tgt.json``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -69,9 +70,11 @@ class BPETokenizer:
         if not path.exists():
             raise FileNotFoundError(f"tokenizer file {path} does not exist")
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            tok = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
             raise ValueError(f"{path}: not a valid tokenizer file ({e})") from None
+        _check_byte_level(tok, path)
+        return cls(tok)
 
     def to_str(self) -> str:
         return self.tok.to_str()
@@ -114,6 +117,27 @@ class BPETokenizer:
             special = [t for t, j in SPECIAL_TOKENS.items() if j == i]
             out.append(special[0] if special else self.tok.decode([i], skip_special_tokens=False))
         return out
+
+
+def _check_byte_level(tok: Tokenizer, path: Path) -> None:
+    """ValueError naming `path` for a tokenizer file not laid out as `BPETokenizer.train`'s: a BPE model
+    with ByteLevel pre-tokenizer and decoder (another, a WordLevel one, maps most text to <unk>: a model
+    trained on it learns nothing of it, silently) and the special tokens registered as special (else
+    decoding keeps a "<pad>" in the text)."""
+    spec = json.loads(tok.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    pres = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    specials = {t.get("content") for t in spec.get("added_tokens", []) if t.get("special")}
+    faults = [f"its model is {(spec.get('model') or {}).get('type')}, not BPE"] * (
+        (spec.get("model") or {}).get("type") != "BPE")
+    faults += ["it has no ByteLevel pre-tokenizer"] * all((p or {}).get("type") != "ByteLevel" for p in pres)
+    faults += [f"its decoder is {(spec.get('decoder') or {}).get('type')}, not ByteLevel"] * (
+        (spec.get("decoder") or {}).get("type") != "ByteLevel")
+    missing = [t for t in SPECIAL_TOKENS if t not in specials]
+    faults += [f"{', '.join(missing)} not registered as special tokens"] * bool(missing)
+    if faults:
+        raise ValueError(f"{path}: not a byte-level BPE tokenizer as train makes them ({'; '.join(faults)}): "
+                         "give a tokenizer.json of a scratchformer run, or drop --tokenizer to train one")
 
 
 class TokenizerPair:
