@@ -239,6 +239,21 @@ def test_resume_refuses_model_flags_and_args_json_stays_true(tmp_path):
     assert lrs[4] == pytest.approx(2e-3) and lrs[5] == lrs[6] == pytest.approx(1e-4)
 
 
+def test_a_resume_writes_the_run_folders_tokenizer_files_back_from_its_checkpoint(tmp_path):
+    """The tokenizer files a run keeps beside its checkpoints (for a next run's --tokenizer) are the
+    checkpoint's again after a --resume: a damaged or deleted one stayed so."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "2", "--eval-every", "2", "--out", str(run)])
+    kept = (run / "tokenizer.json").read_text()
+    assert kept == load_checkpoint(run / "last.pt")["tokenizers"]["src"]
+    (run / "tokenizer.json").write_text(kept[: len(kept) // 2])  # cut short
+    T.main(["--resume", "--out", str(run), "--max-steps", "3", "--no-progress", "--no-plots"])
+    assert (run / "tokenizer.json").read_text() == kept
+    (run / "tokenizer.json").unlink()
+    T.main(["--resume", "--out", str(run), "--max-steps", "4", "--no-progress", "--no-plots"])
+    assert (run / "tokenizer.json").read_text() == kept
+
+
 def test_final_last_pt_holds_the_final_validation(tmp_path):
     """--save-every 2 saves step 4 before the final validation at step 4: last.pt is written again
     after it, so its best is current, and resuming with a larger --max-steps and a worse model

@@ -71,7 +71,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else reused
-    if (init is not None or moved or reused is not None) and dist_.main:
+    if toks is not None and dist_.main:  # a resumed run's too: its files are the checkpoint's again if damaged
         toks.save(out)
     if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
         ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
