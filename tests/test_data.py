@@ -531,3 +531,30 @@ def test_hub_loading_maps_fields(monkeypatch):
         D.load_split(imdb, "test")
     with pytest.raises(D.DataError, match="unknown dataset 'nope'"):
         D.resolve_source("nope")
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True, "3"])
+def test_a_limit_is_none_or_a_positive_int_for_every_source(tmp_path, limit):
+    """load_split's and read_split's limit: 0 and -1 read one record of a local file (the reader
+    appended before it compared) and none of the synthetic task's, 2.5 read three: every source now
+    refuses what is not None or an int >= 1, naming it."""
+    folder = tmp_path / "mt"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(f'{{"src": "a{i}", "tgt": "b{i}"}}\n' for i in range(5)))
+    for source in (D.resolve_source(data=str(folder)), D.resolve_source("synthetic")):
+        with pytest.raises(ValueError, match=rf"limit must be None \(every record\) or an int >= 1, got {limit!r}"):
+            D.load_split(source, "train", limit=limit)
+    with pytest.raises(ValueError, match="limit must be None"):
+        D.read_split(folder / "train.jsonl", "translation", limit=limit)
+    assert [len(D.load_split(D.resolve_source(data=str(folder)), "train", limit=n)) for n in (1, 2, None)] == [1, 2, 5]
+
+
+def test_the_data_entry_points_name_a_wrong_argument_type():
+    with pytest.raises(TypeError, match=r"source must be a DataSource \(resolve_source\(dataset, data, task\)\), "
+                                        r"got 'synthetic'"):
+        D.load_split("synthetic", "train")
+    with pytest.raises(TypeError, match=r"split must be a split's name \(a str: train, validation, test, \.\.\.\), "
+                                        r"got None"):
+        D.load_split(D.resolve_source(), None)
+    with pytest.raises(TypeError, match=r"dataset must be a name \(str\) and data a folder"):
+        D.resolve_source(None)

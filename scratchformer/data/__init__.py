@@ -1,6 +1,7 @@
-"""Data: sources (`datasets`), byte-level BPE tokenizers (`tokenizer`) and their seeded
-BPE-dropout (`bpe_dropout`), encoding (into `ragged` arrays) and batching (`batching`). It feeds
-training and imports nothing of the model or of training.
+"""Data: sources (`datasets`; what an example of each task holds: `records`; the synthetic task:
+`synthetic`), byte-level BPE tokenizers (`tokenizer`) and their seeded BPE-dropout (`bpe_dropout`),
+encoding (into `ragged` arrays) and batching (`batching`). It feeds training and imports nothing of
+the model or of training.
 
     source = resolve_source("multi30k")                 # synthetic, a local folder, or the hub
     train = load_split(source, "train")                 # [Example(src, tgt, id)]
@@ -23,20 +24,15 @@ from .batching import (
 )
 from .bpe_dropout import SAMPLES_PER_WORD, WordSegmentations
 from .datasets import (
-    DE_NUMBERS,
     DEFAULT_TASK,
-    EN_NUMBERS,
     EXTENSIONS,
-    FIELDS,
     HUB,
     LOCAL_NAMES,
     SPLITS,
-    SYNTHETIC_SIZES,
-    TASKS,
     DataError,
     DataSource,
-    Example,
     carve_validation,
+    check_limit,
     check_split,
     find_split_file,
     has_split,
@@ -47,11 +43,12 @@ from .datasets import (
     local_folder,
     read_split,
     resolve_source,
-    synthetic_examples,
     texts_for_tokenizer,
 )
 from .ragged import Ragged
+from .records import FIELDS, TASKS, Example, check_record
 from .sentences import split_sentences
+from .synthetic import DE_NUMBERS, EN_NUMBERS, SYNTHETIC_SIZES, synthetic_examples
 from .tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -66,8 +63,9 @@ from .tokenizer import (
 __all__ = [
     # datasets
     "TASKS", "SPLITS", "EXTENSIONS", "FIELDS", "HUB", "LOCAL_NAMES", "DEFAULT_TASK", "EN_NUMBERS", "DE_NUMBERS",
-    "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "check_split", "find_split_file",
-    "read_split", "infer_task", "label_names", "local_folder", "load_hub", "resolve_source", "load_split", "has_split",
+    "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "check_split", "check_limit",
+    "check_record", "find_split_file", "read_split", "infer_task", "label_names", "local_folder", "load_hub",
+    "resolve_source", "load_split", "has_split",
     "carve_validation", "texts_for_tokenizer",
     "split_sentences",
     # tokenizer, BPE-dropout

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from .bpe_dropout import WordSegmentations
-from .datasets import Example
 from .extractive import encode_documents, sentence_slots
 from .ragged import Ragged
+from .records import Example
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ Sources, in the order `resolve_source` tries them:
    summarization ``{"id","document","summary"}``, classification ``{"text","label"}``.
 3. a Hugging Face hub name (`HUB`), loaded lazily with ``datasets.load_dataset`` (online only).
 
-Malformed input raises `DataError` naming the file and line. Encoding and batching are in
-`batching.py`, the tokenizers in `tokenizer.py`.
+Malformed input raises `DataError` naming the file and line. What a record holds per task is in
+`records.py`, the synthetic task in `synthetic.py`, encoding and batching in `batching.py`, the
+tokenizers in `tokenizer.py`.
 """
 
 from __future__ import annotations
@@ -30,19 +31,12 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import COMPRESSED, DataError, check_text, read_json, read_lines, uncompressed_name
+from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
+from .records import FIELDS, TASKS, Example, check_record
+from .synthetic import SYNTHETIC_SIZES, synthetic_examples
 
-TASKS = ("translation", "summarization", "classification", "extractive")
 SPLITS = ("train", "validation", "test")
 EXTENSIONS = (".jsonl", *(f".jsonl{c}" for c in COMPRESSED), ".tsv", ".parquet")
-
-# File field names per task, in (source, target) order; `id` is optional for summarization.
-FIELDS = {
-    "translation": ("src", "tgt"),
-    "summarization": ("document", "summary"),
-    "classification": ("text", "label"),
-    "extractive": ("document", "summary"),
-}
 
 # Hub datasets: name -> load_dataset args and the mapping of their fields onto ours.
 HUB = {
@@ -57,66 +51,9 @@ LOCAL_NAMES = {"iwslt2017": "iwslt2017_en_de", "knkarthick/samsum": "samsum", "b
 DEFAULT_TASK = {"synthetic": "translation", **{k: v["task"] for k, v in HUB.items()}}
 
 
-@dataclass
-class Example:
-    src: str
-    tgt: str | int
-    id: str | None = None
-
-
-# ---------------------------------------------------------------------------------------------
-# The embedded synthetic task
-# ---------------------------------------------------------------------------------------------
-
-EN_NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DE_NUMBERS = ("null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun")
-SYNTHETIC_SIZES = {"train": 12000, "validation": 300, "test": 300}
-
-
-def synthetic_examples(split: str, n: int | None = None, seed: int = 1234, min_len: int = 3, max_len: int = 10):
-    """The synthetic smoke task: English number words -> German number words, reversed.
-
-    "three one four" -> "vier eins drei". Deterministic given (split, n, seed); each split uses its
-    own stream, so validation and test sequences are drawn independently of train.
-    """
-    if split not in SYNTHETIC_SIZES:
-        raise DataError(f"synthetic task has splits {list(SYNTHETIC_SIZES)}, not {split!r}")
-    n = SYNTHETIC_SIZES[split] if n is None else n
-    rng = random.Random(f"{seed}-{split}")
-    out = []
-    for i in range(n):
-        digits = [rng.randrange(10) for _ in range(rng.randint(min_len, max_len))]
-        src = " ".join(EN_NUMBERS[d] for d in digits)
-        tgt = " ".join(DE_NUMBERS[d] for d in reversed(digits))
-        out.append(Example(src, tgt, f"{split}-{i}"))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading files
 # ---------------------------------------------------------------------------------------------
-
-
-def _check_record(rec, task: str, where: str) -> Example:
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    src_f, tgt_f = FIELDS[task]
-    for f in (src_f, tgt_f):
-        if f not in rec:
-            have = ", ".join(sorted(map(str, rec))) or "none"
-            raise DataError(f"{where}: missing field {f!r} ({task} records need {src_f!r} and {tgt_f!r}; have {have})")
-        if rec[f] is None:
-            raise DataError(f"{where}: field {f!r} is null ({task} records need {src_f!r} and {tgt_f!r})")
-    src, tgt = check_text(rec[src_f], src_f, where), rec[tgt_f]
-    if task == "classification":
-        if isinstance(tgt, bool) or not isinstance(tgt, int):
-            raise DataError(f"{where}: field 'label' must be an integer, got {type(tgt).__name__} {tgt!r}")
-        if tgt < 0:
-            raise DataError(f"{where}: field 'label' must be >= 0, got {tgt}")
-    else:
-        check_text(tgt, tgt_f, where)
-    rid = rec.get("id")
-    return Example(src, tgt, None if rid is None else str(rid))
 
 
 def _read_jsonl(path: Path, task: str, limit: int | None):
@@ -129,7 +66,7 @@ def _read_jsonl(path: Path, task: str, limit: int | None):
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
-            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            out.append(check_record(rec, task, f"{path}:{lineno}"))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -168,7 +105,7 @@ def _read_tsv(path: Path, task: str, limit: int | None):
                 except ValueError:
                     got = rec["label"]
                     raise DataError(f"{path}:{lineno}: field 'label' must be an integer, got {got!r}") from None
-            out.append(_check_record(rec, task, f"{path}:{lineno}"))
+            out.append(check_record(rec, task, f"{path}:{lineno}"))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -182,13 +119,15 @@ def _read_parquet(path: Path, task: str, limit: int | None):
     rows = pq.read_table(path).to_pylist()
     if limit is not None:
         rows = rows[:limit]
-    return [_check_record(r, task, f"{path}: row {i}") for i, r in enumerate(rows, 1)]
+    return [check_record(r, task, f"{path}: row {i}") for i, r in enumerate(rows, 1)]
 
 
 def check_split(split: str, name: str = "split") -> str:
     """`split` if it is a plain name: it names the file read (<split>.jsonl in the data folder) and
     those written (predictions.<split>.jsonl), so one that is empty, holds a path separator or '..',
     or starts with '.' (a path out of those folders) is a DataError naming it, as `name` (a flag)."""
+    if not isinstance(split, str):
+        raise TypeError(f"{name} must be a split's name (a str: train, validation, test, ...), got {split!r}")
     if not split.strip() or any(c in split for c in "/\\\0") or ".." in split or split.startswith("."):
         raise DataError(f"{name} {split!r}: not a split name (train, validation, test, ...): a plain name, not empty, "
                         "without '/', '\\' or '..', not starting with '.'")
@@ -207,8 +146,16 @@ def find_split_file(folder: Path, split: str) -> Path | None:
     return found[0] if found else None
 
 
+def check_limit(limit: int | None) -> None:
+    """A limit on the records read: None (all) or an int >= 1 (0 and -1 read one record of a local file
+    and none of the synthetic task's; 2.5 read three)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be None (every record) or an int >= 1, got {limit!r}")
+
+
 def read_split(path: str | Path, task: str, limit: int | None = None) -> list[Example]:
     """Read one split file (.jsonl, .jsonl.gz, .jsonl.xz, .tsv or .parquet), validating every record."""
+    check_limit(limit)
     path = Path(path)
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
@@ -308,7 +255,7 @@ def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example
         else:
             src_f, tgt_f = FIELDS[spec["task"]]
             rec = {src_f: rec[spec["src"]], tgt_f: rec[spec["tgt"]], "id": rec.get("id")}
-        out.append(_check_record(rec, spec["task"], f"{spec['path']}[{split}] row {i}"))
+        out.append(check_record(rec, spec["task"], f"{spec['path']}[{split}] row {i}"))
         if limit is not None and len(out) >= limit:
             break
     if not out:
@@ -332,6 +279,11 @@ class DataSource:
 
 
 def resolve_source(dataset: str = "synthetic", data: str | None = None, task: str | None = None) -> DataSource:
+    """Where a run's data comes from: the local folder `data`, else the named `dataset` (synthetic, a
+    local folder by that name, or the hub), read as `task` (None: the folder's or dataset's own)."""
+    if not isinstance(dataset, str) or (data is not None and not isinstance(data, (str, Path))):
+        raise TypeError(f"dataset must be a name (str) and data a folder (str, Path or None), got {dataset!r}, "
+                        f"{data!r}")
     if task is not None and task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
     if data is not None:
@@ -355,7 +307,11 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
 
 
 def load_split(source: DataSource, split: str, limit: int | None = None, synthetic_seed: int = 1234) -> list[Example]:
+    """The examples of one split of `source` (`resolve_source`), the first `limit` of them (None: all)."""
+    if not isinstance(source, DataSource):
+        raise TypeError(f"source must be a DataSource (resolve_source(dataset, data, task)), got {source!r}")
     check_split(split)
+    check_limit(limit)
     if source.kind == "synthetic":
         n = SYNTHETIC_SIZES.get(split)
         return synthetic_examples(split, n if limit is None else min(n or limit, limit), seed=synthetic_seed)
