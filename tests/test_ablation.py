@@ -3,6 +3,7 @@ grid's summary, variants of different tasks, a variant that fails, flags that ar
 do not parse (docs/failures.md, "Ablation grids")."""
 
 import json
+import re
 
 import pytest
 from conftest import TINY, translation_folder
@@ -151,3 +152,21 @@ def test_a_variant_whose_data_its_task_cannot_read_is_refused_before_the_first_r
             ablate.main(["--out", str(out), "--metric", "loss", "--variants", f"base=--data {mt}", variant, "--",
                          *MODEL])
         assert not out.exists()
+
+
+def test_a_variant_named_as_a_file_of_the_grid_is_refused_before_the_first_run(tmp_path):
+    """A variant "ablation.json" (or "ablation.png") trained every variant, then the summary could not
+    be written over its folder ("Is a directory"); under --jobs, variant "logs"'s run folder was the
+    console-log folder and its log.txt replaced variant "log"'s console log. Refused by name first."""
+    out = tmp_path / "ab"
+    for spec, what in [("ablation.json=", "summary"), ("ablation.png=--heads 1", "plot"),
+                       ("logs/=", r"console logs \(--jobs\)")]:
+        name = spec.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"variant name '{name}' makes the folder {re.escape(str(out))}/"
+                                              rf"{name.strip('/')}, where the grid writes its {what}: name it "
+                                              rf"otherwise"):
+            ablate.main(["--out", str(out), "--jobs", "2", "--variants", "log=--heads 1", spec, "--", *TINY,
+                         "--max-steps", "1"])
+    assert list(tmp_path.iterdir()) == []
+    assert [v.folder.name for v in variant_folders(out, ["ablation=", "log=", "logs.2="], TINY)] == [
+        "ablation", "log", "logs.2"]

@@ -65,6 +65,9 @@ PER_COMMAND = (*GRID_FLAGS, "resume_path", "time_limit", "device", "threads", "n
                "log_every", "tensorboard", "no_plots", "attention_example", "save_every", "keep_checkpoints")
 # How long a run trains: a finished run given more trains on (as `train --resume` does); less is refused.
 BUDGET = ("max_steps", "epochs", "time_budget")
+# What the grid writes into OUT beside the variants' folders, by name: no variant may be named so.
+SUMMARY, PLOT, LOGS = "ablation.json", "ablation.png", "logs"
+GRID_FILES = {SUMMARY: "summary", PLOT: "plot", LOGS: "console logs (--jobs)"}
 
 
 class VariantError(ValueError):
@@ -110,15 +113,15 @@ def variant_folders(out: Path, variants: list[str], shared: list[str], metric: s
     """The grid's variants, all checked before the first run: NAME=FLAGS form; flags that parse into a
     valid config, not the grid's own (--out, --resume, --overwrite), an error named by its variant; a
     name that makes a safe folder name inside `out` (letters, digits, '-', '_', '.'; not '.' or '..';
-    unique); one task, or a `metric` each variant's task computes; no summary of another grid in
-    `out`; and a run already in a variant's folder built with today's flags (`_earlier_run`)."""
+    unique; none the grid writes itself, GRID_FILES); one task, or a `metric` each variant's task computes;
+    no summary of another grid in `out`; and a run in a variant's folder built with today's flags."""
     _check_given("the shared flags (after --)", shared)
     checked, seen = [], {}
     for spec in variants:
         name, flags, folder = _name_and_folder(spec, out, seen)
         checked.append((name, flags, folder, *_variant_config(name, flags, shared, folder)))
     _check_metric({name: task for name, _, _, _, task in checked}, metric)
-    _check_summary(out / "ablation.json", {folder.name for _, _, folder, _, _ in checked})
+    _check_summary(out / SUMMARY, {folder.name for _, _, folder, _, _ in checked})
     return [Variant(name, flags, folder, _earlier_run(name, folder, config))
             for name, flags, folder, config, _ in checked]
 
@@ -131,6 +134,9 @@ def _name_and_folder(spec: str, out: Path, seen: dict[str, str]) -> tuple[str, s
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
     if not slug:
         raise ConfigError(f"variant name {name!r} makes no folder name: use letters, digits, '-', '_' or '.'")
+    if slug in GRID_FILES:
+        raise ConfigError(f"variant name {name!r} makes the folder {out / slug}, where the grid writes its "
+                          f"{GRID_FILES[slug]}: name it otherwise")
     if slug in seen:
         raise ConfigError(f"variants {seen[slug]!r} and {name!r} would share the folder {out / slug}")
     seen[slug] = name
@@ -248,7 +254,7 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
     planned = variant_folders(out, variants, shared, metric)
-    finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / "logs")
+    finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / LOGS)
     stopped = [(v.name, final) for v, final in zip(planned, finals) if "stopped" in final]
     if stopped:
         for name, final in stopped:
@@ -261,8 +267,8 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
         curve = [(r["step"], r["loss"]) for r in read_metrics(v.folder / "metrics.jsonl") if r.get("split") == "valid"]
         results.append({"name": v.name, "folder": v.folder.name, "flags": v.flags, "final": flat, "curve": curve})
     summary = {"metric": metric, "shared": shared, "best": best_variant(results, metric), "runs": results}
-    write_lines_atomic(out / "ablation.json", json.dumps(summary, indent=2).splitlines())  # a kill: the old one kept
-    plot_ablation(results, metric, out / "ablation.png", title=f"ablations ({' '.join(shared) or 'defaults'})")
+    write_lines_atomic(out / SUMMARY, json.dumps(summary, indent=2).splitlines())  # a kill: the old one kept
+    plot_ablation(results, metric, out / PLOT, title=f"ablations ({' '.join(shared) or 'defaults'})")
     return metric, results
 
 
@@ -349,7 +355,8 @@ def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Pat
                                                        "step": _last_step(run_dir)}
                     print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
                 else:
-                    failed.append(f"{name} (exit {proc.returncode}; {log}):\n{_tail(log)}")
+                    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
+                    failed.append(f"{name} (exit {proc.returncode}; {log}):\n" + "\n".join(tail))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -365,10 +372,6 @@ def _start(v: Variant, shared: list[str], env: dict, log: Path):
         proc = subprocess.Popen([sys.executable, "-m", "scratchformer.train", *argv], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
     return proc, v.folder, log
-
-
-def _tail(log: Path, lines: int = 12) -> str:
-    return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
 def _last_step(run_dir: Path) -> int:
@@ -392,5 +395,5 @@ def main(argv=None) -> list[dict]:
     for r in results:
         final = r["final"]
         print(f"{r['name']:<20} {final.get(metric, float('nan')):>12.2f} {final.get('loss', float('nan')):>11.4f}")
-    print(f"wrote {out / 'ablation.json'} and {out / 'ablation.png'}")
+    print(f"wrote {out / SUMMARY} and {out / PLOT}")
     return results
