@@ -170,3 +170,16 @@ def test_a_variant_named_as_a_file_of_the_grid_is_refused_before_the_first_run(t
     assert list(tmp_path.iterdir()) == []
     assert [v.folder.name for v in variant_folders(out, ["ablation=", "log=", "logs.2="], TINY)] == [
         "ablation", "log", "logs.2"]
+
+
+def test_a_variant_stopped_under_jobs_is_named_with_the_step_it_resumes_from(tmp_path, capsys):
+    """A variant stopped (Ctrl-C, --time-limit) under --jobs was said to stop at its last metrics.jsonl
+    row's step (logged every --log-every steps: 600), while its last.pt, which it resumes from, held
+    682. Now the step of that checkpoint."""
+    grid = ["--out", str(tmp_path), "--jobs", "2", "--variants", "a=", "--", *TINY, "--max-steps", "100000",
+            "--epochs", "100000", "--log-every", "100000", "--time-limit", "2", "--no-plots"]
+    assert ablate.main(grid) == []
+    step = load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"]
+    rows = [json.loads(line)["step"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert step > max(rows)  # rows: the first step's only
+    assert f"=== ablation stopped in a at step {step} (a signal or --time-limit)" in capsys.readouterr().out

@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import data as D
-from ..checkpoint import find_checkpoint, write_lines_atomic
+from ..checkpoint import CheckpointError, find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, describe, is_user_error, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
+from .runs import load_resume_checkpoint
 from .trainer import train
 
 DEFAULT_GRID = [
@@ -72,6 +73,9 @@ GRID_FILES = {SUMMARY: "summary", PLOT: "plot", LOGS: "console logs (--jobs)"}
 
 class VariantError(ValueError):
     """Variants whose training failed, each named with its log (a user error: `cli` prints it, exit 2)."""
+
+    def __init__(self, failed: str):  # once the grid's other variants ran
+        super().__init__(f"ablation variants failed, the others ran: {failed}")
 
 
 class Variant(NamedTuple):
@@ -297,11 +301,6 @@ def _final(run_dir: Path) -> dict | None:
     return json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
 
 
-def _failed(failed: str) -> VariantError:
-    """The grid's error once its other variants ran: each failed variant with its log and what it said."""
-    return VariantError(f"ablation variants failed, the others ran: {failed}")
-
-
 def _run_in_turn(planned: list[Variant], shared: list[str]) -> list[dict]:
     """Each variant's final report: read back, or trained one after the other in this process (resumed
     when it has checkpoints). The first that stops before its end ({"stopped", "step"}) stops the grid;
@@ -321,7 +320,7 @@ def _run_in_turn(planned: list[Variant], shared: list[str]) -> list[dict]:
         if "stopped" in final:
             break
     if failed:
-        raise _failed("; ".join(failed)) from first
+        raise VariantError("; ".join(failed)) from first
     return finals
 
 
@@ -352,7 +351,7 @@ def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Pat
                 del running[name]
                 if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
                     finals[name] = _final(run_dir) or {"stopped": "a signal or --time-limit",
-                                                       "step": _last_step(run_dir)}
+                                                       "step": _resume_step(run_dir)}
                     print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
                 else:
                     tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
@@ -361,7 +360,7 @@ def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Pat
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failed:
-        raise _failed("\n".join(failed))
+        raise VariantError("\n".join(failed))
     return [finals.get(v.name) or {"stopped": "a signal, before it started", "step": 0} for v in planned]
 
 
@@ -374,11 +373,12 @@ def _start(v: Variant, shared: list[str], env: dict, log: Path):
     return proc, v.folder, log
 
 
-def _last_step(run_dir: Path) -> int:
-    from ..evaluation.plots import read_metrics
-
-    records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    return max((r.get("step", 0) for r in records), default=0)
+def _resume_step(run_dir: Path) -> int | str:
+    """The step a stopped variant resumes from: its checkpoint's, as `train --resume` picks it (0: none)."""
+    try:
+        return load_resume_checkpoint(run_dir, "last")[1]["progress"]["step"] if any(run_dir.glob("*.pt")) else 0
+    except (CheckpointError, ConfigError) as e:  # the grid's next command fails naming it
+        return f"? ({e})"
 
 
 def main(argv=None) -> list[dict]:
