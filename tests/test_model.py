@@ -147,6 +147,12 @@ def test_bad_inputs_name_the_problem():
         _cfg(tie_embeddings="all", tgt_vocab_size=V + 1)
     with pytest.raises(ValueError, match="norm must be"):
         _cfg(norm="sandwich")
+    # a string where a bool goes is truthy: copy="no" built a copy layer, output_bias="False" a bias
+    for name in ("final_norm", "output_bias", "pos_encoding", "copy", "extractive"):
+        with pytest.raises(ValueError, match=rf"{name} must be a bool, got 'False'"):
+            _cfg(**{name: "False"})
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got '0.1'"):
+        _cfg(dropout="0.1")  # a TypeError from inside the comparison
     with pytest.raises(ValueError, match="exceeds max_len"):
         Transformer(_cfg(max_len=8))(src, sl, tgt, tl)
 

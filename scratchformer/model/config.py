@@ -57,6 +57,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.tgt_vocab_size is None:
             self.tgt_vocab_size = self.src_vocab_size
+        for name in ("final_norm", "output_bias", "pos_encoding", "copy", "extractive"):
+            if not isinstance(getattr(self, name), bool):  # "False" is truthy: a copy layer, a bias, a norm
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_sizes()
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -79,8 +82,8 @@ class ModelConfig:
                                 f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}"))
         for name in ("dropout", "attn_dropout", "ffn_dropout", "word_dropout"):
             p = getattr(self, name)
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {p}")
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
         if self.kernel not in ("auto", "eager", "torch", "triton"):
             raise ValueError(f"unknown kernel backend {self.kernel!r}; choose auto, eager, torch or triton")
 
