@@ -58,20 +58,31 @@ def inputs(args) -> list[Path]:
 def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
     paths = inputs(args)
-    output = Path(args.output) if args.output else paths[-1].parent / "averaged.pt"
+    folders = {p.resolve().parent for p in paths}  # of several, the newest's is known once they are read
+    output = Path(args.output) if args.output else paths[-1].parent / "averaged.pt" if len(folders) == 1 else None
+    if output is not None:
+        check_output(output, paths, args.overwrite)
+    averaged = average_checkpoints(paths)
+    if output is None:  # the last given of the step whose progress the average took
+        newest = [i for i, a in enumerate(averaged["averaged_from"]) if a["step"] == averaged["progress"]["step"]]
+        output = paths[newest[-1]].parent / "averaged.pt"
+        check_output(output, paths, args.overwrite)
+    save_checkpoint(output, averaged)
+    steps = ", ".join(str(a["step"]) for a in averaged["averaged_from"])
+    print(f"{output}: the average of {len(paths)} checkpoints (steps {steps})", file=sys.stderr)
+    return output
+
+
+def check_output(output: Path, paths: list[Path], overwrite: bool) -> None:
+    """Refuse an --output that is one of `paths`, a folder, under a file, or taken (without --overwrite)."""
     if output.resolve() in {p.resolve() for p in paths}:
         raise cli.UsageError(f"--output {output} is one of the checkpoints to average: write elsewhere")
     if output.is_dir():  # --overwrite could not replace it either: found after the averaging, as "Is a directory"
         raise cli.UsageError(f"--output {output} is a folder: name the checkpoint file (e.g. {output / 'averaged.pt'})")
     if (above := file_in_the_way(output.parent)) is not None:
         raise cli.UsageError(f"--output {output}: {above} is a file, not a folder: the checkpoint cannot go under it")
-    if output.exists() and not args.overwrite:
+    if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or another --output")
-    averaged = average_checkpoints(paths)
-    save_checkpoint(output, averaged)
-    steps = ", ".join(str(a["step"]) for a in averaged["averaged_from"])
-    print(f"{output}: the average of {len(paths)} checkpoints (steps {steps})", file=sys.stderr)
-    return output
 
 
 def run(argv=None) -> int:

@@ -258,10 +258,11 @@ def prune_checkpoints(folder: str | Path, keep: int, upto: int | None = None) ->
 
 def average_checkpoints(paths: list[str | Path]) -> dict:
     """The mean of the weights of checkpoints of one run, as Vaswani et al. (2017) average a run's last
-    5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the last of `paths`, no optimizer:
-    it cannot resume). Floating-point tensors are summed in float64 and cast back; any other tensor
-    must be equal in all. Tied weights (`--tie-embeddings`: names that share one tensor) stay one
-    tensor, so the average is no larger than the model. A checkpoint of another model (config,
+    5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the newest of `paths`, the highest
+    step, a tie the later given; no optimizer: it cannot resume); the mean does not depend on their order.
+    Floating-point tensors are summed in float64 and cast back; any other tensor must be equal in all.
+    Tied weights (`--tie-embeddings`: names that share one tensor) stay one tensor, so the average is no
+    larger than the model. A checkpoint of another model (config,
     tokenizers, task, tensor names or shapes) is a CheckpointError naming it, and so is one of a run
     trained from another seed's random weights: independent runs' weights average into a model that
     does not work (an ensemble of them does: evaluate/generate --checkpoint A B). Runs started from a
@@ -272,11 +273,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
     weights = first["model"]
     total = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
-    last, steps, max_lens = first, [first["progress"]["step"]], [first["config"].get("max_len", 0)]
+    newest, steps, max_lens = first, [first["progress"]["step"]], [first["config"].get("max_len", 0)]
     digests = {weights_digest(weights): 0}  # -> the index of the first checkpoint holding those weights
     for i, path in enumerate(paths[1:], 1):
         last = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
         steps.append(last["progress"]["step"])
+        newest = last if steps[-1] >= newest["progress"]["step"] else newest
         max_lens.append(last["config"].get("max_len", 0))
         differ = [k for k in ("config", "tokenizers", "task") if _same_model(last, k) != _same_model(first, k)]
         shapes = {k: tuple(v.shape) for k, v in last["model"].items()}
@@ -300,9 +302,9 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     model = {k: (v / len(paths)).to(weights[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
     for names in _tied(weights):
         model.update(dict.fromkeys(names[1:], model[names[0]]))
-    kept = {k: last[k] for k in ("version", "data", "num_classes", "args", "progress") if k in last}
-    config = {**last["config"], **({"max_len": max(max_lens)} if "max_len" in last["config"] else {})}
-    return {**kept, **{k: last[k] for k in RUN_KEYS}, "model": model, "config": config,
+    kept = {k: newest[k] for k in ("version", "data", "num_classes", "args", "progress") if k in newest}
+    config = {**newest["config"], **({"max_len": max(max_lens)} if "max_len" in newest["config"] else {})}
+    return {**kept, **{k: newest[k] for k in RUN_KEYS}, "model": model, "config": config,
             "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
 
 

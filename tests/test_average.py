@@ -300,3 +300,30 @@ def test_an_output_folder_is_refused_before_the_averaging(run, tmp_path, monkeyp
     (tmp_path / "file").write_text("x")
     with pytest.raises(cli.UsageError, match=r"file is a file, not a folder"):
         average.main([*steps, "--output", str(tmp_path / "file" / "avg.pt")])
+
+
+def test_the_average_takes_the_newest_checkpoints_progress_and_folder(run, tmp_path):
+    """`average A/step_6 B/step_2` took its progress (and args) from the last given, step 2, and wrote
+    averaged.pt beside it, though --help says "the folder of the newest". Now the newest's, the highest
+    step (a tie: the later given); the mean itself does not depend on the order."""
+    steps = step_checkpoints(run)
+    late, early = tmp_path / "late" / steps[2].name, tmp_path / "early" / steps[0].name
+    for src, dst in ((steps[2], late), (steps[0], early)):
+        dst.parent.mkdir()
+        shutil.copy(src, dst)
+    given = load_checkpoint(average.main([str(late), str(early), "--output", str(tmp_path / "given.pt")]))
+    assert given["progress"]["step"] == 6 and given["args"] == load_checkpoint(late)["args"]
+    out = average.main([str(late), str(early)])
+    assert out == late.parent / "averaged.pt" and not (early.parent / "averaged.pt").exists()
+    averaged = load_checkpoint(out)
+    assert averaged["progress"] == load_checkpoint(late)["progress"] and averaged["progress"]["step"] == 6
+    again = load_checkpoint(average.main([str(early), str(late), "--output", str(tmp_path / "again.pt")]))
+    assert again["progress"] == averaged["progress"] and again["args"] == averaged["args"]
+    assert all(torch.equal(v, again["model"][k]) for k, v in averaged["model"].items())
+    tuned = load_checkpoint(late)  # the same step in a third folder: the later given is the newest
+    tuned["model"] = {k: v + 0.01 if v.is_floating_point() else v for k, v in tuned["model"].items()}
+    save_checkpoint(tmp_path / "tie" / "tuned.pt", tuned)
+    assert average.main([str(late), str(tmp_path / "tie" / "tuned.pt")]) == tmp_path / "tie" / "averaged.pt"
+    with pytest.raises(FileExistsError, match=rf"{re.escape(str(out))} exists; pass --overwrite"):
+        average.main([str(early), str(late)])
+    assert load_checkpoint(out)["averaged_from"] == averaged["averaged_from"]  # not replaced
