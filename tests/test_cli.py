@@ -604,7 +604,10 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--max-tokens", "-5"], "--max-tokens must be >= 1, got -5"),
     (["--limit", "-1"], "--limit must be >= 1, got -1"),
     (["--limit", "0"], "--limit must be >= 1, got 0"),  # it used to score one example
-    (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
+    (["--length-penalty", "nan"], "--length-penalty must be a number in [-50, 50] (len ** it divides a hypothesis's "
+                                  "score), got nan"),
+    (["--beam-size", "2", "--length-penalty", "400"], "--length-penalty must be a number in [-50, 50] (len ** it "
+                                                        "divides a hypothesis's score), got 400.0"),
     (["--min-len", "-2"], "--min-len must be >= 0 (0: off), got -2"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     ([], "--checkpoint is required"),

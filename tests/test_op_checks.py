@@ -13,7 +13,7 @@ import torch
 from conftest import DEVICE, requires_cuda
 
 from scratchformer import op_checks, ops
-from scratchformer.model import Classifier, ModelConfig, Transformer, beam_search
+from scratchformer.model import Classifier, Extractor, ModelConfig, Transformer, beam_search, greedy_decode
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
 
@@ -438,11 +438,24 @@ def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, m
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("penalty", [float("nan"), float("inf"), -float("inf")])
-def test_beam_search_refuses_a_non_finite_length_penalty(penalty):
+@pytest.mark.parametrize("model", [Classifier, Extractor])
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search])
+def test_decoding_an_encoder_only_model_is_refused_by_name(model, decode):
+    """An AttributeError ('Classifier' object has no attribute 'static_caches') from inside the search."""
+    kw = dict(num_classes=2) if model is Classifier else dict(extractive=True)
+    m = model(_cfg(16, 2, "auto", n_decoder_layers=0, **kw), device=DEVICE).eval()
+    with pytest.raises(ValueError, match=rf"decoding needs an encoder-decoder model \(a Transformer, or an ensemble of "
+                                         rf"them\); {model.__name__} has no decoder"):
+        decode(m, torch.randint(4, 12, (2, 5)), torch.tensor([5, 3]), max_len=4)
+
+
+@pytest.mark.parametrize("penalty", [float("nan"), float("inf"), -float("inf"), 400.0, -1e308])
+def test_beam_search_refuses_a_length_penalty_len_to_whose_power_leaves_the_float_range(penalty):
+    """NaN ranks nothing and inf makes every score 0 or NaN; 400 raised an OverflowError at 7 tokens."""
     model = Transformer(_cfg(16, 2, "auto"), device=DEVICE).eval()
     src, lengths = torch.randint(4, 12, (2, 5)), torch.tensor([5, 3])
-    with pytest.raises(ValueError, match=rf"length_penalty must be a finite number, got {penalty}"):
+    expected = r"length_penalty must be a number in \[-50, 50\], got " + re.escape(str(penalty))
+    with pytest.raises(ValueError, match=expected):
         beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=penalty)
     assert beam_search(model, src, lengths, beam_size=2, max_len=4, length_penalty=0.6).shape[0] == 2
 

@@ -705,7 +705,10 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--max-src-len", "1"], "--max-src-len must be >= 2 (an input's tokens, its EOS included), got 1"),
     (["--len-ratio", "-0.5"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got -0.5"),
     (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
-    (["--length-penalty", "inf"], "--length-penalty must be a finite number, got inf"),
+    (["--length-penalty", "inf"], "--length-penalty must be a number in [-50, 50] (len ** it divides a hypothesis's "
+                                  "score), got inf"),
+    (["--beam-size", "2", "--length-penalty", "1e308"], "--length-penalty must be a number in [-50, 50] (len ** it "
+                                                          "divides a hypothesis's score), got 1e+308"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     (["--min-len", "-1"], "--min-len must be >= 0 (0: off), got -1"),
     (["--summary-sentences", "0"], "--summary-sentences must be >= 1, got 0"),

@@ -9,6 +9,7 @@ import math
 
 from .. import data as D
 from ..data.extractive import MAX_ORACLE_SENTENCES
+from ..model.decoding import MAX_LENGTH_PENALTY
 
 
 class OptionError(ValueError):
@@ -28,8 +29,9 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
             raise OptionError(f"{flag} must be >= 1, got {value}")
     if max_src_len is not None and max_src_len < 2:
         raise OptionError(f"--max-src-len must be >= 2 (an input's tokens, its EOS included), got {max_src_len}")
-    if not math.isfinite(length_penalty):
-        raise OptionError(f"--length-penalty must be a finite number, got {length_penalty}")
+    if not abs(length_penalty) <= MAX_LENGTH_PENALTY:  # NaN fails too
+        raise OptionError(f"--length-penalty must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] "
+                          f"(len ** it divides a hypothesis's score), got {length_penalty}")
     if beam_size == 1 and length_penalty != 1.0:
         raise OptionError(f"--length-penalty {length_penalty:g} ranks beam search's hypotheses; greedy decoding "
                           "(--beam-size 1) has one: give --beam-size K > 1, or drop it")

@@ -53,7 +53,6 @@ Not for a compiled model (`static_caches`), whose steps keep autocast's casts.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import warnings
 
@@ -73,10 +72,18 @@ def _weights_lent(decode):
     @functools.wraps(decode)
     def call(model, src, *args, **kwargs):
         device = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")  # not a tensor: _check says so
+        _check_decoder(model)  # before the lending reads the model
         with WeightCast.for_decoding(model, device)():
             return decode(model, src, *args, **kwargs)
 
     return call
+
+
+def _check_decoder(model) -> None:
+    """A model decoding can run: one with a decoder (a Classifier or Extractor has no decode_step)."""
+    if getattr(getattr(model, "cfg", None), "n_decoder_layers", 0) == 0:
+        raise ValueError(f"decoding needs an encoder-decoder model (a Transformer, or an ensemble of them); "
+                         f"{type(model).__name__} has no decoder")
 
 
 def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
@@ -169,6 +176,11 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
+# A hypothesis's score is divided by len ** length_penalty: past this bound that leaves the float range for
+# outputs of up to a million tokens (400 raised an OverflowError at 7 tokens); the values in use are 0 to 2.
+MAX_LENGTH_PENALTY = 50
+
+
 def _check(model, src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size: int = 1,
            length_penalty: float = 1.0, min_len: int = 0, check_every: int | None = None,
            cuda_graph: bool | None = None, *, bos_id: int, eos_id: int, pad_id: int) -> int:
@@ -188,8 +200,9 @@ def _check(model, src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size
     _check_int("no_repeat_ngram", no_repeat_ngram, 0, " (0: off)")
     _check_int("beam_size", beam_size, 1)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or \
-            not math.isfinite(length_penalty):  # NaN ranks nothing, inf makes every score 0 or NaN
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+            not abs(length_penalty) <= MAX_LENGTH_PENALTY:  # NaN ranks nothing; inf makes every score 0 or NaN
+        raise ValueError(f"length_penalty must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], got "
+                         f"{length_penalty!r}")
     V = model.cfg.tgt_vocab_size
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         never_ends = name == "eos_id" and token == -1  # module docstring
