@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="autocast dtype (default: fp32)")
     p.add_argument("--baseline", choices=("lead3",), help="score a baseline instead of a checkpoint")
     p.add_argument("--out", help="folder for predictions.<split>.jsonl and metrics.<split>.json (default: the "
-                   "folder of the checkpoint, i.e. its run folder; with --baseline lead3: none, scores only)")
+                   "folder of the checkpoint, i.e. its run folder; with --baseline lead3: none, scores only; "
+                   "with --out, predictions.<split>.lead3.jsonl and metrics.<split>.lead3.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace predictions.<split>.jsonl and metrics.<split>.json already in the output folder")
     p.add_argument("--attention", type=int, metavar="INDEX", help="also draw the attention heatmap of example INDEX")

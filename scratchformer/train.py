@@ -1,6 +1,6 @@
 """Train a Transformer (translation, summarization) or an encoder-only classifier.
 
-    python -m scratchformer.train                          # synthetic smoke task, CPU, a few minutes
+    python -m scratchformer.train                          # synthetic smoke task, CPU, about a minute
     python -m scratchformer.train --dataset multi30k --preset small --max-tokens 4096 --out runs/m30k
     python -m scratchformer.train --data ../shared/data/samsum --max-src-len 512 --out runs/samsum
     python -m scratchformer.train --dataset imdb --out runs/imdb   # classification (validation carved from train)
@@ -12,7 +12,8 @@ A user error (bad flag, data file, checkpoint, a full disk) ends the command wit
 stderr and exit status 2; --debug (or SCRATCHFORMER_DEBUG=1) shows the traceback (`scratchformer.cli`).
 
 A run folder (--out) holds config.json, args.json, the tokenizer(s), checkpoints (step_*.pt,
-last.pt, best.pt), metrics.jsonl, train.csv, valid.csv and plots/. The recipe: AdamW (0.9, 0.98),
+last.pt, best.pt), log.txt, metrics.jsonl, train.csv, valid.csv, metrics.final.json,
+predictions.validation.jsonl and plots/. The recipe: AdamW (0.9, 0.98),
 inverse-sqrt / cosine / plateau schedules with warmup, label smoothing (pad ignored), gradient
 clipping and accumulation, bf16/fp16 autocast on GPU, early stopping, exact resume. The options
 are the fields of `scratchformer.training.config.TrainConfig`; the loop is

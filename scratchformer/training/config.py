@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m scratchformer.train",
         description="Train an encoder-decoder Transformer (translation, summarization) or an encoder-only "
         "classifier or extractive summarizer (--task extractive). With no arguments: the embedded synthetic task "
-        "(English number words -> German, reversed) on CPU, in a few minutes.",
+        "(English number words -> German, reversed) on CPU, in about a minute.",
         epilog="Ablation grids: python -m scratchformer.ablate --help (or: python -m scratchformer.train ablate ...). "
         "Evaluate: python -m scratchformer.evaluate; generate: python -m scratchformer.generate.",
     )
