@@ -27,6 +27,7 @@ from scratchformer.evaluation.evaluate import decode_max_len, load_run
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
 
+_FORMAT = P.format_prediction  # the real one, which `_dying_format` stands in for
 WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
 MAX_SRC, MAX_TGT = 16, 10
 
@@ -34,6 +35,20 @@ MAX_SRC, MAX_TGT = 16, 10
 def _texts(n: int, seed: int, max_words: int = 12) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(n)]
+
+
+def _dying_format(n: int, exc: type[BaseException] = KeyboardInterrupt):
+    """A stand-in for P.format_prediction that raises `exc` at its (n + 1)-th call: a run killed (or
+    Ctrl-C'd) after its first n predictions."""
+    calls = []
+
+    def format_prediction(pred, task):
+        calls.append(pred)
+        if len(calls) > n:
+            raise exc
+        return _FORMAT(pred, task)
+
+    return format_prediction
 
 
 @pytest.fixture(autouse=True)
@@ -388,24 +403,12 @@ def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
     P.predict_file(runs["translation"], src, clean, beam_size=1, max_tokens=24, len_ratio=0)
 
     out = tmp_path / "preds.jsonl"
-    real = P.format_prediction
 
     class Killed(BaseException):
         """A hard kill (SIGKILL): nothing runs after it, unlike KeyboardInterrupt."""
 
-    def dies_after(n, exc):
-        calls = []
-
-        def format_prediction(pred, task):
-            calls.append(pred)
-            if len(calls) > n:  # batches hold ~2 inputs: a few batches are done, then the kill
-                raise exc
-            return real(pred, task)
-
-        return format_prediction
-
-    kw = dict(beam_size=1, max_tokens=24, len_ratio=0)
-    monkeypatch.setattr(P, "format_prediction", dies_after(8, Killed))
+    kw = dict(beam_size=1, max_tokens=24, len_ratio=0)  # batches hold ~2 inputs: a few are done, then the kill
+    monkeypatch.setattr(P, "format_prediction", _dying_format(8, Killed))
     with pytest.raises(Killed):
         P.predict_file(runs["translation"], src, out, save_every=0, **kw)  # a snapshot after every batch
     assert not out.exists()  # no half output
@@ -413,14 +416,14 @@ def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
     assert 0 < len(snapshot) <= 8
 
     # Ctrl-C saves what is done even between snapshots; --resume goes on from there.
-    monkeypatch.setattr(P, "format_prediction", dies_after(4, KeyboardInterrupt))
+    monkeypatch.setattr(P, "format_prediction", _dying_format(4))
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["translation"], src, out, save_every=1e9, resume=True, **kw)
     assert not out.exists()
     snapshot2 = _read(P.partial_path(out))
     assert all(line in snapshot2 for line in snapshot) and len(snapshot) < len(snapshot2) < 20
 
-    monkeypatch.setattr(P, "format_prediction", real)
+    monkeypatch.setattr(P, "format_prediction", _FORMAT)
     summary = P.predict_file(runs["translation"], src, out, resume=True, **kw)
     assert summary["kept"] == len(snapshot2) and summary["predicted"] == 20 - len(snapshot2)
     assert _read(out) == _read(clean) and not P.partial_path(out).exists()
@@ -491,18 +494,10 @@ def test_resume_after_a_cut_overwrite_keeps_none_of_the_output_it_replaces(runs,
     kw = dict(beam_size=1, batch_size=1)
     P.predict_file(runs["translation"], src, out, **kw)
     P.predict_file(runs["ends_early"], src, clean, **kw)
-    real, calls = P.format_prediction, []
-
-    def killed(pred, task):
-        calls.append(pred)
-        if len(calls) > 2:
-            raise KeyboardInterrupt
-        return real(pred, task)
-
-    monkeypatch.setattr(P, "format_prediction", killed)
+    monkeypatch.setattr(P, "format_prediction", _dying_format(2))
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["ends_early"], src, out, overwrite=True, **kw)
-    monkeypatch.setattr(P, "format_prediction", real)
+    monkeypatch.setattr(P, "format_prediction", _FORMAT)
     summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
     assert summary["kept"] == 2 and _read(out) == _read(clean)
 
@@ -595,15 +590,8 @@ def test_a_snapshots_changed_input_is_refused(runs, tmp_path, monkeypatch):
     """A killed run's snapshot is resumed only for the inputs it was made from."""
     rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 7))]
     src, kw = _write_jsonl(tmp_path / "in.jsonl", rows), dict(beam_size=1, batch_size=2)
-    out, calls, real_format = tmp_path / "cut.jsonl", [], P.format_prediction
-
-    def interrupted(pred, task):  # Ctrl-C after two batches: their 4 predictions are saved
-        calls.append(pred)
-        if len(calls) > 4:
-            raise KeyboardInterrupt
-        return real_format(pred, task)
-
-    monkeypatch.setattr(P, "format_prediction", interrupted)
+    out = tmp_path / "cut.jsonl"
+    monkeypatch.setattr(P, "format_prediction", _dying_format(4))  # Ctrl-C after two batches: 4 predictions saved
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["translation"], src, out, save_every=1e9, **kw)
     monkeypatch.undo()
