@@ -220,6 +220,9 @@ def test_bad_sentence_positions_are_refused():
         model(batch.src, batch.src_lengths, torch.tensor([[0, 7]]))
     with pytest.raises(ValueError, match=r"sentences must be \(B, S\) int64 positions for 1 documents"):
         model(batch.src, batch.src_lengths, batch.sentences[0])
+    for given in (None, [[0, 3]]):  # an AttributeError ('NoneType' object has no attribute 'dim')
+        with pytest.raises(ValueError, match=r"sentences must be a \(B, S\) int64 tensor of positions, got "):
+            model(batch.src, batch.src_lengths, given)
 
 
 def test_loss_is_bce_over_real_sentences_only():

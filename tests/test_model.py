@@ -105,6 +105,8 @@ def test_classifier_attention_and_padding():
     assert (attn[0][1, :, :, 4:] == 0).all()  # CLS + 3 tokens visible in the second row
     longer = torch.cat([tok, torch.randint(4, V, (2, 3))], 1)
     torch.testing.assert_close(c(longer, torch.tensor([6, 3])), logits, atol=1e-5, rtol=1e-5)
+    # lengths None: no padding, as for the Transformer and the Extractor (it was a TypeError, None + 1)
+    torch.testing.assert_close(c(tok, None), c(tok, torch.tensor([6, 6])))
 
 
 def test_training_step_reduces_loss():

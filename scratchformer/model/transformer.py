@@ -307,7 +307,7 @@ class Classifier(_Model):
         check_batch("tokens", tokens, lengths, vocab=self.cfg.src_vocab_size, max_len=self.cfg.max_len - 1)
         x = self.encoder.embedding(tokens, pos_offset=1)  # [CLS] holds position 0
         x = torch.cat([self.cls.to(x.dtype).expand(x.shape[0], 1, -1), x], dim=1)  # (B, L+1, d)
-        out = self.encoder(x, lengths + 1, need_weights=return_attention)
+        out = self.encoder(x, None if lengths is None else lengths + 1, need_weights=return_attention)  # None: unpadded
         h, weights = out if return_attention else (out, None)
         logits = self.head(F.dropout(h[:, 0], self.cfg.dropout, self.training))
         return (logits, weights) if return_attention else logits
@@ -335,6 +335,8 @@ class Extractor(_Model):
         """tokens (B, L), lengths (B,), sentences (B, S) each marker's position -> logits (B, S)
         [, per layer weights (B, H, L, L)]. A padded sentence slot's logit is meaningless."""
         check_batch("tokens", tokens, lengths, vocab=self.cfg.src_vocab_size, max_len=self.cfg.max_len)
+        if not isinstance(sentences, torch.Tensor):
+            raise ValueError(f"sentences must be a (B, S) int64 tensor of positions, got {type(sentences).__name__}")
         if sentences.dim() != 2 or sentences.shape[0] != tokens.shape[0] or sentences.dtype != torch.int64:
             raise ValueError(f"sentences must be (B, S) int64 positions for {tokens.shape[0]} documents, got "
                              f"{sentences.dtype} of shape {tuple(sentences.shape)}")
