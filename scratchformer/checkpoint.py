@@ -87,6 +87,23 @@ def hold(lock: Path) -> int:
         os.close(fd)
 
 
+def holder(lock: Path) -> str | None:
+    """The pid `lock` says when another process holds it (`hold`), else None: a probe that neither makes
+    nor removes the file, and holds it only for that instant (so it runs where a command fails anyway:
+    a `hold` starting in that instant would be refused)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+    return None
+
+
 def release(lock: Path, fd: int) -> None:
     """End a `hold` and remove its file (unlinked first, while still held: see `hold`)."""
     try:

@@ -539,6 +539,20 @@ def test_a_folder_another_process_trains_in_is_refused_until_it_ends(tmp_path):
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])  # .lock: no one's file
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 1
+    # a run there that has saved no checkpoint yet: a resume is refused naming it (it said "holds no checkpoint")
+    young = tmp_path / "young"
+    young.mkdir()
+    (young / ".lock").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(young / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderError, match=rf"--out {young} is in use: another process \(pid 4242\)"):
+            T.main(["--resume", "--out", str(young)])
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):  # nobody trains there: what it lacks
+        T.main(["--resume", "--out", str(young)])
 
 
 def test_labels_checked_against_meta_json(tmp_path):

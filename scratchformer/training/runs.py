@@ -18,6 +18,7 @@ from ..checkpoint import (
     Held,
     find_checkpoint,
     hold,
+    holder,
     load_checkpoint,
     save_checkpoint,
     step_checkpoints,
@@ -50,6 +51,7 @@ class RunFolderError(ConfigError):
 # The lock of a folder a process trains in (`lock_run_folder`): never deleted (a lock file removed
 # while held lets the next process lock a new one beside it), no run's file, nobody's either.
 LOCK = ".lock"
+IN_USE = "--out {} is in use: another process (pid {}) trains there now; wait for it to end, or choose another --out"
 _HELD: dict[Path, int] = {}  # this process's locks: folder -> the file descriptor holding it
 
 
@@ -66,8 +68,7 @@ def lock_run_folder(folder: Path) -> Path:
     try:
         _HELD[key] = hold(folder / LOCK)
     except Held as e:
-        raise RunFolderError(f"--out {folder} is in use: another process (pid {e.pid}) trains there now; wait for "
-                             "it to end, or choose another --out") from None
+        raise RunFolderError(IN_USE.format(folder, e.pid)) from None
     return folder
 
 
@@ -144,7 +145,12 @@ def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str |
     a warning naming both. Any other unreadable checkpoint is refused (CheckpointError), and so is
     continuing in place from a named one older than a step checkpoint of its folder (RunFolderError):
     the two histories would mix, and pruning keep the other's newer files."""
-    path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
+    try:
+        path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
+    except CheckpointError:  # none: a run training there now (`holder` probes its lock) has saved none yet
+        if (pid := holder(folder / LOCK)) is not None:
+            raise RunFolderError(IN_USE.format(folder, pid)) from None
+        raise
     try:
         ckpt, error = load_checkpoint(path, require=RESUME_KEYS), None
     except CheckpointError as e:
