@@ -93,7 +93,7 @@ def holder(lock: Path) -> str | None:
     a `hold` starting in that instant would be refused)."""
     try:
         fd = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:  # none (or one this process cannot read: it names no holder)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
