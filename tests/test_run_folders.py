@@ -188,10 +188,11 @@ def test_temp_files_of_a_killed_write_are_run_files(tmp_path, overwrite):
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), *overwrite])
     assert not (run / ".args.json.4242.tmp").exists() and not (run / "tokenizer.json.tmp").exists()
     (run / ".metrics.final.json.4242.tmp").write_text("cut short")
+    (run / ".evaluate.validation.lock").write_text("4242")  # the free lock of a killed evaluate
     with pytest.raises(RunFolderError, match="already holds a training run"):
         T.main(TINY + ["--max-steps", "1", "--out", str(run)])
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
-    assert not (run / ".metrics.final.json.4242.tmp").exists()
+    assert not (run / ".metrics.final.json.4242.tmp").exists() and not (run / ".evaluate.validation.lock").exists()
 
 
 def test_a_data_error_leaves_an_earlier_run_and_runs_latest_alone(tmp_path, monkeypatch):

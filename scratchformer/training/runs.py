@@ -29,13 +29,15 @@ from .distributed import Dist
 
 RUNS_DIR = Path("runs")
 # What runs write into their folder, by exact name: `train` itself, and `evaluate --checkpoint RUN`
-# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png); the temp file of a
-# write cut short by a kill (a checkpoint's or tokenizer's NAME.tmp, a text file's .NAME.PID.tmp:
-# `checkpoint.write_lines_atomic`) is one too. --overwrite deletes these and nothing else.
+# (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png; the lock a killed one
+# leaves, .evaluate.<split>.lock); the temp file of a write cut short by a kill (a checkpoint's or
+# tokenizer's NAME.tmp, a text file's .NAME.PID.tmp: `checkpoint.write_lines_atomic`) is one too.
+# --overwrite deletes these and nothing else.
 _EARLY_TEXT = r"metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
 _TEXT = _EARLY_TEXT + r"|metrics\.(final|train|validation|test)\.json|predictions\.(train|validation|test)\.jsonl"
 RUN_FILE = re.compile(rf"(last|best|step_\d+)\.pt(\.tmp)?|log\.txt|{_TEXT}|\.({_TEXT})\.\d+\.tmp"
-                      r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|attention\.(train|validation|test)\.\d+\.png")
+                      r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|attention\.(train|validation|test)\.\d+\.png"
+                      r"|\.evaluate\.(train|validation|test)\.lock")
 RUN_SUBDIRS = {"plots": re.compile(r"curves\.png|attention\.png"), "tb": re.compile(r"events\.out\.tfevents\..+")}
 CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
 # What a run writes before its first checkpoint: a folder holding only these (and no checkpoint)
