@@ -156,9 +156,9 @@ def check_outputs(out: Path, stem: str, overwrite: bool, attention: int | None =
 
 @contextlib.contextmanager
 def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None = None):
-    """`check_outputs`, then hold out/.evaluate.<stem>.lock (`checkpoint.hold`) until the files are
-    written: a second evaluate of the same files is refused naming the first's pid (two at once both
-    ran, and one's predictions could end beside the other's metrics). A folder that cannot be
+    """`check_outputs` under a hold of out/.evaluate.<stem>.lock (`checkpoint.hold`), kept until the files
+    are written: a second evaluate of the same files is refused naming the first's pid (two at once both ran, and
+    one's predictions could end beside the other's metrics). A folder that cannot be
     written takes no lock: its scores still come first, and the write fails after them. The folders
     made for the lock are removed again if the command ends before writing into them."""
     lock = out / f".evaluate.{stem}.lock"

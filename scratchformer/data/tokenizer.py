@@ -125,16 +125,21 @@ def _check_byte_level(tok: Tokenizer, path: Path) -> None:
     trained on it learns nothing of it, silently) and the special tokens registered as special (else
     decoding keeps a "<pad>" in the text)."""
     spec = json.loads(tok.to_str())
+    kind = {part: (spec.get(part) or {}).get("type") for part in ("model", "pre_tokenizer", "decoder")}
     pre = spec.get("pre_tokenizer") or {}
-    pres = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    pres = [(p or {}).get("type") for p in pre.get("pretokenizers", [])] if kind["pre_tokenizer"] == "Sequence" \
+        else [kind["pre_tokenizer"]]
     specials = {t.get("content") for t in spec.get("added_tokens", []) if t.get("special")}
-    faults = [f"its model is {(spec.get('model') or {}).get('type')}, not BPE"] * (
-        (spec.get("model") or {}).get("type") != "BPE")
-    faults += ["it has no ByteLevel pre-tokenizer"] * all((p or {}).get("type") != "ByteLevel" for p in pres)
-    faults += [f"its decoder is {(spec.get('decoder') or {}).get('type')}, not ByteLevel"] * (
-        (spec.get("decoder") or {}).get("type") != "ByteLevel")
     missing = [t for t in SPECIAL_TOKENS if t not in specials]
-    faults += [f"{', '.join(missing)} not registered as special tokens"] * bool(missing)
+    faults = []
+    if kind["model"] != "BPE":
+        faults.append(f"its model is {kind['model']}, not BPE")
+    if "ByteLevel" not in pres:
+        faults.append("it has no ByteLevel pre-tokenizer")
+    if kind["decoder"] != "ByteLevel":
+        faults.append(f"its decoder is {kind['decoder']}, not ByteLevel")
+    if missing:
+        faults.append(f"{', '.join(missing)} not registered as special tokens")
     if faults:
         raise ValueError(f"{path}: not a byte-level BPE tokenizer as train makes them ({'; '.join(faults)}): "
                          "give a tokenizer.json of a scratchformer run, or drop --tokenizer to train one")
