@@ -124,3 +124,62 @@ def test_rouge_names_the_package_when_rouge_score_is_missing(monkeypatch):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "ERR ROUGE needs the rouge-score package" in p.stdout and "pip install rouge-score" in p.stdout
+
+
+def test_bleu_is_the_corpus_bleu_of_its_definition_with_13a_tokens():
+    """BLEU = BP * exp(mean over n = 1..4 of log p_n), BP = exp(1 - r/c) when the hypotheses are shorter
+    (c < r), the n-gram counts summed over the corpus before the precisions are taken."""
+    # a prefix of the reference: every n-gram matches (p_n = 1), c = 5 < r = 6, so BLEU = 100 exp(1 - 6/5);
+    # scored the other way round c = 6 > r = 5 (BP 1) and p_n = 5/6, 4/5, 3/4, 2/3
+    assert M.bleu(["the cat sat on the"], ["the cat sat on the mat"]) == pytest.approx(100 * math.exp(-0.2))
+    # counts pooled over the corpus: c = 9, r = 10, every p_n = 1 -> 100 exp(1 - 10/9) (89.48), not the
+    # sentences' mean BLEU (100 exp(-0.2) + 100) / 2 (90.94)
+    corpus = M.bleu(["the cat sat on the", "a b c d"], ["the cat sat on the mat", "a b c d"])
+    assert corpus == pytest.approx(100 * math.exp(1 - 10 / 9))
+    # case-sensitive: "The" matches no "the": p_n = 4/5, 3/4, 2/3, 1/2 (the n-grams holding "The" miss)
+    cased = M.bleu(["The cat sat on the"], ["the cat sat on the mat"])
+    assert cased == pytest.approx(100 * math.exp(-0.2) * (4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25)
+    # no 4-gram matches: sacrebleu's exp smoothing takes p_4 = 1 / (2 * 1 4-gram) instead of 0 (BLEU 0);
+    # c = r = 4, p_1..3 = 3/4, 2/3, 1/2
+    assert M.bleu(["a b c x"], ["a b c d"]) == pytest.approx(100 * (3 / 4 * 2 / 3 * 1 / 2 * 1 / 2) ** 0.25)
+    # 13a splits ASCII symbols and a final period from their words: both are "he paid $ 5 ."
+    assert M.bleu(["he paid $5."], ["he paid $ 5 ."]) == pytest.approx(100.0)
+
+
+def test_chrf_is_the_f2_of_character_6_gram_precision_and_recall():
+    """chrF (sacrebleu's defaults): whitespace removed, character n-grams n = 1..6, precision and
+    recall each averaged over the orders, then F_beta with beta = 2 (recall weighs more), no word n-grams."""
+    # hyp "abcdef" (space removed) against "abcdefg", all characters distinct: order n has 7 - n
+    # hypothesis n-grams, all matching, and 8 - n reference ones: P_n = 1, R_n = (7 - n) / (8 - n)
+    R = sum((7 - n) / (8 - n) for n in range(1, 7)) / 6
+    P = 1.0
+    assert M.chrf(["abc def"], ["abcdefg"]) == pytest.approx(100 * (1 + 4) * P * R / (4 * P + R))
+    # recall weighs more than precision: the reference's prefix scores less than its extension
+    assert M.chrf(["abcdef"], ["abcdefg"]) < M.chrf(["abcdefg"], ["abcdef"])
+
+
+def test_rouge_scores_the_hypothesis_against_the_reference():
+    """rouge-score's score(target, prediction): the reference is the target. Summary-level rougeLsum is
+    not symmetric: with the reference "no no" (one sentence) the LCS of each hypothesis sentence
+    "no" is the same reference token, so their union covers 1 of its 2 tokens: P = R = F = 1/2;
+    the other way round each reference sentence finds its own "no": 100."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=True)
+    ref, hyp = "no no.", "no. no."
+    assert M.rouge([hyp], [ref])["rougeLsum"] == pytest.approx(
+        100 * scorer.score("no no.", "no.\nno.")["rougeLsum"].fmeasure) == pytest.approx(50.0)
+    assert M.rouge([ref], [hyp])["rougeLsum"] == pytest.approx(100.0)
+
+
+def test_perplexity_is_capped_and_metrics_refuse_an_empty_corpus():
+    """An untrained model's mean NLL can overflow exp: perplexity caps the mean at 100 nats."""
+    assert M.perplexity(1e6, 10) == pytest.approx(math.exp(100.0))  # mean 1e5 nats -> capped
+    assert M.perplexity(99.0, 1) == pytest.approx(math.exp(99.0))  # below the cap: as it is
+    for metric in (M.bleu, M.chrf, M.rouge, M.exact_match, M.accuracy):
+        with pytest.raises(ValueError, match="no hypotheses to score"):
+            metric([], [])
+
+
+def test_exact_match_ignores_surrounding_whitespace_only():
+    assert M.exact_match(["The cat", "a dog\n", "a  dog"], ["the cat", " a dog", "a dog"]) == pytest.approx(100 / 3)
