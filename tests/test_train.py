@@ -96,6 +96,69 @@ def test_schedule_shapes():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
 
 
+def test_cosine_decays_half_a_cosine_from_the_peak_to_min_lr():
+    """After warmup, lr = min_lr + (peak - min_lr) * (1 + cos(pi t)) / 2, t the fraction of the decay
+    steps done: halfway between peak and floor at t = 1/2, min_lr itself (not min_lr * peak) at the end."""
+    peak, min_lr = 2.0, 0.4
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    sched = O.build_scheduler(opt, "cosine", warmup=10, total=110, min_lr=min_lr, peak=peak)
+    lrs = []
+    for _ in range(110):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # step k (0-based) trains at s = k + 1: s = 10 ends the warmup; s = 10 + 100 t
+    assert lrs[9] == pytest.approx(peak)
+    assert lrs[59] == pytest.approx((peak + min_lr) / 2)  # t = 1/2: cos = 0
+    assert lrs[34] == pytest.approx(min_lr + (peak - min_lr) * (1 + math.cos(math.pi / 4)) / 2)  # t = 1/4
+    assert lrs[109] == pytest.approx(min_lr)  # t = 1
+
+
+def test_weight_decay_shrinks_matrices_but_not_biases_or_norm_gains():
+    """AdamW decays the weight matrices (and embeddings) only: with zero gradients a step leaves Adam's
+    update at 0 and scales each decayed weight by 1 - lr * wd, and leaves biases, LayerNorm gains and
+    the [CLS] vector as they were. Every parameter is in exactly one group."""
+    torch.manual_seed(0)
+    model = Classifier(get_config("classifier", src_vocab_size=20, kernel="eager"))
+    lr, wd = 0.1, 0.5
+    opt = O.build_optimizer(model, lr, wd)
+    grouped = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        matrix = name.endswith("weight") and "norm" not in name
+        want = before[name] * (1 - lr * wd) if matrix else before[name]
+        torch.testing.assert_close(p.detach(), want, msg=name)
+    assert any(n.endswith("bias") for n in before) and any("norm" in n for n in before) and "cls" in before
+
+
+def test_classification_nll_is_unsmoothed_and_the_loss_smoothed_over_all_classes():
+    """Two classes, logits (0, ln 3): p = (1/4, 3/4). Label 1: NLL = ln(4/3); smoothed with eps over
+    both classes (eps / C each, label 0 included: it is a class, not PAD):
+    (1 - eps) ln(4/3) + eps/2 (ln 4 + ln(4/3))."""
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    eps = 0.2
+    loss, nll = O.classification_loss(logits, torch.tensor([1]), eps)
+    assert float(nll) == pytest.approx(math.log(4 / 3))
+    assert float(loss) == pytest.approx((1 - eps) * math.log(4 / 3) + eps / 2 * (math.log(4) + math.log(4 / 3)))
+
+
+def test_every_score_a_validation_reports_is_ranked_the_right_way():
+    """best.pt and early stopping follow is_better: every score of the decodings (BLEU, chrF, exact
+    match, ROUGE-1/2/L/Lsum) and accuracy are better higher; loss and perplexity lower."""
+    from scratchformer.evaluation import metrics as M
+
+    scores = [*M.seq2seq_scores(["a b"], ["a b"], "summarization"), "accuracy"]
+    assert set(M.ROUGE_KEYS) <= set(scores)
+    for metric in scores:
+        assert O.is_better(metric, 2.0, 1.0) and not O.is_better(metric, 1.0, 2.0), metric
+    for metric in ("loss", "ppl"):
+        assert O.is_better(metric, 1.0, 2.0) and not O.is_better(metric, 2.0, 1.0), metric
+
+
 def test_resumed_schedule_takes_todays_warmup_length_and_peak():
     """load_scheduler keeps the checkpoint's position and nothing else of its schedule: a cosine run
     resumed with a longer --max-steps, another --warmup-steps and --lr follows the new schedule from
