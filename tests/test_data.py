@@ -455,6 +455,41 @@ def test_sampler_seeded_shuffle_and_resume_offset():
     assert sorted(i for b in u for i in b) == list(range(len(LENGTHS)))
 
 
+def test_sampler_buckets_by_length_and_shuffles_the_batch_order():
+    """Within a pool the examples are sorted by length before they are cut: with one pool for all,
+    the batches' length ranges do not overlap (each batch's longest is at most the next one's
+    shortest), so little is padding; and the batches then come in a seeded random order, not by length."""
+    lengths = np.asarray(LENGTHS)
+    s = D.BucketBatchSampler(LENGTHS, max_tokens=500, seed=3, pool_batches=10_000)
+    batches = list(s)
+    ranges = sorted((int(lengths[b].min()), int(lengths[b].max())) for b in batches)
+    assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    assert padded - lengths.sum() < 0.1 * padded  # lengths 1-59 in ~500-token batches: few pad tokens
+    longest = [int(lengths[b].max()) for b in batches]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+    unshuffled = D.BucketBatchSampler(LENGTHS, max_tokens=500, shuffle=False, pool_batches=10_000)
+    assert [i for b in unshuffled for i in b] == sorted(range(len(LENGTHS)), key=lambda i: LENGTHS[i])
+
+
+def test_a_batch_counts_the_target_tokens_its_loss_is_summed_over():
+    """num_tgt_tokens, the divisor of the step's summed loss, is the number of non-PAD tgt_out tokens
+    (y + EOS per example), whatever the padding; a classifier's batch counts examples."""
+    items = [(0, np.array([5, EOS_ID]), np.array([7])), (1, np.array([8, 9, EOS_ID]), np.array([9, 10, 11]))]
+    for multiple in (1, 8):
+        b = D.collate(items, pad_multiple=multiple)
+        assert b.num_tgt_tokens == int((b.tgt_out != PAD_ID).sum()) == (1 + 1) + (3 + 1)
+    assert D.collate([(0, np.array([5]), 0), (1, np.array([6, 7]), 1), (2, np.array([6]), 0)]).num_tgt_tokens == 3
+
+
+def test_the_first_examples_keep_their_references():
+    ex = [D.Example(f"src {i}", f"tgt {i}") for i in range(5)]
+    ds, _ = D.encode_examples(ex, "translation", CharTok(), None, 64, 64)
+    head = ds.first(2)
+    assert len(head) == 2 and head.refs == ["tgt 0", "tgt 1"]
+    assert [t.tolist() for t in head.tgt] == [ds.tgt[0].tolist(), ds.tgt[1].tolist()]
+
+
 def test_sampler_distributed_partition():
     full = D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2)
     parts = [D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2, num_replicas=3, rank=r) for r in range(3)]
