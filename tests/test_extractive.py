@@ -149,6 +149,16 @@ def test_picking_takes_the_best_in_document_order_and_blocks_repeated_trigrams()
         pick_sentences(sents[:3], [0.0, 1.0])
 
 
+def test_trigram_blocking_compares_lower_cased_word_trigrams_only():
+    """A sentence is blocked when it shares a word trigram with one picked, whatever the case ("The cat
+    sat" is "the cat sat"); sharing a bigram ("the cat") or a trigram across a sentence boundary blocks nothing."""
+    sents = ["The cat sat down .", "the cat sat up .", "the cat ran .", "down the cat ."]
+    assert pick_sentences(sents, [0.9, 0.8, 0.7, 0.6], k=4) == [0, 2, 3]
+    assert pick_sentences(sents, [0.9, 0.8, 0.7, 0.6], k=4, block_trigrams=False) == [0, 1, 2, 3]
+    # against every sentence picked so far, not only the last
+    assert pick_sentences(["a b c .", "x y z .", "again a b c ."], [0.9, 0.8, 0.7]) == [0, 1]
+
+
 def test_batches_point_at_the_markers_and_pad_the_labels():
     src = torch.tensor([[BOS_ID, 5, 6, BOS_ID, 7, BOS_ID, 8], [BOS_ID, 9, 9, 9, 0, 0, 0]])
     labels = [np.array([0, 1, 1], dtype=np.int32), np.array([1], dtype=np.int32)]
