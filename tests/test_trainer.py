@@ -26,6 +26,7 @@ from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.launch import create_trainer
+from scratchformer.training.optim import batch_loss
 from scratchformer.training.runs import Logger
 from scratchformer.training.trainer import Trainer
 
@@ -853,3 +854,87 @@ def test_resume_does_not_validate_a_validated_step_again_and_a_larger_patience_g
     save_checkpoint(run / "last.pt", ck)
     T.main(["--resume", "--out", str(run), "--no-progress", "--no-plots"])
     assert load_checkpoint(run / "last.pt")["progress"]["validated"] == 10
+
+
+def _step_gradients(trainer):
+    """Make the optimizer's step record the gradients it is given (and change nothing)."""
+    seen = []
+    trainer.optimizer.step = lambda *a, **k: seen.append(
+        {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+    return seen
+
+
+def _group_reference_gradients(trainer, group):
+    """The gradient of the group as one batch, computed apart from the Trainer: the batches' summed
+    token losses (the loss function itself) over their target tokens counted in tgt_out (not PAD)."""
+    trainer.model.zero_grad(set_to_none=True)
+    tokens = sum(int((b.tgt_out != D.PAD_ID).sum()) for b in group)
+    total = sum(batch_loss(trainer.model, b, "translation", trainer.config.label_smoothing)[0] for b in group)
+    (total / tokens).backward()
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_an_accumulated_step_weighs_every_target_token_the_same_and_starts_from_zero(tmp_path):
+    """A step over --grad-accum 2 batches of unequal token counts takes the gradient of their summed
+    token losses over all their target tokens (one big batch: not each batch's mean, nor a mean per
+    sentence), and the next step's gradient is its own (the last one's were zeroed)."""
+    tr = _trainer(tmp_path, *DDP_FLAGS, "--grad-accum", "2")
+    group = [g[0] for g in _batches(tr, 2)]
+    per_sentence = [b.num_tgt_tokens / len(b) for b in group]
+    assert per_sentence[0] != per_sentence[1] and group[0].num_tgt_tokens != group[1].num_tgt_tokens
+    seen = _step_gradients(tr)
+    loss, nll, ntok, _ = tr.train_step(group)
+    tr.train_step(group)  # the step changed nothing: the same gradient again
+    want = _group_reference_gradients(tr, group)
+    # the step's sums are over both batches, the tokens those of tgt_out, counted into the progress
+    tokens = sum(int((b.tgt_out != D.PAD_ID).sum()) for b in group)
+    with torch.no_grad():
+        sums = [batch_loss(tr.model, b, "translation", tr.config.label_smoothing) for b in group]
+    assert ntok == tokens and tr.progress.tokens == 2 * tokens and tr.progress.batch == 4
+    assert float(loss) == pytest.approx(float(sums[0][0] + sums[1][0]), rel=1e-5)
+    assert float(nll) == pytest.approx(float(sums[0][1] + sums[1][1]), rel=1e-5)
+    for name, grad in want.items():
+        torch.testing.assert_close(seen[0][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(seen[1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_clipping_scales_the_gradient_to_the_clip_norm_and_reports_the_norm_before(tmp_path):
+    """--clip-norm c: the optimizer gets the gradient scaled to total norm c (when larger), and the step
+    reports the norm before clipping."""
+    tr = _trainer(tmp_path, "--dropout", "0", "--clip-norm", "0.01")
+    group = [_batches(tr, 1)[0][0]]
+    seen = _step_gradients(tr)
+    *_, gnorm = tr.train_step(group)
+    want = _group_reference_gradients(tr, group)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want.values()]))
+    assert float(norm) > 0.01 and float(gnorm) == pytest.approx(float(norm), rel=1e-4)
+    for name, grad in want.items():
+        torch.testing.assert_close(seen[0][name], grad * (0.01 / norm), rtol=1e-3, atol=1e-9, msg=name)
+
+
+def test_an_epoch_of_batches_takes_every_short_last_group_as_a_step(tmp_path):
+    """With --grad-accum k an epoch of n batches is ceil(n / k) steps (its last group short), so a run of
+    --epochs 2 is given the steps that cover every batch of both epochs."""
+    tr = _trainer(tmp_path, "--grad-accum", "3", "--epochs", "2")
+    n = tr.sampler.batches_per_epoch(0)
+    assert n % 3 and tr.total_steps == 2 * (n // 3 + 1)
+
+
+def test_a_train_row_is_the_loss_per_target_token_of_the_steps_since_the_last_row(tmp_path, monkeypatch):
+    """--log-every 3: rows at step 1 (always) and step 3, which sums steps 2 and 3's losses and divides
+    by their tokens together."""
+    from tqdm import tqdm
+
+    tr = _trainer(tmp_path, "--log-every", "3", "--eval-every", "0")
+    tr._bar = tqdm(disable=True)
+    rows = []
+    monkeypatch.setattr(tr.log, "row", rows.append)
+    monkeypatch.setattr(tr, "_step_lr", lambda: 1e-3)  # no step taken: the schedule has no lr to show
+    for step, (loss, nll, ntok) in enumerate([(3.0, 2.0, 10), (9.0, 4.0, 20), (5.0, 1.0, 30)], start=1):
+        tr.progress.step = step
+        tr._after_step(torch.tensor(loss), torch.tensor(nll), ntok, torch.tensor(1.0))
+    assert [r["step"] for r in rows] == [1, 3]
+    assert rows[0]["loss"] == pytest.approx(3.0 / 10) and rows[0]["nll"] == pytest.approx(2.0 / 10)
+    assert rows[1]["loss"] == pytest.approx((9.0 + 5.0) / 50) and rows[1]["nll"] == pytest.approx((4.0 + 1.0) / 50)
