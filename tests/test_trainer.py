@@ -938,3 +938,35 @@ def test_a_train_row_is_the_loss_per_target_token_of_the_steps_since_the_last_ro
     assert [r["step"] for r in rows] == [1, 3]
     assert rows[0]["loss"] == pytest.approx(3.0 / 10) and rows[0]["nll"] == pytest.approx(2.0 / 10)
     assert rows[1]["loss"] == pytest.approx((9.0 + 5.0) / 50) and rows[1]["nll"] == pytest.approx((4.0 + 1.0) / 50)
+
+
+def test_early_stopping_counts_evaluations_without_gain_since_the_last_best():
+    """--patience 2 stops at the second validation in a row without a new best; a new best in between
+    starts the count again. Resumed with --patience 0 (no early stopping) a stopped run goes on."""
+    from scratchformer.training.progress import Progress
+
+    prog = Progress()
+    stops = [prog.track("loss", value, patience=2) for value in (5.0, 6.0, 4.0, 4.5, 4.2)]
+    assert stops == [False, False, False, False, True] and (prog.best, prog.bad_evals) == (4.0, 2)
+    prog.resumed(time_budget=None, patience=3)  # fewer bad evaluations than the new patience: goes on
+    assert not prog.stopped_early
+    stopped = Progress(stopped_early=True, bad_evals=5)
+    stopped.resumed(time_budget=None, patience=0)
+    assert not stopped.stopped_early
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_weights_infinite_or_nan_are_a_divergence(tmp_path, bad):
+    from types import SimpleNamespace
+
+    from scratchformer.training.progress import Progress
+    from scratchformer.training.stopping import Diverged, check_finite
+
+    model = torch.nn.Linear(3, 2)
+    trainer = SimpleNamespace(model=model, out=tmp_path, last_saved=-1, progress=Progress(step=7),
+                              config=SimpleNamespace(lr=1e-3))
+    check_finite(trainer, "at the train row")  # finite: nothing to say
+    with torch.no_grad():
+        model.bias[1] = bad
+    with pytest.raises(Diverged, match="after step 7 .found at the train row.; no checkpoint was saved"):
+        check_finite(trainer, "at the train row")
