@@ -97,3 +97,25 @@ def test_a_tokenizer_file_not_laid_out_as_ours_is_refused_by_name(tmp_path):
     ours = BPETokenizer.train(TEXTS, 300)
     ours.save(tmp_path / "ours.json")
     assert BPETokenizer.load(tmp_path / "ours.json").encode("hello there") == ours.encode("hello there")
+
+
+def test_text_is_nfc_normalised_and_compatibility_characters_kept(tok):
+    """NFC composes a letter and its combining accent ("e" + U+0301 is "é") and keeps compatibility
+    characters as they are (the ligature "ﬁ" and "²" are not "fi" and "2", as NFKC would make them)."""
+    assert tok.decode(tok.encode("Cafe\u0301")) == "Café"
+    assert tok.decode(tok.encode("ﬁle x²")) == "ﬁle x²"
+
+
+def test_a_merge_needs_two_occurrences_and_the_smallest_vocabulary_is_the_bytes_and_specials():
+    """BPE merges a pair seen at least twice (min_frequency 2): in " ab", " ab", " cd" (byte-level, a
+    prefix space "Ġ") the pairs "Ġa" and "ab" make " ab" one token, "Ġc" and "cd" (once) stay apart.
+    A vocabulary of just MIN_VOCAB (the 256 bytes and 4 specials) is allowed: it merges nothing."""
+    tok = BPETokenizer.train(["ab ab cd"], vocab_size=MIN_VOCAB + 10)
+    assert len(tok.encode("ab")) == 1 and len(tok.encode("cd")) == 3
+    tiny = BPETokenizer.train(["ab ab cd"], vocab_size=MIN_VOCAB)
+    assert tiny.vocab_size == MIN_VOCAB and len(tiny.encode("ab")) == 3
+
+
+def test_a_shared_pair_stays_shared_through_its_checkpoint_form(tok):
+    pair = TokenizerPair(tok)
+    assert pair.to_dict()["tgt"] is None and TokenizerPair.from_dict(pair.to_dict()).shared
