@@ -143,6 +143,15 @@ def test_draws_are_seeded_and_occurrences_draw_apart(tok):
     assert len(set(pieces)) > 1, pieces
 
 
+def test_each_stream_draws_its_own_segmentations_of_a_word(tok):
+    """The source's and the target's segmentations of the same words are drawn apart, not only the
+    sample each occurrence takes: with one sample per word (no pick to draw) streams 1 and 2 still differ."""
+    texts = TEXTS + ODD
+    one, two = (WordSegmentations(tok, texts, 0.3, seed=5, stream=s, samples=1) for s in (1, 2))
+    assert one.draw(0).flat.tolist() != two.draw(0).flat.tolist()
+    assert one.draw(0).flat.tolist() == one.draw(7).flat.tolist()  # one sample: every epoch the same
+
+
 def _word_starts(tok, ids):
     """The ids in `ids` that begin a word (their piece starts with the byte-level space 'Ġ')."""
     return [i for i in ids if tok.tok.id_to_token(int(i)).startswith("Ġ")]
