@@ -176,7 +176,13 @@ def test_resegmented_dataset_truncates_and_keeps_epochs_apart(tok):
         ds.set_epoch(epoch)
         for _, src, tgt in (ds[i] for i in range(len(ds))):
             assert len(src) <= 12 and src[-1] == D.EOS_ID and len(tgt) <= 9  # encode_examples' policy
-        assert ds.truncation(epoch).src_truncated > 0
+        assert ds.truncation(epoch).src_truncated > 0 and ds.truncation(epoch).examples == len(ex)
+    # each epoch segments the source and the target anew
+    ds.set_epoch(0)
+    first = [(ds[i][1].tolist(), ds[i][2].tolist()) for i in range(len(ds))]
+    ds.set_epoch(1)
+    assert any(first[i][0] != ds[i][1].tolist() for i in range(len(ds)))
+    assert any(first[i][1] != ds[i][2].tolist() for i in range(len(ds)))
     wide = D.ResegmentedDataset(ex, "translation", tok, p=0.4, seed=0)
     wide.set_epoch(1)
     items = [wide[i][1].tolist() for i in range(len(wide))]

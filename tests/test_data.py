@@ -317,6 +317,9 @@ def test_truncation_policy_and_counts():
 def test_classification_empty_text_is_one_eos():
     ds, st = D.encode_examples([D.Example("", 0), D.Example("abc", 1)], "classification", CharTok(), max_src_len=2)
     assert ds.src[0].tolist() == [EOS_ID] and len(ds.src[1]) == 2 and st.src_truncated == 1
+    # a text that fits is its tokens alone: no EOS (the classifier reads its [CLS])
+    ds, st = D.encode_examples([D.Example("abc", 1)], "classification", CharTok(), max_src_len=8)
+    assert ds.src[0].tolist() == CharTok().encode_batch(["abc"])[0] and st.src_truncated == 0
 
 
 @pytest.mark.parametrize("eos", ["always", "if empty", "never"])
