@@ -183,3 +183,9 @@ def test_perplexity_is_capped_and_metrics_refuse_an_empty_corpus():
 
 def test_exact_match_ignores_surrounding_whitespace_only():
     assert M.exact_match(["The cat", "a dog\n", "a  dog"], ["the cat", " a dog", "a dog"]) == pytest.approx(100 / 3)
+
+
+def test_lead3_is_the_first_sentences_even_when_they_repeat_words():
+    """Lead-3 is positional: a second sentence repeating the first's trigram "the cat sat" is still taken."""
+    doc = "the cat sat down . the cat sat up . a dog ran . birds sang ."
+    assert M.lead3(doc) == "the cat sat down .\nthe cat sat up .\na dog ran ."
