@@ -143,13 +143,23 @@ def test_draws_are_seeded_and_occurrences_draw_apart(tok):
     assert len(set(pieces)) > 1, pieces
 
 
-def test_each_stream_draws_its_own_segmentations_of_a_word(tok):
-    """The source's and the target's segmentations of the same words are drawn apart, not only the
-    sample each occurrence takes: with one sample per word (no pick to draw) streams 1 and 2 still differ."""
+def test_each_stream_draws_its_own_segmentations_and_picks(tok):
+    """The source's (stream 1) and the target's (stream 2) draws are apart twice over: a word's samples
+    (with one sample per word, no pick to draw, the streams still differ) and each occurrence's pick."""
     texts = TEXTS + ODD
     one, two = (WordSegmentations(tok, texts, 0.3, seed=5, stream=s, samples=1) for s in (1, 2))
     assert one.draw(0).flat.tolist() != two.draw(0).flat.tolist()
     assert one.draw(0).flat.tolist() == one.draw(7).flat.tolist()  # one sample: every epoch the same
+    # and each occurrence's pick among its word's samples too: one word per text, the samples an
+    # occurrence's ids could be in each stream; picks drawn from one generator (the same sample index
+    # in both streams) would leave every occurrence a common candidate
+    one, two = (WordSegmentations(tok, ["Antriebsradsystem"] * 64, 0.5, seed=5, stream=s) for s in (1, 2))
+
+    def candidates(ws):
+        pool = [ws.flat[ws.piece_starts[k]:ws.piece_starts[k + 1]].tolist() for k in range(ws.samples)]
+        return [{k for k, seg in enumerate(pool) if seg == ids.tolist()} for ids in ws.draw(3)]
+
+    assert any(not a & b for a, b in zip(candidates(one), candidates(two)))
 
 
 def _word_starts(tok, ids):
