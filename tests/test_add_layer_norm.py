@@ -358,6 +358,31 @@ def test_ops_triton_matches_eager(return_residual):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_every_backend_drops_x_not_the_residual_and_scales_what_it_keeps(kernel):
+    """dropout(x) + residual: each element of s - residual is 0 (dropped) or x / (1 - p) (kept, scaled), both
+    occur at p = 0.5 over 33 x 100 draws, and y is the LayerNorm of that s (F.layer_norm): an invariant
+    that needs no mask, so it holds every backend to the same dropout."""
+    x, r, w, b = (t.detach() for t in _inputs((33, 100), torch.float32))
+    p = 0.5
+    y, s = ops.select(kernel, DEVICE).add_layer_norm(x, r, w, b, 1e-5, dropout_p=p, return_residual=True)
+    added = s - r
+    kept = torch.isclose(added, x / (1 - p), rtol=1e-5, atol=1e-5)
+    dropped = added.abs() <= 1e-6
+    assert (kept | dropped).all() and kept.any() and dropped.any()
+    torch.testing.assert_close(y, F.layer_norm(s, (100,), w, b, 1e-5), atol=1e-5, rtol=1e-5)
+
+
+def test_no_rows_give_empty_outputs_and_zero_weight_gradients():
+    """x of shape (0, 48): y and s empty, dx empty, and dweight, dbias zeros (a sum over no rows; their
+    partial-sum buffers are written by no program)."""
+    x, r, w, b = _inputs((0, 48), torch.float32)
+    y, s = add_layer_norm(x, r, w, b, return_residual=True)
+    assert y.shape == s.shape == (0, 48)
+    dx, dw, db = torch.autograd.grad((y, s), (x, w, b), (torch.ones_like(y), torch.ones_like(s)))
+    assert dx.shape == (0, 48) and torch.equal(dw, torch.zeros_like(w)) and torch.equal(db, torch.zeros_like(b))
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------------------------
@@ -374,13 +399,23 @@ def test_add_layer_norm_bad_inputs():
         add_layer_norm(x, x.half(), w, None)
     with pytest.raises(ValueError, match="weight dtype must be torch.float32"):
         add_layer_norm(x, None, w.half(), None)
+    with pytest.raises(ValueError, match="weight torch.float32 and bias torch.bfloat16 dtypes differ"):  # each allowed
+        add_layer_norm(x.bfloat16(), None, w, torch.zeros(48, device=DEVICE, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16, got torch.float64"):
         add_layer_norm(x.double(), None, w.double(), None)
     with pytest.raises(ValueError, match="different devices"):
         add_layer_norm(x, None, torch.ones(48, device="meta"), None)
+    with pytest.raises(ValueError, match="add_layer_norm: unsupported device meta"):  # one device, but not a kernel's
+        add_layer_norm(x.to("meta"), None, w.to("meta"), None)
     big = torch.randn(1, 20000, device=DEVICE)
     with pytest.raises(ValueError, match="hidden size N must be <= 16384.*got 20000"):
         add_layer_norm(big, None, torch.ones(20000, device=DEVICE), None)
+    from scratchformer.kernels.add_layer_norm import check_limits
+
+    for N in (1, 16384):  # the bound is inclusive: one past it is refused (checked without a launch)
+        check_limits(torch.empty(1, N, device=DEVICE), None, torch.empty(N, device=DEVICE), None)
+    with pytest.raises(ValueError, match="hidden size N must be <= 16384 .*got 16385"):
+        check_limits(torch.empty(1, 16385, device=DEVICE), None, torch.empty(16385, device=DEVICE), None)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.0"):
         add_layer_norm(x, None, w, None, dropout_p=1.0)
     with pytest.raises(ValueError, match="y_dtype must be None, torch.float32, torch.float16 or torch.bfloat16, got "

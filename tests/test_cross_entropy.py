@@ -32,12 +32,12 @@ def _inputs(N, d, V, dtype, *, bias=True, pad_every=5):
     return x, w, b, t
 
 
-def _grads(fn, x, w, b, t, eps, scale=0.37):
+def _grads(fn, x, w, b, t, eps, scale=0.37, ignore_index=PAD_ID):
     """(loss, nll, dx, dW, db) of fn's loss times `scale` (an upstream gradient that is not 1)."""
     for p in (x, w, b):
         if p is not None:
             p.grad = None
-    loss, nll = fn(x, w, b, t, label_smoothing=eps, ignore_index=PAD_ID)
+    loss, nll = fn(x, w, b, t, label_smoothing=eps, ignore_index=ignore_index)
     (loss * scale).backward()
     return loss.detach(), nll.detach(), x.grad, w.grad, None if b is None else b.grad
 
@@ -167,6 +167,42 @@ def test_every_backend_computes_the_spec(ops_backend):
         torch.testing.assert_close(g.double(), s, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_every_backend_leaves_out_an_ignore_index_that_is_not_pad(ops_backend):
+    """ignore_index 5, not PAD_ID (0): the rows whose target is 5 are left out and column 5 gets no
+    smoothing mass, while 0 is a class like any other (some targets are 0); against the smoothed target
+    distribution written out in float64 (`_smoothed_target_loss`), loss, NLL and every gradient."""
+    x, w, b, t = _inputs(30, 16, 77, torch.float32)  # every fifth target 0
+    t[1::4] = 5
+    got = _grads(ops_backend.linear_cross_entropy, x, w, b, t, 0.1, ignore_index=5)
+    want = _grads(_smoothed_target_loss, *_float64(x, w, b), t, 0.1, ignore_index=5)
+    for name, g, s in zip(("loss", "nll", "dx", "dW", "db"), got, want):
+        torch.testing.assert_close(g.double(), s, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_every_backend_casts_the_bias_with_x_and_the_weight_under_autocast(ops_backend):
+    """autocast casts a linear's input, weight and bias alike: fp32 x, W and b under bf16 autocast are one
+    dtype after the backend's casts (not a dtype mismatch), and the loss is that of their bf16 values
+    (the float64 spec of the rounded inputs, to the bf16 logits' rounding)."""
+    x, w, b, t = (p.detach() if p.is_floating_point() else p for p in _inputs(30, 16, 77, torch.float32))
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        loss, nll = ops_backend.linear_cross_entropy(x, w, b, t, label_smoothing=0.1, ignore_index=PAD_ID)
+    want = linear_cross_entropy_ref(*(p.to(torch.bfloat16).double() for p in (x, w, b)), t, label_smoothing=0.1,
+                                    ignore_index=PAD_ID)
+    torch.testing.assert_close((loss.double(), nll.double()), want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_bias_alone_takes_its_gradient():
+    """Only the generator's bias trainable (x and W frozen): the loss is still differentiated, and db is
+    Σ_rows (p - q), the float64 independent loss's."""
+    x, w, b, t = _inputs(12, 16, 50, torch.float32)
+    x, w = x.detach(), w.detach()
+    loss, _ = CE.linear_cross_entropy(x, w, b, t, label_smoothing=0.1)
+    (db,) = torch.autograd.grad(loss, b)
+    b64 = b.detach().double().requires_grad_()
+    want = _smoothed_target_loss(x.double(), w.double(), b64, t, label_smoothing=0.1, ignore_index=PAD_ID)[0]
+    torch.testing.assert_close(db.double(), torch.autograd.grad(want, b64)[0], rtol=1e-5, atol=1e-6)
+
+
 def _model(kernel, copy=False):
     cfg = get_config("tiny", src_vocab_size=70, tgt_vocab_size=70, tie_embeddings="all", d_model=32, n_heads=2,
                      n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, kernel=kernel, copy=copy)
@@ -220,6 +256,9 @@ def test_the_kernels_entry_refuses_what_it_would_read_out_of_bounds():
     # 1.5 passed the range test and was read as class 1 (int(ignore_index)), as op_checks refuses it
     with pytest.raises(ValueError, match="ignore_index in \\[0, V\\).*got 1.5, 0.0 with V = 10"):
         CE.linear_cross_entropy(x, w, b, t, ignore_index=1.5)
+    # smoothing over V - 2 = 0 classes: refused (it divided by zero)
+    with pytest.raises(ValueError, match=r"\(V >= 3 to smooth\); got 0, 0.1 with V = 2"):
+        CE.linear_cross_entropy(x, w[:2], b[:2], t.clamp(max=1), label_smoothing=0.1)
 
 
 def test_a_target_out_of_range_unread_by_the_checks_gives_nan_not_a_guess():

@@ -282,6 +282,20 @@ def test_ops_triton_matches_eager(activation):
     )
 
 
+@pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
+def test_every_backend_drops_the_activation_and_scales_what_it_keeps(kernel):
+    """With identity weights, zero biases and a positive x, relu(x W1ᵀ) = x and y = dropout(x): each
+    element of y is 0 (dropped) or x / (1 - p) (kept, scaled), and both occur at p = 0.5 over 20 x 16
+    draws; an invariant that needs no mask, so it holds every backend to the same dropout."""
+    eye, zero = torch.eye(16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    x = torch.rand(20, 16, device=DEVICE) + 0.5
+    p = 0.5
+    y = ops.select(kernel, DEVICE).ffn(x, eye, zero, eye, zero, dropout_p=p)
+    kept = torch.isclose(y, x / (1 - p), rtol=1e-6, atol=0)
+    dropped = y == 0
+    assert (kept | dropped).all() and kept.any() and dropped.any()
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------------------------
@@ -296,6 +310,10 @@ def test_ffn_bad_inputs():
         ffn(x, w1, b1, w2.t(), b2)
     with pytest.raises(ValueError, match=r"b1 must be \(100,\)"):
         ffn(x, w1, b2, w2, b2)
+    with pytest.raises(ValueError, match=r"b2 must be \(48,\), got \(100,\)"):
+        ffn(x, w1, b1, w2, b1)
+    with pytest.raises(ValueError, match=r"w2 must be \(48, 100\) \(d_model, d_ff\), got \(48, 101\)"):  # right height
+        ffn(x, w1, b1, torch.randn(48, 101, device=DEVICE), b2)
     with pytest.raises(ValueError, match="dtype mismatch"):
         ffn(x.half(), w1, b1, w2, b2)
     with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16, got torch.float64"):
@@ -307,6 +325,14 @@ def test_ffn_bad_inputs():
         ffn(x8, w1_8, b1, w2_8, None)
     with pytest.raises(ValueError, match="activation must be 'relu' or 'gelu', got 'tanh'"):
         ffn(x, w1, b1, w2, b2, activation="tanh")
+    # the widths' bounds are inclusive: 16 and 16384 taken, one past either refused (checked without a launch)
+    for d_model, d_ff in ((16, 16384), (16384, 16)):
+        ffn_mod.check_limits(torch.empty(1, d_model, device=DEVICE), torch.empty(d_ff, d_model, device=DEVICE), None,
+                             torch.empty(d_model, d_ff, device=DEVICE), None)
+    for d_model, d_ff, name, got in ((15, 64, "d_model", 15), (16, 16385, "d_ff", 16385)):
+        with pytest.raises(ValueError, match=rf"ffn: {name} must be in \[16, 16384\], got {got}"):
+            ffn_mod.check_limits(torch.empty(1, d_model, device=DEVICE), torch.empty(d_ff, d_model, device=DEVICE),
+                                 None, torch.empty(d_model, d_ff, device=DEVICE), None)
     with pytest.raises(ValueError, match=r"matmul: inner dims differ"):
         matmul(torch.randn(4, 8, device=DEVICE), torch.randn(7, 8, device=DEVICE))
 

@@ -60,6 +60,22 @@ def test_add_layer_norm_refuses_an_empty_row(ops_backend):
         ops_backend.add_layer_norm(torch.randn(2, 0), None, torch.ones(0), None)
 
 
+def test_add_layer_norm_refuses_a_scalar_a_bias_of_another_width_and_integer_output_dtypes(ops_backend):
+    """A 0-dim x has no feature dim (x.shape[-1] was an IndexError); a bias narrower than the row would be
+    read past its end by the kernel, which trusts the check; y_dtype / copy_dtype must be floating point
+    (an int32 y was a silent truncation in eager and torch)."""
+    with pytest.raises(ValueError, match=_esc("add_layer_norm: x must be (..., N) with N >= 1, got ()")):
+        ops_backend.add_layer_norm(torch.tensor(1.0), None, torch.ones(1), None)
+    x, w = torch.randn(2, 16), torch.ones(16)
+    with pytest.raises(ValueError, match=_esc("add_layer_norm: weight/bias must be (16,) for hidden size 16, got "
+                                              "(16,) / (8,)")):
+        ops_backend.add_layer_norm(x, None, w, torch.zeros(8))
+    for name, dtype in (("y_dtype", torch.int32), ("copy_dtype", torch.int64)):
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: {name} must be None or a floating-point "
+                                                  f"torch.dtype, got {dtype!r}")):
+            ops_backend.add_layer_norm(x, None, w, None, **{name: dtype})
+
+
 # ---------------------------------------------------------------------------------------------
 # ffn
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +126,15 @@ def test_ffn_refuses_a_bias_of_the_wrong_shape(ops_backend, which, shape):
         ops_backend.ffn(x, w1, b1, w2, b2)
 
 
+def test_ffn_refuses_a_w2_whose_width_is_not_d_ff(ops_backend):
+    """w2 must be (d_model, d_ff) for w1's d_ff: a w2 of the right height and another width went past the
+    check (eager's matmul then raised torch's RuntimeError; the triton GEMM trusts the check)."""
+    x, w1, b1, _, b2 = _ffn_args()  # d_model 16, d_ff 32
+    with pytest.raises(ValueError, match=_esc("ffn shape mismatch: x (..., 16), w1 (32, 16) (want (d_ff, 16)), "
+                                              "w2 (16, 24) (want (16, d_ff))")):
+        ops_backend.ffn(x, w1, b1, torch.randn(16, 24), b2)
+
+
 def test_ffn_refuses_integer_weights_and_bad_dropout(ops_backend):
     x, w1, b1, w2, b2 = _ffn_args()
     with pytest.raises(ValueError, match="ffn: w1 must be a floating-point tensor, got torch.int64"):
@@ -157,6 +182,24 @@ def test_embed_refuses_an_out_of_range_token_id_naming_it(ops_backend, bad, monk
     tokens = torch.tensor([[1, 2, 3], [4, bad, 5]])
     with pytest.raises(ValueError, match=rf"embed: token id {bad} at \(1, 1\) is out of range \[0, 10\)"):
         ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0)
+
+
+def test_embed_checks_a_single_token_too(ops_backend, monkeypatch):
+    """A (1, 1) batch (a decoding step of one sentence) is read like any other: its one id out of range
+    is named (SCRATCHFORMER_DEBUG on, as above, for a GPU)."""
+    monkeypatch.setattr(op_checks, "DEBUG", True)
+    with pytest.raises(ValueError, match=_esc("embed: token id 10 at (0, 0) is out of range [0, 10)")):
+        ops_backend.embed(torch.tensor([[10]]), torch.randn(10, 16), scale=1.0)
+
+
+def test_embed_refuses_a_bool_offset_and_a_weight_that_is_not_a_matrix(ops_backend):
+    """pos_offset=True is a bool, not a position (Python would read it as 1); a 1-D weight has no d_model."""
+    tokens = torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match=_esc("embed: pos_offset must be an integer, got True")):
+        ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0, pos_offset=True)
+    with pytest.raises(ValueError, match=_esc("embed: tokens must be (B, L) and weight (V, d_model), got (1, 2) and "
+                                              "(16,)")):
+        ops_backend.embed(tokens, torch.randn(16), scale=1.0)
 
 
 def test_embed_takes_an_int_offset_and_refuses_a_tensor_in_every_backend(ops_backend):
@@ -313,6 +356,28 @@ def test_attention_refuses_bad_dropout_with_the_op_named(ops_backend):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"attention: dropout_p must be in \[0, 1\), got nan"):
         ops_backend.attention(q, k, v, dropout_p=float("nan"))
+
+
+@pytest.mark.parametrize("change,message", [
+    # k and v one head dim, q another: eager's q @ kᵀ raised torch's RuntimeError, not ours
+    (dict(k=torch.randn(2, 2, 5, 8), v=torch.randn(2, 2, 5, 8)),
+     "attention shape mismatch: q (2, 2, 3, 16), k (2, 2, 5, 8), v (2, 2, 5, 8) (need matching B, H, D"),
+    # a negative length: eager's mask read it as 0 (every key hidden) and went on
+    (dict(key_lengths=torch.tensor([-1, 3])), "key_lengths must lie in [0, 5] (the sequence length), got min -1 max 3"),
+    (dict(query_lengths=torch.tensor([0, -2])), "query_lengths must lie in [0, 3] (the sequence length), got min -2"),
+    # one length per batch row, not one more: (3,) is 1-D like (B,) but not B long
+    (dict(key_lengths=torch.tensor([5, 2, 1])), "key_lengths must be an int32/int64 tensor of shape (2,), got "
+                                                "torch.int64 (3,)"),
+])
+def test_attention_refuses_bad_shapes_and_lengths_everywhere(ops_backend, change, message, monkeypatch):
+    """Each backend refuses, by op_checks' message, a head dim that q and k do not share, lengths outside
+    [0, L] (below as well as above) and lengths that are not one per batch row (the lengths read on a GPU
+    too: SCRATCHFORMER_DEBUG on)."""
+    monkeypatch.setattr(op_checks, "DEBUG", True)
+    q, k, v = _qkv()
+    args = dict(q=q, k=k, v=v) | {name: t.to(DEVICE) for name, t in change.items()}
+    with pytest.raises(ValueError, match=_esc(message)):
+        ops_backend.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,6 +541,11 @@ def test_beam_search_refuses_a_length_penalty_len_to_whose_power_leaves_the_floa
     (dict(ignore_index=1.5), "ignore_index must be an integer, got 1.5"),  # triton read it as 1, eager as 1.5
     (dict(bias=torch.randn(11, dtype=torch.float16)), "dtype mismatch: x float32, weight float32, bias float16"),
     (dict(target=torch.tensor([0, 1, 2, 3, 4, 11])), "target ids must lie in [0, 11), got min 0 max 11"),
+    (dict(target=torch.tensor([0, 1, 2, 3, 4, -1])), "target ids must lie in [0, 11), got min -1 max 4"),
+    (dict(ignore_index=-1), "ignore_index -1 is not a class of [0, 11)"),
+    # smoothing spreads ε over the V - 2 classes that are neither gold nor ignored: none when V = 2
+    (dict(weight=torch.randn(2, 16), bias=torch.randn(2), target=torch.tensor([0, 1, 1, 0, 1, 1])),
+     "label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), got 0.1 with V = 2"),
 ])
 def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change, message):
     """Each backend refuses, by name, what the fused kernel would read out of bounds or misread."""

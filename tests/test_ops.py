@@ -121,6 +121,15 @@ def test_torch_embed_at_a_large_offset_computes_only_its_rows(pos_offset):
     assert ops._pe_table.cache_info().currsize == (pos_offset + 4 <= ops.PE_TABLE_ROWS)
 
 
+@pytest.mark.parametrize("pos_offset,L", [(1020, 9), (1023, 2), (2040, 20), (4095, 1)])
+def test_torch_embed_across_a_power_of_two_reads_whole_rows_of_its_table(pos_offset, L):
+    """The cached table has a power of two of rows covering pos_offset + L - 1, the last position: calls
+    whose positions cross 1024, 2048 or 4096 get all L rows (eager's values), not a short slice."""
+    tokens, w = torch.randint(0, 30, (2, L)), torch.randn(30, 16)
+    got = TORCH.embed(tokens, w, scale=2.0, pos_offset=pos_offset)
+    torch.testing.assert_close(got, EAGER.embed(tokens, w, scale=2.0, pos_offset=pos_offset))
+
+
 def test_torch_embed_decoding_steps_share_one_cached_table():
     """The common path stays cached: offset 0, then one position a step (decoding), all from one table."""
     tokens, w = torch.randint(0, 30, (2, 9)), torch.randn(30, 16)
@@ -179,7 +188,19 @@ def test_bad_inputs_name_the_problem(backend):
 def test_auto_resolves_by_device():
     assert ops.resolve("auto", "cpu") == "eager"
     assert ops.resolve("auto", "cuda") == "triton"
+    assert ops.resolve("auto", "meta") == "eager"  # triton on CUDA only: every other device is eager's
     assert ops.resolve("torch", "cpu") == "torch"
+
+
+def test_autocast_dtype_names_a_cast_only_where_autocast_would_make_one():
+    """`autocast_dtype`: autocast's dtype for a float32/16 or bfloat16 tensor in another dtype; None for
+    one already in it (no cast to make), for float64 and integer tensors, and with autocast off."""
+    f32 = torch.ones(2)
+    bf16, f64, i64 = f32.bfloat16(), f32.double(), f32.long()
+    assert all(ops.autocast_dtype(t) is None for t in (f32, bf16, f64, i64))  # autocast off
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ops.autocast_dtype(f32) == torch.bfloat16 and ops.autocast_dtype(f32.half()) == torch.bfloat16
+        assert ops.autocast_dtype(bf16) is None and ops.autocast_dtype(f64) is None and ops.autocast_dtype(i64) is None
 
 
 @pytest.mark.parametrize("kernel,device,name", [
@@ -256,6 +277,15 @@ def test_interpreter_version_guard_names_the_fix():
     good = [("3.6.0", "2.2.6"), ("3.7.0", "2.4.6"), ("3.9.0", "2.3.0"), ("3.10.1", "3.0.0")]
     for triton_version, numpy_version in good:
         check_interpreter_versions(triton_version, numpy_version)
+
+
+def test_the_launch_helpers_are_ceiling_division_and_the_next_power_of_two():
+    """`_common.cdiv` and `next_pow2`, which size every grid and tile, at exact multiples and one past
+    them (by hand: 6 / 3 = 2 exactly, 7 / 3 rounds up to 3; 2^4 = 16 is its own next power, 17 needs 32)."""
+    from scratchformer.kernels._common import cdiv, next_pow2
+
+    assert [cdiv(a, 3) for a in (0, 1, 3, 6, 7)] == [0, 1, 1, 2, 3]
+    assert [next_pow2(n) for n in (0, 1, 2, 3, 16, 17, 16384)] == [1, 1, 2, 4, 16, 32, 16384]
 
 
 def test_triton_on_cpu_on_a_gpu_machine_is_refused_not_interpreted():
