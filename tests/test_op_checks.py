@@ -547,11 +547,14 @@ def test_beam_search_refuses_a_length_penalty_len_to_whose_power_leaves_the_floa
     (dict(weight=torch.randn(2, 16), bias=torch.randn(2), target=torch.tensor([0, 1, 1, 0, 1, 1])),
      "label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), got 0.1 with V = 2"),
 ])
-def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change, message):
-    """Each backend refuses, by name, what the fused kernel would read out of bounds or misread."""
+def test_linear_cross_entropy_refuses_bad_inputs_everywhere(ops_backend, change, message, monkeypatch):
+    """Each backend refuses, by name, what the fused kernel would read out of bounds or misread (the
+    parameters' tensors, made at import on the CPU, moved to the test device; target ids read on a GPU
+    too: SCRATCHFORMER_DEBUG on)."""
+    monkeypatch.setattr(op_checks, "DEBUG", True)
     args = dict(x=torch.randn(6, 16), weight=torch.randn(11, 16), bias=torch.randn(11),
                 target=torch.randint(0, 11, (6,)), label_smoothing=0.1, ignore_index=0)
-    args.update(change)
+    args.update({name: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for name, t in change.items()})
     with pytest.raises(ValueError, match=_esc("linear_cross_entropy: " + message)):
         ops_backend.linear_cross_entropy(args.pop("x"), args.pop("weight"), args.pop("bias"), args.pop("target"),
                                          **args)
