@@ -1,6 +1,8 @@
 """Incremental decoding: KV cache equals full recomputation; beam search behaves."""
 
 import functools
+import itertools
+import math
 
 import pytest
 import torch
@@ -195,8 +197,6 @@ def test_beam_finds_score_at_least_greedy_and_matches_exhaustive_search(no_repea
                       dropout=0.0, kernel="eager")
     m = Transformer(cfg).eval()
     src, sl = torch.randint(4, 6, (1, 5)), torch.tensor([5])
-    import itertools
-
     best, best_seq = float("-inf"), None
     words = [3, 4, 5]  # UNK and two ordinary tokens: everything but PAD, BOS, EOS
     for T in range(min_len + 1, 4):  # sequences ending in EOS, or 3 tokens unfinished
@@ -382,6 +382,15 @@ def test_decoding_refuses_a_min_len_over_max_len_and_ids_outside_the_vocabulary(
             with pytest.raises(ValueError, match=rf"{name} must be a token id of the model's target vocabulary, an "
                                                  rf"int in \[0, {V}\).*got {bad!r}"):
                 search(m, src, sl, max_len=5, **{name: bad})
+
+
+@pytest.mark.parametrize("search", [greedy_decode, functools.partial(beam_search, beam_size=2)])
+def test_decoding_may_take_every_position_the_model_has(search):
+    """A model of max_len 6 has positions 0..5: decoding max_len 6 runs all 6 steps (eos_id -1: no
+    row ends sooner); 7 is refused (test_decoding_errors)."""
+    m = _model(max_len=6)
+    src, sl = _src()
+    assert search(m, src[:, :6], sl.clamp(max=6), max_len=6, eos_id=-1).shape == (4, 6)
 
 
 @pytest.mark.parametrize("search", [greedy_decode, functools.partial(beam_search, beam_size=2)])
@@ -651,3 +660,157 @@ def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_g
         layer, kept = state.caches[0][0], state.self_kv[0].clone()
         layer.reorder(order)
         assert layer.kv.data_ptr() == state.self_kv[0].data_ptr() and torch.equal(layer.kv, kept[order])
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_rewound_state_decodes_as_a_fresh_one(static):
+    """DecoderState.rewind goes back to the first step: what the steps before it cached is not read
+    again (a growing cache starts empty, a static one at position 0), so the steps after it give the
+    logits of a state just made."""
+    m = _model()
+    src, sl = _src()
+    tokens = [torch.randint(4, V, (4, 1)) for _ in range(3)]
+    with torch.no_grad():
+        memory = m.encode(src, sl)
+        state, fresh = (m.init_state(memory, sl, max_len=5, static=static) for _ in range(2))
+        for _ in range(3):  # other tokens than after the rewind
+            m.decode_step(torch.randint(4, V, (4, 1)), state)
+        state.rewind()
+        for t in tokens:
+            torch.testing.assert_close(m.decode_step(t, state), m.decode_step(t, fresh), rtol=0, atol=0)
+
+
+class _PrefixState:
+    """A `_TableModel`'s decoding state: each row's source and the tokens it was given so far (BOS
+    first); what decoding does to a state (reorder its rows, rewind) done to these lists."""
+
+    def __init__(self, sources):
+        self.rows = [(s, []) for s in sources]
+
+    def reorder(self, index, *, same_sources=False, filled=None):
+        self.rows = [(self.rows[i][0], list(self.rows[i][1])) for i in index.tolist()]
+
+    def rewind(self):
+        self.rows = [(s, []) for s, _ in self.rows]
+
+
+class _TableModel(torch.nn.Module):
+    """A stand-in for a Transformer whose next-token probabilities are a table: `table(source, prefix)`
+    -> {token: probability} for source row `source` after the tokens `prefix` (without BOS), or None
+    (a prefix the table leaves out): EOS, certain; tokens not named get probability 0. It has what
+    decoding reads of a model (encode, init_state, decode_step) and nothing learned: a search's
+    result can be checked against scores computed by hand."""
+
+    static_caches = False
+
+    def __init__(self, table, vocab=6):
+        super().__init__()
+        self.table, self.vocab = table, vocab
+        self.cfg = ModelConfig(src_vocab_size=vocab, d_model=8, n_heads=1, n_encoder_layers=1, n_decoder_layers=1,
+                               d_ff=8, kernel="eager")
+
+    def encode(self, src, src_lengths):
+        return src
+
+    def init_state(self, memory, src_lengths, max_len, src=None, *, static=False, beams=1):
+        return _PrefixState([b for b in range(memory.shape[0]) for _ in range(beams)])
+
+    def decode_step(self, last, state):
+        logp = torch.full((len(state.rows), self.vocab), float("-inf"))
+        for r, ((source, seq), token) in enumerate(zip(state.rows, last[:, 0].tolist())):
+            seq.append(token)
+            for tok, p in (self.table(source, tuple(seq[1:])) or {EOS_ID: 1.0}).items():
+                logp[r, tok] = math.log(p)
+        return logp
+
+
+def _table_search(table, *, beam_size, sources=1, **kw):
+    src, sl = torch.full((sources, 1), 4), torch.ones(sources, dtype=torch.long)
+    return beam_search(_TableModel(table), src, sl, beam_size=beam_size, **kw).tolist()
+
+
+def _random_table(seed, words=(3, 4, 5), depth=3):
+    """A `_TableModel` table: after each prefix of up to depth - 1 words, a random distribution over
+    EOS and the words (every other token, PAD, BOS, probability 0)."""
+    g = torch.Generator().manual_seed(seed)
+    table = {}
+    for n in range(depth):
+        for prefix in itertools.product(words, repeat=n):
+            p = torch.softmax(2.0 * torch.randn(len(words) + 1, generator=g, dtype=torch.float64), 0).tolist()
+            table[prefix] = dict(zip((EOS_ID, *words), p))
+    return table
+
+
+def _best_by_exhaustive_search(table, max_len, alpha, words=(3, 4, 5)):
+    """The output of best score sum(log p) / len**alpha (len counting the EOS) among all of up to
+    max_len tokens: those ended by EOS, and those still unfinished at max_len."""
+    outputs = [[*body, EOS_ID] for n in range(max_len) for body in itertools.product(words, repeat=n)]
+    outputs += [list(body) for body in itertools.product(words, repeat=max_len)]
+
+    def score(seq):
+        return sum(math.log(table[tuple(seq[:i])][tok]) for i, tok in enumerate(seq)) / len(seq) ** alpha
+
+    return max(outputs, key=score)
+
+
+def test_beam_search_returns_the_best_output_under_every_length_penalty_by_exhaustive_search():
+    """With beam_size >= the number of outputs (3 words, up to 3 tokens: 27 beams), beam search is
+    exhaustive: it returns the output of best sum(log p) / len**length_penalty, len counting the EOS,
+    finished or unfinished at max_len; the table is such that the penalties pick different outputs."""
+    table = _random_table(289)
+    best = {}
+    for alpha in (0.0, 0.5, 1.0, 2.0):
+        best[alpha] = _best_by_exhaustive_search(table, 3, alpha)
+        out = _table_search(lambda s, prefix: table.get(prefix), beam_size=27, max_len=3, length_penalty=alpha)[0]
+        assert out[: _eos_at(out) + 1] == best[alpha], (alpha, out, best[alpha])
+    assert len({tuple(b) for b in best.values()}) >= 3, f"test needs the penalties to matter: {best}"
+
+
+def test_an_eos_candidate_ranked_past_beam_size_does_not_finish():
+    """fairseq's rule: an EOS candidate is finished only when it ranks among the top beam_size
+    candidates of its step. beam 2, length_penalty 0 (raw sums). Step 0 ranks 3 (.4), 4 (.3), EOS (.2):
+    [EOS] (log .2) is third, dropped. Step 1, both continuations' distributions put EOS first:
+    [3 EOS] .4 * .4 = .16, [4 EOS] .3 * .5 = .15, [3 3] .12, [3 4] .08: both EOS in the top 2, the
+    sentence done; the best [3 EOS] (.16), not the dropped [EOS] (.2)."""
+    table = {(): {3: .4, 4: .3, EOS_ID: .2, 5: .1},
+             (3,): {EOS_ID: .4, 3: .3, 4: .2, 5: .1}, (4,): {EOS_ID: .5, 3: .25, 4: .15, 5: .1}}
+    out = _table_search(lambda s, prefix: table.get(prefix), beam_size=2, max_len=2, length_penalty=0.0)
+    assert out == [[3, EOS_ID]]
+
+
+def test_an_eos_candidate_in_the_top_k_leaves_k_live_beams():
+    """A finished EOS candidate does not take a live beam's place: beam search ranks 2·beam_size
+    candidates so that beam_size go on beside it. beam 2, length_penalty 1. Step 0: 3 (.4), EOS
+    (.35, finished: log .35 = -1.05), 4 (.2): the live beams are [3] and [4]. Step 1: [4 EOS] .2 *
+    .97 = .194, the top candidate, finishes with log(.194) / 2 = -0.82, the best; [3 x] at most .16,
+    log(.16) / 2 = -0.92. Had [4] been dropped for the EOS, [3 3] (-0.92) would win."""
+    table = {(): {3: .4, EOS_ID: .35, 4: .2, 5: .05},
+             (3,): {3: .4, 4: .3, 5: .2, EOS_ID: .1}, (4,): {EOS_ID: .97, 3: .01, 4: .01, 5: .01}}
+    out = _table_search(lambda s, prefix: table.get(prefix), beam_size=2, max_len=2, length_penalty=1.0)
+    assert out == [[4, EOS_ID]]
+
+
+@pytest.mark.parametrize("check_every", [1, 3])
+def test_a_sentence_with_beam_size_finished_hypotheses_takes_no_more(check_every):
+    """beam 1, length_penalty 1, max_len 3; source 2 keeps the search going to max_len (its best
+    is always a word: [3 3 4]). Sources 0 and 1 finish [EOS] (log .5 = -0.69) at step 0: done,
+    whatever better their live beam [3] would go on to (source 0: [3 EOS], log(.3 * .99) / 2 = -0.61,
+    finished at step 1; source 1: [3 4 5] unfinished at max_len, log(.3 * .98 * .98) / 3 = -0.41)."""
+    tables = [{(): {EOS_ID: .5, 3: .3, 4: .2}, (3,): {EOS_ID: .99, 4: .01}, (3, 4): {EOS_ID: .99, 5: .01}},
+              {(): {EOS_ID: .5, 3: .3, 4: .2}, (3,): {4: .98, EOS_ID: .02}, (3, 4): {5: .98, EOS_ID: .02}},
+              {(): {3: .9, EOS_ID: .1}, (3,): {3: .9, EOS_ID: .1}, (3, 3): {4: .9, EOS_ID: .1}}]
+    out = _table_search(lambda s, prefix: tables[s].get(prefix), beam_size=1, sources=3, max_len=3, length_penalty=1.0,
+                        check_every=check_every)
+    assert out == [[EOS_ID, PAD_ID, PAD_ID], [EOS_ID, PAD_ID, PAD_ID], [3, 3, 4]]
+
+
+def test_every_eos_candidate_finished_at_one_step_counts_toward_beam_size():
+    """beam 2, length_penalty 1, max_len 3. Step 0: the live beams [3] (.5), [4] (.4). Step 1: [3 EOS]
+    .5 * .55 = .275 and [4 EOS] .4 * .6 = .24 rank first and second, above [3 3] .225 and [4 3] .16:
+    both finish, 2 = beam_size, the sentence is done, with [3 EOS], log(.275) / 2 = -0.65; the
+    [3 3 EOS] step 2 would have finished, log(.225 * .99) / 3 = -0.50, is never reached."""
+    table = {(): {3: .5, 4: .4, EOS_ID: .06, 5: .04}, (3,): {EOS_ID: .55, 3: .45}, (4,): {EOS_ID: .6, 3: .4},
+             (3, 3): {EOS_ID: .99, 5: .01}}
+    out = _table_search(lambda s, prefix: table.get(prefix), beam_size=2, max_len=3, length_penalty=1.0,
+                        check_every=3)
+    assert out == [[3, EOS_ID]]

@@ -1,10 +1,12 @@
 """Model properties: padding invariance, causality, exact preset sizes, backends agree, errors."""
 
 import copy
+import math
 import pickle
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scratchformer import op_checks, ops
 from scratchformer.model import PRESETS, Classifier, ModelConfig, Transformer, build_model, count_parameters, get_config
@@ -61,6 +63,87 @@ def test_padding_invariance(norm, final_norm, copy):
     junk = pad_src.clone()
     junk[0, 9:] = torch.randint(4, V, (6,))
     torch.testing.assert_close(m(junk, sl, tgt, tl), out, atol=1e-5, rtol=1e-5)
+
+
+def _paper_logits(m, src, tgt):
+    """The logits (Lt, V) of one unpadded pair, src (Ls,) and tgt (Lt,) ids, from m's weights by the
+    paper's equations in plain F.* ops (no masks but the causal one, no caches, no fused ops):
+    x = emb[tokens] * sqrt(d) + PE, PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same);
+    each sublayer Post-LN x = LN(x + f(x)) or Pre-LN x = x + f(LN(x)); attention per head
+    softmax(q k^T / sqrt(d/H)) v; encoder [self-attention, FFN], decoder [causal self-attention,
+    cross-attention over the encoder output, FFN]; a final LN after each stack where cfg.final_norm."""
+    cfg = m.cfg
+    d, H = cfg.d_model, cfg.n_heads
+
+    def embed(embedding, tokens):
+        pos = torch.arange(len(tokens), dtype=torch.float64)[:, None]
+        angle = pos / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        return embedding.weight[tokens] * math.sqrt(d) + torch.stack((angle.sin(), angle.cos()), -1).flatten(-2)
+
+    def ln(norm, x):
+        return F.layer_norm(x, (d,), norm.weight, norm.bias, cfg.layer_norm_eps)
+
+    def attend(a, q, k, v, causal=False):
+        q, k, v = (t.view(t.shape[0], H, d // H).transpose(0, 1) for t in (q, k, v))
+        s = q @ k.transpose(-1, -2) / math.sqrt(d // H)
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return a.out_proj((s.softmax(-1) @ v).transpose(0, 1).reshape(-1, d))
+
+    def self_attn(a, causal):
+        return lambda x: attend(a, *a.qkv_proj(x).chunk(3, -1), causal=causal)
+
+    def cross_attn(a, memory):
+        return lambda x: attend(a, a.q_proj(x), *a.kv_proj(memory).chunk(2, -1))
+
+    def ffn(f):
+        return lambda x: f.w2((F.relu if cfg.activation == "relu" else F.gelu)(f.w1(x)))
+
+    def stack(x, layers, final_norm):
+        for norm, sublayer in layers:
+            x = x + sublayer(ln(norm, x)) if cfg.norm == "pre" else ln(norm, x + sublayer(x))
+        return ln(final_norm, x) if cfg.final_norm else x
+
+    enc, dec = m.encoder, m.decoder
+    memory = stack(embed(enc.embedding, src), [(n, f) for l in enc.layers for n, f in
+                                               ((l.norm1, self_attn(l.self_attn, False)), (l.norm2, ffn(l.ffn)))],
+                   enc.final_norm)
+    y = stack(embed(dec.embedding, tgt), [(n, f) for l in dec.layers for n, f in
+                                          ((l.norm1, self_attn(l.self_attn, True)),
+                                           (l.norm2, cross_attn(l.cross_attn, memory)), (l.norm3, ffn(l.ffn)))],
+              dec.final_norm)
+    return m.generator(y)
+
+
+@pytest.mark.parametrize("norm,final_norm,activation,tie", [("post", False, "relu", "none"),
+                                                            ("pre", True, "gelu", "all"),
+                                                            ("pre", False, "relu", "decoder"),
+                                                            ("post", True, "gelu", "none")])
+def test_the_model_computes_the_papers_equations(norm, final_norm, activation, tie):
+    """The eager model's logits, from forward and from decoding steps over its caches (a first chunk
+    of 3 tokens, then one a step), equal `_paper_logits` of each unpadded pair, in float64; with
+    every dropout set (0.3) but the model in eval mode, where none applies. The norms' weights and
+    every bias are made random, so that no two of them are interchangeable."""
+    torch.manual_seed(0)
+    cfg = _cfg(norm=norm, final_norm=final_norm, activation=activation, tie_embeddings=tie, dropout=0.3,
+               attn_dropout=0.3, ffn_dropout=0.3, word_dropout=0.3, layer_norm_eps=0.5)  # an eps that matters
+    m = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:  # LayerNorm weights and biases, linear biases
+                p.add_(0.5 * torch.randn_like(p))
+    src, sl, tgt, _ = _batch()
+    with torch.no_grad():
+        out = m(src, sl, tgt)
+        memory = m.encode(src, sl)
+        state = m.init_state(memory, sl, max_len=tgt.shape[1])
+        steps = [m.decode(tgt[:, :3], memory, sl, state=state)]
+        steps += [m.decode_step(tgt[:, i : i + 1], state)[:, None] for i in range(3, tgt.shape[1])]
+        steps = torch.cat(steps, 1)
+        for b in range(3):
+            want = _paper_logits(m, src[b, : sl[b]], tgt[b])
+            torch.testing.assert_close(out[b], want, rtol=1e-9, atol=1e-9, msg=f"forward, row {b}")
+            torch.testing.assert_close(steps[b], want, rtol=1e-9, atol=1e-9, msg=f"decoding steps, row {b}")
 
 
 def test_causality():
@@ -352,6 +435,26 @@ def test_attention_weights_are_zero_on_padded_query_rows():
     assert torch.all(w[0, :, 3:] == 0) and torch.all(out[0, 3:] == mha.out_proj.bias)
     torch.testing.assert_close(w[0, :, :3].sum(-1), torch.ones(2, 3))
     torch.testing.assert_close(w[1].sum(-1), torch.ones(2, 6))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_weights_are_the_softmax_that_weights_the_values(causal):
+    """need_weights returns softmax(q k^T / sqrt(D)) of the layer's own projections (2 heads of D = 8),
+    keys past a sequence's length and above the causal diagonal masked out; those weights times v,
+    through out_proj, are the layer's output. In float64."""
+    from scratchformer.model.layers import MultiHeadAttention
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, ops=ops.select("eager", "cpu")).double().eval()
+    x, lengths = torch.randn(2, 5, 16, dtype=torch.float64), torch.tensor([3, 5])
+    out, w = mha(x, key_lengths=lengths, causal=causal, need_weights=True)
+    q, k, v = (t.transpose(1, 2) for t in mha.qkv_proj(x).view(2, 5, 3, 2, 8).unbind(2))  # (B, H, L, D)
+    hidden = torch.arange(5)[None, None, :] >= lengths[:, None, None]  # (B, 1, Lk): past the length
+    if causal:
+        hidden = hidden | torch.ones(5, 5, dtype=torch.bool).triu(1)
+    want = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(hidden[:, None], float("-inf")), -1)
+    torch.testing.assert_close(w.double(), want, rtol=1e-6, atol=1e-6)  # the weights are computed in fp32
+    torch.testing.assert_close(out, mha.out_proj((want @ v).transpose(1, 2).reshape(2, 5, 16)), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("autocast", [False, True])

@@ -68,6 +68,25 @@ def test_torch_backend_attention_matches_eager(causal):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_whose_every_score_is_far_below_zero_is_still_the_softmax_of_its_keys(causal):
+    """Kept keys scoring -1000, -1001, -1002 (q = -e_0, k_j = (1000 + j) e_0, scale 1), a fourth key
+    padded: the output is softmax((0, -1, -2)) v = (1, e^-1, e^-2) / (1 + e^-1 + e^-2) v, the max
+    taken over the kept keys only (a masked score filled with 0 would be the max, and every
+    exp(-1000) underflow to 0: a zero output)."""
+    q = torch.zeros(1, 1, 1, 2, dtype=torch.float64)
+    q[..., 0] = -1.0
+    k = torch.zeros(1, 1, 4, 2, dtype=torch.float64)
+    k[0, 0, :, 0] = torch.tensor([1000.0, 1001.0, 1002.0, -5.0])  # the padded key would score +5
+    v = torch.randn(1, 1, 4, 3, dtype=torch.float64)
+    w = torch.tensor([1.0, math.exp(-1), math.exp(-2)], dtype=torch.float64)
+    want = (w / w.sum()) @ v[0, 0, :3]
+    for Lq in (1, 3):  # causal: the last query, at the last position, sees every key
+        qq = q.expand(1, 1, Lq, 2)
+        out = reference.attention_ref(qq, k, v, key_lengths=torch.tensor([3]), causal=causal, scale=1.0)
+        torch.testing.assert_close(out[0, 0, -1], want, rtol=1e-12, atol=1e-12)
+
+
 def test_key_padding_mask_is_converted_or_refused():
     q = k = v = torch.randn(2, 1, 4, 8)
     mask = torch.tensor([[False, False, True, True], [False, False, False, False]])
@@ -96,6 +115,39 @@ def test_ffn_matches_f_linear(activation):
     ref = F.linear(act(F.linear(x, w1, b1)), w2, b2)
     for backend in (EAGER, TORCH):
         torch.testing.assert_close(backend.ffn(x, w1, b1, w2, b2, activation=activation), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_add_layer_norm_normalises_with_the_eps_it_is_given():
+    """eps enters as 1 / sqrt(var + eps): with eps = 1 on rows of variance about 0.01 it dominates,
+    as in F.layer_norm with that eps, and differs from the default's result."""
+    x, r = 0.1 * torch.randn(4, 16, dtype=torch.float64), 0.1 * torch.randn(4, 16, dtype=torch.float64)
+    w, b = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    y = reference.add_layer_norm_ref(x, r, w, b, 1.0)
+    torch.testing.assert_close(y, F.layer_norm(x + r, (16,), w, b, 1.0), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(y, F.layer_norm(x + r, (16,), w, b, 1e-5))
+
+
+def test_a_replayed_dropout_mask_scales_what_it_keeps_by_one_over_keep_probability():
+    """Inverted dropout (the kernels' masks replayed through the reference): with keep mask m and
+    rate p, attention's probabilities P become P m / (1 - p), the FFN's hidden activations
+    act(x W1^T + b1) m / (1 - p), add + LayerNorm's sublayer output x m / (1 - p) before the add;
+    each against the formula written with F.* ops and softmax in float64."""
+    torch.manual_seed(0)
+    f64, p = dict(dtype=torch.float64), 0.25
+    q, k, v = torch.randn(2, 2, 3, 4, **f64), torch.randn(2, 2, 5, 4, **f64), torch.randn(2, 2, 5, 4, **f64)
+    keep = torch.rand(2, 2, 3, 5) > p
+    probs = torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1)  # scale 1/sqrt(4)
+    torch.testing.assert_close(reference.attention_ref(q, k, v, dropout_p=p, dropout_mask=keep),
+                               (probs * keep / (1 - p)) @ v, rtol=1e-12, atol=1e-12)
+    x, w1, b1, w2, b2 = (torch.randn(*s, **f64) for s in ((3, 8), (16, 8), (16,), (8, 16), (8,)))
+    keep = torch.rand(3, 16) > p
+    torch.testing.assert_close(reference.ffn_ref(x, w1, b1, w2, b2, dropout_p=p, dropout_mask=keep),
+                               F.linear(F.relu(F.linear(x, w1, b1)) * keep / (1 - p), w2, b2), rtol=1e-12, atol=1e-12)
+    x, r, w, b = torch.randn(3, 8, **f64), torch.randn(3, 8, **f64), torch.randn(8, **f64), torch.randn(8, **f64)
+    keep = torch.rand(3, 8) > p
+    y, s = reference.add_layer_norm_ref(x, r, w, b, dropout_p=p, dropout_mask=keep, return_residual=True)
+    torch.testing.assert_close(s, x * keep / (1 - p) + r, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y, F.layer_norm(x * keep / (1 - p) + r, (8,), w, b), rtol=1e-12, atol=1e-12)
 
 
 def test_embed_eager_and_torch_agree():

@@ -60,6 +60,17 @@ def test_embedding_replaces_ordinary_tokens_by_unk_at_its_rate():
     assert torch.equal(_rng_state(), state)
 
 
+def test_the_first_ordinary_id_is_dropped_too():
+    """Ordinary tokens start at len(SPECIAL_TOKENS) = 4: at p = 0.5 some of 200 copies of id 4 become
+    <unk> (that none does has chance 2^-200)."""
+    emb = _embedding(0.5)
+    tokens = torch.full((1, 200), len(SPECIAL_TOKENS), device=DEVICE)
+    with torch.no_grad():
+        out = emb.train()(tokens)
+    unk = embed_ref(torch.full_like(tokens, UNK_ID), emb.weight, scale=math.sqrt(D))
+    assert bool(((out - unk).abs().amax(-1) < 1e-5).any())
+
+
 def test_no_word_dropout_draws_nothing():
     emb = _embedding(0.0).train()
     tokens = torch.randint(0, V, (4, 9), device=DEVICE)
