@@ -200,6 +200,8 @@ def test_checkpoint_whose_parts_disagree(tmp_path):
                                      r">= 2, got 'x'"),
     ({"args": {"max_tgt_len": -5}}, r"bad training arguments in the checkpoint: max_tgt_len must be an integer "
                                     r">= 2, got -5"),
+    ({"args": {"max_tgt_len": 1}}, r"bad training arguments in the checkpoint: max_tgt_len must be an integer "
+                                   r">= 2, got 1"),
     ({"args": [1]}, r"bad training arguments in the checkpoint: a list, not a dict")])
 def test_checkpoint_whose_task_or_arguments_are_bad(tmp_path, change, message):
     """A crafted task decoded as translation; bad arguments failed later, in a TypeError or as a flag
@@ -300,3 +302,14 @@ def test_a_lock_is_held_once_even_when_its_holder_removes_it_between_anothers_op
     release(lock, second)
     assert not lock.exists()
     release(lock, hold(lock))
+
+
+def test_the_weights_digest_tells_apart_the_same_bytes_under_another_name_dtype_or_shape():
+    """`weights_digest` names a model in whatever file: equal for a copy, and unequal for tensors whose
+    bytes are the same but which are other weights (renamed, reinterpreted, reshaped)."""
+    w = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    digest = C.weights_digest({"w": w, "b": torch.ones(2)})
+    assert C.weights_digest({"b": torch.ones(2), "w": w.clone()}) == digest
+    for other in ({"v": w, "b": torch.ones(2)}, {"w": w.view(torch.int32), "b": torch.ones(2)},
+                  {"w": w.reshape(2, 3), "b": torch.ones(2)}):
+        assert C.weights_digest(other) != digest, other

@@ -76,6 +76,7 @@ def test_read_jsonl_translation(tmp_path, name):
         ('{"document": "d", "summary": ["s"]}', "summarization", "field 'summary' must be a string, got list"),
         ('{"text": "t", "label": "pos"}', "classification", "field 'label' must be an integer"),
         ('{"text": "t", "label": true}', "classification", "field 'label' must be an integer"),
+        ('{"text": "t", "label": -1}', "classification", "field 'label' must be >= 0, got -1"),
         ('["not", "an", "object"]', "translation", "expected a JSON object"),
         ('{"src": "smile \\ud83d", "tgt": "b"}', "translation",  # half an emoji: the tokenizer failed on it, unnamed
          "field 'src' holds an unpaired surrogate (\\ud83d at character 7"),
@@ -266,6 +267,15 @@ def test_read_tsv_positional_and_header(tmp_path):
     p.write_bytes(b"\n  \nsrc\ttgt\nfoo\tbar\r\nsay \"hi\tsag \"hallo\nit\rs\tes\n")
     assert [(r.src, r.tgt) for r in D.read_split(p, "translation")] == [
         ("foo", "bar"), ('say "hi', 'sag "hallo'), ("it\rs", "es")]
+    # only the first row can be a header: a later row holding the field names is an example
+    p.write_text("hello\thallo\nsrc\ttgt\n", encoding="utf-8")
+    assert [(r.src, r.tgt) for r in D.read_split(p, "translation")] == [("hello", "hallo"), ("src", "tgt")]
+
+
+def test_a_records_id_is_text_whatever_its_json_type(tmp_path):
+    """Example.id is a str (or None without one): 7 and "7" are one id in the predictions written."""
+    rows = [{"id": 7, "src": "a", "tgt": "b"}, {"id": "x", "src": "c", "tgt": "d"}, {"src": "e", "tgt": "f"}]
+    assert [e.id for e in D.read_split(write_jsonl(tmp_path / "train.jsonl", rows), "translation")] == ["7", "x", None]
 
 
 def test_infer_task_from_a_tsv_header(tmp_path):
@@ -290,6 +300,8 @@ def test_infer_task_and_carve(tmp_path):
     assert len(va) == 10 and len(tr) == 30
     assert {e.src for e in tr}.isdisjoint({e.src for e in va})
     assert [e.src for e in D.carve_validation(rows, 0.25, seed=3)[1]] == [e.src for e in va]  # seeded
+    tr, va = D.carve_validation(rows[:5], 0.01, seed=3)  # a fraction of fewer than one example: still one
+    assert len(va) == 1 and len(tr) == 4 and va[0] not in tr
 
 
 @pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="../shared/data is absent (CI puts it beside the clone)")

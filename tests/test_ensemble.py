@@ -202,3 +202,23 @@ def test_members_must_be_of_one_kind_and_vocabulary():
     src, sl = _src()
     with pytest.raises(ValueError, match="no attention weights of its own"):
         Ensemble([seq2seq, short])(src, sl, src, need_weights=True)
+    with pytest.raises(ValueError, match="no attention weights of its own: ask one of its members"):
+        Ensemble([classifier, classifier])(src, sl, return_attention=True)  # an encoder's (a classifier's) too
+
+
+@torch.no_grad()
+def test_a_model_twice_scores_a_target_as_the_model_label_smoothing_included():
+    """forward(target=): the mixture's (loss sum, NLL sum) with the smoothing asked for; the mean of two
+    equal distributions is that distribution, so the model's own fused loss is the reference."""
+    m = _seq2seq(4)
+    src, sl = _src()
+    tgt = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, V, (4, 5))], 1)
+    target = torch.cat([tgt[:, 1:], torch.full((4, 1), EOS_ID)], 1)
+    target[1, 3:] = PAD_ID  # padded positions count in neither sum
+    tl = torch.tensor([6, 4, 6, 6])
+    for eps in (0.0, 0.1):
+        want = m(src, sl, tgt, tl, target=target, label_smoothing=eps)
+        got = Ensemble([m, copy.deepcopy(m)])(src, sl, tgt, tl, target=target, label_smoothing=eps)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want[0], want[1])  # the smoothing changes the loss: its loss is not the NLL

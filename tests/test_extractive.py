@@ -235,6 +235,30 @@ def test_bad_sentence_positions_are_refused():
             model(batch.src, batch.src_lengths, given)
 
 
+
+def test_validation_is_the_mean_bce_per_real_sentence_by_hand():
+    """An extractive model's teacher-forced loss: the binary cross-entropy of each real sentence (label 0
+    or 1; a padded slot's -1 is none) summed over the documents, each scored alone, over their count."""
+    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
+
+    torch.manual_seed(0)
+    model = _extractor(device="cpu")
+    docs = [[3, 5, 2], [4], [6, 6, 1, 2, 3], [2, 2]]
+    items = [(i, s, np.array(y, dtype=np.int32)) for (i, s, _), y in
+             zip(_doc_items(docs), [[1, 0, 1], [0], [0, 1, 0, 0, 1], [1, 1]], strict=True)]
+    ds = D.EncodedDataset([s for _, s, _ in items], [y for _, _, y in items], "extractive")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for item in items:
+            one = D.collate([item], task="extractive")
+            logits = model(one.src, one.src_lengths, one.sentences)[0].double()
+            y = torch.as_tensor(item[2], dtype=torch.float64)
+            total += -float((y * F.logsigmoid(logits) + (1 - y) * F.logsigmoid(-logits)).sum())
+            count += len(y)
+    got = teacher_forced(model, eval_loader(ds, batch_size=2), "cpu")
+    assert count == 11 and got["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert got["ppl"] == pytest.approx(np.exp(total / count), rel=1e-5)
+
 def test_loss_is_bce_over_real_sentences_only():
     logits = torch.tensor([[2.0, -1.0, 0.5, 9.0], [0.3, 7.0, -7.0, -7.0]], requires_grad=True)
     labels = torch.tensor([[1, 0, 1, -1], [0, -1, -1, -1]])

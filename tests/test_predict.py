@@ -23,7 +23,7 @@ from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lin
 from scratchformer.data import DataError
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
-from scratchformer.evaluation.evaluate import decode_max_len, load_run
+from scratchformer.evaluation.evaluate import decode_max_len, load_run, predict_labels
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
 
@@ -184,6 +184,20 @@ def test_classification_labels_are_ints(runs, tmp_path):
                                                                  batch_size=1)
 
 
+
+def test_a_label_is_the_class_the_model_finds_most_probable(runs):
+    """Each input's label is the argmax of the classifier's own logits for it alone."""
+    model, toks, ck = load_run(runs["classification"])
+    texts = _texts(12, 8)
+    got = P.predict_records(model, toks, ck, _records(texts), device="cpu", max_tokens=32)
+    dataset = P.encode_records(_records(texts), "classification", toks, MAX_SRC)
+    with torch.no_grad():
+        probs = [torch.softmax(model(torch.as_tensor(s, dtype=torch.int64)[None], torch.tensor([len(s)]))[0], -1)
+                 for s in dataset.src]
+    assert got == [int(p.argmax()) for p in probs]
+    labels, confidences = predict_labels(model, dataset, device="cpu", max_tokens=32)
+    assert labels == got and confidences == pytest.approx([float(p.max()) for p in probs], abs=1e-5)
+
 def test_summaries_one_sentence_per_line(runs, tmp_path):
     assert P.format_prediction("Amy is late. She will call Tom! ok", "summarization") == \
         "Amy is late.\nShe will call Tom!\nok"
@@ -219,6 +233,12 @@ def test_plain_text_and_stdin(runs, tmp_path, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "src": "one two"}\n'))
     assert [r.text for r in P.read_inputs("-", "translation", fmt="text")] == ['{"id": "x", "src": "one two"}']
 
+
+
+def test_a_json_named_input_is_read_as_json_lines(tmp_path):
+    """.json (and .jsonl, compressed or not) names JSON lines: records by their field and id, not text lines."""
+    src = _write_jsonl(tmp_path / "in.json", [{"id": "a", "src": "one two"}, {"src": "red house"}])
+    assert [(r.id, r.text) for r in P.read_inputs(src, "translation")] == [("a", "one two"), (2, "red house")]
 
 def test_field_override(tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "en": "one"}])
@@ -278,6 +298,11 @@ def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplo
     assert "2 of 3 inputs are longer than the model's maximum of 15 tokens" in caplog.text
     assert "(lines 2, 3)" in caplog.text
     assert len(_read(tmp_path / "preds.jsonl")) == 3
+    model, toks, ck = load_run(runs["translation"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=P.__name__):  # more than 5: the first 5 lines, and a mark of more
+        P.encode_records(_records(["one", *[long_text] * 7]), "translation", toks, MAX_SRC)
+    assert "7 of 8 inputs are longer" in caplog.text and "(lines 2, 3, 4, 5, 6, ...)" in caplog.text
     with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum of 15"):
         P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True)
     # a limit of --max-src-len is named as that flag's ("the model's maximum 2" for --max-src-len 3)
@@ -356,6 +381,11 @@ def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag)
     part.write_text('{"src": "one"}\n')
     with pytest.raises(OptionError, match=r"in.jsonl.partial over its own --input"):
         P.predict_file(runs["translation"], part, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
+    for written in (P.record_path(tmp_path / "in.jsonl"), P.lock_path(tmp_path / "in.jsonl")):  # beside it
+        written.write_text('{"src": "one"}\n')
+        with pytest.raises(OptionError, match=rf"{re.escape(written.name)} over its own --input"):
+            P.predict_file(runs["translation"], written, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
+        assert written.read_text() == '{"src": "one"}\n'
     assert src.read_text() == "one two\nred house\n" and part.read_text() == '{"src": "one"}\n'
 
 
@@ -479,7 +509,9 @@ def test_resume_refuses_lines_it_would_mix_in(runs, tmp_path):
     for lines, said in (('{"id": "a", "prediction": "x"}\n{"id": "zzz", "prediction": "y"}\n',
                          r"hand\.jsonl:2: id 'zzz' is not one of the input's: the output was written for other inputs"),
                         ('{"id": "a", "prediction": "x"}\n{"id": "a", "prediction": "y"}\n',
-                         r"hand\.jsonl:2: id 'a' twice in the existing output")):
+                         r"hand\.jsonl:2: id 'a' twice in the existing output"),
+                        ('{"id": "a", "prediction": "x"}\n{"id": "b"}\n',
+                         r'hand\.jsonl:2: not an \{"id", "prediction"\} line')):
         (tmp_path / "hand.jsonl").write_text(lines)
         with pytest.raises(DataError, match=said):
             P.predict_file(runs["translation"], src, tmp_path / "hand.jsonl", beam_size=1, resume=True)
@@ -501,6 +533,28 @@ def test_resume_after_a_cut_overwrite_keeps_none_of_the_output_it_replaces(runs,
     summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
     assert summary["kept"] == 2 and _read(out) == _read(clean)
 
+
+
+def test_an_overwrite_cut_before_its_first_prediction_leaves_no_snapshot_of_the_run_it_replaces(
+        runs, tmp_path, monkeypatch):
+    """--overwrite removes the snapshot of the run it replaces when it starts: cut before it snapshots
+    anything, a --resume then predicts every input anew, as a clean run does."""
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 9))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out, clean = tmp_path / "preds.jsonl", tmp_path / "clean.jsonl"
+    kw = dict(beam_size=1, batch_size=1)
+    P.predict_file(runs["ends_early"], src, clean, **kw)
+    monkeypatch.setattr(P, "format_prediction", _dying_format(3))  # another model's run, cut: its snapshot
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["translation"], src, out, **kw)
+    assert len(_read(P.partial_path(out))) == 3
+    monkeypatch.setattr(P, "format_prediction", _dying_format(0))  # the overwrite, cut at its first prediction
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(runs["ends_early"], src, out, overwrite=True, **kw)
+    assert not P.partial_path(out).exists() and not out.exists()
+    monkeypatch.setattr(P, "format_prediction", _FORMAT)
+    summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
+    assert summary["kept"] == 0 and summary["predicted"] == 6 and _read(out) == _read(clean)
 
 def _snapshot_of(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
@@ -540,6 +594,16 @@ def test_resume_refuses_a_prediction_whose_input_changed(runs, tmp_path, capsys)
                        r"than the input's line 2 now holds \(1 of its 3 predictions' inputs changed\)"):
         P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
 
+
+
+def test_an_input_changed_only_in_its_trailing_spaces_is_another_input(runs, tmp_path):
+    """The record's digest is of the input's exact text: spaces at its end are tokens the model reads."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "p.jsonl"
+    _write_jsonl(src, [{"id": "a", "src": "red dog"}])
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    _write_jsonl(src, [{"id": "a", "src": "red dog   "}])
+    with pytest.raises(OptionError, match=rf"--resume: {out} holds a prediction for id 'a' made from another input"):
+        P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
 
 @pytest.mark.parametrize("resumed, save_every", [(False, 0), (True, 1e9)])
 def test_a_kill_at_any_write_leaves_what_resume_finishes(runs, tmp_path, monkeypatch, resumed, save_every):
@@ -614,6 +678,20 @@ def test_a_record_without_inputs_resumes_unchecked(runs, tmp_path):
     assert P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)["kept"] == 2
     assert set(json.loads(P.record_path(out).read_text())["inputs"]) == {"1", "2", "3"}
 
+
+
+def test_a_line_whose_input_the_record_does_not_name_is_refused(runs, tmp_path):
+    """A record that names inputs names every kept line's: a line of an id it lacks (the output edited,
+    or written beside another record) is refused, not kept unchecked."""
+    src, out = tmp_path / "in.txt", tmp_path / "t.jsonl"
+    src.write_text("red dog\nblue cat\nsix\n")
+    P.predict_file(runs["translation"], src, out, beam_size=1)
+    record = json.loads(P.record_path(out).read_text())
+    del record["inputs"]["2"]
+    P.record_path(out).write_text(json.dumps(record))
+    with pytest.raises(OptionError, match=rf"--resume: {out} holds a prediction for id 2 made from another input "
+                       r"than the input's line 2 now holds \(1 of its 3 predictions' inputs changed\)"):
+        P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
 
 @pytest.mark.parametrize("suffix", [".bz2", ".zst"])
 def test_an_output_compressed_otherwise_is_refused_before_any_work(runs, tmp_path, monkeypatch, suffix):
@@ -751,6 +829,10 @@ def test_decoding_constraints_reach_the_decoder(runs, tmp_path, monkeypatch, bea
 
 
 def test_min_len_longer_than_any_output_is_refused(runs, tmp_path):
+    model, toks, ck = load_run(runs["translation"])  # as long as the longest: taken (no output ends early)
+    out = P.predict_records(model, toks, ck, _records(["one two", "red"]), device="cpu", beam_size=1, len_ratio=0,
+                            min_len=4, max_len=4)
+    assert len(out) == 2 and all(isinstance(o, str) and o.strip() for o in out)
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
     with pytest.raises(ValueError, match="--min-len 500 exceeds the longest output"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
@@ -786,6 +868,19 @@ def test_library_entries_check_options_too(runs, tmp_path):
     out = generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=1, max_len=1)
     assert isinstance(out[0]["output"], str)
 
+
+
+def test_lengths_up_to_the_models_positions_are_taken_and_one_more_refused(runs):
+    """A source takes at most max_len - 1 tokens (--max-src-len; a classifier adds [CLS]) and an output
+    max_len - 1 (BOS before it): the bounds themselves are taken, one past them refused by name."""
+    model, toks, ck = load_run(runs["translation"])
+    n, recs = model.cfg.max_len, _records(["one two"])
+    with pytest.raises(OptionError, match=rf"--max-src-len {n} exceeds the model's max_len {n} - 1"):
+        P.predict_records(model, toks, ck, recs, device="cpu", max_src_len=n)
+    with pytest.raises(OptionError, match=rf"--max-len must be in \[1, {n - 1}\], got {n}"):
+        P.predict_records(model, toks, ck, recs, device="cpu", max_len=n)
+    out = P.predict_records(model, toks, ck, recs, device="cpu", beam_size=1, max_src_len=n - 1, max_len=n - 1)
+    assert len(out) == 1 and isinstance(out[0], str)
 
 def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):

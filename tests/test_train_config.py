@@ -275,6 +275,33 @@ def test_resume_refuses_flags_that_cannot_change():
     assert resumed(*parse_args(["--resume"]), {**saved, "overwrite": True}, "r/last.pt").overwrite is False
 
 
+
+@pytest.mark.parametrize("flag, value, was", [("--max-src-len", "256", "512"), ("--max-tgt-len", "8", "2"),
+                                              ("--vocab-size", "4000", "8000"), ("--seed", "3", "0"),
+                                              ("--max-tokens", "4096", "16384"), ("--dataset", "samsum", "imdb")])
+def test_resume_refuses_a_change_of_the_data_its_encoding_the_batching_or_the_seed(flag, value, was):
+    """What the checkpoint's model was trained on and how (its data and their encoding, the tokenizer, the
+    batching the epoch position counts in, the seed of the batch order) cannot change on --resume."""
+    now, given = parse_args(["--resume", flag, value])
+    with pytest.raises(ConfigError, match=rf"--resume continues the run of r/last.pt as it was built: {flag} {value} "
+                       rf"\(the run has {was}\) cannot change; drop it"):
+        resumed(now, given, json.loads(OLD_ARGS_JSON), "r/last.pt")
+
+
+def test_init_from_refuses_every_model_and_tokenizer_option_but_the_kernel():
+    """--init-from builds its checkpoint's model and tokenizers: a model option or a tokenizer one given with
+    it is refused by name; the backend (--kernel) and the data, optimizer and run options are taken."""
+    from scratchformer.training.resume import check_init_from
+
+    for argv, named in ((["--d-model", "64"], "--d-model"), (["--vocab-size", "500"], "--vocab-size"),
+                        (["--separate-vocab"], "--separate-vocab"), (["--heads", "4"], "--heads")):
+        _, given = parse_args(["--init-from", "x.pt", *argv])
+        with pytest.raises(ConfigError, match=rf"--init-from x.pt builds the model and tokenizers of that run: drop "
+                           rf"{named} \(only --kernel may change\)"):
+            check_init_from(given, "x.pt")
+    _, given = parse_args(["--init-from", "x.pt", "--kernel", "eager", "--lr", "1e-4", "--max-src-len", "64"])
+    check_init_from(given, "x.pt")
+
 def test_model_config_refuses_impossible_sizes():
     from scratchformer.model import ModelConfig, get_config
 
