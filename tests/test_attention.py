@@ -142,6 +142,20 @@ def test_attention_noncontiguous(Lq, Lk, layout):
     assert_matches_fp32(ours, ref)
 
 
+def test_q_k_and_v_each_in_their_own_layout():
+    """Each of q, k, v is read through its own strides: k with a non-unit head-dim stride, v a view
+    into a fused (B, Lk, 2, H, D) tensor, q plain; the model's q, k, v always share one layout, so a
+    kernel reading v with k's strides (or the reverse) went unnoticed there."""
+    B, H, Lq, Lk, D = 2, 3, 19, 37, 32
+    q = torch.randn(B, H, Lq, D, device=DEVICE)
+    k = torch.randn(B, H, D, Lk, device=DEVICE).transpose(2, 3)
+    v = torch.randn(B, Lk, 2, H, D, device=DEVICE)[:, :, 1].transpose(1, 2)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    assert len({q.stride(), k.stride(), v.stride()}) == 3
+    ours, ref = run_both(q, k, v, causal=True, key_lengths=torch.tensor([Lk, 23], device=DEVICE))
+    assert_matches_fp32(ours, ref)
+
+
 @pytest.mark.parametrize("scale", [0.0, 2.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_scale_edges(scale, causal):
@@ -151,6 +165,23 @@ def test_attention_scale_edges(scale, causal):
     q, k, v = make_qkv(2, 2, 40, 48, 16)
     assert_matches_fp32(*run_both(q, k, v, causal=causal, scale=scale,
                                   key_lengths=torch.tensor([48, 21], device=DEVICE)))
+
+
+def test_large_scores_give_the_reference_softmax():
+    """Scores far from 0 (raw row maxima ~450, ~80 at the default scale): the online softmax
+    offsets each block by the row's running maximum of the *scaled* scores, which in the unmasked
+    blocks is taken on the raw scores and scaled once. Offset by anything else (the raw maximum:
+    every exp2 underflows, l = 0) a row came out 0 and its lse -inf, not the reference's sharp softmax."""
+    B, H, Lq, Lk, D = 1, 2, 20, 41, 32  # Lk: two full 16-key tiles (unmasked) and a partial one
+    q, k, v = make_qkv(B, H, Lq, Lk, D)
+    with torch.no_grad():
+        q *= 6.0
+        k *= 6.0  # raw scores ~ 36·N(0, 32): row maxima ~ 450, scaled by 1/sqrt(32) ~ 80
+    (out, lse, grads), (ref, ref_lse, ref_grads) = run_both(q, k, v)
+    assert ref_lse.min() > 20  # every row's scores are far from 0: the case tests something
+    assert not out.isnan().any() and all(not g.isnan().any() for g in grads)
+    assert report_diff("out", out, ref) < 1e-3
+    assert report_diff("lse", lse, ref_lse) < 1e-3
 
 
 def test_attention_output_layout():
@@ -423,6 +454,24 @@ def test_dropout_matches_ref_with_mask(Lq, Lk, causal, padded):
     )
 
 
+def test_dropout_with_a_drawn_stream_matches_ref_with_its_mask():
+    """Without a seed the stream's counter offset is drawn (a given seed has offset 0): forward and
+    both backward kernels must add it to their counters, as the debug mask does, or their masks
+    disagree with each other."""
+    B, H, Lq, Lk, D = 2, 3, 18, 35, 32
+    q, k, v = leaves(*make_qkv(B, H, Lq, Lk, D))
+    kw = dict(causal=True, dropout_p=0.25, key_lengths=torch.tensor([Lk, 20], device=DEVICE),
+              query_lengths=torch.tensor([Lq, 11], device=DEVICE))
+    torch.manual_seed(3)
+    out, lse, mask = attention(q, k, v, return_lse=True, return_dropout_mask=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, dropout_mask=mask, return_lse=True, **kw)
+    g = torch.randn_like(out)
+    assert_matches_fp32(
+        (out, lse, torch.autograd.grad(out, (q, k, v), g)),
+        (ref, ref_lse, torch.autograd.grad(ref, (q, k, v), g)),
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: clear ValueErrors from the launcher
 # ---------------------------------------------------------------------------------------------
@@ -487,6 +536,37 @@ def test_bad_input_raises(case, monkeypatch):
     kw = {name: on_device(value) for name, value in kw.items()}
     with pytest.raises(ValueError, match=match):
         attention(q, k, v, **kw)
+
+
+def test_out_of_range_lengths_are_clamped_by_the_kernels_on_every_device(monkeypatch):
+    """Where the lengths are not read back (a GPU without SCRATCHFORMER_DEBUG, emulated here by
+    turning the value check off), the kernels clamp them to [0, L]: a key or query length past L
+    reads no row past L (here NaN rows of the larger buffers q, k and v are views of), a negative
+    one masks everything. Forward and gradients as the reference's, where that is what such
+    lengths mean."""
+    import scratchformer.kernels.attention as A
+
+    monkeypatch.setattr(A, "value_checks", lambda t: False)
+    B, H, Lq, Lk, D = 3, 2, 21, 26, 16
+    bufs = [torch.randn(B, H, L + 40, D, device=DEVICE) for L in (Lq, Lk, Lk)]
+    for buf, L in zip(bufs, (Lq, Lk, Lk)):
+        buf[:, :, L:] = float("nan")
+    q, k, v = (buf[:, :, :L].detach().requires_grad_() for buf, L in zip(bufs, (Lq, Lk, Lk)))
+    kl, ql = torch.tensor([Lk + 30, -4, 9], device=DEVICE), torch.tensor([Lq + 30, 7, -1], device=DEVICE)
+    for causal in (False, True):
+        ours, ref = run_both(q, k, v, causal=causal, key_lengths=kl, query_lengths=ql)
+        assert_matches_fp32(ours, ref)
+
+
+def test_strided_lengths_are_read_by_their_values():
+    """Lengths given as a strided view (every other element of a longer tensor) mean their values: the
+    kernels read lengths at unit stride, so they get a contiguous copy."""
+    B, H, Lq, Lk, D = 3, 2, 21, 26, 16
+    q, k, v = make_qkv(B, H, Lq, Lk, D)
+    kl = torch.tensor([Lk, 0, 9, 0, 17, 0], device=DEVICE)[::2]
+    ql = torch.tensor([5, 0, Lq, 0, 12, 0], device=DEVICE)[::2]
+    assert not kl.is_contiguous() and not ql.is_contiguous()
+    assert_matches_fp32(*run_both(q, k, v, causal=True, key_lengths=kl, query_lengths=ql))
 
 
 @requires_cuda

@@ -91,6 +91,27 @@ def test_tma_head_dims_and_dropout(monkeypatch, D):
     _assert_same(tma_run, ptr_run, atol=1e-6)
 
 
+def test_tma_reads_no_query_row_past_query_lengths(monkeypatch):
+    """dK/dV's query slab ends at query_lengths, not at Lq, so its descriptor reads the rows past it as
+    zeros, as the pointer loads' mask does: NaN queries there reach no gradient. Ours on the poisoned
+    q equals the reference on q with those rows zeroed (the reference's own dK takes in 0 · NaN)."""
+    B, H, Lq, Lk, D = 2, 2, 21, 26, 32
+    q, k, v = (t.detach() for t in make_qkv(B, H, Lq, Lk, D))
+    q_clean = q.clone()
+    q_clean[1, :, 12:] = 0.0
+    q[1, :, 12:] = float("nan")
+    monkeypatch.setattr(A, "TMA", True)
+    assert A._tma(q, k, v)
+    q, q_clean, k, v = (t.requires_grad_() for t in (q, q_clean, k, v))
+    kw = dict(causal=True, query_lengths=torch.tensor([Lq, 12], device=DEVICE),
+              key_lengths=torch.tensor([19, Lk], device=DEVICE))
+    out, lse = attention(q, k, v, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q_clean, k, v, return_lse=True, **kw)
+    g = torch.randn_like(ref)
+    assert_matches_fp32((out, lse, torch.autograd.grad(out, (q, k, v), g)),
+                        (ref, ref_lse, torch.autograd.grad(ref, (q_clean, k, v), g)))
+
+
 def test_tma_bf16_matches_ref_and_pointer_kernels(monkeypatch):
     """bf16 on the TMA path: within the low-precision yardstick of the fp32 reference (as the
     pointer kernels are held in test_attention.py), and equal to the pointer kernels."""

@@ -243,6 +243,45 @@ def test_matmul_dact_matches_autograd(activation):
     torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_matmul_dact_reads_a_strided_aux_by_its_values(activation):
+    """The epilogue reads aux (the forward's output for relu, its pre-activation for gelu) as a
+    contiguous (M, N) tensor: a transposed or sliced aux reaches it as a copy, and dH and its column
+    sums are autograd's for aux's values, not for its memory order."""
+    M, N, K = 37, 70, 48  # test_matmul_dact_matches_autograd's N and K: no new autotune key
+    g = torch.randn(M, K, device=DEVICE)
+    w = torch.randn(K, N, device=DEVICE)
+    h = torch.randn(N, M, device=DEVICE).t().requires_grad_()  # column-major
+    a = F.relu(h) if activation == "relu" else F.gelu(h)
+    (dh_ref,) = torch.autograd.grad(a, h, g @ w)
+    saved = a.detach() if activation == "relu" else h.detach()
+    assert not saved.is_contiguous()
+    dh, db = matmul_dact(g, w, saved, activation=activation, bias_grad=True)
+    torch.testing.assert_close(dh, dh_ref, **FP32_TOL)
+    torch.testing.assert_close(db, dh_ref.sum(0), **FP32_TOL)
+
+
+def test_matmul_reads_nothing_past_k():
+    """A (M, K) and B (K, N) are views into larger buffers whose elements past K are NaN: the K loop's
+    partial last tile (K 48, 32-wide tiles here) masks both operands' loads (a masked-in NaN times the
+    other's zero is still NaN), in the forward (bias, gelu, pre-activation) and the activation-gradient
+    GEMM (relu, bias gradient)."""
+    M, N, K = 37, 70, 48
+    a_buf = torch.full((M, K + 16), float("nan"), device=DEVICE)
+    b_buf = torch.full((K + 16, N), float("nan"), device=DEVICE)
+    a_buf[:, :K] = torch.randn(M, K, device=DEVICE)
+    b_buf[:K] = torch.randn(K, N, device=DEVICE)
+    a, b = a_buf[:, :K], b_buf[:K]
+    bias = torch.randn(N, device=DEVICE)
+    h = torch.addmm(bias, a, b)
+    c, pre = matmul(a, b, bias=bias, activation="gelu", store_pre=True)
+    torch.testing.assert_close(pre, h, **FP32_TOL)
+    torch.testing.assert_close(c, F.gelu(h), **FP32_TOL)
+    dh, db = matmul_dact(a, b, F.relu(h), activation="relu", bias_grad=True)
+    torch.testing.assert_close(dh, (a @ b) * (h > 0), **FP32_TOL)
+    torch.testing.assert_close(db, ((a @ b) * (h > 0)).sum(0), **FP32_TOL)
+
+
 def test_matmul_dropout_seed_and_replay():
     """The GEMM's own entry points: a given seed fixes the mask (matmul with the same seed draws it
     again, matmul_dact with it replays it, gelu), seed=None draws a fresh one per call from torch's
