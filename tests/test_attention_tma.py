@@ -91,6 +91,9 @@ def test_tma_head_dims_and_dropout(monkeypatch, D):
     _assert_same(tma_run, ptr_run, atol=1e-6)
 
 
+# the forward's row max over the NaN rows past query_lengths (zeroed after): Triton 3.6's interpreter
+# takes it with numpy, which warns
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_tma_reads_no_query_row_past_query_lengths(monkeypatch):
     """dK/dV's query slab ends at query_lengths, not at Lq, so its descriptor reads the rows past it as
     zeros, as the pointer loads' mask does: NaN queries there reach no gradient. Ours on the poisoned
