@@ -318,6 +318,20 @@ def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplo
     P.encode_records(_records([" ".join(words)]), "translation", toks, MAX_SRC, strict=True)
 
 
+def test_strict_names_the_first_document_that_does_not_fit_not_one_that_fits_exactly(runs):
+    """An extractive document takes a marker per sentence besides its tokens. One of exactly max_src_len
+    marked tokens fits (the encoder keeps all of it: --strict takes it), so --strict, refusing a longer
+    one after it, names that one's line, not the first's."""
+    from scratchformer.data import split_sentences
+
+    _, toks, _ = load_run(runs["translation"])
+    fits = "the cat sat . a dog ran ."
+    n = sum(len(ids) + 1 for ids in toks.src.encode_batch(split_sentences(fits)))
+    P.encode_records(_records([fits]), "extractive", toks, n, strict=True)
+    with pytest.raises(DataError, match=r"^input:2: document does not fit in the model's \d+ tokens \(--strict; 1 "):
+        P.encode_records(_records([fits, fits + " birds sang ."]), "extractive", toks, n, strict=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Output: atomic writes, resume
 # ---------------------------------------------------------------------------------------------
