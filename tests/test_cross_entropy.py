@@ -15,8 +15,10 @@ from conftest import DEVICE, report_diff, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import scratchformer.kernels.cross_entropy as CE
+from scratchformer import data as D
 from scratchformer import ops
-from scratchformer.model import PAD_ID, Transformer, get_config
+from scratchformer.evaluation.evaluate import eval_loader, evaluate, teacher_forced
+from scratchformer.model import PAD_ID, Classifier, Transformer, get_config
 from scratchformer.reference import linear_cross_entropy_ref, nll_loss_ref
 from scratchformer.training.optim import label_smoothed_loss
 
@@ -296,8 +298,6 @@ def test_validation_scores_the_models_own_loss():
     gradient on triton) and an ensemble's from its mixture: the mean token NLL of their logits."""
     from torch.nn.functional import cross_entropy
 
-    from scratchformer import data as D
-    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
     from scratchformer.model import Ensemble
 
     g = torch.Generator().manual_seed(1)
@@ -316,9 +316,6 @@ def test_a_classifiers_validation_is_its_mean_nll_and_accuracy_per_example_by_ha
     """A classifier's teacher-forced loss is the mean over examples of -log p(label) (each scored alone:
     batching, padding and the batch count change nothing), its accuracy the share of argmax hits; and
     `evaluate`'s accuracy on the first `limit` examples is theirs alone."""
-    from scratchformer import data as D
-    from scratchformer.evaluation.evaluate import eval_loader, evaluate, teacher_forced
-    from scratchformer.model import Classifier
 
     cfg = get_config("tiny", src_vocab_size=70, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=0,
                      d_ff=64, dropout=0.0, num_classes=3, final_norm=True, kernel="eager")

@@ -16,7 +16,7 @@ from scratchformer import cli, evaluate, generate, train
 from scratchformer import data as D
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
-from scratchformer.evaluation.evaluate import load_run, predict_extracts
+from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_extracts, teacher_forced
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
 from scratchformer.training.optim import extractive_loss
@@ -239,7 +239,6 @@ def test_bad_sentence_positions_are_refused():
 def test_validation_is_the_mean_bce_per_real_sentence_by_hand():
     """An extractive model's teacher-forced loss: the binary cross-entropy of each real sentence (label 0
     or 1; a padded slot's -1 is none) summed over the documents, each scored alone, over their count."""
-    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
 
     torch.manual_seed(0)
     model = _extractor(device="cpu")

@@ -20,7 +20,7 @@ import torch
 
 from scratchformer import cli, evaluate, generate
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lines_atomic
-from scratchformer.data import DataError
+from scratchformer.data import DataError, split_sentences
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, load_run, predict_labels
@@ -322,7 +322,6 @@ def test_strict_names_the_first_document_that_does_not_fit_not_one_that_fits_exa
     """An extractive document takes a marker per sentence besides its tokens. One of exactly max_src_len
     marked tokens fits (the encoder keeps all of it: --strict takes it), so --strict, refusing a longer
     one after it, names that one's line, not the first's."""
-    from scratchformer.data import split_sentences
 
     _, toks, _ = load_run(runs["translation"])
     fits = "the cat sat . a dog ran ."

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from scratchformer import train as T
 from scratchformer.checkpoint import load_checkpoint
+from scratchformer.evaluation import metrics as M
 from scratchformer.model import Classifier, get_config
 from scratchformer.training import optim as O
 from scratchformer.training import runs
@@ -149,7 +150,6 @@ def test_classification_nll_is_unsmoothed_and_the_loss_smoothed_over_all_classes
 def test_every_score_a_validation_reports_is_ranked_the_right_way():
     """best.pt and early stopping follow is_better: every score of the decodings (BLEU, chrF, exact
     match, ROUGE-1/2/L/Lsum) and accuracy are better higher; loss and perplexity lower."""
-    from scratchformer.evaluation import metrics as M
 
     scores = [*M.seq2seq_scores(["a b"], ["a b"], "summarization"), "accuracy"]
     assert set(M.ROUGE_KEYS) <= set(scores)

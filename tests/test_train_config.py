@@ -14,7 +14,7 @@ from scratchformer.training.config import (
     check_for_task,
     parse_args,
 )
-from scratchformer.training.resume import resumed
+from scratchformer.training.resume import check_init_from, resumed
 
 # The train command's options before TrainConfig existed (argparse written by hand), plus the ones
 # added since (NEW_FLAGS, at their place): the generated parser must offer exactly these, in order.
@@ -291,7 +291,6 @@ def test_resume_refuses_a_change_of_the_data_its_encoding_the_batching_or_the_se
 def test_init_from_refuses_every_model_and_tokenizer_option_but_the_kernel():
     """--init-from builds its checkpoint's model and tokenizers: a model option or a tokenizer one given with
     it is refused by name; the backend (--kernel) and the data, optimizer and run options are taken."""
-    from scratchformer.training.resume import check_init_from
 
     for argv, named in ((["--d-model", "64"], "--d-model"), (["--vocab-size", "500"], "--vocab-size"),
                         (["--separate-vocab"], "--separate-vocab"), (["--heads", "4"], "--heads")):

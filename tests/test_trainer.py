@@ -9,11 +9,13 @@ import os
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import DEVICE, extractive_folder, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm import tqdm
 
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
@@ -27,7 +29,9 @@ from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.launch import create_trainer
 from scratchformer.training.optim import batch_loss
+from scratchformer.training.progress import Progress
 from scratchformer.training.runs import Logger
+from scratchformer.training.stopping import Diverged, check_finite
 from scratchformer.training.trainer import Trainer
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -925,7 +929,6 @@ def test_an_epoch_of_batches_takes_every_short_last_group_as_a_step(tmp_path):
 def test_a_train_row_is_the_loss_per_target_token_of_the_steps_since_the_last_row(tmp_path, monkeypatch):
     """--log-every 3: rows at step 1 (always) and step 3, which sums steps 2 and 3's losses and divides
     by their tokens together."""
-    from tqdm import tqdm
 
     tr = _trainer(tmp_path, "--log-every", "3", "--eval-every", "0")
     tr._bar = tqdm(disable=True)
@@ -943,7 +946,6 @@ def test_a_train_row_is_the_loss_per_target_token_of_the_steps_since_the_last_ro
 def test_early_stopping_counts_evaluations_without_gain_since_the_last_best():
     """--patience 2 stops at the second validation in a row without a new best; a new best in between
     starts the count again. Resumed with --patience 0 (no early stopping) a stopped run goes on."""
-    from scratchformer.training.progress import Progress
 
     prog = Progress()
     stops = [prog.track("loss", value, patience=2) for value in (5.0, 6.0, 4.0, 4.5, 4.2)]
@@ -957,10 +959,7 @@ def test_early_stopping_counts_evaluations_without_gain_since_the_last_best():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_weights_infinite_or_nan_are_a_divergence(tmp_path, bad):
-    from types import SimpleNamespace
 
-    from scratchformer.training.progress import Progress
-    from scratchformer.training.stopping import Diverged, check_finite
 
     model = torch.nn.Linear(3, 2)
     trainer = SimpleNamespace(model=model, out=tmp_path, last_saved=-1, progress=Progress(step=7),
