@@ -19,11 +19,16 @@ from conftest import TINY, translation_folder
 
 from scratchformer import ablate, average, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
-from scratchformer.checkpoint import CheckpointError, load_checkpoint
-from scratchformer.data import DataError
+from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scratchformer.data import DataError, DataSource
+from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
+from scratchformer.evaluation.evaluate import load_models
 from scratchformer.evaluation.options import OptionError
-from scratchformer.training.config import ConfigError
+from scratchformer.model import ModelConfig, build_model
+from scratchformer.training.ablation import build_parser as ablate_parser
+from scratchformer.training.config import ConfigError, TrainConfig
+from scratchformer.training.config import build_parser as train_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,8 +52,6 @@ def test_every_flag_says_what_it_does_and_its_default():
     # --encoder-layers, --activation, --tie-embeddings, --no-plots, evaluate's and generate's --precision
     # and generate's --length-penalty were bare names in --help; generate's --beam-size (4), --max-tokens and
     # --save-every did not say their defaults
-    from scratchformer.training.ablation import build_parser as ablate_parser
-    from scratchformer.training.config import build_parser as train_parser
 
     for parser in (train_parser(), evaluate.build_parser(), generate.build_parser(), ablate_parser(),
                    average.build_parser()):
@@ -402,21 +405,15 @@ def test_commands_report_user_errors_in_one_line(tmp_path):
 
 
 def _eval_run(root: Path, seed: int = 0, words: str = "one two three red house big eins zwei drei rot Haus groß",
-              task: str = "translation") -> Path:
+              task: str = "translation", max_len: int = 4096) -> Path:
     """A run folder without training: a tiny random model, its tokenizer (trained on `words`) and a
     local data folder (evaluate needs only the checkpoint's parts)."""
-    from scratchformer.checkpoint import save_checkpoint
-    from scratchformer.data import DataSource
-    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-    from scratchformer.model import ModelConfig, build_model
-    from scratchformer.training.config import TrainConfig
-
     root.mkdir(parents=True, exist_ok=True)
     data = translation_folder(root)
     tok = BPETokenizer.train([words] * 20, vocab_size=300, min_frequency=1)
     torch.manual_seed(seed)
     cfg = ModelConfig(src_vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                      d_ff=64, dropout=0.0, kernel="eager")
+                      d_ff=64, dropout=0.0, kernel="eager", max_len=max_len)
     run = root / "run"
     save_checkpoint(run / "best.pt", {
         "model": build_model(cfg).state_dict(), "config": cfg.to_dict(), "tokenizers": TokenizerPair(tok).to_dict(),
@@ -429,9 +426,6 @@ def test_an_ensemble_reads_and_decodes_the_same_in_any_order(tmp_path):
     """Members trained at other lengths: the ensemble takes the longest source and output of any of
     them, whatever their order (the first member's decided: a 6-token cap first, a 10-token one
     second, gave other predictions and another loss than the reverse order)."""
-    from scratchformer.checkpoint import save_checkpoint
-    from scratchformer.evaluation.evaluate import load_models
-
     a, b = _eval_run(tmp_path / "a"), _eval_run(tmp_path / "b", seed=1)
     short = load_checkpoint(b / "best.pt")
     short["args"] = {**short["args"], "max_src_len": 6, "max_tgt_len": 4}
@@ -443,6 +437,22 @@ def test_an_ensemble_reads_and_decodes_the_same_in_any_order(tmp_path):
              for name, order in (("ab", [str(a), str(b)]), ("ba", [str(b), str(a)]))}
     assert _predictions(tmp_path / "ab") == _predictions(tmp_path / "ba")
     assert score["ab"]["loss"] == pytest.approx(score["ba"]["loss"], rel=1e-5)
+
+
+def test_an_ensemble_reads_and_decodes_no_further_than_every_member_admits(tmp_path):
+    """A member with fewer positions (max_len 9) than another's source and output lengths (16, 10):
+    the ensemble's lengths are capped at its last position, 8, so evaluation runs and no prediction
+    is longer (uncapped, the member was asked for positions it has not)."""
+    a, b = _eval_run(tmp_path / "a"), _eval_run(tmp_path / "b", seed=1, max_len=9)
+    short = load_checkpoint(b / "best.pt")
+    save_checkpoint(b / "best.pt", {**short, "args": {**short["args"], "max_src_len": 6, "max_tgt_len": 4}})
+    for order in ([a, b], [b, a]):
+        ensemble, _, ckpt = load_models(order)
+        assert ensemble.cfg.max_len == 9
+        assert (ckpt["args"]["max_src_len"], ckpt["args"]["max_tgt_len"]) == (8, 8)
+    evaluate.main(["--checkpoint", str(a), str(b), "--out", str(tmp_path / "ab"), "--split", "validation",
+                   "--limit", "6", "--max-tokens", "64"])
+    assert all(len(p.split()) <= 8 for p in _predictions(tmp_path / "ab"))
 
 
 def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(tmp_path, monkeypatch, capsys):
@@ -631,8 +641,6 @@ def test_evaluate_finds_a_named_datasets_folder_from_anywhere_or_says_it_is_miss
     """A checkpoint keeps its data folder as the training's cwd saw it (../shared/data/multi30k): run from
     elsewhere, a named dataset is looked up again, and a folder that is not here is named with what to
     give (it was "no train split", though the validation split was asked for)."""
-    from scratchformer.checkpoint import save_checkpoint
-
     run = _eval_run(tmp_path)
     ck = load_checkpoint(run / "best.pt")
     toy = Path(ck["data"]["folder"])
@@ -659,8 +667,6 @@ def test_evaluate_of_a_run_folders_other_checkpoint_needs_out_and_names_an_avera
     """RUN/averaged.pt (or a step file) scored without --out would replace RUN's predictions and scores of
     best.pt (the final report's): refused, nothing written; with --out its scores carry no step (one step's
     label once stood for an average) but the steps it averages."""
-    from scratchformer.checkpoint import save_checkpoint
-
     run = _eval_run(tmp_path)
     averaged_from = [{"path": "step_0000002.pt", "step": 2}, {"path": "step_0000004.pt", "step": 4}]
     save_checkpoint(run / "averaged.pt", {**load_checkpoint(run / "best.pt"), "averaged_from": averaged_from})
@@ -736,12 +742,6 @@ def test_evaluate_split_is_a_plain_name_refused_before_anything_is_read_or_writt
 
 def _classifier_run(root: Path, labels: dict[int, str] | None, seed: int = 0) -> Path:
     """A run folder of an untrained classifier whose data folder (root/toy_clf) names its classes `labels`."""
-    from scratchformer.checkpoint import save_checkpoint
-    from scratchformer.data import DataSource
-    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-    from scratchformer.model import ModelConfig, build_model
-    from scratchformer.training.config import TrainConfig
-
     data = root / "toy_clf"
     data.mkdir(parents=True)
     (data / "validation.tsv").write_text("text\tlabel\ngreat fun\t1\nawful bore\t0\ngreat movie\t1\n")
