@@ -790,6 +790,21 @@ def test_an_eos_candidate_in_the_top_k_leaves_k_live_beams():
     assert out == [[4, EOS_ID]]
 
 
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_an_eos_candidate_of_probability_zero_never_finishes(beam_size):
+    """Fewer finite candidates than beams: one word (probability 1), EOS barred by min_len 2, so
+    at steps 0 and 1 every candidate but one is -inf, EOS candidates among them. An EOS candidate of
+    -inf score is no hypothesis: had it counted as finished, beam_size of them would close the
+    sentence before any real one, and it would output one of them. Which -inf candidates topk ranks
+    first among its ties is unspecified, so every assignment of EOS, PAD, BOS and the word to the 4
+    ids is tried (one of them puts an EOS candidate first among the ties); each returns [w w EOS]."""
+    for eos, pad, bos, w in itertools.permutations(range(4)):
+        model = _TableModel(lambda s, prefix, w=w, eos=eos: {w: 1.0} if len(prefix) < 2 else {eos: 1.0}, vocab=4)
+        out = beam_search(model, torch.full((1, 1), 3), torch.ones(1, dtype=torch.long), beam_size=beam_size,
+                          max_len=3, min_len=2, eos_id=eos, pad_id=pad, bos_id=bos).tolist()
+        assert out == [[w, w, eos]], (eos, pad, bos, w, out)
+
+
 @pytest.mark.parametrize("check_every", [1, 3])
 def test_a_sentence_with_beam_size_finished_hypotheses_takes_no_more(check_every):
     """beam 1, length_penalty 1, max_len 3; source 2 keeps the search going to max_len (its best

@@ -40,8 +40,9 @@ def check_init_from(given: frozenset[str], init_path: str) -> None:
 
 
 def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str) -> TrainConfig:
-    """A resumed run's config: the checkpoint's, except the options given now (and --resume/--out).
-    An option in FIXED_ON_RESUME given with another value than the run's is refused by name."""
+    """A resumed run's config: the checkpoint's, except the options given now (and --resume); its
+    --out is the caller's to set (the folder it resumes in). An option in FIXED_ON_RESUME given with
+    another value than the run's is refused by name."""
     base = TrainConfig.from_dict({**saved, "overwrite": False, "resume": config.resume})
     changed = fixed_changes(config, given, base)
     if changed:
@@ -55,7 +56,7 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
     if "lr" in given and base.schedule == "plateau" and config.lr != base.lr:
         raise ConfigError(f"--lr cannot change when resuming a --schedule plateau run (its lr, halved on plateaus, "
                           f"continues from the checkpoint); the run has --lr {base.lr:g}")
-    now = {k: getattr(config, k) for k in given | {"resume", "out"}}
+    now = {k: getattr(config, k) for k in given | {"resume"}}
     return dataclasses.replace(base, **now, resume_path=resume_path)
 
 
