@@ -6,6 +6,8 @@ import json
 import lzma
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,32 @@ def test_synthetic_is_seeded_and_reverses():
     for e in a:
         words = e.src.split()
         assert e.tgt.split() == [D.DE_NUMBERS[D.EN_NUMBERS.index(w)] for w in reversed(words)]
+
+
+def test_synthetic_words_and_lengths_span_their_whole_range():
+    """Each of the ten digits is drawn (nine too), each has its German word (sieben is seven, acht eight), and
+    a sequence has from min_len to max_len words, both ends included."""
+    german = {"zero": "null", "one": "eins", "two": "zwei", "three": "drei", "four": "vier", "five": "fünf",
+              "six": "sechs", "seven": "sieben", "eight": "acht", "nine": "neun"}
+    examples = D.synthetic_examples("train", 600, seed=5)
+    assert {w for e in examples for w in e.src.split()} == set(german)
+    for e in examples:
+        assert e.tgt.split() == [german[w] for w in reversed(e.src.split())]
+    assert {len(e.src.split()) for e in examples} == set(range(3, 11))
+    assert {len(e.src.split()) for e in D.synthetic_examples("test", 100, seed=5, min_len=1, max_len=2)} == {1, 2}
+
+
+def test_the_synthetic_source_is_a_translation_task_of_three_splits():
+    """The synthetic source has train, validation and test, nothing else (has_split says so; asked for "dev" it
+    names the splits, it raised a bare KeyError), and is read as translation only."""
+    source = D.resolve_source()
+    assert [D.has_split(source, s) for s in ("train", "validation", "test", "dev")] == [True, True, True, False]
+    for call in (lambda: D.load_split(source, "dev"), lambda: D.synthetic_examples("dev", 3)):
+        with pytest.raises(D.DataError, match=re.escape("synthetic task has splits ['train', 'validation', 'test'], "
+                                                        "not 'dev'")):
+            call()
+    with pytest.raises(D.DataError, match="the synthetic task is a translation task, not classification"):
+        D.resolve_source("synthetic", task="classification")
 
 
 # --- parsing and errors ------------------------------------------------------------------------
@@ -120,7 +148,7 @@ def test_empty_and_missing_split(tmp_path):
 
 
 @pytest.mark.parametrize("split", ["", " ", "../mt/validation", "raw/../../mt/validation", "/abs/test", "a\\b",
-                                   ".hidden", "..", "val..x"])
+                                   ".hidden", "..", "val..x", "a\0b"])
 def test_a_split_is_a_plain_name(tmp_path, split):
     """A split names a file in the data folder: one with a path in it read a file outside it (../mt/validation
     read mt/validation.jsonl beside the folder), an empty one said "no  split". Every entry of the data
@@ -164,6 +192,8 @@ def _gz(data: bytes) -> bytes:
     ("train.jsonl.gz", GOOD * 3, r"train\.jsonl\.gz: not a gzip file, though named \.gz \(no gzip header\)"),
     ("train.jsonl.gz", _gz(GOOD * 200)[:40], r"train\.jsonl\.gz: the gzip stream is cut short after \d+ complete"),
     ("train.jsonl.gz", _gz(GOOD * 200)[:-6] + b"\xff" * 6, r"train\.jsonl\.gz: corrupt gzip data after \d+"),
+    # Bytes after the last member that are no gzip header: corrupt data after the lines read, not "not a gzip file"
+    ("train.jsonl.gz", _gz(GOOD * 3) + b"junk!", r"train\.jsonl\.gz: corrupt gzip data after 3 complete line\(s\)"),
     # The same three for xz (scripts/pack_gpu_data.sh packs CNN/DailyMail so).
     ("train.jsonl.xz", GOOD * 3, r"train\.jsonl\.xz: not an xz file, though named \.xz \(no xz header\)"),
     ("train.jsonl.xz", lzma.compress(GOOD * 200)[:40], r"train\.jsonl\.xz: the xz stream is cut short after \d+"),
@@ -184,6 +214,19 @@ def test_byte_order_mark_and_crlf_are_read(tmp_path, reader):
     path = tmp_path / "train.jsonl"
     path.write_bytes("\ufeff".encode() + GOOD.replace(b"\n", b"\r\n") * 2)
     assert len(READERS[reader](path)) == 2
+
+
+def test_read_lines_yields_each_line_as_written_less_its_line_ending(tmp_path):
+    """read_lines drops a line's ending (\\n or \\r\\n) and the byte-order mark that leads the file, nothing
+    else: spaces and tabs at either end are text (a TSV line 'world<TAB>' is two columns, the second empty),
+    and U+FEFF at the start of a later line is a character of that line, not a mark."""
+    path = tmp_path / "lines.txt"
+    path.write_bytes("\ufeffone \t\r\n  two\n\ufeffthree\r\nlast\t".encode())
+    assert list(files.read_lines(path)) == [(1, "one \t"), (2, "  two"), (3, "\ufeffthree"), (4, "last\t")]
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("hello\thallo\nworld\t\n", encoding="utf-8")
+    with pytest.raises(D.DataError, match=re.escape(f"{tsv}:2: field 'tgt' is empty")):
+        D.read_split(tsv, "translation")
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -304,6 +347,18 @@ def test_infer_task_and_carve(tmp_path):
     assert len(va) == 1 and len(tr) == 4 and va[0] not in tr
 
 
+def test_carving_takes_the_nearest_whole_number_of_examples():
+    """carve_validation takes round(n * fraction) examples, not its floor: 10 at 0.29 is 2.9, 3 examples; 20 at
+    0.16 is 3.2, 3; 10 at 0.71 is 7.1, 7. A fraction of 0 or 1 (or beyond) is refused: it leaves one side empty."""
+    rows = [D.Example(f"t{i}", i % 2) for i in range(20)]
+    for n, fraction, n_val in ((10, 0.29, 3), (20, 0.16, 3), (10, 0.71, 7)):
+        train, valid = D.carve_validation(rows[:n], fraction, seed=1)
+        assert (len(train), len(valid)) == (n - n_val, n_val)
+    for fraction in (0.0, 1.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"validation fraction must be in \(0, 1\)"):
+            D.carve_validation(rows, fraction, seed=1)
+
+
 @pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="../shared/data is absent (CI puts it beside the clone)")
 def test_shared_multi30k_slice():
     src = D.resolve_source(data=str(SHARED / "multi30k"))
@@ -359,6 +414,27 @@ def test_ragged_indexing():
         r[3]
     with pytest.raises(ValueError, match="contiguous"):
         r[::2]
+
+
+def test_a_ragged_array_indexes_and_slices_as_the_list_of_its_sequences():
+    """Ragged answers as the list it was made of: r[i] for every i in [-n, n) and IndexError beyond either end
+    (r[-4] of 3 is no sequence), r[a:b] for every a and b (a start past its stop is empty, not of length -1),
+    a step other than 1 refused (-1 too: the offsets cannot run backwards), and the ids held as int32."""
+    seqs = [[1, 2], [], [3, 4, 5]]
+    r = D.Ragged.of(seqs)
+    assert r.flat.dtype == np.int32 and r.offsets.tolist() == [0, 2, 2, 5]
+    for i in range(-3, 3):
+        assert r[i].tolist() == seqs[i]
+    for i in (-4, 3):
+        with pytest.raises(IndexError):
+            r[i]
+    for a in range(-4, 5):
+        for b in range(-4, 5):
+            part = r[a:b]
+            assert len(part) == len(seqs[a:b]) and [x.tolist() for x in part] == seqs[a:b], (a, b)
+    for step in (2, -1):
+        with pytest.raises(ValueError, match="contiguous"):
+            r[::step]
 
 
 def test_collate_pads_right():
@@ -597,6 +673,117 @@ def test_a_limit_is_none_or_a_positive_int_for_every_source(tmp_path, limit):
     with pytest.raises(ValueError, match="limit must be None"):
         D.read_split(folder / "train.jsonl", "translation", limit=limit)
     assert [len(D.load_split(D.resolve_source(data=str(folder)), "train", limit=n)) for n in (1, 2, None)] == [1, 2, 5]
+
+
+def fake_pyarrow(monkeypatch, rows):
+    """A stand-in for pyarrow (not installed here): every parquet file read holds `rows`."""
+    parquet = types.SimpleNamespace(read_table=lambda path: types.SimpleNamespace(to_pylist=lambda: list(rows)))
+    monkeypatch.setitem(sys.modules, "pyarrow", types.SimpleNamespace(parquet=parquet))
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", parquet)
+
+
+def test_a_limit_reads_the_first_records_of_every_source(tmp_path, monkeypatch):
+    """limit=n is the split's first n records, in every format (JSON lines plain or packed, TSV, parquet), from
+    the hub and from the synthetic task; a limit past the split's size is the whole split (the synthetic
+    validation split has 300 examples: limit 1000 made 1000)."""
+    rows = [{"src": f"a{i}", "tgt": f"b{i}"} for i in range(5)]
+    srcs = [r["src"] for r in rows]
+    folder = tmp_path / "mt"
+    folder.mkdir()
+    paths = [write_jsonl(folder / "train.jsonl", rows), write_jsonl(folder / "train.jsonl.gz", rows),
+             folder / "train.tsv", folder / "train.parquet"]
+    paths[2].write_text("".join(f"{r['src']}\t{r['tgt']}\n" for r in rows), encoding="utf-8")
+    paths[3].write_bytes(b"PAR1")
+    fake_pyarrow(monkeypatch, rows)
+    for path in paths:
+        for n in (1, 2, 4, 5, 9, None):
+            assert [e.src for e in D.read_split(path, "translation", limit=n)] == srcs[:n], (path.name, n)
+
+    class FakeDatasets:
+        @staticmethod
+        def load_dataset(path, split, name=None):
+            return [{"en": r["src"], "de": r["tgt"]} for r in rows]
+
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets)
+    monkeypatch.setattr(D.datasets, "local_folder", lambda name: None)
+    hub = D.resolve_source("multi30k")
+    for n in (1, 2, 4, 5, 9, None):
+        assert [e.src for e in D.load_split(hub, "train", limit=n)] == srcs[:n], n
+    synthetic = D.resolve_source()
+    whole = [e.src for e in D.load_split(synthetic, "validation")]
+    assert len(whole) == 300
+    for n in (1, 7, 300, 1000):
+        assert [e.src for e in D.load_split(synthetic, "validation", limit=n)] == whole[:n], n
+
+
+def test_a_parquet_row_at_fault_is_named_by_its_number_from_1(tmp_path, monkeypatch):
+    """A bad parquet record is named as "row N", N counted from 1 as the lines of the other formats are."""
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"PAR1")
+    fake_pyarrow(monkeypatch, [{"src": "a", "tgt": "b"}, {"src": "c", "tgt": " "}, {"src": "e", "tgt": "f"}])
+    with pytest.raises(D.DataError, match=re.escape(f"{path}: row 2: field 'tgt' is empty")):
+        D.read_split(path, "translation")
+
+
+def test_the_task_is_inferred_from_the_first_split_file_that_names_fields(tmp_path):
+    """Without meta.json the task comes from the first record of the first split file there is, whichever split
+    (a folder of only validation or test data, for evaluation); a parquet file names no fields, so a folder of
+    parquet alone needs --task (its bytes are not read as text)."""
+    for split in ("validation", "test"):
+        folder = tmp_path / split
+        folder.mkdir()
+        write_jsonl(folder / f"{split}.jsonl", [{"text": "good", "label": 1}])
+        assert D.resolve_source(data=str(folder)).task == "classification"
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    (folder / "train.parquet").write_bytes(b"PAR1\x15\x04\xff\xfe\x00PAR1")
+    with pytest.raises(D.DataError, match=r"cannot tell the task \(no meta\.json 'task' and no recognised fields\)"):
+        D.resolve_source(data=str(folder))
+    assert D.resolve_source(data=str(folder), task="translation").task == "translation"
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "\u0661"])
+def test_class_ids_in_meta_json_are_ascii_digits(tmp_path, key):
+    """meta.json's "labels" are keyed by class ids in ASCII digits: '²' is a digit to str.isdigit() but no int
+    (int() raised a bare ValueError) and '١' (Arabic-Indic one) an int to int() though no id written as ours
+    are; either is refused, naming the file."""
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "good", "label": 1}])
+    (tmp_path / "meta.json").write_text(json.dumps({"labels": {"0": "bad", key: "good"}}), encoding="utf-8")
+    with pytest.raises(D.DataError, match=r"meta\.json: 'labels' must map class ids to names"):
+        D.resolve_source(data=str(tmp_path))
+
+
+def test_a_named_dataset_is_found_under_the_data_roots_in_their_order(tmp_path, monkeypatch):
+    """--dataset NAME is the folder NAME (iwslt2017: iwslt2017_en_de, the name shared/data uses) under
+    $SCRATCHFORMER_DATA, else ./data, else ../shared/data, the first that has it; its class names are read
+    from its meta.json as those of a --data folder are."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env = tmp_path / "env"
+    monkeypatch.setenv("SCRATCHFORMER_DATA", str(env))
+    roots = [tmp_path / "shared" / "data", work / "data", env]  # least preferred first
+    for root in roots:
+        (root / "iwslt2017_en_de").mkdir(parents=True)
+        write_jsonl(root / "iwslt2017_en_de" / "train.jsonl", [{"src": "a", "tgt": "b"}])
+        source = D.resolve_source("iwslt2017")
+        assert (source.kind, source.task) == ("local", "translation")
+        assert Path(source.folder).resolve() == root / "iwslt2017_en_de"
+    (env / "reviews").mkdir()
+    write_jsonl(env / "reviews" / "train.jsonl", [{"text": "good", "label": 1}])
+    (env / "reviews" / "meta.json").write_text('{"labels": {"0": "bad", "1": "good"}}', encoding="utf-8")
+    named, given = D.resolve_source("reviews"), D.resolve_source(data=str(env / "reviews"))
+    assert named.labels == given.labels == {0: "bad", 1: "good"}
+
+
+def test_an_unknown_task_is_named_by_every_reader(tmp_path):
+    """A task that is not one of TASKS is a ValueError naming it and the tasks (read_split raised a bare KeyError
+    from the field table)."""
+    path = write_jsonl(tmp_path / "train.jsonl", [{"src": "a", "tgt": "b"}])
+    for call in (lambda: D.read_split(path, "extractiv"),
+                 lambda: D.resolve_source(data=str(tmp_path), task="extractiv")):
+        with pytest.raises(ValueError, match=re.escape(f"unknown task 'extractiv'; choose one of {D.TASKS}")):
+            call()
 
 
 def test_the_data_entry_points_name_a_wrong_argument_type():

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from scratchformer import cli, evaluate, generate, train
 from scratchformer import data as D
+from scratchformer.data import extractive as E
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_extracts, teacher_forced
@@ -111,6 +112,26 @@ def test_a_pool_of_processes_encodes_as_one_does():
     assert os.environ.get("TOKENIZERS_PARALLELISM") == before  # set only while the workers fork
     assert np.array_equal(one[0].flat, two[0].flat) and np.array_equal(one[1].flat, two[1].flat)
     assert one[2:] == two[2:] and one[1].flat.sum() > 0
+    # fewer documents than 8 a worker (a chunk of 5 // 16 = 0 handed out no work and read back no sentences)
+    few = encode_documents(docs[:5], summaries[:5], tok, 30, processes=2)
+    alone = encode_documents(docs[:5], summaries[:5], tok, 30, processes=1)
+    assert np.array_equal(few[0].flat, alone[0].flat) and np.array_equal(few[1].flat, alone[1].flat)
+    assert few[2:] == alone[2:]
+
+
+@pytest.mark.parametrize("cores, ranks, workers", [(64, None, 16), (64, "8", 8), (12, "2", 6), (12, "1", 12),
+                                                   (4, "8", 1), (1, None, 1)])
+def test_the_pool_takes_this_ranks_share_of_the_cores_at_most_16(monkeypatch, cores, ranks, workers):
+    """encode_documents' default pool: the cores this process may run on, divided among the LOCAL_WORLD_SIZE ranks
+    of its machine (each rank encodes its own copy), at least 1 and at most 16 (64 cores alone: 16; 64 among 8
+    ranks: 8; 4 among 8: 1)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    if ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+    assert E._cores() == workers
 
 
 def test_a_literal_marker_in_the_text_starts_no_sentence():

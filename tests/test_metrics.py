@@ -86,6 +86,29 @@ def test_abbreviations_end_no_sentence():
         "it was big.", "then u.s. troops came .", "new line"]
 
 
+@pytest.mark.parametrize("title", ["mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "gen", "gov", "sen", "rep", "lt",
+                                   "col", "sgt", "capt", "rev", "vs"])
+def test_every_title_and_a_long_run_of_initials_end_no_sentence(title):
+    """The titles the splitter knows (sentences.py's list: mr. ... capt., rev., vs.), whatever their length, and
+    initials of any count (u.s.a., j.r.r.) are abbreviations, not sentence ends; a newline ends a sentence all
+    the same, after an abbreviation too (SAMSum's 'at 5 p.m.' closing a line of the dialogue)."""
+    assert M.split_sentences(f"we met the {title}. smith . he left .") == [f"we met the {title}. smith .", "he left ."]
+    assert M.split_sentences(f"we met the {title.upper()}. Smith. He left.") == [
+        f"we met the {title.upper()}. Smith.", "He left."]
+    assert M.split_sentences("the u.s.a. team won . the j.r.r. tolkien fans cheered .") == [
+        "the u.s.a. team won .", "the j.r.r. tolkien fans cheered ."]
+    assert M.split_sentences(f"Amanda: see you at 5 p.m.\nJerry: ok, {title}.\nAmanda: bye") == [
+        "Amanda: see you at 5 p.m.", f"Jerry: ok, {title}.", "Amanda: bye"]
+
+
+def test_a_newline_ends_a_sentence_and_takes_no_quote_mark_along():
+    """A newline is a sentence end whatever is around it: the quote mark that starts the next line belongs to that
+    line, even where it would close a quote opened on the line before (a quote is kept with its sentence only
+    across spaces)."""
+    assert M.split_sentences('" we will win .\n" he said .') == ['" we will win .', '" he said .']
+    assert M.split_sentences("‘ we won .\n\n’ then we left .") == ["‘ we won .", "’ then we left ."]
+
+
 @pytest.mark.parametrize("text, sentences", [
     ('the man said , " we will win . " he left . then he slept .',
      ['the man said , " we will win . "', "he left .", "then he slept ."]),
@@ -95,6 +118,16 @@ def test_abbreviations_end_no_sentence():
     ("' we will win . ' he said . ' next time . '", ["' we will win . '", "he said .", "' next time . '"]),
     ('He said "we will win." He left.', ['He said "we will win."', "He left."]),  # untokenized
     ("A base (in the u.s.) is big. It is.", ["A base (in the u.s.) is big.", "It is."]),  # 'u.s.)' ends none
+    # the quote behind more than one space (or a tab) closes the sentence as well
+    ('he said " we win .  " then he left .', ['he said " we win .  "', "then he left ."]),
+    ('he said " we win .\t" then he left .', ['he said " we win .\t"', "then he left ."]),
+    # ‘ and “ only open: after a sentence end they go with the next sentence
+    ("he left . ‘ we are back , ’ she said .", ["he left .", "‘ we are back , ’ she said ."]),
+    ("he left . “ we are back , ” she said .", ["he left .", "“ we are back , ” she said ."]),
+    # a ’ with no ‘ open before it (the one there is closed) closes nothing: it goes with the next sentence
+    ("‘ we won . ’ it is over . ’ cheers .", ["‘ we won . ’", "it is over .", "’ cheers ."]),
+    # an apostrophe inside or at the end of a word is no quote token: "boys'" opens nothing
+    ("the boys' dog ran . ' no . ' he said .", ["the boys' dog ran .", "' no . '", "he said ."]),
 ])
 def test_a_closing_quote_stays_with_its_sentence(text, sentences):
     """A quotation mark token after a sentence end closes that sentence's quote when one is open (CNN/DM's

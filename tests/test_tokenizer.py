@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from scratchformer.data import synthetic_examples, texts_for_tokenizer
+from scratchformer.data import Example, synthetic_examples, texts_for_tokenizer
 from scratchformer.data.tokenizer import MIN_VOCAB, BPETokenizer, TokenizerPair
 from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -119,3 +119,15 @@ def test_a_merge_needs_two_occurrences_and_the_smallest_vocabulary_is_the_bytes_
 def test_a_shared_pair_stays_shared_through_its_checkpoint_form(tok):
     pair = TokenizerPair(tok)
     assert pair.to_dict()["tgt"] is None and TokenizerPair.from_dict(pair.to_dict()).shared
+
+
+def test_a_tokenizer_is_trained_on_the_texts_of_the_side_asked_for():
+    """texts_for_tokenizer: 'src' the sources, 'tgt' the targets, 'both' each example's source then its target;
+    a classification label is no text (an int), so it is never among them."""
+    pairs = [Example("one two", "eins zwei"), Example("three", "drei")]
+    assert list(texts_for_tokenizer(pairs, "src")) == ["one two", "three"]
+    assert list(texts_for_tokenizer(pairs, "tgt")) == ["eins zwei", "drei"]
+    assert list(texts_for_tokenizer(pairs, "both")) == ["one two", "eins zwei", "three", "drei"]
+    labelled = [Example("a good film", 1), Example("a bad one", 0)]
+    for side, want in (("src", ["a good film", "a bad one"]), ("tgt", []), ("both", ["a good film", "a bad one"])):
+        assert list(texts_for_tokenizer(labelled, side)) == want
