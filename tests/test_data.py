@@ -140,8 +140,9 @@ def test_empty_and_missing_split(tmp_path):
     p = write_jsonl(tmp_path / "validation.jsonl", ["", "  "])
     with pytest.raises(D.DataError, match="split is empty"):
         D.read_split(p, "translation")
-    with pytest.raises(D.DataError, match="no such file"):
-        D.read_split(tmp_path / "nope.jsonl", "translation")
+    for name in ("nope.jsonl", "nope.parquet", "nope.csv"):  # whatever the format, known or not
+        with pytest.raises(D.DataError, match=re.escape(f"{tmp_path / name}: no such file")):
+            D.read_split(tmp_path / name, "translation")
     src = D.resolve_source(data=str(tmp_path), task="translation")
     with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl"):
         D.load_split(src, "test")
@@ -194,6 +195,9 @@ def _gz(data: bytes) -> bytes:
     ("train.jsonl.gz", _gz(GOOD * 200)[:-6] + b"\xff" * 6, r"train\.jsonl\.gz: corrupt gzip data after \d+"),
     # Bytes after the last member that are no gzip header: corrupt data after the lines read, not "not a gzip file"
     ("train.jsonl.gz", _gz(GOOD * 3) + b"junk!", r"train\.jsonl\.gz: corrupt gzip data after 3 complete line\(s\)"),
+    # A flipped byte in the deflate data itself: zlib's error, not gzip's, named alike
+    ("train.jsonl.gz", _gz(GOOD * 200)[:10] + b"\xff" + _gz(GOOD * 200)[11:],
+     r"train\.jsonl\.gz: corrupt gzip data after 0 complete line\(s\) \(Error -3 while decompressing"),
     # The same three for xz (scripts/pack_gpu_data.sh packs CNN/DailyMail so).
     ("train.jsonl.xz", GOOD * 3, r"train\.jsonl\.xz: not an xz file, though named \.xz \(no xz header\)"),
     ("train.jsonl.xz", lzma.compress(GOOD * 200)[:40], r"train\.jsonl\.xz: the xz stream is cut short after \d+"),
@@ -774,6 +778,8 @@ def test_a_named_dataset_is_found_under_the_data_roots_in_their_order(tmp_path, 
     (env / "reviews" / "meta.json").write_text('{"labels": {"0": "bad", "1": "good"}}', encoding="utf-8")
     named, given = D.resolve_source("reviews"), D.resolve_source(data=str(env / "reviews"))
     assert named.labels == given.labels == {0: "bad", 1: "good"}
+    (env / "multi30k").write_text("not a folder", encoding="utf-8")  # a file of the name is no local copy
+    assert D.resolve_source("multi30k").kind == "hub"
 
 
 def test_an_unknown_task_is_named_by_every_reader(tmp_path):
