@@ -126,8 +126,10 @@ def test_a_newline_ends_a_sentence_and_takes_no_quote_mark_along():
     ("he left . “ we are back , ” she said .", ["he left .", "“ we are back , ” she said ."]),
     # a ’ with no ‘ open before it (the one there is closed) closes nothing: it goes with the next sentence
     ("‘ we won . ’ it is over . ’ cheers .", ["‘ we won . ’", "it is over .", "’ cheers ."]),
-    # an apostrophe inside or at the end of a word is no quote token: "boys'" opens nothing
+    # an apostrophe at the end of a word is no quote token: "boys'" opens nothing
     ("the boys' dog ran . ' no . ' he said .", ["the boys' dog ran .", "' no . '", "he said ."]),
+    # a quote mark glued to the word after it opens that word's quote: it closes none before it
+    ('" yes . "no," he said .', ['" yes .', '"no," he said .']),
 ])
 def test_a_closing_quote_stays_with_its_sentence(text, sentences):
     """A quotation mark token after a sentence end closes that sentence's quote when one is open (CNN/DM's
