@@ -732,7 +732,8 @@ def test_a_parquet_row_at_fault_is_named_by_its_number_from_1(tmp_path, monkeypa
 def test_the_task_is_inferred_from_the_first_split_file_that_names_fields(tmp_path):
     """Without meta.json the task comes from the first record of the first split file there is, whichever split
     (a folder of only validation or test data, for evaluation); a parquet file names no fields, so a folder of
-    parquet alone needs --task (its bytes are not read as text)."""
+    parquet alone needs --task (its bytes are not read as text), as does one whose first record is no object or
+    that holds no record (a bare TypeError, a StopIteration)."""
     for split in ("validation", "test"):
         folder = tmp_path / split
         folder.mkdir()
@@ -744,6 +745,12 @@ def test_the_task_is_inferred_from_the_first_split_file_that_names_fields(tmp_pa
     with pytest.raises(D.DataError, match=r"cannot tell the task \(no meta\.json 'task' and no recognised fields\)"):
         D.resolve_source(data=str(folder))
     assert D.resolve_source(data=str(folder), task="translation").task == "translation"
+    # a first record that is no JSON object (a number, null), or no record at all, names no fields either
+    for name, lines in (("number", ["3"]), ("null", ["null"]), ("blank", ["", "  "])):
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "train.jsonl", lines)
+        with pytest.raises(D.DataError, match=r"cannot tell the task"):
+            D.resolve_source(data=str(tmp_path / name))
 
 
 @pytest.mark.parametrize("key", ["\u00b2", "\u0661"])
