@@ -145,6 +145,18 @@ def test_positions_past_2_29_are_refused():
     assert torch.equal(plain, weight[tokens])
 
 
+def test_fakes_accept_the_last_positions_and_any_offset_without_positions():
+    """The fakes (meta tensors, as torch.compile traces) accept what the ops accept: positions up to
+    2^29 - 1 exactly (pos_offset + L = 2^29), for embed_sinusoidal and add_sinusoidal, and any
+    pos_offset when pos_encoding is off (no positions are computed), with the op's shapes."""
+    top = 2**29
+    tokens, weight = torch.zeros(2, 64, dtype=torch.long, device="meta"), torch.zeros(10, 8, device="meta")
+    assert _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=top - 64).shape == (2, 64, 8)
+    assert _ext.add_sinusoidal(torch.zeros(3, 64, 8, device="meta"), pos_offset=top - 64).shape == (3, 64, 8)
+    plain = _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=10**17, pos_encoding=False)
+    assert plain.shape == (2, 64, 8) and plain.device.type == "meta"
+
+
 def test_pos_encoding_off_and_offsets_compose():
     tokens = torch.randint(0, 20, (2, 9))
     weight = _weight(20, 16, torch.float32)
@@ -171,9 +183,25 @@ def test_strided_inputs_and_empty():
     assert _ext.embed_sinusoidal(tokens[:, :0], weight, scale=2.0).shape == (4, 0, 32)
 
 
+def test_weight_grad_of_an_empty_batch_is_zero():
+    """No tokens, no gradient: an empty batch (B or L zero) gives grad_weight all zeros of weight's
+    shape, and so does an empty vocabulary (V = 0, num_weights 0: a (0, d) gradient), as F.embedding."""
+    for B, L in ((0, 5), (3, 0)):
+        gw = OP.embed_sinusoidal_backward(torch.zeros(B, L, 8), torch.zeros(B, L, dtype=torch.long), 10, 2.0, -1)
+        assert gw.shape == (10, 8) and torch.count_nonzero(gw) == 0
+    weight = torch.zeros(0, 8, requires_grad=True)
+    out = _ext.embed_sinusoidal(torch.zeros(2, 0, dtype=torch.long), weight, scale=2.0)
+    (gw,) = torch.autograd.grad(out, weight, torch.zeros(2, 0, 8))
+    assert gw.shape == (0, 8)
+
+
 @pytest.mark.parametrize("shape", [(7, 16), (2, 7, 16), (2, 3, 5, 8)])
-def test_add_sinusoidal(shape):
-    x = torch.randn(shape, requires_grad=True)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])  # transposed: x (..., L, d) with d the outer axis
+def test_add_sinusoidal(shape, layout):
+    x = torch.randn(shape)
+    if layout == "transposed":
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, column-major last two axes
+    x.requires_grad_()
     out = _ext.add_sinusoidal(x, pos_offset=11)
     L, d = shape[-2], shape[-1]
     pe = sinusoidal_positions(torch.arange(11, 11 + L), d, torch.float32)
@@ -214,19 +242,39 @@ def test_weight_grad_matches_ref(B, L, V, d, index_dtype, dtype):
     assert err_ours <= err_ref + 1e-6  # never worse than the eager path
 
 
-def test_weight_grad_matches_f_embedding_padding_idx():
+@pytest.mark.parametrize("padding_idx", [-2, -12])  # -V: the first row, the last negative F.embedding takes
+def test_weight_grad_matches_f_embedding_padding_idx(padding_idx):
     # Independent formulation: F.embedding's own padding_idx handling; negative index as in F.
     V, d, scale = 12, 24, 4.0
+    row = padding_idx + V
     tokens = torch.randint(0, V, (4, 50))
-    tokens[:, ::3] = V - 2  # plenty of padding
+    tokens[:, ::3] = row  # plenty of padding
     weight = _weight(V, d, torch.float32, requires_grad=True)
-    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, padding_idx=-2)
+    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, padding_idx=padding_idx)
     g = torch.randn_like(out)
     (gw,) = torch.autograd.grad(out, weight, g)
-    (gw_f,) = torch.autograd.grad(F.embedding(tokens, weight, padding_idx=V - 2) * scale, weight, g)
+    (gw_f,) = torch.autograd.grad(F.embedding(tokens, weight, padding_idx=padding_idx) * scale, weight, g)
     report_diff("grad vs F.embedding(padding_idx)", gw, gw_f)
-    assert torch.count_nonzero(gw[V - 2]) == 0
+    assert torch.count_nonzero(gw[row]) == 0
     torch.testing.assert_close(gw, gw_f)
+
+
+def test_weight_grad_of_strided_tokens_and_grads():
+    """The backward reads tokens and grad by their strides: transposed tokens (saved from the forward
+    as given), a grad that is a transposed view, and the expanded grad of out.sum() (stride 0: every
+    element the same 1), whose gradient is scale times the number of times each id occurs (worked by
+    hand: weight[v] appears count(v) times in the sum, each time times scale)."""
+    V, d, scale = 9, 16, 3.0
+    tokens = torch.randint(0, V, (12, 4)).t()  # (4, 12), not contiguous
+    weight = _weight(V, d, torch.float32, requires_grad=True)
+    out = _ext.embed_sinusoidal(tokens, weight, scale=scale, pos_offset=2)
+    g = torch.randn(12, 4, d).transpose(0, 1)  # (4, 12, d), not contiguous
+    (gw,) = torch.autograd.grad(out, weight, g, retain_graph=True)
+    (gw_f,) = torch.autograd.grad(F.embedding(tokens, weight) * scale, weight, g)
+    torch.testing.assert_close(gw, gw_f)
+    (gw_sum,) = torch.autograd.grad(out.sum(), weight)
+    count = torch.bincount(tokens.reshape(-1), minlength=V).float()
+    torch.testing.assert_close(gw_sum, (scale * count)[:, None].expand(V, d), rtol=0, atol=0)
 
 
 def test_weight_grad_deterministic():
@@ -255,6 +303,18 @@ def test_gradcheck_float64():
     assert torch.autograd.gradgradcheck(fn, (weight,))
 
 
+@pytest.mark.parametrize("padding_idx", [0, 2])
+def test_double_backward_leaves_out_the_padding_row(padding_idx):
+    """The gradient of grad_weight with respect to the output's gradient (the backward op's own
+    autograd, `_ext._bwd_backward`): grad_weight ignores the padding row's grads, so their gradient
+    is zero. gradgradcheck differentiates the first backward numerically (it never compares the first
+    derivative, whose padding row is zeroed on purpose); padding_idx 0 is the first row, a valid index."""
+    tokens = torch.tensor([[0, 2, 2, 1], [3, 0, 2, 2]])
+    weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    fn = lambda w: _ext.embed_sinusoidal(tokens, w, scale=1.7, pos_offset=5, padding_idx=padding_idx)  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, (weight,))
+
+
 # ---------------------------------------------------------------------------------------------
 # registration: opcheck, torch.compile, the backend switch
 # ---------------------------------------------------------------------------------------------
@@ -271,6 +331,9 @@ def _opcheck_all(device):
     )
     x = torch.randn(2, 5, 8, device=device, requires_grad=True)
     torch.library.opcheck(OP.add_sinusoidal.default, (x, 4))
+    # a transposed x: the op (and so its fake) returns a contiguous tensor
+    xt = torch.randn(2, 8, 5, device=device).transpose(1, 2).requires_grad_()
+    torch.library.opcheck(OP.add_sinusoidal.default, (xt, 4))
 
 
 def test_opcheck_cpu():
@@ -331,16 +394,18 @@ def test_ops_embed_triton_equals_eager(pos_offset):
     "make, match",
     [
         (lambda t, w: (t.float(), w), "tokens must be int64 or int32, got (Float|torch.float32)"),
-        (lambda t, w: (t, w.long()), "weight must be floating point .* got Long"),
+        (lambda t, w: (t, w.long()), "weight must be floating point .* got (Long|torch.int64)"),
         (lambda t, w: (t[0], w), r"tokens must be 2-D \(B, L\), got a 1-D tensor"),
         (lambda t, w: (t, w[None]), r"weight must be 2-D \(V, d_model\), got a 3-D tensor"),
         (lambda t, w: (t, w[:, :7]), "d_model must be even for the sinusoidal encoding, got 7"),
-        (lambda t, w: (t.to("meta"), w), "tokens are on meta but weight is on cpu"),
+        (lambda t, w: (torch.zeros_like(t, device="cpu" if t.is_meta else "meta"), w),
+         "tokens are on (meta|cpu) but weight is on"),
     ],
     ids=["float-tokens", "int-weight", "1d-tokens", "3d-weight", "odd-d", "device-mismatch"],
 )
-def test_bad_input(make, match):
-    tokens, weight = make(torch.randint(0, 10, (2, 5)), _weight(10, 8, torch.float32))
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake (_ext.py) refuses them too, for torch.compile
+def test_bad_input(make, match, device):
+    tokens, weight = make(torch.randint(0, 10, (2, 5), device=device), _weight(10, 8, torch.float32, device))
     with pytest.raises(RuntimeError, match=match):
         OP.embed_sinusoidal(tokens, weight, 1.0, 0, True, None)
 
@@ -381,7 +446,9 @@ def test_fakes_refuse_what_the_ops_refuse(device):
     shapes (grad on meta with tokens on the CPU, float tokens, an int grad, num_weights -1 or a
     padding_idx past it came back as a tensor), add_sinusoidal's took an int x; and a float8 weight
     or grad, which is_floating_point() admits, is named (the CPU dispatch said 'not implemented').
-    The fakes spell a dtype as Python does (torch.int64 where C++ says Long)."""
+    The fakes spell a dtype as Python does (torch.int64 where C++ says Long). The edges too: a
+    padding_idx of V (and -2 for the backward, whose only negative is -1), a pos_offset of -1, a grad
+    whose B is not the tokens', a 1-D x."""
     tokens, grad = torch.randint(0, 10, (2, 5), device=device), torch.randn(2, 5, 8, device=device)
     elsewhere = torch.zeros(2, 5, dtype=torch.long, device="cpu" if device == "meta" else "meta")
     bwd, e5m2 = OP.embed_sinusoidal_backward, torch.float8_e5m2
@@ -392,9 +459,17 @@ def test_fakes_refuse_what_the_ops_refuse(device):
         (lambda: bwd(grad, elsewhere, 10, 1.0, -1), f"grad is on {device} but tokens are on {elsewhere.device}"),
         (lambda: bwd(grad, tokens, -1, 1.0, -1), "num_weights must be >= 0, got -1"),
         (lambda: bwd(grad, tokens, 10, 1.0, 10), r"padding_idx must be -1 \(none\) or in \[0, 10\), got 10"),
+        (lambda: bwd(grad, tokens, 10, 1.0, -2), r"padding_idx must be -1 \(none\) or in \[0, 10\), got -2"),
         (lambda: OP.add_sinusoidal(grad.long(), 0), r"x must be floating point \(.*\), got (Long|torch.int64)"),
         (lambda: OP.embed_sinusoidal(tokens, grad.view(10, 8).to(torch.float8_e4m3fn), 1.0, 0, True, None),
          "weight must be floating point .* got (Float8_e4m3fn|torch.float8_e4m3fn)"),
+        # the range checks' edges: one past the last row, one before the first position; a grad for
+        # another number of sequences; an x with no position axis
+        (lambda: OP.embed_sinusoidal(tokens, grad.view(10, 8), 1.0, 0, True, 10), r"padding_idx must be in \[0, 10\)"),
+        (lambda: OP.embed_sinusoidal(tokens, grad.view(10, 8), 1.0, -1, True, None), "pos_offset must be >= 0, got -1"),
+        (lambda: bwd(grad[:1], tokens, 10, 1.0, -1), r"grad must be \(B, L, d_model\) for tokens \(B, L\)"),
+        (lambda: OP.add_sinusoidal(grad, -1), "add_sinusoidal: pos_offset must be >= 0, got -1"),
+        (lambda: OP.add_sinusoidal(grad[0, 0], 0), r"x must be \(\.\.\., L, d_model\), got a 1-D tensor"),
     ]
     for call, match in cases:
         with pytest.raises(RuntimeError, match=match):
@@ -402,10 +477,16 @@ def test_fakes_refuse_what_the_ops_refuse(device):
 
 
 def test_missing_extension_is_a_clear_error(monkeypatch):
+    """Each wrapper names the missing build and how to make it, before reaching torch.ops."""
     monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: (simulated)")
     msg = r"extension is not available .*pip install --no-build-isolation -e \."
+    tokens = torch.zeros(1, 1, dtype=torch.long)
     with pytest.raises(RuntimeError, match=msg):
-        _ext.embed_sinusoidal(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 2), scale=1.0)
+        _ext.embed_sinusoidal(tokens, torch.zeros(1, 2), scale=1.0)
+    with pytest.raises(RuntimeError, match=msg):
+        _ext.embed_sinusoidal_backward(torch.zeros(1, 1, 2), tokens, 1, scale=1.0)
+    with pytest.raises(RuntimeError, match=msg):
+        _ext.add_sinusoidal(torch.zeros(1, 2))
 
 
 # ---------------------------------------------------------------------------------------------

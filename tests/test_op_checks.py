@@ -192,6 +192,15 @@ def test_embed_checks_a_single_token_too(ops_backend, monkeypatch):
         ops_backend.embed(torch.tensor([[10]]), torch.randn(10, 16), scale=1.0)
 
 
+def test_embed_names_the_first_out_of_range_id_in_reading_order(ops_backend, monkeypatch):
+    """Of several bad ids the message names the first in row-major order (the one a user finds first
+    reading the batch): here 12 at (0, 1), not -1 at (1, 0) nor 10 at (1, 2)."""
+    monkeypatch.setattr(op_checks, "DEBUG", True)
+    tokens = torch.tensor([[1, 12, 3], [-1, 2, 10]])
+    with pytest.raises(ValueError, match=_esc("embed: token id 12 at (0, 1) is out of range [0, 10)")):
+        ops_backend.embed(tokens, torch.randn(10, 16), scale=1.0)
+
+
 def test_embed_refuses_a_bool_offset_and_a_weight_that_is_not_a_matrix(ops_backend):
     """pos_offset=True is a bool, not a position (Python would read it as 1); a 1-D weight has no d_model."""
     tokens = torch.tensor([[1, 2]])
@@ -248,6 +257,14 @@ def test_embed_refuses_bad_shapes_and_scales(ops_backend):
     msg = r"embed: positions must be below 536870912 \(2\^29.*got pos_offset 536870911 and L 2"
     with pytest.raises(ValueError, match=msg):
         ops_backend.embed(torch.tensor([[1, 2]]), w, scale=1.0, pos_offset=2**29 - 1)
+
+
+def test_embed_without_positions_takes_any_offset(ops_backend):
+    """The 2^29 bound is the sinusoid's: with pos_encoding off no position is computed, so every backend
+    takes any pos_offset (here 2^40) and returns weight[tokens] * scale, as F.embedding does."""
+    w, tokens = torch.randn(10, 16), torch.tensor([[1, 2, 9], [0, 2, 2]])
+    got = ops_backend.embed(tokens, w, scale=2.0, pos_offset=2**40, pos_encoding=False)
+    torch.testing.assert_close(got, torch.nn.functional.embedding(tokens, w) * 2.0, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------
