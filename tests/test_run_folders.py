@@ -3,9 +3,12 @@ an empty epoch, a corrupt last.pt, ablation names and out-of-range labels (docs/
 Every refusal names the problem and leaves the disk as it was."""
 
 import csv
+import datetime
 import gzip
 import json
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,13 +16,27 @@ import torch
 from scratchformer import ablate
 from scratchformer import data as D
 from scratchformer import train as T
-from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, holder, load_checkpoint, save_checkpoint
 from scratchformer.device import DeviceError
+from scratchformer.model import get_config
 from scratchformer.training.ablation import best_variant, variant_folders
 from scratchformer.training.build import build_data, class_count, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
-from scratchformer.training.runs import Logger, RunFolderError
+from scratchformer.training.launch import _planned_model, _read_before_the_folder
+from scratchformer.training.runs import (
+    LOCK,
+    Logger,
+    RunFolderError,
+    carry_best,
+    check_out,
+    fresh_run_folder,
+    load_resume_checkpoint,
+    lock_run_folder,
+    release_run_folders,
+    resume_folder,
+    resumes_elsewhere,
+)
 from scratchformer.training.trainer import Trainer
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -442,6 +459,34 @@ def test_a_resume_over_other_training_data_and_an_attention_example_past_validat
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
 
+def test_an_attention_example_is_checked_only_for_the_plots_that_draw_it():
+    """--attention-example picks the validation example plots/attention.png draws: past the split it is
+    refused when plots are drawn, and with --no-plots (TINY's) nothing draws it, so it is no reason to
+    refuse the run (the checks a run makes before its folder: `_read_before_the_folder`)."""
+    for flags in (TINY, [f for f in TINY if f != "--no-plots"]):
+        cfg, given = parse_args(flags + ["--attention-example", "16"])
+        source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
+        cfg = cfg.resolved(source.task, source.kind == "synthetic")
+        if "--no-plots" in flags:
+            assert len(_read_before_the_folder(cfg, source, None, given, torch.device("cpu"))[1].valid) == 16
+        else:
+            with pytest.raises(ConfigError, match=r"--attention-example 16: the validation split has 16 examples"):
+                _read_before_the_folder(cfg, source, None, given, torch.device("cpu"))
+
+
+def test_a_run_started_from_a_checkpoint_keeps_its_kernel_unless_kernel_is_given():
+    """A resumed run, or one started --init-from a checkpoint, builds the checkpoint's model: its --kernel
+    too (torch here), not this command's default ("auto"); a --kernel given replaces it (`_planned_model`).
+    --init-from's model admits this run's batches: max_len at least the longest position (here 4161)."""
+    start = {"config": get_config("tiny", kernel="torch", max_len=64).to_dict()}
+    for flags, kernel in (([], "torch"), (["--kernel", "eager"], "eager")):
+        cfg, given = parse_args(TINY + ["--init-from", "x.pt", "--max-src-len", "4160", *flags])
+        planned = _planned_model(cfg.resolved("translation", True), "translation", start, given, None, None)
+        assert (planned.kernel, planned.max_len) == (kernel, 4161)
+        cfg, given = parse_args(["--resume", "x.pt", *flags])
+        assert _planned_model(cfg, "translation", start, given, None, None).kernel == kernel
+
+
 def test_a_resume_is_refused_what_changes_the_validation_its_best_is_compared_in(tmp_path):
     """A resume scored later validations on other examples than best.pt's (--max-valid-examples, an
     edited validation file; with a decoding best metric, --eval-decode-examples) and compared them with
@@ -585,3 +630,171 @@ def test_csv_log_widens_its_header_for_a_new_column(tmp_path):
                     {"split": "valid", "step": "4", "loss": "3.5", "bleu": "12.5", "note": "a, quoted"},
                     {"split": "valid", "step": "6", "loss": "", "bleu": "14.0", "note": ""}]
     assert len(list((tmp_path).glob(".*.tmp"))) == 0
+
+
+def test_a_process_locks_its_run_folders_again_at_will_and_releases_every_one(tmp_path):
+    """The lock of a run folder is this process's until `release_run_folders` (`train` calls it however
+    it ends): locking a folder it holds again is no refusal of itself, and the release ends every lock
+    it holds, not one. `holder` probes with a descriptor of its own, which flock counts as another
+    holder: it names this pid while a folder is held and None once it is free."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    try:
+        for folder in (a, b, a):
+            assert lock_run_folder(folder) == folder
+        assert holder(a / LOCK) == holder(b / LOCK) == str(os.getpid())
+    finally:
+        release_run_folders()
+    assert holder(a / LOCK) is None and holder(b / LOCK) is None
+
+
+def test_overwrite_refuses_links_and_folders_named_as_run_files(tmp_path):
+    """--overwrite deletes the files a run wrote and nothing else: a symlink or a folder under a run
+    file's name (last.pt, plots/curves.png) and plots/ as a symlink to a folder of the user's (a run makes
+    a real one) are no run's, so the folder is refused naming them; no target is deleted through them."""
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    run.mkdir(), mine.mkdir()
+    (run / "best.pt").write_bytes(b"a run's checkpoint")
+    (mine / "curves.png").write_bytes(b"the user's plot")
+    (run / "plots").symlink_to(mine, target_is_directory=True)
+    (run / "last.pt").symlink_to(mine / "curves.png")
+    (run / "log.txt").mkdir()
+    with pytest.raises(RunFolderError, match=r"holds last\.pt, log\.txt, plots, which no run wrote"):
+        check_out(run, overwrite=True)
+    (run / "plots").unlink(), (run / "last.pt").unlink(), (run / "log.txt").rmdir()
+    (run / "plots").mkdir()
+    (run / "plots" / "curves.png").symlink_to(mine / "curves.png")
+    (run / "plots" / "attention.png").mkdir()
+    with pytest.raises(RunFolderError, match=r"holds plots/attention\.png, plots/curves\.png, which no run wrote"):
+        check_out(run, overwrite=True)
+    assert (mine / "curves.png").read_bytes() == b"the user's plot"
+
+
+def test_a_run_folder_is_named_by_its_checkpoints_first(tmp_path):
+    """The refusal of an --out holding a run names its first five files past the logs, checkpoints
+    first (last.pt, best.pt, then the step files): what makes the folder a run, before its results."""
+    run = tmp_path / "run"
+    (run / "plots").mkdir(parents=True)
+    for name in ("best.pt", "last.pt", "log.txt", "metrics.final.json", "metrics.validation.json",
+                 "plots/curves.png", "predictions.validation.jsonl", "step_0000002.pt"):
+        (run / name).write_text("x")
+    with pytest.raises(RunFolderError, match=r"already holds a training run \(last\.pt, best\.pt, step_0000002\.pt, "
+                       r"metrics\.final\.json, metrics\.validation\.json, \.\.\.\); pass --resume"):
+        check_out(run, overwrite=False)
+
+
+def test_a_resume_continues_the_run_its_flags_name(tmp_path, monkeypatch):
+    """The folder a resume writes into: --out when given; else the run of the checkpoint --resume names,
+    or the run folder it names (not that folder's parent); else the newest run, runs/latest read through
+    to its dated folder (so the run's records name that folder, not a link the next run moves)."""
+    monkeypatch.setattr("scratchformer.training.runs.RUNS_DIR", tmp_path / "runs")
+    dated, other = tmp_path / "runs" / "20261206-101010", tmp_path / "other"
+    dated.mkdir(parents=True), other.mkdir()
+    (tmp_path / "runs" / "latest").symlink_to(dated.name, target_is_directory=True)
+    assert resume_folder(None) == resume_folder(None, "last") == dated.resolve()
+    assert resume_folder(None, str(other)) == other
+    assert resume_folder(None, str(other / "step_0000002.pt")) == other
+    assert resume_folder(str(tmp_path / "new"), str(other / "last.pt")) == tmp_path / "new"
+    # the same folder however named (relative, absolute, through a link) is no other folder: resumed in place
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(other.name, target_is_directory=True)
+    assert not resumes_elsewhere(Path("other"), other / "last.pt")
+    assert not resumes_elsewhere(tmp_path / "link", Path("other/last.pt"))
+    assert resumes_elsewhere(dated, other / "last.pt")
+
+
+def test_a_run_resumed_into_a_new_folder_takes_best_pt_only_when_it_is_its_checkpoints_best(tmp_path):
+    """best.pt goes along to the new folder when its step is the best_step of the checkpoint resumed
+    (the new run's best.pt is then that model); one of another step (a resume from an older
+    checkpoint, whose run went on to a better one), or none (best_step -1), is left: its best starts afresh."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    save_checkpoint(old / "best.pt", {"progress": {"step": 4}, "model": {"w": torch.ones(2)}})
+    assert not carry_best(old, new, best_step=2, main=True) and not (new / "best.pt").exists()
+    assert not carry_best(old, new, best_step=-1, main=True) and not (new / "best.pt").exists()
+    assert carry_best(old, new, best_step=4, main=False) and not (new / "best.pt").exists()  # rank 0 writes it
+    assert carry_best(old, new, best_step=4, main=True)
+    assert (new / "best.pt").read_bytes() == (old / "best.pt").read_bytes()
+    save_checkpoint(old / "best.pt", {"progress": {"step": 0}, "model": {"w": torch.ones(2)}})
+    assert carry_best(old, new, best_step=0, main=True)  # a best at step 0 is a best
+
+
+def _resumable(path, step):
+    """A checkpoint a resume accepts (RESUME_KEYS), at `step`; its contents otherwise empty."""
+    save_checkpoint(path, {**{k: None for k in RESUME_KEYS}, "progress": {"step": step}})
+
+
+def test_a_resume_takes_the_newest_intact_state_of_its_run(tmp_path):
+    """--resume of a folder continues from its newest intact checkpoint: last.pt; when it is unreadable,
+    the newest step file that reads (not the oldest); when it is older than a step file that does not
+    read, last.pt still (no error). A checkpoint named on the command line that does not read is refused,
+    not replaced by another of its folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (2, 3, 4):
+        _resumable(run / f"step_{step:07d}.pt", step)
+    _resumable(run / "last.pt", 4)
+    assert load_resume_checkpoint(run, "last")[::2] == (run / "last.pt", None)
+    (run / "last.pt").write_bytes(b"junk")
+    (run / "step_0000004.pt").write_bytes(b"junk")
+    path, ckpt, warning = load_resume_checkpoint(run, "last")
+    assert (path, ckpt["progress"]["step"]) == (run / "step_0000003.pt", 3)
+    assert warning.startswith(f"warning: {run / 'last.pt'} is unreadable") and "resuming from " in warning
+    _resumable(run / "last.pt", 3)  # a save of step 4 cut short: its step file written, damaged, last.pt not
+    assert load_resume_checkpoint(run, "last")[::2] == (run / "last.pt", None)
+    (run / "step_0000002.pt").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match=r"step_0000002\.pt is not a scratchformer checkpoint"):
+        load_resume_checkpoint(run, str(run / "step_0000002.pt"))
+
+
+def test_runs_started_in_one_second_get_folders_of_their_own_and_latest_the_newest(tmp_path, monkeypatch):
+    """Without --out each run makes runs/<date>-<time>; a second run in the same second gets <date>-<time>-2
+    (not the first one's folder, whose files it would mix with its own), and runs/latest is moved to it."""
+    clock = SimpleNamespace(now=lambda: datetime.datetime(2026, 12, 6, 10, 10, 10))
+    monkeypatch.setattr("scratchformer.training.runs.datetime", SimpleNamespace(datetime=clock))
+    monkeypatch.setattr("scratchformer.training.runs.RUNS_DIR", tmp_path / "runs")
+    try:
+        first, second = (fresh_run_folder(None, False, Dist()) for _ in range(2))
+    finally:
+        release_run_folders()
+    assert (first, second) == (tmp_path / "runs" / "20261206-101010", tmp_path / "runs" / "20261206-101010-2")
+    assert os.readlink(tmp_path / "runs" / "latest") == "20261206-101010-2"
+
+
+def test_a_run_that_began_in_the_folder_while_this_one_locked_it_is_refused(tmp_path, monkeypatch):
+    """--out is checked, then locked, then checked again: a run that saved its first checkpoint there
+    between the two (it held the folder; its lock is released by now) is refused, not taken for a
+    stopped run's folder and trained into."""
+    run = tmp_path / "run"
+    real = lock_run_folder
+
+    def another_run_saves_first(folder):
+        folder.mkdir()
+        (folder / "last.pt").write_bytes(b"the other run's checkpoint")
+        return real(folder)
+
+    monkeypatch.setattr("scratchformer.training.runs.lock_run_folder", another_run_saves_first)
+    try:
+        with pytest.raises(RunFolderError, match=r"already holds a training run \(last\.pt\)"):
+            fresh_run_folder(str(run), False, Dist())
+    finally:
+        release_run_folders()
+    assert (run / "last.pt").read_bytes() == b"the other run's checkpoint"
+
+
+def test_overwrite_deletes_the_old_runs_plots_and_tensorboard_folders_with_their_files(tmp_path):
+    """--overwrite deletes an earlier run's files, plots/ and tb/ included: their folders go too once
+    empty (a run with --no-plots left an empty plots/ of the old run's), a user's folder stays."""
+    run = tmp_path / "run"
+    for name in ("last.pt", "plots/curves.png", "tb/events.out.tfevents.1.host"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"x")
+    (run / "mine").mkdir()
+    (run / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(RunFolderError, match=r"holds mine, which no run wrote"):  # the user's folder: refused
+        fresh_run_folder(str(run), True, Dist())
+    (run / "mine" / "notes.txt").unlink(), (run / "mine").rmdir()
+    try:
+        assert fresh_run_folder(str(run), True, Dist()) == run
+    finally:
+        release_run_folders()
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]

@@ -480,6 +480,21 @@ def test_resume_from_an_older_step_refuses_the_folder_and_goes_to_a_new_one(tmp_
     _best_is_its_own(branch)  # run's best.pt, if of step 4, is not the branch's: its best started afresh
 
 
+def test_a_branch_from_before_its_runs_best_starts_its_best_afresh(tmp_path):
+    """--resume R/step_0000003.pt --out B, where R's best.pt is of step 4: that best.pt is not the
+    branch's (not carried), so the branch's best starts afresh, and its first validation (step 4, here
+    worse than step 2's: a diverging --lr) makes B's best.pt. Kept, the step-2 best the checkpoint
+    recorded would have no best.pt in B, and the final report would score the last weights as best."""
+    run, branch = tmp_path / "run", tmp_path / "branch"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "4",
+                   "--out", str(run)])
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 4
+    assert load_checkpoint(run / "step_0000003.pt")["progress"]["best_step"] == 2
+    T.main(["--resume", str(run / "step_0000003.pt"), "--out", str(branch), "--max-steps", "4", "--lr", "5",
+            "--warmup-steps", "1", "--no-progress", "--no-plots"])
+    assert _best_is_its_own(branch) == 4
+
+
 def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_path, capsys):
     """A save cut between step_N.pt and last.pt (written in that order: a call's deadline kill on a
     GPU window) leaves last.pt a step behind: a plain --resume goes on from step_N.pt, with a warning

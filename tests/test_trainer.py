@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,9 +30,9 @@ from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.launch import create_trainer
 from scratchformer.training.optim import batch_loss
-from scratchformer.training.progress import Progress
+from scratchformer.training.progress import Progress, Window
 from scratchformer.training.runs import Logger
-from scratchformer.training.stopping import Diverged, check_finite
+from scratchformer.training.stopping import Diverged, check_finite, stop_on_signals
 from scratchformer.training.trainer import Trainer
 
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -818,6 +819,39 @@ def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path
         Logger(tmp_path, enabled=True, resume={"step": 3})
 
 
+def test_a_damaged_row_before_a_logs_last_is_refused_naming_its_file_line_and_fault(tmp_path):
+    """A resume keeps the log rows up to its step, read by their step: a row before the last whose step
+    is no integer (JSON "2", 2.0) or whose CSV fields are not the header's count is an error naming the
+    file, the line and what is wrong, the logs left as they were (not a crash, nor a row kept or dropped
+    on a misread step)."""
+    cases = [("metrics.jsonl", '{"split": "train", "step": 1}\n{"split": "train", "step": "2"}\n{"split": "x"}\n',
+              r"line 2: a damaged row \(its step is '2'\)"),
+             ("metrics.jsonl", '{"split": "train", "step": 2.0}\n{"split": "x"}\n', r"line 1: a damaged row \(its step "
+              r"is 2\.0\)"),
+             ("train.csv", "split,step,loss\ntrain,1,5.0,9\ntrain,2,4.0\n", r"line 2: a damaged row \(4 fields, the "
+              r"header has 3\)"),
+             ("train.csv", "split,step,loss\ntrain,1\ntrain,2,4.0\n", r"line 2: a damaged row \(2 fields, the header "
+              r"has 3\)")]
+    for name, text, message in cases:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path / name))}, {message}"):
+            Logger(tmp_path, enabled=True, resume={"step": 3})
+        assert (tmp_path / name).read_text() == text
+        (tmp_path / name).unlink()
+
+
+def test_a_resumed_runs_log_txt_goes_on_after_the_earlier_sessions(tmp_path):
+    """log.txt is the run's whole console history: a resumed session appends to it (its metrics logs are
+    cut back to the checkpoint's step, its log.txt is not: what the earlier sessions said stays)."""
+    log = Logger(tmp_path, enabled=True)
+    log.info("session 1: step 2")
+    log.close()
+    log = Logger(tmp_path, enabled=True, resume={"step": 2})
+    log.info("session 2: resumed from step 2")
+    log.close()
+    assert (tmp_path / "log.txt").read_text() == "session 1: step 2\nsession 2: resumed from step 2\n"
+
+
 def test_final_report_writes_metrics_final_json_atomically(tmp_path, monkeypatch):
     """A full disk while the final report writes metrics.final.json leaves the previous one whole."""
     run = tmp_path / "run"
@@ -955,6 +989,69 @@ def test_early_stopping_counts_evaluations_without_gain_since_the_last_best():
     stopped = Progress(stopped_early=True, bad_evals=5)
     stopped.resumed(time_budget=None, patience=0)
     assert not stopped.stopped_early
+
+
+def test_finite_weights_of_any_size_are_no_divergence_and_the_message_names_the_last_save(tmp_path):
+    """`check_finite` tests the weights themselves: finite ones, however large (1e30, whose squares
+    overflow float32: a 2-norm taken to test them is inf), are no divergence. The error names the step
+    of this session's last save when it made one, and only then (a resumed session's last.pt is older)."""
+    model = torch.nn.Linear(3, 2)
+    trainer = SimpleNamespace(model=model, out=tmp_path, last_saved=-1, progress=Progress(step=9),
+                              config=SimpleNamespace(lr=1e-3))
+    with torch.no_grad():
+        model.weight.fill_(1e30)
+    check_finite(trainer, "at the train row")
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    (tmp_path / "last.pt").write_bytes(b"an earlier session's")
+    with pytest.raises(Diverged, match=rf"after step 9 \(found at the train row\); {re.escape(str(tmp_path))}/last\.pt "
+                       r"holds the last weights saved\. Train again"):
+        check_finite(trainer, "at the train row")
+    trainer.last_saved = 8
+    with pytest.raises(Diverged, match=r"last\.pt holds the last weights saved \(step 8\)\. Train again"):
+        check_finite(trainer, "at the train row")
+
+
+def test_a_run_out_of_time_goes_on_only_under_a_budget_larger_than_its_time():
+    """--time-budget ended a run after `seconds` of training: resumed, it goes on under a budget larger
+    than that, and stays ended under one as large or smaller, or none given (it ends at once again)."""
+    for budget, ends in ((None, True), (100.0, True), (99.0, True), (100.5, False)):
+        prog = Progress(out_of_time=True, seconds=100.0)
+        prog.resumed(time_budget=budget, patience=0)
+        assert prog.out_of_time == ends, budget
+
+
+def test_a_saved_window_goes_on_timing_from_the_seconds_it_had():
+    """A checkpoint's train-row window (`Window.to_dict`) resumes with its sums and the seconds it had
+    run: the resumed run's first row's throughput divides its tokens by the whole window's time, as the
+    uninterrupted run's does (not by the time since the resume)."""
+    saved = Window(loss=6.0, nll=5.0, tokens=40, t0=time.time() - 30.0).to_dict()
+    assert saved["seconds"] == pytest.approx(30.0, abs=1.0)
+    window = Window.from_dict(saved)
+    assert (window.loss, window.nll, window.tokens) == (6.0, 5.0, 40)
+    assert time.time() - window.t0 == pytest.approx(30.0, abs=1.0)
+    assert Window.from_dict(None).tokens == 0 and time.time() - Window.from_dict(None).t0 < 1.0
+
+
+def test_a_second_signal_stops_at_once_and_the_handlers_are_put_back():
+    """While fitting, a first SIGINT or SIGTERM asks the trainer to stop after its step (stop_reason, a
+    line logged), a second one interrupts at once (KeyboardInterrupt); after, the handlers are the
+    earlier ones. Under DDP (each rank would stop at another step) the handlers are left alone."""
+    said = []
+    trainer = SimpleNamespace(dist=SimpleNamespace(on=False), stop_reason=None, log=SimpleNamespace(info=said.append))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    for first, second in ((signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM)):
+        trainer.stop_reason = None
+        with pytest.raises(KeyboardInterrupt), stop_on_signals(trainer):
+            os.kill(os.getpid(), first)
+            assert trainer.stop_reason == first.name and said[-1].startswith(f"{first.name}: stopping after this step")
+            os.kill(os.getpid(), second)
+            time.sleep(1)  # the interrupt comes at the handler, before this ends
+            pytest.fail("a second signal did not interrupt")
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    trainer.dist.on = True
+    with stop_on_signals(trainer):
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
