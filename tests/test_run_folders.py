@@ -17,10 +17,20 @@ from scratchformer import ablate
 from scratchformer import data as D
 from scratchformer import train as T
 from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, holder, load_checkpoint, save_checkpoint
+from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
 from scratchformer.model import get_config
 from scratchformer.training.ablation import best_variant, variant_folders
-from scratchformer.training.build import build_data, class_count, model_config
+from scratchformer.training.build import (
+    Examples,
+    build_data,
+    class_count,
+    examples_id,
+    load_data,
+    make_tokenizers,
+    model_config,
+    run_split,
+)
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.launch import _planned_model, _read_before_the_folder
@@ -487,6 +497,54 @@ def test_a_run_started_from_a_checkpoint_keeps_its_kernel_unless_kernel_is_given
         assert _planned_model(cfg, "translation", start, given, None, None).kernel == kernel
 
 
+def test_the_record_of_a_runs_examples_changes_with_any_example_its_id_or_their_order():
+    """`examples_id`, what a checkpoint records of its examples for a resume to check: their number and
+    a digest of each one's source, target and id, in order. Equal examples give an equal record; a
+    changed target, id (a prediction file names examples by it), order or count gives another."""
+    ex = [D.Example("one two", "eins zwei", id="a"), D.Example("red", 1, id="b")]
+    same = examples_id([D.Example("one two", "eins zwei", id="a"), D.Example("red", 1, id="b")])
+    assert examples_id(ex) == same and same["examples"] == 2
+    for other in ([ex[0], D.Example("red", 2, id="b")], [ex[0], D.Example("red", 1, id="c")],
+                  [ex[0], D.Example("red", 1)], ex[::-1], ex[:1]):
+        assert examples_id(other) != same, other
+
+
+def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_path):
+    """Data without a validation split: training carves --valid-fraction of its first --max-train-examples
+    with --seed, keeps --max-valid-examples of them, and evaluation's `run_split` carves the very same
+    examples again (another seed, or a carve of the whole file, would score other examples, some of
+    them trained on)."""
+    d = tmp_path / "mt"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"src": f"s {i}", "tgt": f"t {i}"}) + "\n" for i in range(40)))
+    cfg, _ = parse_args(["--data", str(d), "--task", "translation", "--seed", "3", "--max-train-examples", "30",
+                         "--max-valid-examples", "2", "--valid-fraction", "0.2"])
+    source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
+    cfg = cfg.resolved(source.task, False)
+    train, valid = load_data(cfg, source, SimpleNamespace(info=lambda line: None))
+    first = D.load_split(source, "train")[:30]
+    kept, carved = D.carve_validation(first, 0.2, 3)
+    assert (train, valid) == (kept, carved[:2]) and len(carved) == 6
+    assert D.carve_validation(first, 0.2, 0)[1][:2] != valid  # seed 3 carves other examples than seed 0
+    assert run_split(source, "validation", cfg, limit=2) == valid
+
+
+def test_a_tokenizer_is_trained_on_the_first_tokenizer_examples_and_an_encoder_only_task_shares_one(tmp_path):
+    """--tokenizer-examples N trains the BPE on the first N training examples only (both sides, shared),
+    as `BPETokenizer.train` does given them; a classifier (no target text) trains one tokenizer on its
+    sources, --separate-vocab or not."""
+    train = [D.Example(f"word{i} " * 3 + "common", f"wort{i} gemein") for i in range(12)]
+    cfg, _ = parse_args(["--vocab-size", "300", "--tokenizer-examples", "3"])
+    toks = make_tokenizers(cfg, "translation", train, tmp_path, Dist(), SimpleNamespace(info=lambda line: None))
+    want = BPETokenizer.train(D.texts_for_tokenizer(train[:3], "both"), 300)
+    assert toks.shared and toks.src.to_str() == want.to_str()
+    assert want.to_str() != BPETokenizer.train(D.texts_for_tokenizer(train, "both"), 300).to_str()
+    labelled = [D.Example(e.src, i % 2) for i, e in enumerate(train)]
+    cfg, _ = parse_args(["--vocab-size", "300", "--separate-vocab"])
+    toks = make_tokenizers(cfg, "classification", labelled, tmp_path, Dist(), SimpleNamespace(info=lambda line: None))
+    assert toks.shared and toks.src.to_str() == BPETokenizer.train(D.texts_for_tokenizer(labelled, "src"), 300).to_str()
+
+
 def test_a_resume_is_refused_what_changes_the_validation_its_best_is_compared_in(tmp_path):
     """A resume scored later validations on other examples than best.pt's (--max-valid-examples, an
     edited validation file; with a decoding best metric, --eval-decode-examples) and compared them with
@@ -614,6 +672,45 @@ def test_labels_checked_against_meta_json(tmp_path):
     assert class_count(D.resolve_source(data=str(d)), train, valid) == 4
     (d / "meta.json").write_text(json.dumps({"task": "classification"}))
     assert class_count(D.resolve_source(data=str(d)), train, valid) == 3  # dense observed labels 0..2
+
+
+def test_the_class_count_covers_every_label_of_both_splits_and_refuses_a_stray_one(tmp_path):
+    """The classifier's head has a class for every label id: meta.json's ids 0 and 2 make 3 classes (its
+    largest id + 1, not its number of names); without meta.json the largest label of train *or*
+    validation + 1. A bool (JSON true) is no label, and a negative one is not counted among the labels
+    seen (2 of them allow ids up to 3)."""
+    def ex(*labels):
+        return [D.Example(f"text {i}", label) for i, label in enumerate(labels)]
+
+    (tmp_path / "plain").mkdir()
+    gap = _classification_folder(tmp_path, [0, 2, 0, 2], meta_labels={"0": "neg", "2": "pos"})
+    assert class_count(D.resolve_source(data=str(gap)), ex(0, 2), ex(2)) == 3
+    plain = D.resolve_source(data=str(_classification_folder(tmp_path / "plain", [0, 1, 2, 3])))
+    assert class_count(plain, ex(0, 1, 2, 0), ex(1, 3)) == 4  # a class validation alone has: 4 of them
+    with pytest.raises(D.DataError, match=r"example 2: label True is not a known class"):
+        class_count(plain, ex(0, True, 1), ex(0))
+    with pytest.raises(D.DataError, match=r"example 3: label -1 is not a known class: .*\(2 distinct seen, so at "
+                       r"most 3\)"):
+        class_count(plain, ex(0, 1, -1), ex(0))
+    with pytest.raises(D.DataError, match=rf"{tmp_path / 'plain' / 'clf' / 'validation.jsonl'}, example 2: label 7"):
+        class_count(plain, ex(0, 1), ex(0, 7))  # named in its own split's file
+
+
+def test_bpe_dropout_draws_the_segmentations_of_the_runs_seed(tmp_path):
+    """--bpe-dropout's training set segments each word as a `ResegmentedDataset` of the run's --seed does:
+    the same seed, the same segmentations (a resume relies on it); another seed, others."""
+    train = [D.Example("the quick brown fox jumps over lazy dogs " * 2, "der schnelle braune fuchs") for _ in range(8)]
+    tok = BPETokenizer.train(D.texts_for_tokenizer(train, "both"), 300)
+    examples = Examples(train, train[:2], None, [])
+
+    def lengths(seed):
+        cfg, _ = parse_args(["--bpe-dropout", "0.5", "--seed", str(seed), "--max-src-len", "64", "--max-tgt-len", "64"])
+        data = build_data(cfg, D.resolve_source("synthetic"), tmp_path, Dist(), SimpleNamespace(info=lambda line: None),
+                          TokenizerPair(tok), examples)
+        return data.train_set.lengths(0).tolist()
+
+    want = D.ResegmentedDataset(train, "translation", tok, tok, 64, 64, p=0.5, seed=3).lengths(0).tolist()
+    assert lengths(3) == want and lengths(4) != want
 
 
 def test_csv_log_widens_its_header_for_a_new_column(tmp_path):

@@ -452,6 +452,9 @@ def test_resume_into_another_out_refuses_a_folder_holding_a_run(tmp_path):
     assert _files(a) == before_a
     assert load_checkpoint(c / "last.pt")["progress"]["step"] == 4 and (c / "tokenizer.json").is_file()
     assert _best_is_its_own(c) == 2 and (c / "best.pt").read_bytes() == (a / "best.pt").read_bytes()
+    rows = [json.loads(line) for line in (c / "metrics.jsonl").read_text().splitlines()]
+    best_loss = next(r["loss"] for r in rows if r["split"] == "valid" and r["step"] == 2)
+    assert json.loads((c / "metrics.final.json").read_text())["loss"] == pytest.approx(best_loss)  # best.pt scored
     assert [s for s, _, _ in _train_rows(c)] == [1, 2, 3, 4]
     assert _train_rows(c)[:2] == _train_rows(a)
     assert sorted(p.name for p in c.glob("step_*.pt")) == ["step_0000004.pt"]
@@ -493,6 +496,9 @@ def test_a_branch_from_before_its_runs_best_starts_its_best_afresh(tmp_path):
     T.main(["--resume", str(run / "step_0000003.pt"), "--out", str(branch), "--max-steps", "4", "--lr", "5",
             "--warmup-steps", "1", "--no-progress", "--no-plots"])
     assert _best_is_its_own(branch) == 4
+    final = json.loads((branch / "metrics.final.json").read_text())
+    last = json.loads((branch / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last == {"split": "final", "step": 4, **final}  # the final report is logged as the last row too
 
 
 def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_path, capsys):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from scratchformer.device import DeviceError, resolve_device
+from scratchformer.training.build import model_config_for
 from scratchformer.training.config import (
     ConfigError,
     TrainConfig,
@@ -323,3 +324,23 @@ def test_model_config_refuses_impossible_sizes():
     with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):
         get_config("classifier", num_classes=1)
     assert get_config("classifier").n_decoder_layers == 0  # the classifier has no decoder
+
+
+def test_the_model_options_reach_its_config_with_a_position_for_every_token():
+    """`model_config_for`: the preset with the options given (--layers for both stacks, --encoder-layers
+    and --decoder-layers over it, --no-pos-encoding) and the vocabulary sizes; max_len the preset's
+    (4096) or, when longer, the longest source padded to --pad-multiple plus BOS (5000 padded to 64s:
+    5056, + 1). A classifier preset for a seq2seq task is refused by name."""
+    def planned(*flags):
+        cfg, _ = parse_args(["--preset", "tiny", *flags])
+        return model_config_for(cfg.resolved("translation", True), "translation", (300, 310), None)
+
+    m = planned("--layers", "2", "--no-pos-encoding")
+    assert (m.n_encoder_layers, m.n_decoder_layers, m.pos_encoding, m.src_vocab_size, m.tgt_vocab_size) == (
+        2, 2, False, 300, 310)
+    m = planned("--layers", "2", "--encoder-layers", "4", "--decoder-layers", "1")
+    assert (m.n_encoder_layers, m.n_decoder_layers, m.pos_encoding) == (4, 1, True)
+    assert planned().max_len == 4096
+    assert planned("--max-src-len", "5000", "--pad-multiple", "64").max_len == 5057
+    with pytest.raises(ConfigError, match=r"preset 'classifier' is a classifier; pick a seq2seq preset for transl"):
+        planned("--preset", "classifier")

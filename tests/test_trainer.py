@@ -23,8 +23,10 @@ from scratchformer import evaluate as evaluate_cli
 from scratchformer import op_checks
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from scratchformer.evaluation import plots
 from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.model import build_model
+from scratchformer.training import report
 from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
@@ -850,6 +852,23 @@ def test_a_resumed_runs_log_txt_goes_on_after_the_earlier_sessions(tmp_path):
     log.info("session 2: resumed from step 2")
     log.close()
     assert (tmp_path / "log.txt").read_text() == "session 1: step 2\nsession 2: resumed from step 2\n"
+
+
+def test_the_attention_plot_draws_the_attention_example_the_run_names(tmp_path, monkeypatch):
+    """plots/attention.png draws validation example --attention-example (3 here), says so in its title,
+    and plots/curves.png the run's metrics.jsonl (the plotting itself stubbed: which example, where)."""
+    drawn = {}
+    monkeypatch.setattr(report, "attention_map", lambda model, dataset, idx, *a, **k: (idx, ["r"], ["c"], "ex"))
+    monkeypatch.setattr(plots, "read_metrics", lambda path: [str(path)])
+    monkeypatch.setattr(plots, "plot_curves", lambda rows, path, title: drawn.update(curves=(rows, path)))
+    monkeypatch.setattr(plots, "plot_attention",
+                        lambda w, rows, cols, path, title: drawn.update(attention=(w, path, title)))
+    data = SimpleNamespace(valid_set=None, tokenizers=None)
+    config = SimpleNamespace(attention_example=3, max_tgt_len=16)
+    trainer = SimpleNamespace(out=tmp_path, model=None, device="cpu", data=data, config=config)
+    report._plots(trainer)
+    assert drawn["curves"] == ([str(tmp_path / "metrics.jsonl")], tmp_path / "plots" / "curves.png")
+    assert drawn["attention"] == (3, tmp_path / "plots" / "attention.png", "ex, validation example 3")
 
 
 def test_final_report_writes_metrics_final_json_atomically(tmp_path, monkeypatch):
