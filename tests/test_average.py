@@ -54,6 +54,17 @@ def test_the_average_is_the_mean_of_the_weights(run, capsys):
     assert "optimizer" not in averaged
 
 
+def test_last_n_averages_the_newest_n_step_checkpoints(run, tmp_path):
+    """--last 2 of a folder holding steps 2, 4 and 6 averages steps 4 and 6 (the newest two), and the
+    result is their mean."""
+    out = average.main([str(run), "--last", "2", "--output", str(tmp_path / "two.pt")])
+    averaged = load_checkpoint(out)
+    assert [a["step"] for a in averaged["averaged_from"]] == [4, 6]
+    four, six = (load_checkpoint(run / f"step_{s:07d}.pt")["model"] for s in (4, 6))
+    assert all(torch.allclose(v, (four[k] + six[k]) / 2, rtol=1e-6, atol=1e-7) for k, v in averaged["model"].items()
+               if v.is_floating_point())
+
+
 def test_tied_weights_stay_one_tensor(tmp_path):
     """A run with --tie-embeddings all: its three embedding matrices (encoder, decoder, output) are
     one tensor in each checkpoint and in their average, which is then no larger on disk than a step
@@ -97,14 +108,17 @@ def test_refusals_name_the_problem(run, tmp_path):
     steps = [str(p) for p in step_checkpoints(run)]
     with pytest.raises(cli.UsageError, match="is a folder: give --last N"):
         average.main([str(run)])
-    with pytest.raises(cli.UsageError, match="--last 5: .* holds 3 step checkpoints"):
-        average.main([str(run), "--last", "5"])
+    with pytest.raises(cli.UsageError, match="--last 4: .* holds 3 step checkpoints"):  # one more than it holds
+        average.main([str(run), "--last", "4"])
+    with pytest.raises(cli.UsageError, match=r"--last must be >= 1, got 0"):
+        average.main([str(run), "--last", "0"])
     with pytest.raises(cli.UsageError, match="--last takes one run folder"):
         average.main([steps[0], "--last", "1"])
     with pytest.raises(cli.UsageError, match="given twice"):
         average.main([steps[0], steps[0], "--output", str(tmp_path / "x.pt")])
-    with pytest.raises(cli.UsageError, match="is one of the checkpoints"):
-        average.main([*steps, "--output", steps[-1]])
+    for spelled in (steps[-1], str(run / ".." / run.name / Path(steps[-1]).name)):  # a path to it spelled otherwise
+        with pytest.raises(cli.UsageError, match="is one of the checkpoints"):
+            average.main([*steps, "--output", spelled, "--overwrite"])
     (tmp_path / "taken.pt").write_bytes(b"keep me")
     with pytest.raises(FileExistsError, match="--overwrite"):
         average.main([*steps, "--output", str(tmp_path / "taken.pt")])
