@@ -10,7 +10,8 @@ from conftest import TINY, translation_folder
 
 from scratchformer import ablate
 from scratchformer.checkpoint import load_checkpoint
-from scratchformer.training.ablation import variant_folders
+from scratchformer.training import ablation
+from scratchformer.training.ablation import VariantError, best_variant, variant_folders
 from scratchformer.training.config import ConfigError
 
 MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
@@ -183,3 +184,30 @@ def test_a_variant_stopped_under_jobs_is_named_with_the_step_it_resumes_from(tmp
     rows = [json.loads(line)["step"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert step > max(rows)  # rows: the first step's only
     assert f"=== ablation stopped in a at step {step} (a signal or --time-limit)" in capsys.readouterr().out
+
+
+def test_the_best_variant_has_the_lowest_loss_or_perplexity_else_the_highest_score():
+    """The summary's best variant (the one a search recipe predicts with): by loss or ppl the lowest, by
+    any other metric (bleu, accuracy) the highest; a variant without a number for it is never best."""
+    runs = [{"folder": "a", "final": {"loss": 2.0, "ppl": 7.4, "bleu": 20.0}},
+            {"folder": "b", "final": {"loss": 1.5, "ppl": 4.5, "bleu": 18.0}},
+            {"folder": "c", "final": {"loss": float("nan"), "ppl": float("nan"), "bleu": float("nan")}}]
+    assert [best_variant(runs, m) for m in ("loss", "ppl", "bleu")] == ["b", "b", "a"]
+    assert best_variant(runs[::-1], "ppl") == "b" and best_variant(runs[2:], "bleu") is None
+
+
+def test_a_variant_failing_on_a_bug_stops_the_grid_with_its_traceback(tmp_path, monkeypatch):
+    """A variant's user error (a ConfigError, say) is collected and the others train (VariantError at the
+    end); a bug (any other exception) is no variant's failure to report in a line: it propagates as it is."""
+    def fails(error):
+        def train(config, given):
+            raise error
+        return train
+
+    grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--max-steps", "1"]
+    monkeypatch.setattr(ablation, "train", fails(ConfigError("--lr too large")))
+    with pytest.raises(VariantError, match=r"variants failed, the others ran: a \(no log: .*\): --lr too large"):
+        ablate.main(grid)
+    monkeypatch.setattr(ablation, "train", fails(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        ablate.main(grid)
