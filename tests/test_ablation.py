@@ -11,7 +11,7 @@ from conftest import TINY, translation_folder
 from scratchformer import ablate
 from scratchformer.checkpoint import load_checkpoint
 from scratchformer.training import ablation
-from scratchformer.training.ablation import VariantError, best_variant, variant_folders
+from scratchformer.training.ablation import VariantError, _final_metric, best_variant, variant_folders
 from scratchformer.training.config import ConfigError
 
 MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
@@ -211,3 +211,23 @@ def test_a_variant_failing_on_a_bug_stops_the_grid_with_its_traceback(tmp_path, 
     monkeypatch.setattr(ablation, "train", fails(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):
         ablate.main(grid)
+
+
+def test_the_grid_compares_greedy_decodings_scores_and_a_tasks_own_metric():
+    """A variant's final report flattened for the summary: the teacher-forced numbers with greedy
+    decoding's scores (not the beam's), or an extractive run's one decoding's; compared by the task's own
+    metric unless --metric names one: a classifier's accuracy, a seq2seq run's exact_match, else loss."""
+    final = {"loss": 2.0, "ppl": 7.4, "steps": 4, "greedy": {"bleu": 20.0, "exact_match": 5.0},
+             "beam4": {"bleu": 22.0, "exact_match": 6.0}}
+    assert _final_metric(final, None) == ("exact_match", {"loss": 2.0, "ppl": 7.4, "steps": 4, "bleu": 20.0,
+                                                          "exact_match": 5.0})
+    assert _final_metric(final, "bleu")[0] == "bleu"
+    assert _final_metric({"loss": 0.7, "picks": {"rouge1": 40.0}}, None) == ("loss", {"loss": 0.7, "rouge1": 40.0})
+    assert _final_metric({"loss": 0.5, "ppl": 1.6, "accuracy": 80.0}, None)[0] == "accuracy"
+
+
+def test_jobs_below_one_is_refused_before_anything_runs(tmp_path):
+    """--jobs 0 would start no variant (and share the CPU threads among none): refused by name first."""
+    with pytest.raises(ConfigError, match=r"--jobs 0: must be at least 1"):
+        ablate.main(["--out", str(tmp_path / "ab"), "--jobs", "0", "--variants", "a=", "--", *TINY])
+    assert list(tmp_path.iterdir()) == []
