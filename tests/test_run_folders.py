@@ -513,7 +513,7 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
     """Data without a validation split: training carves --valid-fraction of its first --max-train-examples
     with --seed, keeps --max-valid-examples of them, and evaluation's `run_split` carves the very same
     examples again (another seed, or a carve of the whole file, would score other examples, some of
-    them trained on)."""
+    them trained on). With a validation split of its own, its first --max-valid-examples."""
     d = tmp_path / "mt"
     d.mkdir()
     (d / "train.jsonl").write_text("".join(json.dumps({"src": f"s {i}", "tgt": f"t {i}"}) + "\n" for i in range(40)))
@@ -527,6 +527,14 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
     assert (train, valid) == (kept, carved[:2]) and len(carved) == 6
     assert D.carve_validation(first, 0.2, 0)[1][:2] != valid  # seed 3 carves other examples than seed 0
     assert run_split(source, "validation", cfg, limit=2) == valid
+    # the folder's own validation split: the first --max-valid-examples of it; a damaged one is an error (not
+    # replaced by a carve of train)
+    rows = [json.dumps({"src": f"v {i}", "tgt": f"w {i}"}) for i in range(5)]
+    (d / "validation.jsonl").write_text("\n".join(rows) + "\n")
+    assert load_data(cfg, source, SimpleNamespace(info=lambda line: None))[1] == D.load_split(source, "validation")[:2]
+    (d / "validation.jsonl").write_text('{"src": "v 0"}\n')
+    with pytest.raises(D.DataError, match=r"validation\.jsonl:1: missing field 'tgt'"):
+        load_data(cfg, source, SimpleNamespace(info=lambda line: None))
 
 
 def test_a_tokenizer_is_trained_on_the_first_tokenizer_examples_and_an_encoder_only_task_shares_one(tmp_path):
@@ -720,23 +728,26 @@ def test_csv_log_widens_its_header_for_a_new_column(tmp_path):
     log.row({"split": "valid", "step": 2, "loss": 4.0})
     log.row({"split": "valid", "step": 4, "loss": 3.5, "bleu": 12.5, "note": "a, quoted"})
     log.row({"split": "valid", "step": 6, "bleu": 14.0})
+    log.row({"split": "valid", "step": 8, "chrf": 30.0})  # a new column, and none of the others but the first two
     log.close()
     with open(tmp_path / "valid.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows == [{"split": "valid", "step": "2", "loss": "4.0", "bleu": "", "note": ""},
-                    {"split": "valid", "step": "4", "loss": "3.5", "bleu": "12.5", "note": "a, quoted"},
-                    {"split": "valid", "step": "6", "loss": "", "bleu": "14.0", "note": ""}]
+    assert rows == [{"split": "valid", "step": "2", "loss": "4.0", "bleu": "", "note": "", "chrf": ""},
+                    {"split": "valid", "step": "4", "loss": "3.5", "bleu": "12.5", "note": "a, quoted", "chrf": ""},
+                    {"split": "valid", "step": "6", "loss": "", "bleu": "14.0", "note": "", "chrf": ""},
+                    {"split": "valid", "step": "8", "loss": "", "bleu": "", "note": "", "chrf": "30.0"}]
     assert len(list((tmp_path).glob(".*.tmp"))) == 0
 
 
-def test_a_process_locks_its_run_folders_again_at_will_and_releases_every_one(tmp_path):
+def test_a_process_locks_its_run_folders_again_at_will_and_releases_every_one(tmp_path, monkeypatch):
     """The lock of a run folder is this process's until `release_run_folders` (`train` calls it however
     it ends): locking a folder it holds again is no refusal of itself, and the release ends every lock
     it holds, not one. `holder` probes with a descriptor of its own, which flock counts as another
     holder: it names this pid while a folder is held and None once it is free."""
     a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.chdir(tmp_path)
     try:
-        for folder in (a, b, a):
+        for folder in (a, b, a, Path("a")):  # a folder however named
             assert lock_run_folder(folder) == folder
         assert holder(a / LOCK) == holder(b / LOCK) == str(os.getpid())
     finally:
