@@ -2,6 +2,7 @@
 grid's summary, variants of different tasks, a variant that fails, flags that are the grid's own or
 do not parse (docs/failures.md, "Ablation grids")."""
 
+import dataclasses
 import json
 import re
 
@@ -11,7 +12,13 @@ from conftest import TINY, translation_folder
 from scratchformer import ablate
 from scratchformer.checkpoint import load_checkpoint
 from scratchformer.training import ablation
-from scratchformer.training.ablation import VariantError, _final_metric, best_variant, variant_folders
+from scratchformer.training.ablation import (
+    VariantError,
+    _final_metric,
+    _variant_config,
+    best_variant,
+    variant_folders,
+)
 from scratchformer.training.config import ConfigError
 
 MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
@@ -231,3 +238,23 @@ def test_jobs_below_one_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"--jobs 0: must be at least 1"):
         ablate.main(["--out", str(tmp_path / "ab"), "--jobs", "0", "--variants", "a=", "--", *TINY])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stopped_variant_takes_any_budget_and_init_from_a_folder_is_the_checkpoint_its_run_recorded(tmp_path):
+    """A variant's earlier run against today's flags: a stopped one (no metrics.final.json) resumes under
+    a smaller --max-steps too, as --resume does; a finished one is refused less than it had. --init-from
+    naming a run folder is the checkpoint file the run recorded (its best.pt), no change."""
+    start, out = tmp_path / "start", tmp_path / "ab"
+    start.mkdir()
+    (start / "best.pt").write_bytes(b"a checkpoint")
+    shared = ["--init-from", str(start), "--max-steps", "4"]
+    config, _ = _variant_config("a", "", shared, out / "a")
+    (out / "a").mkdir(parents=True)
+    recorded = dataclasses.replace(config, init_from=str(start / "best.pt")).to_dict()
+    (out / "a" / "args.json").write_text(json.dumps(recorded))
+    fewer = ["--init-from", str(start), "--max-steps", "3"]
+    assert variant_folders(out, ["a="], fewer)[0].final is None  # stopped: resumed
+    (out / "a" / "metrics.final.json").write_text('{"loss": 1.0}')
+    assert variant_folders(out, ["a="], shared)[0].final == {"loss": 1.0}  # finished: read back
+    with pytest.raises(ConfigError, match=r"ablation a: .*--max-steps 3 \(the run has 4\)"):
+        variant_folders(out, ["a="], fewer)

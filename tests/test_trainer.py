@@ -842,6 +842,17 @@ def test_a_damaged_row_before_a_logs_last_is_refused_naming_its_file_line_and_fa
         (tmp_path / name).unlink()
 
 
+def test_a_resume_keeps_its_logs_rows_past_blank_lines_and_drops_a_torn_last_one(tmp_path):
+    """A resume at step 5 keeps every row to it: a blank line is no damaged row (skipped, not refused), and
+    a torn last line is dropped even when the row before it is kept (it is judged by no other row's step)."""
+    rows = ['{"split": "train", "step": 1, "loss": 5.0}', '{"split": "train", "step": 2, "loss": 4.0}']
+    (tmp_path / "metrics.jsonl").write_text(rows[0] + "\n\n" + rows[1] + '\n{"split": "train", "st')
+    (tmp_path / "train.csv").write_text("split,step,loss\n\ntrain,1,5.0\ntrain,2,4.0\ntrain,3,3.")
+    Logger(tmp_path, enabled=True, resume={"step": 5}).close()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == rows
+    assert (tmp_path / "train.csv").read_text().splitlines() == ["split,step,loss", "train,1,5.0", "train,2,4.0"]
+
+
 def test_a_resumed_runs_log_txt_goes_on_after_the_earlier_sessions(tmp_path):
     """log.txt is the run's whole console history: a resumed session appends to it (its metrics logs are
     cut back to the checkpoint's step, its log.txt is not: what the earlier sessions said stays)."""
