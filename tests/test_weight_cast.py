@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import DEVICE, requires_cuda, step_grads, step_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer.model.copy import PointerGenerator
 from scratchformer.model.weight_cast import WeightCast, cast_slots
@@ -110,3 +111,44 @@ def test_the_training_step_lends_where_it_is_served(change, served):
     config = TrainConfig(**{"precision": "bf16", **change})
     cast = for_step(nn.Linear(4, 4), config, ddp=ddp)
     assert (cast.dtype == torch.bfloat16 and len(cast.slots) == 2) if served else not cast.slots
+
+
+def test_a_weight_autocast_would_not_cast_is_not_lent():
+    """Autocast casts only fp32 tensors to its dtype (a float64 layer runs in float64 under it), so
+    only fp32 weights are lent: a float64 layer keeps its parameters, and its output is the one
+    without the lending, bit for bit (lending it in bf16 would round its weights)."""
+    net = nn.ModuleDict({"fp32": nn.Linear(4, 4), "fp64": nn.Linear(4, 4).double()})
+    assert {(m, name) for m, name in cast_slots(net)} == {(net["fp32"], "weight"), (net["fp32"], "bias")}
+    x = torch.randn(2, 4, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        own = net["fp64"](x)
+        with WeightCast(net, torch.bfloat16)():
+            assert net["fp64"].weight.dtype == torch.float64 and isinstance(net["fp64"].weight, nn.Parameter)
+            lent = net["fp64"](x)
+    assert own.dtype == torch.float64 and torch.equal(own, lent)
+
+
+class _Ops(TorchDispatchMode):
+    """The names of the aten ops dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_gradients_come_back_in_one_multi_tensor_copy():
+    """The backward brings the lent weights' bf16 gradients to their fp32 parameters in one
+    `_foreach_copy_`, and no gradient is cast on its own. (Given a bf16 gradient for an fp32 input,
+    autograd's engine would cast it itself, one `_to_copy` a weight, with the same values: what the
+    lending saves is those ops, so the ops are what this checks.)"""
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16), WeightCast(net, torch.bfloat16)():
+        loss = net(torch.randn(2, 4)).sum()  # bf16: no cast of the loss's own gradient either
+    with _Ops() as ops:
+        loss.backward()
+    assert ops.names.count("_foreach_copy_.default") == 1 and "_to_copy.default" not in ops.names
+    assert all(p.grad.dtype == torch.float32 for p in net.parameters())
