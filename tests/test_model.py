@@ -31,6 +31,16 @@ def test_preset_parameter_counts(preset, vocab, expected):
     assert count_parameters(Transformer(get_config(preset, src_vocab_size=vocab))) == expected
 
 
+def test_the_base_preset_is_the_papers_base_model():
+    """Vaswani et al. 2017, Table 3, "base": N = 6 layers each side, d_model = 512, d_ff = 2048, h = 8
+    heads of d_k = d_v = 64 (the parameter count above cannot see h: it is the same for any head count)."""
+    cfg = get_config("base")
+    assert (cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_model, cfg.d_ff) == (6, 6, 512, 2048)
+    assert (cfg.n_heads, cfg.head_dim) == (8, 64)
+    assert (cfg.activation, cfg.norm, cfg.dropout, cfg.tie_embeddings) == ("relu", "post", 0.1, "none")
+    assert get_config("small").n_heads == 8  # the module docstring's
+
+
 def test_tiny_and_classifier_presets_build():
     assert get_config("tiny").n_encoder_layers == 3 and get_config("tiny").n_heads == 4
     clf = build_model(get_config("classifier", src_vocab_size=100))
@@ -232,6 +242,12 @@ def test_bad_inputs_name_the_problem():
         _cfg(tie_embeddings="all", tgt_vocab_size=V + 1)
     with pytest.raises(ValueError, match="norm must be"):
         _cfg(norm="sandwich")
+    with pytest.raises(ValueError, match="activation must be 'relu' or 'gelu', got 'swish'"):
+        _cfg(activation="swish")
+    with pytest.raises(ValueError, match="tie_embeddings must be 'none', 'decoder' or 'all', got 'both'"):
+        _cfg(tie_embeddings="both")  # anything but "none" tied the decoder's
+    with pytest.raises(ValueError, match=r"unknown ModelConfig fields: \['n_layers'\]"):  # not cls(**d)'s TypeError
+        ModelConfig.from_dict({**_cfg().to_dict(), "n_layers": 6})
     # a string where a bool goes is truthy: copy="no" built a copy layer, output_bias="False" a bias
     for name in ("final_norm", "output_bias", "pos_encoding", "copy", "extractive"):
         with pytest.raises(ValueError, match=rf"{name} must be a bool, got 'False'"):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -318,6 +319,16 @@ def test_model_config_refuses_impossible_sizes():
                         (dict(tgt_vocab_size=0), r"tgt_vocab_size must be an integer >= 1, got 0"),
                         (dict(d_ff=0), r"d_ff must be an integer >= 1, got 0"),
                         (dict(layer_norm_eps=-1e-5), r"layer_norm_eps must be a positive finite number"),
+                        (dict(layer_norm_eps=0.0), r"layer_norm_eps must be a positive finite number, got 0.0"),
+                        (dict(layer_norm_eps=math.inf), r"layer_norm_eps must be a positive finite number, got inf"),
+                        (dict(layer_norm_eps="1e-5"), r"layer_norm_eps must be a positive finite number, got '1e-5'"),
+                        (dict(max_len=0), r"max_len must be an integer >= 1, got 0"),
+                        (dict(n_heads=True), r"n_heads must be an integer >= 1, got True"),  # True == 1: one head
+                        # sin and cos fill the model's dimensions in pairs (the paper's PE(pos, 2i), PE(pos, 2i + 1))
+                        (dict(d_model=33, n_heads=3), r"d_model must be even for sinusoidal positions, got 33"),
+                        # p = 1 drops every value and scales by 1 / (1 - p); a bool is no probability (False == 0)
+                        (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+                        (dict(attn_dropout=False), r"attn_dropout must be in \[0, 1\), got False"),
                         (dict(pad_id=7), r"pad_id is the tokenizer's <pad> id, 0; got 7")]:  # was ignored
         with pytest.raises(ValueError, match=message):
             ModelConfig(**kw)
