@@ -325,6 +325,11 @@ def _raiser(e):
     (OSError(errno.ENOSPC, "No space left on device", "run/x.pt"), "run/x.pt: No space left on device"),
     (OSError(errno.EROFS, "Read-only file system", "run"), "run: Read-only file system"),
     (OSError(errno.ENOSPC, "cannot save checkpoint run/last.pt: disk full"), "cannot save checkpoint run/last.pt"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "run/x.pt"), "run/x.pt: Disk quota exceeded"),
+    # two files (a rename's): both named, source first, as the OSError's own str() orders them
+    (PermissionError(errno.EACCES, "Permission denied", "out/p.jsonl.tmp", None, "out/p.jsonl"),
+     "out/p.jsonl.tmp -> out/p.jsonl: Permission denied"),
+    (OptionError(), "OptionError"),  # no message: the line names the error, not an empty "error: "
 ])
 def test_cli_run_user_error_is_one_line(capsys, monkeypatch, error, line):
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
@@ -358,6 +363,31 @@ def test_cli_run_debug_flag_env_interrupt_and_success(capsys, monkeypatch):
     assert cli.run(_raiser(KeyboardInterrupt())[0], []) == cli.EXIT_INTERRUPTED == 130
     assert cli.run(_raiser(None)[0], []) == 0
     assert capsys.readouterr().err.splitlines() == ["error: bad", "interrupted"]
+    with pytest.raises(KeyboardInterrupt):  # --debug: Ctrl-C keeps its traceback too
+        cli.run(_raiser(KeyboardInterrupt())[0], ["--debug"])
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value, debug", [("", False), ("0", False), ("false", False), ("no", False),
+                                          (" False ", False), ("NO", False), ("1", True), ("yes", True), ("TRUE", True),
+                                          (" 1 ", True)])
+def test_the_debug_variable_is_off_only_when_unset_empty_0_false_or_no(capsys, monkeypatch, value, debug):
+    """SCRATCHFORMER_DEBUG as a shell user writes it: "", 0, false and no (any case, spaces around)
+    turn it off; anything else on (the traceback goes through)."""
+    monkeypatch.setenv(cli.DEBUG_ENV, value)
+    main, _ = _raiser(DataError("bad"))
+    if debug:
+        with pytest.raises(DataError):
+            cli.run(main, [])
+    else:
+        assert cli.run(main, []) == 2 and capsys.readouterr().err == "error: bad\n"
+
+
+def test_an_options_value_shows_as_its_flag_takes_it():
+    """`shown`, for the messages that name an option's old and new value: a list as the flag's
+    words (nargs="+": `--variants a b`), None as unset, anything else as str() does."""
+    assert cli.shown(["base=", "--heads 1"]) == "base= --heads 1" and cli.shown(("a", 2)) == "a 2"
+    assert cli.shown(None) == "unset" and cli.shown(0.5) == "0.5" and cli.shown("x") == "x" and cli.shown([]) == ""
 
 
 def _snapshot(folder: Path) -> dict:
