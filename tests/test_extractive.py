@@ -18,6 +18,7 @@ from scratchformer.data import extractive as E
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_extracts, teacher_forced
+from scratchformer.evaluation.options import OptionError
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
 from scratchformer.training.optim import extractive_loss
@@ -367,6 +368,16 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"
     generate.main(["--checkpoint", str(out), "--text", docs[0]["document"], "--summary-sentences", "1"])
     assert capsys.readouterr().out == rows[0]["prediction"].split("\n")[0] + "\n"
+    # it decodes no sequence: sequence decoding's flags are refused by name, as a classifier's are
+    with pytest.raises(OptionError, match=r"^--beam-size is for decoding a sequence; this model is extractive"):
+        generate.main(["--checkpoint", str(out), "--text", docs[0]["document"], "--beam-size", "2"])
+    with pytest.raises(OptionError, match=r"^--max-len, --len-ratio are for decoding a sequence; this model is extr"):
+        generate.main(["--checkpoint", str(out), "--input", str(folder / "test.jsonl"), "--output",
+                       str(tmp_path / "refused.jsonl"), "--max-len", "5", "--len-ratio", "1"])
+    with pytest.raises(OptionError, match=r"^--min-len is for decoding a sequence; this model is extractive"):
+        evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "e"), "--min-len",
+                       "2"])
+    assert not (tmp_path / "refused.jsonl").exists() and not (tmp_path / "e").exists()
     P.predict_file(out, folder / "test.jsonl", tmp_path / "lead.jsonl", summary_words=1)
     assert [json.loads(line)["prediction"] for line in (tmp_path / "lead.jsonl").open()] == [
         r["prediction"].split("\n")[0] for r in rows]
