@@ -238,6 +238,18 @@ def test_device_without_cuda_is_a_clear_error(monkeypatch):
     assert resolve_device(None) == torch.device("cpu")
 
 
+def test_on_a_machine_with_two_gpus_the_device_is_the_first_by_default_and_cuda_2_is_refused(monkeypatch):
+    """No --device: cuda where there is one; cuda:N for N < the machine's count, the indices 0 and 1 of
+    two GPUs, and a clear error for cuda:2 (torch's own came later, an AssertionError). Two GPUs
+    stood in for here: `torch.cuda` asked only how many there are, before any tensor is made."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    assert resolve_device(None) == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1) and resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(DeviceError, match=r"^--device cuda:2: this machine has 2 CUDA device\(s\)$"):
+        resolve_device("cuda:2")
+
+
 @pytest.mark.parametrize("name", ["meta", "mps", "xpu:0", "cpu:0"])
 def test_device_the_project_cannot_run_on_is_refused(name):
     """--device meta failed after step 1 (Tensor.item on meta) and left a half-built run folder; mps failed in
