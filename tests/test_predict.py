@@ -22,6 +22,7 @@ from scratchformer import cli, evaluate, generate
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lines_atomic
 from scratchformer.data import DataError, split_sentences
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
+from scratchformer.evaluation import evaluate as E
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, load_run, predict_labels
 from scratchformer.evaluation.options import OptionError
@@ -784,10 +785,13 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--max-src-len", "1"], "--max-src-len must be >= 2 (an input's tokens, its EOS included), got 1"),
     (["--len-ratio", "-0.5"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got -0.5"),
     (["--len-ratio", "nan"], "--len-ratio must be >= 0"),
+    (["--len-ratio", "inf"], "--len-ratio must be >= 0 (0: no ratio, only --max-len), got inf"),
     (["--length-penalty", "inf"], "--length-penalty must be a number in [-50, 50] (len ** it divides a hypothesis's "
                                   "score), got inf"),
     (["--beam-size", "2", "--length-penalty", "1e308"], "--length-penalty must be a number in [-50, 50] (len ** it "
                                                           "divides a hypothesis's score), got 1e+308"),
+    (["--beam-size", "2", "--length-penalty", "-51"], "--length-penalty must be a number in [-50, 50] (len ** it "
+                                                       "divides a hypothesis's score), got -51.0"),
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0 (0: off), got -1"),
     (["--min-len", "-1"], "--min-len must be >= 0 (0: off), got -1"),
     (["--summary-sentences", "0"], "--summary-sentences must be >= 1, got 0"),
@@ -841,6 +845,40 @@ def test_decoding_constraints_reach_the_decoder(runs, tmp_path, monkeypatch, bea
     assert set(seen) == {values[1]} and m[key] == values[1] and m["length_penalty"] == 1.0
 
 
+@pytest.mark.parametrize("mode", ["text", "batch"])
+def test_every_decoding_flag_reaches_beam_search_in_both_modes(runs, tmp_path, monkeypatch, mode):
+    """generate's --length-penalty, --no-repeat-ngram and --min-len are handed to beam search, with
+    --output (batch inference) and without (the text mode) alike: each is a keyword of every call."""
+    seen = []
+    real = E.beam_search
+    monkeypatch.setattr(E, "beam_search", lambda *a, **k: seen.append(k) or real(*a, **k))
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one two"}, {"id": "b", "src": "red cat"}])
+    io_args = ["--input", str(src)] + (["--output", str(tmp_path / "p.jsonl")] if mode == "batch" else [])
+    generate.main(["--checkpoint", str(runs["translation"]), *io_args, "--beam-size", "3", "--length-penalty", "0.5",
+                   "--no-repeat-ngram", "2", "--min-len", "1"])
+    assert seen and all((k["beam_size"], k["length_penalty"], k["no_repeat_ngram"], k["min_len"]) == (3, 0.5, 2, 1)
+                        for k in seen)
+
+
+def test_batch_inference_takes_save_every_0_and_its_threads(runs, tmp_path):
+    """--save-every 0 is a snapshot after every batch (not refused: "must be >= 0"), and --threads
+    sets torch's CPU threads for the run."""
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one two"}])
+    summary = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
+                             str(tmp_path / "p.jsonl"), "--beam-size", "1", "--save-every", "0", "--threads", "2"])
+    assert summary["predicted"] == 1 and torch.get_num_threads() == 2  # the autouse fixture set 1
+
+
+def test_a_classifiers_labels_are_predicted_on_the_device_given(runs, monkeypatch):
+    """generate.generate hands its `device` to the classifier's prediction as to the other tasks'
+    (a GPU run predicted labels on the CPU otherwise): the very object it was given."""
+    model, toks, ck = load_run(runs["classification"])
+    device, seen = torch.device("cpu"), []
+    monkeypatch.setattr(generate, "predict_labels", lambda *a, **k: seen.append(k["device"]) or predict_labels(*a, **k))
+    assert generate.generate(model, toks, ck, ["one two"], device=device)[0]["label"] in (0, 1)
+    assert len(seen) == 1 and seen[0] is device
+
+
 def test_min_len_longer_than_any_output_is_refused(runs, tmp_path):
     model, toks, ck = load_run(runs["translation"])  # as long as the longest: taken (no output ends early)
     out = P.predict_records(model, toks, ck, _records(["one two", "red"]), device="cpu", beam_size=1, len_ratio=0,
@@ -862,6 +900,8 @@ def test_library_entries_check_options_too(runs, tmp_path):
         generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=0)
     with pytest.raises(OptionError, match=rf"--max-len must be < the model's max_len {model.cfg.max_len}"):
         generate.generate(model, toks, ck, ["one two"], device="cpu", max_len=model.cfg.max_len)
+    with pytest.raises(OptionError, match=r"--length-penalty 2 ranks beam search's hypotheses; greedy decoding"):
+        generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=1, length_penalty=2.0)
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
     # an extractive model's options, even at their default value, are refused by name for another model
     for kw, flag in ((dict(summary_words=60), "--summary-words"), (dict(summary_sentences=3), "--summary-sentences")):
@@ -880,6 +920,10 @@ def test_library_entries_check_options_too(runs, tmp_path):
     # The edges still decode: one token, one beam, no ratio.
     out = generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=1, max_len=1)
     assert isinstance(out[0]["output"], str)
+    for penalty in (-50.0, 50.0):  # the length penalty's bounds are taken
+        out = generate.generate(model, toks, ck, ["one two"], device="cpu", beam_size=2, length_penalty=penalty,
+                                max_len=2)
+        assert isinstance(out[0]["output"], str)
 
 
 
@@ -910,6 +954,7 @@ def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     (["--len-ratio", "0"], "--len-ratio is"),
     (["--max-src-len", "4", "--precision", "bf16"], "--max-src-len, --precision are"),
     (["--resume"], "--resume is"), (["--threads", "1", "--no-progress"], "--threads, --no-progress are"),
+    (["--overwrite"], "--overwrite is"),
 ])
 def test_batch_inference_flags_without_output_are_refused(runs, monkeypatch, flags, named):
     """The text mode (--text, or --input without --output) decoded without them, silently:
