@@ -914,6 +914,11 @@ def test_library_entries_check_options_too(runs, tmp_path):
             P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", **kw)
         with pytest.raises(OptionError, match=message):
             evaluate.main(["--checkpoint", str(runs["translation"]), flag, "3"])
+    for task in ("summarization", "classification"):  # every model but an extractive one: an abstractive summary too
+        other, other_toks, other_ck = load_run(runs[task])
+        with pytest.raises(OptionError, match=f"--summary-sentences picks an extractive model's sentences; this "
+                                              f"model is {task}"):
+            generate.generate(other, other_toks, other_ck, ["one two"], device="cpu", summary_sentences=1)
     with pytest.raises(OptionError, match="--len-ratio must be >= 0"):
         P.predict_file(runs["translation"], src, tmp_path / "p.jsonl", len_ratio=-1.0)
     assert not (tmp_path / "p.jsonl").exists()
