@@ -364,8 +364,9 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
         assert 1 <= len(lines) <= 3 and all(s in d["document"] for s in lines)
         assert lines[0] == D.split_sentences(d["document"])[0]
     capsys.readouterr()
-    generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
+    got = generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
     assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"
+    assert got[0]["output"] == rows[0]["prediction"].replace("\n", " ")  # one line an input: --json's too
     generate.main(["--checkpoint", str(out), "--text", docs[0]["document"], "--summary-sentences", "1"])
     assert capsys.readouterr().out == rows[0]["prediction"].split("\n")[0] + "\n"
     # it decodes no sequence: sequence decoding's flags are refused by name, as a classifier's are
