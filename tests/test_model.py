@@ -281,6 +281,8 @@ def test_decode_and_init_state_check_memory(copy):
             call(memory[:2])
         with pytest.raises(ValueError, match=r"memory is on meta but the model is on cpu"):
             call(memory.to("meta"))
+        with pytest.raises(ValueError, match=r"src_lengths is on meta but memory is on cpu"):
+            call(memory, sl.to("meta"))
         with pytest.raises(ValueError, match=r"memory must be a tensor, got list"):
             call(memory.tolist())
         with pytest.raises(ValueError, match=r"src_lengths must lie in \[0, 9\] \(the padded length\)"):
@@ -293,6 +295,8 @@ def test_decode_and_init_state_check_memory(copy):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's matmuls cast it
         assert decode(memory.bfloat16()).shape == (3, 7, V)
         assert init(memory.bfloat16()).memory.dtype == torch.bfloat16
+        with pytest.raises(ValueError, match="memory must be torch.float32, the model's dtype .* got torch.float64"):
+            decode(memory.double())  # not one autocast casts (it leaves float64 as it is)
 
 
 def test_config_refuses_a_max_len_past_the_sinusoid():
@@ -426,6 +430,10 @@ def test_debug_checks_name_the_problem(monkeypatch):
     check_batch("src", tokens, lengths, vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 6\), got min 1 max 6 in src"):
         check_batch("src", tokens, lengths, vocab=6, max_len=8)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 7\), got min -1 max 6 in src"):  # below 0 too
+        check_batch("src", tokens.where(tokens != 2, -1), lengths, vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"src_lengths must lie in \[0, 3\] \(the padded length\), got \[3, -1\]"):
+        check_batch("src", tokens, torch.tensor([3, -1]), vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"tgt_lengths must lie in \[0, 3\] \(the padded length\), got \[4, 1\]"):
         check_batch("tgt", tokens, torch.tensor([4, 1]), vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"tokens_lengths must have shape \(2,\)"):
