@@ -663,6 +663,15 @@ def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_g
         assert layer.kv.data_ptr() == state.self_kv[0].data_ptr() and torch.equal(layer.kv, kept[order])
 
 
+def test_a_static_cache_refuses_a_view_of_its_filled_positions():
+    """A static cache's step is a tensor on the device, so the host does not know how far it is
+    filled: `view()`, the growing cache's (B, H, length, D) views, is refused by name, not answered
+    with the whole buffers (unmasked, every position past the step would be attended)."""
+    cache = StaticKVCache(torch.zeros(2, 5, 2, 1, 4), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(TypeError, match="StaticKVCache has no host-side length"):
+        cache.view()
+
+
 @pytest.mark.parametrize("static", [False, True])
 def test_a_rewound_state_decodes_as_a_fresh_one(static):
     """DecoderState.rewind goes back to the first step: what the steps before it cached is not read
