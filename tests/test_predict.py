@@ -970,6 +970,15 @@ def test_batch_inference_flags_without_output_are_refused(runs, monkeypatch, fla
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", *flags])
 
 
+def test_batch_flags_spelled_out_with_their_default_values_are_taken_without_output(runs):
+    """A flag counts as given when its value is not the parser's default (`cli.given_flags`): one
+    written out with its default value (--max-tokens 4096, --save-every 60, not small ints that
+    Python keeps one object of) changes nothing, so the text mode takes it."""
+    out = generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--beam-size", "1",
+                         "--max-tokens", "4096", "--save-every", "60"])
+    assert [o["input"] for o in out] == ["one"]
+
+
 def test_a_model_that_decodes_nothing_refuses_decoding_flags(runs, tmp_path):
     """A classifier took --beam-size, --no-repeat-ngram, --min-len and --length-penalty and ignored them;
     now they are refused, naming them, in the text mode, batch inference and evaluate alike."""
