@@ -438,6 +438,8 @@ def test_debug_checks_name_the_problem(monkeypatch):
         check_batch("tgt", tokens, torch.tensor([4, 1]), vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"tokens_lengths must have shape \(2,\)"):
         check_batch("tokens", tokens, torch.tensor([3]), vocab=7, max_len=8)
+    with pytest.raises(ValueError, match=r"src_lengths must have shape \(2,\), one per row of src, got \(2, 1\)"):
+        check_batch("src", tokens, lengths[:, None], vocab=7, max_len=8)  # a column would broadcast
     with pytest.raises(ValueError, match=r"src_lengths must be a tensor, got list"):
         check_batch("src", tokens, [3, 1], vocab=7, max_len=8)
     with pytest.raises(ValueError, match=r"src_lengths must be int32/int64, got torch.float32"):  # it named key_lengths

@@ -44,13 +44,13 @@ def test_the_attention_map_has_a_row_per_query_and_a_column_per_key(tmp_path, fi
     """weights (queries, keys): queries down the side, keys along the bottom, each labelled with its
     token; a label over 14 characters cut to 13 and an ellipsis, an unprintable character escaped,
     a blank token shown as ␣."""
-    weights = np.array([[0.1, 0.2, 0.7], [0.5, 0.5, 0.0]])  # as `attention_map` gives it
-    rows, cols = ["q1", "\t"], ["k1", "k" * 20, "a\nb"]
+    weights = np.array([[0.1, 0.2, 0.7], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])  # as `attention_map` gives it
+    rows, cols = ["q1", "\t", " "], ["k1", "k" * 20, "a\nb"]
     plots.plot_attention(weights, rows, cols, tmp_path / "attention.png")
     ax = figures[0].axes[0]
     assert np.array_equal(ax.images[0].get_array(), weights)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["k1", "k" * 13 + "…", "a\\nb"]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["q1", "\\t"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["q1", "\\t", "␣"]
 
 
 def test_metrics_of_a_run_without_a_file_are_none_and_blank_lines_are_skipped(tmp_path):
