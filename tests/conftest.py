@@ -22,6 +22,7 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -177,3 +178,26 @@ def step_grads(model, device: str, within=None):
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return loss.detach(), grads
+
+
+class Dispatched(TorchDispatchMode):
+    """The aten ops dispatched inside it that are not views: (name, its first argument's data_ptr or None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            self.calls.append((func.__name__, first.data_ptr() if first is not None else None))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def casts_of(self, tensors) -> int:
+        """How many dtype casts read one of `tensors` (by storage)."""
+        ptrs = {t.data_ptr() for t in tensors}
+        return sum(name == "_to_copy.default" and ptr in ptrs for name, ptr in self.calls)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import Dispatched
 
 from scratchformer.model import (
     BOS_ID,
@@ -569,25 +570,6 @@ def test_under_autocast_the_self_attention_caches_keep_its_dtype(kernel, static,
     assert all(torch.equal(a, b) for a, b in zip(new, old))
 
 
-class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops dispatched that are not views: (name, its first argument's data_ptr or None)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            self.calls.append((func.__name__, first.data_ptr() if first is not None else None))
-        return func(*args, **(kwargs or {}))
-
-    def casts_of(self, tensors) -> int:
-        """How many dtype casts read one of `tensors` (by storage)."""
-        ptrs = {t.data_ptr() for t in tensors}
-        return sum(name == "_to_copy.default" and ptr in ptrs for name, ptr in self.calls)
-
-
 @pytest.mark.parametrize("kernel,kind", [("eager", "tied"), ("torch", "tied"), ("torch", "copy"), ("triton", "tied"),
                                          ("torch", "static")])
 def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monkeypatch):
@@ -613,7 +595,7 @@ def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monke
         logits = []
         m.decode_step = lambda *a, **k: logits.append(decode_step(*a, **k).clone()) or logits[-1]
         with monkeypatch.context() as mp, torch.autocast(DEVICE, dtype=torch.bfloat16, cache_enabled=False), \
-                _Dispatched() as dispatched:
+                Dispatched() as dispatched:
             if not lend:
                 mp.setattr(weight_cast.WeightCast, "for_decoding", lambda *a: weight_cast.WeightCast(m, None))
             out = (greedy_decode(m, src, sl, max_len=5, check_every=5),
@@ -650,7 +632,7 @@ def test_a_beam_reorder_moves_every_layers_filled_self_attention_caches_in_one_g
         before = state.self_kv.clone()
         cross = [c.kv for _, c in state.caches]
         order = torch.tensor([3, 3, 0, 1])
-        with _Dispatched() as dispatched:
+        with Dispatched() as dispatched:
             state.reorder(order, same_sources=True, filled=3 if static else None)
     assert [name for name, _ in dispatched.calls] == ["index_select.default", "copy_.default"]
     assert torch.equal(state.self_kv[:, :, :3], before[:, order, :3])

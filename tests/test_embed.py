@@ -311,8 +311,11 @@ def test_double_backward_leaves_out_the_padding_row(padding_idx):
     derivative, whose padding row is zeroed on purpose); padding_idx 0 is the first row, a valid index."""
     tokens = torch.tensor([[0, 2, 2, 1], [3, 0, 2, 2]])
     weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    fn = lambda w: _ext.embed_sinusoidal(tokens, w, scale=1.7, pos_offset=5, padding_idx=padding_idx)  # noqa: E731
-    assert torch.autograd.gradgradcheck(fn, (weight,))
+
+    def embed(w):
+        return _ext.embed_sinusoidal(tokens, w, scale=1.7, pos_offset=5, padding_idx=padding_idx)
+
+    assert torch.autograd.gradgradcheck(embed, (weight,))
 
 
 # ---------------------------------------------------------------------------------------------

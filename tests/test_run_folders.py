@@ -49,6 +49,7 @@ from scratchformer.training.runs import (
 )
 from scratchformer.training.trainer import Trainer
 
+_SILENT = SimpleNamespace(info=lambda line: None)  # a run's log, for the build steps that write to one
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-size", "16", "--max-train-examples", "64", "--max-valid-examples", "16", "--eval-decode-examples", "8",
         "--beam-size", "2", "--log-every", "1", "--no-progress", "--no-plots", "--warmup-steps", "4"]
@@ -521,7 +522,7 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
                          "--max-valid-examples", "2", "--valid-fraction", "0.2"])
     source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
     cfg = cfg.resolved(source.task, False)
-    train, valid = load_data(cfg, source, SimpleNamespace(info=lambda line: None))
+    train, valid = load_data(cfg, source, _SILENT)
     first = D.load_split(source, "train")[:30]
     kept, carved = D.carve_validation(first, 0.2, 3)
     assert (train, valid) == (kept, carved[:2]) and len(carved) == 6
@@ -531,10 +532,10 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
     # replaced by a carve of train)
     rows = [json.dumps({"src": f"v {i}", "tgt": f"w {i}"}) for i in range(5)]
     (d / "validation.jsonl").write_text("\n".join(rows) + "\n")
-    assert load_data(cfg, source, SimpleNamespace(info=lambda line: None))[1] == D.load_split(source, "validation")[:2]
+    assert load_data(cfg, source, _SILENT)[1] == D.load_split(source, "validation")[:2]
     (d / "validation.jsonl").write_text('{"src": "v 0"}\n')
     with pytest.raises(D.DataError, match=r"validation\.jsonl:1: missing field 'tgt'"):
-        load_data(cfg, source, SimpleNamespace(info=lambda line: None))
+        load_data(cfg, source, _SILENT)
 
 
 def test_a_tokenizer_is_trained_on_the_first_tokenizer_examples_and_an_encoder_only_task_shares_one(tmp_path):
@@ -543,13 +544,13 @@ def test_a_tokenizer_is_trained_on_the_first_tokenizer_examples_and_an_encoder_o
     sources, --separate-vocab or not."""
     train = [D.Example(f"word{i} " * 3 + "common", f"wort{i} gemein") for i in range(12)]
     cfg, _ = parse_args(["--vocab-size", "300", "--tokenizer-examples", "3"])
-    toks = make_tokenizers(cfg, "translation", train, tmp_path, Dist(), SimpleNamespace(info=lambda line: None))
+    toks = make_tokenizers(cfg, "translation", train, tmp_path, Dist(), _SILENT)
     want = BPETokenizer.train(D.texts_for_tokenizer(train[:3], "both"), 300)
     assert toks.shared and toks.src.to_str() == want.to_str()
     assert want.to_str() != BPETokenizer.train(D.texts_for_tokenizer(train, "both"), 300).to_str()
     labelled = [D.Example(e.src, i % 2) for i, e in enumerate(train)]
     cfg, _ = parse_args(["--vocab-size", "300", "--separate-vocab"])
-    toks = make_tokenizers(cfg, "classification", labelled, tmp_path, Dist(), SimpleNamespace(info=lambda line: None))
+    toks = make_tokenizers(cfg, "classification", labelled, tmp_path, Dist(), _SILENT)
     assert toks.shared and toks.src.to_str() == BPETokenizer.train(D.texts_for_tokenizer(labelled, "src"), 300).to_str()
 
 
@@ -713,7 +714,7 @@ def test_bpe_dropout_draws_the_segmentations_of_the_runs_seed(tmp_path):
 
     def lengths(seed):
         cfg, _ = parse_args(["--bpe-dropout", "0.5", "--seed", str(seed), "--max-src-len", "64", "--max-tgt-len", "64"])
-        data = build_data(cfg, D.resolve_source("synthetic"), tmp_path, Dist(), SimpleNamespace(info=lambda line: None),
+        data = build_data(cfg, D.resolve_source("synthetic"), tmp_path, Dist(), _SILENT,
                           TokenizerPair(tok), examples)
         return data.train_set.lengths(0).tolist()
 

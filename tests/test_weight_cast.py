@@ -9,9 +9,8 @@ step is served (autocast on; not compiled, recomputed or DDP)."""
 
 import pytest
 import torch
-from conftest import DEVICE, requires_cuda, step_grads, step_model
+from conftest import DEVICE, Dispatched, requires_cuda, step_grads, step_model
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer.model.copy import PointerGenerator
 from scratchformer.model.weight_cast import WeightCast, cast_slots
@@ -128,18 +127,6 @@ def test_a_weight_autocast_would_not_cast_is_not_lent():
     assert own.dtype == torch.float64 and torch.equal(own, lent)
 
 
-class _Ops(TorchDispatchMode):
-    """The names of the aten ops dispatched inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_gradients_come_back_in_one_multi_tensor_copy():
     """The backward brings the lent weights' bf16 gradients to their fp32 parameters in one
     `_foreach_copy_`, and no gradient is cast on its own. (Given a bf16 gradient for an fp32 input,
@@ -148,7 +135,7 @@ def test_the_gradients_come_back_in_one_multi_tensor_copy():
     net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
     with torch.autocast("cpu", dtype=torch.bfloat16), WeightCast(net, torch.bfloat16)():
         loss = net(torch.randn(2, 4)).sum()  # bf16: no cast of the loss's own gradient either
-    with _Ops() as ops:
+    with Dispatched() as ops:
         loss.backward()
     assert ops.names.count("_foreach_copy_.default") == 1 and "_to_copy.default" not in ops.names
     assert all(p.grad.dtype == torch.float32 for p in net.parameters())
