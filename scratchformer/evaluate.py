@@ -209,11 +209,11 @@ def check_labels(examples, source: D.DataSource, split: str, ckpt: dict) -> None
                               f"of {ckpt['path']}: {known}")
 
 
-def save_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
+def save_outputs(out: Path, stem: str, split: str, examples, outputs, result: dict) -> None:
     """`write_outputs` after the scores were printed: a folder that cannot be written (read-only, a
     full disk) is an OSError naming the file and saying that the scores are above."""
     try:
-        write_outputs(out, stem, examples, outputs, result)
+        write_outputs(out, stem, split, examples, outputs, result)
     except OSError as e:
         what = f"{e.filename}: {e.strerror}" if e.filename else (e.strerror or str(e))
         raise OSError(e.errno, f"{what}; the scores are printed above; pass --out DIR to save them elsewhere") from e
@@ -234,7 +234,7 @@ def run_lead3(args) -> dict:
                   **M.rouge(hyps, [e.tgt for e in examples])}
         print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
         if args.out:
-            save_outputs(Path(args.out), stem, examples, hyps, result)
+            save_outputs(Path(args.out), stem, args.split, examples, hyps, result)
     return result
 
 
@@ -297,7 +297,7 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
           f"{format_metrics(result)}", flush=True)
-    save_outputs(out, args.split, examples, ev.outputs, result)
+    save_outputs(out, args.split, args.split, examples, ev.outputs, result)
     if args.attention is not None:
         from .evaluation.plots import plot_attention  # matplotlib: only when plotting
 

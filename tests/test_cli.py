@@ -20,10 +20,10 @@ from conftest import TINY, translation_folder
 from scratchformer import ablate, average, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from scratchformer.data import DataError, DataSource
+from scratchformer.data import DataError, DataSource, Example
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
-from scratchformer.evaluation.evaluate import load_models
+from scratchformer.evaluation.evaluate import load_models, write_predictions
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import ModelConfig, build_model
 from scratchformer.training.ablation import build_parser as ablate_parser
@@ -78,6 +78,9 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
         assert (run / name).exists(), name
     ck = load_checkpoint(run / "last.pt")
     assert ck["progress"]["step"] == 8 and ck["task"] == "translation"
+    # the data has no ids: each prediction is named by its place in the split (the "id" was null)
+    rows = [json.loads(line) for line in (run / "predictions.validation.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"validation-{i}" for i in range(len(rows))] and len(rows) >= 2
 
     # the final report's predictions are not replaced unasked (a --limit 1 evaluation did, silently)
     final = (run / "predictions.validation.jsonl").read_text()
@@ -91,6 +94,8 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     assert (run / "metrics.validation.json").exists() and (run / "attention.validation.0.png").exists()
     preds = [json.loads(l) for l in (run / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 12 and {"source", "reference", "prediction"} <= set(preds[0])
+    assert [(p["id"], p["source"]) for p in preds[: len(rows)]] == [(r["id"], r["source"]) for r in rows]
+    assert [p["id"] for p in preds] == [f"validation-{i}" for i in range(12)]
 
     outs = generate.main(["--checkpoint", str(run / "best.pt"), "--text", "red house", "--text", "one two",
                           "--beam-size", "1"])
@@ -105,6 +110,14 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     run3 = tmp_path / "run3"
     train.main(TINY + ["--data", str(data), "--max-steps", "2", "--separate-vocab", "--no-plots", "--out", str(run3)])
     assert (run3 / "tokenizer.src.json").exists() and (run3 / "tokenizer.tgt.json").exists()
+
+
+def test_a_prediction_keeps_its_examples_id_and_one_without_is_named_by_its_place(tmp_path):
+    examples = [Example("a b", "c", "x7"), Example("d", "e"), Example("f", "g", "0"), Example("h", "i")]
+    write_predictions(tmp_path / "p.jsonl", examples, ["c", {"prediction": "e", "confidence": 0.5}, "g", "i"], "test")
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["x7", "test-1", "0", "test-3"]
+    assert rows[1] == {"id": "test-1", "source": "d", "reference": "e", "prediction": "e", "confidence": 0.5}
 
 
 def test_classification_tsv_carves_validation(tmp_path, monkeypatch):

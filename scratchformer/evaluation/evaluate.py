@@ -380,20 +380,21 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
     return result
 
 
-def write_predictions(path: Path, examples, outputs) -> None:
-    """One JSON line per example: id, source, reference, and the prediction (or the output dict).
-    Atomic: a failure (a full disk, a read-only folder) leaves any previous file as it was."""
+def write_predictions(path: Path, examples, outputs, split: str) -> None:
+    """One JSON line per example: id (data without one: ``"<split>-<i>"``, its place from 0), source,
+    reference, and the prediction (or the output dict). Atomic: a failure (a full disk, a read-only
+    folder) leaves any previous file as it was."""
 
     def rows():
-        for e, p in zip(examples, outputs):
-            row = {"id": e.id, "source": e.src, "reference": e.tgt}
+        for i, (e, p) in enumerate(zip(examples, outputs)):
+            row = {"id": f"{split}-{i}" if e.id is None else e.id, "source": e.src, "reference": e.tgt}
             row.update(p if isinstance(p, dict) else {"prediction": p})
             yield json.dumps(row, ensure_ascii=False)
 
     write_lines_atomic(path, rows())
 
 
-def write_outputs(out: Path, stem: str, examples, outputs, result: dict) -> None:
-    """predictions.<stem>.jsonl (one row per example) and metrics.<stem>.json, each written atomically."""
-    write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs)
+def write_outputs(out: Path, stem: str, split: str, examples, outputs, result: dict) -> None:
+    """predictions.<stem>.jsonl (one row per example of `split`) and metrics.<stem>.json, each written atomically."""
+    write_predictions(out / f"predictions.{stem}.jsonl", examples, outputs, split)
     write_lines_atomic(out / f"metrics.{stem}.json", [json.dumps(result, indent=2)])

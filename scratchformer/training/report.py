@@ -30,7 +30,7 @@ def final_report(trainer) -> dict:
     res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
            **ev.metrics, **ev.decodings}
     n_valid = len(data.valid_set)
-    write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs)
+    write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs, "validation")
     if classify:
         lines = [f"validation ({n_valid} examples): {format_metrics(res)}"]
     else:
