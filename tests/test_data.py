@@ -53,6 +53,8 @@ def test_synthetic_is_seeded_and_reverses():
     for e in a:
         words = e.src.split()
         assert e.tgt.split() == [D.DE_NUMBERS[D.EN_NUMBERS.index(w)] for w in reversed(words)]
+    # each is named by its place in its split, the form a prediction of data without ids takes
+    assert [e.id for e in a] == [f"train-{i}" for i in range(50)]
 
 
 def test_synthetic_words_and_lengths_span_their_whole_range():
