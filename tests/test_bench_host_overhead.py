@@ -9,8 +9,13 @@ import os
 import re
 import subprocess
 import sys
+import types
 
+import pytest
+import torch
+import torch.nn.functional as F
 from conftest import DEVICE
+from torch.autograd import DeviceType
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "bench", "host_overhead.py")
@@ -94,3 +99,69 @@ def test_a_gemm_is_an_op_that_does_work(monkeypatch):
         torch._foreach_copy_(dst, src)  # one multi-tensor op
     counts = host_overhead.issued([e for e in prof.events() if e.device_type == DeviceType.CPU])
     assert counts == {"aten ops": 4, "fills": 0, "casts": 1, "multi-tensor": 1, "our ops": 0}
+
+
+@pytest.fixture
+def host_overhead(monkeypatch):
+    """bench/host_overhead.py imported, bench/ on the path only for the test (it would shadow tests/conftest.py
+    for what a later test spawns)."""
+    monkeypatch.syspath_prepend(os.path.dirname(TOOL))
+    import host_overhead
+
+    return host_overhead
+
+
+def test_a_calls_time_is_measured_after_its_warm_up(host_overhead, monkeypatch):
+    """per_call: `calls` calls' time over their number, after 5 untimed ones (compiling, autotuning, the
+    allocator): on a stand-in clock, 5 calls of 100 s then 10 of 2 s take 2 s a call."""
+    clock, made = [0.0], []
+
+    def fn():
+        clock[0] += 100.0 if len(made) < 5 else 2.0
+        made.append(1)
+
+    monkeypatch.setattr(host_overhead, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert host_overhead.per_call(fn, 10, "cpu") == 2.0 and len(made) == 15
+
+
+def test_a_backends_row_is_in_microseconds_a_call_and_milliseconds_a_step_and_a_token(host_overhead, monkeypatch):
+    """measure's units (its table's headers): each op's call in microseconds, the training step in
+    milliseconds, greedy decoding in milliseconds a new token (a call decodes 16): every call here
+    takes 16 ms (a stand-in per_call), so 16,000 us an op, 16 ms a step, 1 ms a token."""
+    monkeypatch.setattr(host_overhead, "per_call", lambda fn, calls, device: 0.016)
+    monkeypatch.setattr(host_overhead, "model_step", lambda kernel, device: None)
+    monkeypatch.setattr(host_overhead, "greedy_tokens", lambda kernel, device: None)
+    ops = {f"{op} {mode}": 16_000.0 for op in host_overhead.OPS for mode in ("fwd", "fwd+bwd")}
+    assert host_overhead.measure("eager", "cpu", 20) == pytest.approx({**ops, "step (ms)": 16.0,
+                                                                       "greedy (ms/token)": 1.0})
+
+
+def test_a_decoding_steps_counts_are_the_difference_of_two_lengths_per_token(host_overhead, monkeypatch):
+    """decode_step_ops: what 16 new tokens issue less what 8 do (the encoder, the set-up), over the 8
+    steps between: stand-in counts of 40 + 3 a token make 3 a step, a cast made once a call none."""
+    monkeypatch.setattr(host_overhead, "greedy_tokens", lambda kernel, device, new_tokens, autocast: new_tokens)
+    monkeypatch.setattr(host_overhead, "counted", lambda new_tokens: {"aten ops": 40 + 3 * new_tokens, "casts": 1})
+    assert host_overhead.decode_step_ops("triton", "cpu") == {"aten ops": 3, "casts": 0}
+
+
+def test_fills_are_counted_where_called_not_inside_another_op(host_overhead):
+    """A fill (zeros, ones_like, ...) counts where Python, autograd or our ops call it, not where an aten
+    op builds one inside (one_hot's zeros, before its scatter): two of the three here."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.zeros(3)
+        torch.ones_like(torch.empty(2))
+        F.one_hot(torch.tensor([0, 2]), 4)
+    assert host_overhead.issued([e for e in prof.events() if e.device_type == DeviceType.CPU])["fills"] == 2
+
+
+def test_what_a_call_issues_is_counted_after_a_first_call(host_overhead):
+    """counted profiles a second call of fn, after one that compiles, tunes and allocates: work done
+    only in the first call is not counted."""
+    first = []
+
+    def fn():
+        if not first:
+            first.append(torch.zeros(4) + 1)
+
+    assert host_overhead.counted(fn) == {"aten ops": 0, "fills": 0, "casts": 0, "multi-tensor": 0, "our ops": 0,
+                                         "Triton launches": 0}

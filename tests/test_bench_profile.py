@@ -6,9 +6,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import profile_train_step  # noqa: E402
 from profile_train_step import category, gpu_kernels, step_syncs  # noqa: E402
 
 
@@ -53,8 +55,9 @@ def test_kernel_categories(name, expected):
     assert category(name) == expected
 
 
-def _event(key, device_type, count=1, annotation=False):
-    return SimpleNamespace(key=key, device_type=device_type, count=count, is_user_annotation=annotation)
+def _event(key, device_type, count=1, annotation=False, gpu_us=0.0, cpu_us=0.0):
+    return SimpleNamespace(key=key, device_type=device_type, count=count, is_user_annotation=annotation,
+                           self_device_time_total=gpu_us, self_cpu_time_total=cpu_us)
 
 
 def test_annotations_are_not_kernels_and_the_reports_sync_is_not_the_steps():
@@ -69,3 +72,62 @@ def test_annotations_are_not_kernels_and_the_reports_sync_is_not_the_steps():
     assert step_syncs(events, "cuda") == 0
     events.append(_event("cudaStreamSynchronize", DeviceType.CPU, 3))
     assert step_syncs(events, "cuda") == 3 and step_syncs(events, "cpu") == 4
+
+
+def test_a_profile_reports_per_step_figures(monkeypatch):
+    """The report's arithmetic, on a stand-in profile of 3 steps (microseconds in all) whose kernels
+    are, in this order: AdamW 1,500, a GEMM 3,000, attention's backward 3,000 and forward 4,500 (6
+    calls), 12,000 in all; 4 stream syncs (the report's own one of them) and 300 launches of 1,500 in
+    all; 30 ms of wall time over the 3 unprofiled steps. Per step, worked by hand: 4 ms of kernels,
+    (4 - 1) / 3 = 1 sync, attention (4,500 + 3,000) / 12,000 = 62.5% ahead of the GEMM's 25% and AdamW's
+    12.5%, the forward first among the kernels at 1.5 ms and 6 / 3 = 2 calls, 100 launches (0.5 ms);
+    a 10 ms step whose GPU works 4 ms idles 60% of it."""
+    events = [_event("multi_tensor_apply_kernel<FusedAdamMathFunctor>", DeviceType.CUDA, 3, gpu_us=1500.0),
+              _event("sm90_xmma_gemm_bf16bf16", DeviceType.CUDA, 3, gpu_us=3000.0),
+              _event("_attention_bwd_dkdv_kernel", DeviceType.CUDA, 3, gpu_us=3000.0),
+              _event("_attention_fwd_kernel", DeviceType.CUDA, 6, gpu_us=4500.0),
+              _event("cudaStreamSynchronize", DeviceType.CPU, 4, cpu_us=30.0),
+              _event("cudaLaunchKernel", DeviceType.CPU, 300, cpu_us=1500.0)]
+
+    class Profile:  # torch.profiler.profile's stand-in: its events, whatever ran under it
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return events
+
+    steps = []
+    monkeypatch.setitem(sys.modules, "bench_train_step", SimpleNamespace(
+        training_step=lambda shape, kernel, device: (lambda: steps.append(1), None)))
+    monkeypatch.setattr(profile_train_step, "profile", Profile)
+    clock = iter([100.0, 100.03])  # the unprofiled steps' start and end, seconds
+    monkeypatch.setattr(profile_train_step, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    report = profile_train_step.profile_backend("triton", "base-cnndm", "cuda", steps=3, warmup=2).splitlines()
+    assert len(steps) == 2 + 3 + 3  # warm-up, timed, profiled
+    assert report[0].startswith("== triton: 4.00 ms of GPU kernels per step, 1 host-device syncs per step")
+    assert report[1] == "share by category: attention 62.5%, gemm 25.0%, optimizer 12.5%"
+    assert report[3].split() == ["1.500", "37.5%", "2", "attention", "_attention_fwd_kernel"]
+    assert report[4].split()[:3] == ["1.000", "25.0%", "1"]
+    host = report.index(next(line for line in report if line.startswith("host:")))
+    assert report[host].startswith("host: the step takes 10.00 ms of wall time unprofiled, the GPU kernels 4.00 ms: "
+                                   "idle 60% of it")
+    assert report[host + 2].split() == ["0.500", "100", "cudaLaunchKernel"]
+
+
+def test_profiling_no_steps_is_refused(monkeypatch, capsys):
+    """--steps 0 would report figures per step of nothing: refused before any backend is profiled."""
+    def profile_backend(*args, **kwargs):
+        raise AssertionError("a backend profiled")
+
+    monkeypatch.setitem(sys.modules, "bench_train_step", SimpleNamespace(SHAPES={"base-cnndm": {}}))
+    monkeypatch.setattr(profile_train_step, "profile_backend", profile_backend)
+    with pytest.raises(SystemExit):
+        profile_train_step.main(["--steps", "0", "--device", "cpu"])
+    assert "--steps must be >= 1" in capsys.readouterr().err

@@ -3,14 +3,18 @@ a saved case records (issue 16 asks for the device, dtype, shapes, torch and Tri
 the command in every case), and the compile pass of scripts/gpu/ (--benchmark-disable: the case
 warms up, then is skipped, and nothing is timed)."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 import triton
+
+from scratchformer.data import PAD_ID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the smallest fp32 forward case of the eager peer: its sizes differ between a CPU and a GPU
@@ -69,12 +73,25 @@ def test_a_compile_pass_times_nothing(tmp_path):
 
 
 def _bench_conftest():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("bench_conftest", os.path.join(REPO, "bench", "conftest.py"))
     module = importlib.util.module_from_spec(spec)  # tests/ has its own module named conftest
     spec.loader.exec_module(module)
     return module
+
+
+def _bench_module(monkeypatch, name):
+    """bench/<name>.py imported, with bench/conftest.py as the `conftest` it imports (tests/ has its own)."""
+    monkeypatch.setitem(sys.modules, "conftest", _bench_conftest())
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _benchmark(median=1e-3):
+    """pytest-benchmark's fixture, stood in for: pedantic runs the call `rounds` times, the median is given."""
+    return types.SimpleNamespace(disabled=False, extra_info={}, stats=types.SimpleNamespace(
+        stats=types.SimpleNamespace(median=median)), pedantic=lambda fn, rounds=1, **kw: [fn() for _ in range(rounds)])
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -82,8 +99,6 @@ def test_a_failed_capture_is_recorded(monkeypatch, fails):
     """A case's device time comes from one capture; one that fails leaves no device time, its error
     and where it was raised recorded, and is not tried again (the retry hid the cause of the eighth
     to tenth windows' failures: the case's forward on the legacy stream)."""
-    import types
-
     bench_conftest = _bench_conftest()
     tries = []
 
@@ -140,8 +155,6 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     """run_bench records which config each of our autotuned kernels ran in the case
     (kernels/_common.tuned_launches: the latest launch per kernel through launch_tuned), and none
     left over from an earlier case."""
-    import types
-
     from scratchformer.kernels import _common
 
     bench_conftest = _bench_conftest()
@@ -151,8 +164,7 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     def launch():  # stands in for a launch_tuned call (its GPU path is tests/test_ffn.py's)
         _common._LAUNCHED["_some_kernel"] = {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3, "pre_hook": None}
 
-    bench = types.SimpleNamespace(disabled=False, extra_info={}, stats=types.SimpleNamespace(
-        stats=types.SimpleNamespace(median=1e-3)), pedantic=lambda fn, **kw: fn())
+    bench = _benchmark()
     monkeypatch.setattr(bench_conftest, "HAS_CUDA", False)  # wall time only: no graph here
     bench_conftest.run_bench(bench, launch, nbytes=1)
     assert bench.extra_info["configs"] == {"_some_kernel": {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3}}
@@ -165,15 +177,8 @@ def test_a_graphed_steps_peak_memory_is_its_captures(monkeypatch):
     optimizer state with no activations, the same for every backend (a peak-memory target against
     eager of about 1.0x whatever the kernels save). Here on the CPU: a stand-in allocator's stats, a
     stand-in capture (warm-up, then the captured call, then replays that allocate nothing) around the
-    real step of a tiny shape."""
-    import importlib.util
-    import types
-
-    monkeypatch.setitem(sys.modules, "conftest", _bench_conftest())  # bench_train_step imports bench's
-    path = os.path.join(REPO, "bench", "bench_train_step.py")
-    spec = importlib.util.spec_from_file_location("bench_train_step", path)
-    bts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bts)
+    real step of a tiny shape. Its tokens/s count the batch's non-pad tokens, source and target."""
+    bts = _bench_module(monkeypatch, "bench_train_step")
 
     BASE, ACTIVATIONS = 3 << 30, 1 << 30  # held before the step; allocated and freed within it
     mem = types.SimpleNamespace(allocated=BASE, peak=BASE, capturing=False)
@@ -201,9 +206,268 @@ def test_a_graphed_steps_peak_memory_is_its_captures(monkeypatch):
     adamw = torch.optim.AdamW  # capturable is for the GPU's optimizer state
     monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: adamw(params, **{**kw, "capturable": False}))
     monkeypatch.setattr(bts.training_step, "__defaults__", ("cpu", False))
-    bench = types.SimpleNamespace(disabled=False, extra_info={}, stats=types.SimpleNamespace(
-        stats=types.SimpleNamespace(median=1e-3)), pedantic=lambda fn, rounds, **kw: [fn() for _ in range(rounds)])
+    bench = _benchmark()
     monkeypatch.setitem(bts.SHAPES, "tiny", dict(preset="tiny", vocab=500, max_src=16, max_tgt=16, batch=4,
                                                  sample="multi30k"))
     bts._bench_step(bench, "tiny", "eager", graph=True)
     assert bench.extra_info["graph"] and bench.extra_info["peak_mem_gib"] == (BASE + ACTIVATIONS) / 2**30
+    src, sl, _, tgt_out, _ = bts.make_batch("tiny", device="cpu")
+    tokens = int(sl.sum()) + int((tgt_out != PAD_ID).sum())  # the source's and the target's (EOS too) real tokens
+    assert bench.extra_info["tokens_per_s"] == pytest.approx(tokens / 1e-3)
+
+
+@pytest.mark.parametrize(("graph", "gpu"), [(True, 0.25e-3), (True, None), (True, 0.0), (False, 0.25e-3)])
+def test_throughput_is_a_calls_work_over_its_time_on_each_clock(monkeypatch, graph, gpu):
+    """TFLOP/s and GB/s are one call's work over the median wall time (3e9 FLOPs and 2e6 bytes in
+    1 ms: 3 TFLOP/s and 2 GB/s) and, where the device's time was measured (0.25 ms a call), over that
+    too (12 and 8); none on the device's clock for a case that asks for no capture (graph=False: the
+    training step, which syncs), whose capture failed (None), or whose device time came out 0 (the
+    flushes' time subtracted from a replay no longer than theirs)."""
+    bench_conftest = _bench_conftest()
+    captures = []
+
+    def graph_time_or_error(benchmark, fn, calls):
+        captures.append(calls)
+        return gpu
+
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", True)
+    monkeypatch.setattr(bench_conftest, "_graph_time_or_error", graph_time_or_error)
+    monkeypatch.setattr(bench_conftest, "device_name", lambda: "a stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    bench = _benchmark(median=1e-3)
+    bench_conftest.run_bench(bench, lambda: None, flops=3e9, nbytes=2e6, graph=graph)
+    info = bench.extra_info
+    assert captures == ([1] if graph else [])  # a 1-ms call: captured alone
+    assert info["tflops"] == pytest.approx(3.0) and info["gbps"] == pytest.approx(2.0)
+    on_device = {k: info[k] for k in ("tflops_gpu", "gbps_gpu") if k in info}
+    assert on_device == ({"tflops_gpu": pytest.approx(12.0), "gbps_gpu": pytest.approx(8.0)} if graph and gpu else {})
+
+
+def test_a_capture_error_is_traced_to_the_first_of_its_chain():
+    """_describe_error follows the errors raised while handling another back to the first, however
+    long the chain (three here), and names no origin for an error raised alone."""
+    def chain():
+        try:
+            try:
+                raise ValueError("first")
+            except ValueError:
+                raise KeyError("second")  # noqa: B904 - the chain of __context__ is the point
+        except KeyError:
+            raise RuntimeError("third")  # noqa: B904
+
+    with pytest.raises(RuntimeError) as chained:
+        chain()
+    with pytest.raises(RuntimeError) as alone:
+        raise RuntimeError("alone")
+    describe = _bench_conftest()._describe_error
+    info = describe("graph_error", chained.value)
+    assert info["graph_error"] == "RuntimeError: third" and info["graph_error_origin"] == "ValueError: first"
+    assert set(describe("graph_error", alone.value)) == {"graph_error", "graph_error_at"}
+
+
+class _Event:
+    """torch.cuda.Event on a stand-in device: the time of a clock (ms, `_Event.clock[0]`) that the
+    stand-in's work moves."""
+    clock = [0.0]
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self):
+        self.at = self.clock[0]
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+def _stand_in_device(monkeypatch):
+    """-> the clock (ms) of a stand-in device whose events `_Event` reads."""
+    clock = [0.0]
+    monkeypatch.setattr(_Event, "clock", clock)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    return clock
+
+
+def test_device_time_is_a_calls_share_of_the_median_replay_less_the_flushes(monkeypatch):
+    """graph_time on a stand-in device: 2 calls a replay, each after a 1-ms flush, 5 timed replays
+    after one that uploads the graph. The flushes alone replay in 2 ms. fn's calls take 3 ms in the
+    upload, then 3, 4, 10, 2 and 3 ms: replays of 2 · (1 + 3) = 8, 10, 22, 6 and 8 ms, median 8, so
+    (8 - 2) / 2 = 3 ms a call (not the fastest replay's 2, nor 4 with the flushes left in)."""
+    bench_conftest = _bench_conftest()
+    clock = _stand_in_device(monkeypatch)
+
+    class Flush:
+        def zero_(self):
+            clock[0] += 1.0
+
+    costs = iter([3.0, 3.0, 3.0, 3.0, 4.0, 4.0, 10.0, 10.0, 2.0, 2.0, 3.0, 3.0])  # ms, each call in turn
+
+    def fn():
+        clock[0] += next(costs)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: Flush())
+    monkeypatch.setattr(bench_conftest, "capture", lambda body: (None, body))  # a replay: the body's calls
+    assert bench_conftest.graph_time(fn, calls=2, rounds=5) == pytest.approx(3e-3)
+
+
+def test_copy_bandwidth_counts_the_bytes_read_and_written(monkeypatch):
+    """The memory roof: a copy of 2^29 bytes (half of nbytes = 2^30) reads 2^29 and writes 2^29; on a
+    stand-in device where each copy takes 1 ms, 2^30 bytes / 1 ms = 1,073.741824 GB/s."""
+    bench_conftest = _bench_conftest()
+    clock = _stand_in_device(monkeypatch)
+
+    class Buffer:
+        def numel(self):
+            return 1 << 29
+
+        def copy_(self, src):
+            clock[0] += 1.0
+
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", True)
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: Buffer())
+    monkeypatch.setattr(torch, "empty_like", lambda t: Buffer())
+    assert bench_conftest.copy_bandwidth_gbps(1 << 30) == pytest.approx(1073.741824)
+
+
+def test_peak_memory_is_the_calls_peak_above_what_was_held(monkeypatch):
+    """peak_memory: 5 GiB held before the call, the call's peak 7 GiB: 2 GiB (a stand-in allocator)."""
+    mem = types.SimpleNamespace(allocated=5 << 30, peak=5 << 30)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: setattr(mem, "peak", mem.allocated))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: mem.allocated)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: mem.peak)
+
+    def run():
+        mem.peak = max(mem.peak, mem.allocated + (2 << 30))
+
+    assert _bench_conftest().peak_memory(run) == 2 << 30
+
+
+def _recorded(monkeypatch, module):
+    """The keyword arguments of each of `module`'s run_bench calls (the stand-in times nothing)."""
+    calls = []
+    monkeypatch.setattr(module, "run_bench", lambda benchmark, fn, **kw: calls.append(kw) or 1e-3)
+    return calls
+
+
+def _on_meta(monkeypatch):
+    """torch.empty, randn, randint and full make meta tensors (shapes and dtypes, no data): a GPU
+    benchmark's inputs, on the CPU."""
+    empty = torch.empty
+
+    def meta(*shape, **kw):
+        return empty(*shape, **{**kw, "device": "meta"})
+
+    monkeypatch.setattr(torch, "empty", meta)
+    monkeypatch.setattr(torch, "randn", meta)
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, **kw: meta(size, **{"dtype": torch.int64, **kw}))
+    monkeypatch.setattr(torch, "full", lambda size, value, **kw: meta(size, **{"dtype": torch.int64, **kw}))
+
+
+def test_attentions_tflops_count_the_work_its_masks_keep(monkeypatch):
+    """bench_attention's FLOPs (its docstring): 4·B·H·Lq·Lk·D a forward (QKᵀ and PV, a multiply-add
+    2 FLOPs), halved under a causal mask, x3.5 with the backward. Dense at 16k tokens a batch, L 2048
+    (B 8), 16 heads of 64: 4·8·16·2048²·64 = 2^37. A padded batch (L 1024, B 16, 8 heads of 128)
+    counts each sequence's own keys: Σ_b 4·8·128·1024·len_b. The peak-memory case (B 1, L 4096,
+    causal, with the backward): 3.5 · 4·16·4096²·64 / 2. On meta tensors, nothing run."""
+    ba = _bench_module(monkeypatch, "bench_attention")
+    calls = _recorded(monkeypatch, ba)
+    empty = torch.empty
+    monkeypatch.setattr(ba, "_qkv", lambda B, L, H, D: [empty(B, L, 3, H, D, device="meta")[:, :, i].transpose(1, 2)
+                                                        for i in range(3)])
+    monkeypatch.setattr(ba, "_attention_fn", lambda *a, **kw: None)
+    monkeypatch.setattr(ba, "_timed", lambda mode, fn, q, k, v: lambda: None)
+    monkeypatch.setattr(ba, "peak_memory", lambda run: 0)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **kw: self)
+    for causal, mode in ((False, "fwd"), (True, "fwd"), (False, "fwd+bwd")):
+        ba.test_dense(None, tma=False, L=2048, H=16, D=64, causal=causal, kernel="triton", mode=mode)
+    ba.test_padded(None, tma=False, L=1024, H=8, D=128, kernel="triton", mode="fwd")
+    ba.test_memory_fwd_bwd(None, L=4096, kernel="triton")
+    lengths = torch.randint(512, 1025, (16,), generator=torch.Generator().manual_seed(0))  # the padded batch's
+    assert [c["flops"] for c in calls] == [2**37, 2**36, 3.5 * 2**37, sum(4 * 8 * 128 * 1024 * int(n) for n in lengths),
+                                           3.5 * 4 * 16 * 4096**2 * 64 / 2]
+    assert [(c["B"], c["Lq"], c["Lk"], c["causal"]) for c in calls[:2]] == [(8, 2048, 2048, False),
+                                                                            (8, 2048, 2048, True)]
+
+
+def test_add_layer_norms_bytes_are_what_must_move(monkeypatch):
+    """bench_add_layer_norm's bytes (its docstring), bf16 (2 bytes) at 16384 x 512: the forward reads x
+    and the residual and writes y, 3 · 16384 · 512 · 2 = 50,331,648; forward + backward also reads dy
+    and the saved sum and writes dx, twice that; the backward alone (dy, s in; dx out) 50,331,648 again.
+    The copy roof's copy of 2^28 bytes moves 2^29 (read and written). On meta tensors, nothing run."""
+    ln = _bench_module(monkeypatch, "bench_add_layer_norm")
+    calls = _recorded(monkeypatch, ln)
+    _on_meta(monkeypatch)
+    monkeypatch.setattr(ln, "_add_layer_norm", lambda kernel: None)
+    for mode in ("fwd", "fwd_bwd", "bwd"):
+        ln.test_add_layer_norm(None, rows=16384, N=512, kernel="torch", mode=mode, monkeypatch=monkeypatch)
+    ln.test_copy_bandwidth(None)
+    assert [c["nbytes"] for c in calls] == [50_331_648, 100_663_296, 50_331_648, 2**29]
+
+
+def test_ffn_flops_count_both_gemms(monkeypatch):
+    """bench_ffn's FLOPs: 2·T·d·f a GEMM, two in the forward, x3 with the backward (each GEMM's input
+    and weight gradients); the GEMM alone 2·T·d·f. At 4096 x 512 x 2048: 2^33 a GEMM. On meta tensors."""
+    ffn = _bench_module(monkeypatch, "bench_ffn")
+    calls = _recorded(monkeypatch, ffn)
+    _on_meta(monkeypatch)
+    for mode in ("fwd", "fwd_bwd"):
+        ffn.test_ffn(None, tma=False, tokens=4096, d_model=512, d_ff=2048, kernel="eager", mode=mode)
+    ffn.test_matmul(None, tma=False, tokens=4096, d_model=512, d_ff=2048, kernel="torch")
+    assert [c["flops"] for c in calls] == [2 * 2**33, 6 * 2**33, 2**33]
+
+
+def test_the_losss_flops_are_its_logits_gemm(monkeypatch):
+    """bench_cross_entropy's FLOPs: the logits GEMM, 2·T·d·V, x3 with the backward (dx and dW): at
+    2048 x 512 x 30522, 2^21 · 30522 = 64,009,273,344 forward. On meta tensors, a stand-in loss."""
+    ce = _bench_module(monkeypatch, "bench_cross_entropy")
+    calls = _recorded(monkeypatch, ce)
+    _on_meta(monkeypatch)
+    monkeypatch.setattr(ce, "_impl", lambda kernel: lambda x, w, *a, **kw: (x.float().sum() + w.float().sum(), None))
+    monkeypatch.setattr(ce, "peak_memory", lambda run: 0)
+    for mode in ("fwd", "fwd_bwd"):
+        ce.test_linear_cross_entropy(None, tokens=2048, d_model=512, vocab=30522, kernel="torch", mode=mode)
+    assert [c["flops"] for c in calls] == [64_009_273_344, 3 * 64_009_273_344]
+
+
+def test_the_embeddings_backward_adds_the_bytes_it_must_move(monkeypatch):
+    """bench_embed's fwd+bwd bytes: the forward's (int64 ids N·8, the output N·d and each distinct row
+    U·d) and the backward's: the output's gradient read (N·d), the ids read again and grad_weight
+    written whole (V·d). At N 4096, d 64, fp32 (4 bytes), V 32000, the ids drawn as the case draws them."""
+    be = _bench_module(monkeypatch, "bench_embed")
+    calls = _recorded(monkeypatch, be)
+    n, d, vocab = 4096, 64, 32000
+    be.test_embed(None, case=(n, d, torch.float32, "fwd+bwd"), kernel="eager")
+    torch.manual_seed(0)
+    distinct = torch.randint(0, vocab, (n // 512, 512)).unique().numel()
+    assert calls[0]["nbytes"] == (n * 8 + (n + distinct) * d * 4) + (n * d * 4 + n * 8 + vocab * d * 4)
+
+
+def test_generation_counts_each_rows_new_tokens(monkeypatch):
+    """bench_generate's new tokens/s: each of the 32 rows decodes 128 tokens (EOS off; beam search
+    counts its best hypothesis only): 4,096 new tokens in a 2-s call, 2,048 a second. Stand-ins for the
+    model (the call is not run) and the allocator's peak (3 GiB)."""
+    bg = _bench_module(monkeypatch, "bench_generate")
+    monkeypatch.setattr(bg, "run_bench", lambda benchmark, fn, **kw: 2.0)
+    monkeypatch.setattr(bg, "build_model", lambda cfg, device: torch.nn.Identity())
+    _on_meta(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 << 30)
+    bench = types.SimpleNamespace(extra_info={})
+    bg.test_generate(bench, kernel="triton", search="beam4", steps="graph", weights="bf16")
+    assert bench.extra_info == {"kernel": "triton", "new_tokens_per_s": 2048.0, "peak_mem_gib": 3.0}
+
+
+def test_a_compile_pass_warms_up_before_it_skips(monkeypatch):
+    """Under --benchmark-disable (scripts/gpu/'s compile pass) a case still makes its `warmup` calls,
+    which compile and tune into the on-disk caches the timed run reads, and only then is skipped."""
+    bench_conftest = _bench_conftest()
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", False)
+    calls = []
+    with pytest.raises(pytest.skip.Exception, match="nothing timed"):
+        bench_conftest.run_bench(types.SimpleNamespace(disabled=True), lambda: calls.append(1), warmup=4)
+    assert len(calls) == 4

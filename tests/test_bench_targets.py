@@ -2,10 +2,15 @@
 ratios are known by construction (each case built to meet or miss its goal)."""
 
 import json
+import math
 import os
 import sys
 
+import matplotlib.pyplot as plt
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import plot_results  # noqa: E402
 import targets  # noqa: E402
 
 
@@ -259,3 +264,170 @@ def test_an_embedding_case_saved_with_a_row_read_per_token_is_rescaled_to_distin
     bwd = n * 8 + n * d * e + vocab * d * e
     assert abs(both["gbps"] / (1000.0 * (distinct_rows + bwd) / (per_token + bwd)) - 1) < 5e-3
     assert new["gbps"] == 2000.0 and "unique_ids_expected" not in new
+
+
+def _judged(text):
+    """{(target, case): [ratio, goal, verdict]} from a targets table."""
+    return {(c[1].strip(), c[2].strip()): [x.strip() for x in c[5:8]] for c in (line.split("|") for line in
+            text.splitlines()) if len(c) > 8 and c[1].startswith(" ") and "---" not in c[1] and c[1] != " target "}
+
+
+def test_each_goal_is_the_issues_at_its_boundary(tmp_path):
+    """Every goal as issues 16 and 17 set it (module docstring), each case built just inside or
+    just outside it: attention forward >= 1.0x SDPA's fastest from L = 2048 on, forward+backward
+    >= 0.8x, the padded batch >= 2x SDPA + mask; the FFN >= 1.1x eager, its GEMM >= 0.85x cuBLAS; the
+    training step >= 1.3x eager, >= 1.0x torch and torch.compile, peak memory <= 0.7x eager (0.7 itself
+    met). A case that ran on tensor descriptors (extra_info `tma`) is labelled so; the header names the
+    run's device."""
+    def att(name, L, mode, k, t, **extra):
+        return _bench("attention", f"{name}[{mode}-{k}-h16d64-{L}]", {"L": L, "H": 16, "D": 64, "causal": False,
+                                                                    "kernel": k, "mode": mode}, tflops=t, **extra)
+
+    cases = [att("test_dense", 2048, "fwd", "triton", 100.0), att("test_dense", 2048, "fwd", "sdpa_flash", 100.0),
+             att("test_dense", 4096, "fwd+bwd", "triton", 80.0, tma=True),
+             att("test_dense", 4096, "fwd+bwd", "sdpa_flash", 100.0),
+             att("test_padded", 4096, "fwd", "triton", 180.0), att("test_padded", 4096, "fwd", "sdpa_mask", 100.0)]
+    cases += [_bench("ffn", f"test_ffn[{k}]", {"tokens": 8192, "d_model": 512, "d_ff": 2048, "kernel": k,
+                                               "mode": "fwd"}, tflops=t)
+              for k, t in (("triton", 115.0), ("eager", 100.0))]
+    cases += [_bench("ffn", f"test_matmul[{k}]", {"tokens": 8192, "d_model": 512, "d_ff": 2048, "kernel": k},
+                     tflops=t, what="matmul") for k, t in (("triton", 87.0), ("torch", 100.0))]
+    cases += [_bench("train_step", f"test_train_step[{k}-base-cnndm]", {"shape": "base-cnndm", "kernel": k},
+                     tokens_per_s=s, peak_mem_gib=m, shape="base-cnndm")
+              for k, s, m in (("triton", 125.0, 7.0), ("eager", 100.0, 10.0), ("compile", 125.0, 5.0))]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": cases}))
+    text = targets.main([str(path)])
+    assert _judged(text) == {
+        ("attention fwd vs SDPA's fastest", "dense L=2048 D=64 fwd"): ["1.00", ">= 1", "met"],
+        ("attention (TMA) fwd+bwd vs SDPA's fastest", "dense L=4096 D=64 fwd+bwd"): ["0.80", ">= 0.8", "met"],
+        ("attention, padded vs SDPA + mask", "padded L=4096 D=64 fwd"): ["1.80", ">= 2", "**missed**"],
+        ("FFN vs eager", "8192 x 512 x 2048 fwd"): ["1.15", ">= 1.1", "met"],
+        ("FFN's GEMM vs cuBLAS", "8192 x 512 x 2048"): ["0.87", ">= 0.85", "met"],
+        ("training step vs eager", "base-cnndm"): ["1.25", ">= 1.3", "**missed**"],
+        ("training step vs compile", "base-cnndm"): ["1.00", ">= 1", "met"],
+        ("training step peak memory vs eager", "base-cnndm"): ["0.70", "<= 0.7", "met"],
+    }
+    assert text.startswith("device: NVIDIA H100; met 6 of 8")
+
+
+def test_a_run_without_a_measured_copy_bandwidth_judges_no_roof(tmp_path):
+    """A run where no GPU measured the copy bandwidth (NaN, as conftest records it on the CPU) has
+    no roof to judge against: only the comparison with the peer, no "vs copy bandwidth" row (NaN
+    compared with 0.8 is no verdict)."""
+    cases = _pair(dict(gbps=2000.0), dict(gbps=1000.0))
+    for case in cases:
+        case["extra_info"]["copy_bandwidth_gbps"] = math.nan
+    assert list(_verdicts(tmp_path, cases)) == ["add+LayerNorm vs torch"]
+
+
+def test_a_run_of_generation_alone_opens_with_its_table(tmp_path):
+    """Without any target's cases the file is the generation figures alone, their heading its first line."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": [_bench("generate", "test_generate[eager-greedy]", {"kernel": "eager"},
+                                                      new_tokens_per_s=10.0, peak_mem_gib=1.0, search="greedy")]}))
+    assert targets.main([str(path)]).startswith("Generation (issue 17 asks for the figures; no targets)")
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """plot_results' figures kept open by file name instead of saved, to read back what each draws."""
+    figures = {}
+
+    def keep(fig, out, name):
+        figures[name] = fig
+        return name
+
+    monkeypatch.setattr(plot_results, "_save", keep)
+    yield figures
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def _lines(ax):
+    """{label: (x, y)} of an axis's lines."""
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+
+
+def test_attention_plot_has_a_panel_per_batch_kind_and_no_memory_cases(drawn):
+    """Attention's TFLOP/s: a panel per batch kind (dense, padded) and head dim, each kernel's points
+    against L; the peak-memory cases (test_memory_fwd_bwd, B = 1) are not throughput figures and stay out."""
+    def case(name, L, t):
+        return {"group": "attention", "name": f"{name}[{L}]", "L": L, "D": 64, "kernel": "triton", "mode": "fwd",
+                "causal": False, "tflops": t / 2, "tflops_gpu": t}
+
+    rows = [case("test_dense", 1024, 100.0), case("test_dense", 2048, 200.0), case("test_padded", 1024, 50.0),
+            case("test_memory_fwd_bwd", 4096, 1.0)]
+    plot_results.plot_attention(rows, "unused")
+    axes = {ax.get_title(): _lines(ax) for ax in drawn["attention_tflops.png"].axes}
+    assert axes == {"attention, dense batch, head dim 64": {"triton fwd": ([1024, 2048], [100.0, 200.0])},
+                    "attention, padded batch, head dim 64": {"triton fwd": ([1024], [50.0])}}
+
+
+def test_layer_norm_plot_draws_the_largest_row_count_under_the_highest_roof(drawn):
+    """add+LayerNorm's GB/s against N at the run's largest row count (65536 here, not 16384), under the
+    highest copy bandwidth the run measured."""
+    rows = [{"group": "add_layer_norm", "name": f"c{n}-{r}", "rows": r, "N": n, "kernel": "triton", "mode": "fwd",
+             "gbps": float(n + r), "copy_bandwidth_gbps": roof} for n in (512, 4096)
+            for r, roof in ((16384, 2900.0), (65536, 3000.0))]
+    plot_results.plot_layer_norm(rows, "unused")
+    (ax,) = drawn["add_layer_norm_gbps.png"].axes
+    lines = _lines(ax)
+    assert lines["triton fwd"] == ([512, 4096], [512.0 + 65536, 4096.0 + 65536])
+    assert lines["copy bandwidth 3000 GB/s"][1] == [3000.0, 3000.0]
+
+
+def test_embedding_plot_draws_bf16_alone(drawn):
+    """The embedding's plot is of the bf16 cases (fp32's, at twice the bytes a row, are left out)."""
+    rows = [{"group": "embed", "name": f"e{n}-{dtype}", "tokens": n, "d_model": 512, "dtype": f"torch.{dtype}",
+             "kernel": "ours", "mode": "fwd", "gbps": g} for n in (16384, 65536)
+            for dtype, g in (("bfloat16", 1000.0), ("float32", 2000.0))]
+    plot_results.plot_embedding(rows, "unused")
+    (ax,) = drawn["embed_gbps.png"].axes
+    assert _lines(ax) == {"ours fwd": ([16384, 65536], [1000.0, 1000.0])}
+
+
+def test_ffn_plot_draws_each_kernel_and_mode_as_its_own_bars(drawn):
+    """The FFN panel: a bar series per (kernel, mode), each shape's height that case's device-time
+    TFLOP/s (forward and forward + backward apart)."""
+    shape = {"group": "ffn", "tokens": 16384, "d_model": 512, "d_ff": 2048}
+    rows = [{**shape, "name": f"test_ffn[{k}-{m}]", "kernel": k, "mode": m, "tflops": 1.0, "tflops_gpu": t}
+            for k, m, t in (("triton", "fwd", 300.0), ("triton", "fwd_bwd", 250.0), ("eager", "fwd", 200.0),
+                            ("eager", "fwd_bwd", 150.0))]
+    plot_results.plot_ffn(rows, "unused")
+    (ax,) = drawn["ffn_tflops.png"].axes
+    assert {c.get_label(): [b.get_height() for b in c] for c in ax.containers} == {
+        "eager fwd": [200.0], "eager fwd_bwd": [150.0], "triton fwd": [300.0], "triton fwd_bwd": [250.0]}
+
+
+def test_train_step_plot_names_a_graphed_bar_only_where_one_ran(drawn):
+    """The training step's bars: a launched bar per backend that ran, a "(graph)" bar only for a
+    backend whose step was replayed as a CUDA graph."""
+    rows = [{"group": "train_step", "name": f"s-{k}-{g}", "kernel": k, "shape": "base-cnndm", "graph": g,
+             "tokens_per_s": 1000.0, "peak_mem_gib": 2.0} for k, g in (("eager", False), ("triton", False),
+                                                                        ("triton", True))]
+    plot_results.plot_train_step(rows, "unused")
+    ax = drawn["train_step.png"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "triton", "triton\n(graph)"]
+
+
+def test_plot_results_draws_every_plot_its_files_hold(tmp_path):
+    """`plot_results.py` writes one PNG per group the files hold (here the FFN's)."""
+    cases = [_bench("ffn", f"test_ffn[{k}]", {"tokens": 8192, "d_model": 512, "d_ff": 2048, "kernel": k,
+                                              "mode": "fwd"}, tflops=100.0) for k in ("triton", "eager")]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": cases}))
+    plot_results.main([str(path), "--out", str(tmp_path / "plots")])
+    assert os.listdir(tmp_path / "plots") == ["ffn_tflops.png"]
+
+
+def test_cases_outside_any_comparison_are_left_out(tmp_path):
+    """bench_add_layer_norm's roof case (test_copy_bandwidth: no kernel) and a shape whose run measured
+    only the peer (torch alone at N 4096: a run of one kernel's cases) judge nothing, and stop nothing."""
+    roof = _bench("add_layer_norm", "test_copy_bandwidth", {}, gbps=2900.0, copy_bandwidth_gbps=3000.0, what="roof")
+    peer_alone = _bench("add_layer_norm", "test_add_layer_norm[torch-4096]",
+                        {"rows": 16384, "N": 4096, "kernel": "torch", "mode": "fwd"}, gbps=1000.0,
+                        copy_bandwidth_gbps=3000.0)
+    got = _verdicts(tmp_path, [roof, peer_alone, *_pair(dict(gbps=2700.0), dict(gbps=1500.0))])
+    assert got == {"add+LayerNorm vs copy bandwidth": ["0.90", ">= 0.8", "met", "wall", ""],
+                   "add+LayerNorm vs torch": ["1.80", ">= 1.5", "met", "wall", ""]}
