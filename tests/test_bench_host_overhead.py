@@ -165,3 +165,11 @@ def test_what_a_call_issues_is_counted_after_a_first_call(host_overhead):
 
     assert host_overhead.counted(fn) == {"aten ops": 0, "fills": 0, "casts": 0, "multi-tensor": 0, "our ops": 0,
                                          "Triton launches": 0}
+
+
+def test_the_tables_headers_name_each_columns_unit(host_overhead):
+    """The times table: an op's column in microseconds, "(us)" added to its name; a column already
+    named in ms left as it is; under 10 two decimals, else one."""
+    text = host_overhead.table({"eager": {"attention fwd": 12.345, "step (ms)": 1.234}})
+    assert text.splitlines()[0] == "| backend | attention fwd (us) | step (ms) |"
+    assert text.splitlines()[2] == "| eager | 12.3 | 1.23 |"

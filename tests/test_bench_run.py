@@ -471,3 +471,21 @@ def test_a_compile_pass_warms_up_before_it_skips(monkeypatch):
     with pytest.raises(pytest.skip.Exception, match="nothing timed"):
         bench_conftest.run_bench(types.SimpleNamespace(disabled=True), lambda: calls.append(1), warmup=4)
     assert len(calls) == 4
+
+
+def test_a_capture_error_names_its_innermost_frames():
+    """_describe_error keeps the 4 innermost frames of where the error was raised, innermost first,
+    however deep the call (here 6 calls down, through `deeper`, to `raise_it`)."""
+    def deeper(n):
+        if n:
+            deeper(n - 1)
+        else:
+            raise_it()
+
+    def raise_it():
+        raise RuntimeError("deep")
+
+    with pytest.raises(RuntimeError) as caught:
+        deeper(5)
+    at = _bench_conftest()._describe_error("graph_error", caught.value)["graph_error_at"].split(" <- ")
+    assert len(at) == 4 and at[0].endswith(" raise_it") and all(f.endswith(" deeper") for f in at[1:]), at

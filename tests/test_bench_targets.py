@@ -431,3 +431,23 @@ def test_cases_outside_any_comparison_are_left_out(tmp_path):
     got = _verdicts(tmp_path, [roof, peer_alone, *_pair(dict(gbps=2700.0), dict(gbps=1500.0))])
     assert got == {"add+LayerNorm vs copy bandwidth": ["0.90", ">= 0.8", "met", "wall", ""],
                    "add+LayerNorm vs torch": ["1.80", ">= 1.5", "met", "wall", ""]}
+
+
+def test_a_causal_case_is_named_apart_from_the_full_one(tmp_path):
+    """The same L and head dim run with and without a causal mask are two cases, each named so."""
+    cases = [_bench("attention", f"test_dense[fwd-{k}-{'causal' if c else 'full'}-h16d64-4096]",
+                    {"L": 4096, "H": 16, "D": 64, "causal": c, "kernel": k, "mode": "fwd"}, tflops=t)
+             for c in (False, True) for k, t in (("triton", 100.0 + 50 * c), ("sdpa_flash", 100.0))]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"benchmarks": cases}))
+    assert {case: v[0] for (_, case), v in _judged(targets.main([str(path)])).items()} == {
+        "dense L=4096 D=64 fwd": "1.00", "dense L=4096 D=64 causal fwd": "1.50"}
+
+
+def test_an_empty_benchmark_file_is_refused_by_name(tmp_path):
+    """pytest-benchmark leaves an empty file when it saved nothing: reading one is an error that names
+    it, not a run of no cases."""
+    path = tmp_path / "empty.json"
+    path.write_text("")
+    with pytest.raises(SystemExit, match="empty.json: not a pytest-benchmark JSON"):
+        targets.main([str(path)])
