@@ -402,13 +402,16 @@ def test_ffn_plot_draws_each_kernel_and_mode_as_its_own_bars(drawn):
 
 def test_train_step_plot_names_a_graphed_bar_only_where_one_ran(drawn):
     """The training step's bars: a launched bar per backend that ran, a "(graph)" bar only for a
-    backend whose step was replayed as a CUDA graph."""
+    backend whose step was replayed as a CUDA graph; tokens/s on the left, peak memory on the right."""
     rows = [{"group": "train_step", "name": f"s-{k}-{g}", "kernel": k, "shape": "base-cnndm", "graph": g,
-             "tokens_per_s": 1000.0, "peak_mem_gib": 2.0} for k, g in (("eager", False), ("triton", False),
-                                                                        ("triton", True))]
+             "tokens_per_s": tps, "peak_mem_gib": mem}
+            for k, g, tps, mem in (("eager", False, 1000.0, 4.0), ("triton", False, 1500.0, 3.0),
+                                   ("triton", True, 3000.0, 2.0))]
     plot_results.plot_train_step(rows, "unused")
-    ax = drawn["train_step.png"].axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "triton", "triton\n(graph)"]
+    speed, memory = drawn["train_step.png"].axes
+    assert [t.get_text() for t in speed.get_xticklabels()] == ["eager", "triton", "triton\n(graph)"]
+    assert [b.get_height() for b in speed.containers[0]] == [1000.0, 1500.0, 3000.0]
+    assert [b.get_height() for b in memory.containers[0]] == [4.0, 3.0, 2.0]
 
 
 def test_plot_results_draws_every_plot_its_files_hold(tmp_path):
