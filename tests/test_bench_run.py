@@ -403,6 +403,7 @@ def test_add_layer_norms_bytes_are_what_must_move(monkeypatch):
     calls = _recorded(monkeypatch, ln)
     _on_meta(monkeypatch)
     monkeypatch.setattr(ln, "_add_layer_norm", lambda kernel: None)
+    monkeypatch.setattr(ln, "_roof_gbps", lambda: float("nan"))  # on a GPU it would time meta tensors
     for mode in ("fwd", "fwd_bwd", "bwd"):
         ln.test_add_layer_norm(None, rows=16384, N=512, kernel="torch", mode=mode, monkeypatch=monkeypatch)
     ln.test_copy_bandwidth(None)
@@ -440,6 +441,8 @@ def test_the_embeddings_backward_adds_the_bytes_it_must_move(monkeypatch):
     written whole (V·d). At N 4096, d 64, fp32 (4 bytes), V 32000, the ids drawn as the case draws them."""
     be = _bench_module(monkeypatch, "bench_embed")
     calls = _recorded(monkeypatch, be)
+    monkeypatch.setattr(be, "DEVICE", "cpu")  # the ids drawn as on a CPU (a GPU's generator draws others)
+    monkeypatch.setattr(be, "_roof_gbps", lambda: float("nan"))
     n, d, vocab = 4096, 64, 32000
     be.test_embed(None, case=(n, d, torch.float32, "fwd+bwd"), kernel="eager")
     torch.manual_seed(0)
