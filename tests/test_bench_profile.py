@@ -77,16 +77,17 @@ def test_annotations_are_not_kernels_and_the_reports_sync_is_not_the_steps():
 def test_a_profile_reports_per_step_figures(monkeypatch):
     """The report's arithmetic, on a stand-in profile of 3 steps (microseconds in all) whose kernels
     are, in this order: AdamW 1,500, a GEMM 3,000, attention's backward 3,000 and forward 4,500 (6
-    calls), 12,000 in all; 4 stream syncs (the report's own one of them) and 300 launches of 1,500 in
-    all; 30 ms of wall time over the 3 unprofiled steps. Per step, worked by hand: 4 ms of kernels,
-    (4 - 1) / 3 = 1 sync, attention (4,500 + 3,000) / 12,000 = 62.5% ahead of the GEMM's 25% and AdamW's
-    12.5%, the forward first among the kernels at 1.5 ms and 6 / 3 = 2 calls, 100 launches (0.5 ms);
-    a 10 ms step whose GPU works 4 ms idles 60% of it."""
+    calls), 12,000 in all; 4 syncs, 2 stream synchronizes and 2 blocking copies (the report's own one
+    of them), and 300 launches of 1,500 in all; 30 ms of wall time over the 3 unprofiled steps. Per
+    step, worked by hand: 4 ms of kernels, (4 - 1) / 3 = 1 sync, attention (4,500 + 3,000) / 12,000 =
+    62.5% ahead of the GEMM's 25% and AdamW's 12.5%, the forward first among the kernels at 1.5 ms and
+    6 / 3 = 2 calls, 100 launches (0.5 ms); a 10 ms step whose GPU works 4 ms idles 60% of it."""
     events = [_event("multi_tensor_apply_kernel<FusedAdamMathFunctor>", DeviceType.CUDA, 3, gpu_us=1500.0),
               _event("sm90_xmma_gemm_bf16bf16", DeviceType.CUDA, 3, gpu_us=3000.0),
               _event("_attention_bwd_dkdv_kernel", DeviceType.CUDA, 3, gpu_us=3000.0),
               _event("_attention_fwd_kernel", DeviceType.CUDA, 6, gpu_us=4500.0),
-              _event("cudaStreamSynchronize", DeviceType.CPU, 4, cpu_us=30.0),
+              _event("cudaStreamSynchronize", DeviceType.CPU, 2, cpu_us=20.0),
+              _event("cudaMemcpy", DeviceType.CPU, 2, cpu_us=10.0),
               _event("cudaLaunchKernel", DeviceType.CPU, 300, cpu_us=1500.0)]
 
     class Profile:  # torch.profiler.profile's stand-in: its events, whatever ran under it
