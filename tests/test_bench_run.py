@@ -492,3 +492,16 @@ def test_a_capture_error_names_its_innermost_frames():
         deeper(5)
     at = _bench_conftest()._describe_error("graph_error", caught.value)["graph_error_at"].split(" <- ")
     assert len(at) == 4 and at[0].endswith(" raise_it") and all(f.endswith(" deeper") for f in at[1:]), at
+
+
+def test_a_step_benchmarks_batch_has_the_datas_lengths_with_eos_clipped_to_its_shape(monkeypatch):
+    """bench_train_step's batch at SAMSum shapes: 64 pairs of bench/length_samples.json's lengths
+    (drawn with seed 0), a target's counting its EOS (+1), each clipped to the shape's maxima (a
+    source to 256; a target to 64, which none drawn here reaches)."""
+    bts = _bench_module(monkeypatch, "bench_train_step")
+    with open(os.path.join(REPO, "bench", "length_samples.json")) as fh:
+        pairs = json.load(fh)["samsum"]["lengths"]
+    drawn = [pairs[i] for i in torch.randint(len(pairs), (64,), generator=torch.Generator().manual_seed(0))]
+    sl, tl = bts.sample_lengths("small-samsum")
+    assert sl.tolist() == [min(s, 256) for s, _ in drawn] and tl.tolist() == [min(t + 1, 64) for _, t in drawn]
+    assert max(s for s, _ in drawn) > 256  # the source's clip at work
