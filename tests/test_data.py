@@ -598,6 +598,28 @@ def test_sampler_distributed_partition():
     assert len(full) <= sum(len(p) for p in parts) < len(full) + 3
 
 
+@pytest.mark.parametrize("replicas", [2, 3, 4, 5])
+def test_rank_r_takes_batches_r_r_plus_R_of_one_processs_epoch_padded_with_its_first(replicas):
+    """As DistributedSampler does (the sampler's docstring): the epoch's batches are one process's
+    (the same seed on every rank, which the ranks must share: drawn per rank, examples would be
+    trained twice or never), padded with its first batches up to a multiple of R (none when it is one:
+    100 batches here, so R = 2, 4, 5 add none, R = 3 adds 2), and rank r takes batches r, r + R, r + 2R,
+    ... (each epoch). Rank R and beyond are refused."""
+    one = D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2)
+    ranks = [D.BucketBatchSampler(LENGTHS, batch_size=10, seed=2, num_replicas=replicas, rank=r)
+             for r in range(replicas)]
+    for epoch in (0, 1):
+        for s in (one, *ranks):
+            s.set_epoch(epoch)
+        batches = list(one)
+        assert len(batches) == 100
+        padded = batches + batches[:(replicas - 100 % replicas) % replicas]
+        for r, s in enumerate(ranks):
+            assert list(s) == [padded[r + i * replicas] for i in range(len(padded) // replicas)]
+    with pytest.raises(ValueError, match=rf"rank {replicas} must be in \[0, {replicas}\)"):
+        D.BucketBatchSampler(LENGTHS, batch_size=10, num_replicas=replicas, rank=replicas)
+
+
 def test_loader_batches():
     ex = D.synthetic_examples("train", 40)
     ds, _ = D.encode_examples(ex, "translation", CharTok(), None, 64, 64)

@@ -441,6 +441,33 @@ def test_a_start_checkpoint_of_other_classes_or_processes_is_refused_before_the_
     assert _snapshot(tmp_path / "clf3") == before
 
 
+def test_a_resume_under_more_processes_is_refused_and_init_from_takes_a_ddp_checkpoint(tmp_path, monkeypatch):
+    """--resume of a run one process wrote, under torchrun with 2 (the set-up stand-in: rank 0 of 2,
+    given the run's --device), is refused naming both counts before anything is written: rank 1 would
+    set rank 0's RNG states, or none. --init-from takes a checkpoint 2 processes wrote, in one process:
+    a new run keeps its weights only."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "1", "--out", str(run)])
+    before, devices = _snapshot(run), []
+
+    def two_processes(device):
+        devices.append(device)
+        return Dist(rank=0, world=2), torch.device("cpu")
+
+    with monkeypatch.context() as m:
+        m.setattr("scratchformer.training.launch.setup_distributed", two_processes)
+        with pytest.raises(ConfigError, match=r"--resume .*last\.pt was written by 1 process and this run has 2: .*"
+                           r"resume with one process \(no torchrun\), or start a new run from its weights"):
+            T.main(["--resume", "--out", str(run), "--max-steps", "2", "--device", "cpu"])
+    assert devices == ["cpu"] and _snapshot(run) == before
+    ck = load_checkpoint(run / "last.pt")
+    ck["rng"] = [ck["rng"], ck["rng"]]  # as two DDP processes write it
+    save_checkpoint(run / "last.pt", ck)
+    T.main(["--init-from", str(run / "last.pt"), *TINY[TINY.index("--batch-size"):], "--max-steps", "1", "--out",
+            str(tmp_path / "new")])
+    assert load_checkpoint(tmp_path / "new" / "last.pt")["rng"]["seed"] == 0  # one process's states
+
+
 def test_a_resume_over_other_training_data_and_an_attention_example_past_validation_are_refused(tmp_path):
     """The checkpoint records its training examples (their number and a digest): a resume after they
     changed on disk is refused naming both counts, before anything is written (it went on silently,

@@ -2,13 +2,17 @@
 before TrainConfig (old-format args) still resuming and evaluating."""
 
 import builtins
+import copy
 import errno
 import io
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +33,7 @@ from scratchformer.model import build_model
 from scratchformer.training import report
 from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
-from scratchformer.training.distributed import Dist
+from scratchformer.training.distributed import Dist, setup_distributed
 from scratchformer.training.launch import create_trainer
 from scratchformer.training.optim import batch_loss
 from scratchformer.training.progress import Progress, Window
@@ -421,22 +425,23 @@ DATA_FLAGS = ["--batch-size", "16", "--max-train-examples", "64", "--max-valid-e
 
 
 class _Ranks:
-    """A Dist stand-in for a 2-process job whose rank 0 this is: counts the broadcasts."""
+    """A Dist stand-in for a 2-process job: counts the broadcasts. This is rank 0, or with `sent` another
+    rank, to which every broadcast brings rank 0's `sent`."""
 
     on, main = True, True
 
-    def __init__(self):
-        self.broadcasts = 0
+    def __init__(self, sent=None):
+        self.broadcasts, self.sent = 0, sent
 
     def broadcast(self, obj):
         self.broadcasts += 1
-        return obj
+        return obj if self.sent is None else self.sent
 
 
 def _ddp_gradients(rank: int, world: int, out: str) -> None:
     """A DDP rank (gloo) of `test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens`: one
-    train_step on its own batch, the update left out; saves the batch and the gradients. The ranks
-    meet through a file (no port another test could take)."""
+    train_step on its own 2 batches (grad accumulation), the update left out; saves the batches and the
+    gradients. The ranks meet through a file (no port another test could take)."""
     import traceback
 
     import torch.distributed as dist
@@ -445,7 +450,7 @@ def _ddp_gradients(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         trainer = _trainer(Path(out) / f"rank{rank}", *DDP_FLAGS, dist=Dist(rank, world, rank))
-        group = _batches(trainer, 1)[0]
+        group = [batch for one in _batches(trainer, 2) for batch in one]
         trainer.optimizer.step = trainer.optimizer.zero_grad = lambda *a, **k: None  # keep the gradients
         trainer.train_step(group)
         torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()}},
@@ -464,10 +469,11 @@ DDP_FLAGS = ("--dropout", "0", "--clip-norm", "0")
 
 
 def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, monkeypatch):
-    """Under DDP (2 gloo processes, batches of unequal target tokens) a step's gradient is the one of
-    a single process accumulating both ranks' batches: every target token weighs the same. (Each
-    rank once divided its loss by its own tokens and DDP averaged: a short batch's tokens weighed
-    more; 45% off here.)"""
+    """Under DDP (2 gloo processes, each accumulating 2 batches, of unequal target tokens) a step's
+    gradient is the one of a single process accumulating every rank's batches: every target token
+    weighs the same. (Each rank once divided its loss by its own tokens and DDP averaged: a short
+    batch's tokens weighed more; 45% off here.) The gradients sync on a step's last batch: synced on
+    the first only, each rank would keep its own last batch's."""
     # a spawned rank imports this module again, with this process's sys.path: tests/ first, so that its
     # `from conftest import` finds tests/conftest.py, not bench/'s (which another test file may have put first)
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
@@ -515,6 +521,253 @@ def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):
     trainer.progress.step = 3 * TR.TIME_SYNC_EVERY
     trainer._check_time()
     assert ranks.broadcasts == 3
+
+
+def _collectives(rank: int, world: int, out: str, port: int) -> None:
+    """A rank (gloo) of `test_the_ddp_setup_and_collectives_under_gloo`: `setup_distributed` from
+    torchrun's variables, then each of Dist's collectives; writes what each returned."""
+    import traceback
+
+    torch.set_num_threads(1)
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        d, device = setup_distributed("cpu")
+        got = {"place": [d.rank, d.world, d.local_rank, d.main, d.on, str(device)],
+               "broadcast": d.broadcast(f"rank {rank}'s"), "gather": d.gather(10 * rank),
+               "mean": float(d.mean(rank + 1, device))}
+        if rank == 1:  # late to the barrier: rank 0 must wait for this file
+            time.sleep(0.5)
+            (Path(out) / "late").write_text("1")
+        d.barrier()
+        got["after_barrier"] = (Path(out) / "late").exists()
+        d.close()
+        got["closed"] = not torch.distributed.is_initialized()
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(got))
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)  # as `_ddp_gradients`: no teardown race at the interpreter's exit
+
+
+def test_the_ddp_setup_and_collectives_under_gloo(tmp_path, monkeypatch):
+    """Two gloo processes set up as torchrun starts them (WORLD_SIZE, RANK, LOCAL_RANK, the master's
+    address): each knows its place (rank 0 alone is main), a broadcast is rank 0's object on both, a
+    gather is every rank's in rank order, `mean` is the mean over the ranks ((1 + 2) / 2), a barrier
+    waits for the last rank (rank 1 arrives 0.5 s late, having written a file rank 0 then sees), and
+    close tears the process group down."""
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))  # as the test above
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_collectives, args=(rank, 2, str(tmp_path), port)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [g["place"] for g in got] == [[0, 2, 0, True, True, "cpu"], [1, 2, 1, False, True, "cpu"]]
+    assert [g["broadcast"] for g in got] == ["rank 0's", "rank 0's"]
+    assert [g["gather"] for g in got] == [[0, 10], [0, 10]]
+    assert [g["mean"] for g in got] == [1.5, 1.5]
+    assert [g["after_barrier"] for g in got] == [True, True] and [g["closed"] for g in got] == [True, True]
+
+
+@pytest.mark.parametrize("rank, local_rank", [(0, 0), (1, 1), (2, 0), (3, 1)])
+def test_torchrun_places_each_rank_on_its_nodes_gpu_and_rank_0_alone_is_main(monkeypatch, rank, local_rank):
+    """Under torchrun on 2 nodes of 2 GPUs (CUDA and the process group stand-ins): RANK is the place in
+    the job, and rank 0 alone is main (it writes the run; the first process of the second node is rank 2,
+    local rank 0); LOCAL_RANK picks the GPU on its node, made the current device, and the backend is
+    NCCL. --device cpu keeps a rank on the CPU under gloo where a GPU is; a process group set up
+    already is kept (a second one is torch's error)."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    current, groups = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: bool(groups))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kw: groups.append(backend))
+    d, device = setup_distributed(None)
+    assert (d.rank, d.world, d.local_rank, d.main, d.on) == (rank, 4, local_rank, rank == 0, True)
+    assert device == torch.device("cuda", local_rank) and current == [device] and groups == ["nccl"]
+    current.clear(), groups.clear()
+    d, device = setup_distributed("cpu")
+    assert (d.rank, device, current, groups) == (rank, torch.device("cpu"), [], ["gloo"])
+    setup_distributed("cpu")
+    assert groups == ["gloo"]
+
+
+def test_under_ddp_every_rank_takes_rank_0s_decision_to_stop(tmp_path):
+    """The time checks are rank 0's (`_check_time`): another rank, its own clocks far from the limits,
+    stops when rank 0 says so (both --time-budget spent and --time-limit's reason), and with its own
+    --time-limit passed goes on when rank 0 says to (the ranks must stop at one step)."""
+    trainer = _trainer(tmp_path, "--time-budget", "1e9", "--time-limit", "1e9")
+    trainer._t_start, trainer._seconds_before = time.time(), 0.0
+    trainer.dist = _Ranks(sent=(True, "--time-limit 60 s"))
+    trainer._check_time(force=True)
+    assert trainer.progress.out_of_time and trainer.stop_reason == "--time-limit 60 s"
+    trainer.progress.out_of_time, trainer.stop_reason, trainer.config.time_limit = False, None, 1e-9
+    trainer.dist = _Ranks(sent=(False, None))
+    trainer._check_time(force=True)
+    assert not trainer.progress.out_of_time and trainer.stop_reason is None
+
+
+def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
+    """A DDP checkpoint holds every rank's RNG states in rank order (`state_dict` gathers them);
+    resumed, rank r sets the r-th: rank 1 taking rank 0's would draw rank 0's dropout masks."""
+    trainer = _trainer(tmp_path)
+    states, draws = [], []
+    for seed in (10, 11):
+        torch.manual_seed(seed)
+        states.append(rng_state())
+        draws.append(torch.rand(4))
+    ckpt = trainer.state_dict()
+    ckpt["rng"] = states
+    trainer.dist = Dist(rank=1, world=2, local_rank=1)
+    trainer.resume(ckpt)
+    assert torch.equal(torch.rand(4), draws[1])
+
+
+def test_the_train_rows_throughput_counts_every_ranks_tokens(tmp_path):
+    """Under DDP the train row's tokens/s is the job's: each rank steps on its share of the batches
+    (the sampler gives every rank as many), so rank 0's tokens times the world size, over the time.
+    Here 300 tokens on each of 4 ranks in 10 s: 120 a second."""
+    trainer = _trainer(tmp_path)
+    rows = []
+    trainer.log.row = rows.append
+    trainer._bar = tqdm(disable=True)
+    trainer.train_step(_batches(trainer, 1)[0])
+    trainer.dist = Dist(rank=0, world=4)
+    trainer._window = Window(loss=1.0, nll=1.0, tokens=300, t0=time.time() - 10.0)
+    trainer._log_train_row(torch.tensor(1.0))
+    assert rows[0]["tokens_per_s"] == pytest.approx(120.0, rel=0.01)
+
+
+class _PlayedRank(Dist):
+    """One rank of a 2-process job played in this process, rank 0 first: rank 0 records its
+    collectives and what each sends, rank 1 replays them (a broadcast returns rank 0's object, as
+    torch.distributed's does) and records its own. Ranks that call other collectives, or in another
+    order, hang (or pair a broadcast with a gather) under torchrun."""
+
+    def __init__(self, rank: int, sent: list):
+        super().__init__(rank=rank, world=2, local_rank=rank)
+        self.sent, self.calls = sent, []
+
+    def _collective(self, name: str, obj=None):
+        self.calls.append(name)
+        if self.main:
+            self.sent.append(copy.deepcopy(obj))
+            return obj
+        i = len(self.calls) - 1
+        return copy.deepcopy(self.sent[i]) if i < len(self.sent) else obj
+
+    def barrier(self):
+        self._collective("barrier")
+
+    def broadcast(self, obj):
+        return self._collective("broadcast", obj)
+
+    def gather(self, obj):
+        self._collective("gather")
+        return [obj] * self.world
+
+    def mean(self, value, device):
+        self._collective("mean")
+        return torch.tensor(float(value), device=device)
+
+    def close(self):
+        self._collective("close")
+
+
+def _stat(folder: Path) -> dict:
+    """Every path under `folder` with its inode, modification time and size: a file written again, even
+    with the same bytes (an atomic rename is a new inode), changes."""
+    stats = {str(p.relative_to(folder)): p.stat() for p in sorted(folder.rglob("*"))}
+    return {name: (s.st_ino, s.st_mtime_ns, s.st_size) for name, s in stats.items()}
+
+
+def _play(flags: list[str], monkeypatch, capsys) -> tuple[list[dict], list[str], list]:
+    """`train.main(flags)` as rank 0 then rank 1 of 2 (`_PlayedRank`) -> (what each returned, rank 0's
+    collectives, what it sent). A resume: rank 1 resumes a copy of the run folder as it was before rank 0
+    went on in it (under torchrun both read the checkpoint before either saves).
+    Asserted here: rank 1 calls the same collectives in the same order, prints nothing (no log line, no
+    progress bar), writes nothing in the run folder (a file written by two ranks at once can be
+    torn) and validates nothing (rank 0's evaluation decides for both)."""
+    out = Path(flags[flags.index("--out") + 1])
+    rank_1s = out
+    if "--resume" in flags:
+        rank_1s = shutil.copytree(out, out.with_name("rank1"))
+    sent, played, results = [], [], []
+    with monkeypatch.context() as m:
+        for rank in (0, 1):
+            played.append(_PlayedRank(rank, sent))
+            m.setattr("scratchformer.training.launch.setup_distributed", lambda flag: (played[-1], torch.device("cpu")))
+            if rank == 1:
+                flags = [str(rank_1s) if f == str(out) else f for f in flags]
+                before = _stat(rank_1s)
+                m.setattr("scratchformer.training.trainer.evaluate", _not_on_rank_1)
+                capsys.readouterr()
+            results.append(T.main(flags))
+    assert capsys.readouterr() == ("", "")
+    assert played[1].calls == played[0].calls
+    assert _stat(rank_1s) == before
+    return results, played[0].calls, sent
+
+
+def _not_on_rank_1(*args, **kwargs):
+    raise AssertionError("rank 1 evaluated: rank 0 validates alone")
+
+
+class _SyncRecorder(torch.nn.Module):
+    """DistributedDataParallel's stand-in: runs the model, and records for each forward whether its
+    backward would sync the gradients (outside `no_sync`)."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module, self.syncing, self.synced = module, True, []
+
+    def forward(self, *args, **kwargs):
+        self.synced.append(self.syncing)
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+
+def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(tmp_path, monkeypatch, capsys):
+    """A 2-process run, then its resume, played rank by rank in this process (`_play`): both ranks
+    call the same collectives in the same order (rank 0 trains the tokenizers, then both read them;
+    every save gathers the RNG states on every rank; the validation's decisions are broadcast), rank 1
+    prints, writes and validates nothing (its tokenizers, config, log, lock and checkpoints are rank
+    0's), and only rank 0 reports. Grad accumulation 2: the gradients sync on each step's last batch
+    only (on every batch: an all-reduce per batch; on the first only: the ranks' weights drift apart)."""
+    run = tmp_path / "run"
+    flags = [f for f in TINY if f != "--no-progress"] + ["--grad-accum", "2", "--batch-size", "8", "--max-steps", "2",
+                                                         "--eval-every", "2", "--eval-decode-examples", "2",
+                                                         "--out", str(run)]
+    nets = []
+
+    def recorded(model, dist_, device):
+        nets.append(_SyncRecorder(model))
+        return nets[-1]
+
+    monkeypatch.setattr("scratchformer.training.trainer.wrap_ddp", recorded)
+    results, calls, sent = _play(flags, monkeypatch, capsys)
+    assert results[0]["steps"] == 2 and results[1] == {}
+    assert calls.count("gather") == 2  # step 2's checkpoint, best.pt
+    broadcast = [obj for call, obj in zip(calls, sent) if call == "broadcast"]
+    assert broadcast[-1]["best_step"] == 2 and broadcast[-1]["validated"] == 2  # rank 0's validation, for both
+    assert [net.synced for net in nets] == [[False, True] * 2] * 2
+    results, _, _ = _play(flags[:-2] + ["--resume", "--out", str(run), "--max-steps", "3"], monkeypatch, capsys)
+    assert results[0]["steps"] == 3 and results[1] == {}
 
 
 def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_path):
