@@ -541,8 +541,11 @@ def _collectives(rank: int, world: int, out: str, port: int) -> None:
             (Path(out) / "late").write_text("1")
         d.barrier()
         got["after_barrier"] = (Path(out) / "late").exists()
+        if rank == 0:  # late to close: rank 1's close must wait for it (a rank tearing down first aborts the other)
+            time.sleep(0.5)
+            (Path(out) / "closing").write_text("1")
         d.close()
-        got["closed"] = not torch.distributed.is_initialized()
+        got["closed"] = [(Path(out) / "closing").exists(), torch.distributed.is_initialized()]
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(got))
     except BaseException:
         traceback.print_exc()
@@ -555,7 +558,7 @@ def test_the_ddp_setup_and_collectives_under_gloo(tmp_path, monkeypatch):
     address): each knows its place (rank 0 alone is main), a broadcast is rank 0's object on both, a
     gather is every rank's in rank order, `mean` is the mean over the ranks ((1 + 2) / 2), a barrier
     waits for the last rank (rank 1 arrives 0.5 s late, having written a file rank 0 then sees), and
-    close tears the process group down."""
+    close waits for every rank (rank 0 comes 0.5 s late) and tears the process group down."""
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))  # as the test above
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -572,7 +575,7 @@ def test_the_ddp_setup_and_collectives_under_gloo(tmp_path, monkeypatch):
     assert [g["broadcast"] for g in got] == ["rank 0's", "rank 0's"]
     assert [g["gather"] for g in got] == [[0, 10], [0, 10]]
     assert [g["mean"] for g in got] == [1.5, 1.5]
-    assert [g["after_barrier"] for g in got] == [True, True] and [g["closed"] for g in got] == [True, True]
+    assert [g["after_barrier"] for g in got] == [True, True] and [g["closed"] for g in got] == [[True, False]] * 2
 
 
 @pytest.mark.parametrize("rank, local_rank", [(0, 0), (1, 1), (2, 0), (3, 1)])
