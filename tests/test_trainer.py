@@ -618,6 +618,15 @@ def test_under_ddp_every_rank_takes_rank_0s_decision_to_stop(tmp_path):
     assert not trainer.progress.out_of_time and trainer.stop_reason is None
 
 
+def test_under_ddp_the_step_leaves_the_weight_casts_to_autocast(tmp_path, monkeypatch):
+    """The training step lends autocast its weights cast once a step (`weight_cast.for_step`), but not
+    under DDP, whose gradient hooks sit on the parameters (not tried with lent copies): autocast casts
+    them itself there. bf16 stands in on the CPU (the casts are a GPU's), the DDP wrapper too."""
+    monkeypatch.setattr("scratchformer.training.trainer.precision_for", lambda precision, device: "bf16")
+    monkeypatch.setattr("scratchformer.training.trainer.wrap_ddp", lambda model, dist_, device: model)
+    assert _trainer(tmp_path / "one").weight_cast.dtype == torch.bfloat16
+    assert _trainer(tmp_path / "ddp", dist=Dist(rank=0, world=2)).weight_cast.dtype is None
+
 def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
     """A DDP checkpoint holds every rank's RNG states in rank order (`state_dict` gathers them);
     resumed, rank r sets the r-th: rank 1 taking rank 0's would draw rank 0's dropout masks."""
