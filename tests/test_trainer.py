@@ -759,8 +759,9 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     call the same collectives in the same order (rank 0 trains the tokenizers, then both read them;
     every save gathers the RNG states on every rank; the validation's decisions are broadcast), rank 1
     prints, writes and validates nothing (its tokenizers, config, log, lock and checkpoints are rank
-    0's), and only rank 0 reports. Grad accumulation 2: the gradients sync on each step's last batch
-    only (on every batch: an all-reduce per batch; on the first only: the ranks' weights drift apart)."""
+    0's), only rank 0 reports, and both close the process group. Grad accumulation 2: the gradients
+    sync on each step's last batch only (on every batch: an all-reduce per batch; on the first only: the
+    ranks' weights drift apart)."""
     run = tmp_path / "run"
     flags = [f for f in TINY if f != "--no-progress"] + ["--grad-accum", "2", "--batch-size", "8", "--max-steps", "2",
                                                          "--eval-every", "2", "--eval-decode-examples", "2",
@@ -774,7 +775,7 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     monkeypatch.setattr("scratchformer.training.trainer.wrap_ddp", recorded)
     results, calls, sent = _play(flags, monkeypatch, capsys)
     assert results[0]["steps"] == 2 and results[1] == {}
-    assert calls.count("gather") == 2  # step 2's checkpoint, best.pt
+    assert calls.count("gather") == 2 and calls[-1] == "close"  # step 2's checkpoint, best.pt; the group ends
     broadcast = [obj for call, obj in zip(calls, sent) if call == "broadcast"]
     assert broadcast[-1]["best_step"] == 2 and broadcast[-1]["validated"] == 2  # rank 0's validation, for both
     assert [net.synced for net in nets] == [[False, True] * 2] * 2
