@@ -627,6 +627,16 @@ def test_under_ddp_the_step_leaves_the_weight_casts_to_autocast(tmp_path, monkey
     assert _trainer(tmp_path / "one").weight_cast.dtype == torch.bfloat16
     assert _trainer(tmp_path / "ddp", dist=Dist(rank=0, world=2)).weight_cast.dtype is None
 
+def test_a_ddp_run_with_cuda_graphs_is_refused_before_its_folder(tmp_path, monkeypatch):
+    """--cuda-graphs steps one process: a run under torchrun (the set-up stand-in: rank 0 of 2, on a GPU)
+    is refused by name before its run folder is made."""
+    monkeypatch.setattr("scratchformer.training.launch.setup_distributed",
+                        lambda device: (Dist(rank=0, world=2), torch.device("cuda")))
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"--cuda-graphs steps one process; this is one of 2 \(DDP\)"):
+        T.main(TINY + ["--cuda-graphs", "--precision", "fp32", "--max-steps", "1", "--out", str(out)])
+    assert not out.exists()
+
 def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
     """A DDP checkpoint holds every rank's RNG states in rank order (`state_dict` gathers them);
     resumed, rank r sets the r-th: rank 1 taking rank 0's would draw rank 0's dropout masks."""
@@ -703,15 +713,15 @@ def _stat(folder: Path) -> dict:
 
 def _play(flags: list[str], monkeypatch, capsys) -> tuple[list[dict], list[str], list]:
     """`train.main(flags)` as rank 0 then rank 1 of 2 (`_PlayedRank`) -> (what each returned, rank 0's
-    collectives, what it sent). A resume: rank 1 resumes a copy of the run folder as it was before rank 0
-    went on in it (under torchrun both read the checkpoint before either saves).
+    collectives, what it sent). A resume in place: rank 1 resumes a copy of the run folder as it was
+    before rank 0 went on in it (under torchrun both read the checkpoint before either saves).
     Asserted here: rank 1 calls the same collectives in the same order, prints nothing (no log line, no
     progress bar), writes nothing in the run folder (a file written by two ranks at once can be
     torn) and validates nothing (rank 0's evaluation decides for both)."""
     out = Path(flags[flags.index("--out") + 1])
     rank_1s = out
-    if "--resume" in flags:
-        rank_1s = shutil.copytree(out, out.with_name("rank1"))
+    if "--resume" in flags and out.is_dir():
+        rank_1s = shutil.copytree(out, out.with_name(f"{out.name}-rank1"))
     sent, played, results = [], [], []
     with monkeypatch.context() as m:
         for rank in (0, 1):
@@ -759,7 +769,8 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     call the same collectives in the same order (rank 0 trains the tokenizers, then both read them;
     every save gathers the RNG states on every rank; the validation's decisions are broadcast), rank 1
     prints, writes and validates nothing (its tokenizers, config, log, lock and checkpoints are rank
-    0's), only rank 0 reports, and both close the process group. Grad accumulation 2: the gradients
+    0's; resumed into a new folder, the best.pt it carries there too), only rank 0 reports, and both
+    close the process group. Grad accumulation 2: the gradients
     sync on each step's last batch only (on every batch: an all-reduce per batch; on the first only: the
     ranks' weights drift apart)."""
     run = tmp_path / "run"
@@ -781,6 +792,10 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     assert [net.synced for net in nets] == [[False, True] * 2] * 2
     results, _, _ = _play(flags[:-2] + ["--resume", "--out", str(run), "--max-steps", "3"], monkeypatch, capsys)
     assert results[0]["steps"] == 3 and results[1] == {}
+    moved = tmp_path / "moved"  # resumed into a new folder, which rank 0 alone gives the run's best.pt
+    results, _, _ = _play(flags[:-2] + ["--resume", str(run / "last.pt"), "--out", str(moved), "--max-steps", "4"],
+                          monkeypatch, capsys)
+    assert results[0]["steps"] == 4 and results[1] == {} and (moved / "best.pt").is_file()
 
 
 def test_init_from_starts_a_new_run_from_another_runs_model_and_tokenizers(tmp_path):
