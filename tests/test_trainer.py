@@ -627,6 +627,7 @@ def test_under_ddp_the_step_leaves_the_weight_casts_to_autocast(tmp_path, monkey
     assert _trainer(tmp_path / "one").weight_cast.dtype == torch.bfloat16
     assert _trainer(tmp_path / "ddp", dist=Dist(rank=0, world=2)).weight_cast.dtype is None
 
+
 def test_a_ddp_run_with_cuda_graphs_is_refused_before_its_folder(tmp_path, monkeypatch):
     """--cuda-graphs steps one process: a run under torchrun (the set-up stand-in: rank 0 of 2, on a GPU)
     is refused by name before its run folder is made."""
@@ -636,6 +637,7 @@ def test_a_ddp_run_with_cuda_graphs_is_refused_before_its_folder(tmp_path, monke
     with pytest.raises(ConfigError, match=r"--cuda-graphs steps one process; this is one of 2 \(DDP\)"):
         T.main(TINY + ["--cuda-graphs", "--precision", "fp32", "--max-steps", "1", "--out", str(out)])
     assert not out.exists()
+
 
 def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
     """A DDP checkpoint holds every rank's RNG states in rank order (`state_dict` gathers them);
