@@ -3,10 +3,11 @@ CUDA graph and replayed trains as the launched step does, on every backend, and 
 afresh each replay (torch's and our Triton ops'). Decoding with cuda_graph=True (each step a
 replay) decodes what launched steps decode, and under autocast with its weights lent as without;
 a failed capture leaves the CUDA generator usable.
-CUDA graphs need a GPU: everything here but the argument check and the failed capture's clean-up
-is skipped on the CPU machine (GPU plan, step 10; tests/test_decoding.py checks the static caches
-the decoding graph reads, on the CPU)."""
+CUDA graphs need a GPU: everything here but the argument check, the failed capture's clean-up and
+`graphs`' plumbing (streams, pool, autocast; CUDA stood in for) is skipped on the CPU machine (GPU
+plan, step 10; tests/test_decoding.py checks the static caches the decoding graph reads, on the CPU)."""
 
+import contextlib
 import types
 
 import pytest
@@ -154,6 +155,127 @@ def test_decoding_chooses_graphs_on_a_gpu_unless_told_not_to(monkeypatch):
     monkeypatch.setattr(op_checks, "DEBUG", False)
     monkeypatch.setenv("SCRATCHFORMER_CUDA_GRAPHS", "0")
     assert decoding._use_graphs(None, cuda) is False
+
+
+class _Stream:
+    """A stand-in CUDA stream: it logs each stream it is made to wait on."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append((self.name, "waits on", other.name))
+
+
+def _stand_in_streams(monkeypatch, log):
+    """torch.cuda's current stream and `torch.cuda.stream(s)` stood in for: -> (the caller's stream,
+    a dict whose "current" is the current stream). graphs._autocast (CUDA autocast) is a no-op."""
+    current = {"current": _Stream("caller", log)}
+
+    @contextlib.contextmanager
+    def stream(s):
+        before, current["current"] = current["current"], s
+        try:
+            yield
+        finally:
+            current["current"] = before
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current["current"])
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(graphs, "_autocast", contextlib.nullcontext)
+    return current["current"], current
+
+
+def test_warm_runs_on_the_side_stream_ordered_between_the_callers_work(monkeypatch):
+    """graphs.warm(fn, side): the side stream first waits for the work the caller queued (fn reads
+    what it wrote), fn runs with the side stream current, then the caller's stream waits for the
+    side stream (the caller's next work reads what fn wrote: ShapeGraphs' first step of a shape
+    is a real training step), and the caller's stream is current again; warm returns what fn did."""
+    log = []
+    caller, streams = _stand_in_streams(monkeypatch, log)
+
+    def fn():
+        log.append(("fn runs on", streams["current"].name))
+        return "what fn returned"
+
+    assert graphs.warm(fn, _Stream("side", log)) == "what fn returned"
+    assert log == [("side", "waits on", "caller"), ("fn runs on", "side"), ("caller", "waits on", "side")]
+    assert streams["current"] is caller
+
+
+@pytest.mark.parametrize("enabled, dtype", [(True, torch.float16), (False, torch.bfloat16)])
+def test_warm_ups_and_captures_keep_the_callers_autocast_without_its_cast_cache(monkeypatch, enabled, dtype):
+    """graphs._autocast, around every warm-up and capture: CUDA autocast as the caller has it (on or
+    off, and its dtype: fp16 here, not only the bf16 torch defaults to), with the cache of cast
+    weights off: a capture holds no cache (a cast cached in it would live in the graph's pool, and a
+    replay would read a cast the next replay rewrites, or one made before a weight changed)."""
+    made = []
+
+    def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+        made.append(dict(device_type=device_type, enabled=enabled, dtype=dtype, cache_enabled=cache_enabled))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type: enabled and device_type == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: dtype if device_type == "cuda" else None)
+    monkeypatch.setattr(torch, "autocast", autocast)
+    graphs._autocast()
+    assert made == [dict(device_type="cuda", enabled=enabled, dtype=dtype, cache_enabled=False)]
+
+
+def test_record_captures_on_the_given_stream_into_the_given_pool(monkeypatch):
+    """graphs.record hands torch.cuda.graph the stream the warm-ups ran on and the pool given
+    (`ShapeGraphs`' graphs share one), and capture_error_mode="thread_local" (a DataLoader's
+    pin-memory thread allocating meanwhile would otherwise invalidate the capture); it returns
+    what the captured call returned and the graph's replay."""
+    seen = []
+
+    class Capture:  # torch.cuda.graph's stand-in: it records its arguments
+        def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+            seen.append(dict(cuda_graph=cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    graph = types.SimpleNamespace(replay=lambda: "replayed")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: graph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "caller's stream")
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(graphs, "_autocast", contextlib.nullcontext)
+    out, replay = graphs.record(lambda: "captured output", "side stream", "pool")
+    assert out == "captured output" and replay() == "replayed"
+    assert seen == [dict(cuda_graph=graph, pool="pool", stream="side stream", capture_error_mode="thread_local")]
+
+
+def test_capture_warms_up_and_records_on_one_side_stream(monkeypatch):
+    """graphs.capture(fn, warmup): `warmup` calls of fn on a new side stream, then fn recorded on
+    that same stream (a capture on a stream that has not run fn would meet its first cuBLAS
+    workspace and Triton compile inside the capture); it returns what `record` returns."""
+    log = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: "side stream")
+    monkeypatch.setattr(graphs, "warm", lambda fn, stream: log.append(("warm", fn, stream)))
+    monkeypatch.setattr(graphs, "record", lambda fn, stream=None, pool=None: (
+        log.append(("record", fn, stream, pool)) or ("out", "replay")))
+
+    def fn():
+        pass
+
+    for warmup in (1, 3):
+        log.clear()
+        assert graphs.capture(fn, warmup) == ("out", "replay")
+        assert log == [("warm", fn, "side stream")] * warmup + [("record", fn, "side stream", None)]
+
+
+def test_a_failed_capture_releases_the_current_devices_generator(monkeypatch):
+    """release_generator puts right the generator of the device the capture ran on (the current
+    one, here the second of two), not the first device's."""
+    first, second = [], []
+    monkeypatch.setattr(torch.cuda, "default_generators", (_Generator(first), _Generator(second)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    graphs.release_generator()
+    assert first == [] and second == ["clone", ("set", "state"), ("offset", 12 + 2**50)]
 
 
 @requires_cuda

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import Dispatched
 
+from scratchformer import graphs
 from scratchformer.model import (
     BOS_ID,
     EOS_ID,
@@ -16,6 +17,7 @@ from scratchformer.model import (
     StaticKVCache,
     Transformer,
     beam_search,
+    decoding,
     greedy_decode,
     transformer,
 )
@@ -98,9 +100,9 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
     in place by the search and rewritten by the next replay, the position rewound after the
     warm-up and the capture) decodes what launched steps decode. The CUDA graph is stood in for
     by what a capture and a replay do to those buffers (the capture's call runs here, its effects
-    are rewritten as the warm-up's are); tests/test_cuda_graph.py replays real ones on a GPU."""
-    from scratchformer import graphs
-    from scratchformer.model import decoding
+    are rewritten as the warm-up's are); tests/test_cuda_graph.py replays real ones on a GPU.
+    The replayed steps read static caches (a graph replays on the buffers it captured: a growing
+    cache would not grow), though the model is not compiled (`static_caches` off)."""
 
     def fake_capture(fn, warmup=1):
         for _ in range(warmup):
@@ -116,7 +118,15 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
     ref = search()
     monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
     monkeypatch.setattr(graphs, "capture", fake_capture)
+    statics, init_state = [], m.init_state
+
+    def init_static(*args, static=False, **kwargs):
+        statics.append(static)
+        return init_state(*args, static=static, **kwargs)
+
+    monkeypatch.setattr(m, "init_state", init_static)
     assert torch.equal(search(), ref)
+    assert statics == [True] and not m.static_caches
 
 
 def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
@@ -140,6 +150,25 @@ def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
     monkeypatch.setattr(decoding, "_check", lambda *a, **k: 1)  # past the CPU's device check
     with pytest.raises(RuntimeError, match="not permitted"):
         greedy_decode(m, src, sl, max_len=10, cuda_graph=True)
+
+
+def test_a_capture_that_fails_after_its_warm_up_decodes_from_the_first_position(monkeypatch):
+    """A capture that fails at its end, after its warm-up ran a step (which moved the static caches'
+    position on): the launched steps the search falls back to start from position 0 again, and
+    decode what they would have. (The CUDA graph stood in for on the CPU, as above.)"""
+
+    def capture(fn, warmup=1):
+        for _ in range(warmup):
+            fn()
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    m = _model()
+    src, sl = _src()
+    ref = greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=2, min_len=2)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(decoding, "_CAPTURE_WARNED", True)  # warned before: the search goes on silently
+    assert torch.equal(greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=2, min_len=2), ref)
 
 
 def _assert_stepwise_argmax(m, src, sl, out, min_len=0):

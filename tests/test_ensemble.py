@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from scratchformer import graphs
+from scratchformer.compile import compile_for_inference
 from scratchformer.model import (
     BOS_ID,
     EOS_ID,
@@ -84,6 +85,26 @@ def test_classifier_and_extractive_members_average_their_probabilities():
         m.head.bias.data.fill_(bias)
     sure = Ensemble(extractors)(tokens, lengths, sentences)
     assert torch.isfinite(sure).all() and (sure > 39).all()
+
+
+@torch.no_grad()
+def test_compiled_classifier_and_extractive_members_average_as_uncompiled():
+    """A member compiled as `evaluate --compile` compiles a classifier's or an extractor's forward
+    (torch.compile's wrapper, `compile_for_inference`) is taken as its kind: the ensemble averages
+    as it does uncompiled members (an extractor's mean probability as a logit, a classifier's as
+    a log). The wrapper runs its module uncompiled here (`set_stance("force_eager")`: tracing
+    would cost seconds and is not what is tested)."""
+    torch.manual_seed(0)
+    base = dict(src_vocab_size=V, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=0, d_ff=64,
+                dropout=0.0, kernel="eager")
+    tokens, lengths = torch.randint(4, V, (2, 10)), torch.tensor([10, 7])
+    sentences = torch.tensor([[0, 4, 6], [0, 3, 3]])
+    for kind, cfg, args in ((Classifier, dict(num_classes=3), (tokens, lengths)),
+                            (Extractor, dict(extractive=True), (tokens, lengths, sentences))):
+        members = [kind(ModelConfig(**base, **cfg)).eval() for _ in range(2)]
+        compiled = Ensemble([compile_for_inference(members[0], backend="eager"), members[1]])
+        with torch.compiler.set_stance("force_eager"):
+            torch.testing.assert_close(compiled(*args), Ensemble(members)(*args))
 
 
 def _stepwise_greedy(members, src, sl, max_len):

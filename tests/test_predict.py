@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from scratchformer import cli, evaluate, generate
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lines_atomic
@@ -209,6 +210,50 @@ def test_summaries_one_sentence_per_line(runs, tmp_path):
     preds = _read(out)
     assert [p["id"] for p in preds] == ["a", 2]  # a record without an id gets its line number
     assert all(isinstance(p["prediction"], str) and "\n\n" not in p["prediction"] for p in preds)
+
+
+@pytest.mark.parametrize("task", ["translation", "classification"])
+def test_compile_compiles_the_loaded_model_and_predicts_the_same(runs, task):
+    """load_run(compile=backend), what evaluate's and generate's --compile call: the model is
+    compiled by that backend (an encoder-decoder's encode and decode, decoding then on static
+    caches; a classifier's forward, the compiled wrapper), predicts what the uncompiled model
+    predicts, and its record (the weights' digest, for --resume) is the uncompiled model's."""
+    texts = _texts(3, 5)
+    model, toks, ck = load_run(runs[task])
+    want = P.predict_records(model, toks, ck, _records(texts), device="cpu", beam_size=1, len_ratio=0)
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("eager")
+    compiled, _, _ = load_run(runs[task], compile=backend)
+    got = P.predict_records(compiled, toks, ck, _records(texts), device="cpu", beam_size=1, len_ratio=0)
+    assert got == want and backend.frame_count >= 1
+    if task == "classification":
+        assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    else:
+        assert compiled.static_caches
+    assert P.run_record(compiled, ck, "src", {}) == P.run_record(model, ck, "src", {})
+
+
+class _Compiled(Exception):
+    """Raised by a stand-in compile: the backend it was given."""
+
+
+def test_compile_flags_of_evaluate_and_generate_reach_the_model(runs, tmp_path, monkeypatch):
+    """`--compile BACKEND` (inductor when given alone) compiles the loaded model with that backend
+    in evaluate, generate and generate --output. The compile is stood in for, and ends the command
+    there (`test_compile_compiles_the_loaded_model_and_predicts_the_same` runs a real one)."""
+
+    def compile_for_inference(model, backend):
+        raise _Compiled(backend)
+
+    monkeypatch.setattr(E, "compile_for_inference", compile_for_inference)
+    run, src = str(runs["translation"]), tmp_path / "in.txt"
+    src.write_text("red house\n")
+    commands = [(evaluate, ["--split", "validation"]), (generate, ["--text", "red house"]),
+                (generate, ["--input", str(src), "--output", str(tmp_path / "out.jsonl")])]
+    for command, flags in commands:
+        for given, backend in ((["--compile", "aot_eager"], "aot_eager"), (["--compile"], "inductor")):
+            with pytest.raises(_Compiled, match=f"^{backend}$"):
+                command.main(["--checkpoint", run, *flags, *given])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,13 +20,15 @@ under torch.compile.
 On the CPU the kernels run in Triton's interpreter (slow): shapes and models are tiny.
 """
 
+import types
+
 import pytest
 import torch
 from conftest import DEVICE, INTERPRET, requires_cuda
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scratchformer.compile import compile_decoding, compile_model
+from scratchformer.compile import check_backend, compile_decoding, compile_model
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
 from scratchformer.kernels import cross_entropy as CE
@@ -631,6 +633,80 @@ def test_compile_decoding_equals_uncompiled_with_one_graph_for_every_step(kernel
     assert cnt.frame_count == 4 and not torch._dynamo.utils.counters["graph_break"], cnt.frame_count
     for a, b in zip(out, ref, strict=True):
         assert torch.equal(a, b)
+
+
+class _Scaled(torch.nn.Module):
+    """A tiny module whose output depends on its inputs' sizes: x (B, L), scale (B,) -> (B,)."""
+
+    def forward(self, x, scale):
+        return x.sum(-1) * x.shape[1] * scale
+
+
+def test_compile_model_makes_every_dim_of_its_inputs_dynamic_from_the_first_call():
+    """compile_model's dynamic=True (its default): every dim of every tensor a call is given,
+    positional or keyword, symbolic from the first call, so three calls of new batch sizes and
+    lengths trace one graph (torch's automatic dynamic, dynamic=None, traces a static graph first
+    and a dynamic one at the first change: 2; a batch dim left static, in `scale` or in `x`, is
+    specialised, the same); dynamic=False traces one graph a shape (3). The outputs are the eager
+    module's."""
+    eager = _Scaled()
+    for dynamic, traces in ((True, 1), (False, 3)):
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("eager")
+        compiled = compile_model(_Scaled(), backend=cnt) if dynamic else compile_model(_Scaled(), backend=cnt,
+                                                                                         dynamic=False)
+        for B, L in ((2, 3), (4, 5), (3, 7)):
+            x, scale = torch.randn(B, L), torch.randn(B)
+            torch.testing.assert_close(compiled(x, scale=scale), eager(x, scale=scale))
+        assert cnt.frame_count == traces, (dynamic, cnt.frame_count)
+
+
+def test_compile_passes_mode_and_fullgraph_to_torch_compile(monkeypatch):
+    """compile_model and compile_decoding hand torch.compile the mode they are given (the trainer's
+    --compile-mode reduce-overhead: inductor's CUDA graphs, GPU only, so torch.compile is stood in
+    for here) and compile_model its fullgraph; compile_decoding compiles both encode and decode."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append((fn, kw)) or fn)
+    module = _Scaled()
+    compile_model(module, backend="inductor", mode="max-autotune", fullgraph=True)
+    (fn, kw), = seen
+    assert fn is module and (kw["backend"], kw["mode"], kw["fullgraph"]) == ("inductor", "max-autotune", True)
+    seen.clear()
+    encode, decode = (lambda *a: None), (lambda *a: None)
+    compile_decoding(types.SimpleNamespace(encode=encode, decode=decode), backend="inductor", mode="reduce-overhead")
+    assert [fn for fn, _ in seen] == [encode, decode]
+    assert all((kw["backend"], kw["mode"]) == ("inductor", "reduce-overhead") for _, kw in seen)
+
+
+def test_compile_model_refuses_a_graph_break_with_fullgraph():
+    """compile_model(fullgraph=True) turns a graph break into an error (what --compile's tests
+    rely on to show the model is one graph); without it the module runs in two graphs."""
+
+    class Breaks(torch.nn.Module):
+        def forward(self, x):
+            x = x + 1
+            torch._dynamo.graph_break()
+            return x * 2
+
+    x = torch.ones(2, 3)
+    torch._dynamo.reset()
+    assert torch.equal(compile_model(Breaks(), backend="eager")(x), (x + 1) * 2)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compile_model(Breaks(), backend="eager", fullgraph=True)(x)
+
+
+def test_compile_refuses_a_backend_torch_does_not_have():
+    """A backend torch.compile does not have is refused by name before anything is traced, by
+    compile_model and compile_decoding alike (torch's own error comes from deep inside dynamo);
+    torch's debug backends (aot_eager, eager: the tests' and a CPU's) and inductor are accepted."""
+    for backend in ("inductor", "aot_eager", "eager"):
+        check_backend(backend)
+    with pytest.raises(ValueError, match="--compile nosuch: torch.compile has no such backend; it has .*aot_eager"):
+        compile_model(_Scaled(), backend="nosuch")
+    model = types.SimpleNamespace(encode=lambda *a: None, decode=lambda *a: None)
+    with pytest.raises(ValueError, match="--compile nosuch: torch.compile has no such backend"):
+        compile_decoding(model, backend="nosuch")
 
 
 def test_export_triton_model_with_dynamic_shapes():

@@ -24,15 +24,17 @@ from tqdm import tqdm
 
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
-from scratchformer import op_checks
+from scratchformer import graphs, op_checks
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.evaluation import plots
 from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.model import build_model
-from scratchformer.training import report
+from scratchformer.training import cuda_graph, report
+from scratchformer.training import trainer as trainer_module
 from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
+from scratchformer.training.cuda_graph import ShapeGraphs
 from scratchformer.training.distributed import Dist, setup_distributed
 from scratchformer.training.launch import create_trainer
 from scratchformer.training.optim import batch_loss
@@ -990,6 +992,139 @@ def test_cuda_graphs_refuses_debug_value_checks(monkeypatch):
         check_for_device(bf16, "cuda", 1)
     off, _ = parse_args(["--precision", "bf16"])
     check_for_device(off, "cuda", 1)  # launched steps may read the device
+
+
+def _batch(B, Ls, Lt):
+    """A translation batch of those sizes (zeros; its target lengths all Lt)."""
+    return D.Batch(ids=torch.arange(B), src=torch.zeros(B, Ls, dtype=torch.long), src_lengths=torch.full((B,), Ls),
+                   tgt_in=torch.zeros(B, Lt, dtype=torch.long), tgt_out=torch.zeros(B, Lt, dtype=torch.long),
+                   tgt_lengths=torch.full((B,), Lt))
+
+
+def test_shape_graphs_take_a_graph_per_groups_shapes_on_their_stream_and_pool(monkeypatch):
+    """ShapeGraphs keyed by the shape of every batch of a group (with --grad-accum, two groups whose
+    first batches agree but whose second differ are two graphs: a replay copies each batch into
+    the captured one of its shape); each first step of a group shape is launched on ShapeGraphs'
+    own stream, each capture records on that stream into ShapeGraphs' one pool (graphs apart would
+    each hold their own activations' memory), with the gradients set to None first (the captured
+    backward creates them in the pool), and `update` is told both times that it runs for a graph
+    (autocast without its cast cache). `describe` counts graphs captured, shapes seen, replays and
+    launched steps. CUDA stood in for as in `_cpu_stand_ins`."""
+    stream, pool, calls = object(), object(), []
+    w = torch.nn.Parameter(torch.ones(2))
+    w.grad = torch.zeros(2)  # as after an earlier step
+    optimizer = torch.optim.SGD([w], lr=0.5)
+
+    def update(group, ntok, graphed):
+        calls.append(("update", tuple(b.shape for b in group), graphed, w.grad is None))
+        (w * len(group)).sum().backward()
+        optimizer.step()
+        return torch.zeros(()), torch.zeros(()), torch.zeros(())
+
+    def record(fn, on=None, into=None):
+        calls.append(("record", on is stream, into is pool))
+        figures = torch.zeros(3)
+        return figures, lambda: figures.copy_(fn())
+
+    def warm(fn, on):
+        calls.append(("warm", on is stream))
+        return fn()
+
+    monkeypatch.setattr(graphs, "warm", warm)
+    monkeypatch.setattr(graphs, "record", record)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: pool)
+    shaped = ShapeGraphs(update, optimizer, torch.device("cpu"))
+    a, b, once = [_batch(2, 8, 8), _batch(2, 8, 8)], [_batch(2, 8, 8), _batch(2, 16, 8)], [_batch(4, 8, 8)]
+    for group in (a, b, a, once, b, a):
+        shaped(group, sum(x.num_tgt_tokens for x in group))
+        w.grad.zero_()  # as train_step's zero_grad after each step, without setting it to None
+    shape_a, shape_b, shape_once = (tuple(x.shape for x in group) for group in (a, b, once))
+
+    def launched(shape):
+        return [("warm", True), ("update", shape, True, False)]
+
+    def captured(shape):  # the stand-in's capture runs nothing; its replay runs the step
+        return [("record", True, True), ("update", shape, True, True)]
+
+    replayed = [("update", shape_a, True, False)]
+    assert calls == [*launched(shape_a), *launched(shape_b), *captured(shape_a), *launched(shape_once),
+                     *captured(shape_b), *replayed]
+    assert set(shaped.graphs) == {shape_a, shape_b} and shaped.replayed == 3
+    assert shaped.describe() == "cuda graphs: 2 batch shapes captured (3 seen), 3 steps replayed, 3 launched"
+
+
+def test_a_cuda_graphs_run_logs_what_it_captured_and_replayed(tmp_path, monkeypatch):
+    """A --cuda-graphs run's end logs ShapeGraphs' account (graphs captured, shapes seen, steps
+    replayed and launched: whether the graphs paid). CUDA stood in for (`_cpu_stand_ins`)."""
+    _cpu_stand_ins(monkeypatch)
+    tr = _trainer(tmp_path, *GRAPH_FLAGS, "--cuda-graphs", "--max-steps", "6", "--eval-every", "0")
+    lines = []
+    monkeypatch.setattr(tr.log, "info", lines.append)
+    tr.fit()
+    assert tr.graphs.replayed > 0 and tr.graphs.describe() in lines
+
+
+def test_make_capturable_puts_each_learning_rate_on_the_device():
+    """make_capturable: an AdamW's groups `capturable` (its step count on the device: else each
+    replay reuses the captured step's bias corrections) and every group's learning rate a 0-dim
+    fp32 tensor of its value on the step's device, where a captured step reads it (a "meta"
+    device stands in for the GPU: a device, no values); an optimizer without the flag (SGD) gets
+    none; a rate that is already a tensor stays the one the schedule refills and a graph reads."""
+    for device in (torch.device("meta"), torch.device("cpu")):
+        adamw = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.ones(2))], "lr": 0.25},
+                                   {"params": [torch.nn.Parameter(torch.ones(2))], "lr": 0.5}])
+        sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.125)
+        for optimizer, lrs in ((adamw, [0.25, 0.5]), (sgd, [0.125])):
+            cuda_graph.make_capturable(optimizer, device)
+            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+                assert ("capturable" in group) == (optimizer is adamw) and group.get("capturable", True) is True
+                got = group["lr"]
+                assert isinstance(got, torch.Tensor) and got.shape == () and got.dtype == torch.float32
+                assert got.device == device and (device.type == "meta" or float(got) == lr)
+            kept = [group["lr"] for group in optimizer.param_groups]
+            cuda_graph.make_capturable(optimizer, device)
+            assert all(group["lr"] is t for group, t in zip(optimizer.param_groups, kept, strict=True))
+
+
+def test_portable_states_resume_in_a_run_without_graphs():
+    """portable: a --cuda-graphs run's optimizer and schedule states (capturable on, learning rates
+    device tensors) as plain numbers with capturable off, so a run without graphs, here on the
+    CPU, where a capturable AdamW refuses to step, loads them and steps from the same rate."""
+    w = torch.nn.Parameter(torch.ones(2))
+    graphed = torch.optim.AdamW([w], lr=0.5)
+    schedule = torch.optim.lr_scheduler.LambdaLR(graphed, lambda step: 0.5)
+    cuda_graph.make_capturable(graphed, torch.device("cpu"))
+    schedule._last_lr = [group["lr"] for group in graphed.param_groups]  # as a schedule's step leaves them
+    optimizer_state, schedule_state = graphed.state_dict(), schedule.state_dict()
+    cuda_graph.portable(optimizer_state, schedule_state)
+    (group,) = optimizer_state["param_groups"]
+    assert type(group["lr"]) is float and group["lr"] == 0.25 and group["capturable"] is False
+    assert schedule_state["_last_lr"] == [0.25] and type(schedule_state["_last_lr"][0]) is float
+    launched = torch.optim.AdamW([w], lr=1.0)
+    launched.load_state_dict(optimizer_state)
+    w.grad = torch.ones(2)
+    launched.step()  # a capturable AdamW raises here: its step count must be on a GPU
+    assert launched.param_groups[0]["lr"] == 0.25
+
+
+def test_a_graphed_update_runs_autocast_without_its_cast_cache(tmp_path, monkeypatch):
+    """Trainer._update(graphed=True), what ShapeGraphs warms up and captures: autocast without its
+    cache of cast weights (a capture holds none: a cached cast would live in the graph's pool);
+    a launched step keeps the cache."""
+    caches = []
+    real = trainer_module.autocast_for
+
+    def autocast_for(device, precision, cache=True):
+        caches.append(cache)
+        return real(device, precision, cache)
+
+    tr = _trainer(tmp_path, *GRAPH_FLAGS)
+    (group,) = _batches(tr, 1)
+    monkeypatch.setattr(trainer_module, "autocast_for", autocast_for)
+    for graphed in (True, False):
+        tr._update(group, group[0].num_tgt_tokens, graphed)
+    assert caches == [False, True]
 
 
 @requires_cuda
