@@ -116,7 +116,9 @@ def test_a_failed_capture_puts_the_generator_and_the_stream_right(monkeypatch):
     puts a clone of the CUDA generator's state in its place (torch 2.11 leaves the generator marked
     as capturing, and every later draw on the device raises), its offset moved past what graphs
     captured before will draw, makes the caller's stream current again (torch's exit left the
-    capture's), and lets the error through; a capture that ends well leaves the generator alone."""
+    capture's), and lets the error through; a capture that ends well leaves the generator alone; one
+    interrupted inside the captured call (Ctrl-C: a KeyboardInterrupt, not an Exception) is put right
+    as a failed one."""
     calls, streams = [], {"current": "caller's stream"}
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
     monkeypatch.setattr(torch.cuda, "default_generators", (_Generator(calls),))
@@ -133,6 +135,13 @@ def test_a_failed_capture_puts_the_generator_and_the_stream_right(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", _capture_ending(None, streams))
     graphs.record(lambda: None)
     assert calls == [] and streams["current"] == "caller's stream"
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        graphs.record(interrupted)
+    assert calls == ["clone", ("set", "state"), ("offset", 12 + 2**50)] and streams["current"] == "caller's stream"
 
 
 def test_decoding_chooses_graphs_on_a_gpu_unless_told_not_to(monkeypatch):

@@ -1009,16 +1009,18 @@ def test_shape_graphs_take_a_graph_per_groups_shapes_on_their_stream_and_pool(mo
     each hold their own activations' memory), with the gradients set to None first (the captured
     backward creates them in the pool), and `update` is told both times that it runs for a graph
     (autocast without its cast cache). `describe` counts graphs captured, shapes seen, replays and
-    launched steps. CUDA stood in for as in `_cpu_stand_ins`."""
-    stream, pool, calls = object(), object(), []
+    launched steps, and every step reads its batches on the device. CUDA stood in for as in
+    `_cpu_stand_ins`; the device by "meta" (a device the host's batches are not on), the optimizer
+    by its gradient's one parameter."""
+    stream, pool, calls, device = object(), object(), [], torch.device("meta")
     w = torch.nn.Parameter(torch.ones(2))
     w.grad = torch.zeros(2)  # as after an earlier step
-    optimizer = torch.optim.SGD([w], lr=0.5)
+    optimizer = SimpleNamespace(param_groups=[{"lr": 0.5}], zero_grad=lambda set_to_none: setattr(w, "grad", None))
 
     def update(group, ntok, graphed):
+        assert all(b.src.device == device and b.tgt_in.device == device for b in group)
         calls.append(("update", tuple(b.shape for b in group), graphed, w.grad is None))
-        (w * len(group)).sum().backward()
-        optimizer.step()
+        w.grad = torch.ones(2)  # as a backward makes it
         return torch.zeros(()), torch.zeros(()), torch.zeros(())
 
     def record(fn, on=None, into=None):
@@ -1034,7 +1036,7 @@ def test_shape_graphs_take_a_graph_per_groups_shapes_on_their_stream_and_pool(mo
     monkeypatch.setattr(graphs, "record", record)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: stream)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: pool)
-    shaped = ShapeGraphs(update, optimizer, torch.device("cpu"))
+    shaped = ShapeGraphs(update, optimizer, device)
     a, b, once = [_batch(2, 8, 8), _batch(2, 8, 8)], [_batch(2, 8, 8), _batch(2, 16, 8)], [_batch(4, 8, 8)]
     for group in (a, b, a, once, b, a):
         shaped(group, sum(x.num_tgt_tokens for x in group))
