@@ -322,6 +322,53 @@ def test_pick_checkpoint_takes_an_ensemble_only_when_it_scores_higher(tmp_path):
     assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"
 
 
+def _scores(run, **by_name):
+    """RUN/NAME/metrics.validation.json for each NAME=scores, and an empty RUN/NAME.pt beside it."""
+    for name, scores in by_name.items():
+        (run / name).mkdir()
+        (run / name / "metrics.validation.json").write_text(json.dumps(scores))
+        (run / f"{name}.pt").write_bytes(b"")
+
+
+def test_pick_checkpoint_judges_a_perplexity_run_by_its_decoding_and_a_loss_alone_lowest_first(tmp_path):
+    """--best-metric ppl is, like loss, teacher-forced: the predictions are judged decoded, so the
+    higher BLEU wins though its perplexity is worse. Scores that decoded nothing (no decoding metric)
+    are judged by the loss, where lower is better."""
+    scored = {"n": 9, "decoding": "beam4"}
+    ppl = tmp_path / "ppl"
+    ppl.mkdir()
+    (ppl / "args.json").write_text(json.dumps({"best_metric": "ppl"}))
+    _scores(ppl, best={**scored, "bleu": 30.0, "ppl": 5.0, "loss": 1.6}, averaged={**scored, "bleu": 31.0, "ppl": 6.0,
+                                                                                   "loss": 1.8})
+    assert _pick(ppl).stdout.strip() == f"{ppl / 'averaged.pt'}\t1"
+    loss = tmp_path / "loss"
+    loss.mkdir()
+    (loss / "args.json").write_text(json.dumps({"best_metric": "loss"}))
+    _scores(loss, best={**scored, "loss": 2.0}, averaged={**scored, "loss": 1.5})
+    done = _pick(loss)
+    assert done.stdout.strip() == f"{loss / 'averaged.pt'}\t1" and "validation loss" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("key, best, averaged", [("n", 500, 1000), ("decoding", "beam4", "greedy"),
+                                                 ("no_repeat_ngram", 0, 3), ("min_len", 0, 55)])
+def test_pick_checkpoint_refuses_candidates_scored_on_other_examples_or_decodings(tmp_path, key, best, averaged):
+    """Candidates are compared only when scored alike: on the same validation examples (`n`: an
+    evaluate --limit 500 against a whole split is no comparison) and the same decoding; each
+    difference is refused, naming what differs."""
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    scored = {"n": 500, "decoding": "beam4", "no_repeat_ngram": 0, "min_len": 0, "bleu": 30.0}
+    _scores(tmp_path, best={**scored, key: best}, averaged={**scored, key: averaged, "bleu": 31.0})
+    _pick_refused(_pick(tmp_path), f"the candidates of {tmp_path} were scored differently ({key})")
+
+
+def test_pick_checkpoint_refuses_a_score_that_is_not_a_number(tmp_path):
+    """A score of true (JSON's bool, which Python counts as the int 1) is no score: refused, naming the file."""
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    scored = {"n": 9, "decoding": "beam4"}
+    _scores(tmp_path, best={**scored, "bleu": 30.0}, averaged={**scored, "bleu": True})
+    _pick_refused(_pick(tmp_path), f"{tmp_path / 'averaged' / 'metrics.validation.json'}: no bleu score")
+
+
 def test_the_same_weights_twice_are_refused(run, tmp_path):
     """A run's best.pt is the step file of its best step: the two were averaged with step 4 as
     "steps 6, 6, 4", step 6 weighing twice; a copy under another name the same."""

@@ -2,20 +2,30 @@
 the encoder check of scripts/source_use.py on it: a collapsed encoder is measured as collapsed, at
 the layer where it collapses."""
 
+import contextlib
+import importlib.util
+import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import TINY, translation_folder
 
-from scratchformer import generate, train
+from scratchformer import cli, generate, train
+from scratchformer import data as D
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint
+from scratchformer.data.batching import collate, encode_examples
 from scratchformer.evaluation.evaluate import load_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "source_use.py"
+_spec = importlib.util.spec_from_file_location("source_use", SCRIPT)
+source_use = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(source_use)
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +107,50 @@ def test_source_use_refuses_what_it_would_measure_wrongly(run, tmp_path):
         err = _source_use_refused("--checkpoint", folder / "best.pt", "--data", data, "--device", "cuda")
         assert "--device cuda: no CUDA device here" in err, err
     assert "no checkpoint at" in _source_use_refused("--checkpoint", tmp_path / "nosuch.pt", "--data", data)
+
+
+def test_source_use_nll_is_the_mean_over_real_target_tokens_with_own_and_rolled_sources(run):
+    """The two NLLs per target token, against the same model run one example at a time (no padding
+    to leave out): with its own source, and with the source of the example before it (the rolled
+    batch: example i reads source i - 1, the first the last's). A loss counting the padded targets,
+    or sources not rolled (a gap of 0 whatever the model), differs."""
+    folder, data = run
+    threads, out = torch.get_num_threads(), io.StringIO()
+    try:  # in this process (a subprocess imports torch again: seconds), which it sets to one thread on a CPU
+        with contextlib.redirect_stdout(out):
+            code = cli.run(source_use.main, ["--checkpoint", str(folder / "best.pt"), "--data", str(data), "-n", "6"])
+    finally:
+        torch.set_num_threads(threads)
+    text = out.getvalue()
+    assert code == 0, text
+    own, other = map(float, re.search(r"own source ([\d.]+), another example's source ([\d.]+)", text).groups())
+    model, toks, ckpt = load_run(str(folder / "best.pt"), "cpu", "eager")
+    examples = D.load_split(D.resolve_source("synthetic", str(data), None), "validation", 6)
+    ds, _ = encode_examples(examples, ckpt["task"], toks.src, toks.tgt, ckpt["args"]["max_src_len"],
+                            ckpt["args"]["max_tgt_len"])
+    items = [ds[i] for i in range(len(ds))]
+    assert len(items) == 6 and len({len(it[2]) for it in items}) > 1  # targets of several lengths: a batch pads
+
+    def nll(pairs):
+        total = count = 0
+        with torch.no_grad():
+            for i, src_of in pairs:
+                b = collate([(i, items[src_of][1], items[i][2])])
+                logits = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths)
+                total += F.cross_entropy(logits.flatten(0, 1), b.tgt_out.flatten(), reduction="sum").item()
+                count += b.tgt_out.numel()
+        return total / count
+
+    n = len(items)
+    assert own == pytest.approx(nll([(i, i) for i in range(n)]), abs=1.5e-3)
+    assert other == pytest.approx(nll([(i, (i - 1) % n) for i in range(n)]), abs=1.5e-3)
+    assert abs(other - own) > 2e-3
+    # example 0's encoder output, alone (no padded positions to leave out): the norm of its mean over
+    # positions, and the mean distance of each position from that mean
+    common, spread = map(float, re.search(r"example 0: common ([\d.]+), spread ([\d.]+)", text).groups())
+    with torch.no_grad():
+        b = collate([items[0]])
+        memory = model.encode(b.src, b.src_lengths)[0]
+    mean = memory.mean(0)
+    assert common == pytest.approx(mean.norm().item(), abs=6e-3)
+    assert spread == pytest.approx((memory - mean).norm(dim=-1).mean().item(), abs=6e-4)

@@ -1112,3 +1112,308 @@ def test_ready_names_what_a_call_would_carry_stale_or_missing(tmp_path, monkeypa
     (repo / "kernels" / "op.py").write_text("TABLE = {}\n@triton.jit\ndef k(x):\n    pass\n")
     rc, out = ready()
     assert rc == 1 and "current: .gpu_build" in out and "prewarm.tar.xz: stale" in out, out
+
+
+def test_collect_keeps_the_newest_calls_triton_cache_and_unpacks_it_as_no_step(tmp_path, monkeypatch):
+    """run.sh's triton-cache.tar.gz lies beside a call's step archives but is no step: it goes whole
+    into --cache-dir (what the next call carries), never unpacked into WORK as one; of several
+    calls' caches, the newest by its time (here the first folder named) is the one kept."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    calls = []
+    for name, mtime in (("call1", 2000.0), ("call2", 1000.0)):  # call1's cache written last
+        folder = tmp_path / name
+        folder.mkdir()
+        _archive_of(folder, "10_tests", {"log.txt": "== 10_tests: exit 0 after 5 s\n"})
+        (folder / "triton-cache.tar.gz").write_bytes(f"the Triton cache of {name}".encode())
+        os.utime(folder / "triton-cache.tar.gz", (mtime, mtime))
+        calls.append(folder)
+    work, cache = tmp_path / "work", tmp_path / "gpu_cache"
+    collect.main([*map(str, calls), "--bench-dir", str(tmp_path / "bench"), "--work", str(work),
+                  "--cache-dir", str(cache)])
+    assert sorted(p.name for p in work.iterdir()) == ["10_tests", "10_tests.2"]
+    assert (cache / "triton-cache.tar.gz").read_bytes() == b"the Triton cache of call1"
+
+
+def test_collect_files_both_end_to_end_benchmarks_apart_from_the_kernels(tmp_path, monkeypatch):
+    """The end-to-end benchmarks, the training step's (steps 30 and 32) and generation's (step 31),
+    go into <date>-<gpu>-e2e.json, and the kernels' (steps 20, 21) into <date>-<gpu>.json: targets.py
+    reads issue 17's ratios from the first file and issue 16's from the second."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    monkeypatch.setattr(collect.subprocess, "run", lambda *a, **k: None)  # targets.py and the plots: not here
+    call, bench = tmp_path / "call", tmp_path / "bench"
+    call.mkdir()
+    bench.mkdir()
+    for step, json_name, case in (("20_bench_attention", "bench_attention", "test_dense[4096]"),
+                                  ("30_bench_train_step", "bench_train_step", "test_train_step[triton-base-cnndm]"),
+                                  ("31_bench_generate_profile", "bench_generate", "test_generate[triton-greedy]")):
+        _archive_of(call, step, {f"{json_name}.json": _bench_json([(case, "triton", 0.1)])})
+    collect.main([str(call), "--bench-dir", str(bench), "--work", str(tmp_path / "work")])
+    filed = {p.name: sorted(b["name"] for b in json.loads(p.read_text())["benchmarks"]) for p in bench.glob("*.json")}
+    assert filed == {"2026-12-01-h100.json": ["test_dense[4096]"],
+                     "2026-12-01-h100-e2e.json": ["test_generate[triton-greedy]", "test_train_step[triton-base-cnndm]"]}
+
+
+def test_triton_cache_pack_passes_over_an_entry_too_large_for_the_archive(tmp_path, monkeypatch):
+    """A call's gzip archive (run.sh) takes each entry that still fits, newest first: an entry too
+    large for --max-mb (the newest here, 200 kB against a 100 kB cap) is left out and the older,
+    smaller ones after it still go in, rather than the archive ending at the first that does not fit.
+    (The prewarm's xz archive keeps the longest prefix that fits: its order is the order of need.)"""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    cache = tmp_path / "cache"
+    for i, (key, size) in enumerate((("old1" + "0" * 28, 10_000), ("old2" + "0" * 28, 10_000),
+                                     ("big" + "0" * 29, 200_000))):
+        _cache_entry(monkeypatch, cache, key, cubin_bytes=os.urandom(size))
+        for f in (cache / key).iterdir():
+            os.utime(f, (1000.0 + i, 1000.0 + i))
+    assert triton_cache.pack(cache, tmp_path / "c.tar.gz", max_mb=100_000 / 2**20) == (2, 1)
+    assert {n.split("/")[0] for n in tarfile.open(tmp_path / "c.tar.gz").getnames()} == {
+        "old1" + "0" * 28, "old2" + "0" * 28}
+
+
+def test_triton_cache_restore_refuses_a_member_outside_an_entry_folder(tmp_path, monkeypatch):
+    """Triton's cache holds files only inside entry folders (ENTRY/FILE): an archive with a file at
+    its top level or one folder deeper is refused, and nothing of it is unpacked."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    payload = tmp_path / "k.cubin"
+    payload.write_bytes(b"\x7fELF")
+    for i, name in enumerate(("k.cubin", "entry/sub/k.cubin")):
+        archive, cache = tmp_path / f"odd{i}.tar.gz", tmp_path / f"cache{i}"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(payload, arcname="good/k.cubin")
+            tar.add(payload, arcname=name)
+        assert triton_cache.main(["restore", str(archive), str(cache)]) == 1, name
+        assert not list(cache.rglob("*.cubin")), name
+
+
+def test_triton_cache_check_finds_a_kernel_file_renamed(tmp_path, monkeypatch):
+    """A kernel module renamed (kernels/op.py -> kernels/ops.py, its text the same) moves its kernels
+    to another module, which Triton's cache key names (JITFunction's `module.qualname`): a prewarm
+    stamped before then holds entries that miss, so `check` says stale."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    repo, carried = tmp_path / "repo", tmp_path / "carried"
+    (repo / "kernels").mkdir(parents=True)
+    carried.mkdir()
+    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+    (carried / "prewarm.tar.xz").write_bytes(b"")
+    triton_cache.stamp(carried / "prewarm.tar.xz", repo)
+    assert dict(triton_cache.check(carried, repo))[carried / "prewarm.tar.xz"] == "current"
+    (repo / "kernels" / "op.py").rename(repo / "kernels" / "ops.py")
+    assert dict(triton_cache.check(carried, repo))[carried / "prewarm.tar.xz"] == "stale"
+
+
+def test_run_sh_gives_each_step_the_calls_deadline_and_reports_a_failed_or_skipped_step(tmp_path):
+    """run.sh exports the call's deadline (now + CALL_SECONDS) to its steps, whose limits it caps;
+    a step that fails makes the call fail; a step that would start with under a minute left is
+    skipped, named, and fails the call too (its archive will be missing). By default the call's
+    deadline is 570 s away: the device allows a command 600, and run.sh packs the cache after the steps."""
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    shutil.copy(os.path.join(GPU, "run.sh"), gpu)
+    (gpu / "10_a.sh").write_text('echo "deadline ${GPU_DEADLINE:-unset}"; exit 3\n')
+    (gpu / "20_b.sh").write_text('echo "b ran"\n')
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ".restored").touch()  # restored already: nothing carried to restore
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+
+    def call(seconds):
+        env.update(TRITON_CACHE_DIR=str(cache), CALL_SECONDS=str(seconds))
+        if seconds is None:
+            del env["CALL_SECONDS"]
+        start = int(__import__("time").time())
+        p = subprocess.run(["bash", str(gpu / "run.sh"), "10", "20"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        return start, p
+
+    start, p = call(300)
+    deadline = int(re.search(r"deadline (\d+)", p.stdout)[1])
+    assert p.returncode == 3 and "b ran" in p.stdout and start + 300 <= deadline <= start + 302, p.stdout
+    start, p = call(None)  # the default: 570 of the 600 s the device allows a command, 30 for the cache's packing
+    deadline = int(re.search(r"deadline (\d+)", p.stdout)[1])
+    assert start + 570 <= deadline <= start + 572, p.stdout
+    _, p = call(59)
+    assert p.returncode == 1 and "deadline" not in p.stdout and "b ran" not in p.stdout, p.stdout
+    assert "SKIPPED 10_a.sh" in p.stdout and "SKIPPED 20_b.sh" in p.stdout, p.stdout
+
+
+def test_run_sh_sends_back_no_cache_archive_over_15_mib(tmp_path, monkeypatch):
+    """A file comes back from the device only under 16 MiB: with nothing else in $OUT, run.sh still
+    packs the Triton cache into at most 15 MiB (the newest entries), not all 63 the call leaves."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    for i, name in enumerate(("a" * 32, "b" * 32, "c" * 32)):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "k.cubin").write_bytes(os.urandom(6 << 20))  # random: gzip keeps 6 MiB each
+        os.utime(cache / name / "k.cubin", (1000.0 + i, 1000.0 + i))
+    (cache / ".restored").touch()
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache)}
+    res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    archive = out / "triton-cache.tar.gz"
+    assert archive.stat().st_size <= 15 << 20, res.stdout
+    assert sorted(n.split("/")[0] for n in tarfile.open(archive).getnames()) == ["b" * 32, "c" * 32], res.stdout
+    # triton_cache.py's own default, packing by hand without --max-mb: the same 15 MiB
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    assert triton_cache.main(["pack", str(cache), str(tmp_path / "by_hand.tar.gz")]) == 0
+    assert (tmp_path / "by_hand.tar.gz").stat().st_size <= 15 << 20
+
+
+def test_prelude_caps_each_commands_limit_by_the_dry_run_and_the_calls_deadline(tmp_path):
+    """`limit SECONDS` (every run_pytest and run_cmd): SECONDS, at most 240 in a dry run, and never
+    past the call's deadline less 25 s for packing, nor under 10 s: hand-worked for a deadline 100 s
+    away (75) and one 20 s away (-5: 10)."""
+    step = tmp_path / "96_limit.sh"
+    step.write_text(f'source "{GPU}/prelude.sh"\n'
+                    'echo "dry $(limit 300) $(limit 30) gpu $(DRY=0 limit 300)"\n'
+                    'echo "near $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 100 )) limit 300)"\n'
+                    'echo "past $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 20 )) limit 300)"\n'
+                    'echo "far $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 1000 )) limit 300)"\n')
+    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "dry 240 30 gpu 300" in p.stdout, p.stdout[-2000:]
+    assert int(re.search(r"near (\d+)", p.stdout)[1]) in (74, 75), p.stdout[-2000:]
+    assert "past 10" in p.stdout and "far 300" in p.stdout, p.stdout[-2000:]
+
+
+def test_train_extra_with_compile_in_one_word_drops_the_recipes_cuda_graphs():
+    """TRAIN_EXTRA="--compile=inductor" (the flag and its backend in one word, as argparse takes it) is
+    --compile too: the recipe's --cuda-graphs, which train refuses beside it, goes."""
+    from scratchformer.training.config import parse_args
+
+    show = (f'source "{GPU}/recipes.sh"; unset CUDA_GRAPHS; recipe iwslt && train_extra "--compile=inductor" '
+            '>/dev/null && printf "%s\\n" "${FLAGS[@]}"')
+    flags = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True).stdout.split()
+    assert "--cuda-graphs" not in flags and flags[-1] == "--compile=inductor", flags
+    config, _ = parse_args([*flags, "--out", "runs/x"])
+    assert config.compile == "inductor" and not config.cuda_graphs
+
+
+def test_run_sh_restores_the_carried_cache_once_per_machine(tmp_path):
+    """A warm machine's second call finds TRITON_CACHE_DIR/.restored and restores nothing again: the
+    carried (older) archive must not overwrite what the first call compiled or tuned since."""
+    carried, cache = tmp_path / "carried", tmp_path / "cache"
+    carried.mkdir()
+    (cache / "e").mkdir(parents=True)
+    (cache / "e" / "k.autotune.json").write_text('{"tuned": "on this machine, after the restore"}')
+    (cache / ".restored").touch()
+    src = tmp_path / "k.autotune.json"
+    src.write_text('{"tuned": "carried"}')
+    with tarfile.open(carried / "triton-cache.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname="e/k.autotune.json")
+    env = {**{k: v for k, v in os.environ.items() if k != "OUT"}, "TRITON_CACHE_DIR": str(cache),
+           "TRITON_CACHE_CARRIED": str(carried)}
+    res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1 and "restored" not in res.stdout, res.stdout + res.stderr
+    assert (cache / "e" / "k.autotune.json").read_text() == '{"tuned": "on this machine, after the restore"}'
+
+
+def _recording_python(folder, train_exit):
+    """A python whose `scratchformer.train` is recorded in FOLDER/train.calls and exits `train_exit`
+    at once (the rest runs): step 50's decisions around its training, without training."""
+    fake = folder / "python"
+    fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.train ]; then\n'
+                    f'  echo "$*" >> "{folder}/train.calls"; exit {train_exit}; fi; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_train_step_stops_at_its_deadline_without_retrying_launched_or_starting_late(tmp_path):
+    """A --cuda-graphs run that ends in the call's SIGINT (exit 130: the deadline, not a capture CUDA
+    refused) is not trained again launched in the same call (it would start past the deadline); and a
+    call with under 30 s of training left (a deadline 110 s away: the prelude's 25 s and the dry run's
+    60 s leave 25, less what the prelude took) starts no training at all, and says to call again."""
+    (tmp_path / "data" / "iwslt2017_en_de").mkdir(parents=True)
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", CUDA_GRAPHS="1",
+               PY=str(_recording_python(tmp_path, 130)))
+    p = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
+    _, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    calls = (tmp_path / "train.calls").read_text().splitlines()
+    assert len(calls) == 1 and "--cuda-graphs" in calls[0] and "training on launched steps" not in log, log[-3000:]
+    assert p.returncode == 130 and "iwslt: not finished, call again" in log, log[-3000:]
+    (tmp_path / "train.calls").unlink()
+    deadline = str(int(__import__("time").time()) + 110)
+    p = _dry_run("50_train.sh", str(tmp_path / "o2"), GPU_DEADLINE=deadline, **env)
+    _, log = _archive(str(tmp_path / "o2"), "50_train.sh")
+    left = re.search(r"too little time left to train \((-?\d+)s\): call again", log)
+    assert left and 0 < int(left[1]) < 30, log[-3000:]
+    assert not (tmp_path / "train.calls").exists() and p.returncode == 0, log[-3000:]
+
+
+def test_run_sh_sends_back_no_cache_archive_where_the_steps_leave_no_room(tmp_path):
+    """Steps that leave under 1 MiB of the 64 the device returns (step 50's weights, say): no
+    triton-cache.tar.gz at all, said so. Not an empty one, which collect.py would keep in .gpu_cache
+    over the last good one, and the next call would carry nothing."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    (cache / ("a" * 32)).mkdir(parents=True)
+    (cache / ("a" * 32) / "k.cubin").write_bytes(b"\x7fELF")
+    (cache / ".restored").touch()
+    out.mkdir()
+    with open(out / "50_x-averaged.pt.part0", "wb") as f:  # what the steps wrote: 62.5 MiB, counted as 63
+        f.truncate((125 << 20) // 2)
+    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache)}
+    res = subprocess.run(["bash", os.path.join(GPU, "run.sh"), "99"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["50_x-averaged.pt.part0"], res.stdout
+    assert "Triton cache not sent back: the steps' files take 63 MiB" in res.stdout, res.stdout
+
+
+def test_ready_wants_the_rouge_score_wheel_not_any_wheel(tmp_path, monkeypatch):
+    """.whl holding other wheels but not rouge-score's (the one the ROUGE tests and the summarization
+    scores import on the GPU machine, which has no network) is missing it: not ready, named."""
+    monkeypatch.syspath_prepend(GPU)
+    import triton_cache
+
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("ready.sh", "ext_sources.sh", "triton_cache.py"):
+        shutil.copy(os.path.join(GPU, name), repo / "scripts" / "gpu")
+    shutil.copy(os.path.join(REPO, "setup.py"), repo)
+    shutil.copytree(os.path.join(REPO, "csrc"), repo / "csrc")
+    (repo / "kernels").mkdir()
+    (repo / ".gpu_build").mkdir()
+    (repo / ".gpu_build" / "sources.sha256").write_text(subprocess.run(
+        ["bash", str(repo / "scripts" / "gpu" / "ext_sources.sh")], capture_output=True, text=True, check=True).stdout)
+    (repo / ".gpu_cache").mkdir()
+    (repo / ".gpu_cache" / "prewarm.tar.xz").write_bytes(b"")
+    triton_cache.stamp(repo / ".gpu_cache" / "prewarm.tar.xz", repo)
+    (repo / ".gpu_data" / "multi30k").mkdir(parents=True)
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "nltk-3.9.1-py3-none-any.whl").write_bytes(b"")
+    p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "missing: .whl/rouge_score-*.whl" in p.stdout and "== not ready" in p.stdout, p.stdout
+    (repo / ".whl" / "rouge_score-0.1.2-py3-none-any.whl").write_bytes(b"")
+    p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "current: .whl" in p.stdout, p.stdout
+
+
+def test_a_step_exits_with_its_first_failing_commands_status_not_its_last(tmp_path):
+    """A step's exit status is that of its first command that failed (run_pytest's or run_cmd's),
+    whatever runs after it: pytest's 5 (nothing collected) before a command's 3, the 3 before a
+    pytest's 5, and either before a last command that succeeds (a step then ending 0 would hide it)."""
+    step = tmp_path / "95_status.sh"
+    step.write_text(f'source "{GPU}/prelude.sh"\n'
+                    'run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
+                    'run_cmd 30 three sh -c "exit 3"\n'
+                    'echo "first pytest: $STATUS"; STATUS=0\n'
+                    'run_cmd 30 three sh -c "exit 3"\n'
+                    'run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
+                    'echo "first a command: $STATUS"\n'
+                    'run_cmd 30 fine true\n')
+    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
+                       text=True, timeout=300)
+    assert "first pytest: 5" in p.stdout and "first a command: 3" in p.stdout, p.stdout[-3000:]
+    assert p.returncode == 3 and "== 95_status: exit 3 after" in p.stdout, p.stdout[-3000:]

@@ -3,6 +3,9 @@ sends added up against the device's 64 MiB, in a checkout with or without a Trit
 checkout has none: the sum once failed there, silently, under `set -o pipefail`, and with it
 `make gpu-ready GPU_DATA=cnn_dailymail`)."""
 
+import gzip
+import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -76,3 +79,47 @@ def test_sums_a_checkout_with_a_tracked_file_deleted(checkout):
     run = _pack(repo, shared, "multi30k")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "travels: checkout" in run.stdout and "(limit 64)" in run.stdout
+
+
+def test_cnn_dailymail_documents_cut_and_packed_in_xz(checkout):
+    """CNN/DailyMail travels cut: each document to its first MAX_DOC_CHARS characters (3000 by
+    default), every split re-packed from gzip to xz under the same name, the summary and id
+    untouched, meta.json (the task) copied beside them."""
+    repo, shared = checkout
+    src = shared / "cnn_dailymail"
+    src.mkdir()
+    (src / "meta.json").write_text('{"task": "summarization"}')
+    rows = [{"id": "a", "document": "x" * 5000, "summary": "long"}, {"id": "b", "document": "é" * 10, "summary": "s"}]
+    for split in ("train", "validation"):
+        with gzip.open(src / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    run = _pack(repo, shared, "cnn_dailymail")
+    assert run.returncode == 0, run.stderr
+    packed = repo / ".gpu_data" / "cnn_dailymail"
+    assert sorted(p.name for p in packed.iterdir()) == ["meta.json", "train.jsonl.xz", "validation.jsonl.xz"]
+    assert (packed / "meta.json").read_text() == '{"task": "summarization"}'
+    for split in ("train", "validation"):
+        with lzma.open(packed / f"{split}.jsonl.xz", "rt", encoding="utf-8") as f:
+            got = [json.loads(line) for line in f]
+        assert got == [{"id": "a", "document": "x" * 3000, "summary": "long"}, rows[1]], split
+
+
+def test_packing_again_leaves_nothing_of_the_last_copy(checkout):
+    """A dataset packed again is copied afresh: a file its shared folder no longer has (a split
+    renamed, an old format) does not stay in .gpu_data to travel, and be read, with the new ones."""
+    repo, shared = checkout
+    (shared / "multi30k" / "test.tsv").write_text("old\tformat\n")
+    assert _pack(repo, shared, "multi30k").returncode == 0
+    (shared / "multi30k" / "test.tsv").unlink()
+    run = _pack(repo, shared, "multi30k")
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (repo / ".gpu_data" / "multi30k").iterdir()) == ["train.jsonl.gz"]
+
+
+def test_counts_the_checkouts_untracked_files_that_travel(checkout):
+    """The device copies untracked files that git does not ignore too: one of 70 MiB in the checkout
+    takes the call past 64 MiB, and the script fails, as for a tracked one."""
+    repo, shared = checkout
+    _sparse(repo / "notes" / "draft.bin", 70)
+    run = _pack(repo, shared, "multi30k")
+    assert run.returncode == 1 and "over the device's 64 MiB: pack fewer datasets" in run.stderr, run.stdout

@@ -2,8 +2,13 @@
 is one `error:` line and exit status 2 (`scratchformer.cli.run`), and nothing already written is lost.
 (pick_checkpoint.py: tests/test_average.py; source_use.py: tests/test_copy_run.py.)"""
 
+import contextlib
 import gzip
+import importlib.util
+import io
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, translation_folder
 
-from scratchformer import train
+from scratchformer import cli, train
 from scratchformer.data.tokenizer import BPETokenizer
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -137,3 +142,53 @@ def test_graph_shapes_refuses_a_classification_run_whose_task_was_inferred(runs)
     tested that None and let the run through, to an AttributeError on its missing target side."""
     _refused(_script("graph_shapes.py", runs / "clf", "--steps", 2), "a classification run",
              "no target side")
+
+
+_spec = importlib.util.spec_from_file_location("graph_shapes", SCRIPTS / "graph_shapes.py")
+graph_shapes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(graph_shapes)
+LINE = re.compile(r"pad multiple +(\d+): +(\d+) shapes .*?, +(\d+) captured, (\d+) of (\d+) steps replayed .*?, "
+                  r"([\d.]+)% of the padded tokens padding")
+
+
+def _shapes(run, *args):
+    """graph_shapes.py RUN ARGS in this process (`cli.run`: a refusal is exit status 2) -> (status, the parsed
+    lines: (multiple, shapes, captured, replayed, steps, padding %) each, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.run(graph_shapes.main, [str(run), *map(str, args)])
+    rows = [tuple(float(x) if i == 5 else int(x) for i, x in enumerate(m.groups()))
+            for m in LINE.finditer(out.getvalue())]
+    return code, rows, err.getvalue()
+
+
+def test_graph_shapes_counts_what_one_step_launches_and_what_padding_adds(runs):
+    """One step is one batch: its shape launched, none captured (a shape's graph is captured at its
+    second step) and none replayed, whatever the epoch holds beside it. Lengths padded up to 64 (the
+    toy sentences: 2-5 words, a few tokens each) make most of each batch padding: over 3/4 of it,
+    and more than without padding; replayed steps are the steps less the shapes (each launched once)."""
+    code, rows, err = _shapes(runs / "mt", "--steps", 1, "--pad-multiples", 1, 64)
+    assert code == 0, err
+    assert [r[1:5] for r in rows] == [(1, 0, 0, 1), (1, 0, 0, 1)], rows
+    assert rows[1][5] > 75.0 and rows[0][5] < rows[1][5], rows
+    code, rows, err = _shapes(runs / "mt", "--steps", 7, "--pad-multiples", 1)
+    ((_, shapes, captured, replayed, steps, _),) = rows
+    assert steps == 7 and replayed == steps - shapes and 0 < captured <= shapes, rows
+
+
+def test_graph_shapes_refuses_accumulated_steps_and_replays_bpe_dropout_zero_as_none(runs, tmp_path):
+    """A step of a --grad-accum run is several batches: refused, not replayed as one. --bpe-dropout 0
+    on a run trained with BPE-dropout replays it without (0 is a value, not "the run's own"): the
+    same lines as the same run trained without."""
+    plain = _shapes(runs / "mt", "--steps", 5, "--pad-multiples", 1, 8)
+    assert plain[0] == 0 and len(plain[1]) == 2, plain
+    for key, value in (("grad_accum", 2), ("bpe_dropout", 0.1)):
+        copy = tmp_path / key
+        shutil.copytree(runs / "mt", copy)
+        args = json.loads((copy / "args.json").read_text())
+        (copy / "args.json").write_text(json.dumps({**args, key: value}))
+        if key == "grad_accum":
+            code, _, err = _shapes(copy, "--steps", 5)
+            assert code == 2 and "grad_accum 2" in err, err
+        else:
+            assert _shapes(copy, "--steps", 5, "--pad-multiples", 1, 8, "--bpe-dropout", 0) == plain
