@@ -105,6 +105,16 @@ def test_every_step_dry_run(tmp_path):
         if "run_pytest" in open(os.path.join(GPU, step)).read():
             assert re.search(r"\d+(/\d+)? tests? collected", log), (step, log[-2000:])
     assert "smoke_eager" in results["40_smoke_train.sh"].stdout
+    for step in FIRST_WINDOW:  # no checkpoint travels back (the smoke runs save theirs): the 64 MiB are the results'
+        with tarfile.open(os.path.join(outs[step], step.replace(".sh", ".tar.gz"))) as tar:
+            assert not [n for n in tar.getnames() if n.endswith(".pt")], step
+    # steps 30 and 32 split the training-step cases: launched (less the recomputed layers') and graphed
+    cases = {}
+    for step in ("30_bench_train_step.sh", "32_bench_train_step_graph.sh"):
+        with tarfile.open(os.path.join(outs[step], step.replace(".sh", ".tar.gz"))) as tar:
+            listing = tar.extractfile("./bench_train_step.txt").read().decode()
+        cases[step[:2]] = set(re.findall(r"::(test_\w+)\[", listing))
+    assert cases == {"30": {"test_train_step"}, "32": {"test_train_step_graph"}}, cases
     # step 31's profile: the report in profile-<shape>.txt, the command's log beside it under its own
     # name (a cut run's traceback must not sit in a file named like a profile: collect.py files those)
     with tarfile.open(os.path.join(outs["31_bench_generate_profile.sh"], "31_bench_generate_profile.tar.gz")) as tar:
@@ -556,8 +566,9 @@ def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     """An extension the prelude put in scratchformer/ (an earlier call on a warm machine), stamped
     with other sources' hash (csrc/ fixed since), is neither reused nor sent back by step 00 under
     the new hash: the one carried in .gpu_build/, built from these sources, takes its place. One
-    without a stamp (a developer's build) is used as it is. A build that failed on these sources
-    is not tried again by the call's later steps."""
+    without a stamp (a developer's build) is used as it is, and one stamped with these sources is kept; one
+    carried in .gpu_build/ from other sources is not used. A build that failed on these sources is not
+    tried again by the call's later steps, unless it was cut by its time limit."""
     import importlib.machinery
 
     clone = tmp_path / "clone"
@@ -588,6 +599,9 @@ def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     assert "built from other sources" in log and "reusing the extension carried in .gpu_build/" in log, log[-2000:]
     assert in_place.read_bytes() == real and sent == (real, current.encode() + b"\n")
     assert stamp.read_text().strip() == current
+    log, sent = call("o1b")  # the next call on the warm machine: stamped with these sources, kept as it is
+    assert "built from other sources" not in log and "reusing" not in log and "building" not in log, log[-2000:]
+    assert in_place.read_bytes() == real and sent == (real, current.encode() + b"\n")
     stamp.unlink()
     in_place.write_bytes(real + b"a developer's build")
     log, sent = call("o2")
@@ -597,16 +611,21 @@ def test_prelude_replaces_an_extension_built_from_other_sources(tmp_path):
     # remembered; the next call (another deadline, on the machine still warm) tries again: it may
     # bring a fix outside those sources (the prelude's own environment)
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/bash\ncase "$1" in -) exit 1;; setup.py) echo "error: no compiler"; exit 1;; esac\n'
-                    f'exec {sys.executable} "$@"\n')
+    fake.write_text('#!/bin/bash\ncase "$1" in -) exit 1;; setup.py) echo "error: no compiler"; exit ${SETUP_EXIT:-1};;'
+                    f' esac\nexec {sys.executable} "$@"\n')
     fake.chmod(0o755)
-    shutil.rmtree(clone / ".gpu_build")
+    (clone / ".gpu_build" / "sources.sha256").write_text("0" * 64 + "\n")  # carried, but of other sources: not used
     deadline = int(__import__("time").time()) + 3600
     logs = [subprocess.run(["bash", str(step)], cwd=clone, capture_output=True, text=True, timeout=300,
-                           env={**_step_env(OUT=str(tmp_path / out)), "PY": str(fake), "GPU_DEADLINE": str(d)})
-            for out, d in (("o3", deadline), ("o4", deadline), ("o5", deadline + 1))]
+                           env={**_step_env(OUT=str(tmp_path / out)), "PY": str(fake), "GPU_DEADLINE": str(d),
+                                "SETUP_EXIT": str(code)})
+            for out, d, code in (("o3", deadline, 1), ("o4", deadline, 1), ("o5", deadline + 1, 1),
+                                 ("o6", deadline + 2, 124), ("o7", deadline + 2, 1))]
     assert all(p.returncode != 0 for p in logs)
     assert "error: no compiler" in logs[0].stdout
+    assert ".gpu_build/ holds an extension built from other sources (sources.sha256): building" in logs[0].stdout
+    # a build cut by its time limit (timeout's 124) says nothing of the sources: the next step tries again
+    assert "error: no compiler" in logs[4].stdout and "in an earlier step" not in logs[4].stdout, logs[4].stdout[-2000:]
     assert "failed to build from these sources in an earlier step" in logs[1].stdout, logs[1].stdout[-2000:]
     assert "building the extension" in logs[1].stdout and "no compiler" not in logs[1].stdout
     assert "error: no compiler" in logs[2].stdout and "in an earlier step" not in logs[2].stdout, logs[2].stdout[-2000:]

@@ -4,6 +4,7 @@ process, and one whose cache was packed and restored elsewhere (scripts/gpu/trit
 GPU machine receives it), compiles nothing new. Whether a GPU machine's Triton finds them too
 depends on its build being the same (tools/prewarm.py's docstring); that needs a GPU window."""
 
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +35,11 @@ def test_prewarmed_entries_are_what_the_jit_path_finds(tmp_path):
     first, out = _prewarm(cache, archive)
     assert first and "SCRATCHFORMER_AUTOTUNE=0: " in out and "entries packed" in out, out
     assert any(n.endswith(".cubin") for n in tarfile.open(archive).getnames())  # sm_90 binaries, packed
+    with tarfile.open(archive) as tar:  # each kernel's metadata names the H100's target: sm_90, 32-thread warps
+        targets = {json.dumps(json.load(tar.extractfile(m))["target"]) for m in tar.getmembers()
+                   if m.name.endswith(".json") and not m.name.split("/")[-1].startswith("__grp__")
+                   and not m.name.endswith(".autotune.json")}
+    assert targets == {json.dumps({"backend": "cuda", "arch": 90, "warp_size": 32})}, targets
     again, _ = _prewarm(cache, tmp_path / "again.tar.gz")
     assert again == first  # the same keys: every launch a cache hit
     sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
@@ -93,3 +99,44 @@ print("STATE", dict(triton_cache.check(out.parent, repo))[out])
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "STATE stale" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_an_archive_too_small_for_all_keeps_the_first_compiled(tmp_path):
+    """The archive is packed in the order of need, the order compiled: the pinned tiles (the tests,
+    smoke runs and recipes) before the tuned ones (the benchmarks). Capped by --max-mb, it keeps the
+    pinned pass's entries and leaves out the tuned pass's, not the other way round (newest first, as
+    a call's own cache is packed). The kernel tests' pass compiles the pinned tiles, as step 10 runs them."""
+    repo = tmp_path / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    (repo / "kernels" / "op.py").write_text("@triton.jit\\ndef k(x):\\n    pass\\n")
+    script = f"""
+import os, subprocess, sys, tarfile
+from pathlib import Path
+sys.path.insert(0, {str(ROOT / "scripts" / "gpu")!r})
+import tools.prewarm as prewarm
+repo = Path({str(repo)!r})
+prewarm.REPO = repo
+passes = []
+
+def compile_pass(cmd, env, **kwargs):  # one pass: one entry of 300 kB (random: xz keeps it whole)
+    if "pytest" in cmd:  # the kernel tests' pass: which tiles it compiles
+        passes.append("tests-" + env["SCRATCHFORMER_AUTOTUNE"])
+        return subprocess.CompletedProcess(cmd, 0, "1 passed\\n", "")
+    cache = Path(cmd[cmd.index("--cache-dir") + 1])
+    entry = cache / ("pass-" + env["SCRATCHFORMER_AUTOTUNE"])
+    entry.mkdir(parents=True)
+    (entry / "k.cubin").write_bytes(os.urandom(300_000))
+    os.utime(entry / "k.cubin", (1000.0 + len(passes), 1000.0 + len(passes)))
+    passes.append(entry.name)
+    return subprocess.CompletedProcess(cmd, 0)
+
+prewarm.subprocess.run = compile_pass
+out = repo / "prewarm.tar.xz"
+assert prewarm.main(["--cache-dir", str(repo / "cache"), "--out", str(out), "--max-mb", "0.4"]) == 0
+print("PASSES", passes, "PACKED", sorted(n.split("/")[0] for n in tarfile.open(out).getnames()))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "PASSES ['pass-0', 'pass-1', 'tests-0'] PACKED ['pass-0']" in res.stdout, res.stdout[-3000:] + res.stderr
