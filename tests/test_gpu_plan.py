@@ -1082,6 +1082,24 @@ def test_run_sh_sends_back_the_cache_in_what_the_steps_leave_of_64_mib(tmp_path)
         "b" * 32], (total, res.stdout)
 
 
+def _ready_repo(tmp_path: Path) -> Path:
+    """A checkout holding what scripts/gpu/ready.sh reads: its scripts, setup.py, csrc/ and an empty kernels/."""
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("ready.sh", "ext_sources.sh", "triton_cache.py"):
+        shutil.copy(os.path.join(GPU, name), repo / "scripts" / "gpu")
+    shutil.copy(os.path.join(REPO, "setup.py"), repo)
+    shutil.copytree(os.path.join(REPO, "csrc"), repo / "csrc")
+    (repo / "kernels").mkdir()
+    return repo
+
+
+def _ready(repo: Path) -> subprocess.CompletedProcess:
+    """scripts/gpu/ready.sh run in `repo`: its exit status and the parts it names."""
+    return subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True,
+                          timeout=60)
+
+
 def test_ready_names_what_a_call_would_carry_stale_or_missing(tmp_path, monkeypatch):
     """scripts/gpu/ready.sh (make gpu-check), run before a window's first device call: exit 0 only
     when the extension in .gpu_build/ and each carried Triton archive were made from the checkout's
@@ -1090,18 +1108,11 @@ def test_ready_names_what_a_call_would_carry_stale_or_missing(tmp_path, monkeypa
     monkeypatch.syspath_prepend(GPU)
     import triton_cache
 
-    repo = tmp_path / "repo"
-    (repo / "scripts" / "gpu").mkdir(parents=True)
-    for name in ("ready.sh", "ext_sources.sh", "triton_cache.py"):
-        shutil.copy(os.path.join(GPU, name), repo / "scripts" / "gpu")
-    shutil.copy(os.path.join(REPO, "setup.py"), repo)
-    shutil.copytree(os.path.join(REPO, "csrc"), repo / "csrc")
-    (repo / "kernels").mkdir()
+    repo = _ready_repo(tmp_path)
     (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
 
     def ready():
-        p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True,
-                           timeout=60)
+        p = _ready(repo)
         return p.returncode, p.stdout
 
     rc, out = ready()
@@ -1396,13 +1407,7 @@ def test_ready_wants_the_rouge_score_wheel_not_any_wheel(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(GPU)
     import triton_cache
 
-    repo = tmp_path / "repo"
-    (repo / "scripts" / "gpu").mkdir(parents=True)
-    for name in ("ready.sh", "ext_sources.sh", "triton_cache.py"):
-        shutil.copy(os.path.join(GPU, name), repo / "scripts" / "gpu")
-    shutil.copy(os.path.join(REPO, "setup.py"), repo)
-    shutil.copytree(os.path.join(REPO, "csrc"), repo / "csrc")
-    (repo / "kernels").mkdir()
+    repo = _ready_repo(tmp_path)
     (repo / ".gpu_build").mkdir()
     (repo / ".gpu_build" / "sources.sha256").write_text(subprocess.run(
         ["bash", str(repo / "scripts" / "gpu" / "ext_sources.sh")], capture_output=True, text=True, check=True).stdout)
@@ -1412,10 +1417,10 @@ def test_ready_wants_the_rouge_score_wheel_not_any_wheel(tmp_path, monkeypatch):
     (repo / ".gpu_data" / "multi30k").mkdir(parents=True)
     (repo / ".whl").mkdir()
     (repo / ".whl" / "nltk-3.9.1-py3-none-any.whl").write_bytes(b"")
-    p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True, timeout=60)
+    p = _ready(repo)
     assert p.returncode == 1 and "missing: .whl/rouge_score-*.whl" in p.stdout and "== not ready" in p.stdout, p.stdout
     (repo / ".whl" / "rouge_score-0.1.2-py3-none-any.whl").write_bytes(b"")
-    p = subprocess.run(["bash", str(repo / "scripts" / "gpu" / "ready.sh")], capture_output=True, text=True, timeout=60)
+    p = _ready(repo)
     assert p.returncode == 0 and "current: .whl" in p.stdout, p.stdout
 
 

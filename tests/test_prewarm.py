@@ -66,13 +66,28 @@ def test_the_kernel_tests_compile_without_running(tmp_path):
     assert cubins and all(c.stat().st_size > 0 for c in cubins), res.stdout[-3000:]
 
 
+def _checkout_with_a_kernel(tmp_path: Path) -> Path:
+    """A checkout whose kernels/ holds one Triton kernel: what the prewarm's stamp hashes."""
+    repo = tmp_path / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+    return repo
+
+
+def _run_compiled(script: str) -> subprocess.CompletedProcess:
+    """`script` run by a fresh python outside the interpreter mode (as the prewarm runs), which must succeed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
 def test_the_stamp_is_of_the_sources_compiled_not_those_at_the_end(tmp_path):
     """A prewarm takes up to an hour; kernels/ changed meanwhile (a commit, a merge) must leave its
     archive stale for `triton_cache.py check`, as its entries are the old sources': stamped with the
     sources at its end, it read "current" and the window compiled what it was told was carried."""
-    repo = tmp_path / "repo"
-    (repo / "kernels").mkdir(parents=True)
-    (repo / "kernels" / "op.py").write_text("@triton.jit\ndef k(x):\n    pass\n")
+    repo = _checkout_with_a_kernel(tmp_path)
     script = f"""
 import subprocess, sys
 from pathlib import Path
@@ -94,10 +109,7 @@ out = repo / ".gpu_cache" / "prewarm.tar.xz"
 assert prewarm.main(["--tiles", "pinned", "--no-tests", "--cache-dir", str(repo / "cache"), "--out", str(out)]) == 0
 print("STATE", dict(triton_cache.check(out.parent, repo))[out])
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = _run_compiled(script)
     assert "STATE stale" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
 
 
@@ -106,9 +118,7 @@ def test_an_archive_too_small_for_all_keeps_the_first_compiled(tmp_path):
     smoke runs and recipes) before the tuned ones (the benchmarks). Capped by --max-mb, it keeps the
     pinned pass's entries and leaves out the tuned pass's, not the other way round (newest first, as
     a call's own cache is packed). The kernel tests' pass compiles the pinned tiles, as step 10 runs them."""
-    repo = tmp_path / "repo"
-    (repo / "kernels").mkdir(parents=True)
-    (repo / "kernels" / "op.py").write_text("@triton.jit\\ndef k(x):\\n    pass\\n")
+    repo = _checkout_with_a_kernel(tmp_path)
     script = f"""
 import os, subprocess, sys, tarfile
 from pathlib import Path
@@ -135,8 +145,5 @@ out = repo / "prewarm.tar.xz"
 assert prewarm.main(["--cache-dir", str(repo / "cache"), "--out", str(out), "--max-mb", "0.4"]) == 0
 print("PASSES", passes, "PACKED", sorted(n.split("/")[0] for n in tarfile.open(out).getnames()))
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = _run_compiled(script)
     assert "PASSES ['pass-0', 'pass-1', 'tests-0'] PACKED ['pass-0']" in res.stdout, res.stdout[-3000:] + res.stderr
