@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from conftest import DEVICE, report_diff, requires_cuda
 
 from scratchformer import ops
-from scratchformer.kernels.add_layer_norm import add_layer_norm
+from scratchformer.kernels import add_layer_norm as LN
+from scratchformer.kernels.add_layer_norm import add_layer_norm, check_limits
 from scratchformer.reference import add_layer_norm_ref
 
 # (dtype, atol, rtol). fp32: both sides compute in fp32; only summation order differs.
@@ -265,8 +266,6 @@ def test_add_layer_norm_rows_per_tile(block_m, monkeypatch):
     many as the interpreter likes here). Forcing the GPU's one row, and a tile that leaves 33 rows
     ragged, gives the reference's outputs and gradients with dropout on, and the same dropout
     mask: the Philox stream does not depend on the tiling."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     inputs = _inputs((33, 100), torch.float32)
     _, _, free_mask = add_layer_norm(*inputs, dropout_p=0.3, seed=5, return_residual=True, return_dropout_mask=True)
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
@@ -410,7 +409,6 @@ def test_add_layer_norm_bad_inputs():
     big = torch.randn(1, 20000, device=DEVICE)
     with pytest.raises(ValueError, match="hidden size N must be <= 16384.*got 20000"):
         add_layer_norm(big, None, torch.ones(20000, device=DEVICE), None)
-    from scratchformer.kernels.add_layer_norm import check_limits
 
     for N in (1, 16384):  # the bound is inclusive: one past it is refused (checked without a launch)
         check_limits(torch.empty(1, N, device=DEVICE), None, torch.empty(N, device=DEVICE), None)
@@ -455,8 +453,6 @@ def test_forward_tuning_candidates_hold_the_heuristic_and_fit(N, rows):
     """The GPU's tuned forward (`_prune_fwd`) always offers `_block_m`'s own (rows, warps) first,
     so tuning can only keep it or beat it, then list configs whose tile fits 8k fp32 values with
     at least 4 a thread; each candidate once."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     bn = LN.next_pow2(N)
     got = [(c.kwargs["BLOCK_M"], c.num_warps) for c in LN._prune_fwd(LN.TILE_CONFIGS, {"M": rows}, BLOCK_N=bn)]
     bm = LN._block_m(rows, bn)
@@ -477,8 +473,6 @@ def test_backward_tuning_candidates_hold_the_heuristic_and_fit(N, rows_per_progr
     N 512 the pinned tile is the eighth window's pick, 2 rows at 8 warps (the forward's rule, one
     row at 2 warps, left 8 warps an SM in flight: 0.54 of the copy bandwidth), and the tuner offers
     more rows and warps still, and the old pick."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's heuristic (the interpreter's packs rows)
     bn = LN.next_pow2(N)
     rows = torch.empty(0, N, dtype=torch.bfloat16)  # dy, s and ds_out: what a pipelined block loads
@@ -515,8 +509,6 @@ def test_pinned_backward_depth_is_the_tuned_one_that_fits(block_m, N, loaded_byt
     """The pinned backward's loop depth (`_loop_stages`): 3 row blocks in flight up to N 4096 (the
     eighth window's tuned choice), shallower when the blocks ahead would pass MAX_PIPELINE_BYTES,
     unpipelined beyond 4096 columns (the tuner's choice at 8192)."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     assert LN._loop_stages(block_m, N, loaded_bytes) == depth
     assert LN._pipeline_bytes(depth, block_m, N, loaded_bytes) <= LN.MAX_PIPELINE_BYTES
 
@@ -527,8 +519,6 @@ def test_backward_rows_split_into_whole_blocks(block_m, monkeypatch):
     blocks, in the kernel (as the tuned launch needs): 37 rows over 5 programs at every BLOCK_M,
     some programs left without rows (their dw/db partials must be zeros), fp32 with dropout,
     against the reference."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     if not LN.INTERPRET:  # each forced block size would be a compile of its own on a GPU
         pytest.skip("the interpreter's check of the split (the GPU runs every real tile in the forced-candidate test)")
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
@@ -542,8 +532,6 @@ def test_gpu_pinned_tiles_match_ref(N, monkeypatch):
     forward's one row from 512 columns and the backward's 8 warps over 1,024 values up to 512
     columns (16 rows of 16 columns a program's iteration, 2 rows of 512), 37 rows over 4 programs,
     fp32 with dropout, against the reference."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     monkeypatch.setattr(LN, "INTERPRET", False)  # the GPU's tile choices; the kernels stay interpreted
     assert LN._bwd_tile(10, LN.next_pow2(N))[1] == LN.BWD_NARROW_WARPS
@@ -555,8 +543,6 @@ def test_gpu_pinned_tiles_match_ref(N, monkeypatch):
 def test_every_tuning_candidate_matches_ref(config, monkeypatch):
     """Each candidate tile of the tuned kernels (forced, forward and backward), bf16 with dropout:
     the reference's outputs and gradients under the same mask."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     c = LN.TILE_CONFIGS[config]
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: c.kwargs["BLOCK_M"])
     monkeypatch.setattr(LN, "_num_warps", lambda block_m, block_n: c.num_warps)
@@ -569,8 +555,6 @@ def test_every_tuning_candidate_matches_ref(config, monkeypatch):
 def test_wide_backward_tile_matches_ref(monkeypatch):
     """The backward's 16-warp tile (`BWD_WIDE_TILES`), forced, at 8,192 columns, where the tuner
     offers it: bf16 with dropout, the reference's outputs and gradients under the same mask."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     c = LN.BWD_WIDE_TILES[0]
     monkeypatch.setattr(LN, "_bwd_tile", lambda rows, block_n: (c.kwargs["BLOCK_M"], c.num_warps))
     monkeypatch.setattr(LN, "AUTOTUNE", False)
@@ -585,8 +569,6 @@ def test_pipelined_backward_matches_ref(block_m, stages, monkeypatch):
     short (1,001 rows of 512 on a GPU; 67 of 48 in the interpreter, where two programs get no rows);
     bf16 with dropout, against the reference. In the interpreter, which runs the loop unpipelined,
     it checks the launch's plumbing; on a GPU, the compiled pipeline."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     monkeypatch.setattr(LN, "AUTOTUNE", False)
     monkeypatch.setattr(LN, "_loop_stages", lambda block_m, block_n, loaded_bytes: stages)
     monkeypatch.setattr(LN, "_block_m", lambda rows, block_n: block_m)
@@ -601,8 +583,6 @@ def test_pipelined_backward_matches_ref(block_m, stages, monkeypatch):
 def test_tuned_kernels_match_ref(N, monkeypatch):
     """The autotuned launches of the forward and the backward (tuning on the first call, the chosen
     tile launched directly after: `launch_tuned`), twice, with and without dropout."""
-    from scratchformer.kernels import add_layer_norm as LN
-
     monkeypatch.setattr(LN, "AUTOTUNE", True)
     for p in (0.0, 0.2, 0.2):
         _check_with_dropout(_inputs((777, N), torch.bfloat16), p, *DTYPES[2][1:])

@@ -14,6 +14,7 @@ import torch
 from conftest import DEVICE, report_diff, requires_cuda
 
 from scratchformer import ops
+from scratchformer.kernels import attention as A
 from scratchformer.kernels.attention import attention
 from scratchformer.reference import attention_mask, attention_ref
 
@@ -356,8 +357,6 @@ def test_launch_grids_fit_cuda_with_many_batch_rows_and_heads(monkeypatch):
     CUDA's first axis (limit 2³¹ - 1), never on the others (65,535), where the launch failed with
     CUDA's "invalid argument". The launches are recorded, not run: the interpreter has no such limit.
     Each grid is one program a (row block, batch x head) pair, as `_program` reads it."""
-    from scratchformer.kernels import attention as A
-
     grids = []
 
     def record(kernel, grid, key, *args, **kwargs):
@@ -524,8 +523,6 @@ BAD = {
 def test_bad_input_raises(case, monkeypatch):
     """Each bad input on the test device (the meta tensor of "device" stays), with the length checks
     on: a GPU reads lengths back only with SCRATCHFORMER_DEBUG=1 (the next test)."""
-    import scratchformer.kernels.attention as A
-
     monkeypatch.setattr(A, "_DEBUG", True)
     ((q, k, v), kw), match = BAD[case]
 
@@ -544,8 +541,6 @@ def test_out_of_range_lengths_are_clamped_by_the_kernels_on_every_device(monkeyp
     reads no row past L (here NaN rows of the larger buffers q, k and v are views of), a negative
     one masks everything. Forward and gradients as the reference's, where that is what such
     lengths mean."""
-    import scratchformer.kernels.attention as A
-
     monkeypatch.setattr(A, "value_checks", lambda t: False)
     B, H, Lq, Lk, D = 3, 2, 21, 26, 16
     bufs = [torch.randn(B, H, L + 40, D, device=DEVICE) for L in (Lq, Lk, Lk)]
@@ -574,8 +569,6 @@ def test_cuda_lengths_are_clamped_without_a_sync_unless_debugging(monkeypatch):
     """On a GPU the lengths' range is not read back (a host sync per call) unless
     SCRATCHFORMER_DEBUG=1: out-of-range lengths are clamped to [0, L], which is eager's meaning
     (lengths past L mask nothing, negative ones everything) and keeps the kernels in bounds."""
-    import scratchformer.kernels.attention as A
-
     q, k, v = (torch.randn(2, 2, 8, 16, device="cuda") for _ in range(3))
     monkeypatch.setattr(A, "_DEBUG", False)
     out = attention(q, k, v, key_lengths=torch.tensor([12, -3], device="cuda"))
@@ -642,8 +635,6 @@ def test_tuning_candidates_leave_out_the_spilling_configs(head_dim, dtype, monke
     """What the GPU's tuner is offered (`_pruner`): every candidate but the ones ptxas spilled
     hundreds of bytes for (SPILLED: over MAX_LIVE_VALUES live values a thread), and for fp32 inputs
     only those whose shared memory fits A100's; never none."""
-    import scratchformer.kernels.attention as A
-
     monkeypatch.setattr(A, "INTERPRET", False)
     monkeypatch.setattr(A, "AUTOTUNE", True)
     for name in A.TUNING:

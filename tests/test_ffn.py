@@ -17,6 +17,8 @@ from conftest import DEVICE, report_diff, requires_cuda
 
 import scratchformer.kernels.ffn as ffn_mod
 from scratchformer import ops
+from scratchformer.kernels import _common
+from scratchformer.kernels import matmul as MM
 from scratchformer.kernels.ffn import ffn
 from scratchformer.kernels.matmul import matmul, matmul_dact
 from scratchformer.reference import ffn_ref
@@ -211,8 +213,6 @@ def test_matmul_copies_an_operand_whose_k_stride_would_pass_int32(monkeypatch):
     widest BLOCK_K reaches 2^31 (a column-major A of 33.5M rows) reaches them at unit K stride, a
     copy. Too large to allocate here, so the widest BLOCK_K is raised until these strides pass it:
     what the kernels get, forward and dact, and the products, against torch."""
-    import scratchformer.kernels.matmul as MM
-
     M, N, K = 40, 24, 48
     a = torch.randn(K, M, device=DEVICE).t()  # K stride M
     b = torch.randn(K, N, device=DEVICE)  # K stride N
@@ -401,9 +401,6 @@ def test_a_tuned_kernel_launches_its_chosen_config_directly(monkeypatch, tma):
     """kernels/_common.launch_tuned: the Autotuner chooses once per key; later launches of the key
     skip its per-call lookup and compute the same; a new key (another M bucket) asks it again. Both
     GEMM families (the TMA kernels are Hopper's default, so each is pinned here)."""
-    from scratchformer.kernels import _common
-    from scratchformer.kernels import matmul as MM
-
     monkeypatch.setattr(MM, "TMA", tma)
     if tma and not MM.tma_enabled(True, torch.device(DEVICE)):
         pytest.skip("the TMA kernels need Hopper or later (or the interpreter)")
@@ -430,9 +427,6 @@ def test_a_tuned_launch_keeps_its_heuristics_per_key(monkeypatch):
     config of each key: a K that is not a multiple of BLOCK_K (the masked K loop) and one that is,
     each launched twice (the second time on the kept values), both equal a @ b. The pointer
     kernels' (pinned: Hopper's default GEMMs are the TMA kernels, whose K loop is unmasked)."""
-    from scratchformer.kernels import _common
-    from scratchformer.kernels import matmul as MM
-
     monkeypatch.setattr(MM, "TMA", False)
     monkeypatch.setattr(_common, "_CHOSEN", {})
     for K in (40, 64, 40):
