@@ -15,6 +15,7 @@ import torch
 import triton
 
 from scratchformer.data import PAD_ID
+from scratchformer.kernels import _common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the smallest fp32 forward case of the eager peer: its sizes differ between a CPU and a GPU
@@ -155,8 +156,6 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     """run_bench records which config each of our autotuned kernels ran in the case
     (kernels/_common.tuned_launches: the latest launch per kernel through launch_tuned), and none
     left over from an earlier case."""
-    from scratchformer.kernels import _common
-
     bench_conftest = _bench_conftest()
 
     monkeypatch.setattr(_common, "_LAUNCHED", {"_left_over_kernel": {"BLOCK": 8}})

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from scratchformer import checkpoint as C
+from scratchformer.checkpoint import Held, hold, release
+from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation.evaluate import load_run
+from scratchformer.model import ModelConfig, build_model
 
 
 def state(v=1.0):
@@ -171,9 +174,6 @@ def test_incomplete_checkpoint_names_the_missing_key(tmp_path):
 def test_checkpoint_whose_parts_disagree(tmp_path):
     """A config the model cannot be built from, a broken tokenizer, or weights of another shape:
     CheckpointError naming the file (not a TypeError, KeyError or a torch RuntimeError)."""
-    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-    from scratchformer.model import ModelConfig, build_model
-
     tok = BPETokenizer.train(["one two three four five six seven"] * 20, vocab_size=300, min_frequency=1)
     shape = dict(src_vocab_size=tok.vocab_size, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
     cfg, other = ModelConfig(d_model=32, **shape), ModelConfig(d_model=16, **shape)
@@ -206,9 +206,6 @@ def test_checkpoint_whose_parts_disagree(tmp_path):
 def test_checkpoint_whose_task_or_arguments_are_bad(tmp_path, change, message):
     """A crafted task decoded as translation; bad arguments failed later, in a TypeError or as a flag
     the user did not give (`--min-len 0 exceeds the longest output, -5 tokens`)."""
-    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-    from scratchformer.model import ModelConfig, build_model
-
     tok = BPETokenizer.train(["one two three four five six seven"] * 20, vocab_size=300, min_frequency=1)
     cfg = ModelConfig(d_model=32, src_vocab_size=tok.vocab_size, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
                       d_ff=64)
@@ -277,8 +274,6 @@ def test_a_lock_is_held_once_even_when_its_holder_removes_it_between_anothers_op
     unlink and locks after it holds a file no longer on disk, while a third creates the name anew and
     holds that. `hold` sees its file is gone and opens the name again, so one name has one holder."""
     import fcntl
-
-    from scratchformer.checkpoint import Held, hold, release
 
     lock = tmp_path / ".out.lock"
     first = hold(lock)

@@ -18,7 +18,7 @@ import scratchformer.kernels.cross_entropy as CE
 from scratchformer import data as D
 from scratchformer import ops
 from scratchformer.evaluation.evaluate import eval_loader, evaluate, teacher_forced
-from scratchformer.model import PAD_ID, Classifier, Transformer, get_config
+from scratchformer.model import PAD_ID, Classifier, Ensemble, Transformer, get_config
 from scratchformer.reference import linear_cross_entropy_ref, nll_loss_ref
 from scratchformer.training.optim import label_smoothed_loss
 
@@ -297,8 +297,6 @@ def test_validation_scores_the_models_own_loss():
     """`teacher_forced` takes a seq2seq model's NLL from forward(target=) (the fused op without a
     gradient on triton) and an ensemble's from its mixture: the mean token NLL of their logits."""
     from torch.nn.functional import cross_entropy
-
-    from scratchformer.model import Ensemble
 
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(4, 70, (int(n),), generator=g).int().numpy() for n in torch.randint(2, 9, (12,), generator=g)]

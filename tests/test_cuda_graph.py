@@ -14,8 +14,17 @@ import pytest
 import torch
 from conftest import requires_cuda
 
-from scratchformer import graphs
-from scratchformer.model import EOS_ID, ModelConfig, Transformer, beam_search, greedy_decode
+from scratchformer import graphs, op_checks
+from scratchformer.model import (
+    EOS_ID,
+    Ensemble,
+    ModelConfig,
+    Transformer,
+    beam_search,
+    decoding,
+    greedy_decode,
+    weight_cast,
+)
 from scratchformer.training.cuda_graph import capture_step
 
 V = 64
@@ -60,8 +69,6 @@ def test_capture_step_sets_the_gradients_to_none_before_each_update(monkeypatch)
     """What capture_step hands the capture (stood in for here: on a GPU the last call is recorded,
     not run): `warmup` updates, then the captured one, each starting from no gradients, so the
     captured backward creates them in the graph's pool and no replay accumulates."""
-    from scratchformer import graphs
-
     calls = []
     monkeypatch.setattr(graphs, "capture", lambda fn, warmup: ([fn() for _ in range(warmup + 1)], lambda: None))
     w = torch.nn.Parameter(torch.ones(3))
@@ -150,9 +157,6 @@ def test_decoding_chooses_graphs_on_a_gpu_unless_told_not_to(monkeypatch):
     the device); launched steps on the CPU; an explicit cuda_graph wins. (Before, the choice read
     `ops.DEBUG`, which op_checks.py had taken over: every default decoding on a GPU, validation's
     included, raised AttributeError.)"""
-    from scratchformer import op_checks
-    from scratchformer.model import decoding
-
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv("SCRATCHFORMER_CUDA_GRAPHS", raising=False)
     monkeypatch.setattr(op_checks, "DEBUG", False)
@@ -390,8 +394,6 @@ def test_graph_decoding_of_an_ensemble_equals_launched_steps(kernel):
     """An ensemble's step (every member's step and the log of their mean, `model.Ensemble`)
     captured as one CUDA graph decodes what its launched steps decode, greedy and beam 3, fp32;
     the members differ in width and layer norm placement."""
-    from scratchformer.model import Ensemble
-
     members = [_model(kernel, 0.0).eval()]
     torch.manual_seed(1)
     cfg = ModelConfig(src_vocab_size=V, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=64,
@@ -415,8 +417,6 @@ def test_graph_decoding_under_autocast_with_lent_weights_decodes_as_without(kern
     """Under bf16 autocast the step's graph reads the weights lent in bf16 for the call
     (`WeightCast.for_decoding`), where it held a cast of each one, replayed every step: greedy and
     beam 3 decode the same tokens as the graph with autocast's own casts, bit for bit."""
-    from scratchformer.model import weight_cast
-
     model = _model(kernel, 0.0).eval()
     with torch.no_grad():
         model.generator.bias[EOS_ID] = 2.0  # some rows end early

@@ -16,8 +16,12 @@ import torch
 
 from scratchformer import data as D
 from scratchformer.data import files
+from scratchformer.data.batching import _fit, _pad
 from scratchformer.evaluation.predict import read_inputs
-from scratchformer.model import BOS_ID, EOS_ID, PAD_ID
+from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer
+from scratchformer.training.build import load_data, run_split
+from scratchformer.training.config import TrainConfig
+from scratchformer.training.optim import label_smoothed_loss
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -399,8 +403,6 @@ def test_classification_empty_text_is_one_eos():
 def test_vectorised_truncation_matches_a_loop(eos):
     """`_fit` (every sequence cut and ended at once) against the policy written per sequence, on
     random lengths with empty sequences, whole and on a slice of a Ragged."""
-    from scratchformer.data.batching import _fit
-
     rng = np.random.default_rng(0)
     seqs = [rng.integers(4, 100, size=int(n)).tolist() for n in rng.integers(0, 12, size=60)]
     ragged = D.Ragged.of(seqs)
@@ -458,8 +460,6 @@ def test_collate_pads_right():
 def test_collate_equals_padding_row_by_row():
     """The vectorised padding (one scatter of every token) against rows filled one at a time:
     random lengths, empty sequences among them, int32 arrays and lists, every multiple."""
-    from scratchformer.data.batching import _pad
-
     rng = np.random.default_rng(0)
     for trial in range(40):
         seqs = [rng.integers(4, 500, size=rng.integers(0, 9)).astype(np.int32) for _ in range(rng.integers(1, 7))]
@@ -478,9 +478,6 @@ def test_collate_equals_padding_row_by_row():
 def test_collate_pads_to_a_multiple_and_the_loss_is_unchanged():
     """pad_multiple rounds each padded length up (src, tgt_in and tgt_out alike), keeps the lengths
     and the tokens, and the model's loss on the wider batch is the loss on the tight one."""
-    from scratchformer.model import ModelConfig, Transformer
-    from scratchformer.training.optim import label_smoothed_loss
-
     items = [(0, np.array([5, 6, 7, 8, 9, EOS_ID]), np.array([7, 8])), (1, np.array([8, EOS_ID]), np.array([9] * 5))]
     tight, wide = D.collate(items), D.collate(items, pad_multiple=4)
     assert wide.src.shape == (2, 8) and wide.tgt_in.shape == wide.tgt_out.shape == (2, 8)
@@ -636,9 +633,6 @@ def test_a_hub_dataset_without_validation_is_carved_in_training_and_evaluation_a
     """HF imdb has no validation split: training carves one from train, trimmed to --max-valid-examples
     (the hub's carve ignored it), and evaluation's `run_split` carves the same examples again (it asked
     the hub for the split and failed)."""
-    from scratchformer.training.build import load_data, run_split
-    from scratchformer.training.config import TrainConfig
-
     class FakeDatasets:
         @staticmethod
         def load_dataset(path, split, name=None):

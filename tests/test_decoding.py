@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import Dispatched
 
-from scratchformer import graphs
+from scratchformer import graphs, ops
 from scratchformer.model import (
     BOS_ID,
     EOS_ID,
@@ -20,6 +20,7 @@ from scratchformer.model import (
     decoding,
     greedy_decode,
     transformer,
+    weight_cast,
 )
 
 V = 30
@@ -133,8 +134,6 @@ def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
     """Auto mode (cuda_graph=None) on a GPU: a capture that raises warns once and the search goes
     on with launched steps over the static caches, decoding what it would have; cuda_graph=True
     raises it instead. (Here on the CPU, with the device's choice and the capture stood in for.)"""
-    from scratchformer.model import decoding
-
     def capture(*a):
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -577,8 +576,6 @@ def test_under_autocast_the_self_attention_caches_keep_its_dtype(kernel, static,
     attention; the decoding steps' logits are those of fp32 caches, bit for bit."""
     from conftest import DEVICE, step_model
 
-    from scratchformer import ops
-
     m = step_model(kernel, DEVICE, dropout=0.0).eval()  # head dim 16: triton's smallest
     src, sl = (t.to(DEVICE) for t in _src())
 
@@ -609,8 +606,6 @@ def test_under_autocast_decoding_lends_its_weights_cast_once(kernel, kind, monke
     pointer-generator's key projection, outside the lending, casts its own once a call. A model
     with compiled decoding (`static_caches`) lends nothing."""
     from conftest import DEVICE, step_model
-
-    from scratchformer.model import weight_cast
 
     overrides = {"tied": dict(tie_embeddings="all"), "copy": dict(tie_embeddings="all", copy=True),
                  "static": dict(tie_embeddings="all")}[kind]

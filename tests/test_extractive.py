@@ -20,6 +20,7 @@ from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_extracts, teacher_forced
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import BOS_ID, ModelConfig, build_model
+from scratchformer.training.ablation import _final_metric
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
 from scratchformer.training.optim import extractive_loss
 from tests.conftest import BACKENDS, DEVICE, extractive_folder, random_sentences, report_diff
@@ -418,8 +419,6 @@ def test_validation_picks_best_pt_by_the_runs_summary_rule(tmp_path):
 
 
 def test_the_ablation_reads_an_extractive_runs_scores():
-    from scratchformer.training.ablation import _final_metric
-
     assert _final_metric({"loss": 0.4, "top3": {"rouge1": 37.0}}, "rouge1") == ("rouge1", {"loss": 0.4, "rouge1": 37.0})
     assert _final_metric({"loss": 0.4, "top4-60w": {"rouge1": 40.0}}, "rouge1")[1]["rouge1"] == 40.0
     assert _final_metric({"loss": 0.4, "greedy": {"bleu": 30.0}}, None)[1]["bleu"] == 30.0

@@ -8,8 +8,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import scratchformer.model as pkg
 from scratchformer import op_checks, ops
-from scratchformer.model import PRESETS, Classifier, ModelConfig, Transformer, build_model, count_parameters, get_config
+from scratchformer.model import (
+    PRESETS,
+    Classifier,
+    ModelConfig,
+    Transformer,
+    build_model,
+    check_batch,
+    count_parameters,
+    decoding,
+    get_config,
+    greedy_decode,
+    layers,
+    transformer,
+)
+from scratchformer.model.layers import MultiHeadAttention, project_memory
 
 V = 40
 
@@ -321,7 +336,6 @@ def test_autocast_forward_backward_and_decoding(kernel, copy):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = m(src, sl, tgt, tl)
         out.float().sum().backward()
-        from scratchformer.model import greedy_decode
 
         greedy_decode(m, src, sl, max_len=4)
     assert out.dtype == (torch.float32 if copy else torch.bfloat16)
@@ -367,9 +381,6 @@ def test_moving_a_model_chooses_its_ops_again(monkeypatch):
 def test_no_forward_takes_a_backend_argument():
     """The backend travels in self.ops: no function or method of scratchformer.model takes `kernel`."""
     import inspect
-
-    import scratchformer.model as pkg
-    from scratchformer.model import decoding, layers, transformer
 
     checked = 0
     for module in (layers, transformer, decoding):
@@ -424,8 +435,6 @@ def test_forward_reads_no_values_off_cpu_unless_debugging(monkeypatch, classifie
 
 def test_debug_checks_name_the_problem(monkeypatch):
     """The value checks' messages: token ids and lengths out of range (on CPU they always run)."""
-    from scratchformer.model import check_batch
-
     monkeypatch.setattr(op_checks, "DEBUG", True)
     tokens, lengths = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([3, 1])
     check_batch("src", tokens, lengths, vocab=7, max_len=8)
@@ -453,8 +462,6 @@ def test_debug_checks_name_the_problem(monkeypatch):
 def test_attention_weights_are_zero_on_padded_query_rows():
     """The weights a layer returns for visualisation (need_weights) are those it computed: rows past
     a sequence's length are zeros, as its output there (they were a softmax over the keys)."""
-    from scratchformer.model.layers import MultiHeadAttention
-
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 2, ops=ops.select("eager", "cpu")).eval()
     x, lengths = torch.randn(2, 6, 16), torch.tensor([3, 6])
@@ -469,8 +476,6 @@ def test_attention_weights_are_the_softmax_that_weights_the_values(causal):
     """need_weights returns softmax(q k^T / sqrt(D)) of the layer's own projections (2 heads of D = 8),
     keys past a sequence's length and above the causal diagonal masked out; those weights times v,
     through out_proj, are the layer's output. In float64."""
-    from scratchformer.model.layers import MultiHeadAttention
-
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 2, ops=ops.select("eager", "cpu")).double().eval()
     x, lengths = torch.randn(2, 5, 16, dtype=torch.float64), torch.tensor([3, 5])
@@ -490,8 +495,6 @@ def test_one_matmul_projects_every_layers_memory_as_each_layer_would(autocast):
     matmul; each (k, v) as that layer's own kv_proj gives it (to fp32's rounding; under bf16 autocast
     to bf16's), and the gradient of memory the sum of the layers' (one GEMM's fp32 sum, where each
     layer's came rounded to bf16 under autocast)."""
-    from scratchformer.model.layers import project_memory
-
     torch.manual_seed(0)
     model = build_model(get_config("tiny", src_vocab_size=40, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=3))
     layers = model.decoder.layers

@@ -13,6 +13,7 @@ import torch
 from conftest import DEVICE, requires_cuda
 
 from scratchformer import op_checks, ops
+from scratchformer.kernels import _common, add_layer_norm, attention, cross_entropy, ffn
 from scratchformer.model import Classifier, Extractor, ModelConfig, Transformer, beam_search, greedy_decode
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
@@ -430,8 +431,6 @@ def test_auto_runs_a_head_dim_triton_cannot_on_torch():
 
 def _triton_calls():
     """{op: (kernel module, call(bundle or module), leaves)} on small valid inputs that take gradients."""
-    from scratchformer.kernels import add_layer_norm, attention, cross_entropy, ffn
-
     q, k, v = _qkv(requires_grad=True)
     lengths = torch.tensor([5, 2])
     x, w, b = (torch.randn(*shape, requires_grad=True) for shape in ((2, 3, 16), (16,), (16,)))
@@ -489,8 +488,6 @@ def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, m
     """What the backends' check passes and only a kernel refuses (its dtypes, widths, head dims, and
     CPU tensors without the interpreter) is refused by the triton bundle with the kernel's message,
     the entry point's own (`check_limits`, in the order of the entry point's checks)."""
-    from scratchformer.kernels import _common
-
     bundle = ops.select("triton", DEVICE)
     op, what = case.split(" ", 1)
     if what == "on cpu":

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE, report_diff
 
-from scratchformer import op_checks, ops, reference
+from scratchformer import _ext, op_checks, ops, reference
+from scratchformer.kernels import add_layer_norm, attention, cross_entropy, ffn
+from scratchformer.kernels._common import cdiv, check_interpreter_versions, next_pow2
 
 EAGER, TORCH = ops.select("eager"), ops.select("torch")
 
@@ -272,9 +274,6 @@ def test_select_returns_the_bundle_of_the_backend(kernel, device, name):
     elif name == "torch":
         assert chosen.attention.__wrapped__ is ops._attention_sdpa and chosen.embed.__wrapped__ is ops._embed_torch
     else:
-        from scratchformer import _ext
-        from scratchformer.kernels import add_layer_norm, attention, cross_entropy, ffn
-
         # the entry points without their checks, which the bundle runs (tests/test_op_checks.py)
         assert chosen.attention.__wrapped__ is attention.attention_trusted
         assert chosen.ffn.__wrapped__ is ffn.ffn_trusted
@@ -294,8 +293,6 @@ def test_select_refuses_unknown_backends_and_devices():
 
 def test_select_names_a_missing_extension(monkeypatch):
     """No silent fallback: a triton bundle whose C++ op is not built is refused when selected."""
-    from scratchformer import _ext
-
     monkeypatch.setattr(_ext, "_LOAD_ERROR", "importing scratchformer._C failed: test")
     monkeypatch.setattr(ops, "_triton_ops", ops._triton_ops.__wrapped__)  # bypass the cache
     with pytest.raises(RuntimeError, match=r"extension is not available \(importing scratchformer._C failed: test\)"):
@@ -320,8 +317,6 @@ def test_value_checks_run_on_cpu_and_elsewhere_only_in_debug(monkeypatch):
 def test_interpreter_version_guard_names_the_fix():
     """Triton < 3.7's interpreter breaks on numpy >= 2.3 deep inside a kernel launch; the guard
     turns that into an error naming both versions and the fix, and lets good pairs through."""
-    from scratchformer.kernels._common import check_interpreter_versions
-
     with pytest.raises(RuntimeError, match=r"triton 3\.6\.0 needs numpy < 2\.3 \(found numpy 2\.4\.6\)"):
         check_interpreter_versions("3.6.0", "2.4.6")
     with pytest.raises(RuntimeError, match="numpy < 2.3"):
@@ -334,8 +329,6 @@ def test_interpreter_version_guard_names_the_fix():
 def test_the_launch_helpers_are_ceiling_division_and_the_next_power_of_two():
     """`_common.cdiv` and `next_pow2`, which size every grid and tile, at exact multiples and one past
     them (by hand: 6 / 3 = 2 exactly, 7 / 3 rounds up to 3; 2^4 = 16 is its own next power, 17 needs 32)."""
-    from scratchformer.kernels._common import cdiv, next_pow2
-
     assert [cdiv(a, 3) for a in (0, 1, 3, 6, 7)] == [0, 1, 1, 2, 3]
     assert [next_pow2(n) for n in (0, 1, 2, 3, 16, 17, 16384)] == [1, 1, 2, 4, 16, 32, 16384]
 

@@ -25,6 +25,7 @@ from scratchformer.data import DataError, split_sentences
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import evaluate as E
 from scratchformer.evaluation import predict as P
+from scratchformer.evaluation import resume
 from scratchformer.evaluation.evaluate import decode_max_len, load_run, predict_labels
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
@@ -670,8 +671,6 @@ def test_a_kill_at_any_write_leaves_what_resume_finishes(runs, tmp_path, monkeyp
     output's before its rename): a kill at any write, of a fresh run snapshotting every batch or of a
     --resume keeping an output's lines (and no snapshot), leaves nothing that --resume refuses or
     finishes wrong."""
-    from scratchformer.evaluation import resume
-
     rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(6, 7))]
     src, clean, first = (_write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "clean.jsonl",
                          tmp_path / "first.jsonl")
@@ -865,8 +864,6 @@ def test_decoding_constraints_reach_the_decoder(runs, tmp_path, monkeypatch, bea
     """generate and evaluate hand --no-repeat-ngram and --min-len to the decoder (whose constraints
     `tests/test_decoding.py` checks against references), they change the outputs, and evaluate
     records them with its scores."""
-    from scratchformer.evaluation import evaluate as E
-
     key = flag[2:].replace("-", "_")
     seen = []
     for name in ("beam_search", "greedy_decode"):

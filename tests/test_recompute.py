@@ -15,7 +15,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 from scratchformer import train as T
-from scratchformer.model import Classifier, ModelConfig, Transformer, greedy_decode
+from scratchformer.model import Classifier, ModelConfig, Transformer, greedy_decode, transformer
 from scratchformer.reference import cross_entropy_ref
 from scratchformer.training.config import ConfigError
 
@@ -117,8 +117,6 @@ def test_encoder_only_models_recompute_too():
 def test_evaluation_and_decoding_are_unchanged(monkeypatch):
     """Only a training forward that builds a graph recomputes: evaluation, a forward without a
     gradient and KV-cached decoding never go through checkpointing, and decode as before."""
-    from scratchformer.model import transformer
-
     calls = []
 
     def counted(fn, *args, **kwargs):

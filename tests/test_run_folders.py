@@ -19,7 +19,9 @@ from scratchformer import train as T
 from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, holder, load_checkpoint, save_checkpoint
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
+from scratchformer.evaluation import plots
 from scratchformer.model import get_config
+from scratchformer.training import ablation, launch
 from scratchformer.training.ablation import best_variant, variant_folders
 from scratchformer.training.build import (
     Examples,
@@ -140,8 +142,6 @@ def test_overwrite_deletes_only_run_files_and_refuses_foreign_ones(tmp_path):
 
 
 def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path, monkeypatch):
-    from scratchformer.training import launch
-
     def boom(*a, **k):
         raise RuntimeError("the model could not be built")
 
@@ -334,9 +334,6 @@ def test_ablation_json_is_written_atomically(tmp_path, monkeypatch):
     import builtins
     import errno
     import io
-
-    from scratchformer.evaluation import plots
-    from scratchformer.training import ablation
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "metrics.jsonl").write_text('{"split": "valid", "step": 1, "loss": 2.0}\n')

@@ -29,10 +29,12 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scratchformer.compile import check_backend, compile_decoding, compile_model
+from scratchformer.kernels import _common
 from scratchformer.kernels import add_layer_norm as LN
 from scratchformer.kernels import attention as A
 from scratchformer.kernels import cross_entropy as CE
 from scratchformer.kernels import ffn as F
+from scratchformer.kernels._common import dropout_rng
 from scratchformer.model import ModelConfig, beam_search, build_model, greedy_decode
 
 OPS = torch.ops.scratchformer
@@ -211,8 +213,6 @@ def test_eager_op_calls_skip_the_dispatcher_unless_something_intercepts(device, 
     dispatch mode, the profiler, or a tensor subclass argument, the calls go through the
     dispatcher instead (the mode sees them; the swapped impls do not); the outputs and gradients
     are the same either way."""
-    from scratchformer.kernels import _common
-
     direct = []
     for op, impl in list(_common._IMPLS.items()):
         monkeypatch.setitem(_common._IMPLS, op, lambda *a, _impl=impl, _name=op._schema.name: (
@@ -281,8 +281,6 @@ def _dropout_case(name, device):
 
 
 def test_dropout_rng_helper(device):
-    from scratchformer.kernels._common import dropout_rng
-
     assert dropout_rng(0.0, None, device) is None and dropout_rng(0.0, 7, device) is None  # nothing drawn
     given = dropout_rng(0.1, 2**40, device)
     assert given.dtype == torch.int64 and given.tolist() == [2**40, 0]

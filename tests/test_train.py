@@ -8,9 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scratchformer import data as D
 from scratchformer import train as T
 from scratchformer.checkpoint import load_checkpoint
+from scratchformer.data import batching
 from scratchformer.evaluation import metrics as M
+from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
 from scratchformer.model import Classifier, get_config
 from scratchformer.training import optim as O
 from scratchformer.training import runs
@@ -296,8 +299,6 @@ def test_pad_multiple_pads_every_training_batch(tmp_path, monkeypatch):
     """--pad-multiple 16 with sources of up to 20 tokens: every training batch's lengths are padded
     to multiples of 16 (up to 32, past --max-src-len: the model is built long enough), the run
     trains, and a resume may not change it (the batches would)."""
-    from scratchformer.data import batching
-
     widths, collate = set(), batching.collate
 
     def recording(items, pad_multiple=1, task=None):
@@ -346,9 +347,6 @@ def test_classifier_training_step_reduces_loss():
 
 def test_classifier_validation_loss_counts_label_zero():
     """Label 0 equals PAD_ID: the classification loss must not ignore it."""
-    from scratchformer import data as D
-    from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
-
     torch.manual_seed(0)
     model = Classifier(get_config("classifier", src_vocab_size=20, kernel="eager")).eval()
     ds = D.EncodedDataset([torch.randint(4, 20, (5,)).numpy() for _ in range(6)], [0, 0, 0, 1, 1, 0], "classification")

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from scratchformer import train
 from scratchformer.device import DeviceError, resolve_device
+from scratchformer.model import ModelConfig, get_config
 from scratchformer.training.build import model_config_for
 from scratchformer.training.config import (
     ConfigError,
@@ -265,8 +267,6 @@ def test_device_the_project_cannot_run_on_is_refused(name):
 def test_train_on_a_meta_device_is_refused_before_its_run_folder(tmp_path):
     """train --device meta used to leave args.json, config.json and tokenizer.json behind (then needing
     --overwrite): resolve_device refuses it before the run folder is made."""
-    from scratchformer import train
-
     with pytest.raises(DeviceError, match=r"--device meta: scratchformer runs on cpu or cuda"):
         train.main(["--device", "meta", "--max-steps", "1", "--out", str(tmp_path / "run")])
     assert list(tmp_path.iterdir()) == []
@@ -316,8 +316,6 @@ def test_init_from_refuses_every_model_and_tokenizer_option_but_the_kernel():
     check_init_from(given, "x.pt")
 
 def test_model_config_refuses_impossible_sizes():
-    from scratchformer.model import ModelConfig, get_config
-
     for kw, message in [(dict(d_model=0), r"d_model must be an integer >= 1, got 0"),
                         (dict(n_heads=0), r"n_heads must be an integer >= 1, got 0"),
                         (dict(n_encoder_layers=-1), r"n_encoder_layers must be an integer >= 0, got -1"),

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from scratchformer.kernels import attention as A
+
 ROOT = Path(__file__).resolve().parent.parent  # the repo root: `tools` is importable from there
 
 OPS = ["attention", "add_layer_norm", "matmul", "ffn", "cross_entropy"]
@@ -127,8 +129,6 @@ def test_attention_register_model_matches_ptxas(kernel, config, triton_cache):
     thread) spills hundreds of bytes, one at it (192) little or nothing, so the configs the tuner
     is no longer offered are ones that spill most (Triton 3.9: 648 and 800 bytes against 0 and 72;
     3.6: 376-1,264 for every config pruned at head dims 64 and 128, at most 168 for those kept)."""
-    from scratchformer.kernels import attention as A
-
     bm, bn, warps, _ = config
     over = A.LIVE_VALUES[kernel.removeprefix("attention_")](bm, bn, 128) / (32 * warps) > A.MAX_LIVE_VALUES
     resources = _compiled(kernel, True, 128, config, triton_cache)["resources"]
