@@ -22,21 +22,24 @@ from conftest import DEVICE, extractive_folder, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
+from scratchformer import cli, graphs, op_checks
 from scratchformer import data as D
 from scratchformer import evaluate as evaluate_cli
-from scratchformer import graphs, op_checks
 from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import plots
 from scratchformer.evaluation.evaluate import evaluate
-from scratchformer.model import build_model
+from scratchformer.kernels import attention
+from scratchformer.model import build_model, get_config
+from scratchformer.model.layers import FeedForward
 from scratchformer.training import cuda_graph, report
-from scratchformer.training import trainer as trainer_module
+from scratchformer.training import trainer as TR
 from scratchformer.training.build import build_data, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.cuda_graph import ShapeGraphs
 from scratchformer.training.distributed import Dist, setup_distributed
-from scratchformer.training.launch import create_trainer
+from scratchformer.training.launch import check_for_device, create_trainer
 from scratchformer.training.optim import batch_loss
 from scratchformer.training.progress import Progress, Window
 from scratchformer.training.runs import Logger
@@ -77,8 +80,6 @@ def _data_flags(tmp_path, flags) -> list[str]:
 def test_model_flags_reach_the_model(tmp_path):
     """Each model option given to train ends up in the built model: the three dropouts (sublayer
     outputs, attention probabilities, between the FFN's projections), activation and norm."""
-    from scratchformer.model.layers import FeedForward
-
     trainer = _trainer(tmp_path, "--dropout", "0.05", "--attn-dropout", "0.15", "--ffn-dropout", "0.25",
                        "--activation", "gelu", "--norm", "pre")
     mcfg = trainer.model_config
@@ -148,8 +149,6 @@ def test_train_step_reads_no_value_on_the_host(tmp_path, monkeypatch, flags):
     into a CUDA graph: tests/test_cuda_graph.py)."""
     monkeypatch.setattr(op_checks, "value_checks", lambda t: False)
     if "triton" in flags:
-        from scratchformer.kernels import attention
-
         monkeypatch.setattr(attention, "value_checks", lambda t: False)
     # triton on a GPU machine: its kernels on the GPU (the interpreter may not run with that stack)
     tr = _trainer(tmp_path, *_data_flags(tmp_path, flags), device=DEVICE if "triton" in flags else "cpu")
@@ -250,8 +249,6 @@ def test_a_run_whose_weights_turn_nan_stops_with_an_error_and_keeps_its_finite_c
     next train row with an error naming the step and the last checkpoint, exit status 2; step 2's
     checkpoints stay the last ones, finite (it trained on, wrote NaN step files and last.pt, pruned
     the good ones, and exited 0). A learning rate of 1e30 diverges by itself, before any save."""
-    from scratchformer import cli
-
     step = Trainer.train_step
 
     def poisoned(self, group):
@@ -280,9 +277,6 @@ def test_a_run_whose_weights_turn_nan_stops_with_an_error_and_keeps_its_finite_c
 
 
 def test_evaluate_library_function():
-    from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-    from scratchformer.model import build_model, get_config
-
     ex = D.synthetic_examples("validation", 12)
     toks = TokenizerPair(BPETokenizer.train(D.texts_for_tokenizer(ex, "both"), 300))
     ds, _ = D.encode_examples(ex, "translation", toks.src, toks.tgt, 32, 32)
@@ -502,8 +496,6 @@ def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):
     """Under DDP the time checks are rank 0's, broadcast to all (ranks stopping at different steps
     would hang in all-reduce), once every TIME_SYNC_EVERY steps (a broadcast is a host sync), and at
     once at a resumed start; without --time-budget / --time-limit there is nothing to agree on."""
-    from scratchformer.training import trainer as TR
-
     cfg, given = parse_args(DATA_FLAGS + ["--max-steps", "2", "--time-budget", "1e9", "--out", str(tmp_path / "r")])
     trainer = create_trainer(Trainer, cfg, given)
     trainer._t_start, trainer._seconds_before = time.time(), 0.0
@@ -857,15 +849,13 @@ def test_init_from_refuses_a_missing_checkpoint_and_another_task(tmp_path):
 def test_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
     """--compile --compile-mode reduce-overhead compiles the training step's model with that mode
     (inductor's CUDA graphs; GPU only, so torch.compile itself is stood in for here)."""
-    from scratchformer.training import trainer as trainer_module
-
     seen = {}
 
     def fake_compile(net, **kwargs):
         seen.update(kwargs)
         return net
 
-    monkeypatch.setattr(trainer_module, "compile_model", fake_compile)
+    monkeypatch.setattr(TR, "compile_model", fake_compile)
     _trainer(tmp_path, "--compile", "--compile-mode", "reduce-overhead")
     assert seen == {"backend": "inductor", "mode": "reduce-overhead"}
 
@@ -879,9 +869,6 @@ def _cpu_stand_ins(monkeypatch):
     what changes between replays reaches it only through them, as in a graph. AdamW keeps
     capturable off here (capturable AdamW needs CUDA tensors); its learning rate is a tensor, as
     on a GPU. The capture itself is the GPU tests' (below)."""
-    from scratchformer import graphs
-    from scratchformer.training import cuda_graph
-
     def record(fn, stream=None, pool=None):
         figures = torch.zeros(3)
         return figures, lambda: figures.copy_(fn())
@@ -912,8 +899,6 @@ def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     place. (Both runs take AdamW's tensor learning rate: with a float one the first step rounds
     differently by an ulp, and the key projections' biases, whose gradients are rounding noise,
     since softmax ignores a shift of all keys, take different full-sized Adam steps.)"""
-    from scratchformer.training import cuda_graph
-
     _cpu_stand_ins(monkeypatch)
     model_flags = _data_flags(tmp_path, model_flags)
     runs = {}
@@ -960,8 +945,6 @@ def test_cuda_graphs_checkpoint_holds_plain_numbers(tmp_path, monkeypatch):
 def test_cuda_graphs_refuses_what_it_cannot_do(tmp_path):
     """On a machine without a GPU the run is refused before its folder is made; fp16, DDP and
     --compile are refused by name."""
-    from scratchformer.training.launch import check_for_device
-
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match="--cuda-graphs records CUDA graphs: it needs a GPU, and the device is cpu"):
         T.main(TINY + ["--cuda-graphs", "--max-steps", "1", "--out", str(out), "--device", "cpu"])
@@ -983,9 +966,6 @@ def test_cuda_graphs_refuses_debug_value_checks(monkeypatch):
     """SCRATCHFORMER_DEBUG=1 turns on the value checks that read a GPU batch on the host (the
     model's check_batch, the attention's lengths); inside a capture that is a CUDA error deep in
     the second step of a shape (decoding launches its steps then): --cuda-graphs refuses it by name."""
-    from scratchformer import op_checks
-    from scratchformer.training.launch import check_for_device
-
     bf16, _ = parse_args(["--cuda-graphs", "--precision", "bf16"])
     monkeypatch.setattr(op_checks, "DEBUG", True)
     with pytest.raises(ConfigError, match="--cuda-graphs with SCRATCHFORMER_DEBUG=1"):
@@ -1115,7 +1095,7 @@ def test_a_graphed_update_runs_autocast_without_its_cast_cache(tmp_path, monkeyp
     cache of cast weights (a capture holds none: a cached cast would live in the graph's pool);
     a launched step keeps the cache."""
     caches = []
-    real = trainer_module.autocast_for
+    real = TR.autocast_for
 
     def autocast_for(device, precision, cache=True):
         caches.append(cache)
@@ -1123,7 +1103,7 @@ def test_a_graphed_update_runs_autocast_without_its_cast_cache(tmp_path, monkeyp
 
     tr = _trainer(tmp_path, *GRAPH_FLAGS)
     (group,) = _batches(tr, 1)
-    monkeypatch.setattr(trainer_module, "autocast_for", autocast_for)
+    monkeypatch.setattr(TR, "autocast_for", autocast_for)
     for graphed in (True, False):
         tr._update(group, group[0].num_tgt_tokens, graphed)
     assert caches == [False, True]
@@ -1139,8 +1119,6 @@ def test_cuda_graphs_train_as_launched_steps_on_a_gpu(tmp_path, kernel, model_fl
     launched steps and end near their weights (to within a few percent of how far the weights
     moved: atomics in a backward may sum in another order); the learning rate's schedule reaches
     the replays. Both runs' AdamW is the capturable one (see the CPU test above)."""
-    from scratchformer.training import cuda_graph
-
     flags = [*GRAPH_FLAGS, *_data_flags(tmp_path, model_flags), "--kernel", kernel, "--precision", "bf16", "--dropout",
              "0", "--attn-dropout", "0"]
     runs = {}
