@@ -88,6 +88,13 @@ def _dry_run(step, out, **extra):
                           timeout=600)
 
 
+def _prelude_step(step: Path, body: str, out: Path) -> subprocess.CompletedProcess:
+    """`step`, a step script of the prelude and `body`, written and run as a step (`_step_env`, OUT=out)."""
+    step.write_text(f'source "{GPU}/prelude.sh"\n{body}')
+    return subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(out)), capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_every_step_dry_run(tmp_path):
     outs = {step: str(tmp_path / step[:2]) for step in FIRST_WINDOW}
     with ThreadPoolExecutor(2) as pool:
@@ -133,18 +140,14 @@ def test_targets_get_only_the_json_that_hold_something(tmp_path):
     body = (f"printf '%s' '{case}' > \"$WORK/bench_train_step.json\"\n"
             ': > "$WORK/bench_generate.json"\nrun_targets\n')
     step = tmp_path / "98_targets.sh"
-    step.write_text(f'source "{GPU}/prelude.sh"\n{body}')
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
-                       text=True, timeout=300)
+    p = _prelude_step(step, body, tmp_path / "out")
     assert p.returncode == 0, p.stdout[-3000:]
     assert "bench_generate.json: empty (nothing saved), left out" in p.stdout
     targets = re.search(r"== \S+ targets \(limit \d+s\): (.*)", p.stdout)[1]
     assert "bench_train_step.json" in targets and "bench_generate.json" not in targets, targets
     files, _ = _archive(str(tmp_path / "out"), "98_targets.sh")
     assert "targets.md" in files
-    step.write_text(f'source "{GPU}/prelude.sh"\n: > "$WORK/bench_generate.json"\nrun_targets\n')
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out2")), capture_output=True,
-                       text=True, timeout=300)
+    p = _prelude_step(step, ': > "$WORK/bench_generate.json"\nrun_targets\n', tmp_path / "out2")
     assert p.returncode == 0 and "== targets: skipped" in p.stdout, p.stdout[-3000:]
 
 
@@ -175,11 +178,8 @@ def test_bench_step_runs_the_named_groups(tmp_path):
 
 def test_dry_run_catches_a_broken_selection(tmp_path):
     """A step whose pytest selection matches nothing (a renamed file, a stale -k) fails the dry run."""
-    step = tmp_path / "99_broken.sh"
-    body = "run_pytest 60 1 broken tests/test_metrics.py -k no_test_has_this_name"
-    step.write_text(f'source "{GPU}/prelude.sh"\n{body}\n')
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
-                       text=True, timeout=300)
+    body = "run_pytest 60 1 broken tests/test_metrics.py -k no_test_has_this_name\n"
+    p = _prelude_step(tmp_path / "99_broken.sh", body, tmp_path / "out")
     assert p.returncode != 0, p.stdout[-2000:]
     assert os.listdir(tmp_path / "out") == ["99_broken.tar.gz"]  # packed even when failing
 
@@ -1304,14 +1304,11 @@ def test_prelude_caps_each_commands_limit_by_the_dry_run_and_the_calls_deadline(
     """`limit SECONDS` (every run_pytest and run_cmd): SECONDS, at most 240 in a dry run, and never
     past the call's deadline less 25 s for packing, nor under 10 s: hand-worked for a deadline 100 s
     away (75) and one 20 s away (-5: 10)."""
-    step = tmp_path / "96_limit.sh"
-    step.write_text(f'source "{GPU}/prelude.sh"\n'
-                    'echo "dry $(limit 300) $(limit 30) gpu $(DRY=0 limit 300)"\n'
-                    'echo "near $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 100 )) limit 300)"\n'
-                    'echo "past $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 20 )) limit 300)"\n'
-                    'echo "far $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 1000 )) limit 300)"\n')
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
-                       text=True, timeout=300)
+    body = ('echo "dry $(limit 300) $(limit 30) gpu $(DRY=0 limit 300)"\n'
+            'echo "near $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 100 )) limit 300)"\n'
+            'echo "past $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 20 )) limit 300)"\n'
+            'echo "far $(DRY=0 GPU_DEADLINE=$(( $(date +%s) + 1000 )) limit 300)"\n')
+    p = _prelude_step(tmp_path / "96_limit.sh", body, tmp_path / "out")
     assert p.returncode == 0, p.stdout[-3000:]
     assert "dry 240 30 gpu 300" in p.stdout, p.stdout[-2000:]
     assert int(re.search(r"near (\d+)", p.stdout)[1]) in (74, 75), p.stdout[-2000:]
@@ -1428,16 +1425,13 @@ def test_a_step_exits_with_its_first_failing_commands_status_not_its_last(tmp_pa
     """A step's exit status is that of its first command that failed (run_pytest's or run_cmd's),
     whatever runs after it: pytest's 5 (nothing collected) before a command's 3, the 3 before a
     pytest's 5, and either before a last command that succeeds (a step then ending 0 would hide it)."""
-    step = tmp_path / "95_status.sh"
-    step.write_text(f'source "{GPU}/prelude.sh"\n'
-                    'run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
-                    'run_cmd 30 three sh -c "exit 3"\n'
-                    'echo "first pytest: $STATUS"; STATUS=0\n'
-                    'run_cmd 30 three sh -c "exit 3"\n'
-                    'run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
-                    'echo "first a command: $STATUS"\n'
-                    'run_cmd 30 fine true\n')
-    p = subprocess.run(["bash", str(step)], cwd=REPO, env=_step_env(OUT=str(tmp_path / "out")), capture_output=True,
-                       text=True, timeout=300)
+    body = ('run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
+            'run_cmd 30 three sh -c "exit 3"\n'
+            'echo "first pytest: $STATUS"; STATUS=0\n'
+            'run_cmd 30 three sh -c "exit 3"\n'
+            'run_pytest 60 1 empty tests/test_metrics.py -k no_test_has_this_name\n'
+            'echo "first a command: $STATUS"\n'
+            'run_cmd 30 fine true\n')
+    p = _prelude_step(tmp_path / "95_status.sh", body, tmp_path / "out")
     assert "first pytest: 5" in p.stdout and "first a command: 3" in p.stdout, p.stdout[-3000:]
     assert p.returncode == 3 and "== 95_status: exit 3 after" in p.stdout, p.stdout[-3000:]
