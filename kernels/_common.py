@@ -13,11 +13,19 @@ ffn.py, cross_entropy.py) imports what it needs from this module.
 
 The ops are registered as torch ops (`scratchformer::attention`, `add_layer_norm`, `ffn` and their
 backward ops; `linear_cross_entropy`, whose gradient its forward computes) with
-`torch.library.define` + `impl` + `register_fake` (`define_op` below), and each
-op file links a forward op to its backward op with a `torch.autograd.Function` outside the ops.
-Why not `@torch.library.custom_op` + `register_autograd`: its Python wrappers cost tens of
-microseconds a call, and the training step is host-bound (issue 17: our kernels took 13.9 ms of
-an H100's time per base/CNN-DM step, the step 70 ms); this registration alone cut an op call's
+`torch.library.define` + `impl` + `register_fake` (`define_op` below). Each op file gives a
+forward op's autograd once, as a `setup_context` and a `backward` that calls its backward op
+(`op_autograd` below): registered on the op with `torch.library.register_autograd`, so the op
+called through the dispatcher (`torch.ops.scratchformer.attention`, opcheck, a user's own code)
+is differentiable, and wrapped in a classic `torch.autograd.Function` that the entry points apply
+(`linear_cross_entropy`'s op refuses a backward by name: its entry point's Function scales the
+gradients it returns). None of them has a second derivative: a backward under
+`create_graph=True` is refused by name (`first_order`), where it would otherwise hand back
+gradients with no history, so a gradient penalty would silently lose its terms through our ops.
+Why not `@torch.library.custom_op`, and why the entry points do not call the op through its
+registered autograd: custom_op's Python wrappers cost tens of microseconds a call, and the
+training step is host-bound (issue 17: our kernels took 13.9 ms of an H100's time per
+base/CNN-DM step, the step 70 ms); this registration alone cut an op call's
 forward + backward host time by a quarter to a third (`bench/host_overhead.py`; the figures of it and of the
 other cuts, `launch_tuned` below among them: `bench/results/2026-11-26-cpu-host-overhead.md`).
 The Function is the classic kind (`forward(ctx, ...)`): one with `setup_context` binds its
@@ -357,11 +365,50 @@ def call_op(op, *args):
     (FakeTensorMode, make_fx, a recording mode in the tests), a functorch transform, jit tracing,
     the profiler (which records the op's call), or with an argument of a tensor subclass, through
     the dispatcher. In plain eager the dispatcher has nothing to do for our ops but call the impl
-    (no autograd or autocast kernel: the entry points' autograd.Functions do that, and the caller
-    casts), and boxing 8-12 arguments into its stack and back cost 2.5-3 us a call, two calls an
+    (no autocast kernel: the caller casts; their autograd kernel has nothing to record, as the
+    entry points call an op inside its autograd.Function's forward or when no gradient is wanted),
+    and boxing 8-12 arguments into its stack and back cost 2.5-3 us a call, two calls an
     op's forward and backward (torch 2.13, bench/host_overhead.py). The test reads torch 2.13's
     private C functions, a few tens of ns each."""
     if (torch.compiler.is_compiling() or torch._C._dispatch_tls_local_include_set().raw_repr() not in _EAGER_KEYS
             or torch._C._autograd._profiler_enabled() or not _PLAIN_ARGS.issuperset(map(type, args))):
         return op(*args)
     return _IMPLS[op](*args)
+
+
+def op_autograd(op, setup_context, backward) -> type[torch.autograd.Function]:
+    """The autograd of one of our ops, given as `torch.library.register_autograd`'s pair:
+    setup_context(ctx, inputs, output) saves what backward(ctx, *grads) needs. Registered on the
+    op, so the op called through the dispatcher (`torch.ops.scratchformer.<name>`) is
+    differentiable, and returned as a classic autograd.Function whose forward calls the op by
+    `call_op`: the one the entry points apply (module docstring). Either way the gradients are
+    first-order only (`first_order`)."""
+    name = op.name()
+
+    def backward_once(ctx, *grads):
+        first_order(ctx, name)
+        return backward(ctx, *grads)
+
+    torch.library.register_autograd(op, backward_once, setup_context=setup_context)
+
+    def forward(ctx, *inputs):
+        output = call_op(op, *inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    title = "".join(part.title() for part in name.split("::")[1].split("_"))
+    return type(f"{title}Function", (torch.autograd.Function,),
+                {"__doc__": f"The autograd of {name}, linking it to its backward op (`op_autograd`).",
+                 "__module__": backward.__module__, "forward": staticmethod(forward),
+                 "backward": staticmethod(backward_once)})
+
+
+def first_order(ctx, name: str) -> None:
+    """Refuses a backward run to be differentiated again (`create_graph=True` with an input that
+    wants a gradient): our backward kernels have no derivative of their own, and a gradient they
+    return has no autograd history, so a second derivative through it would be silently missing.
+    (PyTorch's flash attention has no second derivative either; the eager backend gives one.)"""
+    if torch.is_grad_enabled() and any(ctx.needs_input_grad):
+        raise RuntimeError(f"{name}: no second derivative (double backward, e.g. backward(create_graph=True) "
+                           "for a gradient penalty or a Hessian-vector product): its backward is a fused kernel "
+                           "with no derivative of its own; build the model with --kernel eager for that")

@@ -108,6 +108,7 @@ from ._common import (
     launch_tuned,
     load_dropout_rng,
     next_pow2,
+    op_autograd,
     or_empty,
 )
 from .partial_sums import sum_partials
@@ -637,40 +638,38 @@ def _(dy, dy_copy, ds, s, weight, mean, rstd, has_bias, dropout_p, rng, store_dr
     return s.new_empty(s.shape, dtype=dx_dtype), dres, weight.new_empty(weight.shape), db
 
 
-class AddLayerNormFunction(torch.autograd.Function):
-    """Autograd of scratchformer::add_layer_norm: its backward op (inputs as the forward op's; the
-    rng tensor is saved, so the backward replays the forward's dropout mask)."""
+def _setup_context(ctx, inputs, output):
+    """scratchformer::add_layer_norm's autograd (`op_autograd`): its backward op, with the
+    forward's inputs; the rng tensor is saved, so the backward replays the forward's dropout mask."""
+    x, residual, weight, bias, _eps, dropout_p, rng, _store_s, _y_dtype, copy_dtype = inputs
+    _y, s, mean, rstd, _copy = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)  # an unused s or copy gets no gradient: skip its read
+    if any(ctx.needs_input_grad[:4]):
+        ctx.save_for_backward(s, weight, mean, rstd, rng)  # s = dropout(x) + residual, the norm's input
+    ctx.has_bias = bias is not None
+    ctx.dropout_p = dropout_p
+    ctx.x_dtype = x.dtype
+    ctx.has_copy = copy_dtype is not None
 
-    @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype, copy_dtype):
-        output = call_op(_add_layer_norm_op, x, residual, weight, bias, eps, dropout_p, rng, store_s, y_dtype,
-                         copy_dtype)
-        _y, s, mean, rstd, _copy = output
-        ctx.mark_non_differentiable(mean, rstd)
-        ctx.set_materialize_grads(False)  # an unused s or copy gets no gradient: skip its read
-        if any(ctx.needs_input_grad[:4]):
-            ctx.save_for_backward(s, weight, mean, rstd, rng)  # s = dropout(x) + residual, the norm's input
-        ctx.has_bias = bias is not None
-        ctx.dropout_p = dropout_p
-        ctx.x_dtype = x.dtype
-        ctx.has_copy = copy_dtype is not None
-        return output
 
-    @staticmethod
-    def backward(ctx, dy, ds, dmean, drstd, dcopy):
-        s, weight, mean, rstd, rng = ctx.saved_tensors
-        if not ctx.has_copy:  # the empty placeholder: a traced backward may hand it a (0,) gradient
-            dcopy = None
-        if dy is None:  # y unused downstream: its copy's gradient (if any) is the whole of it
-            dy, dcopy = (dcopy, None) if dcopy is not None else (torch.zeros_like(s), None)
-        need_dres = ctx.needs_input_grad[1]
-        dx, dres, dw, db = call_op(
-            _add_layer_norm_backward_op, dy, dcopy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng,
-            need_dres, ctx.x_dtype,
-        )
-        if need_dres and not ctx.dropout_p > 0.0 and ctx.x_dtype == s.dtype:  # not stored: dresidual == dx
-            dres = dx
-        return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None, None
+def _backward(ctx, dy, ds, dmean, drstd, dcopy):
+    s, weight, mean, rstd, rng = ctx.saved_tensors
+    if not ctx.has_copy:  # the empty placeholder: a traced backward may hand it a (0,) gradient
+        dcopy = None
+    if dy is None:  # y unused downstream: its copy's gradient (if any) is the whole of it
+        dy, dcopy = (dcopy, None) if dcopy is not None else (torch.zeros_like(s), None)
+    need_dres = ctx.needs_input_grad[1]
+    dx, dres, dw, db = call_op(
+        _add_layer_norm_backward_op, dy, dcopy, ds, s, weight, mean, rstd, ctx.has_bias, ctx.dropout_p, rng,
+        need_dres, ctx.x_dtype,
+    )
+    if need_dres and not ctx.dropout_p > 0.0 and ctx.x_dtype == s.dtype:  # not stored: dresidual == dx
+        dres = dx
+    return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None, None
+
+
+AddLayerNormFunction = op_autograd(_add_layer_norm_op, _setup_context, _backward)
 
 
 def add_layer_norm(

@@ -98,6 +98,7 @@ from ._common import (
     launch_tuned,
     load_dropout_rng,
     next_pow2,
+    op_autograd,
     tma_enabled,
     tma_rows_ok,
     tma_scratch,
@@ -965,27 +966,25 @@ def _(dout, q, k, v, out, lse, key_lengths, query_lengths, causal, dropout_p, sc
     return blhd(q), blhd(k), blhd(v)
 
 
-class AttentionFunction(torch.autograd.Function):
-    """Autograd of scratchformer::attention: its backward op (inputs as the forward op's; the
-    rng tensor is saved, so the backward replays the forward's dropout mask)."""
+def _setup_context(ctx, inputs, output):
+    """scratchformer::attention's autograd (`op_autograd`): its backward op, with the forward's
+    inputs; the rng tensor is saved, so the backward replays the forward's dropout mask."""
+    q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # out is the only differentiable output: no zero dlse built
+    if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
+        ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths, rng)
+    ctx.args = (causal, dropout_p, scale)
 
-    @staticmethod
-    def forward(ctx, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng):
-        output = call_op(_attention_op, q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, rng)
-        out, lse = output
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # out is the only differentiable output: no zero dlse built
-        if any(ctx.needs_input_grad[:3]):  # the backward needs all of them, or nothing
-            ctx.save_for_backward(q, k, v, out, lse, key_lengths, query_lengths, rng)
-        ctx.args = (causal, dropout_p, scale)
-        return output
 
-    @staticmethod
-    def backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
-        q, k, v, out, lse, key_lengths, query_lengths, rng = ctx.saved_tensors
-        dq, dk, dv = call_op(_attention_backward_op, dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args,
-                             rng)
-        return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
+def _backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
+    q, k, v, out, lse, key_lengths, query_lengths, rng = ctx.saved_tensors
+    dq, dk, dv = call_op(_attention_backward_op, dout, q, k, v, out, lse, key_lengths, query_lengths, *ctx.args, rng)
+    return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
+
+
+AttentionFunction = op_autograd(_attention_op, _setup_context, _backward)
 
 
 def attention(

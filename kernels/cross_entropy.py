@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, next_pow2, or_empty
+from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, first_order, next_pow2, or_empty
 
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk (see the docstring)
 MAX_BLOCK_V = 4096
@@ -212,6 +212,20 @@ def _(x, weight, bias, target, label_smoothing, ignore_index, needs_grad):
             x.new_empty(V if needs_grad and bias is not None else 0, dtype=torch.float32))
 
 
+def _refuse_backward(ctx, *grads):
+    """The op called through the dispatcher with inputs that want a gradient: its per-row loss has
+    no backward to give (dW is one sum over the rows, which a per-row gradient would reweight)."""
+    raise RuntimeError("scratchformer::linear_cross_entropy is not differentiated itself: it returns the gradients of "
+                       "its summed loss (needs_grad=True); call linear_cross_entropy(...), whose autograd scales them")
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd(_linear_cross_entropy_op, _refuse_backward, setup_context=_no_context)
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """The summed loss and NLL; the backward scales the gradients the forward computed by the
     loss's incoming gradient (the NLL is reported, not differentiated)."""
@@ -228,6 +242,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dloss, dnll):
+        first_order(ctx, "scratchformer::linear_cross_entropy")
         dx, dw, db = ctx.saved_tensors
         g = dloss.float()
         return dx * g, dw * g, (db * g).to(dw.dtype) if ctx.has_bias else None, None, None, None

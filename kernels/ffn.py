@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, dropout_rng, or_empty
+from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, dropout_rng, op_autograd, or_empty
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -185,34 +185,32 @@ def _(dy, x, w1, w2, a, pre, activation, has_b1, has_b2, dropout_p, rng, needs_d
         w2.new_empty(d_model if has_b2 else 0)
 
 
-class FFNFunction(torch.autograd.Function):
-    """Autograd of scratchformer::ffn: its backward op (inputs as the forward op's; the rng tensor
-    is saved, so the backward replays the forward's dropout mask)."""
+def _setup_context(ctx, inputs, output):
+    """scratchformer::ffn's autograd (`op_autograd`): its backward op, with the forward's inputs;
+    the rng tensor is saved, so the backward replays the forward's dropout mask."""
+    x, w1, b1, w2, b2, activation, dropout_p, rng, _store_pre = inputs
+    _y, a, pre = output
+    ctx.mark_non_differentiable(a, pre)
+    # y is the only differentiable output, so the backward always gets dy; without this, autograd
+    # would also build zero gradients for a and pre, (M, d_ff) each, and pass them in unread
+    ctx.set_materialize_grads(False)
+    if any(ctx.needs_input_grad[:5]):
+        ctx.save_for_backward(x, w1, w2, a, pre, rng)
+    ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p)
 
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre):
-        output = call_op(_ffn_op, x, w1, b1, w2, b2, activation, dropout_p, rng, store_pre)
-        _y, a, pre = output
-        ctx.mark_non_differentiable(a, pre)
-        # y is the only differentiable output, so the backward always gets dy; without this, autograd
-        # would also build zero gradients for a and pre, (M, d_ff) each, and pass them in unread
-        ctx.set_materialize_grads(False)
-        if any(ctx.needs_input_grad[:5]):
-            ctx.save_for_backward(x, w1, w2, a, pre, rng)
-        ctx.cfg = (activation, b1 is not None, b2 is not None, dropout_p)
-        return output
 
-    @staticmethod
-    def backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
-        x, w1, w2, a, pre, rng = ctx.saved_tensors
-        activation, has_b1, has_b2, dropout_p = ctx.cfg
-        if activation == "gelu" and pre.numel() != a.numel():
-            raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
-                               "(store_pre=False)")
-        dx, dw1, db1, dw2, db2 = call_op(_ffn_backward_op, dy, x, w1, w2, a, pre, *ctx.cfg, rng,
-                                          ctx.needs_input_grad[0])
-        return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
-                db2 if has_b2 else None, None, None, None, None)
+def _backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differentiable
+    x, w1, w2, a, pre, rng = ctx.saved_tensors
+    activation, has_b1, has_b2, dropout_p = ctx.cfg
+    if activation == "gelu" and pre.numel() != a.numel():
+        raise RuntimeError("ffn: the gelu backward needs the pre-activation, which the forward did not store "
+                           "(store_pre=False)")
+    dx, dw1, db1, dw2, db2 = call_op(_ffn_backward_op, dy, x, w1, w2, a, pre, *ctx.cfg, rng, ctx.needs_input_grad[0])
+    return (dx if ctx.needs_input_grad[0] else None, dw1, db1 if has_b1 else None, dw2,
+            db2 if has_b2 else None, None, None, None, None)
+
+
+FFNFunction = op_autograd(_ffn_op, _setup_context, _backward)
 
 
 def ffn(

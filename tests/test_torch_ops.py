@@ -2,9 +2,11 @@
 under torch.compile.
 
 - `torch.library.opcheck` on every op and its backward op over small ragged shapes: schema,
-  fake impl (shapes, dtypes, strides equal the real outputs'), autograd registration (none on the
-  ops, whose outputs do not require grad: their autograd.Functions link forward and backward),
-  and AOTAutograd with dynamic shapes (outputs equal eager);
+  fake impl (shapes, dtypes, strides equal the real outputs'), autograd registration, and
+  AOTAutograd with dynamic shapes (outputs equal eager);
+- the autograd: an op called through the dispatcher has its entry point's gradients (one
+  `setup_context` + `backward` for both, `_common.op_autograd`); a second derivative through any
+  of our ops is refused by name;
 - torch.export of the triton model keeps the ops as nodes, with dynamic batch and lengths;
 - the whole model compiles with `torch.compile(fullgraph=True, backend="aot_eager")` for the
   eager, torch and triton backends: zero graph breaks, outputs and gradients equal the
@@ -21,6 +23,7 @@ On the CPU the kernels run in Triton's interpreter (slow): shapes and models are
 """
 
 import types
+import warnings
 
 import pytest
 import torch
@@ -187,6 +190,89 @@ def test_without_grad_the_entry_points_call_the_ops_alone(device):
         assert with_grad.grad_fn is not None and without.grad_fn is None, name
         assert f"scratchformer::{name}" in names and not any("Function" in n for n in names), (name, names)
         torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
+
+
+def _entry_and_op_calls(device):
+    """name -> (inputs that want a gradient, the entry point's call, the op's through the
+    dispatcher: y alone), on small ragged inputs."""
+    torch.manual_seed(0)
+    q, k, v = _grad(*(torch.randn(2, 2, n, 16, device=device) for n in (5, 7, 7)))
+    kl = torch.tensor([7, 3], device=device)
+    x, r, w, b = _grad(torch.randn(2, 5, 32, device=device), torch.randn(2, 5, 32, device=device),
+                       torch.randn(32, device=device), torch.randn(32, device=device))
+    w1, b1, w2, b2 = _grad(torch.randn(48, 32, device=device) / 6, torch.randn(48, device=device),
+                           torch.randn(32, 48, device=device) / 7, torch.randn(32, device=device))
+    return {
+        "attention": ((q, k, v), lambda: A.attention(q, k, v, key_lengths=kl),
+                      lambda: OPS.attention(q, k, v, kl, None, False, 0.0, None, None)[0]),
+        "add_layer_norm": ((x, r, w, b), lambda: LN.add_layer_norm(x, r, w, b),
+                           lambda: OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, True, None, None)[0]),
+        "ffn": ((x, w1, b1, w2, b2), lambda: F.ffn(x, w1, b1, w2, b2, activation="gelu"),
+                lambda: OPS.ffn(x, w1, b1, w2, b2, "gelu", 0.0, None, True)[0]),
+    }
+
+
+@pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn"])
+def test_an_op_called_through_the_dispatcher_is_differentiable(name, device):
+    """torch.ops.scratchformer.<op> on inputs that want a gradient (a user's own code, opcheck)
+    has the entry point's autograd, registered on the op: the same gradients, bit for bit, and
+    no warning (before, autograd's fallback warned and left every gradient None)."""
+    inputs, entry, op = _entry_and_op_calls(device)[name]
+    y = entry()
+    dy = torch.randn_like(y)
+    want = torch.autograd.grad(y, inputs, dy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.autograd.grad(op(), inputs, dy)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_linear_cross_entropys_op_refuses_a_backward_by_name(device):
+    """The loss op returns the gradients of its summed loss: differentiating its per-row loss
+    itself has no answer to give (dW sums the rows), so that backward is refused, by name."""
+    x, w = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
+    target = torch.randint(1, 10, (6,), device=device)
+    loss = OPS.linear_cross_entropy(x, w, None, target, 0.1, 0, True)[0]
+    with pytest.raises(RuntimeError, match=r"linear_cross_entropy is not differentiated itself.*"
+                                           r"call linear_cross_entropy\(\.\.\.\)"):
+        loss.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn", "linear_cross_entropy", "the model"])
+def test_a_second_derivative_is_refused_by_name(name, device):
+    """Our backward kernels have no derivative of their own: under create_graph=True (a gradient
+    penalty, a Hessian-vector product) the backward refuses, naming the op, instead of handing
+    back gradients with no history (which a penalty would then silently drop). First-order
+    gradients, of the entry points and of the op called through the dispatcher, are unaffected."""
+    if name == "linear_cross_entropy":
+        x, w = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
+        target = torch.randint(1, 10, (6,), device=device)
+        inputs, calls = (x, w), [lambda: CE.linear_cross_entropy(x, w, None, target, label_smoothing=0.1)[0]]
+    elif name == "the model":
+        model = _model("triton")
+        src, sl, tgt_in, tl, tgt_out = _batch()
+        inputs = [p for p in model.parameters() if p.requires_grad]
+        calls = [lambda: model(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)[0]]
+    else:
+        inputs, *calls = _entry_and_op_calls(device)[name]
+    for call in calls:
+        y = call()
+        assert all(g is not None for g in torch.autograd.grad(y.sum(), inputs, retain_graph=True))
+        with pytest.raises(RuntimeError, match=r"scratchformer::\w+: no second derivative .*--kernel eager for that"):
+            torch.autograd.grad(y.sum(), inputs, create_graph=True)
+
+
+def test_the_eager_model_has_the_second_derivative_the_triton_model_refuses():
+    """The reference backend (plain tensor ops) gives a second derivative: the refusal above is
+    our kernels', not the model's."""
+    model = _model("eager")
+    src, sl, tgt_in, tl, tgt_out = _batch()
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = model(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)[0]
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    penalty = sum(g.square().sum() for g in grads)
+    assert all(g is not None and g.abs().sum() > 0 for g in torch.autograd.grad(penalty, params[:3]))
 
 
 class _Recorder(TorchDispatchMode):
