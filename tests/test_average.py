@@ -144,8 +144,6 @@ def test_refusals_name_the_problem(run, tmp_path):
     assert cli.run(average.main, [str(run), "--last", "0"]) == cli.EXIT_USER_ERROR
 
 
-
-
 def test_a_tensor_that_is_not_floating_point_must_be_equal_in_every_checkpoint(run, tmp_path):
     """Integer tensors (counts, ids) have no mean: equal in all they are kept as they are, else the
     checkpoint that differs is refused, naming the tensor."""
@@ -159,6 +157,7 @@ def test_a_tensor_that_is_not_floating_point_must_be_equal_in_every_checkpoint(r
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(paths[2]))}: its counter differs from "
                        rf"{re.escape(str(paths[0]))}'s, and cannot be averaged"):
         average_checkpoints([paths[0], paths[2]])
+
 
 def test_checkpoints_of_a_run_resumed_with_another_kernel_average(run, tmp_path):
     """The backend (a run may resume with another --kernel) and the longest input admitted (a guard
@@ -175,7 +174,6 @@ def test_checkpoints_of_a_run_resumed_with_another_kernel_average(run, tmp_path)
         k: v for k, v in load_checkpoint(steps[0])["config"].items() if k not in ("kernel", "max_len")}
 
 
-
 def test_of_checkpoints_of_one_step_the_later_given_is_the_newest(run, tmp_path):
     """The average keeps the progress and arguments of the newest checkpoint: the highest step, and of
     two at one step (a run resumed from an earlier checkpoint saves that step again) the later given."""
@@ -185,6 +183,7 @@ def test_of_checkpoints_of_one_step_the_later_given_is_the_newest(run, tmp_path)
         save_checkpoint(tmp_path / name, {**step, "model": model, "args": {**step["args"], "lr": lr}})
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     assert average_checkpoints([a, b])["args"]["lr"] == 2e-3 and average_checkpoints([b, a])["args"]["lr"] == 1e-3
+
 
 def test_pick_checkpoint_with_the_average_alone(tmp_path):
     """An unfinished GPU run brings back its average and no best.pt (scripts/gpu/finish_on_cpu.sh):

@@ -258,7 +258,6 @@ def test_bad_sentence_positions_are_refused():
             model(batch.src, batch.src_lengths, given)
 
 
-
 def test_validation_is_the_mean_bce_per_real_sentence_by_hand():
     """An extractive model's teacher-forced loss: the binary cross-entropy of each real sentence (label 0
     or 1; a padded slot's -1 is none) summed over the documents, each scored alone, over their count."""
@@ -280,6 +279,7 @@ def test_validation_is_the_mean_bce_per_real_sentence_by_hand():
     got = teacher_forced(model, eval_loader(ds, batch_size=2), "cpu")
     assert count == 11 and got["loss"] == pytest.approx(total / count, rel=1e-5)
     assert got["ppl"] == pytest.approx(np.exp(total / count), rel=1e-5)
+
 
 def test_loss_is_bce_over_real_sentences_only():
     logits = torch.tensor([[2.0, -1.0, 0.5, 9.0], [0.3, 7.0, -7.0, -7.0]], requires_grad=True)

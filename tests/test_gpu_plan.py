@@ -1118,6 +1118,7 @@ def test_ready_names_what_a_call_would_carry_stale_or_missing(tmp_path, monkeypa
     rc, out = ready()
     assert rc == 1 and "missing: .gpu_build" in out and "missing: .whl" in out and "missing: .gpu_data" in out, out
     assert "missing: .gpu_cache and .gpu_cache-pinned" in out and "== not ready" in out, out
+
     def build_ext():  # what make gpu-ext stamps
         (repo / ".gpu_build").mkdir(exist_ok=True)
         (repo / ".gpu_build" / "sources.sha256").write_text(subprocess.run(

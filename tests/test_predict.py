@@ -187,7 +187,6 @@ def test_classification_labels_are_ints(runs, tmp_path):
                                                                  batch_size=1)
 
 
-
 def test_a_label_is_the_class_the_model_finds_most_probable(runs):
     """Each input's label is the argmax of the classifier's own logits for it alone."""
     model, toks, ck = load_run(runs["classification"])
@@ -200,6 +199,7 @@ def test_a_label_is_the_class_the_model_finds_most_probable(runs):
     assert got == [int(p.argmax()) for p in probs]
     labels, confidences = predict_labels(model, dataset, device="cpu", max_tokens=32)
     assert labels == got and confidences == pytest.approx([float(p.max()) for p in probs], abs=1e-5)
+
 
 def test_summaries_one_sentence_per_line(runs, tmp_path):
     assert P.format_prediction("Amy is late. She will call Tom! ok", "summarization") == \
@@ -281,11 +281,11 @@ def test_plain_text_and_stdin(runs, tmp_path, monkeypatch):
     assert [r.text for r in P.read_inputs("-", "translation", fmt="text")] == ['{"id": "x", "src": "one two"}']
 
 
-
 def test_a_json_named_input_is_read_as_json_lines(tmp_path):
     """.json (and .jsonl, compressed or not) names JSON lines: records by their field and id, not text lines."""
     src = _write_jsonl(tmp_path / "in.json", [{"id": "a", "src": "one two"}, {"src": "red house"}])
     assert [(r.id, r.text) for r in P.read_inputs(src, "translation")] == [("a", "one two"), (2, "red house")]
+
 
 def test_field_override(tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "en": "one"}])
@@ -594,7 +594,6 @@ def test_resume_after_a_cut_overwrite_keeps_none_of_the_output_it_replaces(runs,
     assert summary["kept"] == 2 and _read(out) == _read(clean)
 
 
-
 def test_an_overwrite_cut_before_its_first_prediction_leaves_no_snapshot_of_the_run_it_replaces(
         runs, tmp_path, monkeypatch):
     """--overwrite removes the snapshot of the run it replaces when it starts: cut before it snapshots
@@ -615,6 +614,7 @@ def test_an_overwrite_cut_before_its_first_prediction_leaves_no_snapshot_of_the_
     monkeypatch.setattr(P, "format_prediction", _FORMAT)
     summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
     assert summary["kept"] == 0 and summary["predicted"] == 6 and _read(out) == _read(clean)
+
 
 def _snapshot_of(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
@@ -655,7 +655,6 @@ def test_resume_refuses_a_prediction_whose_input_changed(runs, tmp_path, capsys)
         P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
 
 
-
 def test_an_input_changed_only_in_its_trailing_spaces_is_another_input(runs, tmp_path):
     """The record's digest is of the input's exact text: spaces at its end are tokens the model reads."""
     src, out = tmp_path / "in.jsonl", tmp_path / "p.jsonl"
@@ -664,6 +663,7 @@ def test_an_input_changed_only_in_its_trailing_spaces_is_another_input(runs, tmp
     _write_jsonl(src, [{"id": "a", "src": "red dog   "}])
     with pytest.raises(OptionError, match=rf"--resume: {out} holds a prediction for id 'a' made from another input"):
         P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
+
 
 @pytest.mark.parametrize("resumed, save_every", [(False, 0), (True, 1e9)])
 def test_a_kill_at_any_write_leaves_what_resume_finishes(runs, tmp_path, monkeypatch, resumed, save_every):
@@ -737,7 +737,6 @@ def test_a_record_without_inputs_resumes_unchecked(runs, tmp_path):
     assert set(json.loads(P.record_path(out).read_text())["inputs"]) == {"1", "2", "3"}
 
 
-
 def test_a_line_whose_input_the_record_does_not_name_is_refused(runs, tmp_path):
     """A record that names inputs names every kept line's: a line of an id it lacks (the output edited,
     or written beside another record) is refused, not kept unchecked."""
@@ -751,6 +750,7 @@ def test_a_line_whose_input_the_record_does_not_name_is_refused(runs, tmp_path):
                        r"than the input's line 2 now holds \(1 of its 3 predictions' inputs changed\)"):
         P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)
 
+
 @pytest.mark.parametrize("suffix", [".bz2", ".zst"])
 def test_an_output_compressed_otherwise_is_refused_before_any_work(runs, tmp_path, monkeypatch, suffix):
     """--output preds.jsonl.bz2 was written as plain text under that name."""
@@ -761,7 +761,6 @@ def test_an_output_compressed_otherwise_is_refused_before_any_work(runs, tmp_pat
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
                        str(tmp_path / f"preds.jsonl{suffix}")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
-
 
 
 @pytest.mark.parametrize("suffix, opener", [(".gz", gzip.open), (".xz", lzma.open)])
@@ -973,7 +972,6 @@ def test_library_entries_check_options_too(runs, tmp_path):
         assert isinstance(out[0]["output"], str)
 
 
-
 def test_lengths_up_to_the_models_positions_are_taken_and_one_more_refused(runs):
     """A source takes at most max_len - 1 tokens (--max-src-len; a classifier adds [CLS]) and an output
     max_len - 1 (BOS before it): the bounds themselves are taken, one past them refused by name."""
@@ -985,6 +983,7 @@ def test_lengths_up_to_the_models_positions_are_taken_and_one_more_refused(runs)
         P.predict_records(model, toks, ck, recs, device="cpu", max_len=n)
     out = P.predict_records(model, toks, ck, recs, device="cpu", beam_size=1, max_src_len=n - 1, max_len=n - 1)
     assert len(out) == 1 and isinstance(out[0], str)
+
 
 def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):

@@ -289,7 +289,6 @@ def test_resume_refuses_flags_that_cannot_change():
     assert resumed(*parse_args(["--resume"]), {**saved, "overwrite": True}, "r/last.pt").overwrite is False
 
 
-
 @pytest.mark.parametrize("flag, value, was", [("--max-src-len", "256", "512"), ("--max-tgt-len", "8", "2"),
                                               ("--vocab-size", "4000", "8000"), ("--seed", "3", "0"),
                                               ("--max-tokens", "4096", "16384"), ("--dataset", "samsum", "imdb")])
@@ -314,6 +313,7 @@ def test_init_from_refuses_every_model_and_tokenizer_option_but_the_kernel():
             check_init_from(given, "x.pt")
     _, given = parse_args(["--init-from", "x.pt", "--kernel", "eager", "--lr", "1e-4", "--max-src-len", "64"])
     check_init_from(given, "x.pt")
+
 
 def test_model_config_refuses_impossible_sizes():
     for kw, message in [(dict(d_model=0), r"d_model must be an integer >= 1, got 0"),

@@ -1485,7 +1485,6 @@ def test_a_second_signal_stops_at_once_and_the_handlers_are_put_back():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_weights_infinite_or_nan_are_a_divergence(tmp_path, bad):
 
-
     model = torch.nn.Linear(3, 2)
     trainer = SimpleNamespace(model=model, out=tmp_path, last_saved=-1, progress=Progress(step=7),
                               config=SimpleNamespace(lr=1e-3))

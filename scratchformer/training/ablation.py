@@ -280,6 +280,7 @@ def best_variant(results: list[dict], metric: str) -> str | None:
     """The folder of the variant with the best `metric`: the lowest loss or perplexity, else the highest;
     None when no variant has a number for it (every run diverged: not the first one by default)."""
     lower = metric in ("loss", "ppl")
+
     def score(r):
         value = r["final"].get(metric, math.nan)
         return math.inf if math.isnan(value) else (value if lower else -value)
