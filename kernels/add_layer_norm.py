@@ -77,8 +77,9 @@ dropout_p, rng?, store_s, y_dtype?, copy_dtype?) -> (y, s, mean, rstd, copy)` (s
 residual is a fresh output, empty unless store_s; mean/rstd are saved for the backward, not
 differentiable; copy is empty without copy_dtype) and `scratchformer::add_layer_norm_backward(dy,
 dy_copy?, ds?, ...)` -> (dx, dresidual, dweight, dbias).
-Linked by `AddLayerNormFunction`, which saves rng (the (2,) int64 [seed, offset] tensor; None
-without dropout) for the backward (how they are registered, and why: `kernels/_common.py`).
+Linked by one autograd (`_setup_context` + `_backward`, registered on the op and as
+`AddLayerNormFunction`), which saves rng (the (2,) int64 [seed, offset] tensor; None without
+dropout) for the backward (how they are registered, and why: `kernels/_common.py`).
 
 References: Triton tutorial 05 (layer norm), flash-attention `ops/triton/layer_norm.py`,
 Liger-Kernel `ops/layer_norm.py`.

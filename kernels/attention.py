@@ -65,7 +65,8 @@ bases and strides (`_tma`), as the model's fused-projection views are.
 
 Torch ops (registration section): `scratchformer::attention(q, k, v, key_lengths?, query_lengths?,
 causal, dropout_p, scale?, rng?) -> (out, lse)` and `scratchformer::attention_backward`
--> (dq, dk, dv), `AttentionFunction` linking them (it saves rng for the backward). Dropout is a
+-> (dq, dk, dv), linked by one autograd (`_setup_context` + `_backward`, registered on the op and
+as `AttentionFunction`; it saves rng for the backward). Dropout is a
 pure function of the (seed, offset) in the rng tensor (None without dropout), so the backward op
 replays it; nothing is mutated, nothing aliases.
 How they are registered, and why: `kernels/_common.py`.

@@ -32,9 +32,10 @@ our GEMM does not. Set WGRAD_KERNEL = "triton" to run them on our GEMM (the test
 
 Torch ops (registration section): `scratchformer::ffn(x, w1, b1?, w2, b2?, activation, dropout_p,
 rng?, store_pre) -> (y, a, h)` (a and h are the saved activations, not differentiable; h empty
-unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2). Linked by
-`FFNFunction`, which saves rng (None without dropout) for the backward (how they are registered,
-and why: `kernels/_common.py`).
+unless store_pre) and `scratchformer::ffn_backward` -> (dx, dw1, db1, dw2, db2). Linked by one
+autograd (`_setup_context` + `_backward`, registered on the op and as `FFNFunction`), which saves
+rng (None without dropout) for the backward (how they are registered, and why:
+`kernels/_common.py`).
 
 Limits: 16 <= d_model, d_ff <= 16384 (the tested range); any number of tokens and leading dims;
 x, weights and biases share one dtype: float32, float16 or bfloat16, fp32 accumulation.
