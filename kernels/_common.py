@@ -17,11 +17,12 @@ backward ops; `linear_cross_entropy`, whose gradient its forward computes) with
 forward op's autograd once, as a `setup_context` and a `backward` that calls its backward op
 (`op_autograd` below): registered on the op with `torch.library.register_autograd`, so the op
 called through the dispatcher (`torch.ops.scratchformer.attention`, opcheck, a user's own code)
-is differentiable, and wrapped in a classic `torch.autograd.Function` that the entry points apply
-(`linear_cross_entropy`'s op refuses a backward by name: its entry point's Function scales the
-gradients it returns). None of them has a second derivative: a backward under
-`create_graph=True` is refused by name (`first_order`), where it would otherwise hand back
-gradients with no history, so a gradient penalty would silently lose its terms through our ops.
+is differentiable, and wrapped in a classic `torch.autograd.Function` that the entry points apply.
+The ops with no gradient to give refuse one by name (`no_autograd`): the backward ops, and
+`linear_cross_entropy`, whose entry point's Function scales the gradients the op returns. And
+the gradients are first-order only: a backward under `create_graph=True` is refused by name
+(`first_order`), where it would otherwise hand back gradients with no history, so a gradient
+penalty would silently lose its terms through our ops.
 Why not `@torch.library.custom_op`, and why the entry points do not call the op through its
 registered autograd: custom_op's Python wrappers cost tens of microseconds a call, and the
 training step is host-bound (issue 17: our kernels took 13.9 ms of an H100's time per
@@ -376,13 +377,14 @@ def call_op(op, *args):
     return _IMPLS[op](*args)
 
 
-def op_autograd(op, setup_context, backward) -> type[torch.autograd.Function]:
+def op_autograd(op, backward_op, setup_context, backward) -> type[torch.autograd.Function]:
     """The autograd of one of our ops, given as `torch.library.register_autograd`'s pair:
-    setup_context(ctx, inputs, output) saves what backward(ctx, *grads) needs. Registered on the
-    op, so the op called through the dispatcher (`torch.ops.scratchformer.<name>`) is
-    differentiable, and returned as a classic autograd.Function whose forward calls the op by
-    `call_op`: the one the entry points apply (module docstring). Either way the gradients are
-    first-order only (`first_order`)."""
+    setup_context(ctx, inputs, output) saves what backward(ctx, *grads) needs, which calls
+    `backward_op`. Registered on the op, so the op called through the dispatcher
+    (`torch.ops.scratchformer.<name>`) is differentiable, and returned as a classic
+    autograd.Function whose forward calls the op by `call_op`: the one the entry points apply
+    (module docstring). Either way the gradients are first-order only (`first_order`), and
+    `backward_op` called through the dispatcher refuses a gradient by name (`no_autograd`)."""
     name = op.name()
 
     def backward_once(ctx, *grads):
@@ -390,6 +392,7 @@ def op_autograd(op, setup_context, backward) -> type[torch.autograd.Function]:
         return backward(ctx, *grads)
 
     torch.library.register_autograd(op, backward_once, setup_context=setup_context)
+    no_autograd(backward_op, f"no gradient: it would be a second derivative of {name}, which our kernels do not give")
 
     def forward(ctx, *inputs):
         output = call_op(op, *inputs)
@@ -401,6 +404,20 @@ def op_autograd(op, setup_context, backward) -> type[torch.autograd.Function]:
                 {"__doc__": f"The autograd of {name}, linking it to its backward op (`op_autograd`).",
                  "__module__": backward.__module__, "forward": staticmethod(forward),
                  "backward": staticmethod(backward_once)})
+
+
+def no_autograd(op, why: str) -> None:
+    """Registers on `op` an autograd that refuses its backward with `why`, naming the op: for an op
+    with no gradient to give, called through the dispatcher on inputs that want one (without it,
+    autograd's fallback warns, then leaves every gradient None)."""
+    def refuse(ctx, *grads):
+        raise RuntimeError(f"{op.name()}: {why}")
+
+    torch.library.register_autograd(op, refuse, setup_context=_no_context)
+
+
+def _no_context(ctx, inputs, output):
+    pass
 
 
 def first_order(ctx, name: str) -> None:

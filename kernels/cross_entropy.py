@@ -46,7 +46,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, first_order, next_pow2, or_empty
+from ._common import (
+    NONE_SHAPE,
+    call_op,
+    check_device,
+    check_dtype,
+    define_op,
+    first_order,
+    next_pow2,
+    no_autograd,
+    or_empty,
+)
 
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk (see the docstring)
 MAX_BLOCK_V = 4096
@@ -212,18 +222,10 @@ def _(x, weight, bias, target, label_smoothing, ignore_index, needs_grad):
             x.new_empty(V if needs_grad and bias is not None else 0, dtype=torch.float32))
 
 
-def _refuse_backward(ctx, *grads):
-    """The op called through the dispatcher with inputs that want a gradient: its per-row loss has
-    no backward to give (dW is one sum over the rows, which a per-row gradient would reweight)."""
-    raise RuntimeError("scratchformer::linear_cross_entropy is not differentiated itself: it returns the gradients of "
-                       "its summed loss (needs_grad=True); call linear_cross_entropy(...), whose autograd scales them")
-
-
-def _no_context(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd(_linear_cross_entropy_op, _refuse_backward, setup_context=_no_context)
+# Called through the dispatcher on inputs that want a gradient, the op has none to give: its
+# per-row loss would need dW reweighted per row, which its one sum over the rows cannot be
+no_autograd(_linear_cross_entropy_op, "not differentiated itself: it returns the gradients of its summed loss "
+            "(needs_grad=True); call linear_cross_entropy(...), whose autograd scales them")
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):

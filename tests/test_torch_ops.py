@@ -228,15 +228,47 @@ def test_an_op_called_through_the_dispatcher_is_differentiable(name, device):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_linear_cross_entropys_op_refuses_a_backward_by_name(device):
-    """The loss op returns the gradients of its summed loss: differentiating its per-row loss
-    itself has no answer to give (dW sums the rows), so that backward is refused, by name."""
-    x, w = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
+def _gradless_op_calls(device):
+    """name -> a call of that op through the dispatcher, on inputs that want a gradient: the loss
+    op (it returns the gradients of its summed loss) and the backward ops (their gradient would
+    be a second derivative)."""
+    torch.manual_seed(0)
+    (q, k, v), _, attention_op = _entry_and_op_calls(device)["attention"]
+    (x, r, w, b), _, _ = _entry_and_op_calls(device)["add_layer_norm"]
+    (_, w1, b1, w2, b2), _, _ = _entry_and_op_calls(device)["ffn"]
+    x2, w3 = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
     target = torch.randint(1, 10, (6,), device=device)
-    loss = OPS.linear_cross_entropy(x, w, None, target, 0.1, 0, True)[0]
-    with pytest.raises(RuntimeError, match=r"linear_cross_entropy is not differentiated itself.*"
-                                           r"call linear_cross_entropy\(\.\.\.\)"):
-        loss.sum().backward()
+    with torch.no_grad():
+        out, lse = OPS.attention(q, k, v, None, None, False, 0.0, None, None)
+        _, s, mean, rstd, _ = OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, True, None, None)
+        _, a, pre = OPS.ffn(x, w1, b1, w2, b2, "gelu", 0.0, None, True)
+    dout = _grad(torch.randn_like(out))[0]
+    return {
+        "linear_cross_entropy": lambda: OPS.linear_cross_entropy(x2, w3, None, target, 0.1, 0, True)[0],
+        "attention_backward": lambda: OPS.attention_backward(dout, q, k, v, out, lse, None, None, False, 0.0,
+                                                             None, None)[0],
+        "add_layer_norm_backward": lambda: OPS.add_layer_norm_backward(dout.new_ones(s.shape), None, None, s, w,
+                                                                       mean, rstd, True, 0.0, None, False,
+                                                                       torch.float32)[2],
+        "ffn_backward": lambda: OPS.ffn_backward(torch.randn_like(x), x, w1, w2, a, pre, "gelu", True, True, 0.0,
+                                                 None, True)[1],
+    }
+
+
+@pytest.mark.parametrize("name,why", [
+    ("linear_cross_entropy", r"not differentiated itself.*call linear_cross_entropy\(\.\.\.\)"),
+    ("attention_backward", "no gradient: it would be a second derivative of scratchformer::attention"),
+    ("add_layer_norm_backward", "no gradient: it would be a second derivative of scratchformer::add_layer_norm"),
+    ("ffn_backward", "no gradient: it would be a second derivative of scratchformer::ffn"),
+])
+def test_an_op_with_no_gradient_refuses_one_by_name(name, why, device):
+    """Called through the dispatcher on inputs that want a gradient, an op with none to give (the
+    loss op, whose per-row loss would need dW reweighted per row; a backward op) refuses its
+    backward, naming itself, where autograd's fallback would warn and leave the gradients None."""
+    y = _gradless_op_calls(device)[name]()
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match=rf"scratchformer::{name}: {why}"):
+        y.sum().backward()
 
 
 @pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn", "linear_cross_entropy", "the model"])
