@@ -656,6 +656,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy, ds, dmean, drstd, dcopy):
     s, weight, mean, rstd, rng = ctx.saved_tensors
+    if s.numel() != mean.numel() * weight.numel():
+        raise RuntimeError("add_layer_norm: the backward needs s = dropout(x) + residual, which the forward did not "
+                           "store (store_s=False)")
     if not ctx.has_copy:  # the empty placeholder: a traced backward may hand it a (0,) gradient
         dcopy = None
     if dy is None:  # y unused downstream: its copy's gradient (if any) is the whole of it

@@ -228,6 +228,20 @@ def test_an_op_called_through_the_dispatcher_is_differentiable(name, device):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+def test_an_op_called_without_what_its_backward_needs_says_so(device):
+    """The forward ops store what the backward needs only when asked (store_s, store_pre: the
+    entry points ask when a gradient is wanted); called through the dispatcher without it, the
+    backward names what is missing instead of failing inside a launcher."""
+    (x, r, w, b), _, _ = _entry_and_op_calls(device)["add_layer_norm"]
+    (_, w1, b1, w2, b2), _, _ = _entry_and_op_calls(device)["ffn"]
+    y = OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, False, None, None)[0]
+    with pytest.raises(RuntimeError, match=r"add_layer_norm: the backward needs s .*\(store_s=False\)"):
+        y.sum().backward()
+    y = OPS.ffn(x, w1, b1, w2, b2, "gelu", 0.0, None, False)[0]
+    with pytest.raises(RuntimeError, match=r"ffn: the gelu backward needs the pre-activation.*\(store_pre=False\)"):
+        y.sum().backward()
+
+
 def _gradless_op_calls(device):
     """name -> a call of that op through the dispatcher, on inputs that want a gradient: the loss
     op (it returns the gradients of its summed loss) and the backward ops (their gradient would
