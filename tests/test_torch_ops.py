@@ -232,8 +232,9 @@ def test_an_op_called_without_what_its_backward_needs_says_so(device):
     """The forward ops store what the backward needs only when asked (store_s, store_pre: the
     entry points ask when a gradient is wanted); called through the dispatcher without it, the
     backward names what is missing instead of failing inside a launcher."""
-    (x, r, w, b), _, _ = _entry_and_op_calls(device)["add_layer_norm"]
-    (_, w1, b1, w2, b2), _, _ = _entry_and_op_calls(device)["ffn"]
+    calls = _entry_and_op_calls(device)
+    (x, r, w, b), _, _ = calls["add_layer_norm"]
+    (_, w1, b1, w2, b2), _, _ = calls["ffn"]
     y = OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, False, None, None)[0]
     with pytest.raises(RuntimeError, match=r"add_layer_norm: the backward needs s .*\(store_s=False\)"):
         y.sum().backward()
@@ -246,10 +247,10 @@ def _gradless_op_calls(device):
     """name -> a call of that op through the dispatcher, on inputs that want a gradient: the loss
     op (it returns the gradients of its summed loss) and the backward ops (their gradient would
     be a second derivative)."""
-    torch.manual_seed(0)
-    (q, k, v), _, attention_op = _entry_and_op_calls(device)["attention"]
-    (x, r, w, b), _, _ = _entry_and_op_calls(device)["add_layer_norm"]
-    (_, w1, b1, w2, b2), _, _ = _entry_and_op_calls(device)["ffn"]
+    calls = _entry_and_op_calls(device)
+    (q, k, v), _, _ = calls["attention"]
+    (x, r, w, b), _, _ = calls["add_layer_norm"]
+    (_, w1, b1, w2, b2), _, _ = calls["ffn"]
     x2, w3 = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
     target = torch.randint(1, 10, (6,), device=device)
     with torch.no_grad():
@@ -261,8 +262,8 @@ def _gradless_op_calls(device):
         "linear_cross_entropy": lambda: OPS.linear_cross_entropy(x2, w3, None, target, 0.1, 0, True)[0],
         "attention_backward": lambda: OPS.attention_backward(dout, q, k, v, out, lse, None, None, False, 0.0,
                                                              None, None)[0],
-        "add_layer_norm_backward": lambda: OPS.add_layer_norm_backward(dout.new_ones(s.shape), None, None, s, w,
-                                                                       mean, rstd, True, 0.0, None, False,
+        "add_layer_norm_backward": lambda: OPS.add_layer_norm_backward(torch.ones_like(s), None, None, s, w, mean,
+                                                                       rstd, True, 0.0, None, False,
                                                                        torch.float32)[2],
         "ffn_backward": lambda: OPS.ffn_backward(torch.randn_like(x), x, w1, w2, a, pre, "gelu", True, True, 0.0,
                                                  None, True)[1],
