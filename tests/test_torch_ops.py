@@ -31,6 +31,7 @@ from conftest import DEVICE, INTERPRET, requires_cuda
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scratchformer import reference as R
 from scratchformer.compile import check_backend, compile_decoding, compile_model
 from scratchformer.kernels import _common
 from scratchformer.kernels import add_layer_norm as LN
@@ -194,7 +195,7 @@ def test_without_grad_the_entry_points_call_the_ops_alone(device):
 
 def _entry_and_op_calls(device):
     """name -> (inputs that want a gradient, the entry point's call, the op's through the
-    dispatcher: y alone), on small ragged inputs."""
+    dispatcher, the eager reference's: y alone), on small ragged inputs."""
     torch.manual_seed(0)
     q, k, v = _grad(*(torch.randn(2, 2, n, 16, device=device) for n in (5, 7, 7)))
     kl = torch.tensor([7, 3], device=device)
@@ -204,28 +205,33 @@ def _entry_and_op_calls(device):
                            torch.randn(32, 48, device=device) / 7, torch.randn(32, device=device))
     return {
         "attention": ((q, k, v), lambda: A.attention(q, k, v, key_lengths=kl),
-                      lambda: OPS.attention(q, k, v, kl, None, False, 0.0, None, None)[0]),
+                      lambda: OPS.attention(q, k, v, kl, None, False, 0.0, None, None)[0],
+                      lambda: R.attention_ref(q, k, v, key_lengths=kl)),
         "add_layer_norm": ((x, r, w, b), lambda: LN.add_layer_norm(x, r, w, b),
-                           lambda: OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, True, None, None)[0]),
+                           lambda: OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, True, None, None)[0],
+                           lambda: R.add_layer_norm_ref(x, r, w, b)),
         "ffn": ((x, w1, b1, w2, b2), lambda: F.ffn(x, w1, b1, w2, b2, activation="gelu"),
-                lambda: OPS.ffn(x, w1, b1, w2, b2, "gelu", 0.0, None, True)[0]),
+                lambda: OPS.ffn(x, w1, b1, w2, b2, "gelu", 0.0, None, True)[0],
+                lambda: R.ffn_ref(x, w1, b1, w2, b2, activation="gelu")),
     }
 
 
 @pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn"])
 def test_an_op_called_through_the_dispatcher_is_differentiable(name, device):
     """torch.ops.scratchformer.<op> on inputs that want a gradient (a user's own code, opcheck)
-    has the entry point's autograd, registered on the op: the same gradients, bit for bit, and
-    no warning (before, autograd's fallback warned and left every gradient None)."""
-    inputs, entry, op = _entry_and_op_calls(device)[name]
+    has the entry point's autograd, registered on the op: the same gradients, bit for bit, those
+    of the eager reference, and no warning (before, autograd's fallback warned and left every
+    gradient None)."""
+    inputs, entry, op, ref = _entry_and_op_calls(device)[name]
     y = entry()
     dy = torch.randn_like(y)
     want = torch.autograd.grad(y, inputs, dy)
     with warnings.catch_warnings():  # autograd's fallback, had the op no autograd of its own
         warnings.filterwarnings("error", r"scratchformer::\w+: an autograd kernel was not registered")
         got = torch.autograd.grad(op(), inputs, dy)
-    for g, w in zip(got, want, strict=True):
+    for g, w, r in zip(got, want, torch.autograd.grad(ref(), inputs, dy), strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
 def test_an_op_called_without_what_its_backward_needs_says_so(device):
@@ -233,8 +239,8 @@ def test_an_op_called_without_what_its_backward_needs_says_so(device):
     entry points ask when a gradient is wanted); called through the dispatcher without it, the
     backward names what is missing instead of failing inside a launcher."""
     calls = _entry_and_op_calls(device)
-    (x, r, w, b), _, _ = calls["add_layer_norm"]
-    (_, w1, b1, w2, b2), _, _ = calls["ffn"]
+    (x, r, w, b), *_ = calls["add_layer_norm"]
+    (_, w1, b1, w2, b2), *_ = calls["ffn"]
     y = OPS.add_layer_norm(x, r, w, b, 1e-5, 0.0, None, False, None, None)[0]
     with pytest.raises(RuntimeError, match=r"add_layer_norm: the backward needs s .*\(store_s=False\)"):
         y.sum().backward()
@@ -248,9 +254,9 @@ def _gradless_op_calls(device):
     op (it returns the gradients of its summed loss) and the backward ops (their gradient would
     be a second derivative)."""
     calls = _entry_and_op_calls(device)
-    (q, k, v), _, _ = calls["attention"]
-    (x, r, w, b), _, _ = calls["add_layer_norm"]
-    (_, w1, b1, w2, b2), _, _ = calls["ffn"]
+    (q, k, v), *_ = calls["attention"]
+    (x, r, w, b), *_ = calls["add_layer_norm"]
+    (_, w1, b1, w2, b2), *_ = calls["ffn"]
     x2, w3 = _grad(torch.randn(6, 16, device=device), torch.randn(10, 16, device=device))
     target = torch.randint(1, 10, (6,), device=device)
     with torch.no_grad():
@@ -302,7 +308,8 @@ def test_a_second_derivative_is_refused_by_name(name, device):
         inputs = [p for p in model.parameters() if p.requires_grad]
         calls = [lambda: model(src, sl, tgt_in, tl, target=tgt_out, label_smoothing=0.1)[0]]
     else:
-        inputs, *calls = _entry_and_op_calls(device)[name]
+        inputs, entry, op, _ = _entry_and_op_calls(device)[name]
+        calls = [entry, op]
     for call in calls:
         y = call()
         assert all(g is not None for g in torch.autograd.grad(y.sum(), inputs, retain_graph=True))
