@@ -377,14 +377,15 @@ def call_op(op, *args):
     return _IMPLS[op](*args)
 
 
-def op_autograd(op, backward_op, setup_context, backward) -> type[torch.autograd.Function]:
+def op_autograd(title: str, op, backward_op, setup_context, backward) -> type[torch.autograd.Function]:
     """The autograd of one of our ops, given as `torch.library.register_autograd`'s pair:
     setup_context(ctx, inputs, output) saves what backward(ctx, *grads) needs, which calls
     `backward_op`. Registered on the op, so the op called through the dispatcher
     (`torch.ops.scratchformer.<name>`) is differentiable, and returned as a classic
-    autograd.Function whose forward calls the op by `call_op`: the one the entry points apply
-    (module docstring). Either way the gradients are first-order only (`first_order`), and
-    `backward_op` called through the dispatcher refuses a gradient by name (`no_autograd`)."""
+    autograd.Function named `title` whose forward calls the op by `call_op`: the one the entry
+    points apply (module docstring). Either way the gradients are first-order only
+    (`first_order`), and `backward_op` called through the dispatcher refuses a gradient by name
+    (`no_autograd`)."""
     name = op.name()
 
     def backward_once(ctx, *grads):
@@ -399,8 +400,7 @@ def op_autograd(op, backward_op, setup_context, backward) -> type[torch.autograd
         setup_context(ctx, inputs, output)
         return output
 
-    title = "".join(part.title() for part in name.split("::")[1].split("_"))
-    return type(f"{title}Function", (torch.autograd.Function,),
+    return type(title, (torch.autograd.Function,),
                 {"__doc__": f"The autograd of {name}, linking it to its backward op (`op_autograd`).",
                  "__module__": backward.__module__, "forward": staticmethod(forward),
                  "backward": staticmethod(backward_once)})

@@ -673,7 +673,8 @@ def _backward(ctx, dy, ds, dmean, drstd, dcopy):
     return dx, dres if need_dres else None, dw, db if ctx.has_bias else None, None, None, None, None, None, None
 
 
-AddLayerNormFunction = op_autograd(_add_layer_norm_op, _add_layer_norm_backward_op, _setup_context, _backward)
+AddLayerNormFunction = op_autograd("AddLayerNormFunction", _add_layer_norm_op, _add_layer_norm_backward_op,
+                                   _setup_context, _backward)
 
 
 def add_layer_norm(

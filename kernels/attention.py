@@ -985,7 +985,7 @@ def _backward(ctx, dout, dlse):  # lse is not differentiable: dlse is ignored
     return dq, dk, dv, None, None, None, None, None, None  # one slot per forward input
 
 
-AttentionFunction = op_autograd(_attention_op, _attention_backward_op, _setup_context, _backward)
+AttentionFunction = op_autograd("AttentionFunction", _attention_op, _attention_backward_op, _setup_context, _backward)
 
 
 def attention(

@@ -211,7 +211,7 @@ def _backward(ctx, dy, da, dpre):  # a and pre are saved activations, not differ
             db2 if has_b2 else None, None, None, None, None)
 
 
-FFNFunction = op_autograd(_ffn_op, _ffn_backward_op, _setup_context, _backward)
+FFNFunction = op_autograd("FFNFunction", _ffn_op, _ffn_backward_op, _setup_context, _backward)
 
 
 def ffn(

@@ -216,6 +216,15 @@ def _entry_and_op_calls(device):
     }
 
 
+@pytest.mark.parametrize(("module", "title"), [(A, "AttentionFunction"), (LN, "AddLayerNormFunction"),
+                                              (F, "FFNFunction"), (CE, "LinearCrossEntropyFunction")])
+def test_each_autograd_function_is_named_as_its_entry_point_calls_it(module, title):
+    """The Function an entry point applies carries its own name (tracebacks, grad_fn, profiles):
+    `op_autograd` builds the class, so the name is given, not derived from the op's."""
+    function = getattr(module, title)
+    assert (function.__name__, function.__qualname__, function.__module__) == (title, title, module.__name__)
+
+
 @pytest.mark.parametrize("name", ["attention", "add_layer_norm", "ffn"])
 def test_an_op_called_through_the_dispatcher_is_differentiable(name, device):
     """torch.ops.scratchformer.<op> on inputs that want a gradient (a user's own code, opcheck)
