@@ -137,6 +137,20 @@ if INTERPRET:
     check_interpreter_versions(triton.__version__, numpy.__version__)
 
 
+def check_tensors(name: str, optional: tuple[str, ...] = (), **tensors) -> None:
+    """Each argument a tensor (those named in `optional` may be None), else a ValueError naming it:
+    run first at an entry point, before a check reads a device, dtype or shape."""
+    for arg, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (t is None and arg in optional):
+            raise ValueError(f"{name}: {arg} must be a tensor, got {type(t).__name__}")
+
+
+def check_flag(name: str, arg: str, value) -> None:
+    """A flag: True or False. A truthy string such as "False" would be taken as True."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: {arg} must be a bool, got {value!r}")
+
+
 def check_device(name: str, *tensors: torch.Tensor | None) -> None:
     """All given tensors on one device; CUDA, or CPU only under the interpreter."""
     devices = {t.device for t in tensors if t is not None}

@@ -103,6 +103,8 @@ from ._common import (
     cdiv,
     check_device,
     check_dtype,
+    check_flag,
+    check_tensors,
     define_op,
     dropout_keep,
     dropout_rng,
@@ -409,6 +411,7 @@ def _block_m(rows: int, block_n: int) -> int:
 
 
 def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_dtype=None):
+    check_tensors("add_layer_norm", ("residual", "bias"), x=x, residual=residual, weight=weight, bias=bias)
     _check_device_dtype(x, residual, weight, bias)
     _check_out_dtypes(y_dtype, copy_dtype)
     if x.dim() < 1 or x.shape[-1] == 0:
@@ -417,8 +420,6 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_
     _check_width(N)
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    if not isinstance(weight, torch.Tensor):  # bias may be None, weight may not
-        raise ValueError(f"add_layer_norm: weight must be a tensor of shape ({N},), got {type(weight).__name__}")
     for name, p in (("weight", weight), ("bias", bias)):
         if p is None:
             continue
@@ -716,6 +717,7 @@ def add_layer_norm(
     naming a bad input.
     """
     _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype, copy_dtype)
+    check_flag("add_layer_norm", "return_residual", return_residual)
     return add_layer_norm_trusted(x, residual, weight, bias, eps, dropout_p=dropout_p, return_residual=return_residual,
                                   seed=seed, return_dropout_mask=return_dropout_mask, y_dtype=y_dtype,
                                   copy_dtype=copy_dtype)

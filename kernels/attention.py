@@ -93,6 +93,8 @@ from ._common import (
     cdiv,
     check_device,
     check_dtype,
+    check_flag,
+    check_tensors,
     define_op,
     dropout_keep,
     dropout_rng,
@@ -740,11 +742,10 @@ def _check_lengths(name, lengths, B, L, device):
             raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
 
 
-def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
+def _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale):
     """The entry point's checks."""
+    check_tensors("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"attention: {name} must be a tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"attention: {name} must be (B, H, L, D), got shape {tuple(t.shape)}")
     B, H, Lq, D = q.shape
@@ -754,6 +755,7 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale):
             "(need the same B, H, D and k.shape == v.shape)"
         )
     _check_device_dtype_head_dim(q, k, v)
+    check_flag("attention", "causal", causal)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
     _check_scale(scale)
@@ -1021,7 +1023,7 @@ def attention(
     return_dropout_mask (debug) also the keep mask (B, H, Lq, Lk) bool, True = kept:
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
-    _check_inputs(q, k, v, key_lengths, query_lengths, dropout_p, scale)
+    _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale)
     return attention_trusted(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
                              dropout_p=dropout_p, scale=scale, return_lse=return_lse,
                              return_dropout_mask=return_dropout_mask, seed=seed)

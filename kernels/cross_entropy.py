@@ -51,6 +51,7 @@ from ._common import (
     call_op,
     check_device,
     check_dtype,
+    check_tensors,
     define_op,
     first_order,
     next_pow2,
@@ -124,6 +125,7 @@ def _check_inputs(x, weight, bias, target, label_smoothing, ignore_index):
     """What the kernel needs to read in bounds: one device and dtype, (N, d) x (V, d) operands, a
     bias of V, int64 targets one per row, ignore_index a column, and V - 2 > 0 to smooth over."""
     name = "linear_cross_entropy"
+    check_tensors(name, ("bias",), x=x, weight=weight, bias=bias, target=target)
     check_limits(x, weight, bias, target)
     N, V = x.shape[0], weight.shape[0]
     shapes_ok = x.dim() == weight.dim() == 2 and x.shape[1] == weight.shape[1] and \

@@ -46,7 +46,17 @@ from __future__ import annotations
 
 import torch
 
-from ._common import NONE_SHAPE, call_op, check_device, check_dtype, define_op, dropout_rng, op_autograd, or_empty
+from ._common import (
+    NONE_SHAPE,
+    call_op,
+    check_device,
+    check_dtype,
+    check_tensors,
+    define_op,
+    dropout_rng,
+    op_autograd,
+    or_empty,
+)
 from .matmul import launch_matmul, launch_matmul_dact
 
 MIN_DIM, MAX_DIM = 16, 16384
@@ -54,6 +64,7 @@ WGRAD_KERNEL = "torch"  # "torch" (cuBLAS, split-K) or "triton" (our GEMM); see 
 
 
 def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
+    check_tensors("ffn", ("b1", "b2"), x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check_device_dtype(x, w1, b1, w2, b2)
     if activation not in ("relu", "gelu"):
         raise ValueError(f"ffn: activation must be 'relu' or 'gelu', got {activation!r}")

@@ -67,6 +67,7 @@ from ._common import (
     cdiv,
     check_device,
     check_dtype,
+    check_tensors,
     dropout_rng,
     launch_tuned,
     next_pow2,
@@ -638,6 +639,7 @@ def matmul(
     Returns c (M, N) contiguous in a's dtype; with store_pre also the pre-activation a @ b + bias
     (needed by the gelu backward); with store_mask also the bool keep mask (debug).
     """
+    check_tensors("matmul", ("bias",), a=a, b=b, bias=bias)
     _check_operands("matmul", a, b, bias)
     if activation not in ACTIVATIONS:
         raise ValueError(f"matmul: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -669,6 +671,7 @@ def matmul_dact(
     does). Returns dH (M, N) in a's dtype and, with bias_grad, its fp32 column sums (N,) (reduced
     over row tiles in a fixed order), else None.
     """
+    check_tensors("matmul_dact", a=a, b=b, aux=aux)
     _check_operands("matmul_dact", a, b, aux)
     if activation not in ("relu", "gelu"):
         raise ValueError(f"matmul_dact: activation must be 'relu' or 'gelu', got {activation!r}")

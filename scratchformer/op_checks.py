@@ -46,6 +46,14 @@ def _check_dropout(op: str, p) -> None:
         raise ValueError(f"{op}: dropout_p must be in [0, 1), got {p}")
 
 
+def _check_tensors(op: str, optional: tuple[str, ...] = (), **tensors) -> None:
+    """Each argument a tensor (those named in `optional` may be None), else a ValueError naming it:
+    each op's check runs it first, before reading a shape, dtype or device."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (t is None and name in optional):
+            raise ValueError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+
+
 def _check_floating(op: str, **tensors) -> None:
     for name, t in tensors.items():
         if t is not None and not t.is_floating_point():
@@ -105,6 +113,7 @@ def _check_lengths(name: str, lengths: torch.Tensor | None, B: int, L: int, devi
 
 
 def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=False, dropout_p=0.0, scale=None, **_):
+    _check_tensors("attention", q=q, k=k, v=v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects q, k, v of shape (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -134,8 +143,7 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
 
 def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, return_residual=False, y_dtype=None,
                          copy_dtype=None, **_):
-    if not isinstance(weight, torch.Tensor):
-        raise ValueError(f"add_layer_norm: weight must be a tensor of the hidden size, got {type(weight).__name__}")
+    _check_tensors("add_layer_norm", ("residual", "bias"), x=x, residual=residual, weight=weight, bias=bias)
     _check_floating("add_layer_norm", x=x, weight=weight, bias=bias)
     _check_same("add_layer_norm", "device", x=x, residual=residual, weight=weight, bias=bias)
     if x.dim() < 1 or x.shape[-1] == 0:
@@ -169,6 +177,7 @@ def check_add_layer_norm(x, residual, weight, bias, eps=1e-5, *, dropout_p=0.0, 
 def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
     if activation not in ("relu", "gelu"):
         raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    _check_tensors("ffn", ("b1", "b2"), x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check_floating("ffn", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check_same("ffn", "dtype", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check_same("ffn", "device", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
@@ -185,6 +194,7 @@ def check_ffn(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, **_):
 
 
 def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, **_):
+    _check_tensors("embed", tokens=tokens, weight=weight)
     if tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"embed: tokens must be int32 or int64, got {tokens.dtype}")
     if tokens.dim() != 2 or weight.dim() != 2:
@@ -212,6 +222,7 @@ def check_embed(tokens, weight, *, scale=1.0, pos_offset=0, pos_encoding=True, *
 
 
 def check_linear_cross_entropy(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=0, **_):
+    _check_tensors("linear_cross_entropy", ("bias",), x=x, weight=weight, bias=bias)
     _check_floating("linear_cross_entropy", x=x, weight=weight, bias=bias)
     _check_same("linear_cross_entropy", "dtype", x=x, weight=weight, bias=bias)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:

@@ -426,7 +426,7 @@ def test_add_layer_norm_bad_inputs():
             ops.select(kernel, DEVICE).add_layer_norm(x, None, w, None, copy_dtype="bf16")
     # weight is required (bias is optional): None was skipped by the checks, then weight.contiguous() raised
     # AttributeError 'NoneType' object has no attribute 'contiguous' in the launcher
-    with pytest.raises(ValueError, match=r"add_layer_norm: weight must be a tensor of shape \(48,\), got NoneType"):
+    with pytest.raises(ValueError, match=r"add_layer_norm: weight must be a tensor, got NoneType"):
         add_layer_norm(x, None, None, None)
 
 

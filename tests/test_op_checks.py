@@ -13,7 +13,7 @@ import torch
 from conftest import DEVICE, requires_cuda
 
 from scratchformer import op_checks, ops
-from scratchformer.kernels import _common, add_layer_norm, attention, cross_entropy, ffn
+from scratchformer.kernels import _common, add_layer_norm, attention, cross_entropy, ffn, matmul
 from scratchformer.model import Classifier, Extractor, ModelConfig, Transformer, beam_search, greedy_decode
 
 pytestmark = pytest.mark.usefixtures("on_test_device")
@@ -104,7 +104,7 @@ def test_add_layer_norm_refuses_mixed_parameter_dtypes_everywhere(ops_backend):
     cast_first = ops_backend.add_layer_norm(x.bfloat16().float(), x, torch.ones(16), torch.zeros(16))
     want = ops.select("eager").add_layer_norm(x.bfloat16().float(), x, torch.ones(16), torch.zeros(16))
     assert got.dtype == torch.float32 and torch.equal(got, cast_first) and torch.allclose(got, want, atol=1e-5)
-    with pytest.raises(ValueError, match="add_layer_norm: weight must be a tensor of the hidden size, got NoneType"):
+    with pytest.raises(ValueError, match="add_layer_norm: weight must be a tensor, got NoneType"):
         ops_backend.add_layer_norm(x, None, None, None)
     half = x.to(torch.float16)  # fp16 activations, fp32 gains: accepted everywhere, one answer
     got = ops_backend.add_layer_norm(half, half, torch.ones(16), torch.zeros(16))
@@ -310,6 +310,35 @@ def test_every_backend_refuses_a_flag_that_is_not_a_bool(ops_backend, flag):
         ops_backend.embed(torch.tensor([[1, 2]]), torch.randn(8, 16), scale=1.0, pos_encoding=flag)
 
 
+def _tensor_args():
+    """op -> (the bundle's call of it, its tensor arguments by name), for every op of a bundle."""
+    q, k, v = _qkv()
+    x, w1, b1, w2, b2 = _ffn_args()
+    return {
+        "attention": (lambda m, a: m.attention(a["q"], a["k"], a["v"]), dict(q=q, k=k, v=v)),
+        "add_layer_norm": (lambda m, a: m.add_layer_norm(a["x"], a["residual"], a["weight"], a["bias"]),
+                           dict(x=x, residual=x, weight=torch.ones(16), bias=torch.zeros(16))),
+        "ffn": (lambda m, a: m.ffn(a["x"], a["w1"], a["b1"], a["w2"], a["b2"]), dict(x=x, w1=w1, b1=b1, w2=w2, b2=b2)),
+        "embed": (lambda m, a: m.embed(a["tokens"], a["weight"], scale=1.0),
+                  dict(tokens=torch.tensor([[1, 2]]), weight=torch.randn(8, 16))),
+        "linear_cross_entropy": (lambda m, a: m.linear_cross_entropy(a["x"], a["weight"], a["bias"],
+                                                                     torch.tensor([1, 2, 3])),
+                                 dict(x=x, weight=torch.randn(9, 16), bias=torch.zeros(9))),
+    }
+
+
+@pytest.mark.parametrize("op", ["attention", "add_layer_norm", "ffn", "embed", "linear_cross_entropy"])
+def test_every_backend_names_an_input_that_is_not_a_tensor(ops_backend, op):
+    """A nested list where a tensor goes is refused naming the argument, in every backend (was an
+    AttributeError such as "'list' object has no attribute 'dim'" from inside the check); each
+    tensor argument in turn, the call with all of them a tensor accepted."""
+    call, args = _tensor_args()[op]
+    call(ops_backend, args)
+    for name, t in args.items():
+        with pytest.raises(ValueError, match=_esc(f"{op}: {name} must be a tensor, got list")):
+            call(ops_backend, {**args, name: t.tolist()})
+
+
 @pytest.mark.parametrize("case", ["dense", "key-lengths", "causal"])
 def test_attention_with_no_key_is_zeros_in_every_backend(ops_backend, case):
     """Lk = 0: every query row sees no key, so it is zeros (the rule for an empty row), with zero
@@ -510,6 +539,37 @@ def test_the_triton_bundle_refuses_what_only_the_kernels_refuse(case, message, m
         call = lambda: bundle.linear_cross_entropy(x, w, torch.zeros(9, dtype=dtype), target)  # noqa: E731
     with pytest.raises(ValueError, match=_esc(message)):
         call()
+
+
+def test_the_kernels_entry_points_name_an_input_that_is_not_a_tensor_and_a_flag_that_is_not_a_bool():
+    """The Triton entry points, called on their own, refuse what the bundle's check refuses: a list
+    for a tensor (was an AttributeError on its .device from the device check) and a truthy string
+    for a flag (causal="False" ran causal attention; return_residual="no" returned s)."""
+    q, k, v = _qkv()
+    x, w1, b1, w2, b2 = _ffn_args()
+    w, b, target = torch.randn(9, 16), torch.zeros(9), torch.tensor([1, 2, 3])
+    calls = {
+        "attention": (lambda a: attention.attention(**a), dict(q=q, k=k, v=v)),
+        "add_layer_norm": (lambda a: add_layer_norm.add_layer_norm(**a),
+                           dict(x=x, residual=x, weight=torch.ones(16), bias=torch.zeros(16))),
+        "ffn": (lambda a: ffn.ffn(**a), dict(x=x, w1=w1, b1=b1, w2=w2, b2=b2)),
+        "linear_cross_entropy": (lambda a: cross_entropy.linear_cross_entropy(**a, target=target),
+                                 dict(x=x, weight=w, bias=b)),
+        "matmul": (lambda a: matmul.matmul(**a), dict(a=x, b=w1.T.contiguous(), bias=b1)),
+        "matmul_dact": (lambda a: matmul.matmul_dact(**a, activation="relu"), dict(a=x, b=w2, aux=torch.randn(3, 32))),
+    }
+    for op, (call, args) in calls.items():
+        call(args)
+        for name, t in args.items():
+            with pytest.raises(ValueError, match=_esc(f"{op}: {name} must be a tensor, got list")):
+                call({**args, name: t.tolist()})
+    want = attention.attention(q, k, v, causal=False)
+    for flag in ("False", 0, None):
+        with pytest.raises(ValueError, match=_esc(f"attention: causal must be a bool, got {flag!r}")):
+            attention.attention(q, k, v, causal=flag)
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: return_residual must be a bool, got {flag!r}")):
+            add_layer_norm.add_layer_norm(x, x, torch.ones(16), None, return_residual=flag)
+    torch.testing.assert_close(ops.select("triton", DEVICE).attention(q, k, v, causal=False), want, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------
