@@ -782,6 +782,31 @@ def test_beam_search_returns_the_best_output_under_every_length_penalty_by_exhau
     assert len({tuple(b) for b in best.values()}) >= 3, f"test needs the penalties to matter: {best}"
 
 
+@pytest.mark.parametrize("alpha", [-40.0, -1.0, 1.0, 38.5])
+def test_length_penalties_far_from_1_rank_by_the_formula_where_float32_powers_overflow(alpha):
+    """Two outputs: 3 x9 then EOS (10 tokens, log p -0.09) and 4 x10 then EOS (11 tokens, log p
+    -69); beam search returns the one of best sum(log p) / len**alpha, computed here in float64.
+    At alpha 38.5, 11**alpha is past float32's range: the quotient in float32 made the long one's
+    -0.0 and so picked it. And at -40 an output of 15 tokens, the only one with EOS, is returned:
+    15**-40 below float32's range made its score -inf, and the output was empty."""
+    def table(source, prefix):
+        if not prefix:
+            return {3: 1.0 - 1e-30, 4: 1e-30}
+        if prefix[0] == 3:
+            return {3: 0.99} if len(prefix) < 9 else {EOS_ID: 0.999}
+        return {4: 0.99} if len(prefix) < 10 else {EOS_ID: 1.0}
+
+    def score(seq):
+        return sum(math.log(table(0, tuple(seq[:i]))[tok]) for i, tok in enumerate(seq)) / len(seq) ** alpha
+
+    best = max(([3] * 9 + [EOS_ID], [4] * 10 + [EOS_ID]), key=score)
+    out = _table_search(table, beam_size=2, max_len=12, length_penalty=alpha)[0]
+    assert out[: _eos_at(out) + 1] == best
+    out = _table_search(lambda s, prefix: {3: 0.9, 4: 0.1} if len(prefix) < 14 else {EOS_ID: 1.0}, beam_size=1,
+                        max_len=16, length_penalty=alpha)[0]
+    assert out == [3] * 14 + [EOS_ID]
+
+
 def test_an_eos_candidate_ranked_past_beam_size_does_not_finish():
     """fairseq's rule: an EOS candidate is finished only when it ranks among the top beam_size
     candidates of its step. beam 2, length_penalty 0 (raw sums). Step 0 ranks 3 (.4), 4 (.3), EOS (.2):

@@ -53,6 +53,7 @@ Not for a compiled model (`static_caches`), whose steps keep autocast's casts.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import warnings
 
@@ -176,8 +177,8 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
-# A hypothesis's score is divided by len ** length_penalty: past this bound that leaves the float range for
-# outputs of up to a million tokens (400 raised an OverflowError at 7 tokens); the values in use are 0 to 2.
+# A hypothesis's score is divided by len ** length_penalty (ranked in the log domain: `_length_normalized`); the
+# values in use are 0 to 2, and past this bound the length alone decides (400 raised an OverflowError at 7 tokens).
 MAX_LENGTH_PENALTY = 50
 
 
@@ -279,12 +280,22 @@ def _keep_best(fin_seq, fin_score, cand_seq, cand_score, pad_id):
     return fin_seq, fin_score
 
 
+def _length_normalized(score: torch.Tensor, length: int, length_penalty: float) -> torch.Tensor:
+    """The rank of hypotheses of `length` tokens whose summed log-probabilities are `score` (<= 0),
+    by score / length ** length_penalty, as lp · ln(length) - ln(-score) in float64: the same order
+    (0 ranks first, -inf last), which no length or penalty takes out of the float range. (The quotient
+    in float32 did: length ** lp past 3.4e38 or below 1e-45, at 100 tokens lp > 19 or < -22, made
+    every score -0.0 or -inf, and the search returned an arbitrary hypothesis.)"""
+    return length_penalty * math.log(length) - torch.log(-score.double())
+
+
 def _add_unfinished(fin_seq, fin_score, n_fin, alive_seq, alive_score, length_penalty, pad_id):
     """Sentences that ran out of steps (fewer than K finished): their unfinished beams compete too."""
     open_ = n_fin < fin_seq.shape[1]
     if not bool(open_.any()):
         return fin_seq, fin_score
-    norm = (alive_score / float(alive_seq.shape[2]) ** length_penalty).masked_fill(~open_[:, None], float("-inf"))
+    norm = _length_normalized(alive_score, alive_seq.shape[2], length_penalty)
+    norm = norm.masked_fill(~open_[:, None], float("-inf"))
     return _keep_best(fin_seq, fin_score, alive_seq, norm, pad_id)
 
 
@@ -323,7 +334,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
     alive_score = torch.full((B, K), neg_inf, device=dev)
     alive_score[:, 0] = 0.0  # all beams start identical: keep one so topk does not pick duplicates
     fin_seq = torch.full((B, K, steps), pad_id, dtype=torch.long, device=dev)
-    fin_score = torch.full((B, K), neg_inf, device=dev)
+    fin_score = torch.full((B, K), neg_inf, dtype=torch.float64, device=dev)  # ranks (`_length_normalized`)
     n_fin = torch.zeros(B, dtype=torch.long, device=dev)
     last = torch.full((B * K, 1), bos_id, dtype=torch.long, device=dev)
     batch_base = torch.arange(B, device=dev)[:, None] * K
@@ -341,7 +352,7 @@ def beam_search(model, src, src_lengths, *, beam_size: int = 4, max_len: int | t
         rank = torch.arange(top_idx.shape[1], device=dev)[None, :]
         is_eos = tok == eos_id
         finish = is_eos & (rank < K) & (n_fin < K)[:, None] & torch.isfinite(top_score)
-        norm = top_score / float(t + 1) ** length_penalty
+        norm = _length_normalized(top_score, t + 1, length_penalty)
         fin_seq, fin_score = _keep_best(fin_seq, fin_score, seq, norm.masked_fill(~finish, neg_inf), pad_id)
         n_fin = n_fin + finish.sum(1)
 
