@@ -364,6 +364,10 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
         lines = r["prediction"].split("\n")
         assert 1 <= len(lines) <= 3 and all(s in d["document"] for s in lines)
         assert lines[0] == D.split_sentences(d["document"])[0]
+    # the default given explicitly is the same option: a resume keeps every prediction (was refused as a change)
+    again = P.predict_file(out / "best.pt", folder / "test.jsonl", tmp_path / "test_predictions.jsonl", resume=True,
+                           summary_sentences=E.MAX_ORACLE_SENTENCES)
+    assert (again["kept"], again["predicted"]) == (12, 0)
     capsys.readouterr()
     got = generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
     assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"

@@ -36,6 +36,7 @@ import torch
 
 from .. import data as D
 from ..checkpoint import Held, file_in_the_way, fsync_dir, hold, release, weights_digest
+from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import COMPRESSED, check_text, display_name, read_lines, uncompressed_name
 from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
@@ -318,6 +319,8 @@ def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
                                                               options["--max-len"])
     if options["--len-ratio"] is None:
         options["--len-ratio"] = LEN_RATIO.get(ckpt["task"], 0)
+    if options["--summary-sentences"] is None and ckpt["task"] == "extractive":  # `predict_extracts`' default
+        options["--summary-sentences"] = MAX_ORACLE_SENTENCES
     weights = getattr(model, "_orig_mod", model).state_dict()  # compiled: the model it wraps
     return {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "weights": weights_digest(weights),
             "options": {"--field": field, **options}}
