@@ -879,6 +879,29 @@ def test_a_resume_takes_the_newest_intact_state_of_its_run(tmp_path):
         load_resume_checkpoint(run, str(run / "step_0000002.pt"))
 
 
+def test_a_resume_of_a_folder_without_last_pt_takes_a_step_file_newer_than_best_pt(tmp_path, capsys):
+    """A run killed after its step_3.pt and before its first last.pt, best.pt from a validation at
+    step 2: --resume of the folder continues from step 3, its newest state (was refused as "going
+    back" to best.pt, a file the user never named), and so when best.pt does not read; best.pt named
+    on the command line is still refused, or resumed as it is into another folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _resumable(run / "best.pt", 2)
+    _resumable(run / "step_0000003.pt", 3)
+    path, ckpt, warning = load_resume_checkpoint(run, "last")
+    assert (path, ckpt["progress"]["step"]) == (run / "step_0000003.pt", 3)
+    assert warning == (f"warning: {run / 'best.pt'} is at step 2, before step_0000003.pt; resuming from "
+                       f"{run / 'step_0000003.pt'}, the newest intact step checkpoint")
+    assert f"{run} has no last.pt: using {run / 'best.pt'}" in capsys.readouterr().err
+    assert load_resume_checkpoint(run, str(run))[0] == run / "step_0000003.pt"
+    with pytest.raises(RunFolderError, match=r"best\.pt goes back to step 2 of the run in .*, which went on to "
+                                             r"step_0000003\.pt"):
+        load_resume_checkpoint(run, str(run / "best.pt"))
+    assert load_resume_checkpoint(tmp_path / "elsewhere", str(run / "best.pt"))[0] == run / "best.pt"
+    (run / "best.pt").write_bytes(b"junk")
+    assert load_resume_checkpoint(run, "last")[0] == run / "step_0000003.pt"
+
+
 def test_runs_started_in_one_second_get_folders_of_their_own_and_latest_the_newest(tmp_path, monkeypatch):
     """Without --out each run makes runs/<date>-<time>; a second run in the same second gets <date>-<time>-2
     (not the first one's folder, whose files it would mix with its own), and runs/latest is moved to it."""
