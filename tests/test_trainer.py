@@ -1482,6 +1482,32 @@ def test_a_second_signal_stops_at_once_and_the_handlers_are_put_back():
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
+def test_a_process_forked_while_fitting_ignores_the_signal(tmp_path):
+    """A DataLoader worker, forked while fitting, inherits the handler and, from a terminal's Ctrl-C
+    (sent to the process group), the signal: it neither logs the stop (one Ctrl-C was logged once
+    a worker, into the run's log.txt too) nor stops; the main process still does."""
+    log = tmp_path / "log.txt"
+
+    def info(line):  # a file, as the run's log: the worker's lines would land there
+        with log.open("a") as f:
+            f.write(line + "\n")
+
+    trainer = SimpleNamespace(dist=SimpleNamespace(on=False), stop_reason=None, log=SimpleNamespace(info=info))
+    with stop_on_signals(trainer):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # a second one, too, leaves it running
+                os._exit(0 if trainer.stop_reason is None else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and not log.exists()
+        os.kill(os.getpid(), signal.SIGINT)
+    assert trainer.stop_reason == "SIGINT" and log.read_text().startswith("SIGINT: stopping after this step")
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_weights_infinite_or_nan_are_a_divergence(tmp_path, bad):
 

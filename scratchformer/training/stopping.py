@@ -4,6 +4,7 @@ are its own clock's), and when it diverged (`check_finite`: weights no longer fi
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -36,12 +37,17 @@ def check_finite(trainer, before: str) -> None:
 def stop_on_signals(trainer):
     """While fitting, SIGINT (Ctrl-C) and SIGTERM ask `trainer` to stop after the current step and
     save last.pt; a second one interrupts at once. Not under DDP (each rank would get the signal at
-    another step) nor outside the main thread, where Python cannot take signals."""
+    another step) nor outside the main thread, where Python cannot take signals. A process forked
+    meanwhile (a DataLoader worker) inherits the handler and, from a terminal's Ctrl-C, the signal:
+    there it does nothing (it logged the stop once a worker, and the main process ends the workers)."""
     if trainer.dist.on or threading.current_thread() is not threading.main_thread():
         yield
         return
+    owner = os.getpid()
 
     def ask(signum, frame):
+        if os.getpid() != owner:
+            return
         if trainer.stop_reason is not None:
             raise KeyboardInterrupt
         trainer.stop_reason = signal.Signals(signum).name
