@@ -3,6 +3,7 @@
 import json
 import math
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -257,6 +258,21 @@ def test_a_run_ended_with_its_epoch_resumes_with_more_epochs_without_validating_
     steps = max(r["step"] for r in rows if r["split"] == "train")
     assert steps > valid[0] and len(valid) == len(set(valid)), (valid, steps)
     assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == steps
+
+
+def test_epochs_end_training_though_an_epoch_has_more_batches_than_the_first(tmp_path):
+    """--epochs 2 under --bpe-dropout and --max-tokens, whose second epoch packs into one batch more
+    than the first: both epochs are trained to their end (training stopped at twice the first's
+    count, one batch short of the second epoch's end)."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--bpe-dropout", "0.5", "--max-tokens", "100", "--batch-size", "1000", "--max-train-examples", "40",
+                   "--epochs", "2", "--eval-every", "0", "--log-every", "1", "--out", str(run)])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    per_epoch = Counter(r["epoch"] for r in rows if r["split"] == "train")
+    progress = load_checkpoint(run / "last.pt")["progress"]
+    assert (progress["epoch"], progress["batch"]) == (2, 0), (progress, per_epoch)  # both epochs ended
+    assert per_epoch[2] > per_epoch[1], f"the test needs a longer second epoch: {per_epoch}"
+    assert progress["step"] == per_epoch[1] + per_epoch[2]
 
 
 def test_rows_name_the_epoch_their_step_was_taken_in(tmp_path):

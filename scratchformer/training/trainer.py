@@ -71,10 +71,13 @@ class Trainer:
         if self.sampler.batches_per_epoch(0) == 0:  # an epoch without a batch would loop for ever
             raise D.DataError(f"no training batch: {len(data.train_set)} training examples for {self.dist.world} "
                               f"process(es); check --max-train-examples and the train split")
+        # Training ends after --max-steps or --epochs, whichever comes first (neither: one epoch). The
+        # steps --epochs come to are counted at epoch 0's batches, for the schedule and the progress bar:
+        # an epoch's count may differ (BPE-dropout segments each anew; --max-tokens packs them), so the
+        # epochs themselves end training, not that count (it cut the last epoch short, or ran past it).
+        self.epochs: int | None = cfg.epochs or (None if cfg.max_steps else 1)
         steps_per_epoch = math.ceil(self.sampler.batches_per_epoch(0) / cfg.grad_accum)
-        self.total_steps: int = cfg.max_steps or steps_per_epoch * (cfg.epochs or 1)
-        if cfg.epochs and cfg.max_steps:
-            self.total_steps = min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+        self.total_steps: int = min(cfg.max_steps or math.inf, steps_per_epoch * (self.epochs or math.inf))
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas, cfg.adam_eps,
                                          fused=device.type == "cuda")
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup_steps, total=self.total_steps,
@@ -155,8 +158,10 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------
 
     def done(self) -> bool:
-        prog = self.progress
-        return prog.step >= self.total_steps or prog.stopped_early or prog.out_of_time
+        """Whether training ended at this step: --max-steps reached, early stopping, --time-budget
+        spent (the last epoch's end is `fit`'s)."""
+        prog, max_steps = self.progress, self.config.max_steps
+        return (max_steps is not None and prog.step >= max_steps) or prog.stopped_early or prog.out_of_time
 
     def fit(self) -> Progress:
         """Train to the step budget, the last epoch or early stopping; the last step is always
@@ -170,7 +175,7 @@ class Trainer:
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
             self._check_time(force=True)
         with stop_on_signals(self):
-            while not self.done() and not (cfg.epochs and prog.epoch >= cfg.epochs):
+            while not self.done() and not (self.epochs and prog.epoch >= self.epochs):
                 if not self._epoch():
                     break
                 prog.epoch += 1
