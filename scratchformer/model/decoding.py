@@ -177,8 +177,9 @@ def _block_repeats(scores, seq, n: int, pad_id: int):
     return scores.scatter_(1, torch.where(match, seq[:, n - 1:], pad_id), float("-inf"))
 
 
-# A hypothesis's score is divided by len ** length_penalty (ranked in the log domain: `_length_normalized`); the
-# values in use are 0 to 2, and past this bound the length alone decides (400 raised an OverflowError at 7 tokens).
+# A hypothesis's score is divided by len ** length_penalty (ranked in the log domain: `_length_normalized`). The
+# values in use are 0 to 2: this bound refuses values so far past them that the length outweighs any difference of
+# log-probabilities (a typo, such as 400 for 0.4).
 MAX_LENGTH_PENALTY = 50
 
 
