@@ -617,6 +617,17 @@ def test_rank_r_takes_batches_r_r_plus_R_of_one_processs_epoch_padded_with_its_f
         D.BucketBatchSampler(LENGTHS, batch_size=10, num_replicas=replicas, rank=replicas)
 
 
+@pytest.mark.parametrize("n", [1, 3, 5, 9])
+def test_every_rank_gets_a_batch_when_there_are_fewer_batches_than_ranks(n):
+    """n examples, 2 a batch, 8 ranks: the epoch's batches repeat cyclically until every rank has
+    one (they were padded by at most their own number: with fewer than half as many batches as ranks
+    the last ranks had none, refused training there, and the others hung in all-reduce)."""
+    one = list(D.BucketBatchSampler([4] * n, batch_size=2, seed=0))
+    ranks = [list(D.BucketBatchSampler([4] * n, batch_size=2, seed=0, num_replicas=8, rank=r)) for r in range(8)]
+    assert [len(b) for b in ranks] == [1] * 8
+    assert [b[0] for b in ranks] == [one[r % len(one)] for r in range(8)]
+
+
 def test_loader_batches():
     ex = D.synthetic_examples("train", 40)
     ds, _ = D.encode_examples(ex, "translation", CharTok(), None, 64, 64)

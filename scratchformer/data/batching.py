@@ -310,8 +310,9 @@ class BucketBatchSampler:
     batches whose padded size ``B * max_len`` stays within `max_tokens` (an example longer than
     the budget gets a batch of its own) and whose ``B <= batch_size``; then batch order is shuffled.
     Every example appears exactly once per epoch. With ``num_replicas > 1`` the batch list is
-    padded by repeating its first batches up to a multiple of num_replicas (like
-    DistributedSampler) and rank r takes batches r, r + R, ...
+    padded by repeating its batches from the first, as often as it takes (fewer batches than ranks
+    too), up to a multiple of num_replicas (like DistributedSampler), and rank r takes batches r,
+    r + R, ...
 
     `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
     `lengths`: the examples' lengths, or a function of the epoch giving them (a dataset whose
@@ -374,9 +375,9 @@ class BucketBatchSampler:
         if self.shuffle:
             perm = rng.permutation(len(batches))
             batches = [batches[j] for j in perm]
-        if self.num_replicas > 1:
+        if self.num_replicas > 1 and batches:  # padded cyclically: fewer batches than ranks too
             total = -(-len(batches) // self.num_replicas) * self.num_replicas
-            batches = batches + batches[: total - len(batches)]
+            batches = (batches * -(-total // len(batches)))[:total]
             batches = batches[self.rank :: self.num_replicas]
         self._cache = (epoch, batches)
         return batches
