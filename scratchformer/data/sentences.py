@@ -14,6 +14,13 @@ _ABBREVIATION = re.compile(r"(?:^|\s)(?:(?:[a-z]\.)+|(?:mr|mrs|ms|dr|prof|st|jr|
 # a quotation mark standing as a token of its own (tokenized text: CNN/DM's ' " ', Daily Mail's ' ‘ ' and ' ’ ')
 _QUOTE_TOKEN = re.compile(r"""(?<!\S)["'‘’“”](?!\S)""")
 _OPENING = {'"': '"', "'": "'", "’": "‘", "”": "“"}  # a closing quote token -> the token that opens it
+# ... but not a plural's possessive apostrophe, between a word ending in s and the next word (CNN/DM's
+# "the players ' union", Daily Mail's "the players ’ union"): counted as a quote, it left every later quotation
+# open the other way round (its closing quote began the next sentence, or ended a document as a sentence alone)
+_POSSESSIVE = re.compile(r"(?<=[sS] )['’](?= \w)")
+# a piece with a letter or digit: a sentence; the rest (' . ' after 'corp. ', a closing quote left over, '...')
+# joins the sentence before it
+_WORD = re.compile(r"\w")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -23,8 +30,10 @@ def split_sentences(text: str) -> list[str]:
 
     A quotation mark token right after a sentence end closes that sentence's quote when one is open
     before it (an odd number of ' " ' so far, more ' ‘ ' than ' ’ ', ...): it stays with that
-    sentence (' " we will win . " | he left . '), as a quote that opens the next one goes with it."""
-    quotes = {m.start(): m.group() for m in _QUOTE_TOKEN.finditer(text)}
+    sentence (' " we will win . " | he left . '), as a quote that opens the next one goes with it
+    (a plural's possessive apostrophe is no quote: `_POSSESSIVE`). A piece with no letter or digit
+    is no sentence: it joins the one before it (the one after it, at the start)."""
+    quotes = {m.start(): m.group() for m in _QUOTE_TOKEN.finditer(text) if not _POSSESSIVE.match(text, m.start())}
     pieces, start = [], 0
     for m in _SENT_END.finditer(text):
         stop = m.start() - (text[m.start() - 1] not in ".!?")  # the . ! ? itself ('u.s.)' ends in '.')
@@ -36,7 +45,13 @@ def split_sentences(text: str) -> list[str]:
         pieces.append(text[start:end])
         start = end
     pieces.append(text[start:])
-    return [s.strip() for s in pieces if s.strip()]
+    sentences: list[str] = []
+    for piece in filter(None, (s.strip() for s in pieces)):
+        if sentences and not (_WORD.search(piece) and _WORD.search(sentences[-1])):
+            sentences[-1] += " " + piece
+        else:
+            sentences.append(piece)
+    return sentences
 
 
 def _closes(quotes: dict[int, str], at: int) -> bool:
