@@ -100,7 +100,9 @@ class BPETokenizer:
         return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Ids -> text: stops at the first EOS, drops special tokens, strips the prefix space."""
+        """Ids -> text: stops at the first EOS, drops special tokens, strips the whitespace at either
+        end (the prefix space the encoding adds among it: a model's output, whose edge whitespace says
+        nothing; so a text that began or ended in whitespace does not come back whole)."""
         ids = [int(i) for i in ids]
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
