@@ -268,7 +268,8 @@ def main(argv=None) -> dict:
 def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSource, out: Path) -> dict:
     """The evaluation `main` set up, its files written into `out` (held: `writing_outputs`)."""
     device = args.device
-    examples = run_split(source, args.split, run, args.limit)
+    members = tuple(TrainConfig.from_dict(a) for a in ckpt.get("member_args", ()))
+    examples = run_split(source, args.split, run, args.limit, members)
     if source.task == "classification":
         check_labels(examples, source, args.split, ckpt)
     dataset, stats = D.encode_examples(examples, source.task, toks.src, toks.tgt, run.max_src_len, run.max_tgt_len)

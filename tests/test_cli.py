@@ -500,6 +500,25 @@ def test_an_ensemble_reads_and_decodes_no_further_than_every_member_admits(tmp_p
     assert all(len(p.split()) <= 8 for p in _predictions(tmp_path / "ab"))
 
 
+def test_an_ensemble_is_scored_on_a_carved_validation_only_when_its_members_carved_it_alike(tmp_path):
+    """Data without a validation split (IMDb): each run carves one from train by its --seed. An
+    ensemble whose members carved it with other seeds is refused, naming the seeds (it was scored on
+    the first member's, which the other trained on: another score in the other order); members of
+    one seed (and any on a split of the data's own) are scored."""
+    a, b = _eval_run(tmp_path / "a"), _eval_run(tmp_path / "b", seed=1)
+    (tmp_path / "a" / "toy_mt" / "validation.jsonl.gz").unlink()  # a's data, which the ensemble reads
+    flags = ["--split", "validation", "--max-tokens", "64"]
+    evaluate.main(["--checkpoint", str(a), str(b), "--out", str(tmp_path / "same"), *flags])
+    other = load_checkpoint(b / "best.pt")
+    save_checkpoint(b / "best.pt", {**other, "args": {**other["args"], "seed": 7}})
+    for order in ([a, b], [b, a]):
+        with pytest.raises(DataError, match=r"the ensemble's models saw different validation examples: each run carves "
+                           r"its validation examples from train by its own --seed (0 and 7|7 and 0), so one's"):
+            evaluate.main(["--checkpoint", *map(str, order), "--data", str(tmp_path / "a" / "toy_mt"),
+                           "--out", str(tmp_path / "other"), *flags])
+    assert not (tmp_path / "other").exists()
+
+
 def test_evaluate_writes_into_the_run_folder_and_scores_survive_a_read_only_one(tmp_path, monkeypatch, capsys):
     """evaluate without --out writes into the checkpoint's run folder, never the current directory;
     when that folder refuses writes the scores are printed first and the error says so (exit 2)."""

@@ -75,8 +75,9 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
     one task, one tokenizer pair and, where they name them, one set of class names: a
     CheckpointError names the first checkpoint that differs.
-    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step, and
-    the longest max_src_len / max_tgt_len of its members in "args"."""
+    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step,
+    the longest max_src_len / max_tgt_len of its members in "args", and the other members' args in
+    "member_args"."""
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     loaded = [load_run(p, device, kernel, compile) for p in paths]
     model, tokenizers, ckpt = loaded[0]
@@ -99,7 +100,8 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     longest = {k: min(max(c["args"][k] for _, _, c in loaded), ensemble.cfg.max_len - 1)
                for k in ("max_src_len", "max_tgt_len")}
     ckpt = {**ckpt, "args": {**ckpt["args"], **longest},
-            "ensemble": [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded]}
+            "ensemble": [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded],
+            "member_args": [c["args"] for _, _, c in loaded[1:]]}
     return ensemble, tokenizers, ckpt
 
 

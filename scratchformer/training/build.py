@@ -83,18 +83,35 @@ def _own_validation(source: D.DataSource, limit: int | None, **kw) -> list[D.Exa
         return None
 
 
-def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | None = None) -> list[D.Example]:
+def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | None = None,
+              members: tuple[TrainConfig, ...] = ()) -> list[D.Example]:
     """The examples of `split` as the run saw them: the synthetic corpus of its seed, and a
-    validation split carved from train (IMDb, local or on the hub) carved the same way again."""
+    validation split carved from train (IMDb, local or on the hub) carved the same way again.
+    `members`: an ensemble's other runs, which must have seen those examples too (a DataError
+    names what differs): carved with another seed, one member's validation is another's training."""
     if source.kind == "synthetic":
+        _same_split(split, cfg, members, ("synthetic_seed",), "draws its synthetic corpus")
         return D.load_split(source, split, limit, synthetic_seed=cfg.synthetic_seed)
     if split == "validation" and cfg.valid_fraction:
         own = _own_validation(source, limit)
         if own is not None:
             return own
+        _same_split(split, cfg, members, ("valid_fraction", "seed", "max_train_examples"),
+                    "carves its validation examples from train")
         train = D.load_split(source, "train", cfg.max_train_examples)
         return D.carve_validation(train, cfg.valid_fraction, cfg.seed)[1][:limit]
     return D.load_split(source, split, limit)
+
+
+def _same_split(split: str, cfg: TrainConfig, members: tuple[TrainConfig, ...], fields: tuple[str, ...],
+                what: str) -> None:
+    for other in members:
+        differ = [f"--{f.replace('_', '-')} {getattr(cfg, f)} and {getattr(other, f)}" for f in fields
+                  if getattr(other, f) != getattr(cfg, f)]
+        if differ:
+            raise D.DataError(f"the ensemble's models saw different {split} examples: each run {what} by its own "
+                              f"{', '.join(differ)}, so one's {split} examples are another's training: score each "
+                              f"model alone, or the ensemble on a split of the data's own")
 
 
 def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Path, dist_: Dist,
