@@ -157,10 +157,16 @@ def write_lines_atomic(path: str | Path, lines) -> Path:
     ending in .gz or .xz is written compressed so, as `data.files.read_lines` reads it back."""
     path = Path(path)
     compress = _COMPRESS.get(path.suffix, lambda data: data)  # plain: as it is, not copied
+    return write_bytes_atomic(path, compress("".join(line + "\n" for line in lines).encode("utf-8")))
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically, as `write_lines_atomic` (a plot's PNG, a log's lines)."""
+    path = Path(path)
 
     def write(tmp):
         with open(tmp, "wb") as f:  # open(), not mkstemp: the umask's mode, not 0600
-            f.write(compress("".join(line + "\n" for line in lines).encode("utf-8")))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
 

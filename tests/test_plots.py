@@ -2,7 +2,9 @@
 before it is written (matplotlib's Agg backend, no display): the curves' values, the attention
 map's orientation and labels; and the metrics file they are read from."""
 
+import errno
 import math
+import os
 
 import numpy as np
 import pytest
@@ -57,3 +59,21 @@ def test_metrics_of_a_run_without_a_file_are_none_and_blank_lines_are_skipped(tm
     assert plots.read_metrics(tmp_path / "metrics.jsonl") == []  # a run that never logged: no curves, no error
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n\n{"step": 2}\n')
     assert plots.read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1}, {"step": 2}]
+
+
+def test_a_plot_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """A PNG is rendered first, then written atomically: a full disk part-way through leaves the
+    earlier plot as it was, and no partial file (it was saved onto its own name: a 6-byte PNG
+    replaced a good one, and a later evaluation without --overwrite refused it as an output)."""
+    rows = [{"split": "train", "step": 1, "loss": 3.0, "nll": 2.0, "lr": 1e-4}]
+    path = plots.plot_curves(rows, tmp_path / "curves.png")
+    good = path.read_bytes()
+    assert good.startswith(b"\x89PNG")
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match=r"cannot write .*curves\.png: No space left on device; the disk is full"):
+        plots.plot_curves(rows * 2, path)
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]

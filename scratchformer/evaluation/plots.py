@@ -5,6 +5,7 @@ matplotlib with the non-interactive Agg backend, so plotting works on headless m
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from ..checkpoint import write_bytes_atomic  # noqa: E402
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -103,8 +106,10 @@ def _label(s: str) -> str:
 
 
 def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    """The figure rendered, then written atomically: a failure (a full disk) leaves an earlier plot whole."""
+    path, buf = Path(path), io.BytesIO()
+    try:
+        fig.savefig(buf, format=path.suffix.lstrip(".") or "png", dpi=110)
+    finally:
+        plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
