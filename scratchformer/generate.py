@@ -92,6 +92,10 @@ def check_args(args) -> None:
     resolves --device."""
     if args.output and args.text:
         raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
+    blank = [n for n, t in enumerate(args.text or (), 1) if not t.strip()]
+    if blank:  # skipped, the output lines would no longer be the --text's, one for one
+        raise cli.UsageError(f"--text {blank[0]} (of {len(args.text)}) is blank: each --text is an input, with its "
+                             "output line; give it a text or leave it out")
     O.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                     min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
@@ -174,9 +178,7 @@ def main(argv=None) -> list[dict]:
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
     O.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     if args.text:
-        source, numbered = "--text", [(n, t) for n, t in enumerate(args.text, 1) if t.strip()]
-        if not numbered:
-            raise cli.UsageError("no input text (give --text, --input FILE, or lines on stdin)")
+        source, numbered = "--text", list(enumerate(args.text, 1))  # none blank (`check_args`)
     else:  # text lines or JSON records, read as batch inference reads them (DataError: file and line)
         source = display_name(args.input or "-")
         numbered = [(r.line, r.text) for r in P.read_inputs(args.input or "-", ckpt["task"], args.field, args.format)]

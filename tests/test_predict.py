@@ -279,6 +279,15 @@ def test_plain_text_and_stdin(runs, tmp_path, monkeypatch):
     assert [(r.id, r.text) for r in P.read_inputs("-", "translation")] == [("x", "one two")]
     monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "src": "one two"}\n'))
     assert [r.text for r in P.read_inputs("-", "translation", fmt="text")] == ['{"id": "x", "src": "one two"}']
+    # text that begins with "{" is sniffed as JSON lines: the error says so, and how to read it as text
+    monkeypatch.setattr("sys.stdin", io.StringIO("{three} one two\nfour five\n"))
+    with pytest.raises(DataError, match=r"^<stdin>:1: bad JSON .*; read as JSON lines because it begins with '\{': "
+                                        r"--format text reads <stdin> as one input a line$"):
+        P.read_inputs("-", "translation")
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "src": "one two"}\n{"id": "y"}\n'))
+    with pytest.raises(DataError, match=r"^<stdin>:2: missing field 'src' \(fields present: 'id'\); choose one "
+                                        r"with --field$"):  # past the first line: the error alone
+        P.read_inputs("-", "translation")
 
 
 def test_a_json_named_input_is_read_as_json_lines(tmp_path):
@@ -988,8 +997,11 @@ def test_lengths_up_to_the_models_positions_are_taken_and_one_more_refused(runs)
 def test_generate_usage_errors(runs, tmp_path, monkeypatch):
     with pytest.raises(cli.UsageError, match="--output takes its inputs from --input FILE"):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--output", str(tmp_path / "p")])
-    with pytest.raises(cli.UsageError, match="no input text"):
+    with pytest.raises(cli.UsageError, match=r"^--text 1 \(of 1\) is blank: each --text is an input, with its output "):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "  "])
+    # one blank among others: refused too (skipped, the second output line was the third --text's)
+    with pytest.raises(cli.UsageError, match=r"^--text 2 \(of 3\) is blank"):
+        generate.main(["--checkpoint", "no-such-run", "--text", "one two", "--text", "", "--text", "red house"])
     monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
     with pytest.raises(DataError, match="<stdin>: no inputs"):
         generate.main(["--checkpoint", str(runs["translation"])])

@@ -3,8 +3,8 @@
 Inputs (`read_inputs`): ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.xz`` records holding the task's input field (``src``
 translation, ``document`` summarization (also extractive), ``text`` classification; another with ``field``) and an
 optional ``id`` (a record without one gets its line number), or plain text with one input per
-line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if its first line is a
-JSON object, else text). Bad input is a `DataError` naming the file and line.
+line (id = line number, blank lines skipped); ``-`` reads stdin (JSON lines if its first line begins
+with ``{``, else text; ``--format`` decides otherwise). Bad input is a `DataError` naming the file and line.
 
 Prediction (`predict_records`) reuses the evaluation path (`predict_seq2seq`, `predict_labels`,
 `predict_extracts`): batches by token budget over length-sorted inputs, KV-cached greedy or beam search, outputs put
@@ -99,10 +99,17 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
         if not raw.strip():
             blank += 1
             continue
-        if fmt == "auto":  # stdin: the first non-blank line decides
+        sniffed = fmt == "auto"
+        if sniffed:  # stdin: the first non-blank line decides
             fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
         if fmt == "jsonl":
-            rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
+            try:
+                rec = _json_record(raw, f"{name}:{lineno}", field, lineno)
+            except D.DataError as e:
+                if not sniffed:
+                    raise
+                raise D.DataError(f"{e}; read as JSON lines because it begins with '{{': --format text reads "
+                                  f"{name} as one input a line") from None
         else:
             rec = InputRecord(lineno, raw, lineno, True)
         if (first := seen.setdefault(str(rec.id), rec)) is not rec:
