@@ -43,6 +43,7 @@ from .evaluation.options import (
     add_decode_options,
     check_decode_flags,
     check_extract_options,
+    check_min_len,
     check_options,
 )
 from .training.build import run_split
@@ -252,6 +253,7 @@ def main(argv=None) -> dict:
         raise cli.UsageError(f"{ckpt['path']}: its predictions and scores would replace those of {out / 'best.pt'} "
                              f"in {out} (its final report's): give --out DIR")
     run = TrainConfig.from_dict(ckpt["args"])
+    check_min_len(args.min_len, run.max_tgt_len)  # before the teacher-forced pass, not after it
     source = _source_from(args, ckpt.get("data"))
     if source.task != ckpt["task"]:
         raise cli.UsageError(f"{ckpt['path']} was trained for {ckpt['task']}; the data is read as {source.task} "

@@ -14,6 +14,7 @@ import os
 import random
 import re
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -939,6 +940,11 @@ def test_min_len_longer_than_any_output_is_refused(runs, tmp_path):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output",
                        str(tmp_path / "p.jsonl"), "--min-len", "500"])
     assert not (tmp_path / "p.jsonl").exists()
+    # evaluate refuses it before any work (it was after reading the split and a teacher-forced pass over it)
+    with pytest.raises(OptionError, match=rf"^--min-len 500 exceeds the longest output, {MAX_TGT} tokens"), \
+            patch.object(evaluate, "run_split", side_effect=AssertionError("the split was read")):
+        evaluate.main(["--checkpoint", str(runs["translation"]), "--out", str(tmp_path / "ev"), "--min-len", "500"])
+    assert not (tmp_path / "ev").exists()
 
 
 def test_library_entries_check_options_too(runs, tmp_path):

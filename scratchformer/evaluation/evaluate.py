@@ -24,6 +24,7 @@ from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_na
 from ..data.tokenizer import TokenizerPair
 from ..model import BOS_ID, EOS_ID, PAD_ID, Ensemble, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
+from .options import check_min_len
 
 
 def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None,
@@ -206,9 +207,7 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
     `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
     `on_batch(indices, outputs)`, if given, is called after every batch."""
-    if min_len > max_tgt_len:
-        raise ValueError(f"--min-len {min_len} exceeds the longest output, {max_tgt_len} tokens (--max-len, or the "
-                         "training max_tgt_len)")
+    check_min_len(min_len, max_tgt_len)
     model.eval()
     out: list[str | None] = [None] * len(dataset)
     loader = eval_loader(dataset, max_tokens=max_tokens, batch_size=batch_size)

@@ -46,6 +46,14 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
 DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")  # sequence decoding's
 
 
+def check_min_len(min_len: int, longest: int) -> None:
+    """--min-len within the longest output a decoding gives (`longest` tokens: --max-len, or the
+    training max_tgt_len): past it no output could end. Called by each entry before its work."""
+    if min_len > longest:
+        raise OptionError(f"--min-len {min_len} exceeds the longest output, {longest} tokens (--max-len, or the "
+                          "training max_tgt_len)")
+
+
 def add_decode_options(parser, beam_size: int) -> None:
     """The command-line options of decoding (evaluate, generate): `DECODE_FLAGS` (beam_size: the
     --beam-size default), then those of an extractive model's summary."""
