@@ -515,6 +515,20 @@ def test_a_branch_from_before_its_runs_best_starts_its_best_afresh(tmp_path):
     assert last == {"split": "final", "step": 4, **final}  # the final report is logged as the last row too
 
 
+def test_a_finished_run_resumed_with_no_step_left_reports_its_step_once(tmp_path):
+    """--resume of a run at its --max-steps trains nothing and reports again: its final row replaces
+    the one of that step (there were two), and stays the last; one resumed with more steps adds its own."""
+    run = tmp_path / "run"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--out", str(run)])
+    resume = ["--resume", "--out", str(run), "--no-progress", "--no-plots"]
+    T.main(resume)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "final"] == [4] and rows[-1]["split"] == "final"
+    T.main([*resume, "--max-steps", "6"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "final"] == [4, 6] and rows[-1]["split"] == "final"
+
+
 def test_resume_from_a_last_pt_older_than_a_step_file_takes_the_step_file(tmp_path, capsys):
     """A save cut between step_N.pt and last.pt (written in that order: a call's deadline kill on a
     GPU window) leaves last.pt a step behind: a plain --resume goes on from step_N.pt, with a warning

@@ -38,7 +38,7 @@ def final_report(trainer) -> dict:
         lines = [f"  example: {e.src[:80]!r} -> {h[:80]!r} (ref {str(e.tgt)[:80]!r})" for e, h in shown]
         lines.append(f"validation ({n_valid} examples, teacher forcing): loss {res['loss']:.4f} | ppl {res['ppl']:.2f}")
         lines += [f"{name:>6} ({ev.n} examples): {format_metrics(scores)}" for name, scores in ev.decodings.items()]
-    trainer.log.row({"split": "final", "step": prog.step, **res})
+    trainer.log.row({"split": "final", "step": prog.step, **res}, replace=True)  # resumed with no step left: once
     write_lines_atomic(out / "metrics.final.json", json.dumps(res, indent=2).splitlines())  # a full disk: old one kept
     if not cfg.no_plots:
         _plots(trainer)

@@ -297,6 +297,15 @@ def _kept_rows(path: Path, step: int, validated: int) -> tuple[list[str], str | 
     return kept, warning
 
 
+def _split_step(line: str) -> tuple | None:
+    """A metrics.jsonl row's (split, step); None for a line that is no row."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return (row.get("split"), row.get("step")) if isinstance(row, dict) else None
+
+
 def _row_step(line: str, head: list[str] | None, valid: bool) -> tuple[bool, int]:
     """(whether it is a valid row, the step of a log row: -1 for a row kept at any step); a ValueError
     says what is wrong with it. `head`: a CSV file's columns (`valid`: valid.csv's); None for a
@@ -362,12 +371,20 @@ class Logger:
             self.log_file.write(msg + "\n")
             self.log_file.flush()
 
-    def row(self, row: dict) -> None:
-        """One metrics row: metrics.jsonl always, train.csv / valid.csv by its "split"."""
+    def row(self, row: dict, replace: bool = False) -> None:
+        """One metrics row: metrics.jsonl always, train.csv / valid.csv by its "split". `replace`:
+        rows of its split and step are dropped first (the final report of a finished run resumed
+        with no step left to train, which reported that step already)."""
         if not self.enabled:
             return
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        path, line = self.out / "metrics.jsonl", json.dumps(row)
+        lines = path.read_text(encoding="utf-8").splitlines() if replace and path.exists() else []
+        kept = [x for x in lines if _split_step(x) != (row.get("split"), row.get("step"))]
+        if len(kept) < len(lines):
+            write_lines_atomic(path, [*kept, line])
+        else:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
         split = row.get("split")
         if split in ("train", "valid"):
             self._csv_row(self.out / f"{split}.csv", row)
