@@ -151,6 +151,18 @@ def test_a_decoding_call_reads_its_sources_tables_built_once_and_moved_with_thei
         torch.testing.assert_close(m.decode_step(tokens[1], state), m.decode_step(tokens[1], moved))
 
 
+def test_lengths_none_is_a_source_without_padding_as_for_the_model_without_copy():
+    """Transformer.forward takes src_lengths None for unpadded sources; with the copy layer it was a
+    TypeError (None[:, None]): the logits and the loss are those of full lengths."""
+    torch.manual_seed(0)
+    m = _model(copy=True).eval()
+    src, tgt = torch.randint(4, V, (2, 5)), torch.randint(4, V, (2, 3))
+    full = torch.full((2,), 5)
+    torch.testing.assert_close(m(src, None, tgt), m(src, full, tgt), rtol=0, atol=0)
+    target = torch.randint(4, V, (2, 3))
+    torch.testing.assert_close(m(src, None, tgt, target=target), m(src, full, tgt, target=target), rtol=0, atol=0)
+
+
 def test_copies_tokens_it_was_never_trained_to_emit():
     """Trained to echo the first 3 tokens of sources whose echoed part is drawn from tokens 4-7 (8-11
     only as 2 trailing distractors), a copy model starts its echo of sources made of tokens 8-11,

@@ -53,12 +53,14 @@ class PointerGenerator(nn.Module):
         self.gate = nn.Linear(2 * d_model, 1)
         self.scale = 1.0 / math.sqrt(d_model)
 
-    def source(self, memory: torch.Tensor, src: torch.Tensor, src_lengths: torch.Tensor) -> CopySource:
-        """memory (B, Ls, d), src (B, Ls) ids, src_lengths (B,) -> what every target position reads of
-        them: the copy-attention keys, which positions are valid, which hold the same id, and which is
-        its first (where the copy probability of an id is written)."""
+    def source(self, memory: torch.Tensor, src: torch.Tensor, src_lengths: torch.Tensor | None) -> CopySource:
+        """memory (B, Ls, d), src (B, Ls) ids, src_lengths (B,) (None: no padding, as the model takes
+        it) -> what every target position reads of them: the copy-attention keys, which positions are
+        valid, which hold the same id, and which is its first (where the copy probability of an id is
+        written)."""
         Ls = src.shape[1]
-        valid = torch.arange(Ls, device=src.device)[None, :] < src_lengths[:, None]  # (B, Ls)
+        positions = torch.arange(Ls, device=src.device)[None, :].expand(src.shape[0], Ls)
+        valid = positions < (Ls if src_lengths is None else src_lengths[:, None])  # (B, Ls)
         same = (src[:, :, None] == src[:, None, :]) & valid[:, None, :]  # (B, Ls, Ls): [j, k] valid k, same id
         first = valid & ~(same & torch.ones(Ls, Ls, dtype=torch.bool, device=src.device).tril(-1)).any(-1)
         return CopySource(self.k_proj(memory), src, valid, same.transpose(1, 2).float(), first)
