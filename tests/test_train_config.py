@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -270,6 +271,26 @@ def test_train_on_a_meta_device_is_refused_before_its_run_folder(tmp_path):
     with pytest.raises(DeviceError, match=r"--device meta: scratchformer runs on cpu or cuda"):
         train.main(["--device", "meta", "--max-steps", "1", "--out", str(tmp_path / "run")])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--schedule", "plateau", "--warmup-steps", "50"], "--warmup-steps is for --schedule inverse_sqrt or cosine or "
+                                                        "constant; this run's is plateau: drop --warmup-steps"),
+    (["--min-lr", "1e-5"], "--min-lr is for --schedule cosine; this run's is inverse_sqrt"),
+    (["--schedule", "cosine", "--plateau-patience", "4"], "--plateau-patience is for --schedule plateau; this run's "
+                                                          "is cosine"),
+])
+def test_an_option_of_another_schedule_is_refused_before_any_work(tmp_path, flags, message):
+    """A plateau run started at the peak --lr whatever its --warmup-steps (the flag accepted, recorded,
+    ignored); --min-lr floors only the cosine, --plateau-patience counts only for plateau. Given for
+    another schedule, each is refused naming both, before the run folder is made; a plateau run
+    records no warmup (its by-data default was recorded as if it ramped)."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train.main([*flags, "--max-steps", "1", "--out", str(tmp_path / "run")])
+    assert list(tmp_path.iterdir()) == []
+    config, _ = parse_args(["--schedule", "plateau"])
+    assert config.resolved("translation", False).warmup_steps == 0
+    assert config.resolved("translation", False).lr == parse_args([])[0].resolved("translation", False).lr
 
 
 def test_resume_refuses_flags_that_cannot_change():

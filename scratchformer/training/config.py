@@ -132,10 +132,11 @@ class TrainConfig:
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
                            "lr*sqrt(warmup/step)); plateau halves the lr when the validation metric stalls",
                            choices=("inverse_sqrt", "cosine", "plateau", "constant"))
-    warmup_steps: int | None = _optim(help="linear warmup to --lr", by_data=dict(
+    warmup_steps: int | None = _optim(help="linear warmup to --lr (not --schedule plateau, which starts at --lr)",
+                                      by_data=dict(
         synthetic=100, real=1000, classification=200))
-    min_lr: float = _optim(default=0.0, help="floor of the cosine schedule")
-    plateau_patience: int = _optim(default=2, help="evaluations without gain before halving")
+    min_lr: float = _optim(default=0.0, help="floor of the cosine schedule (--schedule cosine)")
+    plateau_patience: int = _optim(default=2, help="evaluations without gain before halving (--schedule plateau)")
     weight_decay: float = _optim(default=0.01, help="AdamW decay (matrices only)")
     adam_betas: tuple[float, float] = _optim(default=(0.9, 0.98), help="AdamW betas", nargs=2, metavar=("B1", "B2"))
     adam_eps: float = _optim(default=1e-9, help="AdamW epsilon")
@@ -220,6 +221,8 @@ class TrainConfig:
             by = f.metadata["by_data"]
             if getattr(self, f.name) is None and by and not (f.name == "vocab_size" and self.tokenizer):
                 fill[f.name] = by.get("synthetic") if synthetic else by.get(task, by.get("real"))
+        if self.schedule == "plateau" and self.warmup_steps is None:
+            fill["warmup_steps"] = 0  # it has none: args.json says so
         return dataclasses.replace(self, **fill)
 
 
@@ -309,6 +312,20 @@ def check_config(cfg: TrainConfig) -> None:
                                                      "of the same id one embedding")):
         if needs and separate:  # (equal sizes of two vocabularies made a model that mixed their tokens up)
             raise ConfigError(f"{why}: it needs one shared vocabulary (drop {separate})")
+
+
+# the schedules that read each schedule option (given for another, it would do nothing)
+SCHEDULE_OPTIONS = {"warmup_steps": ("inverse_sqrt", "cosine", "constant"), "min_lr": ("cosine",),
+                    "plateau_patience": ("plateau",)}
+
+
+def check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """An option of another schedule than the run's, given, is refused naming both (it was ignored:
+    a plateau run started at the peak --lr whatever its --warmup-steps)."""
+    for name, schedules in SCHEDULE_OPTIONS.items():
+        if name in given and cfg.schedule not in schedules:
+            raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "
+                              f"drop {flag(name)}, or choose such a schedule")
 
 
 def check_for_task(cfg: TrainConfig, task: str) -> None:

@@ -21,7 +21,7 @@ from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
-from .config import ConfigError, TrainConfig, check_for_task, flag
+from .config import ConfigError, TrainConfig, check_for_task, check_schedule_options, flag
 from .distributed import setup_distributed
 from .resume import check_init_from, resumed
 from .runs import (
@@ -155,6 +155,7 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
     without it, or when resuming (a resumed run has its weights in its own checkpoint). First the
     flags given beside what a run starts from (--init-from, --resume, --tokenizer) are checked."""
     _check_tokenizer_flags(config, given)
+    check_schedule_options(config, given)
     if config.resume and "init_from" in given:
         raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
                           "give one")
