@@ -465,6 +465,24 @@ def test_a_resume_under_more_processes_is_refused_and_init_from_takes_a_ddp_chec
     assert load_checkpoint(tmp_path / "new" / "last.pt")["rng"]["seed"] == 0  # one process's states
 
 
+def test_init_from_records_and_checks_the_model_of_its_checkpoint(tmp_path):
+    """--init-from builds the checkpoint's model: its args.json records that model's options and
+    vocabulary (it recorded the data's defaults: d_model 64, vocab_size 400 for a 32-wide model of
+    300 tokens), and --rdrop is checked against its dropout (a model trained with --dropout 0 took
+    --rdrop 5, which then changed nothing at twice the cost)."""
+    start, new = tmp_path / "start", tmp_path / "new"
+    T.main(TINY + ["--dropout", "0", "--max-steps", "1", "--out", str(start)])
+    rest = [*TINY[TINY.index("--batch-size"):], "--max-steps", "1"]
+    with pytest.raises(ConfigError, match=r"--rdrop 5 compares two dropout masks; with --dropout 0"):
+        T.main(["--init-from", str(start), "--rdrop", "5", *rest, "--out", str(new)])
+    assert not new.exists()
+    T.main(["--init-from", str(start), *rest, "--out", str(new)])
+    args, source = (json.loads((run / "args.json").read_text()) for run in (new, start))
+    model = ("preset", "d_model", "heads", "layers", "d_ff", "dropout", "vocab_size", "separate_vocab")
+    assert {k: args[k] for k in model} == {k: source[k] for k in model}
+    assert (args["d_model"], args["vocab_size"], args["dropout"]) == (32, 300, 0.0)
+
+
 def test_a_resume_over_other_training_data_and_an_attention_example_past_validation_are_refused(tmp_path):
     """The checkpoint records its training examples (their number and a digest): a resume after they
     changed on disk is refused naming both counts, before anything is written (it went on silently,

@@ -164,7 +164,11 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
     path = find_checkpoint(config.init_from, prefer="best")
     check_init_from(given, str(path))
     init = load_checkpoint(path, require=("model", "config", "tokenizers", "task", "progress"))
-    return dataclasses.replace(config, init_from=str(path)), init
+    # the model's options and its tokenizers' size are the checkpoint run's: recorded so (args.json; they were
+    # the data's defaults, another model's) and checked so (--rdrop against its dropout: unset, it passed)
+    built = {f.name: init["args"][f.name] for f in dataclasses.fields(TrainConfig) if f.name in (init.get("args") or {})
+             and (f.metadata["group"] == "model" and f.name != "kernel" or f.name in ("vocab_size", "separate_vocab"))}
+    return dataclasses.replace(config, init_from=str(path), **built), init
 
 
 def _initialised_model(mcfg: ModelConfig, init: dict, config: TrainConfig, device, log):
