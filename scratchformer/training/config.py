@@ -69,7 +69,9 @@ class TrainConfig:
     max_valid_examples: int | None = _data(help="use only the first N validation examples")
     valid_fraction: float = _data(default=0.05, help="when the data has no validation split (IMDb), carve this "
                                   "seeded fraction of train")
-    max_src_len: int | None = _data(help="source tokens kept (first N-1 + EOS)", by_data=dict(
+    max_src_len: int | None = _data(help="source tokens kept: a sequence-to-sequence source's first N-1 + EOS, a "
+                                    "classifier's text's first N, an extractive document's marked sentences within N",
+                                    by_data=dict(
         synthetic=32, translation=128, summarization=512, classification=256, extractive=512))
     max_tgt_len: int | None = _data(help="target tokens kept (first N-1, then EOS)", by_data=dict(
         synthetic=32, translation=128, summarization=128, classification=2, extractive=2))
@@ -165,7 +167,8 @@ class TrainConfig:
     eval_every: int | None = _run(help="validate every N steps (0: at the end of each epoch)", by_data=dict(
         synthetic=500, real=0))
     eval_decode_examples: int | None = _run(help="decode this many validation examples at each validation "
-                                            "(BLEU etc.; 0: loss only)", by_data=dict(
+                                            "(BLEU etc.; 0: loss only there, and the final report decodes every "
+                                            "one)", by_data=dict(
                                                 synthetic=300, real=500, classification=0))
     best_metric: str | None = _run(help="metric for best.pt, early stopping and plateau: loss, bleu, chrf, "
                                    "exact_match, rougeL, accuracy, ...", by_data=dict(
