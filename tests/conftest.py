@@ -92,6 +92,9 @@ def ops_backend(request):
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-size", "16", "--max-train-examples", "48", "--max-valid-examples", "12", "--eval-decode-examples", "6",
         "--beam-size", "2", "--log-every", "2", "--no-progress", "--preset", "tiny"]
+# ... for a classifier, which decodes nothing (train refuses the decoding flags)
+TINY_CLASSIFIER = TINY[:16] + TINY[20:]
+assert "--beam-size" not in TINY_CLASSIFIER and "--eval-decode-examples" not in TINY_CLASSIFIER
 
 
 def translation_folder(root: Path) -> Path:

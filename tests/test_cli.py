@@ -127,12 +127,17 @@ def test_classification_tsv_carves_validation(tmp_path, monkeypatch):
     (d / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (d / "meta.json").write_text(json.dumps({"task": "classification", "labels": {"0": "negative", "1": "positive"}}))
     run = tmp_path / "run"
-    res = train.main(["--data", str(d), "--max-steps", "6", "--eval-every", "3", "--batch-size", "16",
-                      "--vocab-size", "300", "--valid-fraction", "0.2", "--eval-decode-examples", "4", "--no-progress",
-                      "--out", str(run)])
+    flags = ["--data", str(d), "--max-steps", "6", "--eval-every", "3", "--batch-size", "16", "--vocab-size", "300",
+             "--valid-fraction", "0.2", "--no-progress", "--out", str(run)]
+    # a classifier decodes nothing: the options of decoding, a target or a decoder are refused by name (ignored)
+    with pytest.raises(ConfigError, match=r"^--max-tgt-len, --beam-size, --eval-decode-examples are for a target "
+                                          r"sequence, its decoder or its decoding; a classifier has none: drop them$"):
+        train.main([*flags, "--eval-decode-examples", "4", "--beam-size", "2", "--max-tgt-len", "9"])
+    assert not run.exists()
+    res = train.main(flags)
     assert "accuracy" in res and (run / "plots" / "attention.png").exists()
     # the final report writes a classifier's predictions too (label and confidence), which its accuracy counts:
-    # every validation example's (--eval-decode-examples limits decoding, which a classifier does not do)
+    # every validation example's
     rows = [json.loads(line) for line in (run / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["prediction"] in (0, 1) and 0.5 <= r["confidence"] <= 1.0 for r in rows)
     assert 100.0 * sum(r["prediction"] == r["reference"] for r in rows) / len(rows) == pytest.approx(res["accuracy"])

@@ -316,6 +316,16 @@ def test_options_an_extractive_run_cannot_take():
             check_for_task(TrainConfig(summary_words=60), task)
     with pytest.raises(ConfigError, match="--summary-sentences must be an integer >= 1, got 0"):
         TrainConfig(summary_sentences=0)
+    # given, a target's, a decoder's and decoding's options are refused (they were ignored); it picks the sentences
+    # of --eval-decode-examples validation examples, so that one is taken
+    given = frozenset({"max_tgt_len", "separate_vocab", "tie_embeddings", "beam_size", "eval_decode_examples"})
+    cfg = TrainConfig(max_tgt_len=9, separate_vocab=True, tie_embeddings="decoder", beam_size=2, eval_decode_examples=5)
+    with pytest.raises(ConfigError, match=r"^--max-tgt-len, --separate-vocab, --tie-embeddings, --beam-size are for a "
+                                          r"target sequence, its decoder or its decoding; an extractive summarizer"):
+        check_for_task(cfg, "extractive", given)
+    check_for_task(TrainConfig(eval_decode_examples=5), "extractive", frozenset({"eval_decode_examples"}))
+    with pytest.raises(ConfigError, match=r"^--tokenizer SRC TGT is for a target sequence"):
+        check_for_task(TrainConfig(tokenizer=["a.json", "b.json"]), "classification", frozenset({"tokenizer"}))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, translation_folder
+from conftest import TINY, TINY_CLASSIFIER, translation_folder
 
 from scratchformer import cli, train
 from scratchformer.data.tokenizer import BPETokenizer
@@ -116,8 +116,8 @@ def runs(tmp_path_factory):
     for split, n in (("train", 40), ("validation", 8)):
         rows = [{"text": f"text number {i} " + "good " * (i % 3), "label": i % 2} for i in range(n)]
         (clf / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for name, data in (("mt", mt), ("clf", clf)):
-        train.main(TINY + ["--data", str(data), "--max-steps", "1", "--no-plots", "--out", str(root / name)])
+    for name, data, tiny in (("mt", mt, TINY), ("clf", clf, TINY_CLASSIFIER)):
+        train.main(tiny + ["--data", str(data), "--max-steps", "1", "--no-plots", "--out", str(root / name)])
     assert json.loads((root / "clf" / "args.json").read_text())["task"] is None
     return root
 

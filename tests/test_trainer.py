@@ -841,8 +841,9 @@ def test_init_from_refuses_a_missing_checkpoint_and_another_task(tmp_path):
     texts.mkdir()
     rows = [json.dumps({"text": f"review {i} was {'good' if i % 2 else 'bad'}", "label": i % 2}) for i in range(20)]
     (texts / "train.jsonl").write_text("\n".join(rows) + "\n")
+    classify = DATA_FLAGS[:6] + DATA_FLAGS[10:]  # without --eval-decode-examples and --beam-size: no decoding
     with pytest.raises(ConfigError, match=r"is a translation model; the data is classification"):
-        T.main(DATA_FLAGS + ["--data", str(texts), "--init-from", str(run), "--out", str(tmp_path / "new")])
+        T.main(classify + ["--data", str(texts), "--init-from", str(run), "--out", str(tmp_path / "new")])
     assert not (tmp_path / "new").exists()
 
 

@@ -331,8 +331,9 @@ def check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
                               f"drop {flag(name)}, or choose such a schedule")
 
 
-def check_for_task(cfg: TrainConfig, task: str) -> None:
-    """The checks that need the task (known from the data source, before any example is read)."""
+def check_for_task(cfg: TrainConfig, task: str, given: frozenset[str] = frozenset()) -> None:
+    """The checks that need the task (known from the data source, before any example is read);
+    `given`: the options set on the command line (those a task has no use for are refused)."""
     metric, names = cfg.best_metric, METRICS[task]
     if metric is not None and metric not in names:
         raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
@@ -357,6 +358,25 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
             raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
         if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
+    _check_encoder_only_options(cfg, task, given)
+
+
+# the options of a target sequence, its decoder and its decoding: an encoder-only task has no use for them
+# (an extractive model decodes no tokens, but picks sentences for as many validation examples)
+SEQ2SEQ_OPTIONS = ("max_tgt_len", "separate_vocab", "decoder_layers", "tie_embeddings", "beam_size",
+                   "eval_decode_examples")
+
+
+def _check_encoder_only_options(cfg: TrainConfig, task: str, given: frozenset[str]) -> None:
+    if task not in D.ENCODER_ONLY:
+        return
+    unused = [flag(n) for n in SEQ2SEQ_OPTIONS if n in given and (task, n) != ("extractive", "eval_decode_examples")]
+    unused += ["--tokenizer SRC TGT"] * (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)
+    if unused:
+        model = "a classifier" if task == "classification" else "an extractive summarizer"
+        one = len(unused) == 1
+        raise ConfigError(f"{', '.join(unused)} {'is' if one else 'are'} for a target sequence, its decoder or its "
+                          f"decoding; {model} has none: drop {'it' if one else 'them'}")
 
 
 # ---------------------------------------------------------------------------------------------

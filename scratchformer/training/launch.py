@@ -50,7 +50,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
-    check_for_task(config, source.task)
+    check_for_task(config, source.task, given)
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)

@@ -37,7 +37,8 @@ RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
 RUN=$RUNS/$RECIPE
 if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on the same recipe's flags
   FLAGS+=(--kernel eager --precision fp32 --max-train-examples 64 --max-valid-examples 8 --max-steps 3
-          --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64 --max-tgt-len 16)
+          --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64)
+  case " ${FLAGS[*]} " in *" --task extractive "*) ;; *) FLAGS+=(--max-tgt-len 16) ;; esac  # extractive: no target
   FLAGS+=(--d-model 32 --heads 2 --layers 1 --d-ff 64)
   VARIANTS=("${VARIANTS[@]:0:2}")
   RUNTIME=(--kernel eager --precision fp32); AVERAGE=2; LENGTH_PENALTIES=("${LENGTH_PENALTIES[@]:0:1}")
