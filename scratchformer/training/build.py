@@ -13,7 +13,7 @@ from typing import NamedTuple
 from .. import data as D
 from ..data.tokenizer import BPETokenizer, TokenizerPair
 from ..model import PRESETS, ModelConfig, get_config
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, flag
 from .distributed import Dist
 from .runs import Logger
 
@@ -106,7 +106,7 @@ def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | N
 def _same_split(split: str, cfg: TrainConfig, members: tuple[TrainConfig, ...], fields: tuple[str, ...],
                 what: str) -> None:
     for other in members:
-        differ = [f"--{f.replace('_', '-')} {getattr(cfg, f)} and {getattr(other, f)}" for f in fields
+        differ = [f"{flag(f)} {getattr(cfg, f)} and {getattr(other, f)}" for f in fields
                   if getattr(other, f) != getattr(cfg, f)]
         if differ:
             raise D.DataError(f"the ensemble's models saw different {split} examples: each run {what} by its own "

@@ -166,8 +166,9 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
     init = load_checkpoint(path, require=("model", "config", "tokenizers", "task", "progress"))
     # the model's options and its tokenizers' size are the checkpoint run's: recorded so (args.json; they were
     # the data's defaults, another model's) and checked so (--rdrop against its dropout: unset, it passed)
-    built = {f.name: init["args"][f.name] for f in dataclasses.fields(TrainConfig) if f.name in (init.get("args") or {})
-             and (f.metadata["group"] == "model" and f.name != "kernel" or f.name in ("vocab_size", "separate_vocab"))}
+    names = [f.name for f in dataclasses.fields(TrainConfig) if f.metadata["group"] == "model" and f.name != "kernel"]
+    saved = init.get("args") or {}
+    built = {name: saved[name] for name in (*names, "vocab_size", "separate_vocab") if name in saved}
     return dataclasses.replace(config, init_from=str(path), **built), init
 
 
