@@ -22,6 +22,7 @@ from scratchformer.evaluation.options import OptionError
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.ablation import _final_metric
 from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
+from scratchformer.training.launch import _check_encoder_only_options
 from scratchformer.training.optim import extractive_loss
 from tests.conftest import BACKENDS, DEVICE, extractive_folder, random_sentences, report_diff
 
@@ -322,10 +323,11 @@ def test_options_an_extractive_run_cannot_take():
     cfg = TrainConfig(max_tgt_len=9, separate_vocab=True, tie_embeddings="decoder", beam_size=2, eval_decode_examples=5)
     with pytest.raises(ConfigError, match=r"^--max-tgt-len, --separate-vocab, --tie-embeddings, --beam-size are for a "
                                           r"target sequence, its decoder or its decoding; an extractive summarizer"):
-        check_for_task(cfg, "extractive", given)
-    check_for_task(TrainConfig(eval_decode_examples=5), "extractive", frozenset({"eval_decode_examples"}))
+        _check_encoder_only_options(cfg, "extractive", given)
+    _check_encoder_only_options(TrainConfig(eval_decode_examples=5), "extractive", frozenset({"eval_decode_examples"}))
     with pytest.raises(ConfigError, match=r"^--tokenizer SRC TGT is for a target sequence"):
-        check_for_task(TrainConfig(tokenizer=["a.json", "b.json"]), "classification", frozenset({"tokenizer"}))
+        _check_encoder_only_options(TrainConfig(tokenizer=["a.json", "b.json"]), "classification",
+                                    frozenset({"tokenizer"}))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from scratchformer.training.build import (
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.distributed import Dist
 from scratchformer.training.launch import _planned_model, _read_before_the_folder
+from scratchformer.training.resume import load_resume_checkpoint
 from scratchformer.training.runs import (
     LOCK,
     Logger,
@@ -43,7 +44,6 @@ from scratchformer.training.runs import (
     carry_best,
     check_out,
     fresh_run_folder,
-    load_resume_checkpoint,
     lock_run_folder,
     release_run_folders,
     resume_folder,

@@ -310,9 +310,8 @@ class BucketBatchSampler:
     batches whose padded size ``B * max_len`` stays within `max_tokens` (an example longer than
     the budget gets a batch of its own) and whose ``B <= batch_size``; then batch order is shuffled.
     Every example appears exactly once per epoch. With ``num_replicas > 1`` the batch list is
-    padded by repeating its batches from the first, as often as it takes (fewer batches than ranks
-    too), up to a multiple of num_replicas (like DistributedSampler), and rank r takes batches r,
-    r + R, ...
+    padded by repeating its batches cyclically (even fewer than ranks) up to a multiple of
+    num_replicas (like DistributedSampler), and rank r takes batches r, r + R, ...
 
     `set_epoch(epoch, start)` picks the epoch and skips its first `start` batches (exact resume).
     `lengths`: the examples' lengths, or a function of the epoch giving them (a dataset whose

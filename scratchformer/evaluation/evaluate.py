@@ -76,9 +76,8 @@ def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | N
     dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
     one task, one tokenizer pair and, where they name them, one set of class names: a
     CheckpointError names the first checkpoint that differs.
-    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step,
-    the longest max_src_len / max_tgt_len of its members in "args", and the other members' args in
-    "member_args"."""
+    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step, the
+    longest max_src_len / max_tgt_len of its members in "args", "member_args": the others' args."""
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     loaded = [load_run(p, device, kernel, compile) for p in paths]
     model, tokenizers, ckpt = loaded[0]

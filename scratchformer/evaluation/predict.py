@@ -99,9 +99,8 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
         if not raw.strip():
             blank += 1
             continue
-        sniffed = fmt == "auto"
-        if sniffed:  # stdin: the first non-blank line decides
-            fmt = "jsonl" if raw.lstrip().startswith("{") else "text"
+        sniffed = fmt == "auto"  # stdin: the first non-blank line decides
+        fmt = ("jsonl" if raw.lstrip().startswith("{") else "text") if sniffed else fmt
         if fmt == "jsonl":
             try:
                 rec = _json_record(raw, f"{name}:{lineno}", field, lineno)

@@ -47,7 +47,7 @@ from ..checkpoint import CheckpointError, find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, describe, is_user_error, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
-from .runs import load_resume_checkpoint
+from .resume import load_resume_checkpoint
 from .trainer import train
 
 DEFAULT_GRID = [

@@ -69,9 +69,8 @@ class TrainConfig:
     max_valid_examples: int | None = _data(help="use only the first N validation examples")
     valid_fraction: float = _data(default=0.05, help="when the data has no validation split (IMDb), carve this "
                                   "seeded fraction of train")
-    max_src_len: int | None = _data(help="source tokens kept: a sequence-to-sequence source's first N-1 + EOS, a "
-                                    "classifier's text's first N, an extractive document's marked sentences within N",
-                                    by_data=dict(
+    max_src_len: int | None = _data(help="source tokens kept (seq2seq: the first N-1 + EOS; a classifier: the "
+                                    "first N; extractive: the marked sentences within N)", by_data=dict(
         synthetic=32, translation=128, summarization=512, classification=256, extractive=512))
     max_tgt_len: int | None = _data(help="target tokens kept (first N-1, then EOS)", by_data=dict(
         synthetic=32, translation=128, summarization=128, classification=2, extractive=2))
@@ -134,8 +133,7 @@ class TrainConfig:
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
                            "lr*sqrt(warmup/step)); plateau halves the lr when the validation metric stalls",
                            choices=("inverse_sqrt", "cosine", "plateau", "constant"))
-    warmup_steps: int | None = _optim(help="linear warmup to --lr (not --schedule plateau, which starts at --lr)",
-                                      by_data=dict(
+    warmup_steps: int | None = _optim(help="linear warmup to --lr (not plateau: it starts at --lr)", by_data=dict(
         synthetic=100, real=1000, classification=200))
     min_lr: float = _optim(default=0.0, help="floor of the cosine schedule (--schedule cosine)")
     plateau_patience: int = _optim(default=2, help="evaluations without gain before halving (--schedule plateau)")
@@ -167,8 +165,7 @@ class TrainConfig:
     eval_every: int | None = _run(help="validate every N steps (0: at the end of each epoch)", by_data=dict(
         synthetic=500, real=0))
     eval_decode_examples: int | None = _run(help="decode this many validation examples at each validation "
-                                            "(BLEU etc.; 0: loss only there, and the final report decodes every "
-                                            "one)", by_data=dict(
+                                            "(BLEU etc.; 0: loss only, the final report decoding all)", by_data=dict(
                                                 synthetic=300, real=500, classification=0))
     best_metric: str | None = _run(help="metric for best.pt, early stopping and plateau: loss, bleu, chrf, "
                                    "exact_match, rougeL, accuracy, ...", by_data=dict(
@@ -317,23 +314,8 @@ def check_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{why}: it needs one shared vocabulary (drop {separate})")
 
 
-# the schedules that read each schedule option (given for another, it would do nothing)
-SCHEDULE_OPTIONS = {"warmup_steps": ("inverse_sqrt", "cosine", "constant"), "min_lr": ("cosine",),
-                    "plateau_patience": ("plateau",)}
-
-
-def check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
-    """An option of another schedule than the run's, given, is refused naming both (it was ignored:
-    a plateau run started at the peak --lr whatever its --warmup-steps)."""
-    for name, schedules in SCHEDULE_OPTIONS.items():
-        if name in given and cfg.schedule not in schedules:
-            raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "
-                              f"drop {flag(name)}, or choose such a schedule")
-
-
-def check_for_task(cfg: TrainConfig, task: str, given: frozenset[str] = frozenset()) -> None:
-    """The checks that need the task (known from the data source, before any example is read);
-    `given`: the options set on the command line (those a task has no use for are refused)."""
+def check_for_task(cfg: TrainConfig, task: str) -> None:
+    """The checks that need the task (known from the data source, before any example is read)."""
     metric, names = cfg.best_metric, METRICS[task]
     if metric is not None and metric not in names:
         raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
@@ -358,25 +340,6 @@ def check_for_task(cfg: TrainConfig, task: str, given: frozenset[str] = frozense
             raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
         if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
             raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
-    _check_encoder_only_options(cfg, task, given)
-
-
-# the options of a target sequence, its decoder and its decoding: an encoder-only task has no use for them
-# (an extractive model decodes no tokens, but picks sentences for as many validation examples)
-SEQ2SEQ_OPTIONS = ("max_tgt_len", "separate_vocab", "decoder_layers", "tie_embeddings", "beam_size",
-                   "eval_decode_examples")
-
-
-def _check_encoder_only_options(cfg: TrainConfig, task: str, given: frozenset[str]) -> None:
-    if task not in D.ENCODER_ONLY:
-        return
-    unused = [flag(n) for n in SEQ2SEQ_OPTIONS if n in given and (task, n) != ("extractive", "eval_decode_examples")]
-    unused += ["--tokenizer SRC TGT"] * (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)
-    if unused:
-        model = "a classifier" if task == "classification" else "an extractive summarizer"
-        one = len(unused) == 1
-        raise ConfigError(f"{', '.join(unused)} {'is' if one else 'are'} for a target sequence, its decoder or its "
-                          f"decoding; {model} has none: drop {'it' if one else 'them'}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,14 +21,13 @@ from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
 from ..model import ModelConfig, build_model, count_parameters
 from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
-from .config import ConfigError, TrainConfig, check_for_task, check_schedule_options, flag
+from .config import ConfigError, TrainConfig, check_for_task, flag
 from .distributed import setup_distributed
-from .resume import check_init_from, resumed
+from .resume import check_init_from, load_resume_checkpoint, resumed
 from .runs import (
     Logger,
     carry_best,
     fresh_run_folder,
-    load_resume_checkpoint,
     resume_folder,
     resumed_run_folder,
     resumes_elsewhere,
@@ -50,7 +49,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     resolve_device(config.device)  # a clear error now, not torch's when the model moves
     source = D.resolve_source(config.dataset, config.data, config.task)
     config = config.resolved(source.task, source.kind == "synthetic")
-    check_for_task(config, source.task, given)
+    check_for_task(config, source.task)
+    _check_encoder_only_options(config, source.task, given)
     dist_, device = setup_distributed(config.device)
     config = dataclasses.replace(config, precision=precision_for(config.precision, device))
     check_for_device(config, device.type, dist_.world)
@@ -150,12 +150,44 @@ def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
                           " a new one")
 
 
+# the schedules that read each schedule option (given for another, it would do nothing)
+SCHEDULE_OPTIONS = {"warmup_steps": ("inverse_sqrt", "cosine", "constant"), "min_lr": ("cosine",),
+                    "plateau_patience": ("plateau",)}
+
+
+def _check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """An option of another schedule than the run's, given, is refused naming both (it was ignored:
+    a plateau run started at the peak --lr whatever its --warmup-steps)."""
+    for name, schedules in SCHEDULE_OPTIONS.items():
+        if name in given and cfg.schedule not in schedules:
+            raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "
+                              f"drop {flag(name)}, or choose such a schedule")
+
+
+# the options of a target sequence, its decoder and its decoding: an encoder-only task has no use for them
+# (an extractive model decodes no tokens, but picks sentences for as many validation examples)
+SEQ2SEQ_OPTIONS = ("max_tgt_len", "separate_vocab", "decoder_layers", "tie_embeddings", "beam_size",
+                   "eval_decode_examples")
+
+
+def _check_encoder_only_options(cfg: TrainConfig, task: str, given: frozenset[str]) -> None:
+    if task not in D.ENCODER_ONLY:
+        return
+    unused = [flag(n) for n in SEQ2SEQ_OPTIONS if n in given and (task, n) != ("extractive", "eval_decode_examples")]
+    unused += ["--tokenizer SRC TGT"] * (cfg.tokenizer is not None and len(cfg.tokenizer) == 2)
+    if unused:
+        model = "a classifier" if task == "classification" else "an extractive summarizer"
+        one = len(unused) == 1
+        raise ConfigError(f"{', '.join(unused)} {'is' if one else 'are'} for a target sequence, its decoder or its "
+                          f"decoding; {model} has none: drop {'it' if one else 'them'}")
+
+
 def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainConfig, dict | None]:
     """--init-from: the config naming the checkpoint file, and that checkpoint; (config, None)
     without it, or when resuming (a resumed run has its weights in its own checkpoint). First the
     flags given beside what a run starts from (--init-from, --resume, --tokenizer) are checked."""
     _check_tokenizer_flags(config, given)
-    check_schedule_options(config, given)
+    _check_schedule_options(config, given)
     if config.resume and "init_from" in given:
         raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
                           "give one")

@@ -13,15 +13,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..checkpoint import (
-    RESUME_KEYS,
     CheckpointError,
     Held,
-    find_checkpoint,
     hold,
-    holder,
     load_checkpoint,
     save_checkpoint,
-    step_checkpoints,
     write_lines_atomic,
 )
 from .config import ConfigError
@@ -138,50 +134,6 @@ def carry_best(old: Path, new: Path, best_step: int, main: bool) -> bool:
     if main:
         save_checkpoint(new / "best.pt", best)
     return True
-
-
-def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
-    """(the checkpoint --resume continues, its contents, a warning or None). When last.pt, or the
-    best.pt of a folder without one, is unreadable (truncated, corrupt), or older than a step_*.pt
-    beside it (a save cut between the two: the step file is written first; a run killed before its
-    first last.pt), the newest intact step_*.pt of its folder stands in, with a warning naming both.
-    A checkpoint named on the command line that is unreadable is refused (CheckpointError), and so
-    is continuing in place from a named one older than a step checkpoint of its folder
-    (RunFolderError): the two histories would mix, and pruning keep the other's newer files."""
-    try:
-        path = find_checkpoint(folder if resume == "last" else resume, prefer="last")
-    except CheckpointError:  # none: a run training there now (`holder` probes its lock) has saved none yet
-        if (pid := holder(folder / LOCK)) is not None:
-            raise RunFolderError(IN_USE.format(folder, pid)) from None
-        raise
-    # a checkpoint the user named, taken as it is (else the newest state of the folder is wanted)
-    pinned = path.name != "last.pt" and resume != "last" and Path(resume).is_file()
-    try:
-        ckpt, error = load_checkpoint(path, require=RESUME_KEYS), None
-    except CheckpointError as e:
-        if pinned:
-            raise
-        ckpt, error = None, e
-    later = step_checkpoints(path.parent, after=ckpt["progress"]["step"] if ckpt else None)
-    if ckpt is not None and (not later or (pinned and resumes_elsewhere(folder, path))):
-        return path, ckpt, None
-    if ckpt is not None and pinned:
-        raise RunFolderError(f"--resume {path} goes back to step {ckpt['progress']['step']} of the run in "
-                             f"{path.parent}, which went on to {', '.join(p.name for p in later)}; continuing there "
-                             f"would mix the two histories: resume into a new folder with --out (the run in "
-                             f"{path.parent} is left as it is)")
-    why = f"is unreadable ({error})" if ckpt is None else (
-        f"is at step {ckpt['progress']['step']}, before {later[-1].name}"
-        + (" (a save cut between the two)" if path.name == "last.pt" else ""))
-    for step in reversed(later):
-        try:
-            found = load_checkpoint(step, require=RESUME_KEYS)
-        except CheckpointError:
-            continue
-        return step, found, f"warning: {path} {why}; resuming from {step}, the newest intact step checkpoint"
-    if ckpt is not None:  # the later step files are unreadable: last.pt is the newest intact state
-        return path, ckpt, None
-    raise CheckpointError(f"{error}; no intact step_*.pt in {path.parent} to resume from instead")
 
 
 def check_out(out: str | Path | None, overwrite: bool, resume: Path | None = None) -> None:
