@@ -101,6 +101,47 @@ def test_schedule_shapes():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
 
 
+def test_plateau_warms_up_then_halves_counting_no_validation_of_the_warmup():
+    """--schedule plateau --warmup-steps 4 (fairseq's reduce_lr_on_plateau): step k (0-based) trains at
+    peak * (k + 1) / 4 up to the peak, then at the peak until the metric stalls. A validation after
+    every step, its metric never improving: the three inside the warmup neither count nor halve; after
+    it, patience 1 halves at every second one. lr_taken is each step's rate before its validation."""
+    peak = 2.0
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    plat = O.build_scheduler(opt, "plateau", warmup=4, total=0, metric_mode="min", patience=1)
+    lrs = []
+    for _ in range(10):
+        lrs.append(float(opt.param_groups[0]["lr"]))
+        opt.step()
+        plat.step()
+        assert O.lr_taken(plat) == lrs[-1]
+        plat.step(1.0)
+    # validations counted after steps 4 (the first: a best), 5 (bad 1), 6 (bad 2 > 1: halve), 7, 8 (halve)
+    assert lrs == [0.5, 1.0, 1.5, 2.0, 2.0, 2.0, 1.0, 1.0, 0.5, 0.5]
+
+
+def test_plateau_warmup_refills_a_tensor_lr_and_resumes_where_it_stood():
+    """Under --cuda-graphs each group's lr is a 0-dim tensor a captured step reads: the warmup refills
+    it in place. A checkpoint's state resumes mid-warmup at the same rate; one from before plateau had
+    a warmup (a ReduceLROnPlateau's state) is past it: the lr restored with the optimizer is kept."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    plat = O.build_scheduler(opt, "plateau", warmup=4, total=0, patience=1)
+    lr = opt.param_groups[0]["lr"] = torch.tensor(float(opt.param_groups[0]["lr"]))
+    plat.step()
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == 1.0
+    state = plat.state_dict()
+    fresh = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    resumed = O.build_scheduler(fresh, "plateau", warmup=4, total=0, patience=1)
+    O.load_scheduler(resumed, state, 2.0)
+    assert resumed.updates == 1 and fresh.param_groups[0]["lr"] == 1.0
+    resumed.step()
+    assert fresh.param_groups[0]["lr"] == 1.5
+    old = torch.optim.lr_scheduler.ReduceLROnPlateau(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]))
+    fresh.param_groups[0]["lr"] = 0.25  # a halved rate, as load_optimizer restores it
+    O.load_scheduler(resumed, old.state_dict(), 2.0)
+    assert resumed.updates == resumed.warmup == 4 and fresh.param_groups[0]["lr"] == 0.25
+
+
 def test_cosine_decays_half_a_cosine_from_the_peak_to_min_lr():
     """After warmup, lr = min_lr + (peak - min_lr) * (1 + cos(pi t)) / 2, t the fraction of the decay
     steps done: halfway between peak and floor at t = 1/2, min_lr itself (not min_lr * peak) at the end."""

@@ -274,22 +274,23 @@ def test_train_on_a_meta_device_is_refused_before_its_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--schedule", "plateau", "--warmup-steps", "50"], "--warmup-steps is for --schedule inverse_sqrt or cosine or "
-                                                        "constant; this run's is plateau: drop --warmup-steps"),
+    (["--schedule", "plateau", "--min-lr", "1e-5"], "--min-lr is for --schedule cosine; this run's is plateau: "
+                                                     "drop --min-lr"),
     (["--min-lr", "1e-5"], "--min-lr is for --schedule cosine; this run's is inverse_sqrt"),
     (["--schedule", "cosine", "--plateau-patience", "4"], "--plateau-patience is for --schedule plateau; this run's "
                                                           "is cosine"),
 ])
 def test_an_option_of_another_schedule_is_refused_before_any_work(tmp_path, flags, message):
-    """A plateau run started at the peak --lr whatever its --warmup-steps (the flag accepted, recorded,
-    ignored); --min-lr floors only the cosine, --plateau-patience counts only for plateau. Given for
-    another schedule, each is refused naming both, before the run folder is made; a plateau run
-    records no warmup (its by-data default was recorded as if it ramped)."""
+    """--min-lr floors only the cosine, --plateau-patience counts only for plateau: given for another
+    schedule, each is refused naming both, before the run folder is made. Every schedule warms up
+    for --warmup-steps; a plateau run's default is none (recorded 0, not the by-data default)."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         train.main([*flags, "--max-steps", "1", "--out", str(tmp_path / "run")])
     assert list(tmp_path.iterdir()) == []
     config, _ = parse_args(["--schedule", "plateau"])
     assert config.resolved("translation", False).warmup_steps == 0
+    warmed, _ = parse_args(["--schedule", "plateau", "--warmup-steps", "50"])
+    assert warmed.resolved("translation", False).warmup_steps == 50
     assert config.resolved("translation", False).lr == parse_args([])[0].resolved("translation", False).lr
 
 

@@ -350,6 +350,18 @@ def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
     assert [r["loss"] for r in cut] == [r["loss"] for r in ref]
 
 
+def test_a_plateau_run_warms_up_and_resumes_in_its_warmup_like_one_run(tmp_path):
+    """--schedule plateau --warmup-steps 4 --lr 1e-3: the train rows show the ramp, 2.5e-4 per step to
+    the peak at step 4; a run stopped at step 1 and resumed takes the same rates and losses."""
+    base = TINY + ["--schedule", "plateau", "--lr", "1e-3", "--max-steps", "6", "--eval-every", "1", "--seed", "3"]
+    T.main(base + ["--out", str(tmp_path / "whole")])
+    T.main(base + ["--out", str(tmp_path / "cut"), "--time-limit", "1e-9"])
+    T.main(["--resume", "--out", str(tmp_path / "cut"), "--time-limit", "1e9"])
+    cut, ref = _train_rows(tmp_path / "cut"), _train_rows(tmp_path / "whole")
+    assert [float(r["lr"]) for r in ref][:5] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert [(r["lr"], r["loss"]) for r in cut] == [(r["lr"], r["loss"]) for r in ref]
+
+
 def test_time_budget_ends_the_run_where_it_stands(tmp_path):
     """--time-budget: training ends after the step that spends it as if that were its last step
     (validated, best.pt, the final report; --time-limit only pauses). It counts the run's time over
@@ -1397,7 +1409,7 @@ def test_a_train_row_is_the_loss_per_target_token_of_the_steps_since_the_last_ro
     tr._bar = tqdm(disable=True)
     rows = []
     monkeypatch.setattr(tr.log, "row", rows.append)
-    monkeypatch.setattr(tr, "_step_lr", lambda: 1e-3)  # no step taken: the schedule has no lr to show
+    monkeypatch.setattr(TR, "lr_taken", lambda scheduler: 1e-3)  # no step taken: the schedule has no lr to show
     for step, (loss, nll, ntok) in enumerate([(3.0, 2.0, 10), (9.0, 4.0, 20), (5.0, 1.0, 30)], start=1):
         tr.progress.step = step
         tr._after_step(torch.tensor(loss), torch.tensor(nll), ntok, torch.tensor(1.0))

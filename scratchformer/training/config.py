@@ -133,7 +133,7 @@ class TrainConfig:
     schedule: str = _optim(default="inverse_sqrt", help="inverse_sqrt = Noam (linear warmup, then "
                            "lr*sqrt(warmup/step)); plateau halves the lr when the validation metric stalls",
                            choices=("inverse_sqrt", "cosine", "plateau", "constant"))
-    warmup_steps: int | None = _optim(help="linear warmup to --lr (not plateau: it starts at --lr)", by_data=dict(
+    warmup_steps: int | None = _optim(help="linear warmup to --lr (plateau: none unless given)", by_data=dict(
         synthetic=100, real=1000, classification=200))
     min_lr: float = _optim(default=0.0, help="floor of the cosine schedule (--schedule cosine)")
     plateau_patience: int = _optim(default=2, help="evaluations without gain before halving (--schedule plateau)")

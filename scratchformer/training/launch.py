@@ -151,13 +151,11 @@ def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
 
 
 # the schedules that read each schedule option (given for another, it would do nothing)
-SCHEDULE_OPTIONS = {"warmup_steps": ("inverse_sqrt", "cosine", "constant"), "min_lr": ("cosine",),
-                    "plateau_patience": ("plateau",)}
+SCHEDULE_OPTIONS = {"min_lr": ("cosine",), "plateau_patience": ("plateau",)}
 
 
 def _check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
-    """An option of another schedule than the run's, given, is refused naming both (it was ignored:
-    a plateau run started at the peak --lr whatever its --warmup-steps)."""
+    """An option of another schedule than the run's, given, is refused naming both (it would be ignored)."""
     for name, schedules in SCHEDULE_OPTIONS.items():
         if name in given and cfg.schedule not in schedules:
             raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "

@@ -120,15 +120,57 @@ class Constant:
         return min(1.0, (step + 1) / self.warmup)
 
 
+class WarmupPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """ReduceLROnPlateau after a linear warmup to the peak lr (fairseq's reduce_lr_on_plateau):
+    `step()` after each optimizer step ramps the lr, peak * (k + 1) / warmup at step k (0-based), as
+    the other schedules do; `step(metric)` after each validation halves it after `patience`
+    validations without gain, counting none before the warmup ends. warmup 0: from the peak."""
+
+    def __init__(self, optimizer, warmup: int, **kw):
+        super().__init__(optimizer, **kw)
+        self.warmup, self.updates = warmup, 0
+        self.peaks = [float(group["lr"]) for group in optimizer.param_groups]
+        self.ramp()
+
+    def step(self, metrics=None) -> None:  # type: ignore[override]
+        if metrics is None:  # an optimizer step
+            self.updates += 1
+            self.ramp()
+        elif self.updates >= self.warmup:
+            super().step(metrics)
+
+    def ramp(self) -> None:
+        """The warmup's lr for the next step (until it ends); a 0-dim lr tensor (--cuda-graphs) refilled in place."""
+        if self.updates >= self.warmup:
+            return
+        for group, peak in zip(self.optimizer.param_groups, self.peaks):
+            lr = peak * (self.updates + 1) / self.warmup
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self._last_lr = [float(group["lr"]) for group in self.optimizer.param_groups]
+
+
 def build_scheduler(optimizer, name: str, *, warmup: int, total: int, min_lr: float = 0.0, peak: float = 1.0,
                     metric_mode: str = "min", patience: int = 2):
-    """LambdaLR (inverse_sqrt, cosine, constant) stepped per optimizer step, or ReduceLROnPlateau
-    (plateau) stepped per validation with the best metric."""
+    """LambdaLR (inverse_sqrt, cosine, constant) or WarmupPlateau (plateau), stepped per optimizer
+    step; plateau is stepped per validation with the best metric too."""
     if name == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=metric_mode, factor=0.5, patience=patience)
+        return WarmupPlateau(optimizer, warmup, mode=metric_mode, factor=0.5, patience=patience)
     fn = {"inverse_sqrt": lambda: InverseSqrt(warmup), "constant": lambda: Constant(warmup),
           "cosine": lambda: WarmupCosine(warmup, total, min_lr / peak if peak else 0.0)}[name]()
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def lr_taken(scheduler) -> float:
+    """The learning rate the last optimizer step took: a schedule has moved the optimizer's to the
+    next step's (but plateau's after its warmup: it moves the lr at validations, after the row is logged)."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](scheduler.last_epoch - 1)
+    if isinstance(scheduler, WarmupPlateau) and scheduler.updates <= scheduler.warmup:
+        return scheduler.peaks[0] * scheduler.updates / scheduler.warmup
+    return float(scheduler.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
 
 
 # how an optimizer runs, not where it is: this run's, whatever the checkpoint's run used
@@ -150,9 +192,12 @@ def load_scheduler(scheduler, state: dict, lr: float) -> None:
     """Restore a schedule's position (a resume) but keep its settings as built now: the peak `lr`
     and the warmup / total / floor of the schedule function (LambdaLR saves its callable
     objects' fields, and would bring the checkpoint's back). With unchanged settings the lr is the
-    checkpoint's, bit for bit. Plateau restores everything (its lr continues, halvings included)."""
-    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-        scheduler.load_state_dict(state)
+    checkpoint's, bit for bit. Plateau restores its position (its lr continues, halvings included)
+    but keeps the warmup as built now (a checkpoint from before plateau had one is past it)."""
+    if isinstance(scheduler, WarmupPlateau):
+        warmup = scheduler.warmup
+        scheduler.load_state_dict({"updates": warmup, "peaks": scheduler.peaks, **state, "warmup": warmup})
+        scheduler.ramp()
         return
     fns = scheduler.lr_lambdas
     # LambdaLR.load_state_dict updates its functions' fields in place from the state's: None skips that

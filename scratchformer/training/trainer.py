@@ -36,6 +36,7 @@ from .optim import (
     build_scheduler,
     load_optimizer,
     load_scheduler,
+    lr_taken,
     rdrop_loss,
 )
 from .progress import Progress, Window
@@ -263,8 +264,7 @@ class Trainer:
             loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group],
                                                         self.dist.mean(ntok, self.device))
         self.optimizer.zero_grad(set_to_none=True)
-        if self.config.schedule != "plateau":
-            self.scheduler.step()
+        self.scheduler.step()
         self.progress.step += 1
         self.progress.batch += len(group)
         self.progress.tokens += ntok
@@ -313,7 +313,7 @@ class Trainer:
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
         w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
-        lr = self._step_lr()
+        lr = lr_taken(self.scheduler)
         dt = max(1e-9, time.time() - w.t0)
         row = {"split": "train", "step": prog.step, "epoch": prog.step_epoch,
                "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
@@ -325,14 +325,6 @@ class Trainer:
                       f"nll {row['nll']:.4f} | lr {lr:.2e} | grad {gnorm:.2f} | {row['tokens_per_s']:.0f} {unit}/s")
         check_finite(self, "at the train row")
         self._window = Window()
-
-    def _step_lr(self) -> float:
-        """The learning rate the last step took: a per-step schedule has already moved the optimizer's
-        to the next step's (the plateau schedule moves it at validations, after the row is logged)."""
-        s = self.scheduler
-        if isinstance(s, torch.optim.lr_scheduler.LambdaLR):
-            return s.base_lrs[0] * s.lr_lambdas[0](s.last_epoch - 1)
-        return float(self.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
 
     # --- validation -------------------------------------------------------------------------
 
