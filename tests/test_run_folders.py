@@ -512,19 +512,22 @@ def test_a_resume_over_other_training_data_and_an_attention_example_past_validat
     assert load_checkpoint(run / "last.pt")["progress"]["step"] == 3
 
 
-def test_an_attention_example_is_checked_only_for_the_plots_that_draw_it():
+def test_an_attention_example_is_checked_only_for_the_plots_that_draw_it(tmp_path):
     """--attention-example picks the validation example plots/attention.png draws: past the split it is
-    refused when plots are drawn, and with --no-plots (TINY's) nothing draws it, so it is no reason to
-    refuse the run (the checks a run makes before its folder: `_read_before_the_folder`)."""
-    for flags in (TINY, [f for f in TINY if f != "--no-plots"]):
-        cfg, given = parse_args(flags + ["--attention-example", "16"])
-        source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
-        cfg = cfg.resolved(source.task, source.kind == "synthetic")
-        if "--no-plots" in flags:
-            assert len(_read_before_the_folder(cfg, source, None, given, torch.device("cpu"))[1].valid) == 16
-        else:
-            with pytest.raises(ConfigError, match=r"--attention-example 16: the validation split has 16 examples"):
-                _read_before_the_folder(cfg, source, None, given, torch.device("cpu"))
+    refused when plots are drawn (the checks a run makes before its folder: `_read_before_the_folder`);
+    with --no-plots (TINY's) nothing draws it: the split's size is no reason to refuse a run, but the
+    flag given with --no-plots is refused as doing nothing, before the run folder is made."""
+    cfg, given = parse_args(TINY + ["--attention-example", "16"])
+    source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
+    assert len(_read_before_the_folder(cfg.resolved(source.task, True), source, None, frozenset(), torch.device("cpu"))
+               [1].valid) == 16
+    with pytest.raises(ConfigError, match=r"--attention-example picks the example plots/attention.png draws, and "
+                                          r"--no-plots draws none: drop one"):
+        T.main(TINY + ["--attention-example", "16", "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+    cfg, given = parse_args([f for f in TINY if f != "--no-plots"] + ["--attention-example", "16"])
+    with pytest.raises(ConfigError, match=r"--attention-example 16: the validation split has 16 examples"):
+        _read_before_the_folder(cfg.resolved(source.task, True), source, None, given, torch.device("cpu"))
 
 
 def test_a_run_started_from_a_checkpoint_keeps_its_kernel_unless_kernel_is_given():

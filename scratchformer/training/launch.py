@@ -155,11 +155,15 @@ SCHEDULE_OPTIONS = {"min_lr": ("cosine",), "plateau_patience": ("plateau",)}
 
 
 def _check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
-    """An option of another schedule than the run's, given, is refused naming both (it would be ignored)."""
+    """An option of another schedule than the run's, given, is refused naming both (it would be ignored);
+    so is --attention-example with --no-plots."""
     for name, schedules in SCHEDULE_OPTIONS.items():
         if name in given and cfg.schedule not in schedules:
             raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "
                               f"drop {flag(name)}, or choose such a schedule")
+    if "attention_example" in given and cfg.no_plots:
+        raise ConfigError("--attention-example picks the example plots/attention.png draws, and --no-plots draws "
+                          "none: drop one")
 
 
 # the options of a target sequence, its decoder and its decoding: an encoder-only task has no use for them
