@@ -9,6 +9,7 @@ host sync per call stalls every step and breaks CUDA graphs and torch.compile.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 
@@ -31,11 +32,16 @@ def value_checks(t: torch.Tensor) -> bool:
 
 
 def _check_number(op: str, name: str, value, *, positive: bool = False, nonnegative: bool = False) -> None:
-    """A float argument: finite (NaN and inf refused), and > 0 where `positive`, >= 0 where
-    `nonnegative`. Not inside a torch.compile trace, where a float may be symbolic (math.isfinite
-    would break the graph)."""
+    """A float argument: a real number (a bool refused, and a tensor: a backend that reads it as a float
+    drops its gradient, where another differentiates through it; on a GPU the read is a host sync),
+    finite (NaN and inf refused), and > 0 where `positive`, >= 0 where `nonnegative`. Not inside a
+    torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a Python number, not a tensor (got {value!r})")
     if torch.compiler.is_compiling():
         return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{op}: {name} must be a number, got {value!r}")
     if not math.isfinite(value) or (positive and not value > 0) or (nonnegative and not value >= 0):
         bound = " > 0" if positive else " >= 0" if nonnegative else ""
         raise ValueError(f"{op}: {name} must be a finite number{bound}, got {value}")
@@ -54,10 +60,16 @@ def _check_tensors(op: str, optional: tuple[str, ...] = (), **tensors) -> None:
             raise ValueError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
 
 
+# the floating types every backend runs (is_floating_point() also admits the float8 types, which
+# eager and torch failed on deep inside an op, and triton in its own check)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _check_floating(op: str, **tensors) -> None:
     for name, t in tensors.items():
-        if t is not None and not t.is_floating_point():
-            raise ValueError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
+        if t is not None and t.dtype not in FLOATS:
+            raise ValueError(f"{op}: {name} must be a floating-point tensor (float16, bfloat16, float32, float64), "
+                             f"got {t.dtype}")
 
 
 def _check_int(op: str, name: str, value) -> int:
@@ -129,8 +141,7 @@ def check_attention(q, k, v, *, key_lengths=None, query_lengths=None, causal=Fal
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"attention dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not q.is_floating_point():
-        raise ValueError(f"attention needs floating-point q, k, v, got {q.dtype}")
+    _check_floating("attention", q=q)
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention device mismatch: q {q.device}, k {k.device}, v {v.device}")
     _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)

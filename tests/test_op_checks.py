@@ -8,6 +8,7 @@ Decoding's public entry (`beam_search`) refuses a length penalty that cannot ran
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICE, requires_cuda
@@ -35,9 +36,9 @@ def _qkv(Lq=3, Lk=5, D=16, requires_grad=False):
 def test_add_layer_norm_refuses_integer_inputs(ops_backend):
     """Integers were truncated by the eager spec (its output cast back to int32)."""
     x = torch.arange(32, dtype=torch.int32).view(2, 16)
-    with pytest.raises(ValueError, match="add_layer_norm: x must be a floating-point tensor, got torch.int32"):
+    with pytest.raises(ValueError, match="add_layer_norm: x must be a floating-point tensor .*, got torch.int32"):
         ops_backend.add_layer_norm(x, None, torch.ones(16), None)
-    with pytest.raises(ValueError, match="add_layer_norm: weight must be a floating-point tensor, got torch.int64"):
+    with pytest.raises(ValueError, match="add_layer_norm: weight must be a floating-point tensor .*, got torch.int64"):
         ops_backend.add_layer_norm(torch.randn(2, 16), None, torch.ones(16, dtype=torch.long), None)
 
 
@@ -138,7 +139,7 @@ def test_ffn_refuses_a_w2_whose_width_is_not_d_ff(ops_backend):
 
 def test_ffn_refuses_integer_weights_and_bad_dropout(ops_backend):
     x, w1, b1, w2, b2 = _ffn_args()
-    with pytest.raises(ValueError, match="ffn: w1 must be a floating-point tensor, got torch.int64"):
+    with pytest.raises(ValueError, match="ffn: w1 must be a floating-point tensor .*, got torch.int64"):
         ops_backend.ffn(x, w1.long(), b1, w2, b2)
     with pytest.raises(ValueError, match=r"ffn: dropout_p must be in \[0, 1\), got nan"):
         ops_backend.ffn(x, w1, b1, w2, b2, dropout_p=float("nan"))
@@ -246,7 +247,7 @@ def test_embed_refuses_bad_shapes_and_scales(ops_backend):
         ops_backend.embed(torch.tensor([[1, 2]]), w, scale=1.0, pos_offset=1.5)
     with pytest.raises(ValueError, match=r"embed: tokens must be \(B, L\) and weight \(V, d_model\), got \(3,\)"):
         ops_backend.embed(torch.tensor([1, 2, 3]), w, scale=1.0)
-    with pytest.raises(ValueError, match="embed: weight must be a floating-point tensor, got torch.int64"):
+    with pytest.raises(ValueError, match="embed: weight must be a floating-point tensor .*, got torch.int64"):
         ops_backend.embed(torch.tensor([[1, 2]]), w.long(), scale=1.0)
     with pytest.raises(ValueError, match="embed: scale must be a finite number, got nan"):
         ops_backend.embed(torch.tensor([[1, 2]]), w, scale=float("nan"))
@@ -339,6 +340,37 @@ def test_every_backend_names_an_input_that_is_not_a_tensor(ops_backend, op):
             call(ops_backend, {**args, name: t.tolist()})
 
 
+@pytest.mark.parametrize("op", ["attention", "add_layer_norm", "ffn", "embed", "linear_cross_entropy"])
+def test_every_backend_names_a_float8_input(ops_backend, op):
+    """A float8 tensor is floating point to torch, and no backend runs it: eager and torch failed deep
+    inside a mul or matmul, triton in its own check (or the C++ op's), three errors. An op's floating
+    inputs in float8 are refused naming the first, the same in every backend."""
+    call, args = _tensor_args()[op]
+    float8 = {n: t.to(torch.float8_e4m3fn) if t.is_floating_point() else t for n, t in args.items()}
+    name = next(n for n, t in args.items() if t.is_floating_point())
+    with pytest.raises(ValueError, match=_esc(f"{op}: {name} must be a floating-point tensor (float16, bfloat16, "
+                                              "float32, float64), got torch.float8_e4m3fn")):
+        call(ops_backend, float8)
+
+
+@pytest.mark.parametrize("scale", [torch.tensor(2.0), None, "2.0", True])
+def test_every_backend_names_a_scale_that_is_not_a_number(ops_backend, scale):
+    """A tensor scale passed the check (math.isfinite reads a 1-element tensor): eager and torch
+    differentiated through it and triton's embedding dropped its gradient (float() of it), a host
+    sync on a GPU. It, None, a string and a bool are refused by name (None and "2.0" were a
+    TypeError that named nothing); a numpy float is a number."""
+    tokens, w = torch.tensor([[1, 2]]), torch.randn(8, 16)
+    want = (_esc(f"embed: scale must be a Python number, not a tensor (got {scale!r})")
+            if isinstance(scale, torch.Tensor) else _esc(f"embed: scale must be a number, got {scale!r}"))
+    with pytest.raises(ValueError, match=want):
+        ops_backend.embed(tokens, w, scale=scale)
+    if scale is not None:  # attention's default, the head dim's 1/sqrt
+        with pytest.raises(ValueError, match=want.replace("embed", "attention")):
+            ops_backend.attention(*_qkv(), scale=scale)
+    torch.testing.assert_close(ops_backend.embed(tokens, w, scale=np.float32(2.0)),
+                               ops_backend.embed(tokens, w, scale=2.0))
+
+
 @pytest.mark.parametrize("case", ["dense", "key-lengths", "causal"])
 def test_attention_with_no_key_is_zeros_in_every_backend(ops_backend, case):
     """Lk = 0: every query row sees no key, so it is zeros (the rule for an empty row), with zero
@@ -389,7 +421,8 @@ def test_autocast_casts_only_what_autocast_would(ops_backend):
     not lowered (eager and torch keep them; the triton kernels refuse them by name)."""
     q, k, v = (t.to(torch.int64) for t in _qkv())
     with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
-        with pytest.raises(ValueError, match="attention needs floating-point q, k, v, got torch.int64"):
+        with pytest.raises(ValueError, match=r"attention: q must be a floating-point tensor \(float16, bfloat16, "
+                                             r"float32, float64\), got torch.int64"):
             ops_backend.attention(q, k, v)
         q, k, v = (t.double() for t in _qkv())
         if ops_backend.name == "triton":
@@ -609,7 +642,8 @@ def test_beam_search_refuses_a_length_penalty_len_to_whose_power_leaves_the_floa
     (dict(target=torch.zeros(5, dtype=torch.int64)), "target must be int64 of shape (6,), got torch.int64 (5,)"),
     (dict(weight=torch.randn(11, 8)), "x must be (N, d) and weight (V, d), got (6, 16) and (11, 8)"),
     (dict(bias=torch.randn(10)), "bias must be (11,) (V), got (10,)"),
-    (dict(x=torch.zeros(6, 16, dtype=torch.int64)), "x must be a floating-point tensor, got torch.int64"),
+    (dict(x=torch.zeros(6, 16, dtype=torch.int64)),
+     "x must be a floating-point tensor (float16, bfloat16, float32, float64), got torch.int64"),
     (dict(label_smoothing=1.0), "label_smoothing must be in [0, 1)"),
     (dict(ignore_index=11), "ignore_index 11 is not a class of [0, 11)"),
     (dict(ignore_index=1.5), "ignore_index must be an integer, got 1.5"),  # triton read it as 1, eager as 1.5
