@@ -246,13 +246,14 @@ def embed_sinusoidal(
     (float64 on CPU), d_model even when pos_encoding. Computed in fp32, one rounding to weight's
     dtype. padding_idx (negative counts from V, as in F.embedding) gets no gradient. Returns
     (B, L, d_model) in weight's dtype. Out-of-range ids: RuntimeError naming the id on CPU,
-    device-side assert on CUDA.
+    device-side assert on CUDA. The wrappers pass their arguments as given: the op's schema refuses
+    a float where an int goes, or a string for a bool, naming it (they were cast: 2.9 ran as 2).
     """
     _require()
     if padding_idx is not None and -weight.shape[0] <= padding_idx < 0:  # else the op names it as given
         padding_idx += weight.shape[0]
     return torch.ops.scratchformer.embed_sinusoidal.default(
-        tokens, weight, float(scale), int(pos_offset), bool(pos_encoding), padding_idx
+        tokens, weight, scale, pos_offset, pos_encoding, padding_idx
     )
 
 
@@ -263,11 +264,11 @@ def embed_sinusoidal_backward(
     row padding_idx (-1: none) stays zero. Deterministic. In grad's dtype."""
     _require()
     return torch.ops.scratchformer.embed_sinusoidal_backward.default(
-        grad, tokens, int(num_weights), float(scale), int(padding_idx)
+        grad, tokens, num_weights, scale, padding_idx
     )
 
 
 def add_sinusoidal(x: torch.Tensor, *, pos_offset: int = 0) -> torch.Tensor:
     """x (..., L, d_model) + PE(pos_offset + j) along dim -2; d_model even. Same dtype as x."""
     _require()
-    return torch.ops.scratchformer.add_sinusoidal.default(x, int(pos_offset))
+    return torch.ops.scratchformer.add_sinusoidal.default(x, pos_offset)

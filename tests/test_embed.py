@@ -441,6 +441,14 @@ def test_bad_scalars():
         OP.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10, 1.0, 11)
     with pytest.raises(RuntimeError, match="add_sinusoidal: d_model must be even"):
         _ext.add_sinusoidal(torch.randn(2, 3, 5))
+    # the wrappers cast their arguments (2.9 ran as position 2, "no" added the positions): now the schema names them
+    for call, name in ((lambda: _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_offset=2.9), "pos_offset"),
+                       (lambda: _ext.embed_sinusoidal(tokens, weight, scale=1.0, pos_encoding="no"), "pos_encoding"),
+                       (lambda: _ext.add_sinusoidal(torch.zeros(1, 3, 8), pos_offset=2.9), "pos_offset"),
+                       (lambda: _ext.embed_sinusoidal_backward(torch.randn(2, 5, 8), tokens, 10.7, scale=1.0),
+                        "num_weights")):
+        with pytest.raises(RuntimeError, match=f"Expected a value of type .* for argument '{name}'"):
+            call()
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])  # meta runs the fake impls (_ext.py), as torch.compile does
