@@ -293,13 +293,13 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     phase continues its first) are taken as they are."""
     if not paths:
         raise ValueError("no checkpoints to average")
-    first = load_checkpoint(paths[0], require=(*RUN_KEYS, "progress"))
+    first = _an_average_input(paths[0], len(paths))
     weights = first["model"]
     total = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
     newest, steps, max_lens = first, [first["progress"]["step"]], [first["config"].get("max_len", 0)]
     digests = {weights_digest(weights): 0}  # -> the index of the first checkpoint holding those weights
     for i, path in enumerate(paths[1:], 1):
-        last = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
+        last = _an_average_input(path, len(paths))
         steps.append(last["progress"]["step"])
         newest = last if steps[-1] >= newest["progress"]["step"] else newest
         max_lens.append(last["config"].get("max_len", 0))
@@ -329,6 +329,17 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     config = {**newest["config"], **({"max_len": max(max_lens)} if "max_len" in newest["config"] else {})}
     return {**kept, **{k: newest[k] for k in RUN_KEYS}, "model": model, "config": config,
             "averaged_from": [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]}
+
+
+def _an_average_input(path: str | Path, n: int) -> dict:
+    """A checkpoint to average with n - 1 others: not itself an average (its steps would be weighted
+    unevenly, and the record would name it as one step)."""
+    ckpt = load_checkpoint(path, require=(*RUN_KEYS, "progress"))
+    if n > 1 and ckpt.get("averaged_from"):
+        steps = ", ".join(str(a["step"]) for a in ckpt["averaged_from"])
+        raise CheckpointError(f"{path} is itself the average of steps {steps}: averaged with others, those steps "
+                              f"would weigh unevenly; give its step checkpoints instead")
+    return ckpt
 
 
 # ModelConfig fields that do not change what the weights mean: the backend that runs them (a run may

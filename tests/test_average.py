@@ -382,6 +382,20 @@ def test_the_same_weights_twice_are_refused(run, tmp_path):
     assert not (tmp_path / "b.pt").exists()
 
 
+def test_an_average_is_refused_among_the_checkpoints_to_average(run, tmp_path):
+    """An average averaged again with step files weighed its steps unevenly, unsaid: avg(2, 4, 6)
+    with 4 and 6 gave step 2 1/9 and step 6 4/9, recorded as "steps 6, 4, 6". Refused naming its
+    steps; alone, it averages into itself."""
+    steps = step_checkpoints(run)
+    average.main([str(run), "--last", "3", "--output", str(tmp_path / "avg.pt")])
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(tmp_path / 'avg.pt'))} is itself the average of "
+                                              r"steps 2, 4, 6: .* give its step checkpoints instead"):
+        average.main([str(tmp_path / "avg.pt"), str(steps[1]), str(steps[2]), "--output", str(tmp_path / "b.pt")])
+    assert not (tmp_path / "b.pt").exists()
+    alone = average_checkpoints([tmp_path / "avg.pt"])["model"]
+    assert all(torch.equal(v, load_checkpoint(tmp_path / "avg.pt")["model"][k]) for k, v in alone.items())
+
+
 def test_an_output_folder_is_refused_before_the_averaging(run, tmp_path, monkeypatch):
     """--output DIR said "pass --overwrite", which then failed after every checkpoint was averaged."""
     monkeypatch.setattr(average, "average_checkpoints", lambda paths: pytest.fail("averaged before the refusal"))
