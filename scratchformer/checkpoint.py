@@ -199,6 +199,15 @@ RUN_KEYS = ("model", "config", "tokenizers", "task", "args")
 RESUME_KEYS = (*RUN_KEYS, "optimizer", "scheduler", "progress", "rng", "data")
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a file that begins as a checkpoint does (`MAGIC`), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ...] = ()) -> dict:
     """Read and verify a checkpoint; raises CheckpointError naming the file and the fault, also
     when the checkpoint lacks a key of `require` (e.g. `RUN_KEYS`, `RESUME_KEYS`)."""

@@ -302,6 +302,24 @@ def test_field_override(tmp_path):
     assert P.read_inputs(src, "translation", field="en")[0].text == "one"
 
 
+def test_a_field_of_a_file_read_as_text_is_refused(tmp_path, monkeypatch):
+    """--field names a field of JSON records: given for a file read as text (by its name, by
+    --format text, or stdin whose first line is not a record) each JSON line was predicted whole,
+    braces and all. Refused, saying why the file is text; the same file read as JSON lines is fine."""
+    txt = tmp_path / "in.txt"
+    txt.write_text('{"id": "a", "en": "one two"}\n')
+    with pytest.raises(OptionError, match=r"--field en names a field of JSON records, and .*in.txt is read as text, "
+                                          r"one input a line \(its name does not end in .jsonl\): give --format jsonl"):
+        P.read_inputs(txt, "translation", field="en")
+    with pytest.raises(OptionError, match=r"\(--format text\)"):
+        P.read_inputs(txt, "translation", field="en", fmt="text")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"one two\n")))
+    with pytest.raises(OptionError, match=r"<stdin> is read as text.*\(its first line does not begin with '\{'\)"):
+        P.read_inputs("-", "translation", field="en")
+    assert [(r.id, r.text) for r in P.read_inputs(txt, "translation", field="en", fmt="jsonl")] == [("a", "one two")]
+    assert [r.text for r in P.read_inputs(txt, "translation")] == ['{"id": "a", "en": "one two"}']  # no --field
+
+
 @pytest.mark.parametrize("content, message", [
     ('{"id": "a", "src": "one"}\n{"id": "b", "src": "two"\n', r"in\.jsonl:2: bad JSON"),
     ('{"id": "a", "src": "one"}\n\n{"id": "c", "text": "x"}\n',
@@ -419,7 +437,8 @@ def test_an_output_another_process_writes_is_refused_until_it_ends(runs, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "preds.jsonl", "preds.jsonl.meta.json"]
     hold = ("import sys, time; from pathlib import Path; from scratchformer.checkpoint import hold; "
             "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(P.lock_path(out))], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(resume.lock_path(out))], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         before = _snapshot_of(tmp_path)
@@ -432,7 +451,7 @@ def test_an_output_another_process_writes_is_refused_until_it_ends(runs, tmp_pat
         holder.kill()
         holder.wait()
     P.predict_file(runs["translation"], src, out, beam_size=2, overwrite=True)
-    assert [p["id"] for p in _read(out)] == ["a", "b"] and not P.lock_path(out).exists()
+    assert [p["id"] for p in _read(out)] == ["a", "b"] and not resume.lock_path(out).exists()
 
 
 @pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
@@ -451,12 +470,35 @@ def test_output_onto_its_own_input_is_refused(runs, tmp_path, monkeypatch, flag)
     part.write_text('{"src": "one"}\n')
     with pytest.raises(OptionError, match=r"in.jsonl.partial over its own --input"):
         P.predict_file(runs["translation"], part, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
-    for written in (P.record_path(tmp_path / "in.jsonl"), P.lock_path(tmp_path / "in.jsonl")):  # beside it
+    for written in (resume.record_path(tmp_path / "in.jsonl"), resume.lock_path(tmp_path / "in.jsonl")):  # beside it
         written.write_text('{"src": "one"}\n')
         with pytest.raises(OptionError, match=rf"{re.escape(written.name)} over its own --input"):
             P.predict_file(runs["translation"], written, tmp_path / "in.jsonl", overwrite=True, beam_size=1)
         assert written.read_text() == '{"src": "one"}\n'
     assert src.read_text() == "one two\nred house\n" and part.read_text() == '{"src": "one"}\n'
+
+
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_output_onto_a_checkpoint_is_refused(runs, tmp_path, flag):
+    """generate --checkpoint R --output R/best.pt --overwrite replaced the model with its predictions
+    (a typo): an output, snapshot, record or lock that would be written over a checkpoint (by its
+    first bytes, whatever its name) is refused, the checkpoint untouched."""
+    src = tmp_path / "in.txt"
+    src.write_text("one two\n")
+    model = runs["translation"] / "best.pt"
+    before = model.read_bytes()
+    (tmp_path / "other.pt").write_bytes(before)
+    for output, written in ((model, model), (tmp_path / "p.jsonl", tmp_path / "p.jsonl.partial")):
+        if written != model:
+            written.write_bytes(before)  # a checkpoint under a snapshot's name
+        with pytest.raises(OptionError, match=rf"--output {re.escape(str(output))} would write "
+                                              rf"{re.escape(str(written))} over a checkpoint: the model would be lost"):
+            generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--output", str(output),
+                           "--beam-size", "1", *flag])
+        assert written.read_bytes() == before
+    generate.main(["--checkpoint", str(tmp_path / "other.pt"), "--input", str(src), "--output",
+                   str(tmp_path / "fine.jsonl"), "--beam-size", "1"])
+    assert [p["id"] for p in _read(tmp_path / "fine.jsonl")] == [1]
 
 
 def test_output_naming_a_folder_is_refused_before_any_work(runs, tmp_path, monkeypatch):
@@ -512,7 +554,7 @@ def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
     with pytest.raises(Killed):
         P.predict_file(runs["translation"], src, out, save_every=0, **kw)  # a snapshot after every batch
     assert not out.exists()  # no half output
-    snapshot = _read(P.partial_path(out))
+    snapshot = _read(resume.partial_path(out))
     assert 0 < len(snapshot) <= 8
 
     # Ctrl-C saves what is done even between snapshots; --resume goes on from there.
@@ -520,13 +562,13 @@ def test_killed_run_resumes_from_its_snapshot(runs, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["translation"], src, out, save_every=1e9, resume=True, **kw)
     assert not out.exists()
-    snapshot2 = _read(P.partial_path(out))
+    snapshot2 = _read(resume.partial_path(out))
     assert all(line in snapshot2 for line in snapshot) and len(snapshot) < len(snapshot2) < 20
 
     monkeypatch.setattr(P, "format_prediction", _FORMAT)
     summary = P.predict_file(runs["translation"], src, out, resume=True, **kw)
     assert summary["kept"] == len(snapshot2) and summary["predicted"] == 20 - len(snapshot2)
-    assert _read(out) == _read(clean) and not P.partial_path(out).exists()
+    assert _read(out) == _read(clean) and not resume.partial_path(out).exists()
 
 
 def test_resume_keeps_the_lines_already_written(runs, tmp_path):
@@ -557,7 +599,7 @@ def test_resume_refuses_lines_it_would_mix_in(runs, tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "preds.jsonl"
     P.predict_file(runs["translation"], _write_jsonl(tmp_path / "first.jsonl", rows[:1]), out, beam_size=1)
-    record = json.loads(P.record_path(out).read_text())
+    record = json.loads(resume.record_path(out).read_text())
     assert record["options"]["--beam-size"] == 1 and record["output"] is True
     before = _snapshot_of(tmp_path)
     translation, other = runs["translation"] / "best.pt", runs["ends_early"] / "best.pt"
@@ -616,11 +658,11 @@ def test_an_overwrite_cut_before_its_first_prediction_leaves_no_snapshot_of_the_
     monkeypatch.setattr(P, "format_prediction", _dying_format(3))  # another model's run, cut: its snapshot
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["translation"], src, out, **kw)
-    assert len(_read(P.partial_path(out))) == 3
+    assert len(_read(resume.partial_path(out))) == 3
     monkeypatch.setattr(P, "format_prediction", _dying_format(0))  # the overwrite, cut at its first prediction
     with pytest.raises(KeyboardInterrupt):
         P.predict_file(runs["ends_early"], src, out, overwrite=True, **kw)
-    assert not P.partial_path(out).exists() and not out.exists()
+    assert not resume.partial_path(out).exists() and not out.exists()
     monkeypatch.setattr(P, "format_prediction", _FORMAT)
     summary = P.predict_file(runs["ends_early"], src, out, resume=True, **kw)
     assert summary["kept"] == 0 and summary["predicted"] == 6 and _read(out) == _read(clean)
@@ -639,7 +681,7 @@ def test_resume_refuses_a_prediction_whose_input_changed(runs, tmp_path, capsys)
             "--no-progress"]
     src.write_text("red dog\nblue cat\n")
     assert generate.main(argv)["predicted"] == 2
-    inputs = json.loads(P.record_path(out).read_text())["inputs"]
+    inputs = json.loads(resume.record_path(out).read_text())["inputs"]
     assert set(inputs) == {"1", "2"} and all(re.fullmatch("[0-9a-f]{16}", d) for d in inputs.values())
     src.write_text("the man rides a bike\nred dog\nblue cat\n")
     before = _snapshot_of(tmp_path)
@@ -696,7 +738,7 @@ def test_a_kill_at_any_write_leaves_what_resume_finishes(runs, tmp_path, monkeyp
         n, out, writes = n + 1, tmp_path / f"preds{n + 1}.jsonl", []
         if resumed:  # an output holding r0 and r1, and its record
             out.write_bytes(first.read_bytes())
-            P.record_path(out).write_bytes(P.record_path(first).read_bytes())
+            resume.record_path(out).write_bytes(resume.record_path(first).read_bytes())
 
         def dies(path, lines, n=n, writes=writes, out=out):
             writes.append(path.name.removeprefix(out.name))
@@ -728,7 +770,7 @@ def test_a_snapshots_changed_input_is_refused(runs, tmp_path, monkeypatch):
         P.predict_file(runs["translation"], src, out, save_every=1e9, **kw)
     monkeypatch.undo()
     _write_jsonl(src, [*rows[:3], {**rows[3], "src": "nine nine"}, *rows[4:]])
-    with pytest.raises(OptionError, match=rf"--resume: {P.partial_path(out)} holds a prediction for id 'r3'"):
+    with pytest.raises(OptionError, match=rf"--resume: {resume.partial_path(out)} holds a prediction for id 'r3'"):
         P.predict_file(runs["translation"], src, out, resume=True, **kw)
     _write_jsonl(src, rows)
     assert P.predict_file(runs["translation"], src, out, resume=True, **kw)["kept"] == 4
@@ -740,11 +782,11 @@ def test_a_record_without_inputs_resumes_unchecked(runs, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "t.jsonl"
     src.write_text("red dog\nblue cat\n")
     P.predict_file(runs["translation"], src, out, beam_size=1)
-    record = json.loads(P.record_path(out).read_text())
-    P.record_path(out).write_text(json.dumps({k: v for k, v in record.items() if k != "inputs"}))
+    record = json.loads(resume.record_path(out).read_text())
+    resume.record_path(out).write_text(json.dumps({k: v for k, v in record.items() if k != "inputs"}))
     src.write_text("red dog\nsix\nnine\n")
     assert P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)["kept"] == 2
-    assert set(json.loads(P.record_path(out).read_text())["inputs"]) == {"1", "2", "3"}
+    assert set(json.loads(resume.record_path(out).read_text())["inputs"]) == {"1", "2", "3"}
 
 
 def test_a_line_whose_input_the_record_does_not_name_is_refused(runs, tmp_path):
@@ -753,9 +795,9 @@ def test_a_line_whose_input_the_record_does_not_name_is_refused(runs, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "t.jsonl"
     src.write_text("red dog\nblue cat\nsix\n")
     P.predict_file(runs["translation"], src, out, beam_size=1)
-    record = json.loads(P.record_path(out).read_text())
+    record = json.loads(resume.record_path(out).read_text())
     del record["inputs"]["2"]
-    P.record_path(out).write_text(json.dumps(record))
+    resume.record_path(out).write_text(json.dumps(record))
     with pytest.raises(OptionError, match=rf"--resume: {out} holds a prediction for id 2 made from another input "
                        r"than the input's line 2 now holds \(1 of its 3 predictions' inputs changed\)"):
         P.predict_file(runs["translation"], src, out, beam_size=1, resume=True)

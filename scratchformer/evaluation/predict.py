@@ -35,13 +35,13 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import Held, file_in_the_way, fsync_dir, hold, release, weights_digest
+from ..checkpoint import fsync_dir, release, weights_digest
 from ..data.extractive import MAX_ORACLE_SENTENCES
-from ..data.files import COMPRESSED, check_text, display_name, read_lines, uncompressed_name
+from ..data.files import check_text, display_name, read_lines, uncompressed_name
 from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 from .options import OptionError, check_decode_flags, check_extract_options, check_options
-from .resume import Lines, record_path
+from .resume import Lines, check_output, hold_output, lock_path
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +84,19 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
     JSON lines, anything else text; stdin is sniffed), "jsonl" or "text".
 
     Raises DataError (file:line) on malformed JSON, a missing or empty field, a duplicate id, an
-    empty file or undecodable text.
+    empty file or undecodable text; OptionError for a `field` of a file read as text.
     """
     if task not in INPUT_FIELDS:
         raise OptionError(f"unknown task {task!r}; choose one of {sorted(INPUT_FIELDS)}")
-    field = field or INPUT_FIELDS[task]
+    given, field = field, field or INPUT_FIELDS[task]
     name = display_name(path)
     records: list[InputRecord] = []
     seen: dict[str, InputRecord] = {}  # by the id as text: 1 and "1" are one id to whoever reads the output
     blank = 0
+    why = "--format text" if fmt == "text" else "its first line does not begin with '{'"
     if fmt == "auto" and str(path) != "-":
         fmt = "jsonl" if uncompressed_name(name).endswith((".jsonl", ".json")) else "text"
+        why = "its name does not end in .jsonl"
     for lineno, raw in read_lines(path):  # DataError (file:line) for missing, undecodable or broken files
         if not raw.strip():
             blank += 1
@@ -109,6 +111,9 @@ def read_inputs(path: str | Path, task: str, field: str | None = None, fmt: str 
                     raise
                 raise D.DataError(f"{e}; read as JSON lines because it begins with '{{': --format text reads "
                                   f"{name} as one input a line") from None
+        elif given:  # each line would be translated whole, its JSON included
+            raise OptionError(f"--field {given} names a field of JSON records, and {name} is read as text, one input "
+                              f"a line ({why}): give --format jsonl, or drop --field")
         else:
             rec = InputRecord(lineno, raw, lineno, True)
         if (first := seen.setdefault(str(rec.id), rec)) is not rec:
@@ -253,60 +258,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
 # ---------------------------------------------------------------------------------------------
 
 
-def partial_path(output: str | Path) -> Path:
-    output = Path(output)
-    return output.with_name(output.name + ".partial")
-
-
-def lock_path(output: Path) -> Path:
-    """The lock a process writing `output` holds (`predict_file`), removed when it ends."""
-    return output.with_name(f".{output.name}.lock")
-
-
 def _json_line(rid, pred) -> str:
     return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
-
-
-# Compressed formats that `write_lines_atomic` does not write (it writes `data.files.COMPRESSED`'s)
-OTHER_COMPRESSION = (".bz2", ".zst", ".zstd", ".lz4", ".lzma", ".lz", ".z", ".zip", ".br", ".7z", ".sz", ".tgz")
-
-
-def _checked_output(output: str | Path, input: str | Path, resume: bool, overwrite: bool) -> tuple[Path, Path]:
-    """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
-    final rename would fail after all the work), under a file, or it, its snapshot, record or lock
-    would be written over the input; with both resume and overwrite."""
-    if resume and overwrite:
-        raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
-    output = Path(output)
-    if output.is_dir():
-        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
-    if output.suffix.lower() in OTHER_COMPRESSION:  # it would be plain text under that name
-        raise OptionError(f"--output {output}: {output.suffix} compression cannot be written; name it .jsonl, or "
-                          f"{' or '.join(f'.jsonl{c}' for c in COMPRESSED)} to compress it")
-    if (above := file_in_the_way(output.parent)) is not None:
-        raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
-    for written in (output, partial_path(output), record_path(output), lock_path(output)) if str(input) != "-" else ():
-        if written.resolve() == Path(input).resolve():
-            raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
-                              f"inputs would be lost; write the predictions elsewhere")
-    return output, partial_path(output)
-
-
-def _hold_output(output: Path, part: Path, resume: bool, overwrite: bool) -> int:
-    """Hold `output` for this process (`lock_path`; the descriptor to `release`): refused (OptionError)
-    while another process writes it (both wrote: one's predictions were lost, or mixed into the other's);
-    then FileExistsError for an existing output or snapshot without resume or overwrite."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = hold(lock_path(output))
-    except Held as e:
-        raise OptionError(f"--output {output} is being written by another process (pid {e.pid}); wait for it "
-                          "to end, or write elsewhere") from None
-    if not (resume or overwrite) and (output.exists() or part.exists()):
-        release(lock_path(output), fd)
-        raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
-                              "predictions and add the missing ones, or --overwrite to replace it")
-    return fd
 
 
 # The options that change a prediction (flag -> `predict_records`' keyword), recorded beside an output
@@ -348,8 +301,8 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     Raises OptionError for an option no model can take (checked first), DataError for bad input,
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
-    output, part = _checked_output(output, input, resume, overwrite)
-    fd = _hold_output(output, part, resume, overwrite)
+    output, part = check_output(output, input, resume, overwrite)
+    fd = hold_output(output, part, resume, overwrite)
     try:
         return _predict_file(checkpoint, input, output, part, field=field, fmt=fmt, resume=resume, overwrite=overwrite,
                              save_every=save_every, device=device, kernel=kernel, compile=compile, progress=progress,

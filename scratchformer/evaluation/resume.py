@@ -1,4 +1,5 @@
-"""What `generate --output F --resume` keeps of an earlier F: its lines (`read_done`), and only
+"""The output F of `generate --output F`: where it may go and who writes it (`check_output`,
+`hold_output`), and what `--resume` keeps of an earlier F: its lines (`read_done`), and only
 those of the same model and decoding, as the record beside it says (`record_path`, ``F.meta.json``).
 
 The record (`write_record`) holds the checkpoint (its path(s), for messages, and its weights'
@@ -22,9 +23,9 @@ import logging
 from pathlib import Path
 
 from .. import data as D
-from ..checkpoint import write_lines_atomic
+from ..checkpoint import Held, file_in_the_way, hold, is_checkpoint, release, write_lines_atomic
 from ..cli import shown
-from ..data.files import read_lines
+from ..data.files import COMPRESSED, read_lines
 from .options import OptionError
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,61 @@ log = logging.getLogger(__name__)
 def record_path(output: str | Path) -> Path:
     output = Path(output)
     return output.with_name(output.name + ".meta.json")
+
+
+def partial_path(output: str | Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name + ".partial")
+
+
+def lock_path(output: Path) -> Path:
+    """The lock a process writing `output` holds (`predict_file`), removed when it ends."""
+    return output.with_name(f".{output.name}.lock")
+
+
+# Compressed formats that `write_lines_atomic` does not write (it writes `data.files.COMPRESSED`'s)
+OTHER_COMPRESSION = (".bz2", ".zst", ".zstd", ".lz4", ".lzma", ".lz", ".z", ".zip", ".br", ".7z", ".sz", ".tgz")
+
+
+def check_output(output: str | Path, input: str | Path, resume: bool, overwrite: bool) -> tuple[Path, Path]:
+    """(the output, its .partial snapshot); refused (OptionError) when the output is a folder (the
+    final rename would fail after all the work), under a file, or it, its snapshot, record or lock
+    would be written over the input or a checkpoint; with both resume and overwrite."""
+    if resume and overwrite:
+        raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
+    output = Path(output)
+    if output.is_dir():
+        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
+    if output.suffix.lower() in OTHER_COMPRESSION:  # it would be plain text under that name
+        raise OptionError(f"--output {output}: {output.suffix} compression cannot be written; name it .jsonl, or "
+                          f"{' or '.join(f'.jsonl{c}' for c in COMPRESSED)} to compress it")
+    if (above := file_in_the_way(output.parent)) is not None:
+        raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
+    for written in (output, partial_path(output), record_path(output), lock_path(output)):
+        if str(input) != "-" and written.resolve() == Path(input).resolve():
+            raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
+                              f"inputs would be lost; write the predictions elsewhere")
+        if is_checkpoint(written):  # a model's file (the one predicting, named as the output by mistake)
+            raise OptionError(f"--output {output} would write {written} over a checkpoint: the model would be "
+                              f"lost; write the predictions elsewhere")
+    return output, partial_path(output)
+
+
+def hold_output(output: Path, part: Path, resume: bool, overwrite: bool) -> int:
+    """Hold `output` for this process (`lock_path`; the descriptor to `release`): refused (OptionError)
+    while another process writes it (both wrote: one's predictions were lost, or mixed into the other's);
+    then FileExistsError for an existing output or snapshot without resume or overwrite."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = hold(lock_path(output))
+    except Held as e:
+        raise OptionError(f"--output {output} is being written by another process (pid {e.pid}); wait for it "
+                          "to end, or write elsewhere") from None
+    if not (resume or overwrite) and (output.exists() or part.exists()):
+        release(lock_path(output), fd)
+        raise FileExistsError(f"{output if output.exists() else part} exists; pass --resume to keep its "
+                              "predictions and add the missing ones, or --overwrite to replace it")
+    return fd
 
 
 def write_record(output: Path, record: dict, written: bool) -> None:
