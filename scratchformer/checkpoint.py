@@ -227,7 +227,10 @@ def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ..
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as e:  # the hash matched, so this is a version or content problem
-        raise CheckpointError(f"{path}: cannot load payload ({e})") from None
+        # torch's refusal of an object a checkpoint never holds is a page advising weights_only=False: its reason
+        reason = re.search(r"WeightsUnpickler error: (.*?\.)(?:\s|$)", str(e))
+        raise CheckpointError(f"{path}: cannot load payload ({reason[1] if reason else ' '.join(str(e).split())})"
+                              f"{'; a checkpoint holds tensors and plain values only' * bool(reason)}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: the payload is a {type(state).__name__}, not a checkpoint dict")
     missing = [k for k in require if k not in state]

@@ -9,9 +9,10 @@
 `main(argv)` raises as a library does (tests call it); `run` is the command line. User errors are
 what the user can fix: ValueError and its subclasses (`DataError`, `OptionError`, `ConfigError`,
 `UsageError`), `CheckpointError`, and the OSErrors of files and folders (missing, already there,
-not writable, a folder where a file should be, disk full, read-only file system); the line names
-the file. ``--debug`` (on any command, before a ``--``) or ``SCRATCHFORMER_DEBUG=1`` lets the
-error through with its full traceback. Ctrl-C prints ``interrupted`` and exits with 130.
+not writable, a folder where a file should be, disk full, read-only file system, a name too long);
+the line names the file. ``--debug`` (on any command, before a ``--``) or ``SCRATCHFORMER_DEBUG=1``
+lets the error through with its full traceback. Ctrl-C prints ``interrupted`` and exits with 130; a
+closed stdout (``generate ... | head``) ends the command quietly with 141.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 DEBUG_ENV = "SCRATCHFORMER_DEBUG"
 
 _FILE_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+# disk full, quota, read-only file system; a path too long or looping through its links
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP}
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `... | head`
 
 
 class UsageError(ValueError):
@@ -40,7 +43,7 @@ def is_user_error(e: BaseException) -> bool:
     """Whether `e` is the user's to fix (reported as one line) rather than a bug (a traceback)."""
     if isinstance(e, (ValueError, CheckpointError, *_FILE_ERRORS)):
         return True
-    return isinstance(e, OSError) and e.errno in _DISK_ERRNOS
+    return isinstance(e, OSError) and e.errno in _USER_ERRNOS
 
 
 def describe(e: BaseException) -> str:
@@ -90,6 +93,11 @@ def run(main: Callable, argv: list[str] | None = None) -> int:
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout is gone (`generate ... | head`): end quietly, as `yes | head`
+        if debug:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise again
+        return EXIT_BROKEN_PIPE
     except Exception as e:
         if debug or not is_user_error(e):
             raise

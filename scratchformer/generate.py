@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 import torch
@@ -92,6 +93,10 @@ def check_args(args) -> None:
     resolves --device."""
     if args.output and args.text:
         raise cli.UsageError("--output takes its inputs from --input FILE (or stdin), not --text")
+    for n, t in enumerate(args.text or (), 1):  # a byte that is not UTF-8 arrives as a lone surrogate
+        if (bad := re.search(r"[\ud800-\udfff]", t)) is not None:
+            raise cli.UsageError(f"--text {n} is not UTF-8 text: byte 0x{ord(bad[0]) & 0xFF:02x} at character "
+                                 f"{bad.start()}; convert it to UTF-8")
     blank = [n for n, t in enumerate(args.text or (), 1) if not t.strip()]
     if blank:  # skipped, the output lines would no longer be the --text's, one for one
         raise cli.UsageError(f"--text {blank[0]} (of {len(args.text)}) is blank: each --text is an input, with its "

@@ -72,13 +72,21 @@ def members(run: Path, name: str, scores: dict) -> list[Path]:
 
 def candidates(run: Path) -> dict[str, dict]:
     """Scores by folder name, in order of preference on a tie: best, averaged, then best-lpX and
-    averaged-lpX, then the ensemble's; only those whose checkpoints are there. A scores file that is
-    not a JSON object is refused, naming it."""
+    averaged-lpX, then the ensemble's; only those whose checkpoints are there (an ensemble's missing
+    members are named in a warning). A scores file that is not a JSON object is refused, naming it."""
     names = [*CHECKPOINTS, *(f.name for c in CHECKPOINTS for f in sorted(run.glob(f"{c}-lp*"))),
              ENSEMBLE, *(f.name for f in sorted(run.glob(f"{ENSEMBLE}-lp*")))]
     scored = {name: read_json(run / name / SCORES) for name in names if (run / name / SCORES).is_file()}
-    return {name: s for name, s in scored.items()
-            if (found := members(run, name, s)) and all(p.is_file() for p in found)}
+    kept = {}
+    for name, s in scored.items():
+        found = members(run, name, s)
+        if found and all(p.is_file() for p in found):
+            kept[name] = s
+        elif checkpoint_of(name) == ENSEMBLE:  # its members' paths as evaluate was given them: from where it ran
+            gone = ", ".join(str(p) for p in found if not p.is_file())
+            print(f"warning: {run / name / SCORES} scores an ensemble whose checkpoints are not there (from "
+                  f"{Path.cwd()}): {gone}; it is no candidate", file=sys.stderr)
+    return kept
 
 
 def metric_of(run: Path, scores: dict[str, dict], first: str) -> str:

@@ -180,6 +180,17 @@ def test_a_variant_named_as_a_file_of_the_grid_is_refused_before_the_first_run(t
         "ablation", "log", "logs.2"]
 
 
+def test_a_variant_name_too_long_for_a_folder_is_refused_before_the_first_run(tmp_path):
+    """A variant of 300 characters trained the grid's variants before it, then failed with a traceback
+    (OSError: File name too long) making its folder. Refused first; 251 (its console log's name, with
+    ".txt", is 255 bytes) makes a folder."""
+    with pytest.raises(ConfigError, match=r"variant name 'vvvvvvvvvvvvvvvvvvvv'... makes a folder name of 300 "
+                                          r"characters: at most 251"):
+        ablate.main(["--out", str(tmp_path / "ab"), "--variants", "ok=", "v" * 300 + "=--heads 1", "--", *TINY])
+    assert list(tmp_path.iterdir()) == []
+    assert variant_folders(tmp_path / "ab", ["w" * 251 + "="], TINY)[0].folder.name == "w" * 251
+
+
 def test_a_variant_stopped_under_jobs_is_named_with_the_step_it_resumes_from(tmp_path, capsys):
     """A variant stopped (Ctrl-C, --time-limit) under --jobs was said to stop at its last metrics.jsonl
     row's step (logged every --log-every steps: 600), while its last.pt, which it resumes from, held

@@ -295,7 +295,7 @@ def test_pick_checkpoint_takes_the_average_only_when_it_scores_higher(tmp_path, 
 def test_pick_checkpoint_takes_an_ensemble_only_when_it_scores_higher(tmp_path):
     """RUN/ensemble (several runs' checkpoints scored as one model) is a candidate after best.pt and
     the average: picked only on a higher score, and then its members are printed; an ensemble whose
-    member is gone is no candidate."""
+    member is gone is no candidate, with a warning naming it (it was left out unsaid)."""
     (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
     members = [tmp_path / "seed-0" / "averaged.pt", tmp_path / "seed-1" / "averaged.pt"]
     for path in members:
@@ -318,7 +318,10 @@ def test_pick_checkpoint_takes_an_ensemble_only_when_it_scores_higher(tmp_path):
     assert "an ensemble of 2: validation bleu (beam4): best 30.00, averaged 30.50, ensemble 30.50, " \
            "ensemble-lp1.6 31.00" in done.stderr
     members[1].unlink()
-    assert _pick(tmp_path).stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"
+    gone = _pick(tmp_path)  # named: its paths, as evaluate was given them, may be relative to another folder
+    assert gone.stdout.strip() == f"{tmp_path / 'averaged.pt'}\t1"
+    assert f"warning: {tmp_path / 'ensemble' / 'metrics.validation.json'} scores an ensemble whose checkpoints " \
+           f"are not there (from " in gone.stderr and f"): {members[1]}; it is no candidate" in gone.stderr
 
 
 def _scores(run, **by_name):

@@ -344,6 +344,9 @@ def _raiser(e):
     (OSError(errno.EROFS, "Read-only file system", "run"), "run: Read-only file system"),
     (OSError(errno.ENOSPC, "cannot save checkpoint run/last.pt: disk full"), "cannot save checkpoint run/last.pt"),
     (OSError(errno.EDQUOT, "Disk quota exceeded", "run/x.pt"), "run/x.pt: Disk quota exceeded"),
+    # a path typed too long, or through a loop of links: was a traceback (`average --output`, `generate --checkpoint`)
+    (OSError(errno.ENAMETOOLONG, "File name too long", "aaa.pt"), "aaa.pt: File name too long"),
+    (OSError(errno.ELOOP, "Too many levels of symbolic links", "run"), "run: Too many levels of symbolic links"),
     # two files (a rename's): both named, source first, as the OSError's own str() orders them
     (PermissionError(errno.EACCES, "Permission denied", "out/p.jsonl.tmp", None, "out/p.jsonl"),
      "out/p.jsonl.tmp -> out/p.jsonl: Permission denied"),
@@ -384,6 +387,20 @@ def test_cli_run_debug_flag_env_interrupt_and_success(capsys, monkeypatch):
     with pytest.raises(KeyboardInterrupt):  # --debug: Ctrl-C keeps its traceback too
         cli.run(_raiser(KeyboardInterrupt())[0], ["--debug"])
     assert capsys.readouterr().err == ""
+
+
+def test_a_closed_stdout_ends_a_command_quietly():
+    """`generate ... | head -1`: the reader gone, the next write raised BrokenPipeError, a traceback
+    and exit 1 (and another at exit, flushing stdout). Now the command ends quietly, 141 (128 +
+    SIGPIPE), as `yes | head` does; stderr holds nothing."""
+    code = ("from scratchformer import cli\n"
+            "def main(argv):\n    while True:\n        print('x' * 100)\n"
+            "raise SystemExit(cli.run(main, []))\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "x" * 100 + "\n"
+    p.stdout.close()
+    assert p.wait(timeout=60) == cli.EXIT_BROKEN_PIPE == 141
+    assert p.stderr.read() == ""
 
 
 @pytest.mark.parametrize("value, debug", [("", False), ("0", False), ("false", False), ("no", False),

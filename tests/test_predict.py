@@ -1047,6 +1047,9 @@ def test_generate_usage_errors(runs, tmp_path, monkeypatch):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--output", str(tmp_path / "p")])
     with pytest.raises(cli.UsageError, match=r"^--text 1 \(of 1\) is blank: each --text is an input, with its output "):
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "  "])
+    # a byte not UTF-8 (text pasted from a Latin-1 file) arrives as a lone surrogate: a TypeError in the tokenizer
+    with pytest.raises(cli.UsageError, match=r"^--text 2 is not UTF-8 text: byte 0xff at character 4; convert it"):
+        generate.main(["--checkpoint", "no-such-run", "--text", "one", "--text", "one \udcff two"])
     # one blank among others: refused too (skipped, the second output line was the third --text's)
     with pytest.raises(cli.UsageError, match=r"^--text 2 \(of 3\) is blank"):
         generate.main(["--checkpoint", "no-such-run", "--text", "one two", "--text", "", "--text", "red house"])

@@ -50,14 +50,8 @@ from .config import build_parser as train_parser
 from .resume import load_resume_checkpoint
 from .trainer import train
 
-DEFAULT_GRID = [
-    "baseline=",
-    "no-pos-encoding=--no-pos-encoding",
-    "heads-1=--heads 1",
-    "layers-1=--layers 1",
-    "pre-norm=--norm pre",
-    "grad-accum-2=--grad-accum 2",
-]
+DEFAULT_GRID = ["baseline=", "no-pos-encoding=--no-pos-encoding", "heads-1=--heads 1", "layers-1=--layers 1",
+                "pre-norm=--norm pre", "grad-accum-2=--grad-accum 2"]
 # The grid's own flags: each variant trains into OUT/NAME, resumed when it holds checkpoints.
 GRID_FLAGS = ("out", "resume", "overwrite")
 # Options of one command, not of the run it trains: a variant's earlier run is read back or resumed
@@ -138,6 +132,8 @@ def _name_and_folder(spec: str, out: Path, seen: dict[str, str]) -> tuple[str, s
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
     if not slug:
         raise ConfigError(f"variant name {name!r} makes no folder name: use letters, digits, '-', '_' or '.'")
+    if len(slug) > 251:  # a file name's 255 bytes, with its console log's ".txt" (--jobs)
+        raise ConfigError(f"variant name {name[:20]!r}... makes a folder name of {len(slug)} characters: at most 251")
     if slug in GRID_FILES:
         raise ConfigError(f"variant name {name!r} makes the folder {out / slug}, where the grid writes its "
                           f"{GRID_FILES[slug]}: name it otherwise")
