@@ -17,7 +17,6 @@ stopping state), the model config, the training arguments, the data source and t
 from __future__ import annotations
 
 import errno
-import fcntl
 import gzip
 import hashlib
 import io
@@ -50,64 +49,6 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
-    finally:
-        os.close(fd)
-
-
-class Held(RuntimeError):
-    """A lock file another process holds (`hold`); `pid` is the holder's, as it wrote it."""
-
-    def __init__(self, path: Path, pid: str):
-        super().__init__(f"{path} is held by another process (pid {pid})")
-        self.path, self.pid = path, pid
-
-
-def hold(lock: Path) -> int:
-    """Hold `lock` (an exclusive flock on the file, created if missing, which then says this pid) until
-    the returned descriptor is closed; the system drops it when the process ends, a kill included.
-    Raises `Held` when another process holds it. A descriptor that locked a name since unlinked
-    (`release`, between our open and our flock) is let go and the name opened again, so two
-    processes never both hold one name."""
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise Held(lock, pid) from None
-        try:
-            same = os.path.samestat(os.stat(lock), os.fstat(fd))
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
-            return fd
-        os.close(fd)
-
-
-def holder(lock: Path) -> str | None:
-    """The pid `lock` says when another process holds it (`hold`), else None: a probe that neither makes
-    nor removes the file, and holds it only for that instant (so it runs where a command fails anyway:
-    a `hold` starting in that instant would be refused)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:  # none (or one this process cannot read: it names no holder)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-    finally:
-        os.close(fd)
-    return None
-
-
-def release(lock: Path, fd: int) -> None:
-    """End a `hold` and remove its file (unlinked first, while still held: see `hold`)."""
-    try:
-        lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
 

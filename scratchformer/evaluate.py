@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
-from .checkpoint import Held, file_in_the_way, hold, release
+from .checkpoint import file_in_the_way
 from .data.extractive import selection_name
 from .device import resolve_device
 from .evaluation import metrics as M
@@ -46,6 +46,7 @@ from .evaluation.options import (
     check_min_len,
     check_options,
 )
+from .locks import Held, hold, release
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
 
@@ -157,7 +158,7 @@ def check_outputs(out: Path, stem: str, overwrite: bool, attention: int | None =
 
 @contextlib.contextmanager
 def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None = None):
-    """`check_outputs` under a hold of out/.evaluate.<stem>.lock (`checkpoint.hold`), kept until the files
+    """`check_outputs` under a hold of out/.evaluate.<stem>.lock (`locks.hold`), kept until the files
     are written: a second evaluate of the same files is refused naming the first's pid (two at once both ran, and
     one's predictions could end beside the other's metrics). A folder that cannot be
     written takes no lock: its scores still come first, and the write fails after them. The folders

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from scratchformer import checkpoint as C
-from scratchformer.checkpoint import Held, hold, release
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation.evaluate import load_run
+from scratchformer.locks import Held, hold, release
 from scratchformer.model import ModelConfig, build_model
 
 

@@ -584,7 +584,7 @@ def test_an_evaluation_another_evaluate_writes_is_refused_until_it_ends(tmp_path
     (a kill too) the next goes on and leaves no lock file."""
     run = _eval_run(tmp_path)
     args = ["--checkpoint", str(run / "best.pt"), "--split", "validation", "--limit", "4", "--max-tokens", "64"]
-    hold = ("import sys, time; from pathlib import Path; from scratchformer.checkpoint import hold; "
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
             "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
     lock = run / ".evaluate.validation.lock"
     holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)

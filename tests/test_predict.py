@@ -435,7 +435,7 @@ def test_an_output_another_process_writes_is_refused_until_it_ends(runs, tmp_pat
     out = tmp_path / "preds.jsonl"
     P.predict_file(runs["translation"], src, out, beam_size=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "preds.jsonl", "preds.jsonl.meta.json"]
-    hold = ("import sys, time; from pathlib import Path; from scratchformer.checkpoint import hold; "
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
             "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(resume.lock_path(out))], stdout=subprocess.PIPE,
                               text=True)

@@ -16,10 +16,11 @@ import torch
 from scratchformer import ablate
 from scratchformer import data as D
 from scratchformer import train as T
-from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, holder, load_checkpoint, save_checkpoint
+from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, load_checkpoint, save_checkpoint
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
 from scratchformer.evaluation import plots
+from scratchformer.locks import holder
 from scratchformer.model import get_config
 from scratchformer.training import ablation, launch
 from scratchformer.training.ablation import best_variant, variant_folders

@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 
 from .. import data as D
-from ..checkpoint import fsync_dir, release, weights_digest
+from ..checkpoint import fsync_dir, weights_digest
 from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import check_text, display_name, read_lines, uncompressed_name
+from ..locks import release
 from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
 from .metrics import split_sentences
 from .options import OptionError, check_decode_flags, check_extract_options, check_options

@@ -23,9 +23,10 @@ import logging
 from pathlib import Path
 
 from .. import data as D
-from ..checkpoint import Held, file_in_the_way, hold, is_checkpoint, release, write_lines_atomic
+from ..checkpoint import file_in_the_way, is_checkpoint, write_lines_atomic
 from ..cli import shown
 from ..data.files import COMPRESSED, read_lines
+from ..locks import Held, hold, release
 from .options import OptionError
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..checkpoint import RESUME_KEYS, CheckpointError, find_checkpoint, holder, load_checkpoint, step_checkpoints
+from ..checkpoint import RESUME_KEYS, CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
 from ..cli import shown
+from ..locks import holder
 from .config import TEACHER_FORCED, ConfigError, TrainConfig, flag
 from .runs import IN_USE, LOCK, RunFolderError, resumes_elsewhere
 

@@ -12,14 +12,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..checkpoint import (
-    CheckpointError,
-    Held,
-    hold,
-    load_checkpoint,
-    save_checkpoint,
-    write_lines_atomic,
-)
+from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_lines_atomic
+from ..locks import Held, hold
 from .config import ConfigError
 from .distributed import Dist
 
