@@ -448,8 +448,9 @@ class _Ranks:
 
 def _ddp_gradients(rank: int, world: int, out: str) -> None:
     """A DDP rank (gloo) of `test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens`: one
-    train_step on its own 2 batches (grad accumulation), the update left out; saves the batches and the
-    gradients. The ranks meet through a file (no port another test could take)."""
+    train_step on its own 2 batches (grad accumulation), the update left out, and its train row; saves
+    the batches, the gradients, the loss sums and the row. The ranks meet through a file (no port
+    another test could take)."""
     import traceback
 
     import torch.distributed as dist
@@ -460,9 +461,13 @@ def _ddp_gradients(rank: int, world: int, out: str) -> None:
         trainer = _trainer(Path(out) / f"rank{rank}", *DDP_FLAGS, dist=Dist(rank, world, rank))
         group = [batch for one in _batches(trainer, 2) for batch in one]
         trainer.optimizer.step = trainer.optimizer.zero_grad = lambda *a, **k: None  # keep the gradients
-        trainer.train_step(group)
-        torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()}},
-                   Path(out) / f"rank{rank}.pt")
+        loss, nll, ntok, gnorm = trainer.train_step(group)
+        rows, trainer._bar = [], tqdm(disable=True)
+        trainer.log.row = rows.append
+        trainer._window = Window(loss, nll, ntok, time.time() - 1000.0)  # the step's, over 1000 s
+        trainer._log_train_row(gnorm)
+        torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()},
+                    "sums": (float(loss), float(nll)), "row": rows[0]}, Path(out) / f"rank{rank}.pt")
         dist.barrier()  # both ranks' results are written
     except BaseException:
         traceback.print_exc()
@@ -502,6 +507,13 @@ def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, mo
     for name, p in ref.model.named_parameters():
         torch.testing.assert_close(ranks[0]["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
         assert torch.equal(ranks[1]["grads"][name], ranks[0]["grads"][name])
+    # the train row is the job's, on every rank: its loss and NLL per target token of both ranks, and
+    # both ranks' tokens a second (rank 0's share, counted as world x its tokens, was 26% off on another draw)
+    for rank in ranks:
+        row = rank["row"]
+        assert row["loss"] == pytest.approx((ranks[0]["sums"][0] + ranks[1]["sums"][0]) / sum(ntok), rel=1e-6)
+        assert row["nll"] == pytest.approx((ranks[0]["sums"][1] + ranks[1]["sums"][1]) / sum(ntok), rel=1e-6)
+        assert row["tokens_per_s"] == pytest.approx(sum(ntok) / 1000.0, rel=0.01)
 
 
 def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):
@@ -662,18 +674,21 @@ def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
 
 
 def test_the_train_rows_throughput_counts_every_ranks_tokens(tmp_path):
-    """Under DDP the train row's tokens/s is the job's: each rank steps on its share of the batches
-    (the sampler gives every rank as many), so rank 0's tokens times the world size, over the time.
-    Here 300 tokens on each of 4 ranks in 10 s: 120 a second."""
+    """Under DDP the train row is the job's: the window's sums added over the ranks (one all-reduce,
+    `Dist.sum`), its loss per target token of every rank and every rank's tokens over the time. Here
+    ranks of 300, 100, 200 and 400 tokens in 10 s: 100 a second (rank 0's tokens times the world size
+    gave 120), loss 4 / 1000 (rank 0's alone: 1 / 300). The real collective: the DDP test above."""
     trainer = _trainer(tmp_path)
     rows = []
     trainer.log.row = rows.append
     trainer._bar = tqdm(disable=True)
     trainer.train_step(_batches(trainer, 1)[0])
     trainer.dist = Dist(rank=0, world=4)
+    trainer.dist.sum = lambda values, device: [float(values[0]) + 3.0, float(values[1]) + 3.0, values[2] + 700]
     trainer._window = Window(loss=1.0, nll=1.0, tokens=300, t0=time.time() - 10.0)
     trainer._log_train_row(torch.tensor(1.0))
-    assert rows[0]["tokens_per_s"] == pytest.approx(120.0, rel=0.01)
+    assert rows[0]["tokens_per_s"] == pytest.approx(100.0, rel=0.01)
+    assert rows[0]["loss"] == rows[0]["nll"] == pytest.approx(4 / 1000)
 
 
 class _PlayedRank(Dist):
@@ -707,6 +722,10 @@ class _PlayedRank(Dist):
     def mean(self, value, device):
         self._collective("mean")
         return torch.tensor(float(value), device=device)
+
+    def sum(self, values, device):
+        self._collective("sum")
+        return [float(v) for v in values]
 
     def close(self):
         self._collective("close")

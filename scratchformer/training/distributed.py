@@ -55,6 +55,15 @@ class Dist:
         dist.all_reduce(total)
         return total / self.world
 
+    def sum(self, values: list, device: torch.device) -> list[float]:
+        """Each of `values` (numbers or 0-dim tensors) summed over the ranks, read on the host (one
+        all-reduce, float64); the values as floats without DDP."""
+        if not self.on:
+            return [float(v) for v in values]
+        total = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
+        dist.all_reduce(total)
+        return total.tolist()
+
     def close(self) -> None:
         if self.on:
             dist.barrier()

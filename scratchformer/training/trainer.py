@@ -312,12 +312,12 @@ class Trainer:
 
     def _log_train_row(self, gnorm: torch.Tensor) -> None:
         prog, w = self.progress, self._window
-        w.loss, w.nll, gnorm = float(w.loss), float(w.nll), float(gnorm)  # the host reads them here only
-        lr = lr_taken(self.scheduler)
+        # the host reads them here only; under DDP every rank's share of the window (rank 0's was one shard's)
+        loss, nll, tokens = self.dist.sum([w.loss, w.nll, w.tokens], self.device)
+        lr, gnorm = lr_taken(self.scheduler), float(gnorm)
         dt = max(1e-9, time.time() - w.t0)
-        row = {"split": "train", "step": prog.step, "epoch": prog.step_epoch,
-               "loss": w.loss / max(1, w.tokens), "nll": w.nll / max(1, w.tokens),
-               "lr": lr, "grad_norm": gnorm, "tokens_per_s": w.tokens * self.dist.world / dt}
+        row = {"split": "train", "step": prog.step, "epoch": prog.step_epoch, "loss": loss / max(1, tokens),
+               "nll": nll / max(1, tokens), "lr": lr, "grad_norm": gnorm, "tokens_per_s": tokens / dt}
         self.log.row(row)
         unit = {"classification": "ex", "extractive": "sent"}.get(self.data.task, "tok")
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
