@@ -673,6 +673,29 @@ def test_a_resumed_rank_takes_its_own_random_streams(tmp_path):
     assert torch.equal(torch.rand(4), draws[1])
 
 
+def test_an_fp16_step_the_scaler_skips_counts_but_does_not_move_the_schedule(tmp_path, monkeypatch):
+    """fp16 (GradScaler; its CPU twin here): a step whose gradients overflow is skipped by the scaler,
+    the weights unchanged. It counted as an update for the schedule too: each skip (the scale starts
+    at 2^16 and halves to fit) spent a step of the warmup. Now the schedule waits for the next update
+    made, and the log says so; the next step moves it as usual."""
+    trainer = _trainer(tmp_path)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    infos = []
+    monkeypatch.setattr(trainer.log, "info", infos.append)
+    p = next(trainer.model.parameters())
+    hook = p.register_hook(lambda g: g * float("inf"))
+    before, lr = p.detach().clone(), trainer.optimizer.param_groups[0]["lr"]
+    trainer.train_step(_batches(trainer, 1)[0])
+    assert torch.equal(p.detach(), before) and trainer.progress.step == 1
+    assert trainer.scheduler.last_epoch == 0 and trainer.optimizer.param_groups[0]["lr"] == lr
+    assert infos == ["step 1: gradients overflowed fp16, the update skipped (the schedule waits for it); loss scale "
+                     "now 32768"]
+    hook.remove()
+    trainer.train_step(_batches(trainer, 1)[0])
+    assert not torch.equal(p.detach(), before) and trainer.progress.step == 2 and trainer.scheduler.last_epoch == 1
+    assert trainer.optimizer.param_groups[0]["lr"] > lr and len(infos) == 1  # the warmup's next rate
+
+
 def test_the_train_rows_throughput_counts_every_ranks_tokens(tmp_path):
     """Under DDP the train row is the job's: the window's sums added over the ranks (one all-reduce,
     `Dist.sum`), its loss per target token of every rank and every rank's tokens over the time. Here

@@ -253,18 +253,25 @@ class Trainer:
         accumulated batches, and every rank's together, weigh as one big batch. DDP syncs gradients
         on the group's last batch only.
         Nothing here reads a value on the host (an fp16 GradScaler aside): the figures stay on the
-        device until a train row is logged, so the host queues the next step while this one runs.
+        device until a train row is logged, so the host queues the next step while this one runs. A
+        step whose fp16 gradients overflowed (the GradScaler skips its update) counts, but does not
+        move the schedule (Hugging Face's Trainer too): a warmup is of updates made.
         """
         ntok = sum(b.num_tgt_tokens for b in group)
         if self.config.cuda_graphs and self.graphs is None:
             self.graphs = ShapeGraphs(self._update, self.optimizer, self.device)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None  # fp16: read on the host anyway
         if self.graphs is not None:
             loss_total, nll_total, gnorm = self.graphs(group, ntok)
         else:
             loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group],
                                                         self.dist.mean(ntok, self.device))
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if scale is not None and self.scaler.get_scale() < scale:  # an overflow: the scaler skipped the update
+            self.log.info(f"step {self.progress.step + 1}: gradients overflowed fp16, the update skipped (the "
+                          f"schedule waits for it); loss scale now {self.scaler.get_scale():g}")
+        else:
+            self.scheduler.step()
         self.progress.step += 1
         self.progress.batch += len(group)
         self.progress.tokens += ntok
