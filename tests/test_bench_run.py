@@ -215,13 +215,13 @@ def test_a_graphed_steps_peak_memory_is_its_captures(monkeypatch):
     assert bench.extra_info["tokens_per_s"] == pytest.approx(tokens / 1e-3)
 
 
-@pytest.mark.parametrize(("graph", "gpu"), [(True, 0.25e-3), (True, None), (True, 0.0), (False, 0.25e-3)])
+@pytest.mark.parametrize(("graph", "gpu"), [(True, 0.25e-3), (True, None), (False, 0.25e-3)])
 def test_throughput_is_a_calls_work_over_its_time_on_each_clock(monkeypatch, graph, gpu):
     """TFLOP/s and GB/s are one call's work over the median wall time (3e9 FLOPs and 2e6 bytes in
     1 ms: 3 TFLOP/s and 2 GB/s) and, where the device's time was measured (0.25 ms a call), over that
     too (12 and 8); none on the device's clock for a case that asks for no capture (graph=False: the
-    training step, which syncs), whose capture failed (None), or whose device time came out 0 (the
-    flushes' time subtracted from a replay no longer than theirs)."""
+    training step, which syncs) or that has no device time (None: a failed capture, or one not above
+    zero, test_a_device_time_not_above_zero_is_no_measurement)."""
     bench_conftest = _bench_conftest()
     captures = []
 
@@ -311,6 +311,35 @@ def test_device_time_is_a_calls_share_of_the_median_replay_less_the_flushes(monk
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: Flush())
     monkeypatch.setattr(bench_conftest, "capture", lambda body: (None, body))  # a replay: the body's calls
     assert bench_conftest.graph_time(fn, calls=2, rounds=5) == pytest.approx(3e-3)
+
+
+@pytest.mark.parametrize("flush_beside_calls", [1.0, 0.9])
+def test_a_device_time_not_above_zero_is_no_measurement(monkeypatch, flush_beside_calls):
+    """run_bench on a stand-in device where fn's call takes no time: a 1-ms call on the wall clock, so
+    one call a replay; each replay of the flushes alone takes 1 ms, and of a flush and the call 1 ms
+    (0 ms a call) or, the flush running faster there (0.9 ms: noise), 0.9 ms (-0.1 ms a call). Neither
+    is a device time: no `gpu_ms` (it was stored as 0.0, the negative clamped to it), no throughput on
+    the device's clock, and a `graph_error` that says why."""
+    bench_conftest = _bench_conftest()
+    clock = _stand_in_device(monkeypatch)
+    flushes = []
+
+    class Flush:
+        def zero_(self):  # the writes-alone graph: an upload and 5 timed replays, then the calls' graph
+            clock[0] += 1.0 if len(flushes) < 6 else flush_beside_calls
+            flushes.append(1)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: Flush())
+    monkeypatch.setattr(bench_conftest, "capture", lambda body: (None, body))
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", True)
+    monkeypatch.setattr(bench_conftest, "device_name", lambda: "a stand-in GPU")
+    bench = _benchmark(median=1e-3)
+    bench_conftest.run_bench(bench, lambda: None, nbytes=2e6)
+    info = bench.extra_info
+    assert len(flushes) == 12 and "gpu_ms" not in info and "gbps_gpu" not in info
+    assert info["gbps"] == pytest.approx(2.0)
+    assert info["graph_error"] == (f"device time {(flush_beside_calls - 1.0):.6f} ms a call: the replay of 1 took no "
+                                   "longer than its flushes alone")
 
 
 def test_copy_bandwidth_counts_the_bytes_read_and_written(monkeypatch):
