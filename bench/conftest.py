@@ -5,6 +5,7 @@ Each bench file is one pytest-benchmark group per op, parametrized over kernel, 
 """
 
 import datetime
+import functools
 import gc
 import math
 import os
@@ -15,6 +16,7 @@ import traceback
 import pytest
 import torch
 import triton
+from pytest_benchmark.utils import get_commit_info
 
 from scratchformer.graphs import capture
 from scratchformer.kernels._common import tuned_launches
@@ -58,7 +60,10 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
 
     flops / nbytes are the work of one call; TFLOP/s and GB/s from the median go into
     extra_info together with the device, the torch and Triton versions, whether our kernels were
-    autotuned, the date, the command and anything in **info (shapes, dtype).
+    autotuned, the commit (`commit`, `dirty`: pytest-benchmark's commit_info of the checkout), the
+    date and time (`datetime`, UTC), the command and anything in **info (shapes, dtype). The commit
+    and time are the case's own: a file that collects several runs (scripts/gpu/collect.py) names
+    one run at its top, and a case may be another's.
     Under --benchmark-disable the case only warms up (its compiles fill the on-disk caches that
     the timed run then reads) and is skipped.
 
@@ -87,6 +92,8 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
         triton=triton.__version__,
         autotune=os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0",  # False: pinned tiles (scripts/gpu/)
         date=datetime.date.today().isoformat(),
+        **checkout(),
+        datetime=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(sys.argv),
         **{k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in info.items()},
     )
@@ -103,6 +110,14 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
             if gpu is not None:
                 benchmark.extra_info[f"{name}_gpu"] = work / gpu / scale
     return median
+
+
+@functools.cache
+def checkout() -> dict:
+    """{"commit": id, "dirty": bool} of the checkout the benchmarks run from, as pytest-benchmark's
+    commit_info names it (read once a process)."""
+    info = get_commit_info()
+    return {"commit": info["id"], "dirty": info["dirty"]}
 
 
 def graph_calls(median: float) -> int:

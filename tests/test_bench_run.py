@@ -3,6 +3,7 @@ a saved case records (issue 16 asks for the device, dtype, shapes, torch and Tri
 the command in every case), and the compile pass of scripts/gpu/ (--benchmark-disable: the case
 warms up, then is skipped, and nothing is timed)."""
 
+import datetime
 import importlib.util
 import json
 import os
@@ -23,7 +24,7 @@ SELECT = ["bench/bench_embed.py", "-k", "fwd- and float32 and eager and not bwd"
 
 
 def _bench(tmp_path, *flags):
-    """The SELECTed cases under pytest-benchmark with `flags` -> (the saved cases, or None when it
+    """The SELECTed cases under pytest-benchmark with `flags` -> (the saved file, or None when it
     saved nothing; stdout)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not as an xdist worker
     out = tmp_path / "run.json"
@@ -32,12 +33,17 @@ def _bench(tmp_path, *flags):
                        timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     saved = out.read_text() if out.exists() else ""  # some pytest-benchmark versions create it empty
-    return (json.loads(saved)["benchmarks"] if saved else None), p.stdout
+    return (json.loads(saved) if saved else None), p.stdout
 
 
 @pytest.fixture(scope="module")
-def saved_cases(tmp_path_factory):
+def saved_run(tmp_path_factory):
     return _bench(tmp_path_factory.mktemp("bench"), "--benchmark-only")[0]
+
+
+@pytest.fixture(scope="module")
+def saved_cases(saved_run):
+    return saved_run["benchmarks"]
 
 
 def test_a_saved_case_names_what_it_ran_on(saved_cases):
@@ -50,6 +56,19 @@ def test_a_saved_case_names_what_it_ran_on(saved_cases):
         assert info["autotune"] == (os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0")  # the GPU plan pins
         assert "bench_embed.py" in info["command"] and info["gbps"] > 0
         assert case["stats"]["rounds"] >= 10
+
+
+def test_a_saved_case_names_its_own_commit_and_time(saved_run):
+    """Each case names the commit it ran from (id, dirty), as pytest-benchmark's top of the file names
+    the run's, and when it ran (UTC, to the second), at most a few minutes before the file was saved: a
+    file collect.py merges from several runs (windows) keeps each case's own (the top names one run)."""
+    top = saved_run["commit_info"]
+    saved = datetime.datetime.fromisoformat(saved_run["datetime"])
+    for case in saved_run["benchmarks"]:
+        info = case["extra_info"]
+        assert (info["commit"], info["dirty"]) == (top["id"], top["dirty"])
+        ran = datetime.datetime.fromisoformat(info["datetime"])
+        assert saved - datetime.timedelta(minutes=5) <= ran <= saved, (ran, saved)
 
 
 def test_the_embeddings_bytes_read_each_distinct_row_once(saved_cases):
@@ -69,8 +88,9 @@ def test_the_embeddings_bytes_read_each_distinct_row_once(saved_cases):
 
 
 def test_a_compile_pass_times_nothing(tmp_path):
-    cases, out = _bench(tmp_path, "--benchmark-disable")
-    assert not cases and " skipped" in out and "passed" not in out and "compiled and tuned, nothing timed" in out
+    saved, out = _bench(tmp_path, "--benchmark-disable")
+    assert not (saved and saved["benchmarks"])
+    assert " skipped" in out and "passed" not in out and "compiled and tuned, nothing timed" in out
 
 
 def _bench_conftest():

@@ -840,6 +840,45 @@ def test_collect_files_a_windows_archives(tmp_path, capsys, monkeypatch):
     assert re.search(r"profile-base-cnndm\.txt: finished, but no benchmark JSON .* not filed", capsys.readouterr().out)
 
 
+def _run_json(commit, when, cases):
+    """A pytest-benchmark file of one run: its commit and time at the top, as pytest-benchmark writes
+    them, and cases {node id: what its extra_info holds beside the date}."""
+    return json.dumps({"commit_info": {"id": commit, "dirty": False, "branch": "main"}, "datetime": when,
+                       "machine_info": {"node": commit}, "benchmarks": [
+                           {"group": "add_layer_norm", "name": name, "fullname": f"bench/b.py::{name}", "params": {},
+                            "stats": {"median": 1e-3}, "extra_info": {"date": when[:10], **extra}}
+                           for name, extra in cases.items()]})
+
+
+def test_collect_names_each_cases_run_and_every_run_merged(tmp_path, monkeypatch):
+    """collect.merge, as the 2026-11-27 file was filed: the eighth window's run (commit aaa at 01:21)
+    measured cases a and b; the ninth's (bbb at 15:21) measured b and c, b saying its commit and time
+    itself (run_bench's), c not (a case saved before run_bench did). Each case names its own run (a the
+    eighth's; b and c the ninth's, b's own record kept), the file's top the newest run (bbb at 15:21, its
+    machine) and `runs` both, oldest first. Filed in the other order the top is the same, and b is the
+    eighth's (the later filing replaces a case). The top once named the first run filed alone: aaa at
+    01:21, two of the three cases bbb's."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    a = {"commit": "aaa", "dirty": False, "datetime": "2026-11-27T01:21:26+00:00"}
+    b = {"commit": "bbb", "dirty": True, "datetime": "2026-11-27T15:20:01+00:00"}
+    c = {"commit": "bbb", "dirty": False, "datetime": "2026-11-27T15:21:00+00:00"}
+    eighth, ninth = tmp_path / "eighth.json", tmp_path / "ninth.json"
+    eighth.write_text(_run_json("aaa", a["datetime"], {"a": {}, "b": {}}))
+    ninth.write_text(_run_json("bbb", c["datetime"], {"b": b, "c": {}}))
+    for first, second, b_filed in ((eighth, ninth, b), (ninth, eighth, a)):
+        out = tmp_path / f"{first.stem}-first.json"
+        for run in (first, second):  # one collect a window, as the windows were filed
+            collect.merge([run], out)
+        filed = json.loads(out.read_text())
+        assert {x["name"]: {k: x["extra_info"].get(k) for k in a} for x in filed["benchmarks"]} == {
+            "a": a, "b": b_filed, "c": c}
+        assert (filed["commit_info"]["id"], filed["datetime"], filed["machine_info"]) == ("bbb", c["datetime"],
+                                                                                          {"node": "bbb"})
+        assert filed["runs"] == [a, c]
+
+
 def test_collect_files_two_calls_of_one_step(tmp_path, capsys, monkeypatch):
     """collect.py given two calls that ran the same step (the tenth window's step 21, once for
     add+LayerNorm, once for the FFN): each archive gets its own folder (<step>, <step>.2) and both

@@ -13,7 +13,8 @@ the order of the calls.
    end-to-end step (`bench_train_step`, `bench_generate`) into `<date>-<gpu>-e2e.json`: date and GPU
    from the cases' own extra_info. A file already there (an earlier window of the same day and GPU)
    keeps its cases, a case measured again is replaced (by its pytest node id), so a file can hold
-   two windows' runs: each case's extra_info still names its own command.
+   two windows' runs: each case's extra_info still names its own command, commit and time, and the
+   file's top names its newest run and lists every run merged (`merge`).
    A benchmark JSON that is empty (pytest-benchmark creates it at startup and leaves it so when it
    saved nothing), unreadable or without cases is skipped, and named.
 3. The profiles (`profile-<shape>.txt`) and the host-overhead report (`host_overhead.txt`) are
@@ -139,17 +140,39 @@ def gpu_slug(device: str) -> str:
 
 
 def merge(jsons: list[Path], into: Path) -> int:
-    """The cases of `jsons` (pytest-benchmark files) added to `into` (created if missing): a case
-    whose node id is there already is replaced. -> the number of cases in `into`."""
+    """The cases of `jsons` (pytest-benchmark files, a run each) added to `into` (created if missing):
+    a case whose node id is there already is replaced. Each case names its own run's commit and time
+    in its extra_info (`commit`, `dirty`, `datetime`: run_bench records them; a case saved before it
+    did is given its file's). The file's `commit_info`, `datetime` and `machine_info` are its newest
+    run's, and `runs` lists every run merged into it, oldest first (until 2026-12-01 they were the
+    first run's alone, whichever runs the cases came from). -> the number of cases in `into`."""
     merged = json.loads(into.read_text()) if into.exists() else None
     for path in jsons:
         data = json.loads(path.read_text())
+        run = _run(data)
+        for case in data["benchmarks"]:
+            info = case.setdefault("extra_info", {})
+            for key, value in run.items():
+                if value is not None:
+                    info.setdefault(key, value)
         if merged is None:
             merged = {**data, "benchmarks": []}
+        runs = merged.setdefault("runs", [_run(merged)])  # a file filed before: its top names one run
+        if run not in runs:
+            runs.append(run)
+            runs.sort(key=lambda r: r["datetime"] or "")  # pytest-benchmark's UTC isoformat sorts as text
+        if (run["datetime"] or "") >= (merged.get("datetime") or ""):
+            merged.update({k: data[k] for k in ("commit_info", "datetime", "machine_info") if k in data})
         new = {b["fullname"] for b in data["benchmarks"]}
         merged["benchmarks"] = [b for b in merged["benchmarks"] if b["fullname"] not in new] + data["benchmarks"]
     into.write_text(json.dumps(merged, indent=2) + "\n")
     return len(merged["benchmarks"])
+
+
+def _run(data: dict) -> dict:
+    """A pytest-benchmark file's run: {"commit": id, "dirty": bool, "datetime": when it was saved}."""
+    commit = data.get("commit_info", {})
+    return {"commit": commit.get("id"), "dirty": commit.get("dirty"), "datetime": data.get("datetime")}
 
 
 def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
