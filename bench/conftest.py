@@ -19,6 +19,7 @@ import triton
 from pytest_benchmark.utils import get_commit_info
 
 from scratchformer.graphs import capture
+from scratchformer.kernels import _common
 from scratchformer.kernels._common import tuned_launches
 
 HAS_CUDA = torch.cuda.is_available()
@@ -55,15 +56,17 @@ def peak_memory(run) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, graph=True, **info):
+def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, graph=True, autotune=None, **info):
     """Time fn (no args) with pytest-benchmark; warm-up (autotune, compile) is not timed.
 
     flops / nbytes are the work of one call; TFLOP/s and GB/s from the median go into
     extra_info together with the device, the torch and Triton versions, whether our kernels were
-    autotuned, the commit (`commit`, `dirty`: pytest-benchmark's commit_info of the checkout), the
-    date and time (`datetime`, UTC), the command and anything in **info (shapes, dtype). The commit
-    and time are the case's own: a file that collects several runs (scripts/gpu/collect.py) names
-    one run at its top, and a case may be another's.
+    autotuned (`autotune`: the case's own setting where it changed it, as triton-pinned turns its
+    module's tuner off, else the process's, SCRATCHFORMER_AUTOTUNE), the commit (`commit`, `dirty`:
+    pytest-benchmark's commit_info of the checkout), the date and time (`datetime`, UTC), the
+    command and anything in **info (shapes, dtype). The commit and time are the case's own: a file
+    that collects several runs (scripts/gpu/collect.py) names one run at its top, and a case may be
+    another's.
     Under --benchmark-disable the case only warms up (its compiles fill the on-disk caches that
     the timed run then reads) and is skipped.
 
@@ -90,14 +93,14 @@ def run_bench(benchmark, fn, *, flops=None, nbytes=None, warmup=3, rounds=20, gr
         device=device_name(),
         torch=torch.__version__,
         triton=triton.__version__,
-        autotune=os.environ.get("SCRATCHFORMER_AUTOTUNE", "1") != "0",  # False: pinned tiles (scripts/gpu/)
+        autotune=_common.AUTOTUNE if autotune is None else autotune,  # False: pinned tiles
         date=datetime.date.today().isoformat(),
         **checkout(),
         datetime=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(sys.argv),
         **{k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in info.items()},
     )
-    tuned = tuned_launches()  # which config each of our autotuned kernels ran in this case
+    tuned = tuned_launches()  # which config each of our kernels ran in this case, tuned or pinned
     if tuned:
         benchmark.extra_info["configs"] = {name: {k: v for k, v in meta.items() if isinstance(v, (int, float, str))}
                                            for name, meta in tuned.items()}

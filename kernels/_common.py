@@ -295,14 +295,15 @@ def next_pow2(n: int) -> int:
 
 # What a `triton.autotune`d kernel launches for a key once its config is chosen: see launch_tuned.
 _CHOSEN: dict = {}
-# kernel name -> the meta-parameters of its latest tuned launch (`tuned_launches`)
+# kernel name -> the meta-parameters of its latest tuned or pinned launch (`tuned_launches`)
 _LAUNCHED: dict[str, dict] = {}
 
 
 def tuned_launches(clear: bool = False) -> dict[str, dict]:
     """{kernel name: the config (tile sizes, num_warps, num_stages) of its latest launch through
-    `launch_tuned`}: which of its candidates each autotuned kernel ran, for a benchmark case to
-    record beside its time. clear=True empties the record after reading it."""
+    `launch_tuned` or `launch_pinned`}: which of its candidates each autotuned kernel ran, or which
+    pinned tile, for a benchmark case to record beside its time. clear=True empties the record after
+    reading it."""
     launched = dict(_LAUNCHED)
     if clear:
         _LAUNCHED.clear()
@@ -340,6 +341,14 @@ def launch_tuned(kernel, grid, key: tuple, *args, **kwargs) -> None:
         fn = fn.fn
     _CHOSEN[(kernel, key)] = (fn, meta)
     _LAUNCHED[fn.__name__] = meta
+
+
+def launch_pinned(kernel, grid, config: dict, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs, **config) for a kernel launched without its tuner (a config an
+    op file pins: SCRATCHFORMER_AUTOTUNE=0, the interpreter), `config` recorded as `launch_tuned`
+    records its choice: a benchmark case of pinned tiles names them too."""
+    kernel[grid](*args, **kwargs, **config)
+    _LAUNCHED[kernel.__name__] = config
 
 
 _LIBRARY = torch.library.Library("scratchformer", "FRAGMENT")  # keeps our registrations alive

@@ -108,6 +108,7 @@ from ._common import (
     define_op,
     dropout_keep,
     dropout_rng,
+    launch_pinned,
     launch_tuned,
     load_dropout_rng,
     next_pow2,
@@ -515,7 +516,8 @@ def add_layer_norm_fwd(
                          *args, **flags)
         else:
             BLOCK_M, warps = _fwd_tile(M, BLOCK_N)
-            _add_layer_norm_fwd_kernel[(cdiv(M, BLOCK_M),)](*args, **flags, BLOCK_M=BLOCK_M, num_warps=warps)
+            launch_pinned(_add_layer_norm_fwd_kernel, (cdiv(M, BLOCK_M),), dict(BLOCK_M=BLOCK_M, num_warps=warps),
+                          *args, **flags)
     if store_mask and mask is None:  # dropout_p == 0: everything is kept
         mask = torch.ones(shape, dtype=torch.int8, device=x.device)
     return y, s, mean, rstd, mask.bool() if mask is not None else None, copy
@@ -572,8 +574,8 @@ def add_layer_norm_bwd(
         else:
             BLOCK_M, warps = _bwd_tile(rows_per_program, BLOCK_N)
             stages = _loop_stages(BLOCK_M, BLOCK_N, _loaded_bytes(dy2, s2, ds_out, dy_copy))
-            _add_layer_norm_bwd_kernel[(n_programs,)](*args, **flags, BLOCK_M=BLOCK_M, LOOP_STAGES=stages,
-                                                      num_warps=warps)
+            launch_pinned(_add_layer_norm_bwd_kernel, (n_programs,),
+                          dict(BLOCK_M=BLOCK_M, LOOP_STAGES=stages, num_warps=warps), *args, **flags)
     dw, db = sum_partials(dw_partial, db_partial, weight.dtype)  # second stage: one launch, a fixed order
     return dx, dres, dw, db
 

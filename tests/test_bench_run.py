@@ -189,6 +189,42 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     assert bench.extra_info["configs"] == {"_some_kernel": {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3}}
 
 
+def test_a_pinned_case_records_its_tiles_and_no_tuning(monkeypatch):
+    """bench_add_layer_norm's triton-pinned case (the tiles a GPU takes without tuning) turns its
+    module's tuner off: it records autotune False (it recorded the environment's True) and the tiles
+    it launched (it recorded none), here the GPU's, the interpreter running them on the CPU: at N 512
+    the forward one row at 2 warps, the backward 2 rows at 8 warps, 3 row blocks deep
+    (bench/results/README.md's table of the backward's tiles). 8 rows of bf16, forward + backward."""
+    from scratchformer import ops
+    from scratchformer.kernels import add_layer_norm as LN
+
+    ln = _bench_module(monkeypatch, "bench_add_layer_norm")
+    monkeypatch.setattr(LN, "INTERPRET", False)  # the tiles a GPU pins (the kernels stay interpreted)
+    monkeypatch.setattr(ln, "_add_layer_norm", lambda kernel: ops.select("triton", "cpu").add_layer_norm)
+    monkeypatch.setattr(ln, "_roof_gbps", lambda: float("nan"))
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, **kw: randn(*shape, **kw))  # on the CPU
+    bench = _benchmark()
+    bench.pedantic = lambda fn, **kw: fn()
+    ln.test_add_layer_norm(bench, rows=8, N=512, kernel="triton-pinned", mode="fwd_bwd", monkeypatch=monkeypatch)
+    assert bench.extra_info["autotune"] is False
+    assert bench.extra_info["configs"] == {"_add_layer_norm_fwd_kernel": {"BLOCK_M": 1, "num_warps": 2},
+                                           "_add_layer_norm_bwd_kernel": {"BLOCK_M": 2, "LOOP_STAGES": 3,
+                                                                          "num_warps": 8}}
+
+
+def test_a_case_records_the_autotune_setting_it_ran_with(monkeypatch):
+    """run_bench's `autotune`: the process's setting (kernels/_common.AUTOTUNE, from
+    SCRATCHFORMER_AUTOTUNE) unless the case gives its own."""
+    bench_conftest = _bench_conftest()
+    monkeypatch.setattr(bench_conftest, "HAS_CUDA", False)
+    for setting, given, recorded in ((True, None, True), (False, None, False), (True, False, False)):
+        monkeypatch.setattr(_common, "AUTOTUNE", setting)
+        bench = _benchmark()
+        bench_conftest.run_bench(bench, lambda: None, autotune=given)
+        assert bench.extra_info["autotune"] is recorded
+
+
 def test_a_graphed_steps_peak_memory_is_its_captures(monkeypatch):
     """bench_train_step's graphed step: a CUDA graph's replay allocates nothing the caching allocator
     counts (its stats stand still while it runs), so the step's peak memory is read from its capture,
