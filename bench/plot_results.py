@@ -82,12 +82,14 @@ def plot_attention(rows, out):
         return None
     kinds = sorted({k for k, _ in panels})
     dims = sorted({d for _, d in panels}, key=lambda d: d or 0)
+    kernels = sorted({str(kernel) for series in panels.values() for kernel, _, _ in series})  # a colour each
     fig, axes = plt.subplots(len(kinds), len(dims), figsize=(6.5 * len(dims), 4.5 * len(kinds)), squeeze=False)
     for key in panels:
         ax = axes[kinds.index(key[0])][dims.index(key[1])]
         for (kernel, mode, causal), pts in sorted(panels[key].items(), key=str):
             pts.sort()
-            ax.plot(*zip(*pts), marker="o", label=f"{kernel} {mode}{' causal' if causal else ''}")
+            ax.plot(*zip(*pts), label=f"{kernel} {mode}{' causal' if causal else ''}",
+                    **_style(kernels, kernel, mode, causal))
         ax.set(xscale="log", xlabel="sequence length", ylabel=f"TFLOP/s (unmasked work; {note})",
                title=f"attention, {key[0]} batch, head dim {key[1]}")
         ax.legend(fontsize=6)
@@ -150,20 +152,30 @@ def plot_ffn(rows, out):
     return _save(fig, out, "ffn_tflops.png")
 
 
-_MODE_STYLE = {"fwd": "-", "fwd_bwd": "--", "fwd+bwd": "--", "bwd": ":"}
+_MODE_STYLE = {"fwd": ("-", "o"), "fwd_bwd": ("--", "s"), "fwd+bwd": ("--", "s"), "bwd": (":", "D")}
+
+
+def _style(kernels, kernel, mode, causal=False) -> dict:
+    """How a series is drawn: a colour per kernel (its place in `kernels`), a line style and a marker
+    per mode, triangles under a causal mask (a run at one length draws markers alone), so that no two
+    series of a panel look alike (attention's drew its ~30 in the default cycle's 10 colours and one
+    marker: triton's forward as SDPA's)."""
+    ls, marker = _MODE_STYLE.get(mode, ("-", "o"))
+    if causal:
+        marker = "^" if marker == "o" else "v"
+    return dict(color=f"C{kernels.index(str(kernel)) % 10}", ls=ls, marker=marker)
 
 
 def _gbps_panel(ax, cases, x_key, roofs):
-    """One line of GB/s against cases' x_key per (kernel, mode), on `basis`'s clock (a colour per
-    kernel, a line style per mode), under the highest measured copy bandwidth in roofs; log x."""
+    """One line of GB/s against cases' x_key per (kernel, mode), on `basis`'s clock (`_style`), under
+    the highest measured copy bandwidth in roofs; log x."""
     metric, note, cases = basis(cases, "gbps")
     series = defaultdict(dict)
     for r in cases:
         series[(r.get("kernel"), r.get("mode"))][r[x_key]] = r[metric]
     kernels = sorted({str(kernel) for kernel, _ in series})
     for (kernel, mode), pts in sorted(series.items(), key=str):
-        ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], marker="o", label=f"{kernel} {mode}",
-                color=f"C{kernels.index(str(kernel)) % 10}", ls=_MODE_STYLE.get(mode, "-"))
+        ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], label=f"{kernel} {mode}", **_style(kernels, kernel, mode))
     if roofs:
         ax.axhline(max(roofs), color="k", ls="--", label=f"copy bandwidth {max(roofs):.0f} GB/s")
     ax.set(xscale="log", ylabel=f"GB/s ({note})")

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 
+import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
@@ -362,6 +363,30 @@ def test_attention_plot_has_a_panel_per_batch_kind_and_no_memory_cases(drawn):
     axes = {ax.get_title(): _lines(ax) for ax in drawn["attention_tflops.png"].axes}
     assert axes == {"attention, dense batch, head dim 64": {"triton fwd": ([1024, 2048], [100.0, 200.0])},
                     "attention, padded batch, head dim 64": {"triton fwd": ([1024], [50.0])}}
+
+
+def test_attention_plot_draws_each_series_of_a_panel_its_own_way(drawn):
+    """Every series of an attention panel has its own (colour, line style, marker), and its own
+    (colour, marker), what a run at one length draws: a colour per kernel (the same in every panel),
+    a line style and a marker per mode, triangles under a causal mask. A full sweep's dense panel
+    holds the 8 kernels' forward and forward + backward, full and causal (triton-tma full only): 30
+    series, which the default cycle drew in 10 colours with one marker and one style (triton's forward
+    exactly as sdpa's, ten kernels on)."""
+    kernels = ["triton", "triton-tma", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa", "sdpa_mask", "eager"]
+    rows = [{"group": "attention", "name": f"test_dense[{k}-{m}-{c}-{L}]", "L": L, "D": 64, "kernel": k, "mode": m,
+             "causal": c, "tflops": 1.0, "tflops_gpu": 100.0 + L / 100} for k in kernels for m in ("fwd", "fwd+bwd")
+            for c in (False, True) for L in (1024, 4096) if not (k == "triton-tma" and c)]
+    rows += [{**r, "name": r["name"].replace("test_dense", "test_padded"), "D": 128} for r in rows
+             if r["kernel"] in ("triton", "sdpa_mask") and not r["causal"]]
+    plot_results.plot_attention(rows, "unused")
+    looks = {}
+    for ax in drawn["attention_tflops.png"].axes:
+        lines = ax.get_lines()
+        styles = [(matplotlib.colors.to_hex(x.get_color()), x.get_linestyle(), x.get_marker()) for x in lines]
+        assert len(set(styles)) == len({(c, m) for c, _, m in styles}) == len(lines), ax.get_title()
+        looks.update({x.get_label(): s for x, s in zip(lines, styles)})
+    assert len(drawn["attention_tflops.png"].axes[0].get_lines()) == 30
+    assert looks["triton fwd"] != looks["sdpa fwd"] and looks["triton fwd"][0] == looks["triton fwd+bwd causal"][0]
 
 
 def test_layer_norm_plot_draws_the_largest_row_count_under_the_highest_roof(drawn):
