@@ -7,6 +7,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -476,6 +477,33 @@ def test_attentions_tflops_count_the_work_its_masks_keep(monkeypatch):
                                            3.5 * 4 * 16 * 4096**2 * 64 / 2]
     assert [(c["B"], c["Lq"], c["Lk"], c["causal"]) for c in calls[:2]] == [(8, 2048, 2048, False),
                                                                             (8, 2048, 2048, True)]
+
+
+def test_a_named_sdpa_backend_is_skipped_only_where_torch_has_none_for_the_case(monkeypatch):
+    """bench_attention's named SDPA backends: a case that torch's backend selection refuses is skipped
+    with torch's reason (here torch's own refusal, cuDNN's attention asked for on the CPU); an out-of-memory
+    error (a RuntimeError too) or any other fails the case: skipped, a failed backend was silently no
+    peer, and "SDPA's fastest" the fastest of the others (bench/targets.py)."""
+    ba = _bench_module(monkeypatch, "bench_attention")
+    monkeypatch.setattr(ba, "run_bench", lambda *a, **kw: pytest.fail("a case that could not run was timed"))
+    q = torch.randn(1, 2, 8, 16)
+
+    def outcome(kernel):
+        try:
+            ba._bench(None, kernel, "fwd", q, q, q, 1.0)
+        except pytest.skip.Exception as skipped:
+            return f"skipped: {skipped.msg}"
+        except RuntimeError as err:
+            return type(err).__name__
+
+    assert re.match(r"skipped: sdpa_cudnn: No (viable backend|available kernel)", outcome("sdpa_cudnn"))
+    for err in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                RuntimeError("CUDA error: an illegal memory access was encountered")):
+        def fails(*args, err=err, **kwargs):
+            raise err
+
+        monkeypatch.setattr(ba, "_attention_fn", lambda *a, fails=fails, **kw: fails)
+        assert outcome("sdpa_flash") == type(err).__name__
 
 
 def test_add_layer_norms_bytes_are_what_must_move(monkeypatch):
