@@ -14,7 +14,11 @@ memory <= 0.7x eager. Issue 17's generation figures (no targets) follow the targ
 Kernel ratios are judged on device time (`tflops_gpu` / `gbps_gpu`: CUDA-graph replay, the host's
 side excluded; bench/conftest.py `graph_time`) where every case of the comparison has it, else on
 wall time per call (whose small cases measure the host's path, not the kernel); the table says
-which ("basis") and gives the wall-time ratio beside a device-time one.
+which ("basis") and gives the wall-time ratio beside a device-time one. A comparison that cannot be
+judged is listed as such, neither met nor missed, with no ratio: a case without device time against
+the copy bandwidth (a roof timed on the device), or SDPA's fastest where one of its named backends
+has no case (a skipped or failed one would leave a slower backend "fastest"). Ratios are printed to
+3 decimals, more where 3 would round across the goal.
 """
 
 from __future__ import annotations
@@ -33,8 +37,25 @@ SDPA_NAMED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 
 def _row(target, case, ours, peer, ratio, goal, higher=True, basis="wall", wall=None):
     met = ratio >= goal if higher else ratio <= goal
-    return {"target": target, "case": case, "ours": ours, "peer": peer, "ratio": ratio,
-            "goal": f"{'>=' if higher else '<='} {goal:g}", "met": met, "basis": basis, "wall": wall}
+    return {"target": target, "case": case, "ours": ours, "peer": peer, "ratio": _shown(ratio, goal, higher, met),
+            "goal": f"{'>=' if higher else '<='} {goal:g}", "met": met, "verdict": "met" if met else "**missed**",
+            "basis": basis, "wall": wall}
+
+
+def _unjudged(target, case, ours, peer, goal, why):
+    """A comparison that cannot be judged (`why`): listed, no ratio, neither met nor missed."""
+    return {"target": target, "case": case, "ours": ours, "peer": peer, "ratio": "", "goal": f">= {goal:g}",
+            "met": None, "verdict": f"not judged: {why}", "basis": "", "wall": None}
+
+
+def _shown(ratio, goal, higher, met) -> str:
+    """The ratio to 3 decimals, or to as many more as it takes to read on its side of the goal (0.7996
+    against >= 0.8: "0.7996", where "0.800" reads met; 2 decimals printed 0.7953 as "0.80", missed)."""
+    for digits in range(3, 7):
+        text = f"{ratio:.{digits}f}"
+        if (float(text) >= goal if higher else float(text) <= goal) == met:
+            return text
+    return repr(ratio)
 
 
 def _rates(metric, *cases):
@@ -48,7 +69,7 @@ def _compare(target, case, metric, unit, ours, peer, goal, peer_name="", among=(
     """A row: ours / peer on `metric` (device time where both have it, and every case of `among`, the
     cases the peer was chosen from: one clock for the choice and the ratio), the wall ratio beside."""
     (o, p, *_), basis = _rates(metric, ours, peer, *among)
-    wall = ours[metric] / peer[metric] if basis == "GPU" else None
+    wall = ours[metric] / peer[metric] if basis == "GPU" and metric in peer else None  # a roof has no wall time
     return _row(target, case, f"{o:,.0f} {unit}", f"{p:,.0f}{peer_name}", o / p, goal, basis=basis, wall=wall)
 
 
@@ -75,17 +96,26 @@ def attention(rows):
             if name == "test_padded" and "sdpa_mask" in ks:
                 res.append(_compare(f"attention{label}, padded vs SDPA + mask", case, "tflops", "TFLOP/s", ours,
                                     ks["sdpa_mask"], 2.0))
-            named = [ks[k] for k in SDPA_NAMED if k in ks]
-            if name == "test_dense" and named and L >= 2048:
-                # the fastest on the clock the ratio is judged on: a backend without device time puts
-                # the choice and the ratio on wall time (until 2026-12-01 the choice was made on wall
-                # time and the ratio on device time, against a backend the device did not find fastest)
-                values, _ = _rates("tflops", ours, *named)
-                best = max(range(len(named)), key=lambda i: values[i + 1])
-                res.append(_compare(f"attention{label} {mode} vs SDPA's fastest", case, "tflops", "TFLOP/s", ours,
-                                    named[best], 1.0 if mode == "fwd" else 0.8, f" ({named[best]['kernel']})",
-                                    among=named))
+            if name == "test_dense" and L >= 2048 and any(k in ks for k in SDPA_NAMED):
+                res.append(_vs_sdpa_fastest(f"attention{label} {mode} vs SDPA's fastest", case, ours, ks,
+                                            1.0 if mode == "fwd" else 0.8))
     return res
+
+
+def _vs_sdpa_fastest(target, case, ours, ks, goal):
+    """ours against the fastest of SDPA's named backends on the clock the ratio is judged on: a backend
+    without device time puts the choice and the ratio on wall time (until 2026-12-01 the choice was
+    made on wall time and the ratio on device time, against a backend the device did not find
+    fastest). Not judged where a named backend has no case: it may have been the fastest."""
+    named = [ks[k] for k in SDPA_NAMED if k in ks]
+    values, _ = _rates("tflops", ours, *named)
+    best = max(range(len(named)), key=lambda i: values[i + 1])
+    missing = [k for k in SDPA_NAMED if k not in ks]
+    if missing:
+        return _unjudged(target, case, f"{values[0]:,.0f} TFLOP/s", f"{values[best + 1]:,.0f} "
+                         f"({named[best]['kernel']}); no {', '.join(missing)}", goal, "a peer missing")
+    return _compare(target, case, "tflops", "TFLOP/s", ours, named[best], goal, f" ({named[best]['kernel']})",
+                    among=named)
 
 
 def _memory_bound(op, groups, ours, peer, peer_goal, case):
@@ -97,9 +127,11 @@ def _memory_bound(op, groups, ours, peer, peer_goal, case):
             continue
         o, name = ks[ours], case(*key)
         roof = o.get("copy_bandwidth_gbps")
-        if roof and roof == roof:  # NaN where no GPU measured it; the roof is timed on the device
-            res.append(_compare(f"{op} vs copy bandwidth", name, "gbps", "GB/s", o,
-                                {"gbps": roof, "gbps_gpu": roof}, 0.8))
+        if roof and roof == roof and "gbps_gpu" in o:  # NaN where no GPU measured it
+            res.append(_compare(f"{op} vs copy bandwidth", name, "gbps", "GB/s", o, {"gbps_gpu": roof}, 0.8))
+        elif roof and roof == roof:  # the roof is timed on the device: a wall-clock GB/s is no match for it
+            res.append(_unjudged(f"{op} vs copy bandwidth", name, f"{o['gbps']:,.0f} GB/s (wall)", f"{roof:,.0f}",
+                                 0.8, "no device time"))
         if peer in ks:
             res.append(_compare(f"{op} vs {peer}", name, "gbps", "GB/s", o, ks[peer], peer_goal))
     return res
@@ -203,13 +235,15 @@ def table(rows) -> str:
             return "\n".join(gen[1:]) + "\n"
         return "no targets: the files hold none of the benchmarks the targets compare\n"
     devices = sorted({r.get("device", "?") for r in rows})
-    lines = [f"device: {', '.join(devices)}; met {sum(r['met'] for r in found)} of {len(found)} "
+    judged = [r for r in found if r["met"] is not None]
+    unjudged = f"; {len(found) - len(judged)} not judged" if len(judged) < len(found) else ""
+    lines = [f"device: {', '.join(devices)}; met {sum(r['met'] for r in judged)} of {len(judged)}{unjudged} "
              "(basis: GPU = device time, CUDA-graph replay; wall = one call plus a synchronize)", "",
              "| target | case | ours | peer | ratio | goal | | basis | wall ratio |",
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: |"]
-    lines += [f"| {r['target']} | {r['case']} | {r['ours']} | {r['peer']} | {r['ratio']:.2f} | {r['goal']} | "
-              f"{'met' if r['met'] else '**missed**'} | {r['basis']} | "
-              f"{'' if r['wall'] is None else format(r['wall'], '.2f')} |" for r in found]
+    lines += [f"| {r['target']} | {r['case']} | {r['ours']} | {r['peer']} | {r['ratio']} | {r['goal']} | "
+              f"{r['verdict']} | {r['basis']} | {'' if r['wall'] is None else format(r['wall'], '.2f')} |"
+              for r in found]
     return "\n".join(lines + gen) + "\n"
 
 
