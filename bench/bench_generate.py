@@ -6,9 +6,10 @@ switched off (an id that is never produced): every row decodes exactly 128 token
 does the same work. Weights: bf16 (`model.to(torch.bfloat16)`), and, replayed from CUDA graphs,
 also fp32 under bf16 autocast, as `evaluate` and `generate --precision bf16` run a checkpoint (the
 weights cast once a call and lent, `model/weight_cast.py`: what that costs over bf16 weights). Reported in
-extra_info: new tokens/s (batch x 128 / time; beam search counts its best hypothesis only, not
-the beams) and peak memory. The end-of-decoding check (a host sync) runs every
-`GPU_CHECK_EVERY` steps, the GPU default, passed explicitly so the recorded interval is the one run.
+extra_info: the weights' dtype and autocast's (none for bf16 weights), new tokens/s (batch x 128 /
+time; beam search counts its best hypothesis only, not the beams) and peak memory. The
+end-of-decoding check (a host sync) runs every `GPU_CHECK_EVERY` steps, the GPU default, passed
+explicitly so the recorded interval is the one run.
 Each case runs with launched steps (a launch per kernel) and with every decoding step replayed
 from a CUDA graph (`cuda_graph=True`: static caches, the graph captured once per call, its warm-up
 step and capture inside the timed call).
@@ -51,8 +52,10 @@ def test_generate(benchmark, kernel, search, steps, weights):
         return out
 
     torch.cuda.reset_peak_memory_stats()
-    median = run_bench(benchmark, decode, warmup=1, rounds=3, graph=False, preset="base", dtype="bf16", batch=BATCH,
-                       src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search, check_every=GPU_CHECK_EVERY,
-                       steps=steps, weights=weights)
+    # dtype: the weights' as they are (fp32 under autocast; every case said "bf16" until 2026-12-01)
+    median = run_bench(benchmark, decode, warmup=1, rounds=3, graph=False, preset="base",
+                       dtype=next(model.parameters()).dtype, autocast=None if weights == "bf16" else torch.bfloat16,
+                       batch=BATCH, src_len=SRC_LEN, new_tokens=NEW_TOKENS, search=search,
+                       check_every=GPU_CHECK_EVERY, steps=steps, weights=weights)
     benchmark.extra_info.update(kernel=kernel, new_tokens_per_s=BATCH * NEW_TOKENS / median,
                                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)

@@ -568,13 +568,30 @@ def test_generation_counts_each_rows_new_tokens(monkeypatch):
     model (the call is not run) and the allocator's peak (3 GiB)."""
     bg = _bench_module(monkeypatch, "bench_generate")
     monkeypatch.setattr(bg, "run_bench", lambda benchmark, fn, **kw: 2.0)
-    monkeypatch.setattr(bg, "build_model", lambda cfg, device: torch.nn.Identity())
+    monkeypatch.setattr(bg, "build_model", lambda cfg, device: torch.nn.Linear(2, 2))
     _on_meta(monkeypatch)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 << 30)
     bench = types.SimpleNamespace(extra_info={})
     bg.test_generate(bench, kernel="triton", search="beam4", steps="graph", weights="bf16")
     assert bench.extra_info == {"kernel": "triton", "new_tokens_per_s": 2048.0, "peak_mem_gib": 3.0}
+
+
+def test_generation_records_the_dtype_its_weights_have(monkeypatch):
+    """bench_generate's weights: bf16 (the model cast) with no autocast, or fp32 under bf16 autocast,
+    recorded as such (every case recorded dtype "bf16", the fp32 weights' too). A stand-in model of fp32
+    parameters, as build_model makes them; the call is not run."""
+    bg = _bench_module(monkeypatch, "bench_generate")
+    calls = _recorded(monkeypatch, bg)
+    monkeypatch.setattr(bg, "build_model", lambda cfg, device: torch.nn.Linear(2, 2))
+    _on_meta(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
+    for weights in ("bf16", "fp32-autocast"):
+        bg.test_generate(types.SimpleNamespace(extra_info={}), kernel="torch", search="greedy", steps="graph",
+                         weights=weights)
+    assert [(c["weights"], c["dtype"], c.get("autocast")) for c in calls] == [
+        ("bf16", torch.bfloat16, None), ("fp32-autocast", torch.float32, torch.bfloat16)]
 
 
 def test_a_compile_pass_warms_up_before_it_skips(monkeypatch):
