@@ -126,14 +126,16 @@ def test_a_calls_time_is_measured_after_its_warm_up(host_overhead, monkeypatch):
 
 def test_a_backends_row_is_in_microseconds_a_call_and_milliseconds_a_step_and_a_token(host_overhead, monkeypatch):
     """measure's units (its table's headers): each op's call in microseconds, the training step in
-    milliseconds, greedy decoding in milliseconds a new token (a call decodes 16): every call here
-    takes 16 ms (a stand-in per_call), so 16,000 us an op, 16 ms a step, 1 ms a token."""
-    monkeypatch.setattr(host_overhead, "per_call", lambda fn, calls, device: 0.016)
+    milliseconds, greedy decoding in milliseconds a new token: every op call and step here takes 16 ms
+    (a stand-in per_call), so 16,000 us an op, 16 ms a step; a decoding call of n tokens 10 + 2n ms (the
+    encoder and, on a GPU, the step graph's capture once, then 2 ms a step), so 2 ms a token, where a
+    16-token call over 16 gave 2.625 (the encoder and the capture spread over the tokens)."""
+    monkeypatch.setattr(host_overhead, "per_call", lambda fn, calls, device: fn if isinstance(fn, float) else 0.016)
     monkeypatch.setattr(host_overhead, "model_step", lambda kernel, device: None)
-    monkeypatch.setattr(host_overhead, "greedy_tokens", lambda kernel, device: None)
+    monkeypatch.setattr(host_overhead, "greedy_tokens", lambda kernel, device, n=16: (10 + 2 * n) / 1e3)
     ops = {f"{op} {mode}": 16_000.0 for op in host_overhead.OPS for mode in ("fwd", "fwd+bwd")}
     assert host_overhead.measure("eager", "cpu", 20) == pytest.approx({**ops, "step (ms)": 16.0,
-                                                                       "greedy (ms/token)": 1.0})
+                                                                       "greedy (ms/token)": 2.0})
 
 
 def test_a_decoding_steps_counts_are_the_difference_of_two_lengths_per_token(host_overhead, monkeypatch):
