@@ -9,7 +9,8 @@ import torch
 
 from scratchformer.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, beam_search, greedy_decode
 from scratchformer.model.copy import PointerGenerator
-from scratchformer.training.config import ConfigError, TrainConfig, check_config, check_for_task
+from scratchformer.training.config import ConfigError, TrainConfig, check_config
+from scratchformer.training.launch import check_for_task
 
 V, d = 12, 8
 

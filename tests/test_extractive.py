@@ -21,8 +21,8 @@ from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_ext
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.ablation import _final_metric
-from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
-from scratchformer.training.launch import _check_encoder_only_options
+from scratchformer.training.config import ConfigError, TrainConfig
+from scratchformer.training.launch import _check_encoder_only_options, check_for_task
 from scratchformer.training.optim import extractive_loss
 from tests.conftest import BACKENDS, DEVICE, extractive_folder, random_sentences, report_diff
 

@@ -14,7 +14,8 @@ from scratchformer.checkpoint import load_checkpoint
 from scratchformer.data.batching import Batch
 from scratchformer.evaluation.evaluate import loss_terms
 from scratchformer.model import PAD_ID, ModelConfig, build_model
-from scratchformer.training.config import ConfigError, TrainConfig, check_for_task
+from scratchformer.training.config import ConfigError, TrainConfig
+from scratchformer.training.launch import check_for_task
 from scratchformer.training.optim import label_smoothed_loss, rdrop_loss
 from tests.conftest import BACKENDS, DEVICE, TINY
 

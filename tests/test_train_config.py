@@ -16,9 +16,9 @@ from scratchformer.training.config import (
     ConfigError,
     TrainConfig,
     build_parser,
-    check_for_task,
     parse_args,
 )
+from scratchformer.training.launch import check_for_device, check_for_task
 from scratchformer.training.resume import check_init_from, resumed
 
 # The train command's options before TrainConfig existed (argparse written by hand), plus the ones
@@ -192,7 +192,7 @@ BAD_OPTIONS = [
     (["--tie-embeddings", "all", "--tokenizer", "a", "b"], r"it needs one shared vocabulary \(drop the second "
                                                           r"--tokenizer\)"),
     (["--compile-mode", "reduce-overhead"], r"--compile-mode reduce-overhead is an inductor mode: it needs --compile "
-                                            r"\(inductor\), which is not given"),  # it said "got --compile None"
+                                            r"\(inductor\), which is not given \(--compile-mode none: none\)"),
     (["--max-tokens", "512", "--pad-multiple", "1000"], r"--pad-multiple 1000 pads every batch past --max-tokens 512"),
     (["--threads", "100000"], r"--threads must be an integer >= 1 and <= 1024, got 100000"),  # the tokenizers crashed
     (["--compile", "aot_eager", "--compile-mode", "max-autotune"], r"needs --compile \(inductor\), got --compile aot"),
@@ -309,6 +309,37 @@ def test_resume_refuses_flags_that_cannot_change():
         resumed(now, given, {**saved, "schedule": "plateau"}, "runs/y/last.pt")
     # a run started with --overwrite resumes (its saved overwrite is not a second wish to replace it)
     assert resumed(*parse_args(["--resume"]), {**saved, "overwrite": True}, "r/last.pt").overwrite is False
+
+
+def test_a_resumed_runs_compile_options_are_checked_with_the_runs_and_may_be_turned_off():
+    """A run trained with --compile --compile-mode reduce-overhead resumes with its compile options
+    (`resumed`). The checks of options together ran on the command line alone: --resume --compile-mode
+    default was refused as "needs --compile, which is not given" of a run that compiles with inductor.
+    They run on the merged options, and `none` turns an inherited --compile or --compile-mode off (there
+    was no way to resume such a run uncompiled or under --cuda-graphs)."""
+    saved = {**json.loads(OLD_ARGS_JSON), "compile": "inductor", "compile_mode": "reduce-overhead"}
+    assert resumed(*parse_args(["--resume", "--compile-mode", "default"]), saved, "r/last.pt").compile_mode == "default"
+    with pytest.raises(ConfigError, match=re.escape("--cuda-graphs captures the uncompiled step; --compile inductor "
+                                                    "compiles it: give one (--compile none: not compiled)")):
+        resumed(*parse_args(["--resume", "--cuda-graphs"]), saved, "r/last.pt")
+    with pytest.raises(ConfigError, match=re.escape("--compile-mode reduce-overhead is an inductor mode: it needs "
+                                                    "--compile (inductor), which is not given (--compile-mode none")):
+        resumed(*parse_args(["--resume", "--compile", "none"]), saved, "r/last.pt")
+    cfg = resumed(*parse_args(["--resume", "--cuda-graphs", "--compile", "none", "--compile-mode", "none"]), saved,
+                  "r/last.pt")
+    assert (cfg.compile, cfg.compile_mode, cfg.cuda_graphs) == (None, None, True)
+    assert TrainConfig.from_dict(cfg.to_dict()).compile is None  # as args.json records it
+
+
+def test_reduce_overhead_is_refused_off_a_gpu():
+    """--compile-mode reduce-overhead replays inductor's CUDA graphs: on the CPU inductor skips them
+    without a word, the flag accepted and doing nothing. Refused by name, as --cuda-graphs is."""
+    cfg, _ = parse_args(["--compile", "--compile-mode", "reduce-overhead"])
+    with pytest.raises(ConfigError, match=r"--compile-mode reduce-overhead replays CUDA graphs: it needs a GPU, and "
+                                          r"the device is cpu; drop it"):
+        check_for_device(cfg, "cpu", 1)
+    check_for_device(cfg, "cuda", 1)
+    check_for_device(parse_args(["--compile", "--compile-mode", "max-autotune"])[0], "cpu", 1)
 
 
 @pytest.mark.parametrize("flag, value, was", [("--max-src-len", "256", "512"), ("--max-tgt-len", "8", "2"),

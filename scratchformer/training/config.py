@@ -25,7 +25,8 @@ from ..data.tokenizer import MIN_VOCAB
 from ..model import PRESETS
 
 KERNELS = ("auto", "eager", "torch", "triton")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile(mode=...)
+# torch.compile(mode=...); "none" (as for --compile) turns off what a resumed run's checkpoint has on
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none")
 # What validation computes, per task: the names --best-metric may take. Decoding metrics (all but
 # loss, ppl, accuracy) need --eval-decode-examples > 0.
 METRICS = {
@@ -147,8 +148,8 @@ class TrainConfig:
                           metavar="ALPHA")
     clip_norm: float = _optim(default=1.0, help="gradient clipping norm (0: off)")
     compile: str | None = _optim(help="torch.compile the training step's model (dynamic shapes; backend: inductor "
-                                 "when given alone, aot_eager traces without code generation)", nargs="?",
-                                 const="inductor", metavar="BACKEND")
+                                 "when given alone, aot_eager traces without code generation; none: off, as a "
+                                 "resumed run's may be)", nargs="?", const="inductor", metavar="BACKEND")
     compile_mode: str | None = _optim(help="torch.compile mode with --compile (inductor): reduce-overhead replays "
                                       "each batch shape's compiled graphs as CUDA graphs (GPU)", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _optim(default=False, help="replay each batch shape's training step as a CUDA graph "
@@ -199,6 +200,7 @@ class TrainConfig:
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)  # JSON gives a list back
+        self.compile, self.compile_mode = (None if v == "none" else v for v in (self.compile, self.compile_mode))
         check_config(self)
 
     def to_dict(self) -> dict:
@@ -255,7 +257,17 @@ def flag(name: str) -> str:
 
 def check_config(cfg: TrainConfig) -> None:
     """Refuse options that cannot work, naming the flag (ConfigError). Runs whenever a TrainConfig
-    is made (parse_args, args.json, resume), so before any data is read or folder written."""
+    is made (parse_args, args.json, resume), so before any data is read or folder written: each
+    value, then the values together, a resume's once merged with the run's (`resume.resumed`: the
+    command line alone lacks the run's options). The checks that need the task or the device: `launch`."""
+    _check_values(cfg)
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
+    if not (cfg.resume and cfg.resume_path is None):
+        _check_combinations(cfg)
+
+
+def _check_values(cfg: TrainConfig) -> None:
     for name, lo in _AT_LEAST.items():
         v, hi = getattr(cfg, name), _AT_MOST.get(name, math.inf)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
@@ -279,21 +291,26 @@ def check_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag(f.name)} {v!r} is not one of {', '.join(map(str, choices))}")
     if cfg.d_model is not None and cfg.d_model % 2:
         raise ConfigError(f"--d-model must be even (sinusoidal positions), got {cfg.d_model}")
-    if cfg.d_model is not None and cfg.heads is not None and cfg.d_model % cfg.heads:
-        raise ConfigError(f"--d-model {cfg.d_model} is not divisible by --heads {cfg.heads}")
     if cfg.tokenizer is not None and len(cfg.tokenizer) not in (1, 2):
         raise ConfigError(f"--tokenizer takes one file (shared) or two (source, target), got {len(cfg.tokenizer)}")
+    if cfg.compile:
+        check_backend(cfg.compile, ConfigError)
+
+
+def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.d_model is not None and cfg.heads is not None and cfg.d_model % cfg.heads:
+        raise ConfigError(f"--d-model {cfg.d_model} is not divisible by --heads {cfg.heads}")
     if cfg.data is not None and cfg.dataset != "synthetic":
         raise ConfigError(f"--data {cfg.data} and --dataset {cfg.dataset} both name the data: give one")
     if cfg.compile_mode is not None and cfg.compile != "inductor":
         raise ConfigError(f"--compile-mode {cfg.compile_mode} is an inductor mode: it needs --compile (inductor), "
-                          + (f"got --compile {cfg.compile}" if cfg.compile else "which is not given"))
+                          + (f"got --compile {cfg.compile}" if cfg.compile else "which is not given")
+                          + " (--compile-mode none: none)")
     if cfg.max_tokens is not None and cfg.pad_multiple > cfg.max_tokens:  # every batch one example, over the budget
         raise ConfigError(f"--pad-multiple {cfg.pad_multiple} pads every batch past --max-tokens {cfg.max_tokens}")
     if cfg.cuda_graphs and cfg.compile:
-        raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one")
-    if cfg.compile:
-        check_backend(cfg.compile, ConfigError)
+        raise ConfigError(f"--cuda-graphs captures the uncompiled step; --compile {cfg.compile} compiles it: give one "
+                          "(--compile none: not compiled)")
     if cfg.cuda_graphs and cfg.recompute_activations:
         raise ConfigError("--recompute-activations sets the RNG state back for each layer's recomputation, which a "
                           "CUDA graph capture may refuse (not yet checked on a GPU): give one of it and --cuda-graphs")
@@ -303,8 +320,6 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.min_lr is not None and cfg.lr is not None and cfg.min_lr > cfg.lr:
         raise ConfigError(f"--min-lr {cfg.min_lr:g} is the floor the schedule decays to from --lr {cfg.lr:g}: it "
                           f"cannot be above it")
-    if cfg.resume and cfg.overwrite:
-        raise ConfigError("--resume continues a run and --overwrite replaces it: give one")
     separate = ("--separate-vocab" if cfg.separate_vocab else
                 "the second --tokenizer" if cfg.tokenizer is not None and len(cfg.tokenizer) == 2 else None)
     for needs, why in ((cfg.copy, "--copy copies source tokens into the target"),
@@ -312,34 +327,6 @@ def check_config(cfg: TrainConfig) -> None:
                                                      "of the same id one embedding")):
         if needs and separate:  # (equal sizes of two vocabularies made a model that mixed their tokens up)
             raise ConfigError(f"{why}: it needs one shared vocabulary (drop {separate})")
-
-
-def check_for_task(cfg: TrainConfig, task: str) -> None:
-    """The checks that need the task (known from the data source, before any example is read)."""
-    metric, names = cfg.best_metric, METRICS[task]
-    if metric is not None and metric not in names:
-        raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
-    if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
-        raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
-    if task in D.ENCODER_ONLY and cfg.copy:
-        model = "a classifier" if task == "classification" else "an extractive summarizer"
-        raise ConfigError(f"--copy is for sequence-to-sequence tasks; {model} has no target tokens to copy into")
-    if task == "extractive" and cfg.bpe_dropout:
-        raise ConfigError("--bpe-dropout resegments words each epoch; --task extractive encodes its marked sentences "
-                          "once")
-    for name in ("summary_sentences", "summary_words"):
-        if task != "extractive" and getattr(cfg, name) is not None:
-            raise ConfigError(f"{flag(name)} picks an extractive summarizer's sentences; {task} validation decodes")
-    if task == "extractive" and cfg.rdrop:
-        raise ConfigError(f"--rdrop {cfg.rdrop:g}: R-Drop here compares token or class distributions; an extractive "
-                          f"summarizer scores sentences")
-    if task == "extractive" and cfg.decoder_layers:
-        raise ConfigError(f"--decoder-layers {cfg.decoder_layers}: --task extractive trains an encoder only")
-    if task != "classification":
-        if cfg.decoder_layers == 0 and task != "extractive":
-            raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
-        if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
-            raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from .. import ops as backends
 from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
 from ..device import resolve_device
-from ..model import ModelConfig, build_model, count_parameters
+from ..model import PRESETS, ModelConfig, build_model, count_parameters
 from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
-from .config import ConfigError, TrainConfig, check_for_task, flag
+from .config import METRICS, TEACHER_FORCED, ConfigError, TrainConfig, flag
 from .distributed import setup_distributed
 from .resume import check_init_from, load_resume_checkpoint, resumed
 from .runs import (
@@ -274,11 +274,42 @@ def precision_for(precision: str, device: torch.device) -> str:
     return precision
 
 
+def check_for_task(cfg: TrainConfig, task: str) -> None:
+    """The checks that need the task (known from the data source, before any example is read)."""
+    metric, names = cfg.best_metric, METRICS[task]
+    if metric is not None and metric not in names:
+        raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
+    if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
+        raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
+    if task in D.ENCODER_ONLY and cfg.copy:
+        model = "a classifier" if task == "classification" else "an extractive summarizer"
+        raise ConfigError(f"--copy is for sequence-to-sequence tasks; {model} has no target tokens to copy into")
+    if task == "extractive" and cfg.bpe_dropout:
+        raise ConfigError("--bpe-dropout resegments words each epoch; --task extractive encodes its marked sentences "
+                          "once")
+    for name in ("summary_sentences", "summary_words"):
+        if task != "extractive" and getattr(cfg, name) is not None:
+            raise ConfigError(f"{flag(name)} picks an extractive summarizer's sentences; {task} validation decodes")
+    if task == "extractive" and cfg.rdrop:
+        raise ConfigError(f"--rdrop {cfg.rdrop:g}: R-Drop here compares token or class distributions; an extractive "
+                          f"summarizer scores sentences")
+    if task == "extractive" and cfg.decoder_layers:
+        raise ConfigError(f"--decoder-layers {cfg.decoder_layers}: --task extractive trains an encoder only")
+    if task != "classification":
+        if cfg.decoder_layers == 0 and task != "extractive":
+            raise ConfigError(f"--decoder-layers 0 makes no decoder; {task} needs at least 1")
+        if cfg.preset is not None and PRESETS[cfg.preset].get("num_classes"):
+            raise ConfigError(f"--preset {cfg.preset} is a classifier; pick a seq2seq preset for {task}")
+
+
 def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
     """The checks that need the device, the number of processes or the installed packages (known before
     the run folder is made)."""
     if cfg.tensorboard:
         summary_writer()
+    if cfg.compile_mode == "reduce-overhead" and device_type != "cuda":  # inductor skips the graphs unsaid
+        raise ConfigError(f"--compile-mode reduce-overhead replays CUDA graphs: it needs a GPU, and the device is "
+                          f"{device_type}; drop it (--compile alone compiles the step)")
     if not cfg.cuda_graphs:
         return
     if device_type != "cuda":
