@@ -154,15 +154,19 @@ def test_a_failed_capture_puts_the_generator_and_the_stream_right(monkeypatch):
 def test_decoding_chooses_graphs_on_a_gpu_unless_told_not_to(monkeypatch):
     """Decoding's default (cuda_graph=None) on a CUDA device: graphs, unless
     SCRATCHFORMER_CUDA_GRAPHS=0 or SCRATCHFORMER_DEBUG=1 (`op_checks.DEBUG`: its value checks read
-    the device); launched steps on the CPU; an explicit cuda_graph wins. (Before, the choice read
-    `ops.DEBUG`, which op_checks.py had taken over: every default decoding on a GPU, validation's
-    included, raised AttributeError.)"""
+    the device) or the step is compiled; launched steps on the CPU; an explicit cuda_graph wins.
+    (Before, the choice read `ops.DEBUG`, which op_checks.py had taken over: every default decoding
+    on a GPU, validation's included, raised AttributeError.)"""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv("SCRATCHFORMER_CUDA_GRAPHS", raising=False)
     monkeypatch.setattr(op_checks, "DEBUG", False)
     assert decoding._use_graphs(None, cuda) is True
     assert decoding._use_graphs(None, cpu) is False
     assert decoding._use_graphs(False, cuda) is False and decoding._use_graphs(True, cpu) is True
+    # a compiled step (`static_caches`) is torch.compile's to run, as decoding.py says (it was captured
+    # around the compiled code too; under reduce-overhead, a capture around inductor's own graphs)
+    assert decoding._use_graphs(None, cuda, compiled=True) is False
+    assert decoding._use_graphs(True, cuda, compiled=True) is True
     monkeypatch.setattr(op_checks, "DEBUG", True)
     assert decoding._use_graphs(None, cuda) is False
     monkeypatch.setattr(op_checks, "DEBUG", False)

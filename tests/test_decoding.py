@@ -117,7 +117,7 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
     search = (lambda: greedy_decode(m, src, sl, **kw)) if beam == 1 else (
         lambda: beam_search(m, src, sl, beam_size=beam, **kw))
     ref = search()
-    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device, compiled: True)
     monkeypatch.setattr(graphs, "capture", fake_capture)
     statics, init_state = [], m.init_state
 
@@ -140,7 +140,7 @@ def test_a_failed_capture_falls_back_to_launched_steps(monkeypatch):
     m = _model()
     src, sl = _src()
     ref = greedy_decode(m, src, sl, max_len=10)
-    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device, compiled: True)
     monkeypatch.setattr(decoding, "_graph_step", capture)
     monkeypatch.setattr(decoding, "_CAPTURE_WARNED", False)
     with pytest.warns(RuntimeWarning, match="CUDA graph failed .*not permitted.*; launching each step"):
@@ -164,7 +164,7 @@ def test_a_capture_that_fails_after_its_warm_up_decodes_from_the_first_position(
     m = _model()
     src, sl = _src()
     ref = greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=2, min_len=2)
-    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device, compiled: True)
     monkeypatch.setattr(graphs, "capture", capture)
     monkeypatch.setattr(decoding, "_CAPTURE_WARNED", True)  # warned before: the search goes on silently
     assert torch.equal(greedy_decode(m, src, sl, max_len=12, no_repeat_ngram=2, min_len=2), ref)

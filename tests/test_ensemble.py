@@ -195,7 +195,7 @@ def test_static_caches_and_a_replayed_step_decode_as_launched_steps(monkeypatch)
         out = fn()
         return out, lambda: out.copy_(fn())
 
-    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device: True)
+    monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device, compiled: True)
     monkeypatch.setattr(graphs, "capture", fake_capture)
     for beam in (1, 3):
         assert torch.equal(beam_search(ens, src, sl, beam_size=beam, max_len=12), ref[beam])

@@ -87,17 +87,20 @@ def _check_decoder(model) -> None:
                          f"{type(model).__name__} has no decoder")
 
 
-def _use_graphs(cuda_graph: bool | None, device: torch.device) -> bool:
+def _use_graphs(cuda_graph: bool | None, device: torch.device, compiled: bool = False) -> bool:
+    """Whether the step is replayed from a CUDA graph: as `cuda_graph` says, or by default on CUDA
+    unless the step is compiled (`static_caches`: torch.compile's to run; its mode reduce-overhead
+    records graphs of its own, which a capture around them would nest)."""
     if cuda_graph is not None:
         return cuda_graph
-    return (device.type == "cuda" and os.environ.get("SCRATCHFORMER_CUDA_GRAPHS", "1") != "0"
+    return (device.type == "cuda" and not compiled and os.environ.get("SCRATCHFORMER_CUDA_GRAPHS", "1") != "0"
             and not op_checks.DEBUG)
 
 
 def _start(model, src, src_lengths, max_len, cuda_graph: bool | None, beams: int = 1):
     """Encodes src (B, Ls); the decoding state of B * beams rows (each source `beams` times, beam
     search's hypotheses) and its step, tokens (B * beams, 1) -> next-token logits (B * beams, V)."""
-    replayed = _use_graphs(cuda_graph, src.device)
+    replayed = _use_graphs(cuda_graph, src.device, model.static_caches)
     memory = model.encode(src, src_lengths)
     state = model.init_state(memory, src_lengths, max_len, src=src, static=replayed or model.static_caches,
                              beams=beams)
