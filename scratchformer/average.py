@@ -17,8 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from . import cli
 from .checkpoint import average_checkpoints, file_in_the_way, save_checkpoint, step_checkpoints
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=int, metavar="N", help="the run folder's newest N step checkpoints (step_*.pt)")
     p.add_argument("--output", help="the averaged checkpoint (default: averaged.pt in the folder of the newest)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="store the averaged weights in this dtype (bf16: half "
+                   "the bytes of fp32; a model loads them into its own; default: the checkpoints')")
     cli.add_debug_flag(p)
     return p
 
@@ -62,7 +68,7 @@ def main(argv=None) -> Path:
     output = Path(args.output) if args.output else paths[-1].parent / "averaged.pt" if len(folders) == 1 else None
     if output is not None:
         check_output(output, paths, args.overwrite)
-    averaged = average_checkpoints(paths)
+    averaged = average_checkpoints(paths, DTYPES.get(args.dtype))
     if output is None:  # the last given of the step whose progress the average took
         newest = [i for i, a in enumerate(averaged["averaged_from"]) if a["step"] == averaged["progress"]["step"]]
         output = paths[newest[-1]].parent / "averaged.pt"

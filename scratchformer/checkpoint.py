@@ -232,11 +232,12 @@ def prune_checkpoints(folder: str | Path, keep: int, upto: int | None = None) ->
         p.unlink(missing_ok=True)
 
 
-def average_checkpoints(paths: list[str | Path]) -> dict:
+def average_checkpoints(paths: list[str | Path], dtype: torch.dtype | None = None) -> dict:
     """The mean of the weights of checkpoints of one run, as Vaswani et al. (2017) average a run's last
     5 or 20: a checkpoint that runs (`RUN_KEYS` and the progress of the newest of `paths`, the highest
     step, a tie the later given; no optimizer: it cannot resume); the mean does not depend on their order.
-    Floating-point tensors are summed in float64 and cast back; any other tensor must be equal in all.
+    Floating-point tensors are summed in float64 and cast back (to `dtype` if given: bf16 halves the
+    file, and a model loads the values into its own dtype); any other tensor must be equal in all.
     Tied weights (`--tie-embeddings`: names that share one tensor) stay one tensor, so the average is no
     larger than the model. A checkpoint of another model (config,
     tokenizers, task, tensor names or shapes) is a CheckpointError naming it, and so is one of a run
@@ -275,7 +276,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
                 total[k] += v.double()
             elif not torch.equal(v, total[k]):
                 raise CheckpointError(f"{path}: its {k} differs from {paths[0]}'s, and cannot be averaged")
-    model = {k: (v / len(paths)).to(weights[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    model = {k: (v / len(paths)).to(dtype or weights[k].dtype) if v.is_floating_point() else v
+             for k, v in total.items()}
     for names in _tied(weights):
         model.update(dict.fromkeys(names[1:], model[names[0]]))
     kept = {k: newest[k] for k in ("version", "data", "num_classes", "args", "progress") if k in newest}

@@ -496,6 +496,54 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert not list(finish.glob("*/metrics.validation.json"))
 
 
+def test_a_model_over_the_fp32_limit_comes_back_in_bf16_and_is_predicted_anew(tmp_path, monkeypatch, scoring_cut):
+    """cnndm-ext's base encoder is 103 MiB in fp32, over the 45 MiB a call brings back: it stayed on the
+    machine, so a cut call left the CPU nothing to finish with. Over that limit (here set to 0 MiB)
+    the weights come back in bf16, the mean rounded once (`average --dtype bf16`); not the GPU's
+    weights, so finish_on_cpu.sh decodes every test input itself, none from the GPU's snapshot."""
+    _translation_data(tmp_path / "data", broken_test_input=True)
+    _finished_run(scoring_cut, tmp_path / "runs")
+    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
+    _dry_run("50_train.sh", str(tmp_path / "o1"), SHIP_FP32_MIB="0", **env)
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert "picked_bf16" in log or "picked.txt" in files, log[-3000:]
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+    import torch
+
+    from scratchformer.checkpoint import load_checkpoint
+
+    collected = tmp_path / "collected"
+    collect.unpack([tmp_path / "o1"], collected)
+    (weights,) = collect.join_parts([tmp_path / "o1"], collected)
+    floating = [v for v in load_checkpoint(weights)["model"].values() if v.is_floating_point()]
+    assert floating and all(v.dtype == torch.bfloat16 for v in floating)
+    shutil.rmtree(tmp_path / "data")
+    ids = _translation_data(tmp_path / "data")
+    snapshot = collected / "50_train" / "run" / "test_predictions.jsonl.partial"
+    snapshot.write_text(json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
+    finish = tmp_path / "finish"
+    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(weights), str(finish)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
+    assert [p["id"] for p in preds] == ids and "vom GPU" not in [p["prediction"] for p in preds]
+    assert "picked.pt came back in bf16: the test inputs are all decoded here" in done.stdout
+
+
+def test_a_follow_up_call_on_a_fresh_machine_trains_nothing(tmp_path):
+    """RESUME_ONLY=1 (a second call of a window): the machine was given back between the calls, so
+    the run is gone; the call used to start a new run and burn the window's rest on it. It stops at
+    once, saying so, and fails."""
+    _translation_data(tmp_path / "data")
+    call = _dry_run("50_train.sh", str(tmp_path / "o1"), GPU_DATA=str(tmp_path / "data"),
+                    GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt", RESUME_ONLY="1")
+    _, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert call.returncode != 0 and "RESUME_ONLY=1: no run in" in log
+    assert not (tmp_path / "runs" / "iwslt").exists() or not list((tmp_path / "runs" / "iwslt").glob("*.pt"))
+
+
 def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path, scoring_cut):
     """A finished run's scoring cut by the call's deadline leaves the other evaluations to the next
     call: each one started after it got the prelude's last 10 s (and timeout's 20 s grace), all

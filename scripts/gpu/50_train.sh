@@ -73,7 +73,12 @@ graphs_failed() {
 }
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
 
-# 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests)
+# 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests). RESUME_ONLY=1
+#    (a follow-up call): a machine without the run (given back between the calls) starts none, it stops
+if [ "${RESUME_ONLY:-0}" = 1 ] && ! finished && ! compgen -G "$RUN/*.pt" >/dev/null; then
+  echo "== RESUME_ONLY=1: no run in $RUN (a fresh machine: the last call's was given back); nothing trained"
+  exit 1
+fi
 train_secs=${TRAIN_SECONDS:-$(( $(limit 570) - (DRY ? 60 : 75) ))}
 if ! finished && [ -z "${TRAIN_SECONDS:-}" ] && [ "$train_secs" -lt 30 ]; then
   echo "== too little time left to train (${train_secs}s): call again"
@@ -180,7 +185,8 @@ if finished && predicted && [ -e "$RUN/best.pt" ] && [ ! -e "$RUN/source_use.txt
 fi
 
 # 3. weights the CPU can finish with, in pieces of 15 MiB beside the archive (a file comes back only
-#    under 16 MiB; collect.py joins them), up to 45 MiB, replaced at each call; a grid brings none.
+#    under 16 MiB; collect.py joins them), up to 45 MiB in fp32, else 60 in bf16, replaced at each
+#    call; a grid brings none.
 #    A call that leaves the training unfinished brings the average of its newest AVERAGE step
 #    checkpoints (50_RECIPE-averaged.pt.part0, 1, ...: scripts/gpu/finish_on_cpu.sh scores it and
 #    predicts with it); one that leaves the test predictions unfinished, the checkpoint that writes
@@ -190,15 +196,20 @@ fi
 #    predictions were not: before this, its model stayed on the machine. A finished run whose
 #    predictions are whole brings that model back too, and picked.txt: the CPU can then try other
 #    decodings on validation (length penalty, beam, minimum length), which the window has no time for.
-ship() {  # NAME FILE: FILE (made on this machine) into the pieces, then deleted
+ship() {  # NAME FILE: FILE (made on this machine) into the pieces, then deleted. Over 45 MiB (cnndm-ext's
+  # base encoder: 103 MiB in fp32), in bf16 (52 MiB: finish_on_cpu.sh then predicts every test input anew)
   local name=$1 file=$2
   rm -f "$OUT/50_$RECIPE-"*.pt.part*
-  if [ "$(stat -c %s "$file")" -le $(( 45 * 1024 * 1024 )) ]; then
+  if [ "$(stat -c %s "$file")" -gt $(( ${SHIP_FP32_MIB:-45} * 1024 * 1024 )) ]; then  # (tests: SHIP_FP32_MIB=0)
+    run_cmd 60 "${name}_bf16" "$PY" -m scratchformer.average "$file" --dtype bf16 --output "$file.bf16" --overwrite \
+      && mv "$file.bf16" "$file"
+  fi
+  if [ "$(stat -c %s "$file")" -le $(( 60 * 1024 * 1024 )) ]; then
     split -b 15M -d -a 1 "$file" "$OUT/50_$RECIPE-$name.pt.part"
   else
-    echo "== $file: $(du -h "$file" | cut -f1), over the 45 MiB brought back: left on the machine"
+    echo "== $file: $(du -h "$file" | cut -f1), over the 60 MiB brought back: left on the machine"
   fi
-  rm -f "$file"
+  rm -f "$file" "$file.bf16"
 }
 weights=$RUNS/$RECIPE-weights.pt
 if ! finished && [ ${#VARIANTS[@]} -eq 0 ] && compgen -G "$RUN/step_*.pt" >/dev/null; then

@@ -54,7 +54,12 @@ if [ "$kind" = picked ]; then
     best=$("$PY" -c 'import json, sys; b = json.load(open(sys.argv[1]))["best"]; print(b) if b else sys.exit(f"{sys.argv[1]}: no variant has a score (each diverged?)")' "$archive/run/ablation.json")
     snapshot=$archive/run/$best/test_predictions.jsonl.partial
   fi
-  if [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
+  # weights shipped in bf16 (over 45 MiB in fp32: 50_train.sh's ship) are not the GPU's: all predicted here
+  halved=$("$PY" -c "import sys, torch; from scratchformer.checkpoint import load_checkpoint
+print(int(any(v.dtype == torch.bfloat16 for v in load_checkpoint(sys.argv[1])['model'].values())))" "$RUN/picked.pt")
+  [ "$halved" = 0 ] || echo "== picked.pt came back in bf16: the test inputs are all decoded here, none from the GPU"
+  if [ "$halved" = 0 ] && [ -f "$snapshot" ] && [ ! -e "$RUN/test_predictions.jsonl" ] \
+      && [ ! -e "$RUN/test_predictions.jsonl.partial" ]; then
     cp "$snapshot" "$RUN/test_predictions.jsonl.partial"
     # and what wrote it (generate's record: the weights and the decoding), which --resume checks
     record=${snapshot%.partial}.meta.json

@@ -29,7 +29,7 @@ for n in "$@"; do
 done
 if [ -n "${OUT:-}" ] && [ -d "$TRITON_CACHE_DIR" ]; then
   # the device brings back 64 MiB in all: the cache gets what the steps' files leave, at most 15 MiB
-  # (step 50's weights, up to 45 MiB, beside a full 15 and the archive, lost a file there, maybe a piece)
+  # (step 50's weights, up to 60 MiB, beside a full 15 and the archive, lost a file there, maybe a piece)
   used=$(find "$OUT" -type f -printf '%s\n' | awk '{s += $1} END {print int((s + 1048575) / 1048576)}')
   room=$(( 63 - used )); [ "$room" -gt 15 ] && room=15
   if [ "$room" -ge 1 ]; then
