@@ -257,6 +257,15 @@ def scoring_cut(tmp_path_factory):
     return folder, call
 
 
+def _finish_on_cpu(recipe: str, weights, finish, data) -> subprocess.CompletedProcess:
+    """scripts/gpu/finish_on_cpu.sh RECIPE WEIGHTS FINISH on DATA (SCRATCHFORMER_DATA), asserted to succeed."""
+    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), recipe, str(weights), str(finish)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SCRATCHFORMER_DATA": str(data), "PY": sys.executable})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
 def _finished_run(scoring_cut, runs):
     """`scoring_cut`'s run folder (finished training, nothing scored) copied to RUNS/iwslt -> that folder."""
     run = runs / "iwslt"
@@ -292,10 +301,7 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     load_run(averaged)
     # ... which finish_on_cpu.sh scores at the recipe's decoding and penalties and predicts with
     finish = tmp_path / "finish"
-    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(averaged), str(finish)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SCRATCHFORMER_DATA": env["GPU_DATA"], "PY": sys.executable})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = _finish_on_cpu("iwslt", averaged, finish, env["GPU_DATA"])
     scored = {f.parent.name: json.loads(f.read_text()) for f in finish.glob("*/metrics.validation.json")}
     assert set(scored) == {"averaged", "averaged-lp1.3", "averaged-lp1.6"}
     assert {m["decoding"] for m in scored.values()} == {"beam4"}
@@ -486,10 +492,7 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     snapshot = collected / "50_train.2" / "run" / "test_predictions.jsonl.partial"
     snapshot.write_text(json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
     finish = tmp_path / "finish"
-    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(weights), str(finish)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = _finish_on_cpu("iwslt", weights, finish, str(tmp_path / "data"))
     preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU"
     assert f"test predictions from {picked[0]} (picked.pt), 1 of them decoded on the GPU" in done.stdout
@@ -523,10 +526,7 @@ def test_a_model_over_the_fp32_limit_comes_back_in_bf16_and_is_predicted_anew(tm
     snapshot = collected / "50_train" / "run" / "test_predictions.jsonl.partial"
     snapshot.write_text(json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
     finish = tmp_path / "finish"
-    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt", str(weights), str(finish)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = _finish_on_cpu("iwslt", weights, finish, str(tmp_path / "data"))
     preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids and "vom GPU" not in [p["prediction"] for p in preds]
     assert "picked.pt came back in bf16: the test inputs are all decoded here" in done.stdout
@@ -592,7 +592,6 @@ def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path, scoring_cut):
     looked there only, and decoded every test input again on the CPU). The model: `scoring_cut`'s
     tiny iwslt run's best.pt (any model of the dataset will do)."""
     ids = _translation_data(tmp_path / "data")
-    env = {**os.environ, "SCRATCHFORMER_DATA": str(tmp_path / "data"), "PY": sys.executable}
     collected = tmp_path / "collected"
     (collected / "50_train" / "run" / "seed-1").mkdir(parents=True)
     weights = collected / "50_iwslt-ensemble-picked.pt"
@@ -602,9 +601,7 @@ def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path, scoring_cut):
     (collected / "50_train" / "run" / "seed-1" / "test_predictions.jsonl.partial").write_text(
         json.dumps({"id": ids[2], "prediction": "vom GPU"}) + "\n")
     finish = tmp_path / "finish"
-    done = subprocess.run(["bash", os.path.join(GPU, "finish_on_cpu.sh"), "iwslt-ensemble", str(weights), str(finish)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = _finish_on_cpu("iwslt-ensemble", weights, finish, tmp_path / "data")
     preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU", preds
     assert "1 of them decoded on the GPU" in done.stdout
