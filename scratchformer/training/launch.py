@@ -154,9 +154,9 @@ def _check_tokenizer_flags(config: TrainConfig, given: frozenset[str]) -> None:
 SCHEDULE_OPTIONS = {"min_lr": ("cosine",), "plateau_patience": ("plateau",)}
 
 
-def _check_schedule_options(cfg: TrainConfig, given: frozenset[str]) -> None:
-    """An option of another schedule than the run's, given, is refused naming both (it would be ignored);
-    so is --attention-example with --no-plots."""
+def _check_ignored_options(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """Options given that would do nothing, refused naming what makes them so: one of another schedule
+    than the run's, --attention-example with --no-plots."""
     for name, schedules in SCHEDULE_OPTIONS.items():
         if name in given and cfg.schedule not in schedules:
             raise ConfigError(f"{flag(name)} is for --schedule {' or '.join(schedules)}; this run's is {cfg.schedule}: "
@@ -189,7 +189,7 @@ def _init_checkpoint(config: TrainConfig, given: frozenset[str]) -> tuple[TrainC
     without it, or when resuming (a resumed run has its weights in its own checkpoint). First the
     flags given beside what a run starts from (--init-from, --resume, --tokenizer) are checked."""
     _check_tokenizer_flags(config, given)
-    _check_schedule_options(config, given)
+    _check_ignored_options(config, given)
     if config.resume and "init_from" in given:
         raise ConfigError("--init-from starts a new run from a checkpoint's weights and --resume continues a run: "
                           "give one")
