@@ -232,8 +232,8 @@ def run_lead3(args) -> dict:
     with writing_outputs(Path(args.out), stem, args.overwrite) if args.out else contextlib.nullcontext():
         examples = D.load_split(source, args.split, args.limit)
         hyps = [M.lead3(e.src, k, words) for e in examples]
-        result = {"baseline": "lead3", "split": args.split, "n": len(examples), "sentences": k, "words": words,
-                  **M.rouge(hyps, [e.tgt for e in examples])}
+        result = {"baseline": "lead3", "data": source.to_dict(), "split": args.split, "n": len(examples),
+                  "sentences": k, "words": words, **M.rouge(hyps, [e.tgt for e in examples])}
         print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
         if args.out:
             save_outputs(Path(args.out), stem, args.split, examples, hyps, result)
@@ -287,7 +287,8 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
                   precision=args.precision, progress=sys.stderr.isatty(),
                   summary_sentences=args.summary_sentences, summary_words=args.summary_words)
     single = "ensemble" not in ckpt and "averaged_from" not in ckpt  # one step's weights
-    result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "split": args.split, "n": len(examples),
+    result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "data": source.to_dict(), "split": args.split,
+              "n": len(examples), "precision": args.precision, "kernel": model.cfg.kernel,
               "step": ckpt.get("progress", {}).get("step") if single else None,
               **({"averaged_from": ckpt["averaged_from"]} if "averaged_from" in ckpt else {}), **ev.metrics}
     if source.task == "extractive":

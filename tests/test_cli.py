@@ -20,12 +20,12 @@ from conftest import TINY, translation_folder
 from scratchformer import ablate, average, cli, evaluate, generate, train
 from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from scratchformer.data import DataError, DataSource, Example
+from scratchformer.data import DataError, DataSource, Example, encode_examples
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
-from scratchformer.evaluation.evaluate import load_models, write_predictions
+from scratchformer.evaluation.evaluate import attention_map, load_models, load_run, write_predictions
 from scratchformer.evaluation.options import OptionError
-from scratchformer.model import ModelConfig, build_model
+from scratchformer.model import EOS_ID, ModelConfig, build_model, greedy_decode
 from scratchformer.training.ablation import build_parser as ablate_parser
 from scratchformer.training.config import ConfigError, TrainConfig
 from scratchformer.training.config import build_parser as train_parser
@@ -91,6 +91,10 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--beam-size", "2", "--attention", "0",
                        "--overwrite"])
     assert m["n"] == 12 and {"bleu", "chrf", "loss", "ppl", "exact_match"} <= set(m)
+    # the file names the data, precision and backend it was scored with (two --out of other --data or
+    # --precision differed in their scores alone)
+    saved = json.loads((run / "metrics.validation.json").read_text())
+    assert (saved["data"]["kind"], saved["precision"], saved["kernel"]) == ("local", "fp32", "auto"), saved
     assert (run / "metrics.validation.json").exists() and (run / "attention.validation.0.png").exists()
     preds = [json.loads(l) for l in (run / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 12 and {"source", "reference", "prediction"} <= set(preds[0])
@@ -167,7 +171,8 @@ def test_lead3_baseline(tmp_path, capsys):
     (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = evaluate.main(["--baseline", "lead3", "--data", str(d), "--split", "validation", "--out", str(tmp_path)])
     assert res["n"] == 5 and 60 < res["rouge1"] < 100 and res["rouge2"] > 0
-    assert (tmp_path / "metrics.validation.lead3.json").exists()
+    saved = json.loads((tmp_path / "metrics.validation.lead3.json").read_text())
+    assert saved["data"]["folder"] == str(d) and saved["data"]["task"] == "summarization"  # which data it scored
     assert "lead3" in capsys.readouterr().out
 
 
@@ -487,6 +492,23 @@ def _eval_run(root: Path, seed: int = 0, words: str = "one two three red house b
         "task": task, "args": {**TrainConfig().to_dict(), "max_src_len": 16, "max_tgt_len": 10},
         "data": DataSource("local", "toy_mt", "translation", str(data)).to_dict(), "progress": {"step": 0}})
     return run
+
+
+def test_the_attention_map_reads_the_whole_example_and_shows_its_first_tokens(tmp_path):
+    """--attention N (and train's plots/attention.png): the model read the example cut to the 60 tokens
+    shown, so the map's rows were the output of another input (without its EOS): they differed from
+    the example's greedy output from row 10 on. The model now reads it whole, and the map shows its
+    first 60 columns, the title saying so and that the rows are the greedy output."""
+    model, toks, _ = load_run(_eval_run(tmp_path))
+    dataset, _ = encode_examples([Example(" ".join(["one two three red house big"] * 20), "eins", None)],
+                                 "translation", toks.src, toks.tgt, 512, 64)
+    src = dataset[0][1]
+    w, rows, cols, title = attention_map(model, dataset, 0, toks, device="cpu", max_tgt_len=16)
+    assert len(src) > 60 and w.shape[1] == len(cols) == 60
+    assert f"its first 60 of {len(src)} tokens" in title and "over its greedy output" in title
+    hyp = greedy_decode(model, torch.as_tensor(src)[None], torch.tensor([len(src)]), max_len=16)[0].tolist()
+    hyp = hyp[: hyp.index(EOS_ID) + 1] if EOS_ID in hyp else hyp
+    assert rows == toks.tgt.token_strings(hyp) and w.shape[0] == len(hyp)
 
 
 def test_an_ensemble_reads_and_decodes_the_same_in_any_order(tmp_path):

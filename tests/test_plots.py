@@ -42,6 +42,23 @@ def test_the_curves_draw_each_splits_loss_perplexity_and_learning_rate(tmp_path,
     assert [(list(line.get_xdata()), list(line.get_ydata())) for line in ax_lr.lines] == [([1, 2], [1e-4, 2e-4])]
 
 
+def test_a_single_train_row_is_drawn_and_the_loss_is_labelled_per_its_unit(tmp_path, figures):
+    """A run shorter than --log-every (default 100) logs one train row: its curves were lines of one
+    point, which matplotlib draws as nothing (the legend listed them; the lr panel was empty). A few
+    points carry markers. A classifier's loss is per example, an extractive model's per sentence: the
+    axis said "nats/token" for every task."""
+    rows = [{"split": "train", "step": 1, "loss": 5.6, "nll": 5.5, "lr": 5e-7},
+            {"split": "valid", "step": 50, "loss": 5.4, "ppl": 221.4}]
+    plots.plot_curves(rows, tmp_path / "curves.png", unit="example")
+    ax_loss, ax_ppl, ax_lr = figures[0].axes
+    for ax in (ax_loss, ax_ppl, ax_lr):
+        assert all(line.get_marker() == "o" for line in ax.lines), [line.get_marker() for line in ax.lines]
+    assert len(ax_lr.lines) == 1 and ax_loss.get_ylabel() == "loss (nats/example)"
+    plots.plot_curves([{**rows[0], "step": s} for s in range(1, 101)], tmp_path / "long.png")
+    assert figures[1].axes[0].lines[0].get_marker() in ("None", "", None)  # a long curve: a line alone
+    assert figures[1].axes[0].get_ylabel() == "loss (nats/token)"
+
+
 def test_the_attention_map_has_a_row_per_query_and_a_column_per_key(tmp_path, figures):
     """weights (queries, keys): queries down the side, keys along the bottom, each labelled with its
     token; a label over 14 characters cut to 13 and an ellipsis, an unprintable character escaped,

@@ -1324,14 +1324,14 @@ def test_the_attention_plot_draws_the_attention_example_the_run_names(tmp_path, 
     drawn = {}
     monkeypatch.setattr(report, "attention_map", lambda model, dataset, idx, *a, **k: (idx, ["r"], ["c"], "ex"))
     monkeypatch.setattr(plots, "read_metrics", lambda path: [str(path)])
-    monkeypatch.setattr(plots, "plot_curves", lambda rows, path, title: drawn.update(curves=(rows, path)))
+    monkeypatch.setattr(plots, "plot_curves", lambda rows, path, title, unit: drawn.update(curves=(rows, path, unit)))
     monkeypatch.setattr(plots, "plot_attention",
                         lambda w, rows, cols, path, title: drawn.update(attention=(w, path, title)))
-    data = SimpleNamespace(valid_set=None, tokenizers=None)
+    data = SimpleNamespace(valid_set=None, tokenizers=None, task="translation")
     config = SimpleNamespace(attention_example=3, max_tgt_len=16)
     trainer = SimpleNamespace(out=tmp_path, model=None, device="cpu", data=data, config=config)
     report._plots(trainer)
-    assert drawn["curves"] == ([str(tmp_path / "metrics.jsonl")], tmp_path / "plots" / "curves.png")
+    assert drawn["curves"] == ([str(tmp_path / "metrics.jsonl")], tmp_path / "plots" / "curves.png", "token")
     assert drawn["attention"] == (3, tmp_path / "plots" / "attention.png", "ex, validation example 3")
 
 

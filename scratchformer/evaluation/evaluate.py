@@ -282,34 +282,34 @@ def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int
 def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: TokenizerPair, *, device,
                   max_tgt_len: int = 64, max_tokens_shown: int = 60):
     """Attention of one example for a heatmap: (weights (rows, cols) numpy, row labels, col labels, title).
-
-    Seq2seq: the last decoder layer's cross-attention, averaged over heads, with the model's own
-    greedy output as the decoder input (rows: output tokens, columns: source tokens).
-    Classifier: the last encoder layer's self-attention averaged over heads ([CLS] first);
-    extractive: the same without [CLS] (the sentence markers show as <s>).
-    """
+    The model reads the whole example; the map shows its first `max_tokens_shown` tokens (the title
+    says where it cuts). Seq2seq: the last decoder layer's cross-attention (mean over heads) over the
+    model's greedy output (rows: output tokens, columns: source tokens). Classifier: the last encoder
+    layer's self-attention ([CLS] first); extractive: the same without [CLS] (sentence markers: <s>)."""
     model.eval()
     _, src, tgt = dataset[index]
-    src = torch.as_tensor(src[:max_tokens_shown], dtype=torch.int64, device=device)[None]
-    src_len = torch.tensor([src.shape[1]], device=device)
-    src_labels = tokenizers.src.token_strings(src[0].tolist())
+    src = torch.as_tensor(src, dtype=torch.int64, device=device)[None]
+    n, k = src.shape[1], max_tokens_shown
+    src_len = torch.tensor([n], device=device)
+    src_labels = tokenizers.src.token_strings(src[0, :k].tolist())
+    cut = f", its first {k} of {n} tokens" if n > k else ""
     if dataset.task == "classification":
         _, weights = model(src, src_len, return_attention=True)
-        w = weights[-1][0].mean(0).float().cpu().numpy()  # (L+1, L+1)
+        w = weights[-1][0].mean(0).float().cpu().numpy()[: k + 1, : k + 1]  # (L+1, L+1)
         labels = ["[CLS]"] + src_labels
-        return w, labels, labels, "classifier self-attention, last layer (mean over heads)"
+        return w, labels, labels, f"classifier self-attention, last layer (mean over heads{cut})"
     if dataset.task == "extractive":
-        marks = (src[0] == BOS_ID).nonzero()[:, 0][None]  # the markers still in the shown tokens
-        _, weights = model(src, src_len, marks, return_attention=True)
-        w = weights[-1][0].mean(0).float().cpu().numpy()  # (L, L)
-        return w, src_labels, src_labels, "extractive encoder self-attention, last layer (mean over heads)"
-    hyp = greedy_decode(model, src, src_len, max_len=min(max_tgt_len, 2 * src.shape[1] + 10))[0].tolist()
+        _, weights = model(src, src_len, (src[0] == BOS_ID).nonzero()[:, 0][None], return_attention=True)
+        w = weights[-1][0].mean(0).float().cpu().numpy()[:k, :k]  # (L, L)
+        return w, src_labels, src_labels, f"extractive encoder self-attention, last layer (mean over heads{cut})"
+    hyp = greedy_decode(model, src, src_len, max_len=min(max_tgt_len, 2 * n + 10))[0].tolist()
     if EOS_ID in hyp:
         hyp = hyp[: hyp.index(EOS_ID) + 1]
     tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
     _, weights = model(src, src_len, tgt_in, torch.tensor([tgt_in.shape[1]], device=device), need_weights=True)
-    w = weights[-1][0].mean(0).float().cpu().numpy()  # (Lt, Ls)
-    return w, tokenizers.tgt.token_strings(hyp), src_labels, "decoder cross-attention, last layer (mean over heads)"
+    w = weights[-1][0].mean(0).float().cpu().numpy()[:, :k]  # (Lt, Ls)
+    return (w, tokenizers.tgt.token_strings(hyp), src_labels,
+            f"decoder cross-attention over its greedy output, last layer (mean over heads{cut})")
 
 
 def format_metrics(m: dict) -> str:

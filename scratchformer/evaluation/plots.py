@@ -25,24 +25,28 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_curves(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Train/valid loss, perplexity and learning rate against the optimizer step."""
+def plot_curves(rows: list[dict], path: str | Path, title: str = "", unit: str = "token") -> Path:
+    """Train/valid loss, perplexity and learning rate against the optimizer step; the loss is per
+    `unit` (token; a classifier's per example, an extractive model's per sentence). Lines of a few
+    points carry markers: a short run (under --log-every steps) has one train row, which a line alone
+    did not draw."""
     train = [r for r in rows if r.get("split") == "train"]
     valid = [r for r in rows if r.get("split") == "valid"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     ax_loss, ax_ppl, ax_lr = axes
     if train:
         steps = [r["step"] for r in train]
-        ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)", alpha=0.8)
+        kw = dict(marker="o" if len(steps) < 20 else None, markersize=3)
+        ax_loss.plot(steps, [r["loss"] for r in train], label="train (label-smoothed)", alpha=0.8, **kw)
         if "nll" in train[0]:
-            ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.8)
-            ax_ppl.plot(steps, [math.exp(min(r["nll"], 50)) for r in train], label="train")
-        ax_lr.plot(steps, [r["lr"] for r in train])
+            ax_loss.plot(steps, [r["nll"] for r in train], label="train NLL", alpha=0.8, **kw)
+            ax_ppl.plot(steps, [math.exp(min(r["nll"], 50)) for r in train], label="train", **kw)
+        ax_lr.plot(steps, [r["lr"] for r in train], **kw)
     if valid:
         steps = [r["step"] for r in valid]
         ax_loss.plot(steps, [r["loss"] for r in valid], "o-", label="valid NLL")
         ax_ppl.plot(steps, [r["ppl"] for r in valid], "o-", label="valid")
-    ax_loss.set(xlabel="step", ylabel="loss (nats/token)", title="loss")
+    ax_loss.set(xlabel="step", ylabel=f"loss (nats/{unit})", title="loss")
     ax_ppl.set(xlabel="step", ylabel="perplexity", title="perplexity", yscale="log")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
     for ax in (ax_loss, ax_ppl):

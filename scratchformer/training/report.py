@@ -56,7 +56,8 @@ def _plots(trainer) -> None:
     from ..evaluation.plots import plot_attention, plot_curves, read_metrics  # matplotlib: only when plotting
 
     out, data = trainer.out, trainer.data
-    plot_curves(read_metrics(out / "metrics.jsonl"), out / "plots" / "curves.png", title=str(out))
+    unit = {"classification": "example", "extractive": "sentence"}.get(data.task, "token")
+    plot_curves(read_metrics(out / "metrics.jsonl"), out / "plots" / "curves.png", title=str(out), unit=unit)
     idx = trainer.config.attention_example  # within the split (`launch`)
     w, rows, cols, title = attention_map(trainer.model, data.valid_set, idx, data.tokenizers, device=trainer.device,
                                          max_tgt_len=trainer.config.max_tgt_len)
