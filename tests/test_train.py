@@ -509,7 +509,12 @@ def test_resume_into_another_out_refuses_a_folder_holding_a_run(tmp_path):
     assert _best_is_its_own(c) == 2 and (c / "best.pt").read_bytes() == (a / "best.pt").read_bytes()
     rows = [json.loads(line) for line in (c / "metrics.jsonl").read_text().splitlines()]
     best_loss = next(r["loss"] for r in rows if r["split"] == "valid" and r["step"] == 2)
-    assert json.loads((c / "metrics.final.json").read_text())["loss"] == pytest.approx(best_loss)  # best.pt scored
+    final = json.loads((c / "metrics.final.json").read_text())
+    assert final["loss"] == pytest.approx(best_loss)  # best.pt scored
+    # on how many examples: the loss on the split, the decodings on --eval-decode-examples (it said neither)
+    valid = load_checkpoint(c / "last.pt")["args"]
+    assert (final["n"], final["n_decoded"]) == (valid["max_valid_examples"], valid["eval_decode_examples"])
+    assert final["n_decoded"] < final["n"]
     assert [s for s, _, _ in _train_rows(c)] == [1, 2, 3, 4]
     assert _train_rows(c)[:2] == _train_rows(a)
     assert sorted(p.name for p in c.glob("step_*.pt")) == ["step_0000004.pt"]

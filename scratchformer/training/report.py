@@ -27,9 +27,10 @@ def final_report(trainer) -> dict:
                   limit=None if classify else (cfg.eval_decode_examples or None),
                   max_tokens=trainer.eval_max_tokens, precision=cfg.precision,
                   summary_sentences=cfg.summary_sentences, summary_words=cfg.summary_words)
-    res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
-           **ev.metrics, **ev.decodings}
     n_valid = len(data.valid_set)
+    res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
+           "n": n_valid, "n_decoded": ev.n, **ev.metrics, **ev.decodings}  # the loss's examples, the decodings'
+
     write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs, "validation")
     if classify:
         lines = [f"validation ({n_valid} examples): {format_metrics(res)}"]
