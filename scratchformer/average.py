@@ -54,7 +54,8 @@ def inputs(args) -> list[Path]:
         steps = step_checkpoints(args.checkpoints[0])
         if len(steps) < args.last:
             raise cli.UsageError(f"--last {args.last}: {args.checkpoints[0]} holds {len(steps)} step checkpoints "
-                                 f"(train with --keep-checkpoints {args.last} or more to keep them)")
+                                 f"(a run keeps its newest --keep-checkpoints, one each --save-every steps: average "
+                                 f"fewer, or train with more of them kept, or longer)")
         paths = steps[-args.last:]
     if len({p.resolve() for p in paths}) < len(paths):
         raise cli.UsageError("a checkpoint is given twice: each counts once in the average")

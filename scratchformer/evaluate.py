@@ -288,7 +288,8 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
                   summary_sentences=args.summary_sentences, summary_words=args.summary_words)
     single = "ensemble" not in ckpt and "averaged_from" not in ckpt  # one step's weights
     result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "data": source.to_dict(), "split": args.split,
-              "n": len(examples), "precision": args.precision, "kernel": model.cfg.kernel,
+              "n": len(examples), "precision": args.precision,
+              "kernel": "+".join(sorted({m.ops.name for m in getattr(model, "members", [model])})),  # resolved
               "step": ckpt.get("progress", {}).get("step") if single else None,
               **({"averaged_from": ckpt["averaged_from"]} if "averaged_from" in ckpt else {}), **ev.metrics}
     if source.task == "extractive":
