@@ -29,8 +29,8 @@ from .checkpoint import file_in_the_way
 from .data.extractive import selection_name
 from .device import resolve_device
 from .evaluation import metrics as M
+from .evaluation.attention import attention_map
 from .evaluation.evaluate import (
-    attention_map,
     class_names,
     decoding_name,
     evaluate,
@@ -308,7 +308,9 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
         from .evaluation.plots import plot_attention  # matplotlib: only when plotting
 
         w, rows, cols, title = attention_map(model, dataset, args.attention, toks, device=device,
-                                             max_tgt_len=run.max_tgt_len)
+                                             max_tgt_len=run.max_tgt_len, precision=args.precision,
+                                             beam_size=args.beam_size, length_penalty=args.length_penalty,
+                                             no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len)
         plot_attention(w, rows, cols, out / f"attention.{args.split}.{args.attention}.png", title=title)
     return result
 

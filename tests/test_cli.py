@@ -2,6 +2,7 @@
 
 import argparse
 import errno
+import gzip
 import json
 import os
 import re
@@ -23,7 +24,8 @@ from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_chec
 from scratchformer.data import DataError, DataSource, Example, encode_examples
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
-from scratchformer.evaluation.evaluate import attention_map, load_models, load_run, write_predictions
+from scratchformer.evaluation.attention import attention_map
+from scratchformer.evaluation.evaluate import decode_batch, load_models, load_run, write_predictions
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, build_model, greedy_decode
 from scratchformer.training.ablation import build_parser as ablate_parser
@@ -509,6 +511,33 @@ def test_the_attention_map_reads_the_whole_example_and_shows_its_first_tokens(tm
     hyp = greedy_decode(model, torch.as_tensor(src)[None], torch.tensor([len(src)]), max_len=16)[0].tolist()
     hyp = hyp[: hyp.index(EOS_ID) + 1] if EOS_ID in hyp else hyp
     assert rows == toks.tgt.token_strings(hyp) and w.shape[0] == len(hyp)
+
+
+def test_the_attention_map_of_a_beam_evaluation_is_over_the_beam_output_it_wrote(tmp_path, monkeypatch):
+    """evaluate --beam-size 4 --attention N drew the map over the model's greedy output, not over the
+    beam output the evaluation wrote for example N; it now decodes N as the evaluation did."""
+    import scratchformer.evaluation.plots as plots
+
+    run = _eval_run(tmp_path)
+    model, toks, _ = load_run(run)
+    examples = [json.loads(line) for line in gzip.open(run.parent / "toy_mt" / "validation.jsonl.gz", "rt")]
+    dataset, _ = encode_examples([Example(e["src"], e["tgt"], None) for e in examples], "translation",
+                                 toks.src, toks.tgt, 16, 10)
+
+    def output(i, **options):
+        src = torch.as_tensor(dataset[i][1])[None]
+        ids = decode_batch(model, src, torch.tensor([src.shape[1]]), "translation", max_tgt_len=10, **options)
+        ids = ids[0].tolist()
+        return toks.tgt.token_strings(ids[: ids.index(EOS_ID) + 1] if EOS_ID in ids else ids)
+
+    beam = dict(beam_size=4, length_penalty=0.6, no_repeat_ngram=2)
+    i = next(i for i in range(len(dataset)) if output(i, **beam) != output(i))  # one that beam search decodes otherwise
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_attention",
+                        lambda w, rows, cols, path, title: drawn.update(rows=rows, title=title))
+    evaluate.main(["--checkpoint", str(run), "--split", "validation", "--out", str(tmp_path / "beam"),
+                   "--beam-size", "4", "--length-penalty", "0.6", "--no-repeat-ngram", "2", "--attention", str(i)])
+    assert drawn["rows"] == output(i, **beam) and "over its beam4 output" in drawn["title"]
 
 
 def test_an_ensemble_reads_and_decodes_the_same_in_any_order(tmp_path):

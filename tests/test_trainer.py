@@ -1328,7 +1328,7 @@ def test_the_attention_plot_draws_the_attention_example_the_run_names(tmp_path, 
     monkeypatch.setattr(plots, "plot_attention",
                         lambda w, rows, cols, path, title: drawn.update(attention=(w, path, title)))
     data = SimpleNamespace(valid_set=None, tokenizers=None, task="translation")
-    config = SimpleNamespace(attention_example=3, max_tgt_len=16)
+    config = SimpleNamespace(attention_example=3, max_tgt_len=16, precision="fp32")
     trainer = SimpleNamespace(out=tmp_path, model=None, device="cpu", data=data, config=config)
     report._plots(trainer)
     assert drawn["curves"] == ([str(tmp_path / "metrics.jsonl")], tmp_path / "plots" / "curves.png", "token")

@@ -22,7 +22,7 @@ from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkp
 from ..compile import compile_for_inference
 from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_name
 from ..data.tokenizer import TokenizerPair
-from ..model import BOS_ID, EOS_ID, PAD_ID, Ensemble, ModelConfig, beam_search, build_model, greedy_decode
+from ..model import PAD_ID, Ensemble, ModelConfig, beam_search, build_model, greedy_decode
 from . import metrics as M
 from .options import check_min_len
 
@@ -197,6 +197,18 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
     return max_tgt_len
 
 
+def decode_batch(model, src, src_lengths, task: str, *, max_tgt_len: int, beam_size: int = 1,
+                 length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
+                 len_ratio: float | None = None) -> torch.Tensor:
+    """One batch's outputs, (B, T) token ids: beam search (beam_size > 1) or greedy, each row capped
+    by `decode_max_len`. What `predict_seq2seq` decodes, and the attention map's rows."""
+    max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio)
+    if beam_size > 1:
+        return beam_search(model, src, src_lengths, beam_size=beam_size, max_len=max_len,
+                           length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+    return greedy_decode(model, src, src_lengths, max_len=max_len, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+
+
 @torch.no_grad()
 def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
@@ -216,14 +228,10 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         loader = tqdm(loader, desc="decode", leave=False, dynamic_ncols=True)
     for batch in loader:
         batch = batch.to(device)
-        max_len = decode_max_len(dataset.task, batch.src_lengths, max_tgt_len, len_ratio)
         with autocast_for(device, precision):
-            if beam_size > 1:
-                toks = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size, max_len=max_len,
-                                   length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
-            else:
-                toks = greedy_decode(model, batch.src, batch.src_lengths, max_len=max_len,
-                                     no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+            toks = decode_batch(model, batch.src, batch.src_lengths, dataset.task, max_tgt_len=max_tgt_len,
+                                beam_size=beam_size, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
+                                min_len=min_len, len_ratio=len_ratio)
         ids, texts = batch.ids.tolist(), tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
@@ -276,40 +284,6 @@ def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int
         if on_batch is not None:
             on_batch(ids, summaries)
     return out
-
-
-@torch.no_grad()
-def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: TokenizerPair, *, device,
-                  max_tgt_len: int = 64, max_tokens_shown: int = 60):
-    """Attention of one example for a heatmap: (weights (rows, cols) numpy, row labels, col labels, title).
-    The model reads the whole example; the map shows its first `max_tokens_shown` tokens (the title
-    says where it cuts). Seq2seq: the last decoder layer's cross-attention (mean over heads) over the
-    model's greedy output (rows: output tokens, columns: source tokens). Classifier: the last encoder
-    layer's self-attention ([CLS] first); extractive: the same without [CLS] (sentence markers: <s>)."""
-    model.eval()
-    _, src, tgt = dataset[index]
-    src = torch.as_tensor(src, dtype=torch.int64, device=device)[None]
-    n, k = src.shape[1], max_tokens_shown
-    src_len = torch.tensor([n], device=device)
-    src_labels = tokenizers.src.token_strings(src[0, :k].tolist())
-    cut = f", its first {k} of {n} tokens" if n > k else ""
-    if dataset.task == "classification":
-        _, weights = model(src, src_len, return_attention=True)
-        w = weights[-1][0].mean(0).float().cpu().numpy()[: k + 1, : k + 1]  # (L+1, L+1)
-        labels = ["[CLS]"] + src_labels
-        return w, labels, labels, f"classifier self-attention, last layer (mean over heads{cut})"
-    if dataset.task == "extractive":
-        _, weights = model(src, src_len, (src[0] == BOS_ID).nonzero()[:, 0][None], return_attention=True)
-        w = weights[-1][0].mean(0).float().cpu().numpy()[:k, :k]  # (L, L)
-        return w, src_labels, src_labels, f"extractive encoder self-attention, last layer (mean over heads{cut})"
-    hyp = greedy_decode(model, src, src_len, max_len=min(max_tgt_len, 2 * n + 10))[0].tolist()
-    if EOS_ID in hyp:
-        hyp = hyp[: hyp.index(EOS_ID) + 1]
-    tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
-    _, weights = model(src, src_len, tgt_in, torch.tensor([tgt_in.shape[1]], device=device), need_weights=True)
-    w = weights[-1][0].mean(0).float().cpu().numpy()[:, :k]  # (Lt, Ls)
-    return (w, tokenizers.tgt.token_strings(hyp), src_labels,
-            f"decoder cross-attention over its greedy output, last layer (mean over heads{cut})")
 
 
 def format_metrics(m: dict) -> str:
@@ -386,8 +360,8 @@ def write_predictions(path: Path, examples, outputs, split: str) -> None:
     folder) leaves any previous file as it was."""
 
     def rows():
-        for i, (e, p) in enumerate(zip(examples, outputs)):
-            row = {"id": f"{split}-{i}" if e.id is None else e.id, "source": e.src, "reference": e.tgt}
+        for rid, e, p in zip(D.prediction_ids(examples, split), examples, outputs):
+            row = {"id": rid, "source": e.src, "reference": e.tgt}
             row.update(p if isinstance(p, dict) else {"prediction": p})
             yield json.dumps(row, ensure_ascii=False)
 

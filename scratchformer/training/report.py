@@ -6,7 +6,8 @@ import json
 import time
 
 from ..checkpoint import load_checkpoint, write_lines_atomic
-from ..evaluation.evaluate import attention_map, evaluate, format_metrics, write_predictions
+from ..evaluation.attention import attention_map
+from ..evaluation.evaluate import evaluate, format_metrics, write_predictions
 
 
 def final_report(trainer) -> dict:
@@ -61,5 +62,5 @@ def _plots(trainer) -> None:
     plot_curves(read_metrics(out / "metrics.jsonl"), out / "plots" / "curves.png", title=str(out), unit=unit)
     idx = trainer.config.attention_example  # within the split (`launch`)
     w, rows, cols, title = attention_map(trainer.model, data.valid_set, idx, data.tokenizers, device=trainer.device,
-                                         max_tgt_len=trainer.config.max_tgt_len)
+                                         max_tgt_len=trainer.config.max_tgt_len, precision=trainer.config.precision)
     plot_attention(w, rows, cols, out / "plots" / "attention.png", title=f"{title}, validation example {idx}")
