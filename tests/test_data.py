@@ -331,6 +331,24 @@ def test_a_records_id_is_text_whatever_its_json_type(tmp_path):
     assert [e.id for e in D.read_split(write_jsonl(tmp_path / "train.jsonl", rows), "translation")] == ["7", "x", None]
 
 
+@pytest.mark.parametrize("ids, first, second, rid", [
+    ([7, "x", "7"], 0, 2, "7"),  # 7 and "7" are one id
+    ([None, "validation-0", None], 0, 1, "validation-0"),  # an own id equal to one an example without gets
+])
+def test_two_examples_of_an_evaluated_split_sharing_an_id_are_refused(tmp_path, ids, first, second, rid):
+    """Their predictions (predictions.validation.jsonl) would be written under one id and could not be
+    told apart: validation was read as given. A train split is read as given (nothing is written by id)."""
+    rows = [{"src": f"s{i}", "tgt": "t", **({"id": x} if x is not None else {})} for i, x in enumerate(ids)]
+    for split in ("train", "validation"):
+        write_jsonl(tmp_path / f"{split}.jsonl", rows)
+    src = D.resolve_source(data=str(tmp_path), task="translation")
+    assert len(D.load_split(src, "train")) == 3
+    with pytest.raises(D.DataError, match=rf"validation.jsonl: examples {first} and {second} \(counting from 0\) "
+                                          rf"share the id '{rid}'"):
+        D.load_split(src, "validation")
+    assert len(D.load_split(src, "validation", limit=second)) == second  # those before the second are fine
+
+
 def test_infer_task_from_a_tsv_header(tmp_path):
     # docs/training.md: the task comes from meta.json or the fields of the first record; a TSV's header
     # row names its fields (only JSON lines were read: a TSV folder always needed --task)

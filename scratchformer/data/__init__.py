@@ -46,7 +46,7 @@ from .datasets import (
     texts_for_tokenizer,
 )
 from .ragged import Ragged
-from .records import FIELDS, TASKS, Example, check_record
+from .records import FIELDS, TASKS, Example, check_record, prediction_ids
 from .sentences import split_sentences
 from .synthetic import DE_NUMBERS, EN_NUMBERS, SYNTHETIC_SIZES, synthetic_examples
 from .tokenizer import (
@@ -64,8 +64,8 @@ __all__ = [
     # datasets
     "TASKS", "SPLITS", "EXTENSIONS", "FIELDS", "HUB", "LOCAL_NAMES", "DEFAULT_TASK", "EN_NUMBERS", "DE_NUMBERS",
     "SYNTHETIC_SIZES", "DataError", "Example", "DataSource", "synthetic_examples", "check_split", "check_limit",
-    "check_record", "find_split_file", "read_split", "infer_task", "label_names", "local_folder", "load_hub",
-    "resolve_source", "load_split", "has_split",
+    "check_record", "prediction_ids", "find_split_file", "read_split", "infer_task", "label_names", "local_folder",
+    "load_hub", "resolve_source", "load_split", "has_split",
     "carve_validation", "texts_for_tokenizer",
     "split_sentences",
     # tokenizer, BPE-dropout

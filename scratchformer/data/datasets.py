@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
-from .records import FIELDS, TASKS, Example, check_record
+from .records import FIELDS, TASKS, Example, check_record, check_unique_ids
 from .synthetic import SYNTHETIC_SIZES, synthetic_examples
 
 SPLITS = ("train", "validation", "test")
@@ -307,7 +307,9 @@ def resolve_source(dataset: str = "synthetic", data: str | None = None, task: st
 
 
 def load_split(source: DataSource, split: str, limit: int | None = None, synthetic_seed: int = 1234) -> list[Example]:
-    """The examples of one split of `source` (`resolve_source`), the first `limit` of them (None: all)."""
+    """The examples of one split of `source` (`resolve_source`), the first `limit` of them (None: all).
+    A split other than train, whose predictions are written by id, is a DataError when two of its
+    examples share one (`check_unique_ids`)."""
     if not isinstance(source, DataSource):
         raise TypeError(f"source must be a DataSource (resolve_source(dataset, data, task)), got {source!r}")
     check_split(split)
@@ -321,8 +323,12 @@ def load_split(source: DataSource, split: str, limit: int | None = None, synthet
         if p is None:
             tried = ", ".join(f"{split}{ext}" for ext in EXTENSIONS)
             raise DataError(f"{folder}: no {split} split (looked for {tried})")
-        return read_split(p, source.task, limit)
-    return load_hub(source.name, split, limit)
+        examples, where = read_split(p, source.task, limit), str(p)
+    else:
+        examples, where = load_hub(source.name, split, limit), f"{source.name}[{split}]"
+    if split != "train":
+        check_unique_ids(examples, split, where)
+    return examples
 
 
 def has_split(source: DataSource, split: str) -> bool:

@@ -1,5 +1,6 @@
-"""What an example of each task is: `Example`, the fields a record holds per task (`FIELDS`) and
-`check_record`, which turns a record read from any source (a file's line, a hub row) into one."""
+"""What an example of each task is: `Example`, the fields a record holds per task (`FIELDS`),
+`check_record`, which turns a record read from any source (a file's line, a hub row) into one, and
+the id its prediction is written under (`prediction_ids`, `check_unique_ids`)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,19 @@ def check_record(rec, task: str, where: str) -> Example:
         check_text(tgt, tgt_f, where)
     rid = rec.get("id")
     return Example(src, tgt, None if rid is None else str(rid))
+
+
+def prediction_ids(examples: list[Example], split: str) -> list[str]:
+    """The id each example's prediction is written under: its own, else "<split>-<i>", its place from 0."""
+    return [f"{split}-{i}" if e.id is None else e.id for i, e in enumerate(examples)]
+
+
+def check_unique_ids(examples: list[Example], split: str, where: str) -> None:
+    """DataError naming the first id two examples share (an own id or one `prediction_ids` gives an
+    example without one): their predictions would be written under one id, and could not be told apart."""
+    first: dict[str, int] = {}
+    for i, rid in enumerate(prediction_ids(examples, split)):
+        if rid in first:
+            raise DataError(f"{where}: examples {first[rid]} and {i} (counting from 0) share the id {rid!r}, so "
+                            f"their predictions would be written under one id: give each example an id of its own")
+        first[rid] = i
