@@ -54,7 +54,8 @@ setup(
             extra_compile_args=extra,
             extra_link_args=["-fopenmp"] if os.name != "nt" else [],
             define_macros=[("WITH_CUDA", None)] if use_cuda else [],
-            depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),  # csrc/sinusoid.h: rebuild when it changes
+            # the headers (csrc/sinusoid.h, csrc/cuda/embed_limits.h): rebuild when one changes
+            depends=sorted(glob.glob(os.path.join("csrc", "*.h")) + glob.glob(os.path.join("csrc", "cuda", "*.h"))),
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -665,6 +665,23 @@ def test_cuda_forward_grid_edges(B, L, d, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_widest_row_runs_and_one_wider_is_refused_naming_d_model(dtype):
+    """The forward spreads a row over the grid's y dimension (at most 65535 blocks of 128 threads, 2
+    or more columns each; csrc/cuda/embed_limits.h): d_model 16,776,960 runs and equals the CPU op.
+    A wider row was CUDA's "invalid configuration argument"; both ops now refuse it naming d_model."""
+    d = 65535 * 128 * 2
+    tokens, weight = torch.tensor([[1, 0]]), _weight(2, d, dtype)
+    out = _ext.embed_sinusoidal(tokens.cuda(), weight.cuda(), scale=2.0).cpu()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out, _ext.embed_sinusoidal(tokens, weight, scale=2.0), rtol=eps, atol=eps * 4)
+    wide = torch.zeros(2, d + 2, dtype=dtype, device="cuda")
+    for op in (lambda: _ext.embed_sinusoidal(tokens.cuda(), wide, scale=2.0), lambda: _ext.add_sinusoidal(wide[None])):
+        with pytest.raises(RuntimeError, match=f"on CUDA: d_model .* at most {d}, got {d + 2}"):
+            op()
+
+
+@requires_cuda
 def test_cuda_empty_inputs():
     """No tokens, no columns: the shapes (and dtypes) of the CPU op, zeros for the gradient, no launch."""
     weight = _weight(10, 8, torch.bfloat16, "cuda")

@@ -16,6 +16,8 @@
 #include <limits>
 #include <optional>
 
+#include "embed_limits.h"
+
 namespace scratchformer {
 
 // Defined in csrc/embed.cpp: the same checks (and messages) on every device.
@@ -70,6 +72,12 @@ void check_cuda_dtype(at::ScalarType dtype, const char* op) {
               " on CUDA supports float32, float16 and bfloat16, got ", dtype);
 }
 
+// The forward's launch covers rows up to kMaxForwardWidth columns (embed_limits.h).
+void check_cuda_width(int64_t d, const char* op) {
+  TORCH_CHECK(d <= kMaxForwardWidth, op, " on CUDA: d_model (the last dimension) must be at most ",
+              kMaxForwardWidth, ", got ", d);
+}
+
 at::Tensor embed_sinusoidal_cuda(const at::Tensor& tokens_in, const at::Tensor& weight_in,
                                  double scale, int64_t pos_offset, bool pos_encoding,
                                  std::optional<int64_t> padding_idx) {
@@ -77,6 +85,7 @@ at::Tensor embed_sinusoidal_cuda(const at::Tensor& tokens_in, const at::Tensor& 
   TORCH_CHECK(weight_in.is_cuda(), "embed_sinusoidal: expected CUDA tensors, got weight on ",
               weight_in.device());
   check_cuda_dtype(weight_in.scalar_type(), "embed_sinusoidal");
+  check_cuda_width(weight_in.size(1), "embed_sinusoidal");
   const c10::cuda::CUDAGuard guard(weight_in.device());
   const at::Tensor tokens = tokens_in.contiguous();
   const at::Tensor weight = weight_in.stride(1) == 1 ? weight_in : weight_in.contiguous();
@@ -132,6 +141,7 @@ at::Tensor embed_sinusoidal_backward_cuda(const at::Tensor& grad_in, const at::T
 at::Tensor add_sinusoidal_cuda(const at::Tensor& x_in, int64_t pos_offset) {
   check_add_sinusoidal_args(x_in, pos_offset);
   check_cuda_dtype(x_in.scalar_type(), "add_sinusoidal");
+  check_cuda_width(x_in.size(-1), "add_sinusoidal");
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x);

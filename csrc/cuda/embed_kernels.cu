@@ -64,6 +64,7 @@
 #include <cuda_runtime.h>
 
 #include "../sinusoid.h"
+#include "embed_limits.h"
 
 namespace scratchformer {
 namespace cuda {
@@ -309,7 +310,11 @@ cudaError_t launch_fwd(const index_t* tokens, const scalar_t* src, scalar_t* out
   const int64_t sequences = (rows + L - 1) / L;
   const int64_t grid_x = (L + ty - 1) / ty * ((sequences + kRowsPerThread - 1) / kRowsPerThread);
   const int64_t grid_y = (groups + tx - 1) / tx;
-  if (grid_x > 0x7fffffffLL || grid_y > 65535) return cudaErrorInvalidConfiguration;
+  // The glue refuses d > kMaxForwardWidth first, naming it; this keeps the launch from ever
+  // starting a grid it cannot cover.
+  if (d > kMaxForwardWidth || grid_x > 0x7fffffffLL || grid_y > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   const dim3 block(tx, ty);
   if (cols == 2 * kWide) {
