@@ -38,10 +38,17 @@ if _WORKERS > 1:
 # test_gpu_plan.py, 31 tests and a quarter of the suite's time, among the last: on 2026-12-02 one
 # worker ran it alone for the suite's last 5 minutes).
 LONGEST_FIRST = ("test_gpu_plan.py", "test_triton_compile.py", "test_torch_ops.py", "test_compile_budget.py")
+# On a GPU (scripts/gpu/10_tests.sh, under a time limit, its tests handed out in this order) the files of
+# the kernels, of the model on them and of CUDA graphs come first: a cut at the limit then loses tests
+# the CPU's CI runs too, not the cases only a GPU runs.
+GPU_FIRST = ("test_attention.py", "test_add_layer_norm.py", "test_ffn.py", "test_cross_entropy.py",
+             "test_matmul_tma.py", "test_attention_tma.py", "test_partial_sums.py", "test_layer_norm_numerics.py",
+             "test_model_triton.py", "test_cuda_graph.py", "test_torch_ops.py", "test_weight_cast.py",
+             "test_sublayer_inputs.py", "test_recompute.py", "test_op_checks.py", "test_trainer.py")
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(GPU_FIRST if _HAS_CUDA else LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's order kept
 
 

@@ -14,6 +14,7 @@ import lzma
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -442,6 +443,29 @@ def test_extractive_recipe_runs_to_its_test_predictions(tmp_path):
     for p, t in zip(preds, tests, strict=True):  # whole sentences of its own document, at most 4
         picked = p["prediction"].split("\n")
         assert 1 <= len(picked) <= 4 and all(s in t["document"] for s in picked), (p, t)
+
+
+def test_train_step_killed_outright_still_brings_back_its_archive(tmp_path, scoring_cut):
+    """The device kills a call past its timeout_s with SIGKILL: no exit trap runs, so the step's one
+    archive, written by that trap, was never made and the call brought back nothing, not even its
+    log. Step 50 now packs an interim archive after training (and after the predictions): killed
+    while scoring, the call still brings back its log and the run folder, and no half-written archive."""
+    _translation_data(tmp_path / "data")
+    _finished_run(scoring_cut, tmp_path / "runs")
+    fake = tmp_path / "python"  # kills the step's whole session at its first evaluate, as the device would
+    fake.write_text('#!/bin/bash\nfor a in "$@"; do if [ "$a" = scratchformer.evaluate ]; then\n'
+                    '  pkill -KILL -s "$(ps -o sid= -p $$ | tr -d " ")"; sleep 30; fi; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = _step_env(OUT=str(tmp_path / "o1"), GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"),
+                    RECIPE="iwslt", PY=str(fake))
+    call = subprocess.run(["bash", os.path.join(GPU, "50_train.sh")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, start_new_session=True)  # its own session: pytest's is spared
+    assert call.returncode == -signal.SIGKILL, call.stdout[-3000:]
+    assert os.listdir(tmp_path / "o1") == ["50_train.tar.gz"]
+    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    assert {"run/metrics.final.json", "run/log.txt", "env.txt"} <= set(files), sorted(files)
+    assert not any(name.endswith(".pt") for name in files) and "== 50_train: exit" not in log, log[-2000:]
 
 
 def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch, scoring_cut):

@@ -18,7 +18,8 @@
 #      (50_RECIPE-picked.pt.part*);
 #   4. always: the run folder without checkpoints into the archive (log, metrics, curves,
 #      attention, validation predictions, test predictions, a summarizer's encoder check), and
-#      "RECIPE: finished" or "continue".
+#      "RECIPE: finished" or "continue". An interim archive after step 1 and after step 2 (`interim`)
+#      brings those back from a call the device kills before the exit trap's archive.
 # An ablation recipe runs scratchformer.ablate the same way (a stopped grid continues), JOBS of its
 # variants at once; a search recipe (an ablation with DECODE) then goes on with steps 2 and 3 on the
 # grid's best variant by METRIC on validation (ablation.json's "best"), as for a single run; with
@@ -35,6 +36,7 @@ train_extra "${TRAIN_EXTRA:-}"
 export SCRATCHFORMER_DATA=${GPU_DATA:-$REPO/.gpu_data}  # GPU_DATA: another folder (tests)
 RUNS=${GPU_RUNS:-${TMPDIR:-/tmp}/scratchformer-runs}
 RUN=$RUNS/$RECIPE
+GRID=$RUN  # the run folder the archive takes (a grid: all of it; RUN becomes a search's best variant)
 if [ "$DRY" = 1 ]; then  # CPU: a tiny model for a few steps, eager, fp32, on the same recipe's flags
   FLAGS+=(--kernel eager --precision fp32 --max-train-examples 64 --max-valid-examples 8 --max-steps 3
           --eval-every 3 --eval-decode-examples 2 --save-every 1 --no-plots --max-src-len 64)
@@ -72,6 +74,17 @@ graphs_failed() {
   fi
 }
 finished() { [ -e "$RUN/metrics.final.json" ] || [ -e "$RUN/ablation.json" ]; }
+copy_run() {  # the run folder (a grid: all of it), without checkpoints, into the archive's run/
+  rm -rf "$WORK/run"  # anew: a file the run removed since the last copy (a finished .partial) must not ride along
+  mkdir -p "$WORK/run"
+  # (nor a save's temporary, *.pt.tmp: one a killed save left would ride along in every later archive)
+  (cd "$GRID" && find . \( -name '*.pt' -o -name '*.pt.tmp' \) -prune -o -type f -print | tar cf - -T - 2>/dev/null) |
+    tar xf - -C "$WORK/run" 2>/dev/null
+}
+# interim: after each stage, the archive so far (logs, the run folder as it stands). The exit trap's
+# archive replaces it; a call the device kills outright (no exit trap runs) still brings back what the
+# stages before the kill made, where it brought back nothing.
+interim() { copy_run; pack && echo "== interim archive: $OUT/$STEP.tar.gz"; }
 
 # 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests). RESUME_ONLY=1
 #    (a follow-up call): a machine without the run (given back between the calls) starts none, it stops
@@ -93,8 +106,8 @@ elif ! finished; then
     --time-limit "$train_secs" --no-progress || graphs_failed $?
 fi
 
+interim
 # a search's best variant is the run the rest of the steps finish (the archive takes the whole grid)
-GRID=$RUN
 if [ ${#VARIANTS[@]} -gt 0 ] && [ ${#DECODE[@]} -gt 0 ] && [ -e "$GRID/ablation.json" ]; then
   best=$("$PY" -c 'import json, sys; b = json.load(open(sys.argv[1]))["best"]; print(b) if b else sys.exit(f"{sys.argv[1]}: no variant has a score (each diverged?)")' "$GRID/ablation.json") || exit 1
   RUN=$GRID/$best
@@ -175,6 +188,7 @@ if [ -e "$RUN/metrics.final.json" ] && ! predicted; then
   fi
 fi
 
+interim
 # a summarizer's encoder check (scripts/source_use.py, on the GPU): does the decoder read the source at
 # all? A diagnostic, so after the predictions (2026-11-28: before them, on one CPU thread, it timed out
 # twice on the CNN/DM base model and, with the scoring, left no time for the test predictions)
@@ -233,10 +247,7 @@ elif finished && [ ${#DECODE[@]} -gt 0 ]; then
 fi
 
 # 4. the run folder, without checkpoints, into the archive
-mkdir -p "$WORK/run"
-# (nor a save's temporary, *.pt.tmp: one a killed save left would ride along in every later archive)
-(cd "$GRID" && find . \( -name '*.pt' -o -name '*.pt.tmp' \) -prune -o -type f -print | tar cf - -T - 2>/dev/null) |
-  tar xf - -C "$WORK/run" 2>/dev/null
+copy_run
 if finished && predicted; then
   if [ ${#DECODE[@]} -gt 0 ] && [ ! -e "$inputs" ]; then echo "== no $inputs: no test predictions"; fi
   echo "== $RECIPE: finished"

@@ -28,12 +28,20 @@ T0=$(date +%s)
 exec > >(trap '' INT TERM HUP; exec tee -a "$WORK/log.txt") 2>&1
 
 STATUS=0  # the step's exit status: the first failing command's (run_pytest, run_cmd)
-finish() {  # pack the step's outputs into one archive: the device returns at most 8 files
+# pack: the step's work folder as it stands into ONE archive, $OUT/STEP.tar.gz (the device returns at most
+# 8 files), written beside it and renamed over it: a kill midway leaves the last whole archive. tar's exit 1
+# is a file that grew as it was read (the log, still being written): packed as it was.
+pack() {
+  local tmp=$OUT/$STEP.tar.gz.tmp
+  tar czf "$tmp" -C "$WORK" .
+  if [ $? -le 1 ]; then mv "$tmp" "$OUT/$STEP.tar.gz"; else rm -f "$tmp"; return 1; fi
+}
+finish() {  # the exit trap: the step's last archive
   local rc=$?
   [ "$rc" = 0 ] && rc=$STATUS
   echo "== $STEP: exit $rc after $(( $(date +%s) - T0 )) s"
   sleep 0.2  # let tee flush
-  tar czf "$OUT/$STEP.tar.gz" -C "$WORK" . && echo "== packed $OUT/$STEP.tar.gz ($(du -h "$OUT/$STEP.tar.gz" | cut -f1))"
+  pack && echo "== packed $OUT/$STEP.tar.gz ($(du -h "$OUT/$STEP.tar.gz" | cut -f1))"
   rm -rf "$WORK"
   exit "$rc"
 }
