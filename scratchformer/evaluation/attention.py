@@ -20,7 +20,8 @@ def attention_map(model, dataset: D.EncodedDataset, index: int, tokenizers: Toke
     says where it cuts). Seq2seq: the last decoder layer's cross-attention (mean over heads) over the
     model's own output, decoded as the evaluation decodes it (`decode_batch`: greedy, or beam search
     with its options; the title names which), so the rows are the prediction the evaluation wrote
-    for it. Classifier: the last encoder layer's self-attention ([CLS] first); extractive: the same
+    for it (decoded alone, not in its batch: the same, up to rounding where padding changes the sums,
+    as in bf16). Classifier: the last encoder layer's self-attention ([CLS] first); extractive: the same
     without [CLS] (sentence markers: <s>)."""
     model.eval()
     _, src, _ = dataset[index]
