@@ -190,6 +190,8 @@ def test_a_case_records_the_configs_its_tuned_kernels_ran(monkeypatch):
     assert bench.extra_info["configs"] == {"_some_kernel": {"BLOCK_M": 4, "num_warps": 8, "num_stages": 3}}
 
 
+@pytest.mark.skipif(not _common.INTERPRET, reason="the GPU's pinned tiles run here in Triton's interpreter, on the "
+                    "CPU (on a GPU machine the kernels are compiled, and triton on the CPU is refused)")
 def test_a_pinned_case_records_its_tiles_and_no_tuning(monkeypatch):
     """bench_add_layer_norm's triton-pinned case (the tiles a GPU takes without tuning) turns its
     module's tuner off: it records autotune False (it recorded the environment's True) and the tiles

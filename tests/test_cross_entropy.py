@@ -299,39 +299,43 @@ def test_validation_scores_the_models_own_loss():
     from torch.nn.functional import cross_entropy
 
     g = torch.Generator().manual_seed(1)
-    ids = [torch.randint(4, 70, (int(n),), generator=g).int().numpy() for n in torch.randint(2, 9, (12,), generator=g)]
-    ds = D.EncodedDataset(ids[:6], ids[6:], "translation")
-    batch = D.collate([ds[i] for i in range(6)])
-    for model in (_model("eager").eval(), _model("triton").eval(), Ensemble([_model("eager"), _model("triton")])):
-        got = teacher_forced(model, eval_loader(ds, batch_size=4), DEVICE)["loss"]
-        with torch.no_grad():
-            logits = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
-        want = cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID)
-        assert got == pytest.approx(float(want), rel=1e-5), type(model).__name__
+    # The data and the loaders on the host, as a run has them: the module's torch.device(DEVICE) context
+    # would put these draws and the DataLoader's seed draw on the GPU beside their CPU generators.
+    with torch.device("cpu"):
+        ids = [torch.randint(4, 70, (int(n),), generator=g).int().numpy()
+               for n in torch.randint(2, 9, (12,), generator=g)]
+        ds = D.EncodedDataset(ids[:6], ids[6:], "translation")
+        batch = D.collate([ds[i] for i in range(6)]).to(DEVICE)
+        for model in (_model("eager").eval(), _model("triton").eval(), Ensemble([_model("eager"), _model("triton")])):
+            got = teacher_forced(model, eval_loader(ds, batch_size=4), DEVICE)["loss"]
+            with torch.no_grad():
+                logits = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
+            want = cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+            assert got == pytest.approx(float(want), rel=1e-5), type(model).__name__
 
 
 def test_a_classifiers_validation_is_its_mean_nll_and_accuracy_per_example_by_hand():
     """A classifier's teacher-forced loss is the mean over examples of -log p(label) (each scored alone:
     batching, padding and the batch count change nothing), its accuracy the share of argmax hits; and
     `evaluate`'s accuracy on the first `limit` examples is theirs alone."""
-
-    cfg = get_config("tiny", src_vocab_size=70, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=0,
-                     d_ff=64, dropout=0.0, num_classes=3, final_norm=True, kernel="eager")
-    torch.manual_seed(0)
-    model = Classifier(cfg).eval()
-    g = torch.Generator().manual_seed(2)
-    src = [torch.randint(4, 70, (int(n),), generator=g).int().numpy() for n in (3, 7, 2, 5, 4)]
-    with torch.no_grad():
-        logits = [model(torch.as_tensor(s, dtype=torch.int64)[None], torch.tensor([len(s)]))[0] for s in src]
-    logp = [torch.log_softmax(x.double(), -1) for x in logits]
-    best = [int(lp.argmax()) for lp in logp]
-    labels = [best[0], (best[1] + 1) % 3, best[2], (best[3] + 2) % 3, best[4]]  # 3 of 5 hit, 2 of the first 3
-    ds = D.EncodedDataset(src, labels, "classification")
-    got = teacher_forced(model, eval_loader(ds, batch_size=2), "cpu")
-    nll = -sum(float(lp[y]) for lp, y in zip(logp, labels)) / len(labels)
-    assert got["loss"] == pytest.approx(nll, rel=1e-5) and got["ppl"] == pytest.approx(math.exp(nll), rel=1e-5)
-    assert got["accuracy"] == pytest.approx(60.0)
-    examples = [D.Example("x", y) for y in labels]
-    result = evaluate(model, ds, examples, None, device="cpu", max_tgt_len=2, limit=3, max_tokens=8)
-    assert result.n == 3 and result.metrics["accuracy"] == pytest.approx(200 / 3)
-    assert [o["prediction"] for o in result.outputs] == best[:3]
+    with torch.device("cpu"):  # a CPU model, data and loaders, whatever the module's device context
+        cfg = get_config("tiny", src_vocab_size=70, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=0,
+                         d_ff=64, dropout=0.0, num_classes=3, final_norm=True, kernel="eager")
+        torch.manual_seed(0)
+        model = Classifier(cfg).eval()
+        g = torch.Generator().manual_seed(2)
+        src = [torch.randint(4, 70, (int(n),), generator=g).int().numpy() for n in (3, 7, 2, 5, 4)]
+        with torch.no_grad():
+            logits = [model(torch.as_tensor(s, dtype=torch.int64)[None], torch.tensor([len(s)]))[0] for s in src]
+        logp = [torch.log_softmax(x.double(), -1) for x in logits]
+        best = [int(lp.argmax()) for lp in logp]
+        labels = [best[0], (best[1] + 1) % 3, best[2], (best[3] + 2) % 3, best[4]]  # 3 of 5 hit, 2 of the first 3
+        ds = D.EncodedDataset(src, labels, "classification")
+        got = teacher_forced(model, eval_loader(ds, batch_size=2), "cpu")
+        nll = -sum(float(lp[y]) for lp, y in zip(logp, labels)) / len(labels)
+        assert got["loss"] == pytest.approx(nll, rel=1e-5) and got["ppl"] == pytest.approx(math.exp(nll), rel=1e-5)
+        assert got["accuracy"] == pytest.approx(60.0)
+        examples = [D.Example("x", y) for y in labels]
+        result = evaluate(model, ds, examples, None, device="cpu", max_tgt_len=2, limit=3, max_tokens=8)
+        assert result.n == 3 and result.metrics["accuracy"] == pytest.approx(200 / 3)
+        assert [o["prediction"] for o in result.outputs] == best[:3]
