@@ -27,8 +27,9 @@ run_pytest 180 6 bench_generate bench/bench_generate.py --benchmark-only \
   --benchmark-json="$WORK/bench_generate.json" --benchmark-columns=median,iqr
 # host time per op call and per step, per backend (bench/host_overhead.py: tiny shapes, one pinned
 # config per kernel, about 30 s of compiling); last, so a short call loses only this
-if [ "$DRY" = 1 ]; then
-  TRITON_INTERPRET=1 run_cmd 120 host_overhead_log "$PY" bench/host_overhead.py --device cpu --calls 5 \
+if [ "$DRY" = 1 ]; then  # CPU: the step's command and report on triton's row (launches stubbed, 7 s; with eager's
+  # and torch's, 27 s: tests/test_bench_host_overhead.py runs the tool on every backend on this path)
+  TRITON_INTERPRET=1 run_cmd 120 host_overhead_log "$PY" bench/host_overhead.py --device cpu --calls 5 --kernels triton \
     --out "$WORK/host_overhead.txt"
 else
   SCRATCHFORMER_AUTOTUNE=0 run_cmd 75 host_overhead_log "$PY" bench/host_overhead.py --out "$WORK/host_overhead.txt"
