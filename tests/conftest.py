@@ -66,6 +66,9 @@ def _fast_device_calls():
     undoing at the end are Triton's own."""
     from triton.runtime import interpreter
 
+    needs = ("GridExecutor", "InterpretedFunction", "InterpreterError", "tl")
+    if not all(hasattr(interpreter, n) for n in needs) or not hasattr(interpreter.InterpretedFunction, "rewrite"):
+        return  # an interpreter laid out otherwise (another Triton): its own calls, as they are
     launch, call = interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__
     lang = (interpreter.tl, interpreter.tl.core)
     patched = []  # per running launch: the ids of the language modules patched so far
