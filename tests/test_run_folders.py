@@ -584,6 +584,28 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
         load_data(cfg, source, _SILENT)
 
 
+def test_a_carved_validation_split_whose_examples_share_an_id_is_refused(tmp_path):
+    """A validation split carved from train is written by id like any other (predictions.validation.jsonl):
+    two carved examples sharing an id are a DataError naming the train file and the id, in training's
+    `load_data` and evaluation's `run_split` alike. Train alone is read as given, repeated ids and all."""
+    d = tmp_path / "mt"
+    d.mkdir()
+    rows = [{"id": f"doc{i % 5}", "src": f"s {i}", "tgt": f"t {i}"} for i in range(40)]  # 20 carved, 5 ids
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg, _ = parse_args(["--data", str(d), "--task", "translation", "--seed", "3", "--valid-fraction", "0.5"])
+    source = D.resolve_source(cfg.dataset, cfg.data, cfg.task)
+    cfg = cfg.resolved(source.task, False)
+    assert len(D.load_split(source, "train")) == 40
+    pattern = rf"{d / 'train.jsonl'}, the validation examples carved from it: examples \d+ and \d+ .* share the id"
+    with pytest.raises(D.DataError, match=pattern):
+        load_data(cfg, source, _SILENT)
+    with pytest.raises(D.DataError, match=pattern):
+        run_split(source, "validation", cfg)
+    # distinct ids (and none at all: validation-<i>) carve as before
+    (d / "train.jsonl").write_text("".join(json.dumps({**r, "id": f"doc{i}"}) + "\n" for i, r in enumerate(rows)))
+    assert len(load_data(cfg, source, _SILENT)[1]) == 20 == len(run_split(source, "validation", cfg))
+
+
 def test_a_tokenizer_is_trained_on_the_first_tokenizer_examples_and_an_encoder_only_task_shares_one(tmp_path):
     """--tokenizer-examples N trains the BPE on the first N training examples only (both sides, shared),
     as `BPETokenizer.train` does given them; a classifier (no target text) trains one tokenizer on its

@@ -340,15 +340,20 @@ def has_split(source: DataSource, split: str) -> bool:
     return True  # the hub tells us when we ask
 
 
-def carve_validation(train: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """Split a seeded random `fraction` of train off as validation (for IMDb, which has none)."""
+def carve_validation(train: list[Example], fraction: float, seed: int,
+                     where: str = "train") -> tuple[list[Example], list[Example]]:
+    """Split a seeded random `fraction` of train off as validation (for IMDb, which has none). Its
+    predictions are written by id as those of any validation split: a DataError when two of the carved
+    examples share one (`check_unique_ids`; `where`: the train split's file, for the message)."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
     idx = list(range(len(train)))
     random.Random(seed).shuffle(idx)
     n_val = max(1, int(round(len(train) * fraction)))
     val_idx = set(idx[:n_val])
-    return [e for i, e in enumerate(train) if i not in val_idx], [train[i] for i in sorted(val_idx)]
+    valid = [train[i] for i in sorted(val_idx)]
+    check_unique_ids(valid, "validation", f"{where}, the validation examples carved from it")
+    return [e for i, e in enumerate(train) if i not in val_idx], valid
 
 
 def texts_for_tokenizer(examples: Iterable[Example], side: str) -> Iterable[str]:

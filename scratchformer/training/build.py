@@ -64,7 +64,7 @@ def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list
     train = D.load_split(source, "train", cfg.max_train_examples, **seed_kw)
     valid = _own_validation(source, cfg.max_valid_examples, **seed_kw)
     if valid is None:
-        train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed)
+        train, valid = D.carve_validation(train, cfg.valid_fraction, cfg.seed, _split_file(source, "train"))
         log.info(f"{source.name} has no validation split: carved {len(valid)} examples "
                  f"({cfg.valid_fraction:.0%}, seed {cfg.seed}) from train")
         valid = valid[: cfg.max_valid_examples]
@@ -99,7 +99,7 @@ def run_split(source: D.DataSource, split: str, cfg: TrainConfig, limit: int | N
         _same_split(split, cfg, members, ("valid_fraction", "seed", "max_train_examples"),
                     "carves its validation examples from train")
         train = D.load_split(source, "train", cfg.max_train_examples)
-        return D.carve_validation(train, cfg.valid_fraction, cfg.seed)[1][:limit]
+        return D.carve_validation(train, cfg.valid_fraction, cfg.seed, _split_file(source, "train"))[1][:limit]
     return D.load_split(source, split, limit)
 
 
