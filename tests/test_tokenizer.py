@@ -1,5 +1,6 @@
 """Byte-level BPE: special ids, round trip, save/load, shared and separate vocabularies."""
 
+import codecs
 import pickle
 
 import pytest
@@ -131,3 +132,23 @@ def test_a_tokenizer_is_trained_on_the_texts_of_the_side_asked_for():
     labelled = [Example("a good film", 1), Example("a bad one", 0)]
     for side, want in (("src", ["a good film", "a bad one"]), ("tgt", []), ("both", ["a good film", "a bad one"])):
         assert list(texts_for_tokenizer(labelled, side)) == want
+
+
+def test_token_labels_are_each_tokens_text_and_the_bytes_of_a_split_character():
+    """token_strings (the attention maps' labels): a token's text as the library's decoder gives it alone;
+    for a token holding part of a character (byte-level merges cross characters: "日本語" and "€" seen
+    rarely) that part as \\x escapes, not one "�" per token: the labels, read back as bytes, give the
+    text's UTF-8 bytes. Specials by name; an id beyond the vocabulary is refused by name."""
+    tok = BPETokenizer.train(["日本語 the € naïve"] * 3 + ["日本 語本"] * 2, vocab_size=MIN_VOCAB + 20)
+    for i in range(tok.vocab_size):
+        alone = tok.tok.decode([i], skip_special_tokens=False)
+        if "\ufffd" not in alone:
+            assert tok.token_strings([i]) == [alone]
+    text = "日本語 € naïve 日本"
+    ids = tok.encode(text)
+    labels = tok.token_strings(ids)
+    assert any("\\x" in label for label in labels) and not any("\ufffd" in label for label in labels)
+    assert b"".join(codecs.escape_decode(label.encode())[0] for label in labels) == f" {text}".encode()
+    assert tok.token_strings([BOS_ID, EOS_ID, PAD_ID, UNK_ID]) == ["<s>", "</s>", "<pad>", "<unk>"]
+    with pytest.raises(ValueError, match=f"token id {tok.vocab_size} is not in the tokenizer's vocabulary"):
+        tok.token_strings([tok.vocab_size])

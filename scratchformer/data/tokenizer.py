@@ -112,13 +112,30 @@ class BPETokenizer:
         return [self.decode(ids) for ids in batch]
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """A readable label per token (for attention heatmaps)."""
+        """A readable label per token (for attention heatmaps): a special token's name, else the token's
+        text; the bytes of a character the token holds only part of (BPE merges bytes, not characters:
+        "日本" can be the tokens "\\xe6\\x97", "\\xa5\\xe6", ...) written as escapes, where decoding it
+        alone gives "�" for each."""
+        names = {j: t for t, j in SPECIAL_TOKENS.items()}
         out = []
-        for i in ids:
-            i = int(i)
-            special = [t for t, j in SPECIAL_TOKENS.items() if j == i]
-            out.append(special[0] if special else self.tok.decode([i], skip_special_tokens=False))
+        for i in map(int, ids):
+            piece = names.get(i) or self.tok.id_to_token(i)
+            if piece is None:
+                raise ValueError(f"token id {i} is not in the tokenizer's vocabulary of {self.vocab_size}")
+            out.append(piece if i in names else bytes(_BYTE_OF[c] for c in piece).decode("utf-8", "backslashreplace"))
         return out
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (the ByteLevel pre-tokenizer's), read backwards: the character a
+    token spells each byte with -> that byte. The printable bytes stand for themselves, the others
+    for chr(256), chr(257), ... in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(rest)}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def _check_byte_level(tok: Tokenizer, path: Path) -> None:
