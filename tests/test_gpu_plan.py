@@ -267,12 +267,27 @@ def _finish_on_cpu(recipe: str, weights, finish, data) -> subprocess.CompletedPr
     return done
 
 
-def _finished_run(scoring_cut, runs):
-    """`scoring_cut`'s run folder (finished training, nothing scored) copied to RUNS/iwslt -> that folder."""
+def _finished_run(rehearsal, runs, scored=False):
+    """A fixture's run folder copied to RUNS/iwslt -> that folder: `scoring_cut`'s (finished training,
+    nothing scored), or `predictions_cut`'s (`scored`: every candidate scored, no test predictions)."""
     run = runs / "iwslt"
-    shutil.copytree(scoring_cut[0] / "runs" / "iwslt", run)
-    assert (run / "metrics.final.json").exists() and not list(run.glob("*/metrics.validation.json")), os.listdir(run)
+    shutil.copytree(rehearsal[0] / "runs" / "iwslt", run)
+    assert (run / "metrics.final.json").exists() and not (run / "test_predictions.jsonl").exists(), os.listdir(run)
+    assert bool(list(run.glob("*/metrics.validation.json"))) == scored, os.listdir(run)
     return run
+
+
+@pytest.fixture(scope="module")
+def predictions_cut(tmp_path_factory, scoring_cut):
+    """50_train's call on `scoring_cut`'s run (finished training, nothing scored) with a test input that
+    `generate` cannot read: every candidate is scored, the test predictions fail -> (folder, the call).
+    The tests of what such a call brings back share it (scoring the run once, not each)."""
+    folder = tmp_path_factory.mktemp("predictions_cut")
+    _translation_data(folder / "data", broken_test_input=True)
+    _finished_run(scoring_cut, folder / "runs")
+    call = _dry_run("50_train.sh", str(folder / "o1"), GPU_DATA=str(folder / "data"), GPU_RUNS=str(folder / "runs"),
+                    RECIPE="iwslt")
+    return folder, call
 
 
 def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
@@ -468,21 +483,19 @@ def test_train_step_killed_outright_still_brings_back_its_archive(tmp_path, scor
     assert not any(name.endswith(".pt") for name in files) and "== 50_train: exit" not in log, log[-2000:]
 
 
-def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch, scoring_cut):
+def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, monkeypatch, predictions_cut):
     """A call whose run finished training but not its test predictions (the seventh window's SAMSum
     run: the call's deadline cut `generate`; here a test input it cannot read) brings back the
     checkpoint that writes them, weights only, in pieces, and names it and its decoding in
     picked.txt; finish_on_cpu.sh finishes the predictions with it from the GPU's snapshot. (The run
-    finished training in `scoring_cut`, on the same training and validation data; this call scores it.)"""
-    _translation_data(tmp_path / "data", broken_test_input=True)
-    _finished_run(scoring_cut, tmp_path / "runs")
-    env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
-    call = _dry_run("50_train.sh", str(tmp_path / "o1"), **env)
-    files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
+    finished training in `scoring_cut`, on the same training and validation data; the call of
+    `predictions_cut` scores it.)"""
+    folder, call = predictions_cut
+    files, log = _archive(str(folder / "o1"), "50_train.sh")
     assert "run/metrics.final.json" in files and "run/test_predictions.jsonl" not in files, call.stdout[-3000:]
     assert "iwslt: not finished, call again" in log
-    assert not list((tmp_path / "o1").glob("*averaged.pt.part*"))
-    with tarfile.open(tmp_path / "o1" / "50_train.tar.gz") as tar:
+    assert not list((folder / "o1").glob("*averaged.pt.part*"))
+    with tarfile.open(folder / "o1" / "50_train.tar.gz") as tar:
         picked = tar.extractfile("./picked.txt").read().decode().split()
     assert picked[0] in ("best.pt", "averaged.pt") and picked[1:3] == ["--beam-size", "4"], picked
     monkeypatch.syspath_prepend(GPU)
@@ -493,11 +506,11 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     from scratchformer.evaluation.evaluate import load_run
 
     collected = tmp_path / "collected"
-    collect.unpack([tmp_path / "o1"], collected)
-    (weights,) = collect.join_parts([tmp_path / "o1"], collected)
+    collect.unpack([folder / "o1"], collected)
+    (weights,) = collect.join_parts([folder / "o1"], collected)
     assert weights.name == "50_iwslt-picked.pt"
     ckpt = load_checkpoint(weights)
-    source = load_checkpoint(tmp_path / "runs" / "iwslt" / picked[0])
+    source = load_checkpoint(folder / "runs" / "iwslt" / picked[0])
     steps = [a["step"] for a in source["averaged_from"]] if picked[0] == "averaged.pt" else [source["progress"]["step"]]
     assert "optimizer" not in ckpt and [a["step"] for a in ckpt["averaged_from"]] == steps
     for name, tensor in source["model"].items():
@@ -506,7 +519,6 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert call.returncode != 0 and "bad JSON" in call.stdout  # generate's failure is the step's, said
     # finish_on_cpu.sh goes on from the GPU's snapshot (here one prediction) with the GPU's decoding
     # flags, and scores nothing again
-    shutil.rmtree(tmp_path / "data")
     ids = _translation_data(tmp_path / "data")
     # a second call's archive (collect.py: 50_train.2) names the model and holds the snapshot that count:
     # the first call's picked.txt (here another decoding) and its missing snapshot are passed over
@@ -523,13 +535,14 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     assert not list(finish.glob("*/metrics.validation.json"))
 
 
-def test_a_model_over_the_fp32_limit_comes_back_in_bf16_and_is_predicted_anew(tmp_path, monkeypatch, scoring_cut):
+def test_a_model_over_the_fp32_limit_comes_back_in_bf16_and_is_predicted_anew(tmp_path, monkeypatch, predictions_cut):
     """cnndm-ext's base encoder is 103 MiB in fp32, over the 45 MiB a call brings back: it stayed on the
     machine, so a cut call left the CPU nothing to finish with. Over that limit (here set to 0 MiB)
     the weights come back in bf16, the mean rounded once (`average --dtype bf16`); not the GPU's
-    weights, so finish_on_cpu.sh decodes every test input itself, none from the GPU's snapshot."""
+    weights, so finish_on_cpu.sh decodes every test input itself, none from the GPU's snapshot. (The
+    run: `predictions_cut`'s, scored, its predictions cut; this call picks and ships its model.)"""
     _translation_data(tmp_path / "data", broken_test_input=True)
-    _finished_run(scoring_cut, tmp_path / "runs")
+    _finished_run(predictions_cut, tmp_path / "runs", scored=True)
     env = dict(GPU_DATA=str(tmp_path / "data"), GPU_RUNS=str(tmp_path / "runs"), RECIPE="iwslt")
     _dry_run("50_train.sh", str(tmp_path / "o1"), SHIP_FP32_MIB="0", **env)
     files, log = _archive(str(tmp_path / "o1"), "50_train.sh")
