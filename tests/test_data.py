@@ -150,7 +150,12 @@ def test_empty_and_missing_split(tmp_path):
         with pytest.raises(D.DataError, match=re.escape(f"{tmp_path / name}: no such file")):
             D.read_split(tmp_path / name, "translation")
     src = D.resolve_source(data=str(tmp_path), task="translation")
-    with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl"):
+    with pytest.raises(D.DataError, match=r"no test split \(looked for test.jsonl[^;]*\)$"):
+        D.load_split(src, "test")
+    # a blind test's inputs (../shared/data/*/test_inputs.jsonl.gz, references withheld): said where they are
+    write_jsonl(tmp_path / "test_inputs.jsonl", [{"src": "a"}])
+    with pytest.raises(D.DataError, match=r"no test split \(looked for .*\); test_inputs.jsonl holds its inputs "
+                                          r"without references: `generate --input` predicts them"):
         D.load_split(src, "test")
 
 

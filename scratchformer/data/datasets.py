@@ -322,7 +322,10 @@ def load_split(source: DataSource, split: str, limit: int | None = None, synthet
         p = find_split_file(folder, split)
         if p is None:
             tried = ", ".join(f"{split}{ext}" for ext in EXTENSIONS)
-            raise DataError(f"{folder}: no {split} split (looked for {tried})")
+            inputs = find_split_file(folder, f"{split}_inputs")  # a blind test's: ../shared/data/*/test_inputs
+            hint = f"; {inputs.name} holds its inputs without references: `generate --input` predicts them" \
+                if inputs else ""
+            raise DataError(f"{folder}: no {split} split (looked for {tried}){hint}")
         examples, where = read_split(p, source.task, limit), str(p)
     else:
         examples, where = load_hub(source.name, split, limit), f"{source.name}[{split}]"
