@@ -119,10 +119,10 @@ class BPETokenizer:
         names = {j: t for t, j in SPECIAL_TOKENS.items()}
         out = []
         for i in map(int, ids):
-            piece = names.get(i) or self.tok.id_to_token(i)
+            piece = self.tok.id_to_token(i)
             if piece is None:
                 raise ValueError(f"token id {i} is not in the tokenizer's vocabulary of {self.vocab_size}")
-            out.append(piece if i in names else bytes(_BYTE_OF[c] for c in piece).decode("utf-8", "backslashreplace"))
+            out.append(names.get(i) or bytes(_BYTE_OF[c] for c in piece).decode("utf-8", "backslashreplace"))
         return out
 
 
