@@ -185,7 +185,8 @@ gpu-check:
 	bash scripts/gpu/ready.sh
 
 # The GPU plan's test and benchmark steps on this CPU machine (tests/test_gpu_plan.py does the same in
-# `make test`, and rehearses 50_train, which needs a recipe and its data, on a synthetic dataset).
+# `make test`; tests/test_gpu_train_step.py rehearses 50_train, which needs a recipe and its data, on
+# a synthetic dataset).
 gpu-dry-run: install
 	@for s in scripts/gpu/[0-4][0-9]_*.sh; do GPU_DRY_RUN=1 OUT=gpu_out/dry PY=$(abspath $(PY)) bash $$s || exit 1; done
 
