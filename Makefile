@@ -18,11 +18,9 @@ GPU_TORCH_DIR := .torch-cuda
 # `make test` runs pytest in TEST_WORKERS processes (pytest-xdist), each taking whole files
 # (--dist loadfile: a file's tests run in order in one process, sharing its module fixtures, as
 # they would alone), the files in collection order (--no-loadscope-reorder: the longest first,
-# tests/conftest.py); TEST_WORKERS=0 runs them all in the calling process. One more process than the
-# CPU machines' 2 cores: much of the suite waits on subprocesses it starts (the GPU plan's steps, the
-# compile checks, the commands), and a third worker fills those waits (2026-12-06, this machine:
-# the suite in 685 s with 3, about 740 s with 2).
-TEST_WORKERS ?= 3
+# tests/conftest.py); TEST_WORKERS=0 runs them all in the calling process. A third process on the CPU
+# machines' 2 cores gains nothing (2026-12-07, back to back: the suite in 670 s with 2, 672 s with 3).
+TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # What the TRITON_MIN_SPEC lane runs (`make test-triton-min`), with the GPU machines' Triton: the AOT
 # compile check (every kernel through Triton's compiler and ptxas for sm_90: what a GPU run compiles),

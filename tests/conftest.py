@@ -36,8 +36,9 @@ if _WORKERS > 1:
 # The longest files first. `make test` spreads whole files over its workers (--dist loadfile) in
 # collection order (--no-loadscope-reorder; xdist's default orders them by test count, which put
 # test_gpu_plan.py, then 31 tests and a quarter of the suite's time, among the last: on 2026-12-02 one
-# worker ran it alone for the suite's last 5 minutes). Split since, the first two take a sixth each.
-LONGEST_FIRST = ("test_gpu_plan.py", "test_gpu_train_step.py", "test_triton_compile.py", "test_torch_ops.py",
+# worker ran it alone for the suite's last 5 minutes). Split since: its step 50 rehearsals
+# (test_gpu_train_step.py) take a quarter, the rest a sixth (2026-12-07).
+LONGEST_FIRST = ("test_gpu_train_step.py", "test_gpu_plan.py", "test_triton_compile.py", "test_torch_ops.py",
                  "test_compile_budget.py")
 # On a GPU (scripts/gpu/10_tests.sh, under a time limit, its tests handed out in this order) the files of
 # the kernels, of the model on them and of CUDA graphs come first: a cut at the limit then loses tests
