@@ -53,12 +53,13 @@ $(PY):
 		$(PYTHON) -m venv $(VENV); \
 	fi
 
-$(STAMP): $(PY) $(EXT_SOURCES)
+$(STAMP): $(PY) $(EXT_SOURCES) constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q "$(TRITON_SPEC)"
-	$(PY) -m pip install -q ninja setuptools wheel numpy pytest pytest-benchmark pytest-xdist hypothesis "$(RUFF_SPEC)"
-	$(PY) -m pip install -q --no-build-isolation -e .
+	$(PY) -m pip install -q -c constraints.txt ninja setuptools wheel numpy pytest pytest-benchmark pytest-xdist \
+		hypothesis "$(RUFF_SPEC)"
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e .
 	@touch $(STAMP)
 
 install: $(STAMP)

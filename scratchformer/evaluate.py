@@ -232,8 +232,9 @@ def run_lead3(args) -> dict:
     with writing_outputs(Path(args.out), stem, args.overwrite) if args.out else contextlib.nullcontext():
         examples = D.load_split(source, args.split, args.limit)
         hyps = [M.lead3(e.src, k, words) for e in examples]
+        scores = M.rouge(hyps, [e.tgt for e in examples])
         result = {"baseline": "lead3", "data": source.to_dict(), "split": args.split, "n": len(examples),
-                  "sentences": k, "words": words, **M.rouge(hyps, [e.tgt for e in examples])}
+                  "sentences": k, "words": words, **scores, "scorers": M.scorers(scores)}
         print(f"{name} on {source.name}/{args.split} ({len(examples)} examples): {format_metrics(result)}", flush=True)
         if args.out:
             save_outputs(Path(args.out), stem, args.split, examples, hyps, result)
@@ -299,6 +300,8 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
         result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size),
                       length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                       min_len=args.min_len)
+    if source.task != "classification":
+        result["scorers"] = M.scorers(result)
     result["seconds"] = round(time.time() - t0, 2)
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "

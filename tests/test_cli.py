@@ -97,6 +97,8 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     # --precision differed in their scores alone)
     saved = json.loads((run / "metrics.validation.json").read_text())
     assert (saved["data"]["kind"], saved["precision"], saved["kernel"]) == ("local", "fp32", "eager"), saved  # auto's
+    # and what scored it: sacrebleu's signatures of BLEU and chrF (metrics.scorers), ROUGE not computed
+    assert set(saved["scorers"]) == {"bleu", "chrf"} and "|tok:13a|smooth:exp|" in saved["scorers"]["bleu"]
     assert (run / "metrics.validation.json").exists() and (run / "attention.validation.0.png").exists()
     preds = [json.loads(l) for l in (run / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 12 and {"source", "reference", "prediction"} <= set(preds[0])
@@ -175,6 +177,7 @@ def test_lead3_baseline(tmp_path, capsys):
     assert res["n"] == 5 and 60 < res["rouge1"] < 100 and res["rouge2"] > 0
     saved = json.loads((tmp_path / "metrics.validation.lead3.json").read_text())
     assert saved["data"]["folder"] == str(d) and saved["data"]["task"] == "summarization"  # which data it scored
+    assert set(saved["scorers"]) == {"rouge"} and "|stemmer:porter|" in saved["scorers"]["rouge"]  # and with what
     assert "lead3" in capsys.readouterr().out
 
 

@@ -343,6 +343,7 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
                 "--batch-size", "24", "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "30",
                 "--no-progress", "--no-plots", "--out", str(out)])
     final = json.loads((out / "metrics.final.json").read_text())
+    assert set(final["scorers"]) == {"bleu", "chrf", "rouge"}  # the picks' text metrics, signed (metrics.scorers)
     preds = [json.loads(line) for line in (out / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 40 and all(p["prediction"].split("\n")[0] == p["reference"] for p in preds)
     # the lead learned: the best-scored sentence is the first (chance: 1 time in 5)

@@ -245,3 +245,30 @@ def test_lead3_is_the_first_sentences_even_when_they_repeat_words():
     """Lead-3 is positional: a second sentence repeating the first's trigram "the cat sat" is still taken."""
     doc = "the cat sat down . the cat sat up . a dog ran . birds sang ."
     assert M.lead3(doc) == "the cat sat down .\nthe cat sat up .\na dog ran ."
+
+
+def test_scorers_name_what_the_scores_were_computed_with():
+    """Each text metric among the keys gets the signature of what computed it: sacrebleu's, with
+    the options bleu() and chrf() score under (13a tokens, exp smoothing, mixed case; chrF's
+    6-grams of characters, no word n-grams), and the installed releases; nothing for the rest."""
+    from importlib import metadata
+
+    v = metadata.version("sacrebleu")
+    s = M.scorers({"bleu": 1.0, "chrf": 2.0, "rouge1": 3.0, "rougeLsum": 4.0, "loss": 0.5})
+    assert s["bleu"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{v}"
+    assert s["chrf"] == f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{v}"
+    assert s["rouge"].startswith(f"rouge-score {metadata.version('rouge-score')}|stemmer:porter|")
+    assert set(M.scorers({"rouge2": 1.0})) == {"rouge"} and set(M.scorers({"bleu": 1.0})) == {"bleu"}
+    assert M.scorers({"accuracy": 90.0, "loss": 0.3}) == {}
+
+
+def test_scorers_report_rouge_whose_release_is_unknown(monkeypatch):
+    """rouge-score importable without its package metadata (copied onto a path): the scores still get
+    their report, not an error at the end of a run."""
+    from importlib import metadata
+
+    def version(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(M.metadata, "version", version)
+    assert M.scorers({"rouge1": 1.0})["rouge"].startswith("rouge-score (release unknown)|stemmer:porter|")

@@ -9,9 +9,10 @@ lent have sacrebleu but not rouge-score (see scripts/gpu/README.md for carrying 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib import metadata
 
-import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF
 
 from ..data.extractive import pick_sentences
 from ..data.sentences import split_sentences
@@ -29,12 +30,12 @@ def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
 def bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     """Corpus BLEU (sacrebleu defaults: 13a tokenization, exp smoothing)."""
     _check(hyps, refs)
-    return float(sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score)
+    return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
     _check(hyps, refs)
-    return float(sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score)
+    return float(CHRF().corpus_score(list(hyps), [list(refs)]).score)
 
 
 def _rouge_scorer_module():
@@ -63,6 +64,26 @@ def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
         for k in ROUGE_KEYS:
             totals[k] += scores[k].fmeasure
     return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
+
+
+def scorers(scores: Mapping[str, object]) -> dict[str, str]:
+    """What the text metrics among `scores`' keys were computed with, to be reported beside them:
+    sacrebleu's signatures for BLEU and chrF (references, case, tokenizer, smoothing, its version:
+    Post 2018, "A Call for Clarity in Reporting BLEU Scores"), and rouge-score's version and this
+    module's settings for ROUGE. Scores under different signatures are not comparable."""
+    out = {}
+    for key, metric in (("bleu", BLEU), ("chrf", CHRF)):
+        if key in scores:
+            m = metric()
+            m.corpus_score(["a b"], [["a b"]])  # a signature names the reference count: one, as here
+            out[key] = str(m.get_signature())
+    if any(k in scores for k in ROUGE_KEYS):
+        try:
+            release = metadata.version("rouge-score")
+        except metadata.PackageNotFoundError:  # importable without its metadata (copied in): still a report
+            release = "(release unknown)"
+        out["rouge"] = f"rouge-score {release}|stemmer:porter|rougeLsum:sentences split by scratchformer.data.sentences"
+    return out
 
 
 def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:

@@ -100,7 +100,7 @@ def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
     """Flatten the final report: greedy decoding's scores (an extractive run's one decoding, its
     picks) at the top level."""
     flat = {k: v for k, v in final.items() if isinstance(v, (int, float))}
-    decodings = {k: v for k, v in final.items() if isinstance(v, dict)}
+    decodings = {k: v for k, v in final.items() if isinstance(v, dict) and k != "scorers"}  # not the signatures
     flat.update(decodings.get("greedy") or next(iter(decodings.values()), {}))
     if metric is None:
         metric = "accuracy" if "accuracy" in flat else ("exact_match" if "exact_match" in flat else "loss")

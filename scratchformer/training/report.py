@@ -6,6 +6,7 @@ import json
 import time
 
 from ..checkpoint import load_checkpoint, write_lines_atomic
+from ..evaluation import metrics as M
 from ..evaluation.attention import attention_map
 from ..evaluation.evaluate import evaluate, format_metrics, write_predictions
 
@@ -31,6 +32,8 @@ def final_report(trainer) -> dict:
     n_valid = len(data.valid_set)
     res = {"train_seconds": round(trainer.train_seconds, 1), "steps": prog.step, "best_step": prog.best_step,
            "n": n_valid, "n_decoded": ev.n, **ev.metrics, **ev.decodings}  # the loss's examples, the decodings'
+    if ev.decodings:  # what the decodings' text metrics were computed with (sacrebleu's signatures, ...)
+        res["scorers"] = M.scorers(next(iter(ev.decodings.values())))
 
     write_predictions(out / "predictions.validation.jsonl", data.valid_examples[: ev.n], ev.outputs, "validation")
     if classify:
