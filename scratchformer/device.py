@@ -1,7 +1,12 @@
 """``--device``, checked once for every command: a name torch knows, a type the project runs on (cpu,
-cuda) and a device this machine has."""
+cuda) and a device this machine has; and `describe`, the device and software a run's log names."""
 
 from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -30,3 +35,40 @@ def resolve_device(name: str | None) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise DeviceError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def describe(device: torch.device) -> str:
+    """What a process runs on and with, for a run's log: the device (a GPU's model, memory and
+    compute capability; a CPU's architecture and torch's threads), torch and its CUDA, Triton's
+    release (read from its metadata, not imported), Python, and the commit of the checkout the
+    package runs from (marked when it has uncommitted changes; left out outside a git checkout)."""
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        where = f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}"
+    else:
+        where = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = "not installed"
+    cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""
+    parts = [where, f"torch {torch.__version__}{cuda}", f"triton {triton}", f"python {platform.python_version()}"]
+    commit = _commit(Path(__file__).resolve().parent.parent)
+    return " | ".join(parts + ([f"commit {commit}"] if commit else []))
+
+
+def _commit(repo: Path) -> str | None:
+    """The short commit of the git checkout at `repo`, "+ changes" when it has uncommitted ones; None
+    when it is not one (an installed wheel, a copy without .git) or git is missing."""
+    if not (repo / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + (" + changes" if status.returncode == 0 and status.stdout.strip() else "")

@@ -5,6 +5,7 @@ import errno
 import gzip
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -78,6 +79,10 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     for name in ["config.json", "args.json", "tokenizer.json", "best.pt", "last.pt", "metrics.jsonl", "train.csv",
                  "valid.csv", "plots/curves.png", "plots/attention.png", "predictions.validation.jsonl"]:
         assert (run / name).exists(), name
+    # the log says which machine and software trained it (device.describe)
+    env = next(line for line in (run / "log.txt").read_text().splitlines() if line.startswith("environment: "))
+    assert f" CPU, {torch.get_num_threads()} threads | torch {torch.__version__} | triton " in env, env
+    assert f" | python {platform.python_version()}" in env, env
     ck = load_checkpoint(run / "last.pt")
     assert ck["progress"]["step"] == 8 and ck["task"] == "translation"
     # the data has no ids: each prediction is named by its place in the split (the "id" was null)
@@ -859,6 +864,38 @@ def test_missing_device_is_a_usage_error(tmp_path, monkeypatch, mod, device, mes
     io_args = ["--checkpoint", str(tmp_path)] + (["--text", "x"] if mod is generate else [])
     with pytest.raises(DeviceError, match=message):
         mod.main(io_args + ["--device", device])
+
+
+def test_a_runs_commit_is_its_checkouts_marked_when_changed_and_absent_outside_git(tmp_path):
+    """device._commit: git's own short hash of HEAD; "+ changes" once a tracked file differs (an
+    untracked one is no change to the code that ran); None for a folder that is not a checkout."""
+    from scratchformer.device import _commit
+
+    assert _commit(tmp_path) is None
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.py").write_text("")
+    assert _commit(tmp_path) == head[:12]
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert _commit(tmp_path) == head[:12] + " + changes"
+
+
+def test_a_gpu_runs_log_names_its_model_memory_and_compute_capability(monkeypatch):
+    """device.describe on a CUDA device (its properties stood in for on a CPU machine): the GPU's name,
+    memory in GiB and sm_XY, then torch with its CUDA."""
+    from types import SimpleNamespace
+
+    from scratchformer import device as dev
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85 * 2**30 - 2**20, major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    text = dev.describe(torch.device("cuda:0"))
+    assert text.startswith(f"NVIDIA H100 80GB HBM3, 85 GiB, sm_90 | torch {torch.__version__} (CUDA 13.0) | "), text
 
 
 @pytest.mark.parametrize("split", ["raw/../../mt/validation", "/abs/path/test", "", ".validation"])

@@ -18,7 +18,7 @@ from .. import op_checks
 from .. import ops as backends
 from ..checkpoint import find_checkpoint, load_checkpoint, write_lines_atomic
 from ..data.tokenizer import TokenizerPair
-from ..device import resolve_device
+from ..device import describe, resolve_device
 from ..model import PRESETS, ModelConfig, build_model, count_parameters
 from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
 from .config import METRICS, TEACHER_FORCED, ConfigError, TrainConfig, flag
@@ -70,6 +70,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
+    log.info(f"environment: {describe(device)}")  # which machine and software every figure below came from
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else reused
     if toks is not None and dist_.main:  # a resumed run's too: its files are the checkpoint's again if damaged
         toks.save(out)
