@@ -27,7 +27,7 @@ from . import cli
 from . import data as D
 from .checkpoint import file_in_the_way
 from .data.extractive import selection_name
-from .device import resolve_device
+from .device import describe, resolve_device
 from .evaluation import metrics as M
 from .evaluation.attention import attention_map
 from .evaluation.evaluate import (
@@ -303,6 +303,7 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
     if source.task != "classification":
         result["scorers"] = M.scorers(result)
     result["seconds"] = round(time.time() - t0, 2)
+    result["environment"] = describe(device)  # what the seconds (and the scores' numerics) are of
     # The scores first: a folder we cannot write to must not cost them.
     print(f"{source.name}/{args.split} ({len(examples)} examples, {result.get('decoding', 'classify')}): "
           f"{format_metrics(result)}", flush=True)

@@ -104,6 +104,7 @@ def test_train_evaluate_generate_translation(tmp_path, capsys):
     assert (saved["data"]["kind"], saved["precision"], saved["kernel"]) == ("local", "fp32", "eager"), saved  # auto's
     # and what scored it: sacrebleu's signatures of BLEU and chrF (metrics.scorers), ROUGE not computed
     assert set(saved["scorers"]) == {"bleu", "chrf"} and "|tok:13a|smooth:exp|" in saved["scorers"]["bleu"]
+    assert f"CPU, {torch.get_num_threads()} threads | torch {torch.__version__} |" in saved["environment"]  # and where
     assert (run / "metrics.validation.json").exists() and (run / "attention.validation.0.png").exists()
     preds = [json.loads(l) for l in (run / "predictions.validation.jsonl").read_text().splitlines()]
     assert len(preds) == 12 and {"source", "reference", "prediction"} <= set(preds[0])
