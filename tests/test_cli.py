@@ -301,6 +301,13 @@ def test_torchrun_ddp_gloo_two_processes(tmp_path):
     assert ck["progress"]["step"] == 3 and isinstance(ck["rng"], list) and len(ck["rng"]) == 2
     # each rank draws its dropout masks from a stream of its own, seeded apart after the model is built
     assert [r["seed"] for r in ck["rng"]] == [0, 1]
+    # the same command again: rank 0 refuses the folder, and so does rank 1 (`Dist.on_main`), one line each,
+    # where rank 1 waited at a barrier and died with gloo's "Connection closed by peer" traceback (torchrun's
+    # own ChildFailedError report after the children's lines stays: it is the launcher's)
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    err = p.stderr
+    assert p.returncode != 0 and "Connection closed" not in err and "/scratchformer/" not in err, err[-3000:]
+    assert err.count(f"error: --out {tmp_path / 'ddp'} already holds a training run") == 2, err[-3000:]
 
 
 def test_model_flags_reach_the_config(tmp_path):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scratchformer import ablate
+from scratchformer import ablate, average
 from scratchformer import data as D
 from scratchformer import train as T
 from scratchformer.checkpoint import RESUME_KEYS, CheckpointError, load_checkpoint, save_checkpoint
@@ -140,6 +140,21 @@ def test_overwrite_deletes_only_run_files_and_refuses_foreign_ones(tmp_path):
         T.main(TINY + ["--max-steps", "1", "--out", str(run), "--overwrite"])
     assert _snapshot(tmp_path) == before
     assert (run / "metrics.py").read_text() == "print('my own code')\n"
+
+
+def test_a_runs_average_is_a_run_file_which_overwrite_deletes_with_the_run(tmp_path):
+    """README's workflow: `average RUN --last N` writes RUN/averaged.pt; then `train --out RUN` again.
+    Without --overwrite the folder is refused as holding a run (averaged.pt named); with it, the
+    average goes with the run's other files (it was refused as a file "no run wrote"; kept, it would
+    be an old run's weights beside the new run's)."""
+    run = tmp_path / "m30k"
+    T.main(TINY + ["--max-steps", "4", "--save-every", "2", "--eval-every", "4", "--no-plots", "--out", str(run)])
+    average.main([str(run), "--last", "2"])
+    assert (run / "averaged.pt").is_file()
+    with pytest.raises(RunFolderError, match=r"already holds a training run \(last\.pt, best\.pt, .*averaged\.pt"):
+        T.main(TINY + ["--max-steps", "1", "--out", str(run)])
+    T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--no-plots", "--out", str(run), "--overwrite"])
+    assert not (run / "averaged.pt").exists() and load_checkpoint(run / "last.pt")["progress"]["step"] == 1
 
 
 def test_a_run_that_failed_before_training_does_not_block_its_folder(tmp_path, monkeypatch):

@@ -553,7 +553,18 @@ def _collectives(rank: int, world: int, out: str, port: int) -> None:
         d, device = setup_distributed("cpu")
         got = {"place": [d.rank, d.world, d.local_rank, d.main, d.on, str(device)],
                "broadcast": d.broadcast(f"rank {rank}'s"), "gather": d.gather(10 * rank),
-               "mean": float(d.mean(rank + 1, device))}
+               "mean": float(d.mean(rank + 1, device)), "on_main": d.on_main(lambda: f"rank {rank}'s result")}
+
+        class Local(Exception):  # a class pickle cannot find by name
+            pass
+
+        for name, exc in (("refused", ConfigError("--out x refused")), ("unpicklable", Local("x"))):
+            def raise_it(exc=exc):
+                raise exc
+            try:
+                d.on_main(raise_it)
+            except Exception as e:  # noqa: BLE001 - what each rank raised, recorded
+                got[name] = [type(e).__name__, str(e)]
         if rank == 1:  # late to the barrier: rank 0 must wait for this file
             time.sleep(0.5)
             (Path(out) / "late").write_text("1")
@@ -593,6 +604,10 @@ def test_the_ddp_setup_and_collectives_under_gloo(tmp_path, monkeypatch):
     assert [g["broadcast"] for g in got] == ["rank 0's", "rank 0's"]
     assert [g["gather"] for g in got] == [[0, 10], [0, 10]]
     assert [g["mean"] for g in got] == [1.5, 1.5]
+    # on_main: rank 0's result everywhere; what it raised, raised everywhere (a copy; else its type and message)
+    assert [g["on_main"] for g in got] == ["rank 0's result"] * 2
+    assert [g["refused"] for g in got] == [["ConfigError", "--out x refused"]] * 2
+    assert [g["unpicklable"] for g in got] == [["Local", "x"], ["RuntimeError", "rank 0: Local: x"]]
     assert [g["after_barrier"] for g in got] == [True, True] and [g["closed"] for g in got] == [[True, False]] * 2
 
 

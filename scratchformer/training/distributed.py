@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,28 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def on_main(self, fn):
+        """fn() on rank 0 alone, its result on every rank; what it raised, raised on every rank (a
+        copy of it: a user error is then one line from each rank). Before, the other ranks waited at
+        their next collective while rank 0 left with the error, and failed there with the backend's
+        traceback: a run folder refused on rank 0 printed gloo's "Connection closed by peer" on rank 1."""
+        if not self.on:
+            return fn()
+        result, error, shared = None, None, None
+        if self.main:
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - raised again below, on every rank
+                error = shared = e
+                try:
+                    pickle.loads(pickle.dumps(e))  # as the other ranks will
+                except Exception:  # noqa: BLE001 - what cannot be pickled goes as its type and message
+                    shared = RuntimeError(f"rank 0: {type(e).__name__}: {e}")
+        result, shared = self.broadcast((result, shared))
+        if shared is not None:
+            raise error if self.main else shared
+        return result
 
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order."""

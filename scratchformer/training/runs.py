@@ -18,14 +18,16 @@ from .config import ConfigError
 from .distributed import Dist
 
 RUNS_DIR = Path("runs")
-# What runs write into their folder, by exact name: `train` itself, and `evaluate --checkpoint RUN`
+# What runs write into their folder, by exact name: `train` itself, `evaluate --checkpoint RUN`
 # (metrics.<split>.json, predictions.<split>.jsonl, attention.<split>.<i>.png; the lock a killed one
-# leaves, .evaluate.<split>.lock); the temp file of a write cut short by a kill (a checkpoint's or
-# tokenizer's NAME.tmp, a text file's .NAME.PID.tmp: `checkpoint.write_lines_atomic`) is one too.
+# leaves, .evaluate.<split>.lock) and `average RUN` (averaged.pt: the run's weights averaged, which
+# were called "files no run wrote"; kept by an --overwrite, an old run's average would sit beside the
+# new run); the temp file of a write cut short by a kill (a checkpoint's or tokenizer's NAME.tmp, a
+# text file's .NAME.PID.tmp: `checkpoint.write_lines_atomic`) is one too.
 # --overwrite deletes these and nothing else.
 _EARLY_TEXT = r"metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
 _TEXT = _EARLY_TEXT + r"|metrics\.(final|train|validation|test)\.json|predictions\.(train|validation|test)\.jsonl"
-RUN_FILE = re.compile(rf"(last|best|step_\d+)\.pt(\.tmp)?|log\.txt|{_TEXT}|\.({_TEXT})\.\d+\.tmp"
+RUN_FILE = re.compile(rf"(last|best|step_\d+|averaged)\.pt(\.tmp)?|log\.txt|{_TEXT}|\.({_TEXT})\.\d+\.tmp"
                       r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|attention\.(train|validation|test)\.\d+\.png"
                       r"|\.evaluate\.(train|validation|test)\.lock")
 RUN_SUBDIRS = {"plots": re.compile(r"curves\.png|attention\.png"), "tb": re.compile(r"events\.out\.tfevents\..+")}
@@ -166,30 +168,32 @@ def fresh_run_folder(out: str | None, overwrite: bool, dist_: Dist, resume: Path
     an explicit --out holding a run is refused (or, with --overwrite, emptied of that run's
     files first: `check_out`); a run that stopped before its first checkpoint leaves a folder that
     is reused (its files deleted); without --out every run gets its own runs/<date>-<time>, and
-    runs/latest is pointed at it. Rank 0 decides; the barrier / broadcast keep the other ranks
-    from seeing a folder rank 0 has already started writing."""
+    runs/latest is pointed at it. Rank 0 decides (`Dist.on_main`: a refusal there is raised on every
+    rank), and the other ranks wait for it, so none sees a folder rank 0 has started writing."""
     if out is not None:
         folder = Path(out)
-        if dist_.main:
-            check_out(out, overwrite, resume)  # then again, held: a run that started in between holds it now
-            check_out(lock_run_folder(folder), overwrite, resume)
-            for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
-                if overwrite or EARLY_FILE.fullmatch(name):
-                    (folder / name).unlink()
-            for sub in RUN_SUBDIRS:
-                if (folder / sub).is_dir() and not any((folder / sub).iterdir()):
-                    (folder / sub).rmdir()
-        dist_.barrier()
+        dist_.on_main(lambda: _take_folder(folder, overwrite, resume))
         return folder
-    name = _new_dated_folder() if dist_.main else None
-    if dist_.main:
-        lock_run_folder(RUNS_DIR / name)
-    return RUNS_DIR / dist_.broadcast(name)
+    return RUNS_DIR / dist_.on_main(lambda: lock_run_folder(RUNS_DIR / _new_dated_folder()).name)
+
+
+def _take_folder(folder: Path, overwrite: bool, resume: Path | None) -> None:
+    """Rank 0's part of `fresh_run_folder` for an explicit --out: checked, held, and cleared of an
+    earlier run's files where that is allowed (`check_out`)."""
+    check_out(folder, overwrite, resume)  # then again, held: a run that started in between holds it now
+    check_out(lock_run_folder(folder), overwrite, resume)
+    for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
+        if overwrite or EARLY_FILE.fullmatch(name):
+            (folder / name).unlink()
+    for sub in RUN_SUBDIRS:
+        if (folder / sub).is_dir() and not any((folder / sub).iterdir()):
+            (folder / sub).rmdir()
 
 
 def resumed_run_folder(out: str, dist_: Dist) -> Path:
-    """The folder of a run resumed in place, held for this process (`lock_run_folder`; rank 0's)."""
-    return lock_run_folder(Path(out)) if dist_.main else Path(out)
+    """The folder of a run resumed in place, held for this process (`lock_run_folder`; rank 0's, a
+    refusal raised on every rank: `Dist.on_main`)."""
+    return dist_.on_main(lambda: lock_run_folder(Path(out)))
 
 
 def _new_dated_folder() -> str:
