@@ -193,7 +193,9 @@ def _take_folder(folder: Path, overwrite: bool, resume: Path | None) -> None:
 def resumed_run_folder(out: str, dist_: Dist) -> Path:
     """The folder of a run resumed in place, held for this process (`lock_run_folder`; rank 0's, a
     refusal raised on every rank: `Dist.on_main`)."""
-    return dist_.on_main(lambda: lock_run_folder(Path(out)))
+    folder = Path(out)
+    dist_.on_main(lambda: lock_run_folder(folder))
+    return folder
 
 
 def _new_dated_folder() -> str:

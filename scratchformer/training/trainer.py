@@ -130,14 +130,14 @@ class Trainer:
         ckpt = self.state_dict()
         if kind == "step":
             self.last_saved, self.saved_progress = self.progress.step, self.progress.to_dict()
-        if not self.dist.main:
-            return
-        if kind == "best":
-            save_checkpoint(self.out / "best.pt", ckpt)
-            return
-        save_checkpoint(self.out / f"step_{self.progress.step:07d}.pt", ckpt)
-        save_checkpoint(self.out / "last.pt", ckpt)
-        prune_checkpoints(self.out, self.config.keep_checkpoints, upto=self.progress.step)
+
+        def write() -> None:  # on rank 0; what it raises (a full disk), every rank raises: `Dist.on_main`
+            names = ["best.pt"] if kind == "best" else [f"step_{self.progress.step:07d}.pt", "last.pt"]
+            for name in names:
+                save_checkpoint(self.out / name, ckpt)
+            if kind == "step":
+                prune_checkpoints(self.out, self.config.keep_checkpoints, upto=self.progress.step)
+        self.dist.on_main(write)
 
     def resume(self, checkpoint: dict | str | Path) -> None:
         """Continue from a checkpoint (a dict from `state_dict`, or its file): weights, optimizer,
