@@ -517,8 +517,8 @@ def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, mo
 
 
 def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
-    """A DDP rank (gloo) of `test_under_ddp_a_save_that_fails_on_rank_0_fails_on_every_rank`: rank 0's
-    disk is full; each rank saves a step and writes what its save raised."""
+    """A DDP rank (gloo) of `test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank`: rank 0's
+    disk is full; each rank saves a step, then validates, and writes what each raised."""
     import traceback
 
     import torch.distributed as dist
@@ -527,15 +527,18 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         trainer = _trainer(Path(out) / f"rank{rank}", dist=Dist(rank, world, rank))
-        if rank == 0:
-            def full(path, ckpt):
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        def full(path, *args):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        if rank == 0:  # its checkpoints, then its validation's row in metrics.jsonl
             TR.save_checkpoint = full
-        try:
-            trainer.save("step")
-            got = None
-        except OSError as e:
-            got = [e.errno, cli.describe(e)]
+            trainer.log.row = lambda row: full(Path(out) / "metrics.jsonl")
+        got = {}
+        for name, call in (("save", lambda: trainer.save("step")), ("validate", trainer.validate)):
+            try:
+                call()
+            except OSError as e:
+                got[name] = [e.errno, cli.describe(e)]
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(got))
     except BaseException:
         traceback.print_exc()
@@ -543,10 +546,10 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
     os._exit(0)  # as `_ddp_gradients`
 
 
-def test_under_ddp_a_save_that_fails_on_rank_0_fails_on_every_rank(tmp_path, monkeypatch):
-    """Rank 0 writes the checkpoints. Its full disk is now every rank's error (`Dist.on_main`), the
-    same one line each; rank 1 trained on into its next collective and died there with gloo's
-    "Connection closed by peer" traceback (on GPUs, NCCL's wait until its timeout)."""
+def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, monkeypatch):
+    """Rank 0 writes the checkpoints and the validation's rows. Its full disk is now every rank's
+    error (`Dist.on_main`), the same one line each; rank 1 went on into its next collective and died
+    there with gloo's "Connection closed by peer" traceback (on GPUs, NCCL's wait until its timeout)."""
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))  # as the test above
     ctx = torch.multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_ddp_save_on_a_full_disk, args=(rank, 2, str(tmp_path))) for rank in range(2)]
@@ -557,7 +560,9 @@ def test_under_ddp_a_save_that_fails_on_rank_0_fails_on_every_rank(tmp_path, mon
     assert [p.exitcode for p in procs] == [0, 0]
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     path = tmp_path / "rank0" / "step_0000000.pt"
-    assert got == [[errno.ENOSPC, f"{path}: No space left on device"]] * 2
+    assert [g["save"] for g in got] == [[errno.ENOSPC, f"{path}: No space left on device"]] * 2
+    rows = tmp_path / "metrics.jsonl"
+    assert [g["validate"] for g in got] == [[errno.ENOSPC, f"{rows}: No space left on device"]] * 2
 
 
 def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):
@@ -896,7 +901,9 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     results, calls, sent = _play(flags, monkeypatch, capsys)
     assert results[0]["steps"] == 2 and results[1] == {}
     assert calls.count("gather") == 2 and calls[-1] == "close"  # step 2's checkpoint, best.pt; the group ends
-    broadcast = [obj for call, obj in zip(calls, sent) if call == "broadcast" and isinstance(obj, dict)]  # progress
+    # what `Dist.on_main` sent: (result, exception); the validations' results are rank 0's progress
+    broadcast = [obj[0] for call, obj in zip(calls, sent) if call == "broadcast"
+                 and isinstance(obj, tuple) and isinstance(obj[0], dict)]
     assert broadcast[-1]["best_step"] == 2 and broadcast[-1]["validated"] == 2  # rank 0's validation, for both
     assert [net.synced for net in nets] == [[False, True] * 2] * 2
     results, _, _ = _play(flags[:-2] + ["--resume", "--out", str(run), "--max-steps", "3"], monkeypatch, capsys)

@@ -340,21 +340,22 @@ class Trainer:
         then best.pt, early stopping and the plateau schedule, the same on every rank."""
         cfg, prog = self.config, self.progress
         check_finite(self, "before validating")
-        res = {}
-        prog.validated = prog.step
-        if self.dist.main:
+        res, prog.validated = {}, prog.step
+
+        def on_rank_0() -> dict:
             decode = 0 if self.data.task == "classification" else cfg.eval_decode_examples
             ev = evaluate(self.model, self.data.valid_set, self.data.valid_examples, self.data.tokenizers,
                           device=self.device, max_tgt_len=cfg.max_tgt_len, limit=decode,
                           max_tokens=self.eval_max_tokens, precision=cfg.precision,
                           summary_sentences=cfg.summary_sentences, summary_words=cfg.summary_words)
-            res = {**ev.metrics, **next(iter(ev.decodings.values()), {})}  # greedy (or the extracts)
+            res.update({**ev.metrics, **next(iter(ev.decodings.values()), {})})  # greedy (or the extracts)
             self.log.row({"split": "valid", "step": prog.step, "epoch": prog.step_epoch, **res})
             self.log.info(f"valid step {prog.step}: {format_metrics(res)}")
             self._track_best(res)
-        if self.dist.on:  # rank 0 decided best / early stopping; the others follow
-            for k, v in self.dist.broadcast(prog.to_dict()).items():
-                setattr(prog, k, v)
+            return prog.to_dict()
+        # rank 0 decided best / early stopping, the others follow; what it raised (a full disk), each raises
+        for k, v in self.dist.on_main(on_rank_0).items():
+            setattr(prog, k, v)
         if cfg.schedule == "plateau":
             self.scheduler.step(prog.best if prog.best is not None else 0.0)
         if prog.best_step == prog.step:
