@@ -392,9 +392,9 @@ def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
             if trainer.stop_reason.startswith("SIG"):
                 raise KeyboardInterrupt  # a command that was asked to stop says so (exit 130)
             return {"stopped": trainer.stop_reason, "step": trainer.progress.step}
-        final = trainer.final_report() if trainer.dist.main else {}
+        final = trainer.dist.on_main(trainer.final_report)  # rank 0's; what it raises, every rank's
         trainer.close()
-        return final
+        return final if trainer.dist.main else {}
     finally:
         torch.set_num_threads(threads)  # --threads is for this run, not for the caller's process
         release_run_folders()
