@@ -478,6 +478,17 @@ def _ddp_gradients(rank: int, world: int, out: str) -> None:
     os._exit(0)
 
 
+def _run_ranks(target, *args, world: int = 2, timeout: float = 300) -> None:
+    """target(rank, world, *args) in `world` spawned processes, each a DDP rank; all must exit 0."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(rank, world, *args)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    assert [p.exitcode for p in procs] == [0] * world
+
+
 DDP_FLAGS = ("--dropout", "0", "--clip-norm", "0")
 
 
@@ -490,13 +501,7 @@ def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, mo
     # a spawned rank imports this module again, with this process's sys.path: tests/ first, so that its
     # `from conftest import` finds tests/conftest.py, not bench/'s (which another test file may have put first)
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_gradients, args=(rank, 2, str(tmp_path))) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    assert [p.exitcode for p in procs] == [0, 0]
+    _run_ranks(_ddp_gradients, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     group = ranks[0]["group"] + ranks[1]["group"]
     ntok = [sum(b.num_tgt_tokens for b in r["group"]) for r in ranks]
@@ -551,13 +556,7 @@ def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, mo
     error (`Dist.on_main`), the same one line each; rank 1 went on into its next collective and died
     there with gloo's "Connection closed by peer" traceback (on GPUs, NCCL's wait until its timeout)."""
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))  # as the test above
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_save_on_a_full_disk, args=(rank, 2, str(tmp_path))) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    assert [p.exitcode for p in procs] == [0, 0]
+    _run_ranks(_ddp_save_on_a_full_disk, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     path = tmp_path / "rank0" / "step_0000000.pt"
     assert [g["save"] for g in got] == [[errno.ENOSPC, f"{path}: No space left on device"]] * 2
@@ -641,13 +640,7 @@ def test_the_ddp_setup_and_collectives_under_gloo(tmp_path, monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_collectives, args=(rank, 2, str(tmp_path), port)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
+    _run_ranks(_collectives, str(tmp_path), port, timeout=120)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [g["place"] for g in got] == [[0, 2, 0, True, True, "cpu"], [1, 2, 1, False, True, "cpu"]]
     assert [g["broadcast"] for g in got] == ["rank 0's", "rank 0's"]
