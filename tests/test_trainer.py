@@ -35,7 +35,7 @@ from scratchformer.model import build_model, get_config
 from scratchformer.model.layers import FeedForward
 from scratchformer.training import cuda_graph, report
 from scratchformer.training import trainer as TR
-from scratchformer.training.build import build_data, model_config
+from scratchformer.training.build import build_data, make_tokenizers, model_config
 from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.cuda_graph import ShapeGraphs
 from scratchformer.training.distributed import Dist, setup_distributed
@@ -523,7 +523,7 @@ def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, mo
 
 def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
     """A DDP rank (gloo) of `test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank`: rank 0's
-    disk is full; each rank saves a step, then validates, and writes what each raised."""
+    disk is full; each rank saves a step, validates, makes the tokenizers, and writes what each raised."""
     import traceback
 
     import torch.distributed as dist
@@ -535,11 +535,17 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
 
         def full(path, *args):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        if rank == 0:  # its checkpoints, then its validation's row in metrics.jsonl
+        if rank == 0:  # its checkpoints, its validation's row in metrics.jsonl, the tokenizers it trains
             TR.save_checkpoint = full
             trainer.log.row = lambda row: full(Path(out) / "metrics.jsonl")
+            TokenizerPair.save = lambda toks, folder: full(Path(folder) / "tokenizer.json")
         got = {}
-        for name, call in (("save", lambda: trainer.save("step")), ("validate", trainer.validate)):
+        pairs = [D.Example(f"source {i}", f"target {i}") for i in range(20)]
+
+        def tokenizers():
+            return make_tokenizers(trainer.config, "translation", pairs, Path(out), trainer.dist, trainer.log)
+        for name, call in (("save", lambda: trainer.save("step")), ("validate", trainer.validate),
+                           ("tokenizers", tokenizers)):
             try:
                 call()
             except OSError as e:
@@ -552,9 +558,10 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
 
 
 def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, monkeypatch):
-    """Rank 0 writes the checkpoints and the validation's rows. Its full disk is now every rank's
-    error (`Dist.on_main`), the same one line each; rank 1 went on into its next collective and died
-    there with gloo's "Connection closed by peer" traceback (on GPUs, NCCL's wait until its timeout)."""
+    """Rank 0 writes the checkpoints, the validation's rows and the tokenizers it trains. Its full
+    disk is now every rank's error (`Dist.on_main`), the same one line each; rank 1 went on into its
+    next collective and died there with gloo's "Connection closed by peer" traceback (on GPUs, NCCL's
+    wait until its timeout)."""
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))  # as the test above
     _run_ranks(_ddp_save_on_a_full_disk, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -562,6 +569,8 @@ def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, mo
     assert [g["save"] for g in got] == [[errno.ENOSPC, f"{path}: No space left on device"]] * 2
     rows = tmp_path / "metrics.jsonl"
     assert [g["validate"] for g in got] == [[errno.ENOSPC, f"{rows}: No space left on device"]] * 2
+    toks = tmp_path / "tokenizer.json"
+    assert [g["tokenizers"] for g in got] == [[errno.ENOSPC, f"{toks}: No space left on device"]] * 2
 
 
 def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):

@@ -116,24 +116,25 @@ def _same_split(split: str, cfg: TrainConfig, members: tuple[TrainConfig, ...], 
 
 def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Path, dist_: Dist,
                     log: Logger) -> TokenizerPair:
-    """Reused (--tokenizer) or trained by rank 0 on the training examples; saved into the run folder."""
+    """Reused (--tokenizer), or trained by rank 0 on the training examples and read from its files by
+    the other ranks (what rank 0 raised, a full disk say, each rank raises: `Dist.on_main`); saved
+    into the run folder."""
     if cfg.tokenizer:
         toks = TokenizerPair.load(cfg.tokenizer)
         log.info(f"tokenizer: reused {', '.join(cfg.tokenizer)}")
-    elif dist_.main:
-        toks = _train_tokenizers(cfg, task, train, log)
-    if dist_.on:
-        # Rank 0 trained it; everyone uses the same file.
-        if dist_.main and not cfg.tokenizer:
+        if dist_.main:
             toks.save(out)
-        dist_.barrier()
-        if not dist_.main and not cfg.tokenizer:
-            shared = (out / "tokenizer.json").exists()
-            files = ["tokenizer.json"] if shared else ["tokenizer.src.json", "tokenizer.tgt.json"]
-            toks = TokenizerPair.load([out / f for f in files])
+        return toks
+    trained = []
+
+    def on_rank_0() -> None:
+        trained.append(_train_tokenizers(cfg, task, train, log))
+        trained[0].save(out)
+    dist_.on_main(on_rank_0)
     if dist_.main:
-        toks.save(out)
-    return toks
+        return trained[0]
+    files = ["tokenizer.json"] if (out / "tokenizer.json").exists() else ["tokenizer.src.json", "tokenizer.tgt.json"]
+    return TokenizerPair.load([out / f for f in files])
 
 
 def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: Logger) -> TokenizerPair:
