@@ -901,13 +901,12 @@ def test_a_run_resumed_into_a_new_folder_takes_best_pt_only_when_it_is_its_check
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir(), new.mkdir()
     save_checkpoint(old / "best.pt", {"progress": {"step": 4}, "model": {"w": torch.ones(2)}})
-    assert not carry_best(old, new, best_step=2, main=True) and not (new / "best.pt").exists()
-    assert not carry_best(old, new, best_step=-1, main=True) and not (new / "best.pt").exists()
-    assert carry_best(old, new, best_step=4, main=False) and not (new / "best.pt").exists()  # rank 0 writes it
-    assert carry_best(old, new, best_step=4, main=True)
+    assert not carry_best(old, new, best_step=2, dist_=Dist()) and not (new / "best.pt").exists()
+    assert not carry_best(old, new, best_step=-1, dist_=Dist()) and not (new / "best.pt").exists()
+    assert carry_best(old, new, best_step=4, dist_=Dist())
     assert (new / "best.pt").read_bytes() == (old / "best.pt").read_bytes()
     save_checkpoint(old / "best.pt", {"progress": {"step": 0}, "model": {"w": torch.ones(2)}})
-    assert carry_best(old, new, best_step=0, main=True)  # a best at step 0 is a best
+    assert carry_best(old, new, best_step=0, dist_=Dist())  # a best at step 0 is a best
 
 
 def _resumable(path, step):

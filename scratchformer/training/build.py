@@ -116,15 +116,9 @@ def _same_split(split: str, cfg: TrainConfig, members: tuple[TrainConfig, ...], 
 
 def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Path, dist_: Dist,
                     log: Logger) -> TokenizerPair:
-    """Reused (--tokenizer), or trained by rank 0 on the training examples and read from its files by
-    the other ranks (what rank 0 raised, a full disk say, each rank raises: `Dist.on_main`); saved
-    into the run folder."""
-    if cfg.tokenizer:
-        toks = TokenizerPair.load(cfg.tokenizer)
-        log.info(f"tokenizer: reused {', '.join(cfg.tokenizer)}")
-        if dist_.main:
-            toks.save(out)
-        return toks
+    """Trained by rank 0 on the training examples and saved into the run folder, then read from its
+    files by the other ranks (what rank 0 raised, a full disk say, each rank raises: `Dist.on_main`).
+    A run's reused (--tokenizer) or resumed tokenizers are `build_data`'s `tokenizers` instead."""
     trained = []
 
     def on_rank_0() -> None:
@@ -172,8 +166,8 @@ def load_examples(cfg: TrainConfig, source: D.DataSource) -> Examples:
 
 def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, log: Logger,
                tokenizers: TokenizerPair | None = None, examples: Examples | None = None) -> TrainData:
-    """Examples (`load_examples`, unless given), tokenizers (given on resume, else made) and
-    encodings of both splits."""
+    """Examples (`load_examples`, unless given), tokenizers (given: --tokenizer's, a resumed or
+    --init-from run's; else made: `make_tokenizers`) and encodings of both splits."""
     task = source.task
     train_ex, valid_ex, num_classes, notes = load_examples(cfg, source) if examples is None else examples
     for note in notes:

@@ -72,9 +72,9 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
              f"{source.kind}:{source.folder or source.name} | precision {config.precision}")
     log.info(f"environment: {describe(device)}")  # which machine and software every figure below came from
     toks = TokenizerPair.from_dict(start["tokenizers"]) if start else reused
-    if toks is not None and dist_.main:  # a resumed run's too: its files are the checkpoint's again if damaged
-        toks.save(out)
-    if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_.main):
+    if toks is not None:  # a resumed run's too: its files are the checkpoint's again if damaged
+        dist_.on_main(lambda: toks.save(out))  # rank 0 writes; what it raises (a full disk), every rank raises
+    if moved and not carry_best(path.parent, out, ckpt["progress"]["best_step"], dist_):
         ckpt["progress"].update(best=None, best_step=-1, bad_evals=0)  # this folder's best starts afresh
     data = build_data(config, source, out, dist_, log, toks, examples)
     mcfg = planned if start else model_config(config, data)  # a new run's: with its tokenizers' vocabulary sizes
@@ -82,9 +82,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     model.recompute_activations(config.recompute_activations)
     if dist_.on:  # the same initial weights on every rank (DDP checks), then a dropout stream of its own per rank
         torch.manual_seed(config.seed + dist_.rank)
-    if dist_.main:
-        write_lines_atomic(out / "config.json", json.dumps(mcfg.to_dict(), indent=2).splitlines())
-        write_lines_atomic(out / "args.json", json.dumps(config.to_dict(), indent=2).splitlines())
+    dist_.on_main(lambda: _write_configs(out, mcfg, config))  # rank 0 writes; what it raises, every rank raises
     log.info(f"model: {type(model).__name__} {count_parameters(model):,} parameters | preset {config.preset} | "
              f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
              f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding}{' copy' * mcfg.copy} | kernel "
@@ -95,6 +93,12 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     log.info(_describe(trainer))
     log.info(f"set up in {time.time() - t0:.1f}s (data, tokenizers, model{', checkpoint' * resuming})")
     return trainer
+
+
+def _write_configs(out: Path, mcfg: ModelConfig, config: TrainConfig) -> None:
+    """The run folder's config.json (the model's) and args.json (the run's options)."""
+    for name, written in (("config.json", mcfg), ("args.json", config)):
+        write_lines_atomic(out / name, json.dumps(written.to_dict(), indent=2).splitlines())
 
 
 def _describe(trainer) -> str:

@@ -116,19 +116,19 @@ def resumes_elsewhere(folder: Path, checkpoint: Path) -> bool:
     return os.path.realpath(folder) != os.path.realpath(checkpoint.parent)
 
 
-def carry_best(old: Path, new: Path, best_step: int, main: bool) -> bool:
-    """A run resumed into a new folder takes its best.pt along (rank 0 writes it) when that file is
-    the best of the checkpoint it resumes (its step is that progress's best_step): the new folder's
-    best.pt and final report are then that model's. False when there is none, or it is another
-    step's (a resume from an older checkpoint): the new run's best starts afresh."""
+def carry_best(old: Path, new: Path, best_step: int, dist_: Dist) -> bool:
+    """A run resumed into a new folder takes its best.pt along when that file is the best of the
+    checkpoint it resumes (its step is that progress's best_step): the new folder's best.pt and final
+    report are then that model's. Rank 0 writes it (what that raises, every rank raises:
+    `Dist.on_main`). False when there is none, or it is another step's (a resume from an older
+    checkpoint): the new run's best starts afresh."""
     try:
         best = load_checkpoint(old / "best.pt") if best_step >= 0 and (old / "best.pt").is_file() else None
     except CheckpointError:
         best = None
     if best is None or best.get("progress", {}).get("step") != best_step:
         return False
-    if main:
-        save_checkpoint(new / "best.pt", best)
+    dist_.on_main(lambda: save_checkpoint(new / "best.pt", best))
     return True
 
 
