@@ -119,16 +119,14 @@ def make_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], out: Pa
     """Trained by rank 0 on the training examples and saved into the run folder, then read from its
     files by the other ranks (what rank 0 raised, a full disk say, each rank raises: `Dist.on_main`).
     A run's reused (--tokenizer) or resumed tokenizers are `build_data`'s `tokenizers` instead."""
-    trained = []
+    trained = None
 
-    def on_rank_0() -> None:
-        trained.append(_train_tokenizers(cfg, task, train, log))
-        trained[0].save(out)
-    dist_.on_main(on_rank_0)
-    if dist_.main:
-        return trained[0]
-    files = ["tokenizer.json"] if (out / "tokenizer.json").exists() else ["tokenizer.src.json", "tokenizer.tgt.json"]
-    return TokenizerPair.load([out / f for f in files])
+    def on_rank_0() -> list[Path]:
+        nonlocal trained
+        trained = _train_tokenizers(cfg, task, train, log)
+        return trained.save(out)
+    paths = dist_.on_main(on_rank_0)  # the files rank 0 wrote: one (a shared vocabulary) or two
+    return trained if dist_.main else TokenizerPair.load(paths)
 
 
 def _train_tokenizers(cfg: TrainConfig, task: str, train: list[D.Example], log: Logger) -> TokenizerPair:
