@@ -1,8 +1,10 @@
 """Training pieces: label-smoothed loss, schedules, exact resume, accumulation, classifier step."""
 
+import io
 import json
 import math
 import shutil
+import sys
 from collections import Counter
 
 import pytest
@@ -259,6 +261,20 @@ def test_train_rows_log_the_learning_rate_each_step_took(tmp_path):
     want = [1e-3 * O.InverseSqrt(4)(k) for k in range(5)]
     assert [lr for _, _, lr in _train_rows(tmp_path / "run")] == pytest.approx(want)
     assert want[0] == pytest.approx(2.5e-4) and want[3] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_progress_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    """The bar is for a terminal: a log redirected to a file gets the log rows alone, as evaluate and generate do
+    (until 2026-12-07 training drew it into any stderr: a redirected log held a line every half second)."""
+    class Stream(io.StringIO):
+        def isatty(self):
+            return terminal
+
+    err = Stream()
+    monkeypatch.setattr(sys, "stderr", err)
+    T.main([a for a in TINY if a != "--no-progress"] + ["--max-steps", "3", "--out", str(tmp_path / "run")])
+    assert ("train: 100%" in err.getvalue()) == terminal, err.getvalue()[-500:]
 
 
 def _train_rows(out):

@@ -192,7 +192,7 @@ class TrainConfig:
                            "deleted first)")
     device: str | None = _run(help="cpu, cuda, cuda:1 ... (default: cuda if available, torchrun: cuda:LOCAL_RANK)")
     log_every: int = _run(default=100, help="log a train row every N steps")
-    no_progress: bool = _run(default=False, help="no progress bar")
+    no_progress: bool = _run(default=False, help="no progress bar (it is drawn only when stderr is a terminal)")
     tensorboard: bool = _run(default=False, help="also log to TensorBoard (needs tensorboard)")
     attention_example: int = _run(default=0, help="validation example drawn in plots/attention.png")
     no_plots: bool = _run(default=False, help="no plots/ (curves, attention)")

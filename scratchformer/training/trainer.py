@@ -169,8 +169,8 @@ class Trainer:
         validated and saved."""
         cfg, prog = self.config, self.progress
         self.model.train()
-        self._bar = tqdm(total=self.total_steps, initial=prog.step, disable=not self.dist.main or cfg.no_progress,
-                         desc="train", dynamic_ncols=True, mininterval=0.5)
+        self._bar = tqdm(total=self.total_steps, initial=prog.step, desc="train", dynamic_ncols=True, mininterval=0.5,
+                         disable=True if cfg.no_progress or not self.dist.main else None)  # None: on a terminal only
         self._window = Window.from_dict(self._resumed_window)
         self._t_start, self._seconds_before = time.time(), prog.seconds
         if prog.step:  # a resumed run may have spent its --time-budget already (it ends at once); a new one steps
