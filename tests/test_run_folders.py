@@ -909,6 +909,19 @@ def test_a_run_resumed_into_a_new_folder_takes_best_pt_only_when_it_is_its_check
     assert carry_best(old, new, best_step=0, dist_=Dist())  # a best at step 0 is a best
 
 
+@pytest.mark.parametrize("answer", [True, False])
+def test_under_ddp_rank_0_alone_reads_and_carries_best_pt_and_its_answer_is_every_ranks(tmp_path, answer):
+    """Rank 1 neither reads the old best.pt (a whole checkpoint, read once per rank until 2026-12-07) nor
+    writes the new one; it takes rank 0's answer, broadcast (`Dist.on_main`), where the ranks could disagree."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    (old / "best.pt").write_bytes(b"not a checkpoint: read, it would be refused")
+    rank_1, sent = Dist(rank=1, world=2, local_rank=1), []
+    rank_1.broadcast = lambda obj: sent.append(obj) or (answer, None)  # rank 0's (result, exception)
+    assert carry_best(old, new, best_step=0, dist_=rank_1) is answer
+    assert sent == [(None, None)] and not (new / "best.pt").exists()
+
+
 def _resumable(path, step):
     """A checkpoint a resume accepts (RESUME_KEYS), at `step`; its contents otherwise empty."""
     save_checkpoint(path, {**{k: None for k in RESUME_KEYS}, "progress": {"step": step}})

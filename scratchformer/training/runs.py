@@ -119,17 +119,19 @@ def resumes_elsewhere(folder: Path, checkpoint: Path) -> bool:
 def carry_best(old: Path, new: Path, best_step: int, dist_: Dist) -> bool:
     """A run resumed into a new folder takes its best.pt along when that file is the best of the
     checkpoint it resumes (its step is that progress's best_step): the new folder's best.pt and final
-    report are then that model's. Rank 0 writes it (what that raises, every rank raises:
-    `Dist.on_main`). False when there is none, or it is another step's (a resume from an older
-    checkpoint): the new run's best starts afresh."""
-    try:
-        best = load_checkpoint(old / "best.pt") if best_step >= 0 and (old / "best.pt").is_file() else None
-    except CheckpointError:
-        best = None
-    if best is None or best.get("progress", {}).get("step") != best_step:
-        return False
-    dist_.on_main(lambda: save_checkpoint(new / "best.pt", best))
-    return True
+    report are then that model's. Rank 0 alone reads and writes it, and its answer is every rank's
+    (what it raises, every rank raises: `Dist.on_main`). False when there is none, or it is another
+    step's (a resume from an older checkpoint): the new run's best starts afresh."""
+    def on_rank_0() -> bool:
+        try:
+            best = load_checkpoint(old / "best.pt") if best_step >= 0 and (old / "best.pt").is_file() else None
+        except CheckpointError:
+            best = None
+        if best is None or best.get("progress", {}).get("step") != best_step:
+            return False
+        save_checkpoint(new / "best.pt", best)
+        return True
+    return dist_.on_main(on_rank_0)
 
 
 def check_out(out: str | Path | None, overwrite: bool, resume: Path | None = None) -> None:
