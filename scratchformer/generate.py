@@ -8,7 +8,8 @@
 
 One input per line of text, or ``.jsonl`` (``.gz``, ``.xz``) records (a file or stdin), or one --text.
 Several checkpoints predict as an ensemble (`model.Ensemble`: the mean of their probabilities at
-every step). Output: one line per input;
+every step). Output: one line per input, line N of a file answering its line N (a blank line, not
+predicted, gets an empty one; --json: one record per input, blank lines skipped);
 classification prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
@@ -192,10 +193,14 @@ def main(argv=None) -> list[dict]:
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
                        max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered],
                        summary_sentences=args.summary_sentences, summary_words=args.summary_words)
-    for r in results:
+    printed = 0  # the input lines answered so far: a blank one (skipped, not predicted) gets an empty line
+    for (line, _), r in zip(numbered, results, strict=True):
         if args.json:
             print(json.dumps(r, ensure_ascii=False))
-        elif "output" in r:  # one line per input: a summary's sentences side by side
+            continue
+        print("\n" * (line - printed - 1), end="")  # --text: numbered 1, 2, ..., none blank
+        printed = line
+        if "output" in r:  # one line per input: a summary's sentences side by side
             print(r["output"].replace("\n", " "))
         else:
             print(f"{r['label_name']}\t{r['confidence']:.3f}")

@@ -1136,6 +1136,23 @@ def test_the_text_mode_prints_one_line_per_input(runs, monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines() == ["one . two .", "three ."]
 
 
+@pytest.mark.parametrize("task", ["translation", "classification"])
+def test_the_text_mode_answers_line_n_of_a_file_on_line_n(runs, task, tmp_path, monkeypatch, capsys):
+    """A blank input line is not predicted; its output line is empty, where it was dropped and every
+    later output printed a line early (`paste in.txt out.txt` paired the wrong lines). Each printed line
+    is the one its input gets alone, and --json still prints one record per input that is not blank."""
+    inputs = ["one two", "", "red house big", "  ", "", "three"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(inputs) + "\n\n"))
+    generate.main(["--checkpoint", str(runs[task])])
+    printed = capsys.readouterr().out.splitlines()
+    alone = {t: generate.main(["--checkpoint", str(runs[task]), "--text", t]) and capsys.readouterr().out.strip()
+             for t in inputs if t.strip()}
+    assert printed == [alone.get(t, "") for t in inputs]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(inputs)))
+    assert [r["input"] for r in generate.main(["--checkpoint", str(runs[task]), "--json"])] == list(alone)
+    assert len(capsys.readouterr().out.splitlines()) == len(alone)
+
+
 def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, capsys):
     """generate --input test_inputs.jsonl.gz without --output translates each record's text, as with
     --output (until 2026-12-01 it translated the raw JSON lines); --format text reads such a file as text."""
