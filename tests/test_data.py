@@ -715,6 +715,35 @@ def test_hub_loading_maps_fields(monkeypatch):
         D.resolve_source("nope")
 
 
+def test_a_named_dataset_found_nowhere_names_the_folders_looked_in_and_the_hubs_error(tmp_path, monkeypatch):
+    """--dataset multi30k run from another folder than the checkout's: the error said only "not
+    available locally", not where it had looked nor that SCRATCHFORMER_DATA points there; with the
+    `datasets` package but no network its ConnectionError (an OSError) was a traceback."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCRATCHFORMER_DATA", str(tmp_path / "elsewhere"))
+    here = Path(os.getcwd())
+    looked = re.escape(", ".join(str(p / "multi30k") for p in (tmp_path / "elsewhere", here / "data",
+                                                               here.parent / "shared" / "data")))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets: ImportError
+    src = D.resolve_source("multi30k")
+    with pytest.raises(D.DataError, match=rf"^no local copy of 'multi30k' \(looked in {looked}: SCRATCHFORMER_DATA=DIR "
+                       r"looks in DIR/multi30k first; --data FOLDER reads a folder\), and loading it from the Hugging "
+                       r"Face hub needs the 'datasets' package \(pip install datasets\) and a network$"):
+        D.load_split(src, "train")
+
+    def offline(path, split, name=None):
+        raise ConnectionError("Couldn't reach 'bentrevett/multi30k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(D.DataError, match=rf"^no local copy of 'multi30k' \(looked in {looked}: .*\), and the Hugging "
+                       r"Face hub did not give bentrevett/multi30k \[train\]: ConnectionError: Couldn't reach"):
+        D.load_split(src, "train")
+    (tmp_path / "data" / "multi30k").mkdir(parents=True)  # ./data/NAME, then the first of the places
+    assert D.local_folder("multi30k") == Path("data/multi30k")
+    (tmp_path / "elsewhere" / "multi30k").mkdir(parents=True)
+    assert D.local_folder("multi30k") == tmp_path / "elsewhere" / "multi30k"
+
+
 @pytest.mark.parametrize("limit", [0, -1, 2.5, True, "3"])
 def test_a_limit_is_none_or_a_positive_int_for_every_source(tmp_path, limit):
     """load_split's and read_split's limit: 0 and -1 read one record of a local file (the reader

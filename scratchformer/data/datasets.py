@@ -220,14 +220,24 @@ def label_names(folder: Path | None) -> dict[int, str] | None:
     return {int(k): str(v) for k, v in labels.items()}
 
 
-def local_folder(dataset: str) -> Path | None:
-    """A local copy of a named dataset: $SCRATCHFORMER_DATA/NAME, ./data/NAME or ../shared/data/NAME."""
+def _local_candidates(dataset: str) -> list[Path]:
+    """Where a named dataset's local copy may be, in order: $SCRATCHFORMER_DATA/NAME, ./data/NAME,
+    ../shared/data/NAME (NAME the folder's name, `LOCAL_NAMES`)."""
     name = LOCAL_NAMES.get(dataset, dataset)
     roots = [os.environ.get("SCRATCHFORMER_DATA"), "data", os.path.join("..", "shared", "data")]
-    for root in roots:
-        if root and (Path(root) / name).is_dir():
-            return Path(root) / name
-    return None
+    return [Path(root) / name for root in roots if root]
+
+
+def local_folder(dataset: str) -> Path | None:
+    """A local copy of a named dataset, the first of `_local_candidates` that is a folder."""
+    return next((folder for folder in _local_candidates(dataset) if folder.is_dir()), None)
+
+
+def _no_local_copy(dataset: str) -> str:
+    """Where a named dataset was looked for on disk, and how to point there (a hub error's hint)."""
+    looked = ", ".join(os.path.abspath(folder) for folder in _local_candidates(dataset))
+    return (f"no local copy of {dataset!r} (looked in {looked}: SCRATCHFORMER_DATA=DIR looks in "
+            f"DIR/{LOCAL_NAMES.get(dataset, dataset)} first; --data FOLDER reads a folder)")
 
 
 def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example]:
@@ -238,15 +248,16 @@ def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example
     try:
         import datasets  # lazy: only hub users need it
     except ImportError as e:
-        raise DataError(
-            f"dataset {dataset!r} is not available locally and loading it from the hub needs the "
-            "'datasets' package (pip install datasets), or pass --data DIR"
-        ) from e
+        raise DataError(f"{_no_local_copy(dataset)}, and loading it from the Hugging Face hub needs the 'datasets' "
+                        "package (pip install datasets) and a network") from e
     kw = {"name": spec["name"]} if "name" in spec else {}
     try:
         ds = datasets.load_dataset(spec["path"], split=split, **kw)
     except ValueError as e:
         raise DataError(f"hub dataset {spec['path']} has no split {split!r} ({e})") from None
+    except OSError as e:  # no network (requests' errors are OSErrors), a dataset the hub no longer has
+        raise DataError(f"{_no_local_copy(dataset)}, and the Hugging Face hub did not give {spec['path']} "
+                        f"[{split}]: {type(e).__name__}: {e}") from e
     out = []
     for i, rec in enumerate(ds):
         if "translation" in spec:
