@@ -175,6 +175,13 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 
+def _one_line(text: str) -> str:
+    """text on one line of the output, its lines (a summary's sentences) side by side: split at every
+    line end str.splitlines knows, not at \\n alone (a byte-level model can emit \\r, \\f, \\x1c,
+    \\u2028, ...: a reader splitting lines as Python does would find more lines than inputs)."""
+    return " ".join(text.splitlines())
+
+
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -201,7 +208,7 @@ def main(argv=None) -> list[dict]:
         print("\n" * (line - printed - 1), end="")  # --text: numbered 1, 2, ..., none blank
         printed = line
         if "output" in r:  # one line per input: a summary's sentences side by side
-            print(r["output"].replace("\n", " "))
+            print(_one_line(r["output"]))
         else:
             print(f"{r['label_name']}\t{r['confidence']:.3f}")
     return results
