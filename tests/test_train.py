@@ -615,3 +615,24 @@ def test_a_nan_validation_never_becomes_the_best(metric, worse, better):
     assert not O.is_better(metric, nan, None) and not O.is_better(metric, nan, worse)
     assert O.is_better(metric, worse, nan) and O.is_better(metric, worse, None)
     assert O.is_better(metric, better, worse) and not O.is_better(metric, worse, better)
+
+
+@pytest.mark.parametrize("epochs", [None, 2])
+def test_max_steps_given_alone_bounds_a_real_data_run_and_the_log_says_what_bounds_it(tmp_path, epochs):
+    """Real data defaults to 10 epochs, but --max-steps given without --epochs is the run's only bound
+    (it stopped at the 10 epochs, short of the steps asked for); with --epochs too the first one reached
+    ends it. The log names the bound, and warns of a warmup longer than the run."""
+    from conftest import translation_folder
+
+    data, out = translation_folder(tmp_path), tmp_path / "run"
+    flags = ["--data", str(data), "--out", str(out), "--max-steps", "33", "--eval-every", "0",
+             *TINY[:TINY.index("--warmup-steps")], *(["--epochs", str(epochs)] if epochs else [])]
+    T.main(flags)  # 48 examples, batches of 16: 3 steps an epoch
+    steps = 33 if epochs is None else 3 * epochs
+    assert load_checkpoint(out / "last.pt")["progress"]["step"] == steps
+    log = (out / "log.txt").read_text()
+    bound = "(--max-steps)" if epochs is None else f"({epochs} epochs)"
+    assert f"3 batches/epoch (max_tokens 4096 batch_size 16, grad_accum 1), {steps} steps {bound}" in log
+    assert (f"warning: --warmup-steps 1000 outlasts the run's {steps} steps: the learning rate ends at "
+            f"{5e-4 * steps / 1000:.3g}, never reaching --lr 0.0005") in log
+    assert json.loads((out / "args.json").read_text())["epochs"] == epochs

@@ -130,6 +130,11 @@ def test_data_dependent_defaults_resolved_once():
     r = given.resolved("classification", synthetic=False)
     assert (r.lr, r.max_src_len, r.preset, r.warmup_steps) == (7e-4, 64, "base", 200)
     assert r.resolved("classification", synthetic=False) == r
+    # --max-steps given alone bounds a real-data run: no default epochs beside it; given both, both stay
+    steps, _ = parse_args(["--max-steps", "3000"])
+    assert steps.resolved("translation", synthetic=False).epochs is None
+    both, _ = parse_args(["--max-steps", "3000", "--epochs", "2"])
+    assert both.resolved("translation", synthetic=False).epochs == 2
 
 
 def test_old_args_json_loads():

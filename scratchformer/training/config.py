@@ -119,7 +119,8 @@ class TrainConfig:
                         "for summarization from scratch); needs a shared vocabulary")
 
     # optimisation
-    epochs: int | None = _optim(help="passes over the training data (None: by --max-steps)", by_data=dict(real=10))
+    epochs: int | None = _optim(help="passes over the training data (real data: 10, unless --max-steps is given, "
+                                "which then alone bounds the run)", by_data=dict(real=10))
     max_steps: int | None = _optim(help="stop after N optimizer steps", by_data=dict(synthetic=1500))
     time_budget: float | None = _optim(help="end training, as at its last step (final validation, report), once "
                                        "the run has trained this many seconds over all its sessions: a run sized in "
@@ -225,6 +226,8 @@ class TrainConfig:
                 fill[f.name] = by.get("synthetic") if synthetic else by.get(task, by.get("real"))
         if self.schedule == "plateau" and self.warmup_steps is None:
             fill["warmup_steps"] = 0  # it has none: args.json says so
+        if self.max_steps is not None and self.epochs is None:
+            fill["epochs"] = None  # --max-steps given alone bounds the run (real data's 10 epochs cut it short)
         return dataclasses.replace(self, **fill)
 
 

@@ -90,7 +90,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
     if resuming:
         trainer.resume(ckpt)
-    log.info(_describe(trainer))
+    for line in _describe(trainer):
+        log.info(line)
     log.info(f"set up in {time.time() - t0:.1f}s (data, tokenizers, model{', checkpoint' * resuming})")
     return trainer
 
@@ -101,14 +102,22 @@ def _write_configs(out: Path, mcfg: ModelConfig, config: TrainConfig) -> None:
         write_lines_atomic(out / name, json.dumps(written.to_dict(), indent=2).splitlines())
 
 
-def _describe(trainer) -> str:
-    cfg = trainer.config
+def _describe(trainer) -> list[str]:
+    """The log's line on how the run trains: its batches, its steps and what bounds them (--max-steps or
+    the epochs), its schedule; and a warning where the warmup outlasts the run."""
+    cfg, total = trainer.config, trainer.total_steps
     batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
                         + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
-    return (f"training: {trainer.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
-            f"{cfg.grad_accum}), {trainer.total_steps} steps"
-            f"{f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, lr {cfg.lr:g} {cfg.schedule} warmup "
-            f"{cfg.warmup_steps}, label smoothing {cfg.label_smoothing}")
+    steps = f"{total} step{'s' * (total != 1)}"
+    bound = "--max-steps" if total == cfg.max_steps else f"{trainer.epochs} epoch{'s' * (trainer.epochs != 1)}"
+    lines = [f"training: {trainer.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
+             f"{cfg.grad_accum}), {steps} ({bound}){f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, "
+             f"lr {cfg.lr:g} {cfg.schedule} warmup {cfg.warmup_steps}, label smoothing {cfg.label_smoothing}"]
+    if cfg.warmup_steps and cfg.warmup_steps > total:  # every schedule's warmup is linear: lr * step / warmup
+        lines.append(f"warning: --warmup-steps {cfg.warmup_steps} outlasts the run's {steps}: the learning rate "
+                     f"ends at {cfg.lr * total / cfg.warmup_steps:.3g}, never reaching --lr {cfg.lr:g}; give fewer "
+                     "--warmup-steps or more steps")
+    return lines
 
 
 def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None, given: frozenset[str],
