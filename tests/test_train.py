@@ -396,6 +396,11 @@ def test_early_stopping(tmp_path):
                          "--max-steps", "50", "--out", str(tmp_path)])
     assert res["steps"] < 50
     assert load_checkpoint(tmp_path / "last.pt")["progress"]["stopped_early"]
+    # resumed as it was, it has nothing to train, and says why and what would train it on
+    again = T.main(["--resume", "--out", str(tmp_path), "--no-progress"])
+    assert again["steps"] == res["steps"]
+    assert (f"nothing to train: the run ended at step {res['steps']}, stopped early (2 evaluations without gain): "
+            "give a larger --patience, or 0\n") in (tmp_path / "log.txt").read_text()
 
 
 def test_classifier_training_step_reduces_loss():
@@ -636,3 +641,16 @@ def test_max_steps_given_alone_bounds_a_real_data_run_and_the_log_says_what_boun
     assert (f"warning: --warmup-steps 1000 outlasts the run's {steps} steps: the learning rate ends at "
             f"{5e-4 * steps / 1000:.3g}, never reaching --lr 0.0005") in log
     assert json.loads((out / "args.json").read_text())["epochs"] == epochs
+    # resumed with a larger --max-steps alone: still bounded by its epochs, a finished run says so
+    T.main(["--resume", str(out), "--max-steps", "40"])
+    log = (out / "log.txt").read_text()
+    assert load_checkpoint(out / "last.pt")["progress"]["step"] == (40 if epochs is None else steps)
+    assert ("nothing to train" in log) == (epochs is not None)
+    if epochs is not None:
+        assert f"nothing to train: the run ended at step {steps}, its {epochs} epochs done: give more --epochs" in log
+        T.main(["--resume", str(out), "--epochs", str(epochs + 1)])  # one more epoch: 3 more steps
+        assert load_checkpoint(out / "last.pt")["progress"]["step"] == steps + 3
+    log = (out / "log.txt").read_text()
+    T.main(["--resume", str(out)])
+    end = (out / "log.txt").read_text()[len(log):]
+    assert "nothing to train: the run ended at step" in end and ("--max-steps 40 reached" in end) == (epochs is None)

@@ -392,6 +392,8 @@ def test_time_budget_ends_the_run_where_it_stands(tmp_path):
     # a run its budget ended goes on when resumed with a larger one (and not with the same)
     T.main(["--resume", "--out", str(tmp_path / "spent"), "--time-budget", "1e-9", "--max-steps", "3"])
     assert load_checkpoint(tmp_path / "spent" / "last.pt")["progress"]["step"] == 1
+    assert re.search(r"nothing to train: the run ended at step 1, its --time-budget spent \(\d+ s trained\): give "
+                     r"a larger --time-budget\n", (tmp_path / "spent" / "log.txt").read_text())
     T.main(["--resume", "--out", str(tmp_path / "spent"), "--time-budget", "1e9", "--max-steps", "3"])
     more = load_checkpoint(tmp_path / "spent" / "last.pt")["progress"]
     assert (more["step"], more["out_of_time"]) == (3, False)

@@ -117,7 +117,25 @@ def _describe(trainer) -> list[str]:
         lines.append(f"warning: --warmup-steps {cfg.warmup_steps} outlasts the run's {steps}: the learning rate "
                      f"ends at {cfg.lr * total / cfg.warmup_steps:.3g}, never reaching --lr {cfg.lr:g}; give fewer "
                      "--warmup-steps or more steps")
+    if ended := _ended(trainer):
+        lines.append(f"nothing to train: the run ended at step {trainer.progress.step}, {ended}")
     return lines
+
+
+def _ended(trainer) -> str | None:
+    """Why a resumed run has no step left to take, with the option that would train it on; None if it has."""
+    cfg, prog = trainer.config, trainer.progress
+    if not prog.step:
+        return None
+    if cfg.max_steps is not None and prog.step >= cfg.max_steps:
+        return f"--max-steps {cfg.max_steps} reached: give a larger --max-steps to train on"
+    if trainer.epochs and prog.epoch >= trainer.epochs:
+        return f"its {trainer.epochs} epochs done: give more --epochs to train on"
+    if prog.stopped_early:
+        return f"stopped early ({prog.bad_evals} evaluations without gain): give a larger --patience, or 0"
+    if prog.out_of_time:
+        return f"its --time-budget spent ({prog.seconds:.0f} s trained): give a larger --time-budget"
+    return None
 
 
 def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: dict | None, given: frozenset[str],
