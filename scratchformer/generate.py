@@ -40,7 +40,7 @@ from .evaluation.evaluate import load_models, predict_extracts, predict_labels, 
 BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
                "--save-every", "--threads", "--no-progress")
 # The flags that only decoding a sequence reads: refused for a model that decodes none (`O.check_decode_flags`).
-SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio")
+SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
                    help="torch.compile the model (backend: inductor when given alone; aot_eager traces without "
                    "code generation)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per input")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per input (a translation's or summary's with its score: the search's "
+                   "sum of log-probabilities / length ** --length-penalty)")
+    p.add_argument("--nbest", type=int, default=1, metavar="N",
+                   help="with --json: the search's N best outputs, best first, each with its score (default: 1; at "
+                   "most --beam-size)")
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
     b.add_argument("--len-ratio", type=float,
@@ -107,6 +112,12 @@ def check_args(args) -> None:
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
                     summary_words=args.summary_words)
+    if args.nbest < 1 or args.nbest > args.beam_size:
+        raise O.OptionError(f"--nbest must be in [1, --beam-size {args.beam_size}] (a search keeps --beam-size "
+                            f"hypotheses), got {args.nbest}")
+    if args.nbest > 1 and (args.output or not args.json):
+        raise cli.UsageError(f"--nbest {args.nbest} lists each input's outputs in its --json record: give --json"
+                             f"{', without --output' if args.output else ''}")
     if args.save_every < 0:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
@@ -144,11 +155,13 @@ def run_batch(args) -> dict:
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
              source: str = "input", lines: list[int] | None = None, summary_sentences: int | None = None,
-             summary_words: int | None = None) -> list[dict]:
+             summary_words: int | None = None, nbest: int = 0) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq, extractive) or [{"input", "label", "label_name",
     "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
     line (`lines`: each text's line in `source`, default 1, 2, ...), or refused with `strict`, as
-    batch inference does."""
+    batch inference does. nbest n > 0 (seq2seq): each record also holds its output's "score" (the
+    search's: sum(log p) / len ** length_penalty, `model.beam_search_nbest`), and for n > 1 "nbest", the
+    n best outputs [{"output", "score"}], best first."""
     O.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
                     no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
                     summary_words=summary_words)
@@ -171,7 +184,11 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
         outs = [o.replace("\n", " ") for o in outs]
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
-                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
+                               length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
+                               nbest=nbest)
+        if nbest:
+            return [{"input": t, **hyps[0], **({"nbest": hyps} if nbest > 1 else {})}
+                    for t, hyps in zip(texts, outs, strict=True)]
     return [{"input": t, "output": o} for t, o in zip(texts, outs, strict=True)]
 
 
@@ -199,7 +216,8 @@ def main(argv=None) -> list[dict]:
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
                        max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered],
-                       summary_sentences=args.summary_sentences, summary_words=args.summary_words)
+                       summary_sentences=args.summary_sentences, summary_words=args.summary_words,
+                       nbest=args.nbest if args.json else 0)
     printed = 0  # the input lines answered so far: a blank one (skipped, not predicted) gets an empty line
     for (line, _), r in zip(numbered, results, strict=True):
         if args.json:

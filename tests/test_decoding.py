@@ -17,6 +17,7 @@ from scratchformer.model import (
     StaticKVCache,
     Transformer,
     beam_search,
+    beam_search_nbest,
     decoding,
     greedy_decode,
     transformer,
@@ -870,3 +871,65 @@ def test_every_eos_candidate_finished_at_one_step_counts_toward_beam_size():
     out = _table_search(lambda s, prefix: table.get(prefix), beam_size=2, max_len=3, length_penalty=1.0,
                         check_every=3)
     assert out == [[3, EOS_ID]]
+
+
+def _table_score(table, seq, alpha):
+    """sum(log p) / len**alpha of an output under a `_random_table` (len counting its EOS)."""
+    return sum(math.log(table[tuple(seq[:i])][tok]) for i, tok in enumerate(seq)) / len(seq) ** alpha
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+def test_nbest_lists_the_exhaustive_top_n_best_first_with_their_scores(alpha):
+    """With 27 beams over 3 words and up to 3 tokens the search keeps the best 27 of all 40 outputs (1 + 3 + 9
+    ended by EOS, 27 unfinished at max_len): its n-best list is the top n of every output ranked by hand,
+    best first, each with its sum(log p) / len**length_penalty; the first is beam_search's output."""
+    table = _random_table(289)
+    outputs = [[*body, EOS_ID] for n in range(3) for body in itertools.product((3, 4, 5), repeat=n)]
+    outputs += [list(body) for body in itertools.product((3, 4, 5), repeat=3)]
+    ranked = sorted(outputs, key=lambda seq: -_table_score(table, seq, alpha))
+    model, src, sl = _TableModel(lambda s, prefix: table.get(prefix)), torch.full((1, 1), 4), torch.ones(1).long()
+    kw = dict(beam_size=27, max_len=3, length_penalty=alpha)
+    tokens, scores = beam_search_nbest(model, src, sl, nbest=27, **kw)
+    assert tokens.shape[:2] == (1, 27) and scores.shape == (1, 27) and scores.dtype == torch.float64
+    got = [row[: _eos_at(row) + 1] for row in tokens[0].tolist()]
+    assert got == ranked[:27]
+    assert scores[0].tolist() == pytest.approx([_table_score(table, seq, alpha) for seq in ranked[:27]], rel=1e-6)
+    assert torch.equal(tokens[:, 0, : beam_search(model, src, sl, **kw).shape[1]], beam_search(model, src, sl, **kw))
+    top, top_scores = beam_search_nbest(model, src, sl, nbest=5, **kw)  # fewer: the same first ones
+    assert [row[: _eos_at(row) + 1] for row in top[0].tolist()] == ranked[:5]
+    assert torch.equal(top_scores, scores[:, :5])
+
+
+@pytest.mark.parametrize("copy", [False, True])
+@pytest.mark.parametrize("beam,alpha", [(1, 1.0), (4, 0.6), (4, 1.0)])
+def test_nbest_scores_are_the_full_models_log_probabilities_of_its_hypotheses(copy, beam, alpha):
+    """A Transformer's n-best (the beam's hypotheses, best first): the first row is beam_search's output
+    (beam 1: greedy's), and each hypothesis's score is the full model's teacher-forced sum(log p) over its
+    tokens / len**length_penalty, len counting the EOS (PAD and BOS ruled out, as decoding does)."""
+    m = _model(copy=copy)
+    src, sl = _src()
+    kw = dict(beam_size=beam, max_len=12, length_penalty=alpha)
+    tokens, scores = beam_search_nbest(m, src, sl, nbest=beam, **kw)
+    best = greedy_decode(m, src, sl, max_len=12) if beam == 1 else beam_search(m, src, sl, **kw)
+    assert torch.equal(tokens[:, 0, : best.shape[1]], best) and not (tokens[:, 0, best.shape[1]:] != PAD_ID).any()
+    assert (scores[:, :-1] >= scores[:, 1:]).all(), scores
+    for b in range(src.shape[0]):
+        for k in range(beam):
+            row = tokens[b, k].tolist()
+            seq = row[: _eos_at(row) + 1]
+            want = _score(m, src[b : b + 1], sl[b : b + 1], seq, alpha)
+            assert scores[b, k].item() == pytest.approx(want, rel=1e-4, abs=1e-5), (b, k, seq)
+    assert (tokens[..., :1] != PAD_ID).all(), "every hypothesis holds a token"
+
+
+def test_nbest_refuses_more_hypotheses_than_the_beam_keeps_and_takes_an_empty_batch():
+    m = _model()
+    src, sl = _src()
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match=r"nbest must be an int >= 1"):
+            beam_search_nbest(m, src, sl, nbest=bad, beam_size=4, max_len=5)
+    with pytest.raises(ValueError, match=r"nbest 5 exceeds beam_size 4: a search keeps beam_size hypotheses"):
+        beam_search_nbest(m, src, sl, nbest=5, beam_size=4, max_len=5)
+    empty, no_lengths = torch.zeros(0, 6, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    tokens, scores = beam_search_nbest(m, empty, no_lengths, nbest=2, beam_size=3, max_len=5)
+    assert tokens.shape == (0, 2, 1) and scores.shape == (0, 2)

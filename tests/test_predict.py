@@ -893,6 +893,10 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--summary-words", "0"], "--summary-words must be >= 1, got 0"),
     (["--save-every", "-1"], "--save-every must be >= 0 seconds"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--nbest", "0"], "--nbest must be in [1, --beam-size 4] (a search keeps --beam-size hypotheses), got 0"),
+    (["--nbest", "3", "--beam-size", "2"], "--nbest must be in [1, --beam-size 2] (a search keeps --beam-size "
+                                            "hypotheses), got 3"),
+    (["--nbest", "2"], "--nbest 2 lists each input's outputs in its --json record: give --json"),
 ])
 @pytest.mark.parametrize("mode", ["text", "batch"])
 def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatch, flags, message, mode):
@@ -1167,3 +1171,42 @@ def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, ca
     assert capsys.readouterr().out.splitlines() == [r["output"] for r in got]
     raw = generate.main(["--checkpoint", str(runs["translation"]), "--input", str(src), "--format", "text"])
     assert raw[0]["input"] == '{"id": "a", "src": "one two"}'
+
+
+def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs(runs, monkeypatch, capsys):
+    """generate --json: a translation's record holds its output's score, and with --nbest N the search's N
+    best outputs, best first, the first the output itself; the outputs are the text mode's and the scores
+    `beam_search_nbest`'s for the same input (whose scores tests/test_decoding.py checks against the full
+    model's log-probabilities), rounded to 6 decimals. A classifier refuses --nbest; so does --output."""
+    from scratchformer.model import beam_search_nbest
+
+    texts = ["one two three", "red house", "big big big one"]
+    text_args = [a for t in texts for a in ("--text", t)]
+    for beam, nbest in ((1, 1), (3, 1), (3, 3)):
+        flags = ["--checkpoint", str(runs["translation"]), *text_args, "--beam-size", str(beam)]
+        plain = generate.main(flags)
+        capsys.readouterr()
+        records = generate.main([*flags, "--json", "--nbest", str(nbest)])
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == records
+        assert [r["output"] for r in records] == [r["output"] for r in plain]
+        model, toks, ckpt = E.load_run(runs["translation"], "cpu")
+        for text, r in zip(texts, records, strict=True):
+            assert set(r) == {"input", "output", "score", *(["nbest"] if nbest > 1 else [])}
+            ids = torch.tensor([toks.src.encode(text) + [EOS_ID]])
+            tokens, scores = beam_search_nbest(model.eval(), ids, torch.tensor([ids.shape[1]]), nbest=nbest,
+                                               beam_size=beam, max_len=E.decode_max_len("translation",
+                                                                                         torch.tensor([ids.shape[1]]),
+                                                                                         MAX_TGT)[0].item())
+            outputs, want = toks.tgt.decode_batch(tokens[0].tolist()), scores[0].tolist()  # alone: batched within fp32
+            got = r["nbest"] if nbest > 1 else [{"output": r["output"], "score": r["score"]}]
+            assert [h["output"] for h in got] == outputs and got[0] == {"output": r["output"], "score": r["score"]}
+            assert [h["score"] for h in got] == pytest.approx(want, abs=1e-5)
+            assert all(round(h["score"], 6) == h["score"] for h in got)
+            printed = [h["score"] for h in got]
+            assert len({tuple(row) for row in tokens[0].tolist()}) == nbest and printed == sorted(printed, reverse=True)
+    with pytest.raises(OptionError, match=r"--nbest is for decoding a sequence; this model is classification"):
+        generate.main(["--checkpoint", str(runs["classification"]), "--text", "one", "--json", "--nbest", "2"])
+    with pytest.raises(cli.UsageError, match=r"--nbest 2 lists each input's outputs in its --json record: give "
+                                             r"--json, without --output"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--input", "-", "--output", "p.jsonl", "--json",
+                       "--nbest", "2"])

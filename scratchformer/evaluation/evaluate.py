@@ -22,7 +22,7 @@ from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkp
 from ..compile import compile_for_inference
 from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_name
 from ..data.tokenizer import TokenizerPair
-from ..model import PAD_ID, Ensemble, ModelConfig, beam_search, build_model, greedy_decode
+from ..model import PAD_ID, Ensemble, ModelConfig, beam_search, beam_search_nbest, build_model, greedy_decode
 from . import metrics as M
 from .options import check_min_len
 
@@ -199,25 +199,43 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
 
 def decode_batch(model, src, src_lengths, task: str, *, max_tgt_len: int, beam_size: int = 1,
                  length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
-                 len_ratio: float | None = None) -> torch.Tensor:
+                 len_ratio: float | None = None, nbest: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One batch's outputs, (B, T) token ids: beam search (beam_size > 1) or greedy, each row capped
-    by `decode_max_len`. What `predict_seq2seq` decodes, and the attention map's rows."""
+    by `decode_max_len`. What `predict_seq2seq` decodes, and the attention map's rows. nbest n > 0:
+    the search's n best hypotheses and their scores, ((B, n, T), (B, n)) (`beam_search_nbest`; beam
+    size 1 is greedy's search)."""
     max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio)
+    if nbest:
+        return beam_search_nbest(model, src, src_lengths, nbest=nbest, beam_size=beam_size, max_len=max_len,
+                                 length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     if beam_size > 1:
         return beam_search(model, src, src_lengths, beam_size=beam_size, max_len=max_len,
                            length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
     return greedy_decode(model, src, src_lengths, max_len=max_len, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
 
 
+def _hypotheses(tokenizer, tokens: torch.Tensor, scores: torch.Tensor) -> list[list[dict]]:
+    """(B, n, T) hypotheses and (B, n) scores -> per row [{"output", "score"}], best first; past the first,
+    those of score -inf (none found: a vocabulary smaller than n) left out; a score -inf is None (JSON has
+    no infinity), the others rounded to 6 decimals (fp32 log-probabilities)."""
+    B, n, T = tokens.shape
+    texts, scores = tokenizer.decode_batch(tokens.reshape(B * n, T).tolist()), scores.tolist()
+    return [[{"output": texts[b * n + k], "score": round(scores[b][k], 6) if scores[b][k] > float("-inf") else None}
+             for k in range(n) if k == 0 or scores[b][k] > float("-inf")] for b in range(B)]
+
+
 @torch.no_grad()
 def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_tgt_len: int, beam_size: int = 1,
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
                     max_tokens: int | None = 4096, precision: str = "fp32", progress: bool = False,
-                    batch_size: int | None = None, len_ratio: float | None = None, on_batch=None) -> list[str]:
+                    batch_size: int | None = None, len_ratio: float | None = None, on_batch=None,
+                    nbest: int = 0) -> list:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
     `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
-    `on_batch(indices, outputs)`, if given, is called after every batch."""
+    `on_batch(indices, outputs)`, if given, is called after every batch. nbest n > 0: each output is
+    instead the search's n best hypotheses, best first, [{"output", "score"}] (`beam_search_nbest`'s
+    score; `_hypotheses`)."""
     check_min_len(min_len, max_tgt_len)
     model.eval()
     out: list[str | None] = [None] * len(dataset)
@@ -231,8 +249,9 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         with autocast_for(device, precision):
             toks = decode_batch(model, batch.src, batch.src_lengths, dataset.task, max_tgt_len=max_tgt_len,
                                 beam_size=beam_size, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
-                                min_len=min_len, len_ratio=len_ratio)
-        ids, texts = batch.ids.tolist(), tokenizer.decode_batch(toks.tolist())
+                                min_len=min_len, len_ratio=len_ratio, nbest=nbest)
+        ids = batch.ids.tolist()
+        texts = _hypotheses(tokenizer, *toks) if nbest else tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
         if on_batch is not None:

@@ -6,10 +6,11 @@ kind as one (`ensemble`), and batched decoding (`decoding`).
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
 """
 
+from .beam import beam_search, beam_search_nbest
 from .caches import DecoderState, KVCache, StaticKVCache
 from .checks import check_batch
 from .config import BOS_ID, EOS_ID, PAD_ID, PRESETS, UNK_ID, ModelConfig, get_config
-from .decoding import beam_search, greedy_decode
+from .decoding import greedy_decode
 from .ensemble import Ensemble
 from .layers import (
     AddNorm,
@@ -32,7 +33,7 @@ from .transformer import (
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
-    "greedy_decode", "beam_search", "Ensemble",
+    "greedy_decode", "beam_search", "beam_search_nbest", "Ensemble",
     "AddNorm", "DecoderLayer", "DecoderState", "Embedding", "EncoderLayer", "FeedForward", "KVCache",
     "MultiHeadAttention", "StaticKVCache", "attention_weights",
     "Classifier", "Decoder", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",
