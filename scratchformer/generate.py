@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the model (backend: inductor when given alone; aot_eager traces without "
                    "code generation)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object per input (a translation's or summary's with its score: the search's "
-                   "sum of log-probabilities / length ** --length-penalty)")
+                   help="print one JSON object per input (a translation's or abstractive summary's with its score: the "
+                   "search's sum of log-probabilities / length ** --length-penalty)")
     p.add_argument("--nbest", type=int, default=1, metavar="N",
                    help="with --json: the search's N best outputs, best first, each with its score (default: 1; at "
                    "most --beam-size)")

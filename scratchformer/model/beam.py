@@ -84,7 +84,7 @@ def beam_search_nbest(model, src, src_lengths, *, nbest: int, beam_size: int = 4
     (B, nbest, T) tokens, (B, nbest) float64 sum(log p) / len**length_penalty, the search's rank (len
     counting the EOS; an ensemble's log p is that of its members' mean probability). Hypotheses [:, 0]
     are `beam_search`'s outputs; a row with fewer hypotheses than nbest (a vocabulary smaller than the
-    beam) pads the list with PAD-only outputs of score -inf."""
+    beam) ends its list with entries of score -inf, whose tokens mean nothing."""
     _check_int("nbest", nbest, 1)
     if isinstance(beam_size, int) and not isinstance(beam_size, bool) and nbest > beam_size:
         raise ValueError(f"nbest {nbest} exceeds beam_size {beam_size}: a search keeps beam_size hypotheses")
