@@ -187,6 +187,21 @@ def test_bleu_is_the_corpus_bleu_of_its_definition_with_13a_tokens():
     assert M.bleu(["he paid $5."], ["he paid $ 5 ."]) == pytest.approx(100.0)
 
 
+def test_len_ratio_is_the_outputs_13a_tokens_over_the_references_and_sets_bleus_brevity_penalty():
+    """len_ratio = the hypotheses' 13a tokens summed over the corpus / the references' (sacrebleu's
+    "ratio"): counted here by hand; below 1 it is BLEU's brevity penalty exp(1 - 1/ratio) on an output
+    whose n-grams all match; every translation and summarization scoring reports it."""
+    hyps, refs = ["the cat sat on the", "he paid $5."], ["the cat sat on the mat", "he paid $ 5 . now"]
+    score, ratio = M.bleu_and_length_ratio(hyps, refs)
+    assert ratio == pytest.approx((5 + 5) / (6 + 6))  # "$5." is 3 tokens in 13a: "$ 5 ."
+    assert score == M.bleu(hyps, refs)
+    assert M.bleu_and_length_ratio(["the cat sat on the"], ["the cat sat on the mat"]) == pytest.approx(
+        (100 * math.exp(1 - 6 / 5), 5 / 6))
+    assert M.bleu_and_length_ratio(["a b c d e"], ["a b c"])[1] == pytest.approx(5 / 3)  # longer: no penalty
+    for task in ("translation", "summarization"):
+        assert M.seq2seq_scores(hyps, refs, task)["len_ratio"] == pytest.approx(ratio)
+
+
 def test_chrf_is_the_f2_of_character_6_gram_precision_and_recall():
     """chrF (sacrebleu's defaults): whitespace removed, character n-grams n = 1..6, precision and
     recall each averaged over the orders, then F_beta with beta = 2 (recall weighs more), no word n-grams."""

@@ -20,7 +20,7 @@ from scratchformer.evaluation.evaluate import eval_loader, teacher_forced
 from scratchformer.model import Classifier, get_config
 from scratchformer.training import optim as O
 from scratchformer.training import runs
-from scratchformer.training.config import ConfigError
+from scratchformer.training.config import METRICS, ConfigError
 
 # A few seconds per run: tiny model, 64 training examples, 4 batches per epoch.
 TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300",
@@ -199,8 +199,10 @@ def test_every_score_a_validation_reports_is_ranked_the_right_way():
     match, ROUGE-1/2/L/Lsum) and accuracy are better higher; loss and perplexity lower."""
 
     scores = [*M.seq2seq_scores(["a b"], ["a b"], "summarization"), "accuracy"]
-    assert set(M.ROUGE_KEYS) <= set(scores)
-    for metric in scores:
+    assert set(M.ROUGE_KEYS) <= set(scores) and set(M.DIAGNOSTICS) <= set(scores)
+    # a diagnostic (the length ratio) ranks nothing: it is no --best-metric of any task
+    assert not set(M.DIAGNOSTICS) & {m for names in METRICS.values() for m in names}
+    for metric in set(scores) - set(M.DIAGNOSTICS):
         assert O.is_better(metric, 2.0, 1.0) and not O.is_better(metric, 1.0, 2.0), metric
     for metric in ("loss", "ppl"):
         assert O.is_better(metric, 1.0, 2.0) and not O.is_better(metric, 2.0, 1.0), metric

@@ -306,14 +306,11 @@ def predict_extracts(model, dataset: D.EncodedDataset, *, device, sentences: int
 
 
 def format_metrics(m: dict) -> str:
-    order = ["loss", "ppl", "accuracy", "exact_match", "bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum"]
-    parts = []
-    for k in order:
-        if k in m and isinstance(m[k], (int, float)):
-            v = m[k]
-            unit = "%" if k in ("accuracy", "exact_match") else ""
-            parts.append(f"{k} {v:.4f}" if k == "loss" else f"{k} {v:.2f}{unit}")
-    return " | ".join(parts)
+    digits = {"loss": 4, "len_ratio": 3}  # the rest 2; a percentage's sign after it
+    order = ["loss", "ppl", "accuracy", "exact_match", "bleu", "len_ratio", "chrf", "rouge1", "rouge2", "rougeL",
+             "rougeLsum"]
+    return " | ".join(f"{k} {m[k]:.{digits.get(k, 2)}f}{'%' * (k in ('accuracy', 'exact_match'))}" for k in order
+                      if k in m and isinstance(m[k], (int, float)))
 
 
 def decoding_name(beam_size: int) -> str:

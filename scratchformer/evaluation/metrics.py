@@ -29,8 +29,15 @@ def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
 
 def bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     """Corpus BLEU (sacrebleu defaults: 13a tokenization, exp smoothing)."""
+    return bleu_and_length_ratio(hyps, refs)[0]
+
+
+def bleu_and_length_ratio(hyps: Sequence[str], refs: Sequence[str]) -> tuple[float, float]:
+    """(corpus BLEU, the outputs' length over the references' in BLEU's 13a tokens: sacrebleu's "ratio").
+    Below 1 BLEU pays its brevity penalty, exp(1 - 1 / ratio): the figure a length penalty is tuned by."""
     _check(hyps, refs)
-    return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
+    score = BLEU().corpus_score(list(hyps), [list(refs)])
+    return float(score.score), score.sys_len / score.ref_len if score.ref_len else math.nan
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
@@ -103,9 +110,15 @@ def perplexity(nll_sum: float, num_tokens: int) -> float:
     return math.exp(min(nll_sum / num_tokens, 100.0))
 
 
+# Scores that describe the outputs without ranking them: never a --best-metric (`training.config.METRICS`).
+DIAGNOSTICS = ("len_ratio",)
+
+
 def seq2seq_scores(hyps: Sequence[str], refs: Sequence[str], task: str) -> dict[str, float]:
-    """The metric set of a task: translation BLEU/chrF/exact match, summarization ROUGE (+BLEU)."""
-    out = {"bleu": bleu(hyps, refs), "chrf": chrf(hyps, refs), "exact_match": exact_match(hyps, refs)}
+    """The metric set of a task: translation BLEU/chrF/exact match, summarization ROUGE (+BLEU); and
+    len_ratio, the outputs' length over the references' (`bleu_and_length_ratio`, `DIAGNOSTICS`)."""
+    score, ratio = bleu_and_length_ratio(hyps, refs)
+    out = {"bleu": score, "len_ratio": ratio, "chrf": chrf(hyps, refs), "exact_match": exact_match(hyps, refs)}
     if task == "summarization":
         out.update(rouge(hyps, refs))
     return out
