@@ -718,7 +718,8 @@ def test_hub_loading_maps_fields(monkeypatch):
 def test_a_named_dataset_found_nowhere_names_the_folders_looked_in_and_the_hubs_error(tmp_path, monkeypatch):
     """--dataset multi30k run from another folder than the checkout's: the error said only "not
     available locally", not where it had looked nor that SCRATCHFORMER_DATA points there; with the
-    `datasets` package but no network its ConnectionError (an OSError) was a traceback."""
+    `datasets` package but no network its ConnectionError (an OSError) was a traceback, and so was
+    datasets 4's RuntimeError for a hub dataset that is a loading script (iwslt2017's)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SCRATCHFORMER_DATA", str(tmp_path / "elsewhere"))
     here = Path(os.getcwd())
@@ -738,6 +739,16 @@ def test_a_named_dataset_found_nowhere_names_the_folders_looked_in_and_the_hubs_
     with pytest.raises(D.DataError, match=rf"^no local copy of 'multi30k' \(looked in {looked}: .*\), and the Hugging "
                        r"Face hub did not give bentrevett/multi30k \[train\]: ConnectionError: Couldn't reach"):
         D.load_split(src, "train")
+
+    def scripted(path, split, name=None):  # datasets >= 4.0 on a hub dataset that is still a loading script
+        raise RuntimeError(f"Dataset scripts are no longer supported, but found {path}.py")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=scripted, __version__="4.1.0"))
+    with pytest.raises(D.DataError, match=r"^no local copy of 'iwslt2017' \(looked in .*\), and datasets 4\.1\.0 "
+                       r"could not load iwslt2017 \[validation\]: Dataset scripts are no longer supported, but found "
+                       r"iwslt2017\.py; datasets 4\.0 and later run no loading script: pip install 'datasets<4', or "
+                       r"put the data's files in a folder and pass --data DIR$"):
+        D.load_split(D.resolve_source("iwslt2017"), "validation")
     (tmp_path / "data" / "multi30k").mkdir(parents=True)  # ./data/NAME, then the first of the places
     assert D.local_folder("multi30k") == Path("data/multi30k")
     (tmp_path / "elsewhere" / "multi30k").mkdir(parents=True)

@@ -258,6 +258,11 @@ def load_hub(dataset: str, split: str, limit: int | None = None) -> list[Example
     except OSError as e:  # no network (requests' errors are OSErrors), a dataset the hub no longer has
         raise DataError(f"{_no_local_copy(dataset)}, and the Hugging Face hub did not give {spec['path']} "
                         f"[{split}]: {type(e).__name__}: {e}") from e
+    except RuntimeError as e:  # datasets >= 4.0 runs no loading script, which iwslt2017's still is
+        fix = ("; datasets 4.0 and later run no loading script: pip install 'datasets<4', or put the data's files "
+               "in a folder and pass --data DIR") if "scripts are no longer supported" in str(e) else ""
+        raise DataError(f"{_no_local_copy(dataset)}, and datasets {getattr(datasets, '__version__', '?')} could not "
+                        f"load {spec['path']} [{split}]: {e}{fix}") from e
     out = []
     for i, rec in enumerate(ds):
         if "translation" in spec:
