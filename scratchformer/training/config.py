@@ -119,8 +119,8 @@ class TrainConfig:
                         "for summarization from scratch); needs a shared vocabulary")
 
     # optimisation
-    epochs: int | None = _optim(help="passes over the training data (real data: 10, unless --max-steps is given, "
-                                "which then alone bounds the run)", by_data=dict(real=10))
+    epochs: int | None = _optim(help="passes over the training data (none when --max-steps is given alone: the "
+                                "steps then bound the run)", by_data=dict(real=10))
     max_steps: int | None = _optim(help="stop after N optimizer steps", by_data=dict(synthetic=1500))
     time_budget: float | None = _optim(help="end training, as at its last step (final validation, report), once "
                                        "the run has trained this many seconds over all its sessions: a run sized in "
