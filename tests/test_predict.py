@@ -1173,7 +1173,7 @@ def test_generate_reads_a_jsonl_input_as_batch_inference_does(runs, tmp_path, ca
     assert raw[0]["input"] == '{"id": "a", "src": "one two"}'
 
 
-def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs(runs, monkeypatch, capsys):
+def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs(runs, capsys):
     """generate --json: a translation's record holds its output's score, and with --nbest N the search's N
     best outputs, best first, the first the output itself; the outputs are the text mode's and the scores
     `beam_search_nbest`'s for the same input (whose scores tests/test_decoding.py checks against the full
@@ -1182,6 +1182,7 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
 
     texts = ["one two three", "red house", "big big big one"]
     text_args = [a for t in texts for a in ("--text", t)]
+    model, toks, _ = E.load_run(runs["translation"], "cpu")
     for beam, nbest in ((1, 1), (3, 1), (3, 3)):
         flags = ["--checkpoint", str(runs["translation"]), *text_args, "--beam-size", str(beam)]
         plain = generate.main(flags)
@@ -1189,11 +1190,10 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
         records = generate.main([*flags, "--json", "--nbest", str(nbest)])
         assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == records
         assert [r["output"] for r in records] == [r["output"] for r in plain]
-        model, toks, ckpt = E.load_run(runs["translation"], "cpu")
         for text, r in zip(texts, records, strict=True):
             assert set(r) == {"input", "output", "score", *(["nbest"] if nbest > 1 else [])}
             ids = torch.tensor([toks.src.encode(text) + [EOS_ID]])
-            tokens, scores = beam_search_nbest(model.eval(), ids, torch.tensor([ids.shape[1]]), nbest=nbest,
+            tokens, scores = beam_search_nbest(model, ids, torch.tensor([ids.shape[1]]), nbest=nbest,
                                                beam_size=beam, max_len=E.decode_max_len("translation",
                                                                                          torch.tensor([ids.shape[1]]),
                                                                                          MAX_TGT)[0].item())

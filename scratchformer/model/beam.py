@@ -86,7 +86,8 @@ def beam_search_nbest(model, src, src_lengths, *, nbest: int, beam_size: int = 4
     are `beam_search`'s outputs; a row with fewer hypotheses than nbest (a vocabulary smaller than the
     beam) ends its list with entries of score -inf, whose tokens mean nothing."""
     _check_int("nbest", nbest, 1)
-    if isinstance(beam_size, int) and not isinstance(beam_size, bool) and nbest > beam_size:
+    _check_int("beam_size", beam_size, 1)  # before the comparison (`_check` checks it again with the rest)
+    if nbest > beam_size:
         raise ValueError(f"nbest {nbest} exceeds beam_size {beam_size}: a search keeps beam_size hypotheses")
     fin_seq, rank = _beam(model, src, src_lengths, beam_size=beam_size, max_len=max_len,
                           length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,

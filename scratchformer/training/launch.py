@@ -103,8 +103,9 @@ def _write_configs(out: Path, mcfg: ModelConfig, config: TrainConfig) -> None:
 
 
 def _describe(trainer) -> list[str]:
-    """The log's line on how the run trains: its batches, its steps and what bounds them (--max-steps or
-    the epochs), its schedule; and a warning where the warmup outlasts the run."""
+    """The log's lines on how the run trains: its batches, its steps and what bounds them (--max-steps or
+    the epochs), its schedule; a warning where the warmup outlasts the run; why a resumed run has no
+    step left (`_ended`)."""
     cfg, total = trainer.config, trainer.total_steps
     batching = " ".join(([f"max_tokens {cfg.max_tokens}"] if cfg.max_tokens else [])
                         + ([f"batch_size {cfg.batch_size}"] if cfg.batch_size else []))
