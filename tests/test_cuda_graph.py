@@ -23,6 +23,7 @@ from scratchformer.model import (
     beam_search,
     decoding,
     greedy_decode,
+    sample_decode,
     weight_cast,
 )
 from scratchformer.training.cuda_graph import capture_step
@@ -370,7 +371,7 @@ def test_replays_draw_fresh_dropout(kernel):
 @pytest.mark.parametrize("kernel", ["eager", "torch", "triton"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "autocast"])
 def test_graph_decoding_equals_launched_steps(kernel, dtype):
-    """Greedy and beam-3 search (with n-gram blocking and a minimum length) replaying one CUDA
+    """Greedy, beam-3 search and sampling (with n-gram blocking and a minimum length) replaying one CUDA
     graph per step decode the tokens that launched steps do; rows finish at different steps.
     fp32 and bf16 weights, and fp32 weights under bf16 autocast (how evaluate and generate run)."""
     torch.manual_seed(0)
@@ -379,11 +380,12 @@ def test_graph_decoding_equals_launched_steps(kernel, dtype):
         model.generator.bias[EOS_ID] = 2.0  # some rows end early
     g = torch.Generator().manual_seed(2)
     src, sl = torch.randint(4, V, (6, 11), generator=g).cuda(), torch.tensor([11, 4, 9, 1, 7, 11]).cuda()
-    for search in ("greedy", "beam3"):
+    for search in ("greedy", "beam3", "sample"):
         kw = dict(max_len=16, no_repeat_ngram=2, min_len=2)
         if search == "beam3":
             kw["beam_size"] = 3
-        decode = greedy_decode if search == "greedy" else beam_search
+        decode = {"greedy": greedy_decode, "beam3": beam_search,
+                  "sample": lambda *a, **k: sample_decode(*a, n=2, temperature=1.2, **k)[0].flatten(0, 1)}[search]
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "autocast"):
             launched, graphed = (decode(model, src, sl, cuda_graph=c, **kw) for c in (False, True))
         assert (launched == EOS_ID).any(), "test needs rows that finish"

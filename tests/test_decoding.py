@@ -20,6 +20,7 @@ from scratchformer.model import (
     beam_search_nbest,
     decoding,
     greedy_decode,
+    sample_decode,
     transformer,
     weight_cast,
 )
@@ -96,7 +97,7 @@ def test_searches_over_static_caches_equal_the_growing_cache(monkeypatch, beam, 
     assert torch.equal(decode(), ref)
 
 
-@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("beam", [1, 3, "sample"])
 def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, beam):
     """The search around a captured step (its token input copied in, its one logits buffer edited
     in place by the search and rewritten by the next replay, the position rewound after the
@@ -115,8 +116,9 @@ def test_graph_replays_around_the_search_decode_as_launched_steps(monkeypatch, b
     m = _model(copy=beam == 3)
     src, sl = _src()
     kw = dict(max_len=12, no_repeat_ngram=2, min_len=2)
-    search = (lambda: greedy_decode(m, src, sl, **kw)) if beam == 1 else (
-        lambda: beam_search(m, src, sl, beam_size=beam, **kw))
+    search = {1: lambda: greedy_decode(m, src, sl, **kw),
+              3: lambda: beam_search(m, src, sl, beam_size=beam, **kw),
+              "sample": lambda: sample_decode(m, src, sl, n=3, temperature=1.5, **kw)[0]}[beam]
     ref = search()
     monkeypatch.setattr(decoding, "_use_graphs", lambda cuda_graph, device, compiled: True)
     monkeypatch.setattr(graphs, "capture", fake_capture)

@@ -1,6 +1,6 @@
 """The model: configuration (`config`), layers (`layers`), the checks at its boundary (`checks`), the
 encoder-decoder Transformer, the classifier and the extractive summarizer (`transformer`), several of one
-kind as one (`ensemble`), and batched decoding (`decoding`).
+kind as one (`ensemble`), and batched decoding (`decoding`, `beam`, `sampling`).
 
     from scratchformer.model import build_model, get_config
     model = build_model(get_config("small", src_vocab_size=8000), device="cuda")  # model.ops.name == "triton"
@@ -21,6 +21,7 @@ from .layers import (
     MultiHeadAttention,
     attention_weights,
 )
+from .sampling import row_key, sample_decode
 from .transformer import (
     Classifier,
     Decoder,
@@ -33,7 +34,7 @@ from .transformer import (
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
-    "greedy_decode", "beam_search", "beam_search_nbest", "Ensemble",
+    "greedy_decode", "beam_search", "beam_search_nbest", "sample_decode", "row_key", "Ensemble",
     "AddNorm", "DecoderLayer", "DecoderState", "Embedding", "EncoderLayer", "FeedForward", "KVCache",
     "MultiHeadAttention", "StaticKVCache", "attention_weights",
     "Classifier", "Decoder", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",

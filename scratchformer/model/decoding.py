@@ -248,17 +248,38 @@ def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_re
     src (B, Ls), src_lengths (B,) -> (B, T)."""
     every = _check(model, src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
                    cuda_graph=cuda_graph, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    B = src.shape[0]
+    tokens, _ = _token_by_token(model, src, src_lengths, max_len, lambda scores, t: scores.argmax(-1),
+                                no_repeat_ngram=no_repeat_ngram, min_len=min_len, bos_id=bos_id, eos_id=eos_id,
+                                pad_id=pad_id, every=every, cuda_graph=cuda_graph)
+    return _trim(tokens, pad_id)
+
+
+def _token_by_token(model, src, src_lengths, max_len, pick, *, n: int = 1, log_probs: bool = False,
+                    no_repeat_ngram: int, min_len: int, bos_id: int, eos_id: int, pad_id: int, every: int,
+                    cuda_graph: bool | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token a step for each of B * n rows (n side by side per source, sharing its encoder side), the
+    next one `pick(scores (B * n, V), t) -> (B * n,)` of the step's scores after the rules: the logits,
+    or with `log_probs` their log-softmax. Returns the (B * n, T) tokens, untrimmed, and with `log_probs`
+    each row's summed log-probabilities of its tokens (float64; else None)."""
+    rows = src.shape[0] * n
     steps, caps, _ = _caps(max_len, src.device)
-    _, step = _start(model, src, src_lengths, steps, cuda_graph)
-    last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+    if caps is not None:
+        caps = caps.repeat_interleave(n)
+    _, step = _start(model, src, src_lengths, steps, cuda_graph, beams=n)
+    last = torch.full((rows, 1), bos_id, dtype=torch.long, device=src.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=src.device)
+    total = torch.zeros(rows, dtype=torch.float64, device=src.device) if log_probs else None
     out = []
     for t in range(steps):
-        logits = _next_logits(step, last, bos_id, pad_id)
-        _rule_out(logits, t, torch.stack(out, dim=1) if no_repeat_ngram and out else None, min_len, no_repeat_ngram,
+        scores = _next_logits(step, last, bos_id, pad_id)
+        if log_probs:
+            scores = torch.log_softmax(scores.float(), dim=-1)
+        _rule_out(scores, t, torch.stack(out, dim=1) if no_repeat_ngram and out else None, min_len, no_repeat_ngram,
                   eos_id, pad_id)
-        nxt = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,)
+        nxt = pick(scores, t)
+        if log_probs:
+            total += scores.gather(1, nxt[:, None])[:, 0].double().masked_fill(finished, 0.0)
+        nxt = nxt.masked_fill(finished, pad_id)  # (rows,)
         out.append(nxt)
         finished |= nxt == eos_id
         if caps is not None:
@@ -266,7 +287,7 @@ def greedy_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, no_re
         if (t + 1) % every == 0 and bool(finished.all()):
             break
         last = nxt[:, None]
-    return _trim(torch.stack(out, dim=1), pad_id)
+    return torch.stack(out, dim=1), total
 
 
 def _trim(tokens, pad_id):

@@ -1,0 +1,126 @@
+"""Sampling decoding over the KV-cached decoder of `decoding` (its step, checks and rules): each token
+drawn from the model's distribution, reshaped by a temperature and cut to its top-k tokens and its
+nucleus (top-p), as Hugging Face's `generate(do_sample=True)` and fairseq's `--sampling` draw. For
+diverse outputs, back-translation (Edunov et al. 2018) and candidates to rerank.
+
+A row's draws depend only on the seed, its key (an input's id: `row_key`) and its sample number,
+never on the rest of its batch: each token is the Gumbel-max of the row's scores (argmax of
+log p / T + G, G = -log(-log U), which is a draw from softmax(log p / T) over the tokens left), and
+the uniforms U come from a counter-based hash of (seed, key, sample, step, token), computed on the
+device in int64 arithmetic. So an input decodes the same alone or in any batch, with any batch
+budget, after a resumed batch inference, on the CPU or a GPU (up to the rounding of the logits):
+vLLM's per-request seeds give the same guarantee, with a generator per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from .config import BOS_ID, EOS_ID, PAD_ID
+from .decoding import _check, _check_int, _token_by_token, _trim, _weights_lent
+
+_M32 = 0xFFFFFFFF
+
+
+def row_key(rid: str | int) -> int:
+    """A row's key from an input's id (an int or a str, compared as text, as batch inference compares
+    ids): 63 bits of its BLAKE2b digest, the same in every process (Python's hash() of a str is not)."""
+    return int.from_bytes(hashlib.blake2b(str(rid).encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                          "little") >> 1
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2**32 for int64 x in [0, 2**32): the product in two 16-bit halves of c, no int64 overflow."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A bijection of [0, 2**32) whose every output bit depends on every input bit (C. Wellons's lowbias32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _fold(h: torch.Tensor, x: torch.Tensor | int) -> torch.Tensor:
+    """The hash h (in [0, 2**32)) with x (>= 0, < 2**63) folded in, its low then its high 32 bits."""
+    x = torch.as_tensor(x, dtype=torch.long, device=h.device)
+    return _mix(h ^ _mix(_mix(x & _M32) ^ (x >> 32)))
+
+
+def _uniforms(row_hash: torch.Tensor, t: int, token_hash: torch.Tensor) -> torch.Tensor:
+    """(R, V) uniforms in (0, 1), float64, for step t: 32 bits of hash per (row, token), centred in its cell."""
+    bits = _mix(_fold(row_hash, t)[:, None] ^ token_hash[None, :])
+    return (bits.double() + 0.5) * 2.0 ** -32
+
+
+def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """x (R, V) log-probabilities with every token outside its row's nucleus at -inf: the fewest most
+    probable tokens whose probabilities sum to >= top_p (the most probable always kept)."""
+    p, order = torch.softmax(x, dim=-1).sort(dim=-1, descending=True)
+    past = (p.cumsum(-1) - p) >= top_p  # the mass before a token already reaches top_p
+    return x.masked_fill(torch.zeros_like(past).scatter(-1, order, past), float("-inf"))
+
+
+def _check_sampling(temperature, top_k, top_p, seed, keys, n, B: int) -> None:
+    for name, v, ok in (("temperature", temperature, "a number > 0"), ("top_p", top_p, "a number in (0, 1]")):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                0 < v < float("inf") if name == "temperature" else 0 < v <= 1):
+            raise ValueError(f"{name} must be {ok}, got {v!r}")
+    _check_int("top_k", top_k, 0, " (0: off)")
+    _check_int("seed", seed, 0)
+    if seed >= 2 ** 63:
+        raise ValueError(f"seed must be < 2**63, got {seed}")
+    _check_int("n", n, 1, " (samples per row)")
+    if keys is not None and (not isinstance(keys, torch.Tensor) or keys.shape != (B,) or keys.dtype != torch.long
+                             or (keys.numel() and int(keys.min()) < 0)):
+        shown = f"{tuple(keys.shape)} {keys.dtype}" if isinstance(keys, torch.Tensor) else type(keys).__name__
+        raise ValueError(f"keys must be a (B,) = ({B},) int64 tensor of keys >= 0 (`row_key`), got {shown}")
+
+
+@torch.no_grad()
+@_weights_lent
+def sample_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, n: int = 1, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, keys: torch.Tensor | None = None,
+                  no_repeat_ngram: int = 0, min_len: int = 0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                  pad_id: int = PAD_ID, check_every: int | None = None,
+                  cuda_graph: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """n samples per row of up to max_len tokens (an int, or each row's own in a (B,) tensor), each token
+    drawn from softmax(log p / temperature) cut to the top_k most probable tokens (0: all) and then to
+    the nucleus of mass top_p (1: all), after the rules (`decoding`: no_repeat_ngram, min_len).
+    `keys` (B,) int64 >= 0: each row's key (default 0, 1, ...; `row_key` makes one of an input's id);
+    a row's samples depend on the seed, its key and the sample's number alone (module docstring).
+
+    src (B, Ls), src_lengths (B,) -> (B, n, T) tokens and (B, n) float64 scores: the model's own
+    sum(log p) over each sample's tokens / their number (its EOS counted), as `beam_search_nbest`
+    scores with length_penalty 1, so that samples and beams rank on one scale. top_k 1, or a
+    temperature near 0, is greedy decoding."""
+    every = _check(model, src, src_lengths, max_len, no_repeat_ngram, min_len=min_len, check_every=check_every,
+                   cuda_graph=cuda_graph, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    B, dev = src.shape[0], src.device
+    _check_sampling(temperature, top_k, top_p, seed, keys, n, B)
+    keys = torch.arange(B, device=dev) if keys is None else keys.to(dev)
+    row_hash = _fold(_fold(_fold(_mix(torch.full((), seed & _M32, device=dev)), seed >> 32), keys.repeat_interleave(n)),
+                     torch.arange(n, device=dev).repeat(B))
+    token_hash = None
+
+    def draw(scores: torch.Tensor, t: int) -> torch.Tensor:
+        nonlocal token_hash
+        if token_hash is None:
+            token_hash = _mix(torch.arange(scores.shape[1], device=dev))
+        x = scores.double() / temperature  # log-probabilities: no overflow at any temperature
+        if top_k and top_k < x.shape[1]:
+            x = x.masked_fill(x < x.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
+        if top_p < 1:
+            x = _nucleus(x, top_p)
+        return (x - torch.log(-torch.log(_uniforms(row_hash, t, token_hash)))).argmax(-1)
+
+    tokens, total = _token_by_token(model, src, src_lengths, max_len, draw, n=n, log_probs=True,
+                                    no_repeat_ngram=no_repeat_ngram, min_len=min_len, bos_id=bos_id, eos_id=eos_id,
+                                    pad_id=pad_id, every=every, cuda_graph=cuda_graph)
+    tokens = _trim(tokens, pad_id)
+    lengths = (tokens != pad_id).sum(1).clamp(min=1)
+    return tokens.view(B, n, tokens.shape[1]), (total / lengths).view(B, n)
