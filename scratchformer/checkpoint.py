@@ -135,7 +135,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     return _atomic(path, path.with_name(path.name + ".tmp"), write, "checkpoint ")
 
 
-# What a checkpoint must hold to be run (`evaluation.evaluate.load_run`) or resumed (the trainer).
+# What a checkpoint must hold to be run (`evaluation.loading.load_run`) or resumed (the trainer).
 RUN_KEYS = ("model", "config", "tokenizers", "task", "args")
 RESUME_KEYS = (*RUN_KEYS, "optimizer", "scheduler", "progress", "rng", "data")
 

@@ -30,14 +30,8 @@ from .data.extractive import selection_name
 from .device import describe, resolve_device
 from .evaluation import metrics as M
 from .evaluation.attention import attention_map
-from .evaluation.evaluate import (
-    class_names,
-    decoding_name,
-    evaluate,
-    format_metrics,
-    load_models,
-    write_outputs,
-)
+from .evaluation.evaluate import decoding_name, evaluate, format_metrics, write_outputs
+from .evaluation.loading import class_names, load_models
 from .evaluation.options import (
     DECODE_FLAGS,
     add_decode_options,

@@ -34,13 +34,15 @@ from .data.files import display_name
 from .device import resolve_device
 from .evaluation import options as O
 from .evaluation import predict as P
-from .evaluation.evaluate import load_models, predict_extracts, predict_labels, predict_seq2seq
+from .evaluation.evaluate import predict_extracts, predict_labels, predict_seq2seq
+from .evaluation.loading import load_models
+from .model import Sampling, row_key
 
 # The flags of batch inference alone (the parser's group "batch inference"): refused without --output.
 BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
                "--save-every", "--threads", "--no-progress")
 # The flags that only decoding a sequence reads: refused for a model that decodes none (`O.check_decode_flags`).
-SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest")
+SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest", *O.SAMPLING_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "search's sum of log-probabilities / length ** --length-penalty)")
     p.add_argument("--nbest", type=int, default=1, metavar="N",
                    help="with --json: the search's N best outputs, best first, each with its score (default: 1; at "
-                   "most --beam-size)")
+                   "most --beam-size); with --sample, N samples in the order drawn")
+    O.add_sampling_options(p)
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
     b.add_argument("--len-ratio", type=float,
@@ -107,12 +110,22 @@ def check_args(args) -> None:
     if blank:  # skipped, the output lines would no longer be the --text's, one for one
         raise cli.UsageError(f"--text {blank[0]} (of {len(args.text)}) is blank: each --text is an input, with its "
                              "output line; give it a text or leave it out")
+    sampling_flags = cli.given_flags(args, build_parser(), O.SAMPLING_FLAGS)
+    if sampling_flags and not args.sample:
+        one = len(sampling_flags) == 1
+        raise cli.UsageError(f"{', '.join(sampling_flags)} shape{'s' if one else ''} --sample's draws: give --sample, "
+                             f"or drop {'it' if one else 'them'}")
+    if args.sample:
+        if "--beam-size" in cli.given_flags(args, build_parser(), ["--beam-size"]):
+            raise O.OptionError(f"--beam-size {args.beam_size} is beam search's; --sample draws each token: drop "
+                                "--beam-size")
+        args.beam_size = 1  # its default, 4, is beam search's
     O.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                     min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
-                    summary_words=args.summary_words)
-    if args.nbest < 1 or args.nbest > args.beam_size:
+                    summary_words=args.summary_words, sampling=O.sampling_of(args))
+    if args.nbest < 1 or (args.nbest > args.beam_size and not args.sample):
         raise O.OptionError(f"--nbest must be in [1, --beam-size {args.beam_size}] (a search keeps --beam-size "
                             f"hypotheses), got {args.nbest}")
     if args.nbest > 1 and (args.output or not args.json):
@@ -144,7 +157,8 @@ def run_batch(args) -> dict:
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
-        summary_words=args.summary_words, decode_flags=cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
+        summary_words=args.summary_words, sampling=O.sampling_of(args),
+        decode_flags=cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
     print(f"{summary['output']}: {summary['inputs']} inputs, {summary['predicted']} predicted{kept}{rate}",
@@ -155,16 +169,19 @@ def run_batch(args) -> dict:
 def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
              source: str = "input", lines: list[int] | None = None, summary_sentences: int | None = None,
-             summary_words: int | None = None, nbest: int = 0) -> list[dict]:
+             summary_words: int | None = None, nbest: int = 0, sampling: Sampling | None = None,
+             ids: list | None = None) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq, extractive) or [{"input", "label", "label_name",
     "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
     line (`lines`: each text's line in `source`, default 1, 2, ...), or refused with `strict`, as
     batch inference does. nbest n > 0 (seq2seq): each record also holds its output's "score" (the
     search's: sum(log p) / len ** length_penalty, `model.beam_search_nbest`), and for n > 1 "nbest", the
-    n best outputs [{"output", "score"}], best first."""
+    n best outputs [{"output", "score"}], best first. `sampling`: outputs drawn (beam_size 1; nbest n: n
+    samples in the order drawn), each input's draws keyed by its id (`ids`, default its line), as batch
+    inference keys them: the same input and id draw the same there."""
     O.check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
                     no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
-                    summary_words=summary_words)
+                    summary_words=summary_words, sampling=sampling)
     task = ckpt["task"]
     O.check_extract_options(task, summary_sentences, summary_words)
     a = ckpt["args"]
@@ -172,7 +189,8 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     if task not in D.ENCODER_ONLY and max_tgt >= model.cfg.max_len:
         raise O.OptionError(f"--max-len must be < the model's max_len {model.cfg.max_len}, got {max_tgt}")
     lines = lines or list(range(1, len(texts) + 1))
-    records = [P.InputRecord(i, t, n) for i, (t, n) in enumerate(zip(texts, lines, strict=True))]
+    ids = ids or lines
+    records = [P.InputRecord(i, t, n) for i, t, n in zip(ids, texts, lines, strict=True)]
     dataset = P.encode_records(records, task, toks, a["max_src_len"], strict=strict, source=source)
     if task == "classification":
         names = ckpt["data"].get("labels")
@@ -185,7 +203,8 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                                length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
-                               nbest=nbest)
+                               nbest=nbest, sampling=sampling,
+                               keys=[row_key(i) for i in ids] if sampling is not None else None)
         if nbest:
             return [{"input": t, **hyps[0], **({"nbest": hyps} if nbest > 1 else {})}
                     for t, hyps in zip(texts, outs, strict=True)]
@@ -209,15 +228,17 @@ def main(argv=None) -> list[dict]:
     O.check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     if args.text:
         source, numbered = "--text", list(enumerate(args.text, 1))  # none blank (`check_args`)
+        ids = None  # their numbers
     else:  # text lines or JSON records, read as batch inference reads them (DataError: file and line)
         source = display_name(args.input or "-")
-        numbered = [(r.line, r.text) for r in P.read_inputs(args.input or "-", ckpt["task"], args.field, args.format)]
+        records = P.read_inputs(args.input or "-", ckpt["task"], args.field, args.format)
+        numbered, ids = [(r.line, r.text) for r in records], [r.id for r in records]
     texts = [t for _, t in numbered]
     results = generate(model, toks, ckpt, texts, device=device, beam_size=args.beam_size,
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
                        max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered],
                        summary_sentences=args.summary_sentences, summary_words=args.summary_words,
-                       nbest=args.nbest if args.json else 0)
+                       nbest=args.nbest if args.json else 0, sampling=O.sampling_of(args), ids=ids)
     printed = 0  # the input lines answered so far: a blank one (skipped, not predicted) gets an empty line
     for (line, _), r in zip(numbered, results, strict=True):
         if args.json:

@@ -25,7 +25,7 @@ from scratchformer import cli
 from scratchformer import data as D
 from scratchformer.data.batching import collate, encode_examples
 from scratchformer.device import resolve_device
-from scratchformer.evaluation.evaluate import load_run
+from scratchformer.evaluation.loading import load_run
 
 
 def spread(memory: torch.Tensor, length: int) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from scratchformer.checkpoint import (
     save_checkpoint,
     step_checkpoints,
 )
-from scratchformer.evaluation.evaluate import load_run
+from scratchformer.evaluation.loading import load_run
 
 
 @pytest.fixture(scope="module")

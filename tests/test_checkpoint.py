@@ -12,7 +12,7 @@ import torch
 
 from scratchformer import checkpoint as C
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
-from scratchformer.evaluation.evaluate import load_run
+from scratchformer.evaluation.loading import load_run
 from scratchformer.locks import Held, hold, release
 from scratchformer.model import ModelConfig, build_model
 

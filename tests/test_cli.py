@@ -26,7 +26,8 @@ from scratchformer.data import DataError, DataSource, Example, encode_examples
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.device import DeviceError
 from scratchformer.evaluation.attention import attention_map
-from scratchformer.evaluation.evaluate import decode_batch, load_models, load_run, write_predictions
+from scratchformer.evaluation.evaluate import decode_batch, write_predictions
+from scratchformer.evaluation.loading import load_models, load_run
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, build_model, greedy_decode
 from scratchformer.training.ablation import build_parser as ablate_parser

@@ -20,7 +20,7 @@ from scratchformer import cli, generate, train
 from scratchformer import data as D
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint
 from scratchformer.data.batching import collate, encode_examples
-from scratchformer.evaluation.evaluate import load_run
+from scratchformer.evaluation.loading import load_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "source_use.py"
 _spec = importlib.util.spec_from_file_location("source_use", SCRIPT)

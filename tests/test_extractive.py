@@ -17,7 +17,8 @@ from scratchformer import data as D
 from scratchformer.data import extractive as E
 from scratchformer.data.extractive import encode_documents, mark_sentences, oracle, pick_sentences, sentence_slots
 from scratchformer.evaluation import predict as P
-from scratchformer.evaluation.evaluate import eval_loader, load_run, predict_extracts, teacher_forced
+from scratchformer.evaluation.evaluate import eval_loader, predict_extracts, teacher_forced
+from scratchformer.evaluation.loading import load_run
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import BOS_ID, ModelConfig, build_model
 from scratchformer.training.ablation import _final_metric

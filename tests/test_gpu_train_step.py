@@ -106,7 +106,7 @@ def test_train_step_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert os.path.exists(tmp_path / "runs" / "iwslt" / "last.pt")
     # the unfinished call brings back the average of its step checkpoints: a model that runs
     from scratchformer.checkpoint import load_checkpoint, step_checkpoints
-    from scratchformer.evaluation.evaluate import load_run
+    from scratchformer.evaluation.loading import load_run
 
     monkeypatch.syspath_prepend(GPU)
     import collect
@@ -304,7 +304,7 @@ def test_train_step_brings_back_the_model_of_unfinished_predictions(tmp_path, mo
     import torch
 
     from scratchformer.checkpoint import load_checkpoint
-    from scratchformer.evaluation.evaluate import load_run
+    from scratchformer.evaluation.loading import load_run
 
     collected = tmp_path / "collected"
     collect.unpack([folder / "o1"], collected)

@@ -25,11 +25,12 @@ from scratchformer.checkpoint import load_checkpoint, save_checkpoint, write_lin
 from scratchformer.data import DataError, split_sentences
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import evaluate as E
+from scratchformer.evaluation import loading, resume
 from scratchformer.evaluation import predict as P
-from scratchformer.evaluation import resume
-from scratchformer.evaluation.evaluate import decode_max_len, load_run, predict_labels
+from scratchformer.evaluation.evaluate import decode_max_len, predict_labels
+from scratchformer.evaluation.loading import load_run
 from scratchformer.evaluation.options import OptionError
-from scratchformer.model import EOS_ID, ModelConfig, beam_search, build_model
+from scratchformer.model import EOS_ID, ModelConfig, Sampling, beam_search, build_model
 
 _FORMAT = P.format_prediction  # the real one, which `_dying_format` stands in for
 WORDS = "one two three four five six seven eight nine red house big small cat dog runs".split()
@@ -247,7 +248,7 @@ def test_compile_flags_of_evaluate_and_generate_reach_the_model(runs, tmp_path, 
     def compile_for_inference(model, backend):
         raise _Compiled(backend)
 
-    monkeypatch.setattr(E, "compile_for_inference", compile_for_inference)
+    monkeypatch.setattr(loading, "compile_for_inference", compile_for_inference)
     run, src = str(runs["translation"]), tmp_path / "in.txt"
     src.write_text("red house\n")
     commands = [(evaluate, ["--split", "validation"]), (generate, ["--text", "red house"]),
@@ -1182,7 +1183,7 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
 
     texts = ["one two three", "red house", "big big big one"]
     text_args = [a for t in texts for a in ("--text", t)]
-    model, toks, _ = E.load_run(runs["translation"], "cpu")
+    model, toks, _ = load_run(runs["translation"], "cpu")
     for beam, nbest in ((1, 1), (3, 1), (3, 3)):
         flags = ["--checkpoint", str(runs["translation"]), *text_args, "--beam-size", str(beam)]
         plain = generate.main(flags)
@@ -1210,3 +1211,75 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
                                              r"--json, without --output"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", "-", "--output", "p.jsonl", "--json",
                        "--nbest", "2"])
+
+
+def test_sampled_predictions_depend_on_the_seed_and_each_inputs_id_not_on_batching_or_a_resume(
+        runs, tmp_path, monkeypatch):
+    """Batch inference with --sample: the same predictions one input a batch or all in one, after a cut
+    run's --resume, and for each id in a file of the inputs reversed; generate's text mode over the file
+    draws them too; another seed draws others."""
+    rows = [{"id": f"r{i}", "src": t} for i, t in enumerate(_texts(12, 5))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    flipped = _write_jsonl(tmp_path / "flipped.jsonl", rows[::-1])
+    kw = dict(beam_size=1, sampling=Sampling(temperature=1.5, top_p=0.95, seed=7))
+    run = runs["translation"]
+    P.predict_file(run, src, tmp_path / "one.jsonl", batch_size=1, **kw)
+    want = _read(tmp_path / "one.jsonl")
+    P.predict_file(run, src, tmp_path / "all.jsonl", max_tokens=4096, **kw)
+    assert _read(tmp_path / "all.jsonl") == want
+    P.predict_file(run, flipped, tmp_path / "flipped_out.jsonl", max_tokens=4096, **kw)
+    assert _read(tmp_path / "flipped_out.jsonl") == want[::-1]
+    monkeypatch.setattr(P, "format_prediction", _dying_format(5))
+    with pytest.raises(KeyboardInterrupt):
+        P.predict_file(run, src, tmp_path / "cut.jsonl", batch_size=3, save_every=0, **kw)
+    monkeypatch.setattr(P, "format_prediction", _FORMAT)
+    summary = P.predict_file(run, src, tmp_path / "cut.jsonl", resume=True, batch_size=5, **kw)
+    assert summary["kept"] == 3 and _read(tmp_path / "cut.jsonl") == want
+    texts = generate.main(["--checkpoint", str(run), "--input", str(src), "--sample", "--temperature", "1.5",
+                           "--top-p", "0.95", "--seed", "7"])
+    assert [r["output"] for r in texts] == [p["prediction"] for p in want]
+    P.predict_file(run, src, tmp_path / "seed8.jsonl", **{**kw, "sampling": Sampling(temperature=1.5, seed=8)})
+    other = _read(tmp_path / "seed8.jsonl")
+    assert sum(a != b for a, b in zip(want, other, strict=True)) >= 9, "another seed draws other outputs"
+    greedy = P.predict_records(*load_run(run), _records([r["src"] for r in rows]), device="cpu", beam_size=1)
+    assert sum(p["prediction"] != g for p, g in zip(want, greedy, strict=True)) >= 9, "samples are not greedy's"
+
+
+def test_generate_sample_draws_nbest_samples_and_refuses_what_it_leaves_no_part(runs, capsys):
+    """generate --sample --json --nbest N: N samples an input in the order drawn (N past --beam-size's default),
+    the record's output and score the first's, which --nbest 1 draws alone; top-k 1 is greedy. Beam search's
+    flags with --sample, and the sampling flags without it, are refused naming the flag."""
+    run = str(runs["translation"])
+    text_args = [a for t in ("one two three", "red house", "big big big one") for a in ("--text", t)]
+    flags = ["--checkpoint", run, *text_args, "--json", "--sample", "--temperature", "2"]
+    records = generate.main([*flags, "--nbest", "6"])
+    firsts = generate.main([*flags, "--nbest", "1"])
+    capsys.readouterr()
+    for r, first in zip(records, firsts, strict=True):
+        assert len(r["nbest"]) == 6 and r["nbest"][0] == {"output": r["output"], "score": r["score"]} == \
+            {"output": first["output"], "score": first["score"]}
+        assert len({h["output"] for h in r["nbest"]}) >= 4 and all(h["score"] < 0 for h in r["nbest"])
+    greedy = generate.main(["--checkpoint", run, *text_args, "--beam-size", "1"])
+    top1 = generate.main(["--checkpoint", run, *text_args, "--sample", "--top-k", "1", "--seed", "5"])
+    assert [r["output"] for r in top1] == [r["output"] for r in greedy]
+    base = ["--checkpoint", run, "--text", "one"]
+    for extra, error, message in [
+            (["--temperature", "0.7"], cli.UsageError, "--temperature shapes --sample's draws: give --sample, or "
+                                                       "drop it"),
+            (["--top-k", "5", "--seed", "2"], cli.UsageError, "--top-k, --seed shape --sample's draws: give --sample, "
+                                                              "or drop them"),
+            (["--sample", "--beam-size", "2"], OptionError, "--beam-size 2 is beam search's; --sample draws each "
+                                                            "token: drop --beam-size"),
+            (["--sample", "--length-penalty", "0.5"], OptionError, "--length-penalty 0.5 is beam search's"),
+            (["--sample", "--temperature", "0"], OptionError, "--temperature must be a number > 0"),
+            (["--sample", "--temperature", "nan"], OptionError, "--temperature must be a number > 0"),
+            (["--sample", "--top-k", "-1"], OptionError, "--top-k must be >= 0 (0: every token), got -1"),
+            (["--sample", "--top-p", "1.5"], OptionError, "--top-p must be in (0, 1] (1: every token), got 1.5"),
+            (["--sample", "--seed", "-1"], OptionError, "--seed must be in [0, 2**63), got -1")]:
+        with pytest.raises(error, match=re.escape(message)):
+            generate.main(base + extra)
+    with pytest.raises(OptionError, match=r"--sample, --top-k are for decoding a sequence; this model is classif"):
+        generate.main(["--checkpoint", str(runs["classification"]), "--text", "one", "--sample", "--top-k", "3"])
+    model, toks, ckpt = load_run(runs["classification"])
+    with pytest.raises(OptionError, match=r"--sample draws a decoded sequence; this model is classification"):
+        P.predict_records(model, toks, ckpt, _records(["one"]), device="cpu", beam_size=1, sampling=Sampling())

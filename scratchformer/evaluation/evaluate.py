@@ -10,105 +10,21 @@ and perplexity under teacher forcing (an extractive model's: of its sentences' b
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .. import data as D
-from ..checkpoint import RUN_KEYS, CheckpointError, find_checkpoint, load_checkpoint, write_lines_atomic
-from ..compile import compile_for_inference
+from ..checkpoint import write_lines_atomic
 from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_name
 from ..data.tokenizer import TokenizerPair
-from ..model import PAD_ID, Ensemble, ModelConfig, beam_search, beam_search_nbest, build_model, greedy_decode
+from ..model import PAD_ID, Sampling, beam_search, beam_search_nbest, greedy_decode, sample_decode
 from . import metrics as M
 from .options import check_min_len
-
-
-def load_run(checkpoint: str | Path, device: str | torch.device = "cpu", kernel: str | None = None,
-             compile: str | None = None):
-    """A checkpoint file or run folder -> (model in eval mode, tokenizers, checkpoint dict). kernel:
-    override the backend; compile: a torch.compile backend (`compile_for_inference`), None = eager.
-    Raises CheckpointError naming the file when it lacks a part (`RUN_KEYS`) or its parts disagree."""
-    path = find_checkpoint(checkpoint)
-    ckpt = load_checkpoint(path, require=RUN_KEYS)
-    check_run_fields(path, ckpt)
-    try:  # data from a file: any fault is the file's
-        cfg = ModelConfig.from_dict({**ckpt["config"], **({"kernel": kernel} if kernel is not None else {})})
-        tokenizers = TokenizerPair.from_dict(ckpt["tokenizers"])
-    except Exception as e:
-        detail = f"no {e}" if isinstance(e, KeyError) else e
-        raise CheckpointError(f"{path}: bad model config or tokenizer in the checkpoint ({detail})") from None
-    model = build_model(cfg, device)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[:2]
-        raise CheckpointError(f"{path}: the weights do not fit the checkpoint's config ({' '.join(first)})") from None
-    model.eval()
-    if compile:
-        model = compile_for_inference(model, backend=compile)
-    ckpt["path"] = str(path)
-    return model, tokenizers, ckpt
-
-
-def check_run_fields(path: Path, ckpt: dict) -> None:
-    """CheckpointError naming the file for a task that is not one of `data.TASKS`, training arguments
-    that are not a dict, or lengths a run is read and decoded at (max_src_len, max_tgt_len) that are
-    not integers >= 2."""
-    if ckpt["task"] not in D.TASKS:
-        raise CheckpointError(f"{path}: unknown task {ckpt['task']!r} in the checkpoint (one of {', '.join(D.TASKS)})")
-    if not isinstance(ckpt["args"], dict):
-        raise CheckpointError(f"{path}: bad training arguments in the checkpoint: a {type(ckpt['args']).__name__}, "
-                              "not a dict")
-    for key in ("max_src_len", "max_tgt_len"):
-        value = ckpt["args"].get(key, 2)  # an older version's, without them: not read here
-        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-            raise CheckpointError(f"{path}: bad training arguments in the checkpoint: {key} must be an integer >= 2, "
-                                  f"got {value!r}")
-
-
-def load_models(checkpoints, device: str | torch.device = "cpu", kernel: str | None = None,
-                compile: str | None = None):
-    """One checkpoint (a file or run folder) or a list of them -> (model, tokenizers, checkpoint
-    dict), as `load_run`. Several load as an `Ensemble` (their predictions averaged), which needs
-    one task, one tokenizer pair and, where they name them, one set of class names: a
-    CheckpointError names the first checkpoint that differs.
-    The dict is then the first checkpoint's, with "ensemble": every checkpoint's path and step, the
-    longest max_src_len / max_tgt_len of its members in "args", "member_args": the others' args."""
-    paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
-    loaded = [load_run(p, device, kernel, compile) for p in paths]
-    model, tokenizers, ckpt = loaded[0]
-    if len(loaded) == 1:
-        return model, tokenizers, ckpt
-    for _, _, other in loaded[1:]:
-        if other["task"] != ckpt["task"]:
-            raise CheckpointError(f"{other['path']} was trained for {other['task']}, {ckpt['path']} for "
-                                  f"{ckpt['task']}: an ensemble's models share one task")
-        if other["tokenizers"] != ckpt["tokenizers"]:
-            raise CheckpointError(f"{other['path']} and {ckpt['path']} have different tokenizers: an ensemble "
-                                  "averages its models' predictions over one vocabulary")
-        names = [class_names(c) for c in (other, ckpt)]
-        if None not in names and names[0] != names[1]:
-            raise CheckpointError(f"{other['path']} names its classes {names[0]}, {ckpt['path']} {names[1]}: an "
-                                  "ensemble averages its models' probabilities of each class id, one class each")
-    ensemble = Ensemble(m for m, _, _ in loaded).eval()
-    # the longest source and output of any member (within the positions all of them admit): the same
-    # ensemble in any order reads and decodes the same (the first member's once decided)
-    longest = {k: min(max(c["args"][k] for _, _, c in loaded), ensemble.cfg.max_len - 1)
-               for k in ("max_src_len", "max_tgt_len")}
-    ckpt = {**ckpt, "args": {**ckpt["args"], **longest},
-            "ensemble": [{"path": c["path"], "step": c.get("progress", {}).get("step")} for _, _, c in loaded],
-            "member_args": [c["args"] for _, _, c in loaded[1:]]}
-    return ensemble, tokenizers, ckpt
-
-
-def class_names(ckpt: dict) -> dict[int, str] | None:
-    """A classifier checkpoint's class names (its data's meta.json "labels"); None: it has none."""
-    return (ckpt.get("data") or {}).get("labels") or None
-
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision name -> autocast's dtype
 
@@ -199,12 +115,18 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
 
 def decode_batch(model, src, src_lengths, task: str, *, max_tgt_len: int, beam_size: int = 1,
                  length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
-                 len_ratio: float | None = None, nbest: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """One batch's outputs, (B, T) token ids: beam search (beam_size > 1) or greedy, each row capped
-    by `decode_max_len`. What `predict_seq2seq` decodes, and the attention map's rows. nbest n > 0:
-    the search's n best hypotheses and their scores, ((B, n, T), (B, n)) (`beam_search_nbest`; beam
-    size 1 is greedy's search)."""
+                 len_ratio: float | None = None, nbest: int = 0, sampling: Sampling | None = None,
+                 keys: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One batch's outputs, (B, T) token ids: beam search (beam_size > 1) or greedy, or with `sampling`
+    drawn (`sample_decode`, each row's draws keyed by `keys`, (B,)), each row capped by `decode_max_len`.
+    What `predict_seq2seq` decodes, and the attention map's rows. nbest n > 0: the search's n best
+    hypotheses and their scores, ((B, n, T), (B, n)) (`beam_search_nbest`; beam size 1 is greedy's
+    search), or n samples in the order drawn."""
     max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio)
+    if sampling is not None:
+        tokens, scores = sample_decode(model, src, src_lengths, max_len=max_len, n=max(nbest, 1), keys=keys,
+                                       no_repeat_ngram=no_repeat_ngram, min_len=min_len, **asdict(sampling))
+        return (tokens, scores) if nbest else tokens[:, 0]  # one sample: trimmed already
     if nbest:
         return beam_search_nbest(model, src, src_lengths, nbest=nbest, beam_size=beam_size, max_len=max_len,
                                  length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len)
@@ -229,13 +151,14 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
                     max_tokens: int | None = 4096, precision: str = "fp32", progress: bool = False,
                     batch_size: int | None = None, len_ratio: float | None = None, on_batch=None,
-                    nbest: int = 0) -> list:
+                    nbest: int = 0, sampling: Sampling | None = None, keys: Sequence[int] | None = None) -> list:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
     `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
     `on_batch(indices, outputs)`, if given, is called after every batch. nbest n > 0: each output is
     instead the search's n best hypotheses, best first, [{"output", "score"}] (`beam_search_nbest`'s
-    score; `_hypotheses`)."""
+    score; `_hypotheses`). `sampling`: outputs drawn (`decode_batch`), example i's draws keyed by
+    keys[i] (`model.row_key` of its id; default: i), so that they depend on no batch."""
     check_min_len(min_len, max_tgt_len)
     model.eval()
     out: list[str | None] = [None] * len(dataset)
@@ -246,11 +169,12 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         loader = tqdm(loader, desc="decode", leave=False, dynamic_ncols=True)
     for batch in loader:
         batch = batch.to(device)
+        ids = batch.ids.tolist()
+        batch_keys = None if sampling is None else torch.tensor([keys[i] for i in ids] if keys else ids, device=device)
         with autocast_for(device, precision):
             toks = decode_batch(model, batch.src, batch.src_lengths, dataset.task, max_tgt_len=max_tgt_len,
                                 beam_size=beam_size, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
-                                min_len=min_len, len_ratio=len_ratio, nbest=nbest)
-        ids = batch.ids.tolist()
+                                min_len=min_len, len_ratio=len_ratio, nbest=nbest, sampling=sampling, keys=batch_keys)
         texts = _hypotheses(tokenizer, *toks) if nbest else tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text

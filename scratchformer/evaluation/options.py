@@ -9,6 +9,7 @@ import math
 
 from .. import data as D
 from ..data.extractive import MAX_ORACLE_SENTENCES
+from ..model import Sampling
 from ..model.decoding import MAX_LENGTH_PENALTY
 
 
@@ -19,9 +20,12 @@ class OptionError(ValueError):
 def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: int | None = None,
                   len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
                   max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0,
-                  summary_sentences: int | None = None, summary_words: int | None = None, **_other) -> None:
+                  summary_sentences: int | None = None, summary_words: int | None = None,
+                  sampling: Sampling | None = None, **_other) -> None:
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
+    if sampling is not None:
+        _check_sampling(sampling, beam_size, length_penalty)
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
                         ("--batch-size", batch_size), ("--summary-sentences", summary_sentences),
                         ("--summary-words", summary_words)):
@@ -41,6 +45,21 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
         raise OptionError(f"--min-len must be >= 0 (0: off), got {min_len}")
     if len_ratio is not None and not (math.isfinite(len_ratio) and len_ratio >= 0):
         raise OptionError(f"--len-ratio must be >= 0 (0: no ratio, only --max-len), got {len_ratio}")
+
+
+def _check_sampling(s: Sampling, beam_size: int, length_penalty: float) -> None:
+    """--sample's options (`add_sampling_options`), and the beam search's it leaves no part to."""
+    if not (math.isfinite(s.temperature) and s.temperature > 0):
+        raise OptionError(f"--temperature must be a number > 0 (log p is divided by it), got {s.temperature}")
+    if s.top_k < 0:
+        raise OptionError(f"--top-k must be >= 0 (0: every token), got {s.top_k}")
+    if not 0 < s.top_p <= 1:
+        raise OptionError(f"--top-p must be in (0, 1] (1: every token), got {s.top_p}")
+    if not 0 <= s.seed < 2 ** 63:
+        raise OptionError(f"--seed must be in [0, 2**63), got {s.seed}")
+    for flag, value, default in (("--beam-size", beam_size, 1), ("--length-penalty", length_penalty, 1.0)):
+        if value != default:
+            raise OptionError(f"{flag} {value:g} is beam search's; --sample draws each token: drop {flag}")
 
 
 DECODE_FLAGS = ("--beam-size", "--length-penalty", "--no-repeat-ngram", "--min-len")  # sequence decoding's
@@ -71,6 +90,31 @@ def add_decode_options(parser, beam_size: int) -> None:
     parser.add_argument("--summary-words", type=int, metavar="W",
                         help="an extractive model's summary: its best-scored sentences until they hold W words, "
                         "at most --summary-sentences of them (default: no word budget)")
+
+
+SAMPLING_FLAGS = ("--sample", "--temperature", "--top-k", "--top-p", "--seed")
+
+
+def add_sampling_options(parser) -> None:
+    """generate's `SAMPLING_FLAGS`: outputs drawn from the model's distribution (`model.sample_decode`)."""
+    g = parser.add_argument_group("sampling (--sample)")
+    g.add_argument("--sample", action="store_true",
+                   help="draw each token from the model's distribution instead of searching for the best output "
+                   "(diverse outputs, back-translation, candidates to rerank; --json --nbest N: N samples an input)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="divide the log-probabilities by T before drawing: < 1 sharper, > 1 flatter (default: 1)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="draw from the K most probable tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="draw from the fewest most probable tokens whose probabilities reach P, the nucleus "
+                   "(default: 1, all)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="the draws' seed: an input's samples depend on it and on the input's id alone, not on its "
+                   "batch (default: 0)")
+
+
+def sampling_of(args) -> Sampling | None:
+    """The `Sampling` of parsed `add_sampling_options` flags (None without --sample)."""
+    return Sampling(args.temperature, args.top_k, args.top_p, args.seed) if args.sample else None
 
 
 def check_decode_flags(task: str, given: list[str]) -> None:

@@ -29,7 +29,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +39,9 @@ from ..checkpoint import fsync_dir, weights_digest
 from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import check_text, display_name, read_lines, uncompressed_name
 from ..locks import release
-from .evaluate import LEN_RATIO, load_models, predict_extracts, predict_labels, predict_seq2seq
+from ..model import Sampling, row_key
+from .evaluate import LEN_RATIO, predict_extracts, predict_labels, predict_seq2seq
+from .loading import load_models
 from .metrics import split_sentences
 from .options import OptionError, check_decode_flags, check_extract_options, check_options
 from .resume import Lines, check_output, hold_output, lock_path
@@ -193,6 +195,13 @@ def _lengths(model, ckpt: dict, max_src_len: int | None, max_len: int | None) ->
     return max_src_len, max_len
 
 
+def _progress_bar(total: int):
+    """A tqdm bar on stderr counting the examples predicted, in examples/s."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ex", desc="predict", dynamic_ncols=True, file=sys.stderr)
+
+
 @torch.no_grad()
 def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, device, beam_size: int = 4,
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
@@ -200,13 +209,15 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
                     summary_sentences: int | None = None, summary_words: int | None = None,
-                    on_result=None, progress: bool = False) -> list:
+                    sampling: Sampling | None = None, on_result=None, progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
     max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
     ceil(len_ratio * Ls) + 10 (`evaluate.decode_max_len`; None = the task's default, 0 = none).
     no_repeat_ngram: n > 0 puts no n-gram twice in an output; min_len: at least that many tokens
     before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
+    sampling: outputs drawn (`model.sample_decode`, with beam_size 1), each input's draws keyed by its
+    id (`model.row_key`): the same in any batch, and when a resumed file predicts the rest.
     max_tokens / batch_size: the batch budget (padded source tokens / inputs).
     `on_result(records, predictions)` is called after every batch; `progress` shows a tqdm bar in
     examples/s.
@@ -214,17 +225,15 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
                   no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
-                  summary_words=summary_words)
+                  summary_words=summary_words, sampling=sampling)
     task = ckpt["task"]
     check_extract_options(task, summary_sentences, summary_words)
+    if sampling is not None and task in D.ENCODER_ONLY:
+        raise OptionError(f"--sample draws a decoded sequence; this model is {task} and decodes none")
     from_flag = max_src_len is not None
     max_src_len, max_len = _lengths(model, ckpt, max_src_len, max_len)
     dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source, from_flag=from_flag)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(records), unit="ex", desc="predict", dynamic_ncols=True, file=sys.stderr)
+    bar = _progress_bar(len(records)) if progress else None
     preds: list = [None] * len(records)
 
     def on_batch(indices, outputs):
@@ -246,8 +255,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
         else:
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
-                            max_tokens=max_tokens, batch_size=batch_size,
-                            precision=precision, len_ratio=len_ratio, on_batch=on_batch)
+                            max_tokens=max_tokens, batch_size=batch_size, precision=precision, len_ratio=len_ratio,
+                            on_batch=on_batch, sampling=sampling,
+                            keys=[row_key(r.id) for r in records] if sampling is not None else None)
     finally:
         if bar is not None:
             bar.close()
@@ -267,7 +277,7 @@ def _json_line(rid, pred) -> str:
 # (`resume.check_resume`); the precision, backend and batching change none.
 RECORDED = {"--beam-size": "beam_size", "--length-penalty": "length_penalty", "--no-repeat-ngram": "no_repeat_ngram",
             "--min-len": "min_len", "--max-len": "max_len", "--len-ratio": "len_ratio", "--max-src-len": "max_src_len",
-            "--summary-sentences": "summary_sentences", "--summary-words": "summary_words"}
+            "--summary-sentences": "summary_sentences", "--summary-words": "summary_words", "--sample": "sampling"}
 
 
 def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
@@ -279,6 +289,8 @@ def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
                                                               options["--max-len"])
     if options["--len-ratio"] is None:
         options["--len-ratio"] = LEN_RATIO.get(ckpt["task"], 0)
+    if options["--sample"] is not None:  # as its flags read (None: beam search, as before --sample was recorded)
+        options["--sample"] = [f"--{k.replace('_', '-')} {v}" for k, v in asdict(options["--sample"]).items()]
     if options["--summary-sentences"] is None and ckpt["task"] == "extractive":  # `predict_extracts`' default
         options["--summary-sentences"] = MAX_ORACLE_SENTENCES
     weights = getattr(model, "_orig_mod", model).state_dict()  # compiled: the model it wraps

@@ -21,7 +21,7 @@ from .layers import (
     MultiHeadAttention,
     attention_weights,
 )
-from .sampling import row_key, sample_decode
+from .sampling import Sampling, row_key, sample_decode
 from .transformer import (
     Classifier,
     Decoder,
@@ -34,7 +34,7 @@ from .transformer import (
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "ModelConfig", "get_config",
-    "greedy_decode", "beam_search", "beam_search_nbest", "sample_decode", "row_key", "Ensemble",
+    "greedy_decode", "beam_search", "beam_search_nbest", "sample_decode", "Sampling", "row_key", "Ensemble",
     "AddNorm", "DecoderLayer", "DecoderState", "Embedding", "EncoderLayer", "FeedForward", "KVCache",
     "MultiHeadAttention", "StaticKVCache", "attention_weights",
     "Classifier", "Decoder", "Encoder", "Extractor", "Transformer", "build_model", "check_batch",

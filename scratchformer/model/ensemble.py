@@ -10,7 +10,7 @@ scorer as the logit of the mean probability. `Ensemble` decodes through `decodin
 `Transformer`: `encode` gives each member's memory, `init_state` each member's caches, and
 `decode_step` runs every member's step and returns the log of their mean; a CUDA graph of the step
 captures all of them at once. Members may differ in size and backend; they must read and write the
-same token ids (the caller checks that their tokenizers are one: `evaluation.evaluate.load_models`).
+same token ids (the caller checks that their tokenizers are one: `evaluation.loading.load_models`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ vLLM's per-request seeds give the same guarantee, with a generator per request.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,16 @@ from .config import BOS_ID, EOS_ID, PAD_ID
 from .decoding import _check, _check_int, _token_by_token, _trim, _weights_lent
 
 _M32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """`sample_decode`'s options, as the prediction path carries them (`evaluation.decode_batch`)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
 
 def row_key(rid: str | int) -> int:
