@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_decoding import _eos_at, _model, _random_table, _repeats, _score, _src, _TableModel
 
-from scratchformer.model import EOS_ID, PAD_ID, greedy_decode, row_key, sample_decode
+from scratchformer.model import EOS_ID, PAD_ID, greedy_decode, row_key, sample_decode, sampling
 
 WORDS = (3, 4, 5)
 
@@ -200,3 +200,19 @@ def test_row_keys_are_ids_as_text_the_same_in_every_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "123"}).stdout
     assert out.strip() == str(keys)
+
+
+def test_the_hash_is_lowbias32_on_every_32_bit_input_in_int64_without_overflow():
+    """`sampling._mix` on int64 tensors (its products split so none overflows) equals lowbias32 written with
+    Python's unbounded ints, on inputs across the whole 32-bit range (the top bit set included), and on ints."""
+    def lowbias32(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    g = torch.Generator().manual_seed(0)
+    xs = torch.cat([torch.randint(0, 2 ** 32, (4096,), generator=g), torch.tensor([0, 1, 2 ** 31, 2 ** 32 - 1])])
+    assert sampling._mix(xs).tolist() == [lowbias32(x) for x in xs.tolist()]
+    assert [sampling._mix(x) for x in xs[:64].tolist()] == [lowbias32(x) for x in xs[:64].tolist()]

@@ -4,12 +4,13 @@ nucleus (top-p), as Hugging Face's `generate(do_sample=True)` and fairseq's `--s
 diverse outputs, back-translation (Edunov et al. 2018) and candidates to rerank.
 
 A row's draws depend only on the seed, its key (an input's id: `row_key`) and its sample number,
-never on the rest of its batch: each token is the Gumbel-max of the row's scores (argmax of
-log p / T + G, G = -log(-log U), which is a draw from softmax(log p / T) over the tokens left), and
-the uniforms U come from a counter-based hash of (seed, key, sample, step, token), computed on the
-device in int64 arithmetic. So an input decodes the same alone or in any batch, with any batch
-budget, after a resumed batch inference, on the CPU or a GPU (up to the rounding of the logits):
-vLLM's per-request seeds give the same guarantee, with a generator per request.
+never on the rest of its batch: each step draws its token by inverting the row's cumulative
+distribution at one uniform U (the first token whose cumulative probability passes U times the
+row's mass, as FlashInfer's sampling kernels draw), and U comes from a counter-based hash of
+(seed, key, sample, step), computed on the device in int64 arithmetic. So an input decodes the
+same alone or in any batch, with any batch budget, after a resumed batch inference, on the CPU or
+a GPU (up to the rounding of the logits): vLLM's per-request seeds give the same guarantee, with a
+generator per request.
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ def row_key(rid: str | int) -> int:
                           "little") >> 1
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """x * c mod 2**32 for int64 x in [0, 2**32): the product in two 16-bit halves of c, no int64 overflow."""
+def _mul32(x, c: int):
+    """x * c mod 2**32 for x in [0, 2**32) (an int64 tensor, or an int): the product in two 16-bit halves of c,
+    no int64 overflow."""
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A bijection of [0, 2**32) whose every output bit depends on every input bit (C. Wellons's lowbias32)."""
+def _mix(x):
+    """A bijection of [0, 2**32) whose every output bit depends on every input bit (C. Wellons's lowbias32);
+    of an int64 tensor elementwise, or of an int."""
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
@@ -56,24 +59,35 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _fold(h: torch.Tensor, x: torch.Tensor | int) -> torch.Tensor:
-    """The hash h (in [0, 2**32)) with x (>= 0, < 2**63) folded in, its low then its high 32 bits."""
-    x = torch.as_tensor(x, dtype=torch.long, device=h.device)
+def _fold(h, x):
+    """The hash h (in [0, 2**32)) with x (>= 0, < 2**63) folded in, its low then its high 32 bits; each an int64
+    tensor or an int (a step's number, the seed: no copy to the device, which would wait for it)."""
     return _mix(h ^ _mix(_mix(x & _M32) ^ (x >> 32)))
 
 
-def _uniforms(row_hash: torch.Tensor, t: int, token_hash: torch.Tensor) -> torch.Tensor:
-    """(R, V) uniforms in (0, 1), float64, for step t: 32 bits of hash per (row, token), centred in its cell."""
-    bits = _mix(_fold(row_hash, t)[:, None] ^ token_hash[None, :])
-    return (bits.double() + 0.5) * 2.0 ** -32
+def _uniforms(row_hash: torch.Tensor, t: int) -> torch.Tensor:
+    """(R,) uniforms in (0, 1), float64, for step t: 53 bits, 32 of a hash of (row, t) and 21 of a second,
+    centred in their cell."""
+    h = _fold(row_hash, t)
+    return (h * 2.0 ** 21 + (_fold(h, 1) >> 11) + 0.5) * 2.0 ** -53
 
 
-def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
-    """x (R, V) log-probabilities with every token outside its row's nucleus at -inf: the fewest most
-    probable tokens whose probabilities sum to >= top_p (the most probable always kept)."""
-    p, order = torch.softmax(x, dim=-1).sort(dim=-1, descending=True)
-    past = (p.cumsum(-1) - p) >= top_p  # the mass before a token already reaches top_p
-    return x.masked_fill(torch.zeros_like(past).scatter(-1, order, past), float("-inf"))
+def _draw(x: torch.Tensor, u: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Each row's token (R,) drawn from softmax(x) (x (R, V), float64 log-probabilities, -inf for the tokens
+    ruled out) cut to the top_k most probable tokens (0: all), then to the nucleus of the rest (the fewest
+    most probable whose renormalized probabilities reach top_p): the first candidate whose cumulative
+    probability passes u (R,) times the candidates' mass. A token of probability 0 spans no interval."""
+    idx = None
+    if top_k and top_k < x.shape[1]:
+        x, idx = x.topk(top_k, dim=-1)  # best first
+    elif top_p < 1:
+        x, idx = x.sort(dim=-1, descending=True)
+    p = torch.softmax(x, dim=-1)
+    cdf = p.cumsum(-1)
+    if top_p < 1:  # candidates best first: the nucleus is a prefix, cut where the mass before reaches top_p
+        cdf = p.masked_fill((cdf - p) >= top_p, 0.0).cumsum(-1)
+    j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=x.shape[1] - 1)
+    return (j if idx is None else idx.gather(1, j))[:, 0]
 
 
 def _check_sampling(temperature, top_k, top_p, seed, keys, n, B: int) -> None:
@@ -114,20 +128,11 @@ def sample_decode(model, src, src_lengths, *, max_len: int | torch.Tensor, n: in
     B, dev = src.shape[0], src.device
     _check_sampling(temperature, top_k, top_p, seed, keys, n, B)
     keys = torch.arange(B, device=dev) if keys is None else keys.to(dev)
-    row_hash = _fold(_fold(_fold(_mix(torch.full((), seed & _M32, device=dev)), seed >> 32), keys.repeat_interleave(n)),
+    row_hash = _fold(_fold(_fold(_mix(seed & _M32), seed >> 32), keys.repeat_interleave(n)),
                      torch.arange(n, device=dev).repeat(B))
-    token_hash = None
 
-    def draw(scores: torch.Tensor, t: int) -> torch.Tensor:
-        nonlocal token_hash
-        if token_hash is None:
-            token_hash = _mix(torch.arange(scores.shape[1], device=dev))
-        x = scores.double() / temperature  # log-probabilities: no overflow at any temperature
-        if top_k and top_k < x.shape[1]:
-            x = x.masked_fill(x < x.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
-        if top_p < 1:
-            x = _nucleus(x, top_p)
-        return (x - torch.log(-torch.log(_uniforms(row_hash, t, token_hash)))).argmax(-1)
+    def draw(scores: torch.Tensor, t: int) -> torch.Tensor:  # scores: log-probabilities, no overflow at any T
+        return _draw(scores.double() / temperature, _uniforms(row_hash, t), top_k, top_p)
 
     tokens, total = _token_by_token(model, src, src_lengths, max_len, draw, n=n, log_probs=True,
                                     no_repeat_ngram=no_repeat_ngram, min_len=min_len, bos_id=bos_id, eos_id=eos_id,
