@@ -5,10 +5,12 @@
     echo "A great film." | python -m scratchformer.generate --checkpoint runs/imdb
     python -m scratchformer.generate --checkpoint runs/m30k --input test_inputs.jsonl.gz --output preds.jsonl
     python -m scratchformer.generate --checkpoint runs/seed0 runs/seed1 --input test_inputs.jsonl.gz --output p.jsonl
+    python -m scratchformer.generate --checkpoint runs/m30k --text "A dog runs." --sample --top-p 0.9 --json --nbest 5
 
 One input per line of text, or ``.jsonl`` (``.gz``, ``.xz``) records (a file or stdin), or one --text.
 Several checkpoints predict as an ensemble (`model.Ensemble`: the mean of their probabilities at
-every step). Output: one line per input, line N of a file answering its line N (a blank line, not
+every step). --sample draws outputs instead of searching (`model.sample_decode`), each input's draws
+keyed by the seed and its id. Output: one line per input, line N of a file answering its line N (a blank line, not
 predicted, gets an empty one; --json: one record per input, blank lines skipped);
 classification prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
@@ -125,7 +127,9 @@ def check_args(args) -> None:
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
                     summary_words=args.summary_words, sampling=O.sampling_of(args))
-    if args.nbest < 1 or (args.nbest > args.beam_size and not args.sample):
+    if args.sample and args.nbest < 1:
+        raise O.OptionError(f"--nbest must be >= 1 (samples an input), got {args.nbest}")
+    if not args.sample and not 1 <= args.nbest <= args.beam_size:
         raise O.OptionError(f"--nbest must be in [1, --beam-size {args.beam_size}] (a search keeps --beam-size "
                             f"hypotheses), got {args.nbest}")
     if args.nbest > 1 and (args.output or not args.json):

@@ -1275,7 +1275,8 @@ def test_generate_sample_draws_nbest_samples_and_refuses_what_it_leaves_no_part(
             (["--sample", "--temperature", "nan"], OptionError, "--temperature must be a number > 0"),
             (["--sample", "--top-k", "-1"], OptionError, "--top-k must be >= 0 (0: every token), got -1"),
             (["--sample", "--top-p", "1.5"], OptionError, "--top-p must be in (0, 1] (1: every token), got 1.5"),
-            (["--sample", "--seed", "-1"], OptionError, "--seed must be in [0, 2**63), got -1")]:
+            (["--sample", "--seed", "-1"], OptionError, "--seed must be in [0, 2**63), got -1"),
+            (["--sample", "--json", "--nbest", "0"], OptionError, "--nbest must be >= 1 (samples an input), got 0")]:
         with pytest.raises(error, match=re.escape(message)):
             generate.main(base + extra)
     with pytest.raises(OptionError, match=r"--sample, --top-k are for decoding a sequence; this model is classif"):
