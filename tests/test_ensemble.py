@@ -23,6 +23,7 @@ from scratchformer.model import (
     beam_search,
     decoding,
     greedy_decode,
+    sample_decode,
 )
 
 V = 30
@@ -243,3 +244,23 @@ def test_a_model_twice_scores_a_target_as_the_model_label_smoothing_included():
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(want[0], want[1])  # the smoothing changes the loss: its loss is not the NLL
+
+
+@torch.no_grad()
+def test_samples_score_the_log_of_the_members_mean_probability():
+    """An ensemble's samples: each one's score is its mean log-probability under the mean of the members'
+    full-forward distributions (PAD and BOS ruled out, as decoding does), and top-k 1 draws its greedy output."""
+    members = _members()
+    ensemble = Ensemble(members).eval()
+    src, sl = _src()
+    tokens, scores = sample_decode(ensemble, src, sl, max_len=8, n=3, seed=1, temperature=1.3)
+    for b in range(src.shape[0]):
+        for j in range(3):
+            row = tokens[b, j].tolist()
+            seq = row[: row.index(EOS_ID) + 1] if EOS_ID in row else [t for t in row if t != PAD_ID]
+            p = _mean_probs(members, src[b : b + 1, : sl[b]], sl[b : b + 1], torch.tensor([[BOS_ID] + seq[:-1]]))[0]
+            p[:, [PAD_ID, BOS_ID]] = 0.0
+            logp = torch.log(p / p.sum(-1, keepdim=True))[torch.arange(len(seq)), torch.tensor(seq)]
+            assert scores[b, j].item() == pytest.approx(logp.mean().item(), rel=1e-4, abs=1e-5), (b, j, seq)
+    greedy = greedy_decode(ensemble, src, sl, max_len=8)
+    assert torch.equal(sample_decode(ensemble, src, sl, max_len=8, top_k=1)[0][:, 0, : greedy.shape[1]], greedy)
