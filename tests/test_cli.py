@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import TINY, translation_folder
 
-from scratchformer import ablate, average, cli, evaluate, generate, train
+from scratchformer import ablate, average, cli, evaluate, generate, score, train
 from scratchformer import checkpoint as checkpoint_io
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scratchformer.data import DataError, DataSource, Example, encode_examples
@@ -46,7 +46,7 @@ def test_help_lists_the_options(capsys):
                  "--batch-size", "--grad-accum", "--schedule", "--label-smoothing", "--precision", "--resume",
                  "--no-pos-encoding", "--heads", "--layers", "--norm", "--device", "--out", "--tokenizer"]:
         assert flag in text, flag
-    for mod in (evaluate, generate, ablate):
+    for mod in (evaluate, generate, ablate, score):
         with pytest.raises(SystemExit):
             mod.main(["--help"])
         assert "--" in capsys.readouterr().out
@@ -58,7 +58,7 @@ def test_every_flag_says_what_it_does_and_its_default():
     # --save-every did not say their defaults
 
     for parser in (train_parser(), evaluate.build_parser(), generate.build_parser(), ablate_parser(),
-                   average.build_parser()):
+                   average.build_parser(), score.build_parser()):
         for a in parser._actions:
             if a.option_strings:
                 assert a.help, (parser.prog, a.option_strings)
@@ -478,6 +478,8 @@ def test_commands_report_user_errors_in_one_line(tmp_path):
         (["scratchformer.evaluate", "--checkpoint", str(tmp_path / "nope")], rf"no checkpoint at {tmp_path / 'nope'}"),
         (["scratchformer.generate", "--checkpoint", str(tmp_path / "nope"), "--input", str(tmp_path / "in.txt"),
           "--output", str(tmp_path / "p.jsonl"), "--max-len", "-1"], r"--max-len must be >= 1, got -1"),
+        (["scratchformer.score", "--checkpoint", str(tmp_path / "nope"), "--input", str(tmp_path / "plain.jsonl.gz")],
+         rf"no checkpoint at {tmp_path / 'nope'}"),
         (["scratchformer.ablate", "--out", str(tmp_path / "out" / "ab"), "--variants", "base=", "--", "--data",
           str(data), "--task", "translation", "--no-progress"], rf"{data / 'train.tsv'}:2: not UTF-8"),
     ]
