@@ -1,8 +1,9 @@
-"""Batched incremental decoding: greedy and beam search (`beam.py`, on this module's step, checks and
-rules) over a KV-cached decoder.
+"""Batched incremental decoding: greedy, beam search (`beam.py`) and sampling (`sampling.py`), the
+last two on this module's step, checks and rules, over a KV-cached decoder.
 
-Both return (B, T) int64 tokens without the leading BOS (`beam_search_nbest`: a search's n best
-hypotheses per row, (B, n, T), with their scores); a finished row holds its EOS and then
+Greedy and beam search return (B, T) int64 tokens without the leading BOS (`beam_search_nbest`: a
+search's n best hypotheses per row, (B, n, T), with their scores; `sample_decode` n samples per
+row, the same way); a finished row holds its EOS and then
 PAD. The encoder runs once; decoder self-attention keys/values are cached per layer and the
 cross-attention keys/values are projected once (`Transformer.init_state`). `model` is a
 `Transformer` or an `Ensemble` of them (`ensemble.py`: each step's distribution the mean of its
