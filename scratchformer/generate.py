@@ -16,6 +16,7 @@ classification prints ``label<TAB>confidence`` (label names from the data's meta
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
 (ids kept) or plain text, written as ``{"id", "prediction"}`` lines, atomically; --resume continues.
+--nbest N adds each line's "score" and its "nbest" list, [{"prediction", "score"}], the prediction first.
 
 A user error (a bad flag, input file or checkpoint, an existing --output) is one line on stderr and
 exit status 2; --debug (or SCRATCHFORMER_DEBUG=1) shows the traceback (`scratchformer.cli`).
@@ -73,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print one JSON object per input (a translation's or abstractive summary's with its score: the "
                    "search's sum of log-probabilities / length ** --length-penalty)")
     p.add_argument("--nbest", type=int, default=1, metavar="N",
-                   help="with --json: the search's N best outputs, best first, each with its score (default: 1; at "
-                   "most --beam-size); with --sample, N samples in the order drawn")
+                   help="with --json or --output: the search's N best outputs, best first, each with its score "
+                   "(default: 1; at most --beam-size); with --sample, N samples in the order drawn")
     O.add_sampling_options(p)
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
@@ -132,9 +133,12 @@ def check_args(args) -> None:
     if not args.sample and not 1 <= args.nbest <= args.beam_size:
         raise O.OptionError(f"--nbest must be in [1, --beam-size {args.beam_size}] (a search keeps --beam-size "
                             f"hypotheses), got {args.nbest}")
-    if args.nbest > 1 and (args.output or not args.json):
-        raise cli.UsageError(f"--nbest {args.nbest} lists each input's outputs in its --json record: give --json"
-                             f"{', without --output' if args.output else ''}")
+    if args.json and args.output:  # the text mode's flag: batch inference would ignore it
+        raise cli.UsageError("--json prints the text mode's records; --output writes JSON lines of its own (with "
+                             "--nbest N, each line's n-best list): drop --json")
+    if args.nbest > 1 and not (args.output or args.json):
+        raise cli.UsageError(f"--nbest {args.nbest} lists each input's outputs in its --json record or --output "
+                             "line: give --json, or --output")
     if args.save_every < 0:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
@@ -161,7 +165,7 @@ def run_batch(args) -> dict:
         max_len=args.max_len, len_ratio=args.len_ratio,
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
-        summary_words=args.summary_words, sampling=O.sampling_of(args),
+        summary_words=args.summary_words, sampling=O.sampling_of(args), nbest=args.nbest if args.nbest > 1 else None,
         decode_flags=cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""

@@ -897,7 +897,6 @@ def test_generate_text_mode_warns_of_or_refuses_too_long_inputs(runs, tmp_path, 
     (["--nbest", "0"], "--nbest must be in [1, --beam-size 4] (a search keeps --beam-size hypotheses), got 0"),
     (["--nbest", "3", "--beam-size", "2"], "--nbest must be in [1, --beam-size 2] (a search keeps --beam-size "
                                             "hypotheses), got 3"),
-    (["--nbest", "2"], "--nbest 2 lists each input's outputs in its --json record: give --json"),
 ])
 @pytest.mark.parametrize("mode", ["text", "batch"])
 def test_generate_refuses_bad_options_before_any_work(runs, tmp_path, monkeypatch, flags, message, mode):
@@ -1178,7 +1177,7 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
     """generate --json: a translation's record holds its output's score, and with --nbest N the search's N
     best outputs, best first, the first the output itself; the outputs are the text mode's and the scores
     `beam_search_nbest`'s for the same input (whose scores tests/test_decoding.py checks against the full
-    model's log-probabilities), rounded to 6 decimals. A classifier refuses --nbest; so does --output."""
+    model's log-probabilities), rounded to 6 decimals. A classifier refuses --nbest; --output refuses --json."""
     from scratchformer.model import beam_search_nbest
 
     texts = ["one two three", "red house", "big big big one"]
@@ -1207,8 +1206,11 @@ def test_json_records_hold_each_outputs_score_and_nbest_the_searchs_best_outputs
             assert len({tuple(row) for row in tokens[0].tolist()}) == nbest and printed == sorted(printed, reverse=True)
     with pytest.raises(OptionError, match=r"--nbest is for decoding a sequence; this model is classification"):
         generate.main(["--checkpoint", str(runs["classification"]), "--text", "one", "--json", "--nbest", "2"])
-    with pytest.raises(cli.UsageError, match=r"--nbest 2 lists each input's outputs in its --json record: give "
-                                             r"--json, without --output"):
+    with pytest.raises(cli.UsageError, match=r"--nbest 2 lists each input's outputs in its --json record or --output "
+                                             r"line: give --json, or --output"):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", "--nbest", "2"])
+    with pytest.raises(cli.UsageError, match=r"--json prints the text mode's records; --output writes JSON lines of "
+                                             r"its own \(with --nbest N, each line's n-best list\): drop --json"):
         generate.main(["--checkpoint", str(runs["translation"]), "--input", "-", "--output", "p.jsonl", "--json",
                        "--nbest", "2"])
 
@@ -1284,3 +1286,30 @@ def test_generate_sample_draws_nbest_samples_and_refuses_what_it_leaves_no_part(
     model, toks, ckpt = load_run(runs["classification"])
     with pytest.raises(OptionError, match=r"--sample draws a decoded sequence; this model is classification"):
         P.predict_records(model, toks, ckpt, _records(["one"]), device="cpu", beam_size=1, sampling=Sampling())
+
+
+@pytest.mark.parametrize("decoding", [["--beam-size", "3"], ["--sample", "--temperature", "1.5"]])
+def test_batch_inference_writes_each_inputs_nbest_list_as_the_text_mode_gives_it(runs, tmp_path, decoding):
+    """generate --output --nbest 3: each line holds its id, the prediction and its score, then the n-best list
+    (the search's best 3, or 3 samples), the prediction its first; the same outputs and scores as --json's
+    for the same inputs. A --resume with another --nbest is refused (the lines would differ in form)."""
+    rows = [{"id": f"n{i}", "src": t} for i, t in enumerate(_texts(7, 8, 5))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "nbest.jsonl"
+    flags = ["--checkpoint", str(runs["translation"]), *decoding, "--nbest", "3"]
+    generate.main([*flags, "--input", str(src), "--output", str(out), "--batch-size", "2"])
+    lines = _read(out)
+    records = generate.main([*flags, "--input", str(src), "--json"])
+    assert [line["id"] for line in lines] == [r["id"] for r in rows]
+    for line, r in zip(lines, records, strict=True):
+        assert list(line) == ["id", "prediction", "score", "nbest"] and len(line["nbest"]) == 3
+        assert line["nbest"][0] == {"prediction": line["prediction"], "score": line["score"]}
+        assert [(h["prediction"], h["score"]) for h in line["nbest"]] == \
+            [(h["output"], pytest.approx(h["score"], abs=2e-6)) for h in r["nbest"]]
+    if decoding[0] == "--beam-size":
+        plain = tmp_path / "plain.jsonl"
+        generate.main(["--checkpoint", str(runs["translation"]), "--beam-size", "3", "--input", str(src), "--output",
+                       str(plain)])
+        assert [p["prediction"] for p in _read(plain)] == [line["prediction"] for line in lines]
+    with pytest.raises(OptionError, match=r"was written with --nbest 3 \(now unset\)"):
+        generate.main([*flags[:-2], "--input", str(src), "--output", str(out), "--resume"])

@@ -209,7 +209,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
                     summary_sentences: int | None = None, summary_words: int | None = None,
-                    sampling: Sampling | None = None, on_result=None, progress: bool = False) -> list:
+                    sampling: Sampling | None = None, nbest: int | None = None, on_result=None,
+                    progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
     max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
@@ -217,7 +218,9 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     no_repeat_ngram: n > 0 puts no n-gram twice in an output; min_len: at least that many tokens
     before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
     sampling: outputs drawn (`model.sample_decode`, with beam_size 1), each input's draws keyed by its
-    id (`model.row_key`): the same in any batch, and when a resumed file predicts the rest.
+    id (`model.row_key`): the same in any batch, and when a resumed file predicts the rest. nbest n
+    (seq2seq): each prediction is instead {"prediction", "score", "nbest": the search's n best (or n
+    samples), [{"prediction", "score"}]} (`_with_nbest`).
     max_tokens / batch_size: the batch budget (padded source tokens / inputs).
     `on_result(records, predictions)` is called after every batch; `progress` shows a tqdm bar in
     examples/s.
@@ -237,7 +240,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     preds: list = [None] * len(records)
 
     def on_batch(indices, outputs):
-        batch_preds = [format_prediction(p, task) for p in outputs]
+        batch_preds = [_with_nbest(p, task) if nbest else format_prediction(p, task) for p in outputs]
         for i, p in zip(indices, batch_preds, strict=True):
             preds[i] = p
         if on_result is not None:
@@ -256,7 +259,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, len_ratio=len_ratio,
-                            on_batch=on_batch, sampling=sampling,
+                            on_batch=on_batch, sampling=sampling, nbest=nbest or 0,
                             keys=[row_key(r.id) for r in records] if sampling is not None else None)
     finally:
         if bar is not None:
@@ -269,15 +272,24 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
 # ---------------------------------------------------------------------------------------------
 
 
+def _with_nbest(hypotheses: list[dict], task: str) -> dict:
+    """A line's fields from `predict_seq2seq`'s n-best list [{"output", "score"}]: the first's prediction
+    and score, then every one's as "nbest", each prediction as `format_prediction` writes it."""
+    hyps = [{"prediction": format_prediction(h["output"], task), "score": h["score"]} for h in hypotheses]
+    return {**hyps[0], "nbest": hyps}
+
+
 def _json_line(rid, pred) -> str:
-    return json.dumps({"id": rid, "prediction": pred}, ensure_ascii=False)
+    """A prediction's line: {"id", "prediction"}, or with an n-best list its fields (`_with_nbest`) after the id."""
+    return json.dumps({"id": rid, **(pred if isinstance(pred, dict) else {"prediction": pred})}, ensure_ascii=False)
 
 
 # The options that change a prediction (flag -> `predict_records`' keyword), recorded beside an output
 # (`resume.check_resume`); the precision, backend and batching change none.
 RECORDED = {"--beam-size": "beam_size", "--length-penalty": "length_penalty", "--no-repeat-ngram": "no_repeat_ngram",
             "--min-len": "min_len", "--max-len": "max_len", "--len-ratio": "len_ratio", "--max-src-len": "max_src_len",
-            "--summary-sentences": "summary_sentences", "--summary-words": "summary_words", "--sample": "sampling"}
+            "--summary-sentences": "summary_sentences", "--summary-words": "summary_words", "--sample": "sampling",
+            "--nbest": "nbest"}
 
 
 def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
