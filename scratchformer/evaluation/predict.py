@@ -217,13 +217,10 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     ceil(len_ratio * Ls) + 10 (`evaluate.decode_max_len`; None = the task's default, 0 = none).
     no_repeat_ngram: n > 0 puts no n-gram twice in an output; min_len: at least that many tokens
     before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
-    sampling: outputs drawn (`model.sample_decode`, with beam_size 1), each input's draws keyed by its
-    id (`model.row_key`): the same in any batch, and when a resumed file predicts the rest. nbest n
-    (seq2seq): each prediction is instead {"prediction", "score", "nbest": the search's n best (or n
-    samples), [{"prediction", "score"}]} (`_with_nbest`).
-    max_tokens / batch_size: the batch budget (padded source tokens / inputs).
-    `on_result(records, predictions)` is called after every batch; `progress` shows a tqdm bar in
-    examples/s.
+    sampling: outputs drawn (`model.sample_decode`, beam_size 1), each input's keyed by its id (`model.row_key`):
+    the same in any batch, or resumed. nbest n: each prediction a dict with its n-best list (`_with_nbest`).
+    max_tokens / batch_size: the batch budget (padded source tokens / inputs). `on_result(records,
+    predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
     """
     check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
