@@ -36,9 +36,9 @@ from .evaluation.options import (
     DECODE_FLAGS,
     add_decode_options,
     check_decode_flags,
-    check_extract_options,
     check_min_len,
     check_options,
+    check_task_options,
 )
 from .locks import Held, hold, release
 from .training.build import run_split
@@ -242,7 +242,7 @@ def main(argv=None) -> dict:
         return run_lead3(args)
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
-    check_extract_options(ckpt["task"], args.summary_sentences, args.summary_words)
+    check_task_options(ckpt["task"], args.summary_sentences, args.summary_words)
     check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), DECODE_FLAGS))
     out = Path(args.out) if args.out else Path(ckpt["path"]).parent
     if not args.out and Path(ckpt["path"]).name != "best.pt" and (out / "best.pt").exists():

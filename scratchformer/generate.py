@@ -10,8 +10,8 @@
 One input per line of text, or ``.jsonl`` (``.gz``, ``.xz``) records (a file or stdin), or one --text.
 Several checkpoints predict as an ensemble (`model.Ensemble`: the mean of their probabilities at
 every step). --sample draws outputs instead of searching (`model.sample_decode`), each input's draws
-keyed by the seed and its id. Output: one line per input, line N of a file answering its line N (a blank line, not
-predicted, gets an empty one; --json: one record per input, blank lines skipped);
+keyed by the seed and its id. Output: one line per input, line N of a file answering its line N (a
+blank line, not predicted, gets an empty one; --json: one record per input, blank lines skipped);
 classification prints ``label<TAB>confidence`` (label names from the data's meta.json when known).
 
 With --output: batch inference (`evaluation.predict.predict_file`): ``.jsonl`` (``.gz``, ``.xz``) records
@@ -191,7 +191,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
                     no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
                     summary_words=summary_words, sampling=sampling)
     task = ckpt["task"]
-    O.check_extract_options(task, summary_sentences, summary_words)
+    O.check_task_options(task, summary_sentences, summary_words, sampling)
     a = ckpt["args"]
     max_tgt = max_len or a["max_tgt_len"]
     if task not in D.ENCODER_ONLY and max_tgt >= model.cfg.max_len:

@@ -1,6 +1,6 @@
 """The command-line options of decoding and batching (evaluate, generate) and their checks: the
 flags (`add_decode_options`), and `OptionError`, naming the flag, for a value no model can take
-(`check_options`) or one the model at hand cannot (`check_decode_flags`, `check_extract_options`),
+(`check_options`) or one the model at hand cannot (`check_decode_flags`, `check_task_options`),
 raised before any work. The commands report an OptionError as a user's error (`cli`)."""
 
 from __future__ import annotations
@@ -125,10 +125,13 @@ def check_decode_flags(task: str, given: list[str]) -> None:
                           f"model is {task} and decodes none: drop {'it' if len(given) == 1 else 'them'}")
 
 
-def check_extract_options(task: str, summary_sentences: int | None = None, summary_words: int | None = None,
-                          **_other) -> None:
-    """--summary-sentences and --summary-words (None: not given) pick an extractive model's
-    sentences: refused, naming the flag, for a model of another task (which would ignore them)."""
+def check_task_options(task: str, summary_sentences: int | None = None, summary_words: int | None = None,
+                       sampling: Sampling | None = None, **_other) -> None:
+    """Options a model of `task` would ignore, refused naming the flag: --summary-sentences and
+    --summary-words (None: not given) pick an extractive model's sentences; --sample draws a decoded
+    sequence, which a classifier or an extractive summarizer has none of."""
+    if sampling is not None and task in D.ENCODER_ONLY:
+        raise OptionError(f"--sample draws a decoded sequence; this model is {task} and decodes none")
     if task != "extractive":
         for flag, value in (("--summary-sentences", summary_sentences), ("--summary-words", summary_words)):
             if value is not None:

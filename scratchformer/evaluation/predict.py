@@ -43,7 +43,7 @@ from ..model import Sampling, row_key
 from .evaluate import LEN_RATIO, predict_extracts, predict_labels, predict_seq2seq
 from .loading import load_models
 from .metrics import split_sentences
-from .options import OptionError, check_decode_flags, check_extract_options, check_options
+from .options import OptionError, check_decode_flags, check_options, check_task_options
 from .resume import Lines, check_output, hold_output, lock_path
 
 log = logging.getLogger(__name__)
@@ -227,9 +227,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                   no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
                   summary_words=summary_words, sampling=sampling)
     task = ckpt["task"]
-    check_extract_options(task, summary_sentences, summary_words)
-    if sampling is not None and task in D.ENCODER_ONLY:
-        raise OptionError(f"--sample draws a decoded sequence; this model is {task} and decodes none")
+    check_task_options(task, summary_sentences, summary_words, sampling)
     from_flag = max_src_len is not None
     max_src_len, max_len = _lengths(model, ckpt, max_src_len, max_len)
     dataset = encode_records(records, task, toks, max_src_len, strict=strict, source=source, from_flag=from_flag)
@@ -339,7 +337,7 @@ def _predict_file(checkpoint, input, output: Path, part: Path, *, field, fmt, re
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, toks, ckpt = load_models(checkpoint, device, kernel, compile)
     task = ckpt["task"]
-    check_extract_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
+    check_task_options(task, **predict_kw)  # here too: a resumed file may leave predict_records nothing to do
     check_decode_flags(task, list(decode_flags))
     records = read_inputs(input, task, field, fmt)
     record = run_record(model, ckpt, field or INPUT_FIELDS[task], predict_kw)
