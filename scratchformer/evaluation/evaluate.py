@@ -24,6 +24,7 @@ from ..data.extractive import MAX_ORACLE_SENTENCES, pick_sentences, selection_na
 from ..data.tokenizer import TokenizerPair
 from ..model import PAD_ID, Sampling, beam_search, beam_search_nbest, greedy_decode, sample_decode
 from . import metrics as M
+from .mbr import mbr_pick
 from .options import check_min_len
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision name -> autocast's dtype
@@ -151,14 +152,17 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                     length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
                     max_tokens: int | None = 4096, precision: str = "fp32", progress: bool = False,
                     batch_size: int | None = None, len_ratio: float | None = None, on_batch=None,
-                    nbest: int = 0, sampling: Sampling | None = None, keys: Sequence[int] | None = None) -> list:
+                    nbest: int = 0, sampling: Sampling | None = None, keys: Sequence[int] | None = None,
+                    mbr: int = 0) -> list:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
     `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
     `on_batch(indices, outputs)`, if given, is called after every batch. nbest n > 0: each output is
     instead the search's n best hypotheses, best first, [{"output", "score"}] (`beam_search_nbest`'s
     score; `_hypotheses`). `sampling`: outputs drawn (`decode_batch`), example i's draws keyed by
-    keys[i] (`model.row_key` of its id; default: i), so that they depend on no batch."""
+    keys[i] (`model.row_key` of its id; default: i), so that they depend on no batch. mbr n > 0: each
+    output is the MBR choice (`mbr.mbr_pick`) among n candidates, the search's n best or n samples
+    (with nbest, [{"output", "score"}] of it alone)."""
     check_min_len(min_len, max_tgt_len)
     model.eval()
     out: list[str | None] = [None] * len(dataset)
@@ -174,8 +178,12 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         with autocast_for(device, precision):
             toks = decode_batch(model, batch.src, batch.src_lengths, dataset.task, max_tgt_len=max_tgt_len,
                                 beam_size=beam_size, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
-                                min_len=min_len, len_ratio=len_ratio, nbest=nbest, sampling=sampling, keys=batch_keys)
-        texts = _hypotheses(tokenizer, *toks) if nbest else tokenizer.decode_batch(toks.tolist())
+                                min_len=min_len, len_ratio=len_ratio, nbest=mbr or nbest, sampling=sampling,
+                                keys=batch_keys)
+        texts = _hypotheses(tokenizer, *toks) if mbr or nbest else tokenizer.decode_batch(toks.tolist())
+        if mbr:  # the choice among the candidates, as nbest asked: its text, or a list of it alone
+            chosen = [hyps[mbr_pick([h["output"] for h in hyps])] for hyps in texts]
+            texts = [[c] for c in chosen] if nbest else [c["output"] for c in chosen]
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
         if on_batch is not None:

@@ -21,11 +21,15 @@ def check_options(*, beam_size: int = 1, length_penalty: float = 1.0, max_len: i
                   len_ratio: float | None = None, max_tokens: int | None = None, batch_size: int | None = None,
                   max_src_len: int | None = None, no_repeat_ngram: int = 0, min_len: int = 0,
                   summary_sentences: int | None = None, summary_words: int | None = None,
-                  sampling: Sampling | None = None, **_other) -> None:
+                  sampling: Sampling | None = None, mbr: int | None = None, **_other) -> None:
     """Refuse decoding and batching options no model can take, before any work: OptionError naming
     the flag. None is the default (see `predict_records`); other keywords are not checked here."""
     if sampling is not None:
         _check_sampling(sampling, beam_size, length_penalty)
+    if mbr is not None and not 2 <= mbr <= (mbr if sampling is not None else beam_size):
+        among = "N samples (--sample)" if sampling is not None else f"the beam's N best (--beam-size {beam_size})"
+        raise OptionError(f"--mbr N chooses among N candidates, {among}: N must be >= 2"
+                          f"{'' if sampling is not None else ' and <= --beam-size'}, got {mbr}")
     for flag, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--max-tokens", max_tokens),
                         ("--batch-size", batch_size), ("--summary-sentences", summary_sentences),
                         ("--summary-words", summary_words)):

@@ -209,7 +209,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
                     summary_sentences: int | None = None, summary_words: int | None = None,
-                    sampling: Sampling | None = None, nbest: int | None = None, on_result=None,
+                    sampling: Sampling | None = None, nbest: int | None = None, mbr: int | None = None, on_result=None,
                     progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
@@ -219,13 +219,14 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
     sampling: outputs drawn (`model.sample_decode`, beam_size 1), each input's keyed by its id (`model.row_key`):
     the same in any batch, or resumed. nbest n: each prediction a dict with its n-best list (`_with_nbest`).
+    mbr n: each prediction the MBR choice among n candidates (`mbr.mbr_pick`).
     max_tokens / batch_size: the batch budget (padded source tokens / inputs). `on_result(records,
     predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
     """
     check_options(beam_size=beam_size, length_penalty=length_penalty, max_len=max_len, len_ratio=len_ratio,
                   max_tokens=max_tokens, batch_size=batch_size, max_src_len=max_src_len,
                   no_repeat_ngram=no_repeat_ngram, min_len=min_len, summary_sentences=summary_sentences,
-                  summary_words=summary_words, sampling=sampling)
+                  summary_words=summary_words, sampling=sampling, mbr=mbr)
     task = ckpt["task"]
     check_task_options(task, summary_sentences, summary_words, sampling)
     from_flag = max_src_len is not None
@@ -254,7 +255,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
             predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_len, beam_size=beam_size,
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, len_ratio=len_ratio,
-                            on_batch=on_batch, sampling=sampling, nbest=nbest or 0,
+                            on_batch=on_batch, sampling=sampling, nbest=nbest or 0, mbr=mbr or 0,
                             keys=[row_key(r.id) for r in records] if sampling is not None else None)
     finally:
         if bar is not None:
@@ -284,7 +285,7 @@ def _json_line(rid, pred) -> str:
 RECORDED = {"--beam-size": "beam_size", "--length-penalty": "length_penalty", "--no-repeat-ngram": "no_repeat_ngram",
             "--min-len": "min_len", "--max-len": "max_len", "--len-ratio": "len_ratio", "--max-src-len": "max_src_len",
             "--summary-sentences": "summary_sentences", "--summary-words": "summary_words", "--sample": "sampling",
-            "--nbest": "nbest"}
+            "--nbest": "nbest", "--mbr": "mbr"}
 
 
 def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
