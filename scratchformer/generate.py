@@ -45,7 +45,7 @@ from .model import Sampling, row_key
 BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
                "--save-every", "--threads", "--no-progress")
 # The flags that only decoding a sequence reads: refused for a model that decodes none (`O.check_decode_flags`).
-SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest", "--mbr", *O.SAMPLING_FLAGS)
+SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest", "--mbr", "--mbr-utility", *O.SAMPLING_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: 1; at most --beam-size); with --sample, N samples in the order drawn")
     p.add_argument("--mbr", type=int, metavar="N",
                    help="minimum Bayes risk: output the one of N candidates (the beam's N best, or with --sample N "
-                   "samples) of highest mean chrF against them all (default: off)")
+                   "samples) of highest mean --mbr-utility against them all (default: off)")
+    p.add_argument("--mbr-utility", choices=("chrf", "bleu"),
+                   help="--mbr's utility, sentence-level (default: chrf; MBR raises the metric it uses)")
     O.add_sampling_options(p)
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
@@ -131,6 +133,8 @@ def check_args(args) -> None:
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
                     summary_words=args.summary_words, sampling=O.sampling_of(args), mbr=args.mbr)
+    if args.mbr_utility and not args.mbr:
+        raise cli.UsageError(f"--mbr-utility {args.mbr_utility} is --mbr's: give --mbr N, or drop it")
     if args.mbr and args.nbest > 1:
         raise O.OptionError(f"--mbr {args.mbr} outputs one choice among its candidates; --nbest {args.nbest} lists "
                             "the search's: give one of them")
@@ -172,7 +176,7 @@ def run_batch(args) -> dict:
         max_tokens=args.max_tokens, batch_size=args.batch_size, precision=args.precision,
         max_src_len=args.max_src_len, strict=args.strict, summary_sentences=args.summary_sentences,
         summary_words=args.summary_words, sampling=O.sampling_of(args), nbest=args.nbest if args.nbest > 1 else None,
-        mbr=args.mbr,
+        mbr=args.mbr, mbr_utility=args.mbr_utility,
         decode_flags=cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     kept = f", {summary['kept']} kept from the earlier output" if summary["kept"] else ""
     rate = f" in {summary['seconds']:.1f} s ({summary['examples_per_s']} examples/s)" if summary["predicted"] else ""
@@ -185,7 +189,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
              no_repeat_ngram: int = 0, min_len: int = 0, max_len: int | None = None, strict: bool = False,
              source: str = "input", lines: list[int] | None = None, summary_sentences: int | None = None,
              summary_words: int | None = None, nbest: int = 0, sampling: Sampling | None = None,
-             ids: list | None = None, mbr: int | None = None) -> list[dict]:
+             ids: list | None = None, mbr: int | None = None, mbr_utility: str | None = None) -> list[dict]:
     """texts -> [{"input", "output"}] (seq2seq, extractive) or [{"input", "label", "label_name",
     "confidence"}]. An input longer than the model's maximum is truncated with a warning naming its
     line (`lines`: each text's line in `source`, default 1, 2, ...), or refused with `strict`, as
@@ -219,7 +223,7 @@ def generate(model, toks, ckpt, texts: list[str], *, device, beam_size: int = 4,
     else:
         outs = predict_seq2seq(model, dataset, toks.tgt, device=device, max_tgt_len=max_tgt, beam_size=beam_size,
                                length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
-                               nbest=nbest, sampling=sampling, mbr=mbr or 0,
+                               nbest=nbest, sampling=sampling, mbr=mbr or 0, mbr_utility=mbr_utility,
                                keys=[row_key(i) for i in ids] if sampling is not None else None)
         if nbest:
             return [{"input": t, **hyps[0], **({"nbest": hyps} if nbest > 1 else {})}
@@ -254,7 +258,8 @@ def main(argv=None) -> list[dict]:
                        length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
                        max_len=args.max_len, strict=args.strict, source=source, lines=[n for n, _ in numbered],
                        summary_sentences=args.summary_sentences, summary_words=args.summary_words,
-                       nbest=args.nbest if args.json else 0, sampling=O.sampling_of(args), ids=ids, mbr=args.mbr)
+                       nbest=args.nbest if args.json else 0, sampling=O.sampling_of(args), ids=ids, mbr=args.mbr,
+                       mbr_utility=args.mbr_utility)
     printed = 0  # the input lines answered so far: a blank one (skipped, not predicted) gets an empty line
     for (line, _), r in zip(numbered, results, strict=True):
         if args.json:

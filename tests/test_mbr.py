@@ -11,14 +11,19 @@ import pytest
 import sacrebleu
 from test_predict import _make_run, _read, _texts, _write_jsonl
 
-from scratchformer import generate
+from scratchformer import cli, generate
 from scratchformer.evaluation.mbr import mbr_pick
 from scratchformer.evaluation.options import OptionError
 
 
-def _by_hand(candidates: list[str]) -> int:
-    """The first index of highest mean sentence chrF against every candidate, the candidate itself included."""
-    expected = [sum(sacrebleu.sentence_chrf(h, [r]).score for r in candidates) / len(candidates) for h in candidates]
+def _by_hand(candidates: list[str], utility: str = "chrf") -> int:
+    """The first index of highest mean sentence chrF (or BLEU, effective order) against every candidate, the
+    candidate itself included."""
+    def score(h, r):
+        return sacrebleu.sentence_chrf(h, [r]).score if utility == "chrf" else \
+            sacrebleu.sentence_bleu(h, [r], use_effective_order=True).score
+
+    expected = [sum(score(h, r) for r in candidates) / len(candidates) for h in candidates]
     return expected.index(max(expected))
 
 
@@ -35,6 +40,7 @@ def test_the_pick_is_the_candidate_of_highest_expected_chrf_against_them_all():
             candidates.append(" ".join(c))
         candidates += rng.sample(candidates, rng.randint(0, 2))
         assert mbr_pick(candidates) == _by_hand(candidates), (trial, candidates)
+        assert mbr_pick(candidates, "bleu") == _by_hand(candidates, "bleu"), (trial, candidates)
 
 
 def test_the_majority_wins_and_the_pick_does_not_depend_on_the_candidates_order():
@@ -45,6 +51,8 @@ def test_the_majority_wins_and_the_pick_does_not_depend_on_the_candidates_order(
     assert mbr_pick(["only one"]) == 0 and mbr_pick(["same", "same"]) == 0
     with pytest.raises(ValueError, match=r"MBR needs at least one candidate"):
         mbr_pick([])
+    with pytest.raises(ValueError, match=r"unknown MBR utility 'ter'; choose one of chrf, bleu"):
+        mbr_pick(["a", "b"], "ter")
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +70,11 @@ def test_generate_mbr_outputs_the_pick_among_the_candidates_nbest_lists(run, tmp
     flags = ["--checkpoint", str(run), *decoding]
     lists = generate.main([*flags, *text_args, "--json", "--nbest", "4"])
     chosen = generate.main([*flags, *text_args, "--json", "--mbr", "4"])
-    for r, c in zip(lists, chosen, strict=True):
+    by_bleu = generate.main([*flags, *text_args, "--json", "--mbr", "4", "--mbr-utility", "bleu"])
+    for r, c, b in zip(lists, chosen, by_bleu, strict=True):
         outputs = [h["output"] for h in r["nbest"]]
         assert {"output": c["output"], "score": c["score"]} == r["nbest"][_by_hand(outputs)]
+        assert {"output": b["output"], "score": b["score"]} == r["nbest"][_by_hand(outputs, "bleu")]
     assert any(c["output"] != r["output"] for r, c in zip(lists, chosen, strict=True)), "test needs MBR to matter"
     src = _write_jsonl(tmp_path / "in.jsonl", [{"id": i + 1, "src": t} for i, t in enumerate(texts)])
     out = tmp_path / "mbr.jsonl"
@@ -85,3 +95,5 @@ def test_generate_mbr_refuses_what_it_cannot_choose_among(run):
                                                                       "candidates; --nbest 2 lists the search's")]:
         with pytest.raises(OptionError, match=re.escape(message)):
             generate.main(base + flags)
+    with pytest.raises(cli.UsageError, match=re.escape("--mbr-utility bleu is --mbr's: give --mbr N, or drop it")):
+        generate.main(base + ["--mbr-utility", "bleu"])

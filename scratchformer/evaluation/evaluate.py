@@ -153,7 +153,7 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                     max_tokens: int | None = 4096, precision: str = "fp32", progress: bool = False,
                     batch_size: int | None = None, len_ratio: float | None = None, on_batch=None,
                     nbest: int = 0, sampling: Sampling | None = None, keys: Sequence[int] | None = None,
-                    mbr: int = 0) -> list:
+                    mbr: int = 0, mbr_utility: str | None = None) -> list:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
     `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
@@ -161,8 +161,8 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
     instead the search's n best hypotheses, best first, [{"output", "score"}] (`beam_search_nbest`'s
     score; `_hypotheses`). `sampling`: outputs drawn (`decode_batch`), example i's draws keyed by
     keys[i] (`model.row_key` of its id; default: i), so that they depend on no batch. mbr n > 0: each
-    output is the MBR choice (`mbr.mbr_pick`) among n candidates, the search's n best or n samples
-    (with nbest, [{"output", "score"}] of it alone)."""
+    output is the MBR choice (`mbr.mbr_pick`, by `mbr_utility`, default chrf) among n candidates, the
+    search's n best or n samples (with nbest, [{"output", "score"}] of it alone)."""
     check_min_len(min_len, max_tgt_len)
     model.eval()
     out: list[str | None] = [None] * len(dataset)
@@ -182,7 +182,7 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                                 keys=batch_keys)
         texts = _hypotheses(tokenizer, *toks) if mbr or nbest else tokenizer.decode_batch(toks.tolist())
         if mbr:  # the choice among the candidates, as nbest asked: its text, or a list of it alone
-            chosen = [hyps[mbr_pick([h["output"] for h in hyps])] for hyps in texts]
+            chosen = [hyps[mbr_pick([h["output"] for h in hyps], mbr_utility or "chrf")] for hyps in texts]
             texts = [[c] for c in chosen] if nbest else [c["output"] for c in chosen]
         for i, text in zip(ids, texts, strict=True):
             out[i] = text

@@ -209,8 +209,8 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                     batch_size: int | None = None, precision: str = "fp32",
                     max_src_len: int | None = None, strict: bool = False, source: str = "input",
                     summary_sentences: int | None = None, summary_words: int | None = None,
-                    sampling: Sampling | None = None, nbest: int | None = None, mbr: int | None = None, on_result=None,
-                    progress: bool = False) -> list:
+                    sampling: Sampling | None = None, nbest: int | None = None, mbr: int | None = None,
+                    mbr_utility: str | None = None, on_result=None, progress: bool = False) -> list:
     """Predictions for `records`, in their order (see `format_prediction`).
 
     max_len: longest output in tokens (default: the training max_tgt_len); len_ratio: the cap
@@ -219,7 +219,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
     before EOS. summary_sentences / summary_words: an extractive model's picking (`predict_extracts`).
     sampling: outputs drawn (`model.sample_decode`, beam_size 1), each input's keyed by its id (`model.row_key`):
     the same in any batch, or resumed. nbest n: each prediction a dict with its n-best list (`_with_nbest`).
-    mbr n: each prediction the MBR choice among n candidates (`mbr.mbr_pick`).
+    mbr n: each prediction the MBR choice among n candidates (`mbr.mbr_pick`; mbr_utility None: chrf).
     max_tokens / batch_size: the batch budget (padded source tokens / inputs). `on_result(records,
     predictions)` is called after every batch; `progress` shows a tqdm bar in examples/s.
     """
@@ -256,6 +256,7 @@ def predict_records(model, toks, ckpt: dict, records: list[InputRecord], *, devi
                             length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
                             max_tokens=max_tokens, batch_size=batch_size, precision=precision, len_ratio=len_ratio,
                             on_batch=on_batch, sampling=sampling, nbest=nbest or 0, mbr=mbr or 0,
+                            mbr_utility=mbr_utility,
                             keys=[row_key(r.id) for r in records] if sampling is not None else None)
     finally:
         if bar is not None:
@@ -285,7 +286,7 @@ def _json_line(rid, pred) -> str:
 RECORDED = {"--beam-size": "beam_size", "--length-penalty": "length_penalty", "--no-repeat-ngram": "no_repeat_ngram",
             "--min-len": "min_len", "--max-len": "max_len", "--len-ratio": "len_ratio", "--max-src-len": "max_src_len",
             "--summary-sentences": "summary_sentences", "--summary-words": "summary_words", "--sample": "sampling",
-            "--nbest": "nbest", "--mbr": "mbr"}
+            "--nbest": "nbest", "--mbr": "mbr", "--mbr-utility": "mbr_utility"}
 
 
 def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
