@@ -118,13 +118,36 @@ def check_args(args) -> None:
     if blank:  # skipped, the output lines would no longer be the --text's, one for one
         raise cli.UsageError(f"--text {blank[0]} (of {len(args.text)}) is blank: each --text is an input, with its "
                              "output line; give it a text or leave it out")
-    sampling_flags = cli.given_flags(args, build_parser(), O.SAMPLING_FLAGS)
+    parser = build_parser()  # the defaults given flags are told from
+    _check_search(args, parser)
+    if args.json and args.output:  # the text mode's flag: batch inference would ignore it
+        raise cli.UsageError("--json prints the text mode's records; --output writes JSON lines of its own (with "
+                             "--nbest N, each line's n-best list): drop --json")
+    if args.nbest > 1 and not (args.output or args.json):
+        raise cli.UsageError(f"--nbest {args.nbest} lists each input's outputs in its --json record or --output "
+                             "line: give --json, or --output")
+    if args.save_every < 0:
+        raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
+    if args.threads is not None and args.threads < 1:
+        raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
+    batch_only = cli.given_flags(args, parser, BATCH_FLAGS)
+    if batch_only and not args.output:  # the text mode would decode without them, silently
+        one = len(batch_only) == 1
+        raise cli.UsageError(f"{', '.join(batch_only)} {'is' if one else 'are'} for batch inference: give --output "
+                             f"PREDS.jsonl (with --input), or drop {'it' if one else 'them'}")
+    args.device = resolve_device(args.device)  # a torch.device from here on
+
+
+def _check_search(args, parser) -> None:
+    """The decoding options (`O.check_options`) and how outputs are found: beam search or --sample, --mbr's
+    choice among candidates, --nbest's list of them (`check_args`); --sample sets --beam-size to 1."""
+    sampling_flags = cli.given_flags(args, parser, O.SAMPLING_FLAGS)
     if sampling_flags and not args.sample:
         one = len(sampling_flags) == 1
         raise cli.UsageError(f"{', '.join(sampling_flags)} shape{'s' if one else ''} --sample's draws: give --sample, "
                              f"or drop {'it' if one else 'them'}")
     if args.sample:
-        if "--beam-size" in cli.given_flags(args, build_parser(), ["--beam-size"]):
+        if "--beam-size" in cli.given_flags(args, parser, ["--beam-size"]):
             raise O.OptionError(f"--beam-size {args.beam_size} is beam search's; --sample draws each token: drop "
                                 "--beam-size")
         args.beam_size = 1  # its default, 4, is beam search's
@@ -143,22 +166,6 @@ def check_args(args) -> None:
     if not args.sample and not 1 <= args.nbest <= args.beam_size:
         raise O.OptionError(f"--nbest must be in [1, --beam-size {args.beam_size}] (a search keeps --beam-size "
                             f"hypotheses), got {args.nbest}")
-    if args.json and args.output:  # the text mode's flag: batch inference would ignore it
-        raise cli.UsageError("--json prints the text mode's records; --output writes JSON lines of its own (with "
-                             "--nbest N, each line's n-best list): drop --json")
-    if args.nbest > 1 and not (args.output or args.json):
-        raise cli.UsageError(f"--nbest {args.nbest} lists each input's outputs in its --json record or --output "
-                             "line: give --json, or --output")
-    if args.save_every < 0:
-        raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
-    if args.threads is not None and args.threads < 1:
-        raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
-    batch_only = cli.given_flags(args, build_parser(), BATCH_FLAGS)
-    if batch_only and not args.output:  # the text mode would decode without them, silently
-        one = len(batch_only) == 1
-        raise cli.UsageError(f"{', '.join(batch_only)} {'is' if one else 'are'} for batch inference: give --output "
-                             f"PREDS.jsonl (with --input), or drop {'it' if one else 'them'}")
-    args.device = resolve_device(args.device)  # a torch.device from here on
 
 
 def run_batch(args) -> dict:
