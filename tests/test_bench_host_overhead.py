@@ -175,3 +175,12 @@ def test_the_tables_headers_name_each_columns_unit(host_overhead):
     text = host_overhead.table({"eager": {"attention fwd": 12.345, "step (ms)": 1.234}})
     assert text.splitlines()[0] == "| backend | attention fwd (us) | step (ms) |"
     assert text.splitlines()[2] == "| eager | 12.3 | 1.23 |"
+
+
+def test_greedy_ms_a_token_takes_the_least_of_three_timings_of_each_length(host_overhead, monkeypatch):
+    """A noisy timing only adds time: the 16-token call measured 50, 42, 45 ms and the 8-token call 35, 26, 26
+    give (42 - 26) / 8 = 2 ms a token, where the first of each gave 1.875 and a noisier pair went negative."""
+    times = {16: iter([0.050, 0.042, 0.045]), 8: iter([0.035, 0.026, 0.026])}
+    monkeypatch.setattr(host_overhead, "greedy_tokens", lambda kernel, device, n=16: n)
+    monkeypatch.setattr(host_overhead, "per_call", lambda n, calls, device: next(times[n]))
+    assert host_overhead.greedy_ms_per_token("triton", "cpu", 3) == pytest.approx(2.0)
