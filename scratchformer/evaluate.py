@@ -3,10 +3,13 @@
     python -m scratchformer.evaluate --checkpoint runs/multi30k --split validation --beam-size 4
     python -m scratchformer.evaluate --checkpoint runs/seed0 runs/seed1 runs/seed2 --beam-size 4 --out runs/ens
     python -m scratchformer.evaluate --baseline lead3 --data ../shared/data/samsum --split validation
+    python -m scratchformer.evaluate --checkpoint runs/multi30k --beam-size 8 --mbr 8 --out runs/multi30k/mbr8
 
 Translation: BLEU, chrF (sacrebleu on detokenized text), exact match; summarization adds
 ROUGE-1/2/L/Lsum (rouge-score, stemming on), also of an extractive model's picked sentences;
-classification: accuracy; every task: loss and perplexity under teacher forcing. The scores are
+classification: accuracy; every task: loss and perplexity under teacher forcing. A sequence is decoded
+greedily, by beam search, drawn (--sample, each example keyed by its prediction's id, as generate keys
+an input of that id) or chosen among candidates by minimum Bayes risk (--mbr N). The scores are
 printed first (stdout), then ``predictions.<split>.jsonl`` and ``metrics.<split>.json`` are written
 into ``--out`` (default: the folder of the checkpoint, i.e. its run folder, never the current
 directory; the Lead-3 baseline writes only with ``--out``), never over those files already there
@@ -21,6 +24,7 @@ import argparse
 import contextlib
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from . import cli
@@ -29,8 +33,9 @@ from .checkpoint import file_in_the_way
 from .data.extractive import selection_name
 from .device import describe, resolve_device
 from .evaluation import metrics as M
+from .evaluation import options as O
 from .evaluation.attention import attention_map
-from .evaluation.evaluate import decoding_name, evaluate, format_metrics, write_outputs
+from .evaluation.evaluate import evaluate, format_metrics, write_outputs
 from .evaluation.loading import class_names, load_models
 from .evaluation.options import (
     DECODE_FLAGS,
@@ -41,8 +46,11 @@ from .evaluation.options import (
     check_task_options,
 )
 from .locks import Held, hold, release
+from .model import row_key
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
+
+SEQUENCE_FLAGS = (*DECODE_FLAGS, *O.MBR_FLAGS, *O.SAMPLING_FLAGS)  # what decoding a sequence reads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=D.TASKS, help="task (default: the checkpoint's, or inferred)")
     p.add_argument("--limit", type=int, help="score only the first N examples")
     add_decode_options(p, beam_size=1)
+    O.add_mbr_options(p)
+    O.add_sampling_options(p)
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per evaluation batch (default: 4096)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=KERNELS, help="override the backend")
@@ -87,7 +97,7 @@ def check_args(args) -> None:
     if args.baseline is not None:  # a baseline of the data alone: no model, nothing to decode
         unused = (["--checkpoint"] * bool(args.checkpoint) + ["--attention"] * (args.attention is not None)
                   + ["--overwrite"] * (args.overwrite and not args.out)
-                  + cli.given_flags(args, build_parser(), (*DECODE_FLAGS, "--kernel", "--compile", "--precision")))
+                  + cli.given_flags(args, build_parser(), (*SEQUENCE_FLAGS, "--kernel", "--compile", "--precision")))
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
                                  f"drop {', '.join(unused)}")
@@ -104,9 +114,10 @@ def check_args(args) -> None:
     for flag, value, low in (("--limit", args.limit, 1), ("--attention", args.attention, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
+    O.check_search_flags(args, cli.given_flags(args, build_parser(), ("--beam-size", *O.SAMPLING_FLAGS, *O.MBR_FLAGS)))
     check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, max_tokens=args.max_tokens,
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, summary_sentences=args.summary_sentences,
-                  summary_words=args.summary_words)
+                  summary_words=args.summary_words, sampling=O.sampling_of(args), mbr=args.mbr)
     args.device = resolve_device(args.device)  # a torch.device from here on
 
 
@@ -242,8 +253,8 @@ def main(argv=None) -> dict:
         return run_lead3(args)
     device = args.device
     model, toks, ckpt = load_models(args.checkpoint, device, args.kernel, args.compile)
+    check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), SEQUENCE_FLAGS))
     check_task_options(ckpt["task"], args.summary_sentences, args.summary_words)
-    check_decode_flags(ckpt["task"], cli.given_flags(args, build_parser(), DECODE_FLAGS))
     out = Path(args.out) if args.out else Path(ckpt["path"]).parent
     if not args.out and Path(ckpt["path"]).name != "best.pt" and (out / "best.pt").exists():
         raise cli.UsageError(f"{ckpt['path']}: its predictions and scores would replace those of {out / 'best.pt'} "
@@ -276,25 +287,27 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
         raise cli.UsageError(f"--attention {args.attention}: {source.name}/{args.split} has {len(dataset)} examples "
                              f"here (--attention 0 to {len(dataset) - 1})")
     t0 = time.time()
+    sampling, mbr = O.sampling_of(args), args.mbr or 0
+    search = dict(length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len,
+                  sampling=sampling, mbr=mbr, mbr_utility=args.mbr_utility)
+    keys = [row_key(i) for i in D.prediction_ids(examples, args.split)]  # generate's, for an input of that id
     ev = evaluate(model, dataset, examples, toks, device=device, max_tgt_len=run.max_tgt_len,
-                  beam_sizes=(args.beam_size,), length_penalty=args.length_penalty,
-                  no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, max_tokens=args.max_tokens,
-                  precision=args.precision, progress=sys.stderr.isatty(),
-                  summary_sentences=args.summary_sentences, summary_words=args.summary_words)
+                  beam_sizes=(args.beam_size,), max_tokens=args.max_tokens, precision=args.precision,
+                  progress=sys.stderr.isatty(), summary_sentences=args.summary_sentences,
+                  summary_words=args.summary_words, keys=keys, **search)
     single = "ensemble" not in ckpt and "averaged_from" not in ckpt  # one step's weights
     result = {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "data": source.to_dict(), "split": args.split,
               "n": len(examples), "precision": args.precision,
               "kernel": "+".join(sorted({m.ops.name for m in getattr(model, "members", [model])})),  # resolved
               "step": ckpt.get("progress", {}).get("step") if single else None,
               **({"averaged_from": ckpt["averaged_from"]} if "averaged_from" in ckpt else {}), **ev.metrics}
-    if source.task == "extractive":
+    if source.task != "classification":  # one decoding, or an extractive model's one selection
         (name, scores), = ev.decodings.items()
         result.update(scores, decoding=name)
-    elif source.task != "classification":
-        result.update(ev.decodings[decoding_name(args.beam_size)], decoding=decoding_name(args.beam_size),
-                      length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
-                      min_len=args.min_len)
-    if source.task != "classification":
+        if source.task != "extractive":
+            result.update(length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
+                          min_len=args.min_len, **({"sampling": asdict(sampling)} if sampling else {}),
+                          **({"mbr": mbr, "mbr_utility": args.mbr_utility or "chrf"} if mbr else {}))
         result["scorers"] = M.scorers(result)
     result["seconds"] = round(time.time() - t0, 2)
     result["environment"] = describe(device)  # what the seconds (and the scores' numerics) are of
@@ -307,8 +320,7 @@ def _evaluate(args, model, toks, ckpt: dict, run: TrainConfig, source: D.DataSou
 
         w, rows, cols, title = attention_map(model, dataset, args.attention, toks, device=device,
                                              max_tgt_len=run.max_tgt_len, precision=args.precision,
-                                             beam_size=args.beam_size, length_penalty=args.length_penalty,
-                                             no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len)
+                                             beam_size=args.beam_size, key=keys[args.attention], **search)
         plot_attention(w, rows, cols, out / f"attention.{args.split}.{args.attention}.png", title=title)
     return result
 

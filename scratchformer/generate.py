@@ -45,7 +45,7 @@ from .model import Sampling, row_key
 BATCH_FLAGS = ("--len-ratio", "--max-tokens", "--batch-size", "--max-src-len", "--precision", "--resume", "--overwrite",
                "--save-every", "--threads", "--no-progress")
 # The flags that only decoding a sequence reads: refused for a model that decodes none (`O.check_decode_flags`).
-SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest", "--mbr", "--mbr-utility", *O.SAMPLING_FLAGS)
+SEQUENCE_FLAGS = (*O.DECODE_FLAGS, "--max-len", "--len-ratio", "--nbest", *O.MBR_FLAGS, *O.SAMPLING_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,11 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nbest", type=int, default=1, metavar="N",
                    help="with --json or --output: the search's N best outputs, best first, each with its score "
                    "(default: 1; at most --beam-size); with --sample, N samples in the order drawn")
-    p.add_argument("--mbr", type=int, metavar="N",
-                   help="minimum Bayes risk: output the one of N candidates (the beam's N best, or with --sample N "
-                   "samples) of highest mean --mbr-utility against them all (default: off)")
-    p.add_argument("--mbr-utility", choices=("chrf", "bleu"),
-                   help="--mbr's utility, sentence-level (default: chrf; MBR raises the metric it uses)")
+    O.add_mbr_options(p)
     O.add_sampling_options(p)
     b = p.add_argument_group("batch inference (with --output)")
     b.add_argument("--output", metavar="PREDS.jsonl", help="write {\"id\", \"prediction\"} lines here (atomically)")
@@ -141,23 +137,12 @@ def check_args(args) -> None:
 def _check_search(args, parser) -> None:
     """The decoding options (`O.check_options`) and how outputs are found: beam search or --sample, --mbr's
     choice among candidates, --nbest's list of them (`check_args`); --sample sets --beam-size to 1."""
-    sampling_flags = cli.given_flags(args, parser, O.SAMPLING_FLAGS)
-    if sampling_flags and not args.sample:
-        one = len(sampling_flags) == 1
-        raise cli.UsageError(f"{', '.join(sampling_flags)} shape{'s' if one else ''} --sample's draws: give --sample, "
-                             f"or drop {'it' if one else 'them'}")
-    if args.sample:
-        if "--beam-size" in cli.given_flags(args, parser, ["--beam-size"]):
-            raise O.OptionError(f"--beam-size {args.beam_size} is beam search's; --sample draws each token: drop "
-                                "--beam-size")
-        args.beam_size = 1  # its default, 4, is beam search's
+    O.check_search_flags(args, cli.given_flags(args, parser, ("--beam-size", *O.SAMPLING_FLAGS, *O.MBR_FLAGS)))
     O.check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, no_repeat_ngram=args.no_repeat_ngram,
                     min_len=args.min_len, max_len=args.max_len,
                     len_ratio=args.len_ratio, max_tokens=args.max_tokens, batch_size=args.batch_size,
                     max_src_len=args.max_src_len, summary_sentences=args.summary_sentences,
                     summary_words=args.summary_words, sampling=O.sampling_of(args), mbr=args.mbr)
-    if args.mbr_utility and not args.mbr:
-        raise cli.UsageError(f"--mbr-utility {args.mbr_utility} is --mbr's: give --mbr N, or drop it")
     if args.mbr and args.nbest > 1:
         raise O.OptionError(f"--mbr {args.mbr} outputs one choice among its candidates; --nbest {args.nbest} lists "
                             "the search's: give one of them")

@@ -783,6 +783,15 @@ def test_lead3_without_out_writes_nothing(tmp_path, monkeypatch, capsys):
     (["--baseline", "lead3"], "--baseline lead3 scores the data's own sentences, with no model: drop --checkpoint"),
     (["--data", "d", "--dataset", "samsum"], "--data d and --dataset samsum both name the data: give one"),
     (["--out", "__file__/sub"], "is a file, not a folder"),
+    (["--top-k", "5"], "--top-k shapes --sample's draws: give --sample, or drop it"),
+    (["--sample", "--beam-size", "4"], "--beam-size 4 is beam search's; --sample draws each token: drop --beam-size"),
+    (["--sample", "--top-p", "0"], "--top-p must be in (0, 1] (1: every token), got 0.0"),
+    (["--mbr", "4"], "--mbr N chooses among N candidates, the beam's N best (--beam-size 1): N must be >= 2 and <= "
+                     "--beam-size, got 4"),
+    (["--sample", "--mbr", "1"], "--mbr N chooses among N candidates, N samples (--sample): N must be >= 2, got 1"),
+    (["--mbr-utility", "bleu"], "--mbr-utility bleu is --mbr's: give --mbr N, or drop it"),
+    (["--baseline", "lead3", "--sample", "--mbr", "2"], "--baseline lead3 scores the data's own sentences, with no "
+                                                        "model: drop --checkpoint, --mbr, --sample"),
 ])
 def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, monkeypatch, flags, message):
     monkeypatch.setattr(evaluate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))

@@ -397,6 +397,9 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     with pytest.raises(OptionError, match=r"^--min-len is for decoding a sequence; this model is extractive"):
         evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "e"), "--min-len",
                        "2"])
+    with pytest.raises(OptionError, match=r"^--mbr, --sample are for decoding a sequence; this model is extractive"):
+        evaluate.main(["--checkpoint", str(out), "--split", "validation", "--out", str(tmp_path / "e"), "--sample",
+                       "--mbr", "2"])
     assert not (tmp_path / "refused.jsonl").exists() and not (tmp_path / "e").exists()
     P.predict_file(out, folder / "test.jsonl", tmp_path / "lead.jsonl", summary_words=1)
     assert [json.loads(line)["prediction"] for line in (tmp_path / "lead.jsonl").open()] == [

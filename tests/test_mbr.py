@@ -1,19 +1,25 @@
-"""Minimum Bayes risk decoding (`evaluation.mbr`, `generate --mbr N`): the choice is the candidate of
-highest mean chrF against all candidates, as a direct computation with sacrebleu's own sentence_chrf
-finds it; generate's choice is that among the very candidates --nbest lists (the same beams, the same
-seeded samples)."""
+"""Minimum Bayes risk decoding (`evaluation.mbr`, `generate --mbr N`, `evaluate --mbr N`): the choice is
+the candidate of highest mean chrF against all candidates, as a direct computation with sacrebleu's own
+sentence_chrf finds it; generate's choice is that among the very candidates --nbest lists (the same
+beams, the same seeded samples); evaluate scores the outputs generate writes (also of --sample)."""
 
+import codecs
 import itertools
+import json
 import random
 import re
 
 import pytest
 import sacrebleu
+from test_average import _pick, _pick_refused
+from test_cli import _eval_run
 from test_predict import _make_run, _read, _texts, _write_jsonl
 
-from scratchformer import cli, generate
+import scratchformer.evaluation.plots as plots
+from scratchformer import evaluate, generate
 from scratchformer.evaluation.mbr import mbr_pick
 from scratchformer.evaluation.options import OptionError
+from scratchformer.special_tokens import SPECIAL_TOKENS
 
 
 def _by_hand(candidates: list[str], utility: str = "chrf") -> int:
@@ -95,5 +101,51 @@ def test_generate_mbr_refuses_what_it_cannot_choose_among(run):
                                                                       "candidates; --nbest 2 lists the search's")]:
         with pytest.raises(OptionError, match=re.escape(message)):
             generate.main(base + flags)
-    with pytest.raises(cli.UsageError, match=re.escape("--mbr-utility bleu is --mbr's: give --mbr N, or drop it")):
+    with pytest.raises(OptionError, match=re.escape("--mbr-utility bleu is --mbr's: give --mbr N, or drop it")):
         generate.main(base + ["--mbr-utility", "bleu"])
+
+
+@pytest.mark.parametrize("decoding, name", [
+    (["--beam-size", "4", "--mbr", "4"], "mbr4-chrf-beam4"),
+    (["--sample", "--top-k", "20", "--seed", "5"], "sample-k20-seed5"),
+    (["--sample", "--temperature", "1.3", "--mbr", "4", "--mbr-utility", "bleu"], "mbr4-bleu-sample-t1.3"),
+])
+def test_evaluate_scores_the_outputs_generate_writes_for_the_same_ids(tmp_path, monkeypatch, decoding, name):
+    """evaluate --mbr N / --sample writes the predictions that generate's batch inference writes for the
+    split's sources under the predictions' ids (an input's draws are keyed by its id); its BLEU and chrF are
+    sacrebleu's of them; its scores name the decoding and its options (pick_checkpoint compares "decoding");
+    the attention map is drawn over the prediction it wrote."""
+    run = _eval_run(tmp_path)
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_attention",
+                        lambda w, rows, cols, path, title: drawn.update(rows=rows, title=title))
+    m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--out", str(tmp_path / "ev"),
+                       "--attention", "3", *decoding])
+    rows = _read(tmp_path / "ev" / "predictions.validation.jsonl")
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": r["id"], "src": r["source"]} for r in rows])
+    generate.main(["--checkpoint", str(run), "--input", str(src), "--output", str(tmp_path / "gen.jsonl"), *decoding])
+    predictions = [r["prediction"] for r in rows]
+    assert [r["prediction"] for r in _read(tmp_path / "gen.jsonl")] == predictions
+    assert len(set(predictions)) > 3, "test needs outputs that differ"
+    refs = [r["reference"] for r in rows]
+    assert m["bleu"] == pytest.approx(sacrebleu.corpus_bleu(predictions, [refs]).score)
+    assert m["chrf"] == pytest.approx(sacrebleu.corpus_chrf(predictions, [refs]).score)
+    saved = json.loads((tmp_path / "ev" / "metrics.validation.json").read_text())
+    assert saved["decoding"] == m["decoding"] == name
+    assert saved.get("mbr") == (4 if "--mbr" in decoding else None)
+    assert (saved.get("sampling") or {}).get("seed") == (5 if "--seed" in decoding else 0 if "--sample" in decoding
+                                                          else None)
+    # the rows' text (a token holding part of a character is shown as its bytes' escapes), as decoding joins it
+    shown = b"".join(codecs.escape_decode(t.encode())[0] for t in drawn["rows"] if t not in SPECIAL_TOKENS)
+    assert shown.decode("utf-8", "replace").strip() == predictions[3] and f"over its {name} output" in drawn["title"]
+
+
+def test_beam_search_and_mbr_over_it_are_told_apart_when_a_checkpoint_is_picked(tmp_path):
+    """pick_checkpoint compares the decodings its candidates were scored with: an MBR evaluation of one
+    beside a beam evaluation of the other is refused (their decoding names differ), not ranked."""
+    run = _eval_run(tmp_path)
+    flags = ["--split", "validation", "--beam-size", "4"]
+    evaluate.main(["--checkpoint", str(run / "best.pt"), "--out", str(run / "best"), *flags])
+    (run / "averaged.pt").write_bytes((run / "best.pt").read_bytes())
+    evaluate.main(["--checkpoint", str(run / "averaged.pt"), "--out", str(run / "averaged"), *flags, "--mbr", "4"])
+    _pick_refused(_pick(run), f"the candidates of {run} were scored differently (decoding)")

@@ -1266,10 +1266,10 @@ def test_generate_sample_draws_nbest_samples_and_refuses_what_it_leaves_no_part(
     assert [r["output"] for r in top1] == [r["output"] for r in greedy]
     base = ["--checkpoint", run, "--text", "one"]
     for extra, error, message in [
-            (["--temperature", "0.7"], cli.UsageError, "--temperature shapes --sample's draws: give --sample, or "
-                                                       "drop it"),
-            (["--top-k", "5", "--seed", "2"], cli.UsageError, "--top-k, --seed shape --sample's draws: give --sample, "
-                                                              "or drop them"),
+            (["--temperature", "0.7"], OptionError, "--temperature shapes --sample's draws: give --sample, or "
+                                                    "drop it"),
+            (["--top-k", "5", "--seed", "2"], OptionError, "--top-k, --seed shape --sample's draws: give --sample, "
+                                                           "or drop them"),
             (["--sample", "--beam-size", "2"], OptionError, "--beam-size 2 is beam search's; --sample draws each "
                                                             "token: drop --beam-size"),
             (["--sample", "--length-penalty", "0.5"], OptionError, "--length-penalty 0.5 is beam search's"),

@@ -117,12 +117,27 @@ def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
 def decode_batch(model, src, src_lengths, task: str, *, max_tgt_len: int, beam_size: int = 1,
                  length_penalty: float = 1.0, no_repeat_ngram: int = 0, min_len: int = 0,
                  len_ratio: float | None = None, nbest: int = 0, sampling: Sampling | None = None,
-                 keys: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 keys: torch.Tensor | None = None, mbr: int = 0, mbr_utility: str | None = None,
+                 tokenizer=None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One batch's outputs, (B, T) token ids: beam search (beam_size > 1) or greedy, or with `sampling`
     drawn (`sample_decode`, each row's draws keyed by `keys`, (B,)), each row capped by `decode_max_len`.
     What `predict_seq2seq` decodes, and the attention map's rows. nbest n > 0: the search's n best
     hypotheses and their scores, ((B, n, T), (B, n)) (`beam_search_nbest`; beam size 1 is greedy's
-    search), or n samples in the order drawn."""
+    search), or n samples in the order drawn. mbr n > 0: each row's MBR choice (`mbr_pick` by
+    `mbr_utility`, default chrf, on the texts of `tokenizer`) among n such candidates, as one output,
+    with nbest its one hypothesis and score."""
+    if mbr:
+        if tokenizer is None:
+            raise ValueError("MBR compares the candidates' texts: give the tokenizer that decodes them")
+        tokens, scores = decode_batch(model, src, src_lengths, task, max_tgt_len=max_tgt_len, beam_size=beam_size,
+                                      length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
+                                      len_ratio=len_ratio, nbest=mbr, sampling=sampling, keys=keys)
+        B, n, T = tokens.shape
+        texts = tokenizer.decode_batch(tokens.reshape(B * n, T).tolist())
+        rows = torch.arange(B, device=tokens.device)
+        pick = torch.tensor([mbr_pick(texts[b * n:(b + 1) * n], mbr_utility or "chrf") for b in range(B)],
+                            device=tokens.device)
+        return (tokens[rows, pick][:, None], scores[rows, pick][:, None]) if nbest else tokens[rows, pick]
     max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio)
     if sampling is not None:
         tokens, scores = sample_decode(model, src, src_lengths, max_len=max_len, n=max(nbest, 1), keys=keys,
@@ -178,12 +193,9 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
         with autocast_for(device, precision):
             toks = decode_batch(model, batch.src, batch.src_lengths, dataset.task, max_tgt_len=max_tgt_len,
                                 beam_size=beam_size, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
-                                min_len=min_len, len_ratio=len_ratio, nbest=mbr or nbest, sampling=sampling,
-                                keys=batch_keys)
-        texts = _hypotheses(tokenizer, *toks) if mbr or nbest else tokenizer.decode_batch(toks.tolist())
-        if mbr:  # the choice among the candidates, as nbest asked: its text, or a list of it alone
-            chosen = [hyps[mbr_pick([h["output"] for h in hyps], mbr_utility or "chrf")] for hyps in texts]
-            texts = [[c] for c in chosen] if nbest else [c["output"] for c in chosen]
+                                min_len=min_len, len_ratio=len_ratio, nbest=nbest, sampling=sampling,
+                                keys=batch_keys, mbr=mbr, mbr_utility=mbr_utility, tokenizer=tokenizer)
+        texts = _hypotheses(tokenizer, *toks) if nbest else tokenizer.decode_batch(toks.tolist())
         for i, text in zip(ids, texts, strict=True):
             out[i] = text
         if on_batch is not None:
@@ -245,8 +257,17 @@ def format_metrics(m: dict) -> str:
                       if k in m and isinstance(m[k], (int, float)))
 
 
-def decoding_name(beam_size: int) -> str:
-    return "greedy" if beam_size <= 1 else f"beam{beam_size}"
+def decoding_name(beam_size: int, sampling: Sampling | None = None, mbr: int = 0,
+                  mbr_utility: str | None = None) -> str:
+    """A decoding's name in scores and titles: greedy, beam4; sample, with the draws' options that are not
+    the default (sample-t0.7-k50-p0.9-seed3); MBR among n of those, mbr4-chrf-beam4 (what tells the scores of
+    one decoding from another's: scripts/pick_checkpoint.py compares it)."""
+    name = "greedy" if beam_size <= 1 else f"beam{beam_size}"
+    if sampling is not None:
+        shown = (("t", sampling.temperature, 1.0), ("k", sampling.top_k, 0), ("p", sampling.top_p, 1.0),
+                 ("seed", sampling.seed, 0))
+        name = "-".join(["sample", *(f"{tag}{value:g}" for tag, value, default in shown if value != default)])
+    return f"mbr{mbr}-{mbr_utility or 'chrf'}-{name}" if mbr else name
 
 
 @dataclass
@@ -266,12 +287,15 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
              max_tgt_len: int, beam_sizes=(1,), limit: int | None = None, length_penalty: float = 1.0,
              no_repeat_ngram: int = 0, min_len: int = 0, max_tokens: int = 4096, precision: str = "fp32",
              progress: bool = False, summary_sentences: int | None = None,
-             summary_words: int | None = None) -> Evaluation:
+             summary_words: int | None = None, sampling: Sampling | None = None, keys: Sequence[int] | None = None,
+             mbr: int = 0, mbr_utility: str | None = None) -> Evaluation:
     """Score `model` on `dataset` (encoded from `examples`, in the same order).
 
-    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy),
-    classification or an extractive model's picking (`predict_extracts`: `summary_sentences`,
-    `summary_words`) on the first `limit` (None: all; 0: teacher forcing only).
+    Teacher forcing runs on every example; decoding (one pass per beam size, 1 = greedy; or drawn with
+    `sampling`, example i's draws keyed by keys[i]; with mbr n, the MBR choice among n of either's
+    outputs: `predict_seq2seq`), classification or an extractive model's picking (`predict_extracts`:
+    `summary_sentences`, `summary_words`) on the first `limit` (None: all; 0: teacher forcing only).
+    Each decoding's scores are under its `decoding_name`.
     """
     result = Evaluation(teacher_forced(model, eval_loader(dataset, max_tokens), device, precision))
     n = len(dataset) if limit is None else min(limit, len(dataset))
@@ -294,9 +318,10 @@ def evaluate(model, dataset: D.EncodedDataset, examples: list[D.Example], tokeni
     for beam in beam_sizes:
         hyps = predict_seq2seq(model, subset, tokenizers.tgt, device=device, max_tgt_len=max_tgt_len, beam_size=beam,
                                length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram, min_len=min_len,
-                               max_tokens=max_tokens, precision=precision,
-                               progress=progress)
-        result.decodings[decoding_name(beam)] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)
+                               max_tokens=max_tokens, precision=precision, progress=progress, sampling=sampling,
+                               keys=keys, mbr=mbr, mbr_utility=mbr_utility)
+        name = decoding_name(beam, sampling, mbr, mbr_utility)
+        result.decodings[name] = M.seq2seq_scores(hyps, dataset.refs[:n], dataset.task)
         if not result.outputs:
             result.outputs = hyps
     return result

@@ -6,6 +6,7 @@ raised before any work. The commands report an OptionError as a user's error (`c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from .. import data as D
 from ..data.extractive import MAX_ORACLE_SENTENCES
@@ -119,6 +120,38 @@ def add_sampling_options(parser) -> None:
 def sampling_of(args) -> Sampling | None:
     """The `Sampling` of parsed `add_sampling_options` flags (None without --sample)."""
     return Sampling(args.temperature, args.top_k, args.top_p, args.seed) if args.sample else None
+
+
+MBR_FLAGS = ("--mbr", "--mbr-utility")
+
+
+def add_mbr_options(parser) -> None:
+    """`MBR_FLAGS`: the output chosen among candidates by minimum Bayes risk (`evaluation.mbr`)."""
+    parser.add_argument("--mbr", type=int, metavar="N",
+                        help="minimum Bayes risk: output the one of N candidates (the beam's N best, or with --sample "
+                        "N samples) of highest mean --mbr-utility against them all (default: off)")
+    parser.add_argument("--mbr-utility", choices=("chrf", "bleu"),
+                        help="--mbr's utility, sentence-level (default: chrf; MBR raises the metric it uses)")
+
+
+def check_search_flags(args, given: Sequence[str]) -> None:
+    """How a command's outputs are found, from its parsed `add_sampling_options` and `add_mbr_options`
+    flags (`given`: those of them, and --beam-size, set on its command line): --sample's shaping flags
+    only with --sample, which draws each token and so takes no --beam-size (it sets `args.beam_size`
+    to 1, a command's default being beam search's); --mbr-utility only with --mbr. Their values:
+    `check_options`."""
+    shaping = [f for f in SAMPLING_FLAGS[1:] if f in given]
+    if shaping and not args.sample:
+        one = len(shaping) == 1
+        raise OptionError(f"{', '.join(shaping)} shape{'s' if one else ''} --sample's draws: give --sample, or drop "
+                          f"{'it' if one else 'them'}")
+    if args.sample:
+        if "--beam-size" in given:
+            raise OptionError(f"--beam-size {args.beam_size} is beam search's; --sample draws each token: drop "
+                              "--beam-size")
+        args.beam_size = 1
+    if args.mbr_utility and not args.mbr:
+        raise OptionError(f"--mbr-utility {args.mbr_utility} is --mbr's: give --mbr N, or drop it")
 
 
 def check_decode_flags(task: str, given: list[str]) -> None:
