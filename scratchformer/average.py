@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import cli
-from .checkpoint import average_checkpoints, file_in_the_way, save_checkpoint, step_checkpoints
+from .checkpoint import average_checkpoints, output_file_refusal, save_checkpoint, step_checkpoints
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -84,10 +84,8 @@ def check_output(output: Path, paths: list[Path], overwrite: bool) -> None:
     """Refuse an --output that is one of `paths`, a folder, under a file, or taken (without --overwrite)."""
     if output.resolve() in {p.resolve() for p in paths}:
         raise cli.UsageError(f"--output {output} is one of the checkpoints to average: write elsewhere")
-    if output.is_dir():  # --overwrite could not replace it either: found after the averaging, as "Is a directory"
-        raise cli.UsageError(f"--output {output} is a folder: name the checkpoint file (e.g. {output / 'averaged.pt'})")
-    if (above := file_in_the_way(output.parent)) is not None:
-        raise cli.UsageError(f"--output {output}: {above} is a file, not a folder: the checkpoint cannot go under it")
+    if (refusal := output_file_refusal(output, "the checkpoint", "averaged.pt")) is not None:
+        raise cli.UsageError(refusal)
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or another --output")
 

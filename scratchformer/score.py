@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
-from .checkpoint import file_in_the_way, write_lines_atomic
+from .checkpoint import output_file_refusal, write_lines_atomic
 from .device import resolve_device
 from .evaluation.evaluate import AUTOCAST_DTYPES
 from .evaluation.loading import load_models
@@ -64,10 +64,8 @@ def check_args(args) -> Path | None:
     if args.output is None:
         return None
     output = Path(args.output)
-    if output.is_dir():
-        raise cli.UsageError(f"--output {output} is a folder: name the scores' file (e.g. {output / 'scores.jsonl'})")
-    if (above := file_in_the_way(output.parent)) is not None:
-        raise cli.UsageError(f"--output {output}: {above} is a file, not a folder: the scores cannot go under it")
+    if (refusal := output_file_refusal(output, "the scores", "scores.jsonl")) is not None:
+        raise cli.UsageError(refusal)
     if output.resolve() == Path(args.input).resolve():
         raise cli.UsageError(f"--output {output} is the --input: write the scores elsewhere")
     if output.exists() and not args.overwrite:

@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 
 from .. import data as D
-from ..checkpoint import file_in_the_way, is_checkpoint, write_lines_atomic
+from ..checkpoint import is_checkpoint, output_file_refusal, write_lines_atomic
 from ..cli import shown
 from ..data.files import COMPRESSED, read_lines
 from ..locks import Held, hold, release
@@ -58,13 +58,11 @@ def check_output(output: str | Path, input: str | Path, resume: bool, overwrite:
     if resume and overwrite:
         raise OptionError("--resume keeps the output's predictions and --overwrite replaces them: give one")
     output = Path(output)
-    if output.is_dir():
-        raise OptionError(f"--output {output} is a folder: name the predictions file (e.g. {output / 'preds.jsonl'})")
+    if (refusal := output_file_refusal(output, "the predictions", "preds.jsonl")) is not None:
+        raise OptionError(refusal)
     if output.suffix.lower() in OTHER_COMPRESSION:  # it would be plain text under that name
         raise OptionError(f"--output {output}: {output.suffix} compression cannot be written; name it .jsonl, or "
                           f"{' or '.join(f'.jsonl{c}' for c in COMPRESSED)} to compress it")
-    if (above := file_in_the_way(output.parent)) is not None:
-        raise OptionError(f"--output {output}: {above} is a file, not a folder: the predictions cannot go under it")
     for written in (output, partial_path(output), record_path(output), lock_path(output)):
         if str(input) != "-" and written.resolve() == Path(input).resolve():
             raise OptionError(f"--output {output} would write {written} over its own --input {input}: the "
