@@ -17,7 +17,7 @@ from test_predict import _make_run, _read, _texts, _write_jsonl
 
 import scratchformer.evaluation.plots as plots
 from scratchformer import evaluate, generate
-from scratchformer.evaluation.mbr import mbr_pick
+from scratchformer.evaluation.mbr import chrf_matrix, mbr_pick
 from scratchformer.evaluation.options import OptionError
 from scratchformer.special_tokens import SPECIAL_TOKENS
 
@@ -47,6 +47,23 @@ def test_the_pick_is_the_candidate_of_highest_expected_chrf_against_them_all():
         candidates += rng.sample(candidates, rng.randint(0, 2))
         assert mbr_pick(candidates) == _by_hand(candidates), (trial, candidates)
         assert mbr_pick(candidates, "bleu") == _by_hand(candidates, "bleu"), (trial, candidates)
+
+
+def test_the_chrf_matrix_is_sacrebleus_sentence_chrf_of_every_ordered_pair():
+    """MBR's chrF (n-grams counted once per candidate, matches once per pair) against sacrebleu's own
+    sentence_chrf, both ways round, on texts of every kind: empty, shorter than 6 characters, with
+    punctuation, accents and CJK, repeated characters."""
+    rng = random.Random(1)
+    pieces = ["ein", "Mann", "fährt", "Fahrrad", ",", ".", "(hi)", "日本", "語", "aaaa", "a", "x-y", "Straße", "!"]
+    texts = ["", " ", "a", "ab", "aaaaaaa", "日本語", "Ein Mann.", "ein mann"]
+    texts += [" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(30)]
+    u = chrf_matrix(texts)
+    for i, h in enumerate(texts):
+        for j, r in enumerate(texts):
+            if i != j:
+                assert u[i][j] == pytest.approx(sacrebleu.sentence_chrf(h, [r]).score, abs=1e-9), (h, r)
+    assert all(u[i][i] == 100.0 for i in range(len(texts)))
+    assert u[6][7] != u[7][6], "chrF weighs recall over precision: not symmetric"
 
 
 def test_the_majority_wins_and_the_pick_does_not_depend_on_the_candidates_order():

@@ -15,9 +15,55 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU
 
-UTILITIES = {"chrf": CHRF(), "bleu": BLEU(effective_order=True)}  # sentence-level scores, 0-100
+UTILITIES = ("chrf", "bleu")  # sentence-level scores, 0-100
+CHRF_ORDER, CHRF_BETA = 6, 2  # sacrebleu's chrF defaults: character 6-grams, recall weighted twice
+
+
+def _char_ngrams(text: str) -> list[Counter]:
+    """chrF's character n-grams of `text`, n = 1..CHRF_ORDER, whitespace removed (sacrebleu's
+    extract_all_char_ngrams)."""
+    line = "".join(text.split())
+    return [Counter(line[i:i + n] for i in range(len(line) - n + 1)) for n in range(1, CHRF_ORDER + 1)]
+
+
+def _f_score(matches: list[int], hyp: list[int], ref: list[int]) -> float:
+    """Sentence chrF from each order's matches and n-gram totals, as sacrebleu 2 computes it: precision
+    and recall averaged over the orders both sides have n-grams of, then their F-beta, 0-100."""
+    orders = [(m / h, m / r) for m, h, r in zip(matches, hyp, ref) if h and r]
+    if not orders:
+        return 0.0
+    p, r = (sum(x) / len(orders) for x in zip(*orders))
+    b2 = CHRF_BETA ** 2
+    return 100 * (1 + b2) * p * r / (b2 * p + r) if p + r else 0.0
+
+
+def chrf_matrix(texts: Sequence[str]) -> list[list[float]]:
+    """u[i][j]: the sentence chrF of texts[i] against texts[j] as its reference (sacrebleu's
+    sentence_chrf, to rounding). Each text's n-grams are counted once, and each pair's matches once
+    (they are symmetric; chrF's precision and recall are not): N texts cost N extractions, not 2 N^2."""
+    grams = [_char_ngrams(t) for t in texts]
+    totals = [[sum(c.values()) for c in g] for g in grams]
+    n = len(texts)
+    u = [[100.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            matches = []
+            for a, b in zip(grams[i], grams[j]):
+                small, large = (a, b) if len(a) <= len(b) else (b, a)
+                matches.append(sum(min(c, large[g]) for g, c in small.items() if g in large))
+            u[i][j] = _f_score(matches, totals[i], totals[j])
+            u[j][i] = _f_score(matches, totals[j], totals[i])
+    return u
+
+
+def _utilities(texts: list[str], utility: str) -> list[list[float]]:
+    """u[i][j]: `utility` of texts[i] against texts[j]; 100 for a text against itself."""
+    if utility == "chrf":
+        return chrf_matrix(texts)
+    bleu = BLEU(effective_order=True)
+    return [[100.0 if h == r else bleu.sentence_score(h, [r]).score for r in texts] for h in texts]
 
 
 def mbr_pick(candidates: Sequence[str], utility: str = "chrf") -> int:
@@ -27,12 +73,12 @@ def mbr_pick(candidates: Sequence[str], utility: str = "chrf") -> int:
         raise ValueError("MBR needs at least one candidate")
     if utility not in UTILITIES:
         raise ValueError(f"unknown MBR utility {utility!r}; choose one of {', '.join(UTILITIES)}")
-    metric = UTILITIES[utility]
     counts = Counter(candidates)
     distinct = list(counts)
     if len(distinct) == 1:
         return 0
-    expected = {h: sum(n * (100.0 if h == r else metric.sentence_score(h, [r]).score) for r, n in counts.items())
-                for h in distinct}
-    best = max(distinct, key=lambda h: expected[h])  # max keeps the first of equals, in first-seen order
-    return candidates.index(best)
+    u = _utilities(distinct, utility)
+    weights = [counts[r] for r in distinct]
+    expected = [sum(w * x for w, x in zip(weights, row)) for row in u]
+    best = max(range(len(distinct)), key=expected.__getitem__)  # max keeps the first of equals, in first-seen order
+    return candidates.index(distinct[best])
