@@ -92,12 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> None:
     """Refuse flags no evaluation can take, before any work (UsageError / OptionError naming the flag);
     resolves --device."""
+    parser = build_parser()  # the defaults given flags are told from
     if args.baseline is None and not args.checkpoint:
         raise cli.UsageError("--checkpoint is required (or --baseline lead3)")
     if args.baseline is not None:  # a baseline of the data alone: no model, nothing to decode
         unused = (["--checkpoint"] * bool(args.checkpoint) + ["--attention"] * (args.attention is not None)
                   + ["--overwrite"] * (args.overwrite and not args.out)
-                  + cli.given_flags(args, build_parser(), (*SEQUENCE_FLAGS, "--kernel", "--compile", "--precision")))
+                  + cli.given_flags(args, parser, (*SEQUENCE_FLAGS, "--kernel", "--compile", "--precision")))
         if unused:
             raise cli.UsageError(f"--baseline {args.baseline} scores the data's own sentences, with no model: "
                                  f"drop {', '.join(unused)}")
@@ -114,7 +115,7 @@ def check_args(args) -> None:
     for flag, value, low in (("--limit", args.limit, 1), ("--attention", args.attention, 0)):
         if value is not None and value < low:
             raise cli.UsageError(f"{flag} must be >= {low}, got {value}")
-    O.check_search_flags(args, cli.given_flags(args, build_parser(), ("--beam-size", *O.SAMPLING_FLAGS, *O.MBR_FLAGS)))
+    O.check_search_flags(args, cli.given_flags(args, parser, ("--beam-size", *O.SAMPLING_FLAGS, *O.MBR_FLAGS)))
     check_options(beam_size=args.beam_size, length_penalty=args.length_penalty, max_tokens=args.max_tokens,
                   no_repeat_ngram=args.no_repeat_ngram, min_len=args.min_len, summary_sentences=args.summary_sentences,
                   summary_words=args.summary_words, sampling=O.sampling_of(args), mbr=args.mbr)

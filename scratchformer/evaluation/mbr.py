@@ -40,9 +40,10 @@ def _f_score(matches: list[int], hyp: list[int], ref: list[int]) -> float:
 
 
 def chrf_matrix(texts: Sequence[str]) -> list[list[float]]:
-    """u[i][j]: the sentence chrF of texts[i] against texts[j] as its reference (sacrebleu's
-    sentence_chrf, to rounding). Each text's n-grams are counted once, and each pair's matches once
-    (they are symmetric; chrF's precision and recall are not): N texts cost N extractions, not 2 N^2."""
+    """u[i][j], i != j: the sentence chrF of texts[i] against texts[j] as its reference (sacrebleu's
+    sentence_chrf, to rounding); u[i][i]: 100, a text against itself as MBR counts it. Each text's
+    n-grams are counted once, and each pair's matches once (they are symmetric; chrF's precision and
+    recall are not): N texts cost N extractions, not 2 N^2."""
     grams = [_char_ngrams(t) for t in texts]
     totals = [[sum(c.values()) for c in g] for g in grams]
     n = len(texts)
