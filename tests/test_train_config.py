@@ -41,7 +41,8 @@ NEW_FLAGS = {"--copy": "--epochs", "--time-budget": "--batch-size", "--compile":
              "--pad-multiple": "--grad-accum", "--ffn-dropout": "--activation", "--word-dropout": "--activation",
              "--time-limit": "--resume", "--init-from": "--resume", "--bpe-dropout": "--preset",
              "--summary-sentences": "--save-every", "--summary-words": "--save-every", "--rdrop": "--clip-norm",
-             "--recompute-activations": "--precision", "--no-recompute-activations": "--precision"}
+             "--recompute-activations": "--precision", "--no-recompute-activations": "--precision",
+             "--ema": "--compile"}
 
 # args.json as the code before TrainConfig wrote it (results/imdb-cpu-classifier-512, resumed):
 # no "overwrite" yet, "resume_path" added by --resume.

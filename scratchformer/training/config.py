@@ -148,6 +148,9 @@ class TrainConfig:
                           "(the paper's IWSLT setting: 5); twice a step's compute and activations (0: off)",
                           metavar="ALPHA")
     clip_norm: float = _optim(default=1.0, help="gradient clipping norm (0: off)")
+    ema: float = _optim(default=0.0, help="validate, save and predict with an exponential moving average of the "
+                        "weights, decay D after each step (0.999, 0.9999; warmed up: min(D, (1 + step) / (10 + step)); "
+                        "0: off)", metavar="D")
     compile: str | None = _optim(help="torch.compile the training step's model (dynamic shapes; backend: inductor "
                                  "when given alone, aot_eager traces without code generation; none: off, as a "
                                  "resumed run's may be)", nargs="?", const="inductor", metavar="BACKEND")
@@ -246,7 +249,7 @@ _AT_LEAST = dict(
 # Float options: (lowest, highest, whether the highest is allowed); all must be finite.
 _RANGES = {
     **dict.fromkeys(("valid_fraction", "dropout", "attn_dropout", "ffn_dropout", "word_dropout", "label_smoothing",
-                     "bpe_dropout"), (0.0, 1.0, False)),
+                     "bpe_dropout", "ema"), (0.0, 1.0, False)),
     **dict.fromkeys(("lr", "min_lr", "weight_decay", "adam_eps", "clip_norm", "time_limit", "time_budget", "rdrop"),
                     (0.0, math.inf, False)),
 }

@@ -113,7 +113,8 @@ def _describe(trainer) -> list[str]:
     bound = "--max-steps" if total == cfg.max_steps else f"{trainer.epochs} epoch{'s' * (trainer.epochs != 1)}"
     lines = [f"training: {trainer.sampler.batches_per_epoch(0)} batches/epoch ({batching}, grad_accum "
              f"{cfg.grad_accum}), {steps} ({bound}){f' or {cfg.time_budget:g} s' if cfg.time_budget else ''}, "
-             f"lr {cfg.lr:g} {cfg.schedule} warmup {cfg.warmup_steps}, label smoothing {cfg.label_smoothing}"]
+             f"lr {cfg.lr:g} {cfg.schedule} warmup {cfg.warmup_steps}, label smoothing {cfg.label_smoothing}"
+             f"{f', weights averaged (--ema {cfg.ema:g})' if cfg.ema else ''}"]
     if cfg.warmup_steps and cfg.warmup_steps > total:  # every schedule's warmup is linear: lr * step / warmup
         lines.append(f"warning: --warmup-steps {cfg.warmup_steps} outlasts the run's {steps}: the learning rate "
                      f"ends at {cfg.lr * total / cfg.warmup_steps:.3g}, never reaching --lr {cfg.lr:g}; give fewer "

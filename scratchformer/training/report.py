@@ -20,8 +20,8 @@ def final_report(trainer) -> dict:
     t0, cfg, data, out, prog = time.time(), trainer.config, trainer.data, trainer.out, trainer.progress
     model = trainer.model
     best = out / "best.pt"
-    if best.exists():
-        model.load_state_dict(load_checkpoint(best)["model"])
+    # best.pt, or without one (no validation saved it) the weights a checkpoint holds (--ema: the average)
+    model.load_state_dict(load_checkpoint(best)["model"] if best.exists() else trainer.ema.checkpoint()["model"])
     model.eval()
     classify = data.task == "classification"
     ev = evaluate(model, data.valid_set, data.valid_examples, data.tokenizers, device=trainer.device,

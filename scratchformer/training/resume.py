@@ -19,7 +19,8 @@ from .runs import IN_USE, LOCK, RunFolderError, resumes_elsewhere
 # validation examples it is measured on (--max-valid-examples; the examples' digest: `launch`). --data
 # may name the run's data folder moved elsewhere: `launch` checks its examples against the checkpoint's digests.
 # Everything else may change (--max-steps, --time-budget, --epochs, --lr, --warmup-steps, --min-lr, evaluation,
-# checkpoint and logging flags, --device, --kernel, --precision, --compile, --recompute-activations).
+# checkpoint and logging flags, --device, --kernel, --precision, --compile, --recompute-activations, --ema:
+# a run given it anew starts its average at the resumed weights).
 FIXED_ON_RESUME = (
     "task", "dataset", "max_train_examples", "max_valid_examples", "valid_fraction", "max_src_len",
     "max_tgt_len", "synthetic_seed",

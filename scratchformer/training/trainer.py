@@ -28,6 +28,7 @@ from .build import TrainData
 from .config import ConfigError, TrainConfig
 from .cuda_graph import ShapeGraphs, portable
 from .distributed import Dist, wrap_ddp
+from .ema import WeightEMA
 from .launch import create_trainer, precision_for
 from .optim import (
     HIGHER_IS_BETTER,
@@ -85,6 +86,7 @@ class Trainer:
                                          min_lr=cfg.min_lr, peak=cfg.lr, patience=cfg.plateau_patience,
                                          metric_mode="max" if cfg.best_metric in HIGHER_IS_BETTER else "min")
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        self.ema = WeightEMA(model, cfg.ema)  # --ema: the average validation and checkpoints hold (0: none)
         self.progress = Progress()
         self.last_saved: int = -1  # step of the last step checkpoint
         self.saved_progress: dict | None = None  # the progress last.pt holds
@@ -114,7 +116,7 @@ class Trainer:
         optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
         portable(optimizer, scheduler)  # plain numbers (--cuda-graphs keeps device tensors): any run resumes it
         return {
-            "version": 1, "model": self.model.state_dict(), "optimizer": optimizer, "scheduler": scheduler,
+            "version": 1, **self.ema.checkpoint(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "window": self._window.to_dict(),
             "config": self.model_config.to_dict(), "args": self.config.to_dict(), "data": self.data.source.to_dict(),
@@ -143,7 +145,7 @@ class Trainer:
         """Continue from a checkpoint (a dict from `state_dict`, or its file): weights, optimizer,
         schedule, scaler, progress and this rank's RNG states."""
         ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-        self.model.load_state_dict(ckpt["model"])
+        self.ema.load(ckpt)  # the weights: the model's, and --ema's average
         load_optimizer(self.optimizer, ckpt["optimizer"])  # how it runs stays this run's (fused on a GPU)
         load_scheduler(self.scheduler, ckpt["scheduler"], self.config.lr)  # today's --lr, --warmup-steps, --max-steps
         if ckpt.get("scaler"):
@@ -266,6 +268,7 @@ class Trainer:
         else:
             loss_total, nll_total, gnorm = self._update([b.to(self.device, non_blocking=True) for b in group],
                                                         self.dist.mean(ntok, self.device))
+        self.ema.update(self.progress.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         if scale is not None and self.scaler.get_scale() < scale:  # an overflow: the scaler skipped the update
             self.log.info(f"step {self.progress.step + 1}: gradients overflowed fp16, the update skipped (the "
@@ -354,8 +357,9 @@ class Trainer:
             self._track_best(res)
             return prog.to_dict()
         # rank 0 decided best / early stopping, the others follow; what it raised (a full disk), each raises
-        for k, v in self.dist.on_main(on_rank_0).items():
-            setattr(prog, k, v)
+        with self.ema.swapped():  # --ema: the average is validated
+            for k, v in self.dist.on_main(on_rank_0).items():
+                setattr(prog, k, v)
         if cfg.schedule == "plateau":
             self.scheduler.step(prog.best if prog.best is not None else 0.0)
         if prog.best_step == prog.step:
@@ -370,10 +374,6 @@ class Trainer:
         if prog.track(cfg.best_metric, res[cfg.best_metric], cfg.patience):
             self.log.info(f"early stopping: {cfg.best_metric} did not improve for {cfg.patience} evaluations "
                           f"(best {prog.best:.4f} at step {prog.best_step})")
-
-    def final_report(self) -> dict:
-        """best.pt scored on the validation split (rank 0): see `report.final_report`."""
-        return final_report(self)
 
     def close(self) -> None:
         self.log.close()
@@ -392,7 +392,7 @@ def train(config: TrainConfig, given: frozenset[str] = frozenset()) -> dict:
             if trainer.stop_reason.startswith("SIG"):
                 raise KeyboardInterrupt  # a command that was asked to stop says so (exit 130)
             return {"stopped": trainer.stop_reason, "step": trainer.progress.step}
-        final = trainer.dist.on_main(trainer.final_report)  # rank 0's; what it raises, every rank's
+        final = trainer.dist.on_main(lambda: final_report(trainer))  # rank 0's; what it raises, every rank's
         trainer.close()
         return final if trainer.dist.main else {}
     finally:
