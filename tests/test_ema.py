@@ -62,11 +62,13 @@ def test_the_average_follows_its_recurrence_and_warmup():
 
 def test_without_an_average_a_checkpoint_holds_the_weights_alone():
     model = _Tied()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
     ema = WeightEMA(model, 0.0)
     ema.update(1)
-    assert set(ema.checkpoint()) == {"model"}
+    ckpt = ema.checkpoint()
+    assert set(ckpt) == {"model"} and all(torch.equal(ckpt["model"][k], v) for k, v in weights.items())
     with ema.swapped():
-        pass
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     with pytest.raises(ValueError, match=r"decay must be in \[0, 1\) \(0: none\), got 1.0"):
         WeightEMA(model, 1.0)
 

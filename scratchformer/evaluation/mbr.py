@@ -19,6 +19,7 @@ from sacrebleu.metrics import BLEU
 
 UTILITIES = ("chrf", "bleu")  # sentence-level scores, 0-100
 CHRF_ORDER, CHRF_BETA = 6, 2  # sacrebleu's chrF defaults: character 6-grams, recall weighted twice
+_BLEU = BLEU(effective_order=True)  # the BLEU utility's scorer, built once
 
 
 def _char_ngrams(text: str) -> list[Counter]:
@@ -63,8 +64,7 @@ def _utilities(texts: list[str], utility: str) -> list[list[float]]:
     """u[i][j]: `utility` of texts[i] against texts[j]; 100 for a text against itself."""
     if utility == "chrf":
         return chrf_matrix(texts)
-    bleu = BLEU(effective_order=True)
-    return [[100.0 if h == r else bleu.sentence_score(h, [r]).score for r in texts] for h in texts]
+    return [[100.0 if h == r else _BLEU.sentence_score(h, [r]).score for r in texts] for h in texts]
 
 
 def mbr_pick(candidates: Sequence[str], utility: str = "chrf") -> int:
