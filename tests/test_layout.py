@@ -5,7 +5,8 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "scratchformer"
-COMMANDS = {"scratchformer.train", "scratchformer.evaluate", "scratchformer.generate", "scratchformer.ablate"}
+COMMANDS = {"scratchformer.train", "scratchformer.evaluate", "scratchformer.generate", "scratchformer.ablate",
+            "scratchformer.score", "scratchformer.average", "scratchformer.compare"}
 
 
 def _modules() -> dict[str, Path]:

@@ -63,14 +63,20 @@ def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
     are split here first (`split_sentences`, as Hugging Face's summarization scripts split with
     nltk), so a summary written on one line (SAMSum's references) still gets its sentences.
     The split changes no other score: rouge-score's tokenizer reads a newline as a space."""
+    per_example = rouge_per_example(hyps, refs)
+    return {k: 100.0 * sum(v) / len(hyps) for k, v in per_example.items()}
+
+
+def rouge_per_example(hyps: Sequence[str], refs: Sequence[str], keys: Sequence[str] = ROUGE_KEYS) -> dict[str, list]:
+    """Each example's F1 (0-1) of each ROUGE variant in `keys`, as `rouge` scores them."""
     _check(hyps, refs)
-    scorer = _rouge_scorer_module().RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
-    totals = dict.fromkeys(ROUGE_KEYS, 0.0)
+    scorer = _rouge_scorer_module().RougeScorer(list(keys), use_stemmer=True)
+    out = {k: [] for k in keys}
     for h, r in zip(hyps, refs):
         scores = scorer.score(_one_per_line(r), _one_per_line(h))  # (target, prediction)
-        for k in ROUGE_KEYS:
-            totals[k] += scores[k].fmeasure
-    return {k: 100.0 * v / len(hyps) for k, v in totals.items()}
+        for k in keys:
+            out[k].append(scores[k].fmeasure)
+    return out
 
 
 def scorers(scores: Mapping[str, object]) -> dict[str, str]:
