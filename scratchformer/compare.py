@@ -24,7 +24,7 @@ from pathlib import Path
 from . import cli
 from .checkpoint import output_file_refusal, write_lines_atomic
 from .data.files import DataError, display_name, read_lines
-from .evaluation.significance import METRICS, SEED, paired_bootstrap, statistics
+from .evaluation.significance import BINARY, METRICS, SEED, mcnemar, paired_bootstrap, statistics
 
 ROUGE = ("rouge1", "rouge2", "rougeLsum")
 NAMES = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L",
@@ -131,18 +131,24 @@ def check_args(args) -> Path | None:
     return out
 
 
+def _p(p: float) -> str:
+    return f"{p:.4f}{' *' if p < 0.05 else '  '}"
+
+
 def table(paths: list[str], results: dict[str, list], n: int, samples: int, seed: int) -> str:
     """A block per metric, a row per system: its score, the bootstrap's mean ± 95% CI, and for a system
     its difference from the baseline with its 95% interval and p (* below 0.05)."""
     width = max(len(p) for p in paths)
     lines = [f"{n} examples; paired bootstrap, {samples} resamples, seed {seed}"]
     for metric, rows in results.items():
-        head = f"{'score':>7}  {'mean ± 95% CI':>15}  {'vs baseline [95% interval]':>28}  p"
+        exact = metric in BINARY
+        head = f"{'score':>7}  {'mean ± 95% CI':>15}  {'vs baseline [95% interval]':>28}  p" + (
+            "       McNemar p" if exact else "")
         lines += ["", f"{NAMES[metric]:<{width}}  {head}"]
         for path, c in zip(paths, rows):
             versus = "(baseline)" if path == paths[0] else (
                 f"{c.difference:+.2f} [{c.difference_interval[0]:+.2f}, {c.difference_interval[1]:+.2f}]")
-            p = "" if path == paths[0] else f"{c.p:.4f}{' *' if c.p < 0.05 else ''}"
+            p = "" if path == paths[0] else _p(c.p) + (f"  {_p(c.p_mcnemar)}" if exact else "")
             lines.append(f"{path:<{width}}  {c.score:>7.2f}  {c.mean:>7.2f} ± {c.ci:<5.2f}  {versus:>28}  {p}".rstrip())
     return "\n".join(lines)
 
@@ -155,6 +161,9 @@ def main(argv=None) -> dict:
     for metric in _metrics(args, systems):
         stats = [statistics(metric, preds, refs) for preds in systems]
         base, others = paired_bootstrap(stats[0], stats[1:], args.samples, args.seed)
+        if metric in BINARY:
+            for s, c in zip(stats[1:], others):
+                c.p_mcnemar = mcnemar(stats[0], s)
         results[metric] = [base, *others]
     print(table(args.predictions, results, len(refs), args.samples, args.seed))
     report = {"examples": len(refs), "samples": args.samples, "seed": args.seed, "baseline": args.predictions[0],

@@ -2,7 +2,9 @@
 against the metrics recomputed on every resample (ROUGE, accuracy), rows matched by id, and the refusals."""
 
 import json
+import math
 import random
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from sacrebleu.significance import PairedTest
 
 from scratchformer import compare
 from scratchformer.evaluation import metrics as M
+from scratchformer.evaluation.significance import Statistics, mcnemar
 
 WORDS = "the a man woman dog runs sits on in red blue green street park ball table looks at".split()
 
@@ -87,6 +90,28 @@ def test_rouge_and_accuracy_against_their_metric_on_every_resample(tmp_path, met
     centred = np.abs(other - base) - np.abs(other - base).mean()
     assert ours["p"] == pytest.approx((np.sum(centred > abs(full[1] - full[0])) + 1) / (samples + 1))
     assert ours["p"] < 0.05  # 20 points of accuracy, 30% of the words: told apart on 40 examples
+    if metric == "accuracy":  # McNemar's exact test, in exact arithmetic
+        right = [[h == y for h, y in zip(s, refs)] for s in systems]
+        k, n = sum(b and not a for a, b in zip(*right)), sum(a != b for a, b in zip(*right))
+        assert ours["p_mcnemar"] == pytest.approx(
+            min(1, 2 * Fraction(sum(math.comb(n, i) for i in range(min(k, n - k) + 1)), 2**n)), rel=1e-12)
+    else:
+        assert ours["p_mcnemar"] is None
+
+
+def test_mcnemar_on_many_examples_and_on_none_that_differ():
+    """2,000 discordant examples (2**-n underflows a float; p near 0.007), 7 (4 against 3) and none."""
+    right_b = np.array([1] * 1060 + [0] * 940 + [1] * 500, dtype=bool)
+    right_o = np.array([0] * 1060 + [1] * 940 + [1] * 500, dtype=bool)
+    base, other = (Statistics(100.0 * r[:, None], None) for r in (right_b, right_o))
+    k, n = 940, 2000
+    exact = min(1, 2 * Fraction(sum(math.comb(n, i) for i in range(k + 1)), 2**n))
+    assert 1e-3 < exact < 1e-2
+    assert mcnemar(base, other) == pytest.approx(float(exact), rel=1e-9)
+    near = Statistics(base.per_example.copy(), None)
+    near.per_example[1057:1064, 0] = 100.0 - near.per_example[1057:1064, 0]  # 3 right -> wrong, 4 wrong -> right
+    assert mcnemar(base, near) == 1.0  # 2 * P(X <= 3), X ~ Binomial(7, 1/2) = 1
+    assert mcnemar(base, base) == 1.0
 
 
 def test_rows_are_matched_by_id_and_an_identical_system_differs_by_nothing(tmp_path):

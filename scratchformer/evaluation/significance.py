@@ -8,10 +8,17 @@ on the same draws, so the test is paired. The p-value and the confidence interva
 ``--paired-bs`` (the Moses script's test): for BLEU and chrF, with the same seed and number of
 resamples, they are sacrebleu's numbers, but for a system that scores as the baseline on every
 resample (the same outputs): p is 1 here, the smallest p there.
+
+For a metric that scores each example right or wrong (accuracy, exact match) the exact McNemar test
+is given too (Dietterich 1998, for comparing classifiers): on the examples exactly one system gets
+right, a binomial test of each being as likely to be either's. It does not resample, and with few
+such examples it is the one to read: the bootstrap's shifted null then puts p near 0.05 for a
+difference of two examples.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +76,7 @@ class Comparison:
     difference: float
     difference_interval: tuple[float, float]
     p: float
+    p_mcnemar: float | None = None  # right-or-wrong metrics only (`mcnemar`)
 
 
 def resampled_scores(stats: Statistics, indices: np.ndarray) -> np.ndarray:
@@ -117,3 +125,20 @@ def paired_bootstrap(baseline: Statistics, systems: Sequence[Statistics], sample
     lo, hi = _interval(base_scores)
     own = Comparison(base, float(base_scores.mean()), 0.5 * (hi - lo), 0.0, (0.0, 0.0), 1.0)
     return own, [compare(resampled_scores(s, indices), s.corpus()) for s in systems]
+
+
+BINARY = ("accuracy", "exact_match")  # each example right or wrong: `mcnemar` applies
+
+
+def mcnemar(baseline: Statistics, system: Statistics) -> float:
+    """The exact (binomial) McNemar test's two-sided p of right-or-wrong per-example statistics: of the
+    n examples exactly one of the two gets right, the system gets k; p = P(a count as far from n / 2)
+    under Binomial(n, 1/2), 1 when n = 0."""
+    base, other = baseline.per_example[:, 0] > 0, system.per_example[:, 0] > 0
+    k, n = int(np.sum(other & ~base)), int(np.sum(other != base))
+    if n == 0:
+        return 1.0
+    log_half = n * math.log(0.5)
+    tail = math.fsum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + log_half)
+                     for i in range(min(k, n - k) + 1))
+    return min(1.0, 2.0 * tail)
