@@ -95,14 +95,16 @@ def _is_label(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _metrics(args, systems: list[list]) -> list[str]:
+def _metrics(args, refs: list, systems: list[list]) -> list[str]:
     """The metrics to compare, --metric's or the default for what the baseline predicts (class ids:
-    accuracy; texts: bleu chrf); refused where a metric does not score those, or a system predicts the other."""
+    accuracy; texts: bleu chrf); refused where a metric does not score those, or where a reference or
+    a system's prediction is of the other kind."""
     labels = all(map(_is_label, systems[0]))
     kind = "class ids" if labels else "texts"
-    for path, preds in zip(args.predictions, systems):
-        if not all(_is_label(p) if labels else isinstance(p, str) for p in preds):
-            raise DataError(f"{display_name(path)}: its predictions are not all {kind}, as the baseline's are")
+    for what, path, values in (("references", args.predictions[0], refs),
+                               *(("predictions", p, s) for p, s in zip(args.predictions, systems))):
+        if not all(_is_label(v) if labels else isinstance(v, str) for v in values):
+            raise DataError(f"{display_name(path)}: its {what} are not all {kind}, as the baseline's predictions are")
     chosen = args.metric or (["accuracy"] if labels else ["bleu", "chrf"])
     chosen = list(dict.fromkeys(m for c in chosen for m in (ROUGE if c == "rouge" else (c,))))
     for m in chosen:
@@ -158,7 +160,7 @@ def main(argv=None) -> dict:
     out = check_args(args)
     refs, systems = _aligned(args.predictions)
     results = {}
-    for metric in _metrics(args, systems):
+    for metric in _metrics(args, refs, systems):
         stats = [statistics(metric, preds, refs) for preds in systems]
         base, others = paired_bootstrap(stats[0], stats[1:], args.samples, args.seed)
         if metric in BINARY:

@@ -169,5 +169,8 @@ def test_refusals_name_the_file_and_the_fault(tmp_path, capsys):
     assert "--metric bleu does not score class ids" in _refusal(capsys, [*labels, "--metric", "bleu"])
     b = _write(tmp_path / "b.jsonl", refs, _noisy(refs, 0.3, 1))
     assert "--metric accuracy does not score texts" in _refusal(capsys, [a, b, "--metric", "accuracy"])
-    assert "not all texts" in _refusal(capsys, [a, _write(tmp_path / "ints.jsonl", refs, list(range(10)))])
+    assert "ints.jsonl: its predictions are not all texts" in _refusal(
+        capsys, [a, _write(tmp_path / "ints.jsonl", refs, list(range(10)))])
+    assert "its references are not all class ids" in _refusal(capsys, [_write(tmp_path / "texts.jsonl", refs, [1] * 10),
+                                                                       _write(tmp_path / "t2.jsonl", refs, [0] * 10)])
     assert "--samples must be >= 1" in _refusal(capsys, [a, b, "--samples", "0"])
