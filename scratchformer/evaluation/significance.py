@@ -28,6 +28,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from .metrics import ROUGE_KEYS, rouge_per_example
 
 METRICS = ("bleu", "chrf", *ROUGE_KEYS, "accuracy", "exact_match")
+BINARY = ("accuracy", "exact_match")  # each example right or wrong: `mcnemar` applies
 SEED = 12345  # sacrebleu's default (SACREBLEU_SEED)
 _CHUNK = 100  # resamples gathered at once: (chunk, examples, statistics) floats in memory
 
@@ -125,9 +126,6 @@ def paired_bootstrap(baseline: Statistics, systems: Sequence[Statistics], sample
     lo, hi = _interval(base_scores)
     own = Comparison(base, float(base_scores.mean()), 0.5 * (hi - lo), 0.0, (0.0, 0.0), 1.0)
     return own, [compare(resampled_scores(s, indices), s.corpus()) for s in systems]
-
-
-BINARY = ("accuracy", "exact_match")  # each example right or wrong: `mcnemar` applies
 
 
 def mcnemar(baseline: Statistics, system: Statistics) -> float:
