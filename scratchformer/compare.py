@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import cli
 from .checkpoint import output_file_refusal, write_lines_atomic
-from .data.files import DataError, display_name, read_lines
+from .data.files import DataError, display_name, read_json_lines
 from .evaluation.significance import BINARY, METRICS, SEED, mcnemar, paired_bootstrap, statistics
 
 ROUGE = ("rouge1", "rouge2", "rougeLsum")
@@ -51,13 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def read_predictions(path: str) -> dict[str, tuple[object, object]]:
     """{id: (reference, prediction)} of an evaluate predictions file; DataError names the file and line."""
     name, rows = display_name(path), {}
-    for lineno, line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{name}:{lineno}: bad JSON ({e.msg})") from None
+    for lineno, row in read_json_lines(path):
         missing = [k for k in ("id", "reference", "prediction") if not isinstance(row, dict) or k not in row]
         if missing:
             raise DataError(f"{name}:{lineno}: no {', '.join(repr(k) for k in missing)}: compare reads evaluate's "

@@ -31,7 +31,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import COMPRESSED, DataError, read_json, read_lines, uncompressed_name
+from .files import COMPRESSED, DataError, read_json, read_json_lines, read_lines, uncompressed_name
 from .records import FIELDS, TASKS, Example, check_record, check_unique_ids
 from .synthetic import SYNTHETIC_SIZES, synthetic_examples
 
@@ -58,14 +58,8 @@ DEFAULT_TASK = {"synthetic": "translation", **{k: v["task"] for k, v in HUB.item
 
 def _read_jsonl(path: Path, task: str, limit: int | None):
     out = []
-    with closing(read_lines(path)) as lines:  # closed also when `limit` stops early
-        for lineno, line in lines:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+    with closing(read_json_lines(path)) as records:  # closed also when `limit` stops early
+        for lineno, rec in records:
             out.append(check_record(rec, task, f"{path}:{lineno}"))
             if limit is not None and len(out) >= limit:
                 break

@@ -115,6 +115,18 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
         raise DataError(f"{name}: cannot read ({e.strerror or e})") from None
 
 
+def read_json_lines(path: str | Path) -> Iterator[tuple[int, object]]:
+    """(1-based line number, its JSON value) for every line of a JSON-lines file that is not blank,
+    read as `read_lines` reads; DataError names the file and line of bad JSON."""
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+
+
 def read_json(path: str | Path) -> dict:
     """A JSON object from a UTF-8 file (a folder's meta.json), read as the split files are (`read_lines`: a
     leading byte-order mark is dropped, bytes that are not UTF-8 named by line); DataError names the file
