@@ -1,6 +1,7 @@
 """Compare systems on the same examples: each one's score, its difference from the first (the
 baseline) with a 95% interval, and the p-value of a paired bootstrap (`evaluation.significance`;
-sacrebleu's ``--paired-bs`` for BLEU and chrF, the same test for ROUGE and accuracy).
+sacrebleu's ``--paired-bs`` for BLEU and chrF, the same test for ROUGE and accuracy), with the exact
+McNemar test beside it for accuracy and exact match.
 
     python -m scratchformer.compare runs/beam/predictions.validation.jsonl runs/mbr/predictions.validation.jsonl
     python -m scratchformer.compare A.jsonl B.jsonl C.jsonl --metric rouge1 rouge2 rougeLsum
