@@ -154,9 +154,11 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     out = check_args(args)
     refs, systems = _aligned(args.predictions)
+    metrics = _metrics(args, refs, systems)
+    per_system = [statistics(metrics, preds, refs) for preds in systems]
     results = {}
-    for metric in _metrics(args, refs, systems):
-        stats = [statistics(metric, preds, refs) for preds in systems]
+    for metric in metrics:
+        stats = [s[metric] for s in per_system]
         base, others = paired_bootstrap(stats[0], stats[1:], args.samples, args.seed)
         if metric in BINARY:
             for s, c in zip(stats[1:], others):

@@ -29,11 +29,10 @@ def _noisy(refs: list[str], rate: float, seed: int) -> list[str]:
     return [" ".join(w if rng.random() > rate else rng.choice(WORDS) for w in r.split()) for r in refs]
 
 
-def _write(path, refs, preds, ids=None, order=None):
-    ids = ids or [f"validation-{i}" for i in range(len(refs))]
-    rows = [{"id": i, "source": "x", "reference": r, "prediction": p} for i, r, p in zip(ids, refs, preds)]
-    for i in order or range(len(rows)):
-        path.open("a").write(json.dumps(rows[i]) + "\n")
+def _write(path, refs, preds, order=None):
+    rows = [{"id": f"validation-{i}", "source": "x", "reference": r, "prediction": p}
+            for i, (r, p) in enumerate(zip(refs, preds))]
+    path.write_text("".join(json.dumps(rows[i]) + "\n" for i in order or range(len(rows))))
     return str(path)
 
 

@@ -26,14 +26,13 @@ def main() -> None:
     args = p.parse_args()
     with gzip.open(Path(args.source) / "train.jsonl.gz", "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    examples = [Example(r["text"], r["label"]) for r in rows]
+    examples = [Example(r["text"], r["label"], id=str(i)) for i, r in enumerate(rows)]  # id: the record's line
     train, valid = carve_validation(examples, args.fraction, args.seed)
-    row_of = {id(e): r for e, r in zip(examples, rows)}  # each example back to its record
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=False)
     for name, part in (("train", train), ("validation", valid)):
         with gzip.open(out / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
-            f.writelines(json.dumps(row_of[id(e)]) + "\n" for e in part)
+            f.writelines(json.dumps(rows[int(e.id)]) + "\n" for e in part)
     shutil.copy(Path(args.source) / "meta.json", out / "meta.json")
     print(f"{out}: {len(train)} train, {len(valid)} validation")
 

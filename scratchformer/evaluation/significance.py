@@ -48,21 +48,28 @@ def _mean(total: np.ndarray, n: int) -> float:
     return float(total[0] / n)
 
 
-def statistics(metric: str, hyps: Sequence, refs: Sequence) -> Statistics:
-    """`metric`'s per-example statistics of hyps against refs (texts; labels for accuracy), 0-100 scale."""
-    if metric in ("bleu", "chrf"):
-        scorer = BLEU() if metric == "bleu" else CHRF()
-        stats = np.array(scorer._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.float64)
-        return Statistics(stats, lambda total, n: float(scorer._compute_score_from_stats(list(total)).score))
-    if metric in ROUGE_KEYS:
-        values = rouge_per_example(hyps, refs, (metric,))[metric]
-    elif metric == "accuracy":
-        values = [int(h) == int(r) for h, r in zip(hyps, refs, strict=True)]
-    elif metric == "exact_match":
-        values = [h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)]
-    else:
-        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
-    return Statistics(100.0 * np.asarray(values, dtype=np.float64)[:, None], _mean)
+def statistics(metrics: Sequence[str], hyps: Sequence, refs: Sequence) -> dict[str, Statistics]:
+    """Each of `metrics`' per-example statistics of hyps against refs (texts; labels for accuracy), 0-100
+    scale; the ROUGE variants among them from one pass of the scorer."""
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}")
+    rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
+    values = rouge_per_example(hyps, refs, rouge_keys) if rouge_keys else {}
+    out = {}
+    for metric in metrics:
+        if metric in ("bleu", "chrf"):
+            scorer = BLEU() if metric == "bleu" else CHRF()
+            stats = np.array(scorer._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.float64)
+            out[metric] = Statistics(stats, lambda total, n, scorer=scorer: float(
+                scorer._compute_score_from_stats(list(total)).score))
+            continue
+        if metric == "accuracy":
+            values[metric] = [int(h) == int(r) for h, r in zip(hyps, refs, strict=True)]
+        elif metric == "exact_match":
+            values[metric] = [h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)]
+        out[metric] = Statistics(100.0 * np.asarray(values[metric], dtype=np.float64)[:, None], _mean)
+    return out
 
 
 @dataclass
