@@ -1015,8 +1015,8 @@ def _cpu_stand_ins(monkeypatch):
 GRAPH_FLAGS = ["--batch-size", "4", "--pad-multiple", "8"]  # 16 batches an epoch, few shapes (lengths 8 or 16)
 
 
-@pytest.mark.parametrize("model_flags", [[], ["--copy"], [EXTRACTIVE], ["--rdrop", "5"]],
-                         ids=["plain", "copy", "extractive", "rdrop"])  # copy: SAMSum's; extractive: cnndm-ext's
+@pytest.mark.parametrize("model_flags", [[], ["--copy"], [EXTRACTIVE], ["--rdrop", "5"], ["--ema", "0.9"]],
+                         ids=["plain", "copy", "extractive", "rdrop", "ema"])  # copy: SAMSum's; extractive: cnndm-ext's
 def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
     """A shape's first group runs launched, its second is captured and replayed, every later one
     replayed: 14 steps (dropout on, one RNG stream) take the losses and end at the weights of 14
@@ -1044,6 +1044,11 @@ def test_cuda_graphs_step_as_launched_steps(tmp_path, monkeypatch, model_flags):
         assert torch.equal(torch.stack((l1, n1, g1)), torch.stack((l0, n0, g0)))
     sa, sb = launched.model.state_dict(), graphed.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # --ema: the average folds in each replayed step's weights, as it does each launched step's
+    assert len(graphed.ema.average) == (len(list(graphed.model.parameters())) if "--ema" in model_flags else 0)
+    assert all(torch.equal(a, b) for a, b in zip(launched.ema.average, graphed.ema.average, strict=True))
+    if "--ema" in model_flags:
+        assert not all(torch.equal(a, p) for a, p in zip(graphed.ema.average, graphed.model.parameters()))
     lr = graphed.optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and float(lr) == float(launched.optimizer.param_groups[0]["lr"])
     assert float(lr) == pytest.approx(graphed.scheduler.base_lrs[0] * graphed.scheduler.lr_lambdas[0](14))

@@ -7,12 +7,14 @@
 # reduce-overhead` (Inductor's CUDA graphs around our ops, a graph per batch shape; its compiles
 # make it a few minutes: window 2b runs it beside `triton`); `triton-cuda-graphs` is our kernels with
 # `--cuda-graphs` (the trainer's own graph per batch shape, no compiler: run by default, its first run
-# on a GPU; its log's last lines count the replayed steps). Its lengths padded to multiples of 8 (the
-# synthetic task's batches are 64 sentences, so the same batches as `triton`'s, in a few shapes).
+# on a GPU; its log's last lines count the replayed steps), with `--ema` (the weights' moving average,
+# folded in after each replayed step: validated, so its validation is the average's). Its lengths
+# padded to multiples of 8 (the synthetic task's batches are 64 sentences, so the same batches as
+# `triton`'s, in a few shapes).
 source "$(dirname "$0")/prelude.sh"
 declare -A FLAGS=([triton]="--kernel triton" [eager]="--kernel eager" [torch]="--kernel torch"
                   [triton-graphs]="--kernel triton --compile --compile-mode reduce-overhead"
-                  [triton-cuda-graphs]="--kernel triton --cuda-graphs --pad-multiple 8")
+                  [triton-cuda-graphs]="--kernel triton --cuda-graphs --pad-multiple 8 --ema 0.999")
 if [ "$DRY" = 1 ]; then  # CPU: the eager backend once, 2 steps of a tiny model
   KERNELS=${SMOKE_KERNELS:-"eager"}; STEPS=2; PREC=fp32
   EXTRA=(--max-train-examples 64 --d-model 32 --heads 2 --layers 1 --d-ff 64 --eval-every 2 --max-valid-examples 4 --eval-decode-examples 2)
