@@ -121,6 +121,8 @@ def check_args(args) -> Path | None:
     if args.json is None:
         return None
     out = Path(args.json)
+    if out.resolve() in {Path(p).resolve() for p in args.predictions}:
+        raise cli.UsageError(f"--json {out} is one of the predictions files to compare: write elsewhere")
     if (refusal := output_file_refusal(out, "the comparison", "comparison.json")) is not None:
         raise cli.UsageError(refusal)
     if out.exists() and not args.overwrite:

@@ -5,6 +5,7 @@ import json
 import math
 import random
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,6 +138,10 @@ def test_the_json_report_and_the_table(tmp_path, capsys):
     assert compare.run([*paths, "--samples", "50", "--json", str(out)]) == 2  # exists: not replaced
     assert "--overwrite" in capsys.readouterr().err
     assert compare.run([*paths, "--samples", "50", "--json", str(out), "--overwrite"]) == 0
+    kept = Path(paths[1]).read_text()  # a predictions file is never the report, even with --overwrite
+    assert compare.run([*paths, "--samples", "50", "--json", paths[1], "--overwrite"]) == 2
+    assert "is one of the predictions files to compare" in capsys.readouterr().err
+    assert Path(paths[1]).read_text() == kept
 
 
 def _refusal(capsys, argv) -> str:

@@ -416,6 +416,17 @@ def test_decoding_refuses_a_min_len_over_max_len_and_ids_outside_the_vocabulary(
                 search(m, src, sl, max_len=5, **{name: bad})
 
 
+def test_decoding_refuses_an_eos_id_that_is_the_bos_or_pad_id():
+    """BOS and PAD are never generated: an eos_id equal to either (fairseq starts its decoder from EOS)
+    decoded every row to max_len without a word."""
+    m = _model()
+    src, sl = _src()
+    for search in (greedy_decode, beam_search, sample_decode):
+        for name in ("bos_id", "pad_id"):
+            with pytest.raises(ValueError, match=rf"eos_id {EOS_ID} is also the {name}, a token never generated"):
+                search(m, src, sl, max_len=5, **{name: EOS_ID})
+
+
 @pytest.mark.parametrize("search", [greedy_decode, functools.partial(beam_search, beam_size=2)])
 def test_decoding_may_take_every_position_the_model_has(search):
     """A model of max_len 6 has positions 0..5: decoding max_len 6 runs all 6 steps (eos_id -1: no

@@ -216,3 +216,39 @@ def test_the_hash_is_lowbias32_on_every_32_bit_input_in_int64_without_overflow()
     xs = torch.cat([torch.randint(0, 2 ** 32, (4096,), generator=g), torch.tensor([0, 1, 2 ** 31, 2 ** 32 - 1])])
     assert sampling._mix(xs).tolist() == [lowbias32(x) for x in xs.tolist()]
     assert [sampling._mix(x) for x in xs[:64].tolist()] == [lowbias32(x) for x in xs[:64].tolist()]
+
+
+@pytest.mark.parametrize("hashed", [0, 2 ** 32 - 128, 2 ** 32 - 1])
+def test_uniforms_are_float64_strictly_inside_0_1_at_the_hashs_extremes(hashed, monkeypatch):
+    """Every hash gives a uniform in (0, 1), the lowest and highest included: in float32 the top 128
+    of the 2**32 hashes rounded to 1, where the draw took the last candidate, a token of probability 0."""
+    monkeypatch.setattr(sampling, "_fold", lambda h, x: torch.full_like(h, hashed))
+    u = sampling._uniforms(torch.zeros(3, dtype=torch.long), 5)
+    assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all()), u.tolist()
+    low = (hashed * 2 ** 20 + (hashed >> 12) + 0.5) / 2 ** 52  # exact in float64
+    assert u.tolist() == [low] * 3
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.5), (4, 0.9)])
+def test_no_uniform_draws_a_token_of_probability_0(top_k, top_p):
+    """Whatever the uniform, the draw is a candidate of probability > 0, never a token ruled out (-inf),
+    outside the top k or outside the nucleus; even u = 1 (the float32 uniforms' top, and where the last
+    prefix sum ends above the last candidate's, as a parallel cumsum's rounding may leave it), which
+    searchsorted runs past the end for: the last candidate of probability > 0."""
+    x = torch.tensor([[0.3, -1.0, float("-inf"), 1.2, -0.5, float("-inf")],
+                      [float("-inf"), 2.0, 1.9, -3.0, float("-inf"), float("-inf")]], dtype=torch.float64)
+    p = torch.softmax(x, -1)
+    ranked = x.argsort(-1, descending=True)
+    allowed = ranked[:, : top_k or x.shape[1]]
+    if top_p < 1:  # the nucleus of the top k: the fewest best whose renormalized mass reaches top_p
+        kept = p.gather(1, allowed)
+        kept = kept / kept.sum(-1, keepdim=True)
+        allowed = [a[: int(((k.cumsum(0) - k) < top_p).sum())] for a, k in zip(allowed, kept)]
+    for value in (2.0 ** -53, 0.5, 1 - 2.0 ** -53, 1.0):
+        drawn = sampling._draw(x, torch.full((2,), value, dtype=torch.float64), top_k, top_p)
+        for r, d in enumerate(drawn.tolist()):
+            assert p[r, d] > 0 and d in allowed[r].tolist(), (value, r, d)
+    unsorted = not top_k and top_p == 1  # the candidates in the vocabulary's order
+    in_order = [sorted(a.tolist()) if unsorted else a.tolist() for a in allowed]
+    last = [[t for t in a if p[r, t] > 0][-1] for r, a in enumerate(in_order)]  # u = 1: the last candidate
+    assert sampling._draw(x, torch.ones(2, dtype=torch.float64), top_k, top_p).tolist() == [int(t) for t in last]

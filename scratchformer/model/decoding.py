@@ -217,6 +217,9 @@ def _check(model, src, src_lengths, max_len, no_repeat_ngram: int = 0, beam_size
             never = " or -1 (no token ends an output)" if name == "eos_id" else ""
             raise ValueError(f"{name} must be a token id of the model's target vocabulary, an int in [0, {V}){never}, "
                              f"got {token!r}")
+    for name, token in (("bos_id", bos_id), ("pad_id", pad_id)):  # neither is ever generated (`_next_logits`)
+        if token == eos_id:
+            raise ValueError(f"eos_id {eos_id} is also the {name}, a token never generated: no output could end")
     if check_every is None:
         return 1 if src.device.type == "cpu" else GPU_CHECK_EVERY
     _check_int("check_every", check_every, 1, " (steps between stop checks)")

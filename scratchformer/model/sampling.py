@@ -66,27 +66,32 @@ def _fold(h, x):
 
 
 def _uniforms(row_hash: torch.Tensor, t: int) -> torch.Tensor:
-    """(R,) uniforms in (0, 1), float64, for step t: 53 bits, 32 of a hash of (row, t) and 21 of a second,
-    centred in their cell."""
+    """(R,) uniforms in (0, 1), float64, for step t: 52 bits, 32 of a hash of (row, t) and 20 of a second,
+    centred in their cell, each step exact in float64 (the largest is 1 - 2**-53). The hashes are
+    int64: cast to float64 first, as an int64 tensor times a float is of torch's default dtype, float32,
+    which rounds the top 128 of 2**32 values up to 1."""
     h = _fold(row_hash, t)
-    return (h * 2.0 ** 21 + (_fold(h, 1) >> 11) + 0.5) * 2.0 ** -53
+    return (h.double() * 2.0 ** 20 + (_fold(h, 1) >> 12).double() + 0.5) * 2.0 ** -52
 
 
 def _draw(x: torch.Tensor, u: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Each row's token (R,) drawn from softmax(x) (x (R, V), float64 log-probabilities, -inf for the tokens
     ruled out) cut to the top_k most probable tokens (0: all), then to the nucleus of the rest (the fewest
     most probable whose renormalized probabilities reach top_p): the first candidate whose cumulative
-    probability passes u (R,) times the candidates' mass. A token of probability 0 spans no interval."""
+    probability passes u (R,) times the candidates' mass. A token of probability 0 spans no interval, and
+    is never drawn: where u times the mass rounds up to the mass, the last candidate of probability > 0."""
     idx = None
     if top_k and top_k < x.shape[1]:
         x, idx = x.topk(top_k, dim=-1)  # best first
     elif top_p < 1:
         x, idx = x.sort(dim=-1, descending=True)
     p = torch.softmax(x, dim=-1)
-    cdf = p.cumsum(-1)
     if top_p < 1:  # candidates best first: the nucleus is a prefix, cut where the mass before reaches top_p
-        cdf = p.masked_fill((cdf - p) >= top_p, 0.0).cumsum(-1)
-    j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=x.shape[1] - 1)
+        p = p.masked_fill((p.cumsum(-1) - p) >= top_p, 0.0)
+    cdf = p.cumsum(-1)
+    j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+    last = (p > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # the first index of the largest count
+    j = torch.minimum(j, last)
     return (j if idx is None else idx.gather(1, j))[:, 0]
 
 
