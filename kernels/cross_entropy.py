@@ -79,24 +79,24 @@ def _cross_entropy_kernel(
     cols = tl.arange(0, BLOCK_V)
     m = tl.full((), float("-inf"), tl.float32)  # running max
     s = tl.zeros((), tl.float32)  # running Σ exp(z - m)
-    sz = tl.zeros((), tl.float32)  # Σ z
+    sz = tl.zeros((), tl.float32)  # Σ z over the columns but pad's (a -inf pad logit, PAD barred, adds nothing)
     for start in range(0, V, BLOCK_V):
         offs = start + cols
         z = tl.load(z_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(z, 0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
-        sz += tl.sum(tl.where(offs < V, z, 0.0), 0)
+        sz += tl.sum(tl.where((offs < V) & (offs != pad_id), z, 0.0), 0)
         m = m_new
     lse = m + tl.log(s)
     # a target outside [0, V) (refused by op_checks where they read values; unread on a GPU without
     # SCRATCHFORMER_DEBUG) is never read past the row: its loss and gradient row are NaN, not a guess
     valid = (t >= 0) & (t < V)
     z_t = tl.load(z_row + t, mask=valid, other=float("nan")).to(tl.float32)
-    z_pad = tl.load(z_row + pad_id).to(tl.float32)
     nll = lse - z_t
-    others = (V - 2) * lse - sz + z_t + z_pad  # Σ over j ∉ {t, pad} of lse - z_j
+    others = (V - 2) * lse - sz + z_t  # Σ over j ∉ {t, pad} of lse - z_j: inf where a logit is -inf
     keep = t != pad_id
-    tl.store(loss_ptr + row0 + row, tl.where(keep, gold_w * nll + other_w * others, 0.0))
+    smoothed = tl.where(other_w != 0.0, other_w * others, 0.0)  # without smoothing, no 0 * inf
+    tl.store(loss_ptr + row0 + row, tl.where(keep, gold_w * nll + smoothed, 0.0))
     tl.store(nll_ptr + row0 + row, tl.where(keep, nll, 0.0))
     if WRITE_GRAD:
         for start in range(0, V, BLOCK_V):

@@ -31,23 +31,32 @@ def value_checks(t: torch.Tensor) -> bool:
     return (DEBUG or t.device.type == "cpu") and not torch.compiler.is_compiling()
 
 
+def _is_real(op: str, name: str, value) -> bool:
+    """A Python real number (a bool and a tensor refused: `_check_number`), else a ValueError naming it;
+    False inside a torch.compile trace, where a float may be symbolic and is not checked further."""
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a Python number, not a tensor (got {value!r})")
+    if torch.compiler.is_compiling():
+        return False
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{op}: {name} must be a number, got {value!r}")
+    return True
+
+
 def _check_number(op: str, name: str, value, *, positive: bool = False, nonnegative: bool = False) -> None:
     """A float argument: a real number (a bool refused, and a tensor: a backend that reads it as a float
     drops its gradient, where another differentiates through it; on a GPU the read is a host sync),
     finite (NaN and inf refused), and > 0 where `positive`, >= 0 where `nonnegative`. Not inside a
     torch.compile trace, where a float may be symbolic (math.isfinite would break the graph)."""
-    if isinstance(value, torch.Tensor):
-        raise ValueError(f"{op}: {name} must be a Python number, not a tensor (got {value!r})")
-    if torch.compiler.is_compiling():
+    if not _is_real(op, name, value):
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{op}: {name} must be a number, got {value!r}")
     if not math.isfinite(value) or (positive and not value > 0) or (nonnegative and not value >= 0):
         bound = " > 0" if positive else " >= 0" if nonnegative else ""
         raise ValueError(f"{op}: {name} must be a finite number{bound}, got {value}")
 
 
 def _check_dropout(op: str, p) -> None:
+    _is_real(op, "dropout_p", p)
     if not 0.0 <= p < 1.0:  # NaN fails too
         raise ValueError(f"{op}: dropout_p must be in [0, 1), got {p}")
 
@@ -252,6 +261,7 @@ def check_targets(op: str, target, rows: int, V: int, label_smoothing, ignore_in
     if not isinstance(target, torch.Tensor) or target.dtype != torch.int64 or target.shape != (rows,):
         got = f"{target.dtype} {tuple(target.shape)}" if isinstance(target, torch.Tensor) else type(target).__name__
         raise ValueError(f"{op}: target must be int64 of shape ({rows},), got {got}")
+    _is_real(op, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing < 1.0 or (label_smoothing > 0.0 and V < 3):
         raise ValueError(f"{op}: label_smoothing must be in [0, 1) (and needs V >= 3 when > 0), "
                          f"got {label_smoothing} with V = {V}")

@@ -88,6 +88,14 @@ def attention_ref(q, k, v, *, key_lengths=None, query_lengths=None, causal=False
     Lk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     acc = _acc(q.dtype)
+    # Padding is never read, as in the kernels: rows past the lengths taken as zeros (where a masked
+    # score's zero gradient times a NaN there, or a zero probability times one, would still be NaN)
+    if key_lengths is not None:
+        kept = (torch.arange(Lk, device=q.device) < key_lengths.to(q.device)[:, None])[:, None, :, None]
+        k, v = torch.where(kept, k, 0), torch.where(kept, v, 0)
+    if query_lengths is not None:
+        q = torch.where((torch.arange(Lq, device=q.device) < query_lengths.to(q.device)[:, None])[:, None, :, None],
+                        q, 0)
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
     mask = attention_mask(
         B, Lq, Lk, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
@@ -241,7 +249,9 @@ def nll_loss_ref(lprobs, target, label_smoothing=0.0, ignore_index=0):
         nll = torch.where(keep, nll, 0.0).sum()
         return nll, nll
     V = lprobs.shape[-1]
-    others = -(lprobs.sum(-1) - lprobs[:, ignore_index]) - nll  # -Σ log p over non-gold, non-pad tokens
+    # -Σ log p over non-gold, non-pad tokens; the pad column left out of the sum, not subtracted after
+    # it: a -inf there (PAD barred) would make it -inf - -inf
+    others = -(lprobs[:, :ignore_index].sum(-1) + lprobs[:, ignore_index + 1:].sum(-1)) - nll
     loss = (1.0 - label_smoothing) * nll + label_smoothing / (V - 2) * others
     return torch.where(keep, loss, 0.0).sum(), torch.where(keep, nll, 0.0).sum()
 

@@ -275,6 +275,28 @@ def test_padded_keys_are_never_read():
         assert not a.isnan().any() and report_diff("grad", a, b) < 1e-5
 
 
+def test_the_reference_never_reads_padding_either():
+    """eager, the spec, reads no row past the lengths either: NaN in q past query_lengths and in k, v
+    past key_lengths reach none of out, lse, dq, dk, dv, which equal those of finite padding (a masked
+    score's zero gradient times the NaN q, and a zero probability times a NaN v, were NaN)."""
+    q, k, v = (t.detach() for t in make_qkv(2, 2, 20, 24, 16))
+    ql, kl = torch.tensor([13, 20], device=DEVICE), torch.tensor([17, 24], device=DEVICE)
+    poisoned = [t.clone() for t in (q, k, v)]
+    for b in range(2):
+        poisoned[0][b, :, ql[b]:] = float("nan")
+        poisoned[1][b, :, kl[b]:] = float("nan")
+        poisoned[2][b, :, kl[b]:] = float("inf")
+    runs = []
+    for inputs in ((q, k, v), poisoned):
+        inputs = [t.clone().requires_grad_() for t in inputs]
+        out, lse = attention_ref(*inputs, key_lengths=kl, query_lengths=ql, causal=True, return_lse=True)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
+        runs.append([out, lse, *torch.autograd.grad(out, inputs, g)])
+    for name, clean, got in zip(("out", "lse", "dq", "dk", "dv"), *runs):
+        torch.testing.assert_close(got, clean, rtol=0, atol=0, equal_nan=True, msg=name)
+        assert not got.isnan().any(), name
+
+
 @pytest.mark.parametrize("poison", ["nan query", "inf key", "inf key, mixed-sign query"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # the interpreter's inf · 0
 def test_a_non_finite_score_makes_its_row_nan_as_in_the_reference_never_zero(poison):

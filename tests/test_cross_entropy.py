@@ -58,8 +58,9 @@ def _smoothed_target_loss(x, w, b, t, *, label_smoothing, ignore_index):
     q[:, ignore_index] = 0.0
     q.scatter_(1, t[:, None], 1.0 - label_smoothing)
     lp = torch.log_softmax(z, -1)
-    keep = (t != ignore_index).to(z.dtype)
-    return (-(q * lp).sum(-1) * keep).sum(), (-lp.gather(1, t[:, None])[:, 0] * keep).sum()
+    keep = t != ignore_index  # rows left out, and columns of probability 0, by where: 0 * -inf is NaN
+    return (torch.where(keep, -torch.where(q > 0, q * lp, 0.0).sum(-1), 0.0).sum(),
+            torch.where(keep, -lp.gather(1, t[:, None])[:, 0], 0.0).sum())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -180,6 +181,23 @@ def test_every_backend_leaves_out_an_ignore_index_that_is_not_pad(ops_backend):
     got = _grads(ops_backend.linear_cross_entropy, x, w, b, t, 0.1, ignore_index=5)
     want = _grads(_smoothed_target_loss, *_float64(x, w, b), t, 0.1, ignore_index=5)
     for name, g, s in zip(("loss", "nll", "dx", "dW", "db"), got, want):
+        torch.testing.assert_close(g.double(), s, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("eps,barred", [(0.0, PAD_ID), (0.1, PAD_ID), (0.0, 7)], ids=["pad", "pad-smoothed", "other"])
+def test_every_backend_takes_a_class_barred_by_a_minus_inf_logit(ops_backend, eps, barred):
+    """A class whose logit is -inf (a bias barring it: PAD, which no output should hold; or another, no
+    target's, without smoothing) has probability 0: loss, NLL and gradients finite, those of the
+    smoothed target distribution written out in float64. Triton's smoothing term was 0 * inf = NaN
+    without smoothing, and a -inf PAD logit made every backend's smoothed sum -inf - -inf."""
+    x, w, b, t = _inputs(30, 16, 77, torch.float32)
+    t[t == 7] = 8  # no target is the barred class
+    with torch.no_grad():
+        b[barred] = float("-inf")
+    got = _grads(ops_backend.linear_cross_entropy, x, w, b, t, eps)
+    want = _grads(_smoothed_target_loss, *_float64(x, w, b), t, eps, ignore_index=PAD_ID)
+    for name, g, s in zip(("loss", "nll", "dx", "dW", "db"), got, want):
+        assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g.double(), s, rtol=1e-5, atol=1e-6, msg=name)
 
 

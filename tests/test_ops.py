@@ -109,6 +109,20 @@ def test_add_layer_norm_matches_f_layer_norm():
     torch.testing.assert_close(TORCH.add_layer_norm(x, r, w, b), y, atol=1e-5, rtol=1e-5)
 
 
+def test_add_layer_norm_of_a_float64_stream_with_fp32_gains_matches_eager():
+    """fp32 weight and bias under a float64 stream, which the checks let (docs/numerics.md): the torch
+    backend gave F.layer_norm mixed dtypes, a RuntimeError from inside; now eager's y, s and gradients."""
+    x, r = (torch.randn(3, 5, 24, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    w, b = torch.randn(24, requires_grad=True), torch.randn(24, requires_grad=True)
+    runs = []
+    for backend in (EAGER, TORCH):
+        y, s = backend.add_layer_norm(x, r, w, b, return_residual=True)
+        runs.append((y, s, *torch.autograd.grad((y * y).sum() + s.sum(), (x, r, w, b))))
+    for name, want, got in zip(("y", "s", "dx", "dr", "dw", "db"), *runs):
+        assert got.dtype == want.dtype, name
+        torch.testing.assert_close(got, want, msg=name)
+
+
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_ffn_matches_f_linear(activation):
     x = torch.randn(4, 3, 16)
@@ -229,6 +243,12 @@ def test_bad_inputs_name_the_problem(backend):
         backend.attention(q[0], q[0], q[0])
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         backend.attention(q, q, q, dropout_p=1.0)
+    for bad in ("0.1", None, True, torch.tensor(0.1)):  # named, not a TypeError from a comparison inside
+        with pytest.raises(ValueError, match=r"attention: dropout_p must be a (Python )?number"):
+            backend.attention(q, q, q, dropout_p=bad)
+        with pytest.raises(ValueError, match=r"linear_cross_entropy: label_smoothing must be a (Python )?number"):
+            backend.linear_cross_entropy(q[0, 0], torch.randn(5, 8), None, torch.ones(4, dtype=torch.long),
+                                         label_smoothing=bad)
     with pytest.raises(ValueError, match="weight/bias must be"):
         backend.add_layer_norm(q, None, torch.ones(7), None)
     with pytest.raises(ValueError, match="ffn shape mismatch"):

@@ -764,6 +764,29 @@ def test_an_fp16_step_the_scaler_skips_counts_but_does_not_move_the_schedule(tmp
     assert trainer.optimizer.param_groups[0]["lr"] > lr and len(infos) == 1  # the warmup's next rate
 
 
+@pytest.mark.parametrize("schedule", [["inverse_sqrt"], ["plateau", "--warmup-steps", "0"], ["plateau"], ["cosine"]],
+                         ids=["inverse_sqrt", "plateau-no-warmup", "plateau", "cosine"])
+def test_a_first_step_the_fp16_scaler_skips_logs_its_row_with_no_learning_rate(tmp_path, schedule):
+    """The train row of step 1 is always logged: where the scaler skipped that step, no update was made
+    and its row's lr is 0 (inverse_sqrt's rate at update 0, and plateau's warmup of 0, divided by 0);
+    the next step's row has the schedule's first rate."""
+    trainer = _trainer(tmp_path, "--schedule", *schedule)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    rows = []
+    trainer.log.row = rows.append
+    trainer._bar = tqdm(disable=True)
+    hook = next(trainer.model.parameters()).register_hook(lambda g: g * float("inf"))
+    loss, _, ntok, gnorm = trainer.train_step(_batches(trainer, 1)[0])
+    trainer._window = Window(loss=float(loss), nll=float(loss), tokens=ntok, t0=time.time() - 1.0)
+    trainer._log_train_row(gnorm)
+    hook.remove()
+    first = trainer.optimizer.param_groups[0]["lr"]
+    loss, _, ntok, gnorm = trainer.train_step(_batches(trainer, 1)[0])
+    trainer._window = Window(loss=float(loss), nll=float(loss), tokens=ntok, t0=time.time() - 1.0)
+    trainer._log_train_row(gnorm)
+    assert [r["lr"] for r in rows] == [0.0, pytest.approx(first)] and first > 0
+
+
 def test_the_train_rows_throughput_counts_every_ranks_tokens(tmp_path):
     """Under DDP the train row is the job's: the window's sums added over the ranks (one all-reduce,
     `Dist.sum`), its loss per target token of every rank and every rank's tokens over the time. Here

@@ -165,11 +165,13 @@ def build_scheduler(optimizer, name: str, *, warmup: int, total: int, min_lr: fl
 
 def lr_taken(scheduler) -> float:
     """The learning rate the last optimizer step took: a schedule has moved the optimizer's to the
-    next step's (but plateau's after its warmup: it moves the lr at validations, after the row is logged)."""
+    next step's (but plateau's after its warmup: it moves the lr at validations, after the row is logged).
+    0 before any update was made (a first step whose fp16 gradients overflowed: the scaler skipped it)."""
     if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-        return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](scheduler.last_epoch - 1)
+        made = scheduler.last_epoch  # updates made
+        return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](made - 1) if made else 0.0
     if isinstance(scheduler, WarmupPlateau) and scheduler.updates <= scheduler.warmup:
-        return scheduler.peaks[0] * scheduler.updates / scheduler.warmup
+        return scheduler.peaks[0] * scheduler.updates / scheduler.warmup if scheduler.updates else 0.0
     return float(scheduler.optimizer.param_groups[0]["lr"])  # a tensor under --cuda-graphs
 
 
