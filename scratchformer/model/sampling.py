@@ -90,7 +90,7 @@ def _draw(x: torch.Tensor, u: torch.Tensor, top_k: int, top_p: float) -> torch.T
         p = p.masked_fill((p.cumsum(-1) - p) >= top_p, 0.0)
     cdf = p.cumsum(-1)
     j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
-    last = (p > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # the first index of the largest count
+    last = x.shape[1] - 1 - (p > 0).flip(-1).to(torch.uint8).argmax(-1, keepdim=True)  # of the last p > 0
     j = torch.minimum(j, last)
     return (j if idx is None else idx.gather(1, j))[:, 0]
 
