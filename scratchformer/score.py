@@ -24,11 +24,11 @@ from pathlib import Path
 
 from . import cli
 from . import data as D
-from .checkpoint import output_file_refusal, write_lines_atomic
+from .checkpoint import is_checkpoint, output_file_refusal, write_lines_atomic
 from .device import resolve_device
 from .evaluation.evaluate import AUTOCAST_DTYPES
 from .evaluation.loading import load_models
-from .evaluation.options import OptionError, check_options
+from .evaluation.options import MAX_LENGTH_PENALTY, OptionError, check_options
 from .evaluation.scoring import check_task, encode_pairs, score_pairs
 
 
@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> Path | None:
     """Refuse what no checkpoint can take, before any work; returns --output as a Path (None: stdout)."""
     check_options(max_tokens=args.max_tokens, batch_size=args.batch_size)
-    if not math.isfinite(args.length_penalty):
-        raise OptionError(f"--length-penalty must be a finite number (tokens ** it divides a score), got "
-                          f"{args.length_penalty}")
+    if not abs(args.length_penalty) <= MAX_LENGTH_PENALTY:  # NaN fails too; past it tokens ** it overflowed
+        raise OptionError(f"--length-penalty must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] "
+                          f"(tokens ** it divides a score), got {args.length_penalty}")
     args.device = resolve_device(args.device)
     if args.output is None:
         return None
@@ -68,6 +68,8 @@ def check_args(args) -> Path | None:
         raise cli.UsageError(refusal)
     if output.resolve() == Path(args.input).resolve():
         raise cli.UsageError(f"--output {output} is the --input: write the scores elsewhere")
+    if is_checkpoint(output):  # even with --overwrite: the model would be lost
+        raise cli.UsageError(f"--output {output} is a checkpoint: write the scores elsewhere")
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it, or another --output")
     return output

@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -105,6 +106,20 @@ def test_generate_mbr_outputs_the_pick_among_the_candidates_nbest_lists(run, tmp
     assert [p["prediction"] for p in _read(out)] == [c["output"] for c in chosen]
     with pytest.raises(OptionError, match=r"was written with --mbr 4 \(now 3\)"):
         generate.main([*flags, "--input", str(src), "--output", str(out), "--mbr", "3", "--resume"])
+    # the default utility given by name is the same decoding: resumed (it was refused as "unset (now chrf)"),
+    # and so is a record that left the default unresolved, as records did until 2026-12-07
+    generate.main([*flags, "--input", str(src), "--output", str(out), "--mbr", "4", "--mbr-utility", "chrf",
+                   "--resume"])
+    meta = Path(f"{out}.meta.json")
+    record = json.loads(meta.read_text())
+    assert record["options"]["--mbr-utility"] == "chrf"
+    record["options"]["--mbr-utility"] = None
+    meta.write_text(json.dumps(record))
+    generate.main([*flags, "--input", str(src), "--output", str(out), "--mbr", "4", "--resume"])
+    with pytest.raises(OptionError, match=r"was written with --mbr-utility chrf \(now bleu\)"):
+        generate.main([*flags, "--input", str(src), "--output", str(out), "--mbr", "4", "--mbr-utility", "bleu",
+                       "--resume"])
+    assert [p["prediction"] for p in _read(out)] == [c["output"] for c in chosen]
 
 
 def test_generate_mbr_refuses_what_it_cannot_choose_among(run):

@@ -28,7 +28,7 @@ from scratchformer.evaluation import evaluate as E
 from scratchformer.evaluation import loading, resume
 from scratchformer.evaluation import predict as P
 from scratchformer.evaluation.evaluate import decode_max_len, predict_labels
-from scratchformer.evaluation.loading import load_run
+from scratchformer.evaluation.loading import load_models, load_run
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, Sampling, beam_search, build_model
 
@@ -234,6 +234,10 @@ def test_compile_compiles_the_loaded_model_and_predicts_the_same(runs, task):
     else:
         assert compiled.static_caches
     assert P.run_record(compiled, ck, "src", {}) == P.run_record(model, ck, "src", {})
+    if task == "classification":  # an ensemble of compiled members: the uncompiled ensemble's record
+        ensemble = load_models([runs[task], runs[task]], compile=backend)[0]
+        assert any("_orig_mod." in k for k in ensemble.state_dict())
+        assert P.run_record(ensemble, ck, "src", {}) == P.run_record(load_models([runs[task]] * 2)[0], ck, "src", {})
 
 
 class _Compiled(Exception):

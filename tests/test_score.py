@@ -4,6 +4,7 @@ is the one decoding ranks it by, batched or alone; the command's records, output
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,10 +125,18 @@ def test_score_refuses_what_it_cannot_score_naming_it(runs, tmp_path):
     with pytest.raises(DataError, match=r"long\.jsonl: pair 2 \(id 'big'\) holds \d+ source and \d+ target tokens, "
                                         r"more than the model's \d+ positions"):
         score.main(["--checkpoint", run, "--input", str(long)])
-    for flags, error, message in [(["--length-penalty", "inf"], OptionError, "--length-penalty must be a finite"),
+    best = str(runs["translation"] / "best.pt")
+    kept = Path(best).read_bytes()
+    for flags, error, message in [(["--length-penalty", "inf"], OptionError, "--length-penalty must be a number in "
+                                                                             "[-50, 50]"),
+                                  (["--length-penalty=1000"], OptionError, "got 1000.0"),  # 5 ** 1000 overflowed
+                                  (["--length-penalty=-1000"], OptionError, "got -1000.0"),  # and 5 ** -1000 was 0
+                                  (["--output", best, "--overwrite"], cli.UsageError, "is a checkpoint: write the "
+                                                                                      "scores elsewhere"),
                                   (["--max-tokens", "0"], OptionError, "--max-tokens must be >= 1"),
                                   (["--output", str(pairs)], cli.UsageError, "is the --input: write the scores "
                                                                              "elsewhere"),
                                   (["--output", str(tmp_path)], cli.UsageError, "is a folder")]:
         with pytest.raises(error, match=re.escape(message)):
             score.main(["--checkpoint", run, "--input", str(pairs), *flags])
+    assert Path(best).read_bytes() == kept

@@ -300,9 +300,12 @@ def run_record(model, ckpt: dict, field: str, predict_kw: dict) -> dict:
         options["--len-ratio"] = LEN_RATIO.get(ckpt["task"], 0)
     if options["--sample"] is not None:  # as its flags read (None: beam search, as before --sample was recorded)
         options["--sample"] = [f"--{k.replace('_', '-')} {v}" for k, v in asdict(options["--sample"]).items()]
+    if options["--mbr"] and options["--mbr-utility"] is None:  # `mbr_pick`'s default
+        options["--mbr-utility"] = "chrf"
     if options["--summary-sentences"] is None and ckpt["task"] == "extractive":  # `predict_extracts`' default
         options["--summary-sentences"] = MAX_ORACLE_SENTENCES
-    weights = getattr(model, "_orig_mod", model).state_dict()  # compiled: the model it wraps
+    # compiled (a model, or an ensemble's members): the weights it wraps, named as uncompiled
+    weights = {k.replace("_orig_mod.", ""): v for k, v in model.state_dict().items()}
     return {"checkpoint": ckpt.get("ensemble", ckpt["path"]), "weights": weights_digest(weights),
             "options": {"--field": field, **options}}
 

@@ -124,6 +124,8 @@ def check_resume(output: Path, part: Path, record: dict) -> tuple[bool, dict[str
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise D.DataError(f"{path}: not a record of generate's ({type(e).__name__}: {e}); it says what wrote "
                           f"{found[0]}: without it, write a new --output (or --overwrite)") from None
+    if old_options.get("--mbr") and old_options.get("--mbr-utility") is None:  # recorded unresolved until 2026-12-07
+        old_options["--mbr-utility"] = "chrf"
     fix = "or write a new --output (or --overwrite)"
     if old_weights != record["weights"]:
         raise OptionError(f"--resume: {found[0]} holds predictions of {_named(old.get('checkpoint'))}, whose weights "
