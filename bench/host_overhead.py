@@ -25,8 +25,9 @@ Two measures per backend:
   launches;
 - what one greedy decoding step of that model issues under bf16 autocast with its cast cache off,
   as a CUDA graph's capture of the step holds it (decoding's default on a GPU): the same counts;
-- and once, backend aside: the training loader's collate of one 8,192-token batch of short
-  sentences (Multi30k's lengths), in milliseconds: host work on the training loop's thread each
+- and once, backend aside: the training loader's collate of one batch that `--max-tokens 8192`
+  would make of short sentences (Multi30k's lengths: 341 pairs of 8-23 tokens, 24 slots each with
+  BOS or EOS, about 5.3k tokens a side), in milliseconds: host work on the training loop's thread each
   step (`num_workers` 0), which a step replayed as a CUDA graph (`train --cuda-graphs`) waits on.
 
 On the CPU, Triton kernels run in the interpreter, whose cost would swamp everything else:
@@ -237,7 +238,8 @@ def greedy_ms_per_token(kernel: str, device: str, calls: int) -> float:
 
 
 def collate_ms(calls: int) -> tuple[float, int]:
-    """(milliseconds per collate, sentences) of one 8,192-token batch of 8-24-token sentence pairs."""
+    """(milliseconds per collate, sentences) of one batch of 8-23-token sentence pairs, 8,192 // 24 of them: what
+    --max-tokens 8192 makes of them (24 slots each, BOS or EOS added)."""
     import numpy as np
 
     from scratchformer.data import collate
@@ -280,7 +282,7 @@ def main(argv=None) -> str:
     report += ("\n\nwhat one greedy decoding step issues under bf16 autocast, its cast cache off as in a CUDA graph's "
                "capture (16 tokens' counts less 8's, over 8)\n\n" + table(counts, str, lambda v: f"{v:g}"))
     ms, n = collate_ms(args.calls)
-    report += f"\n\nthe training loader's collate, one 8,192-token batch ({n} sentence pairs): {ms:.2f} ms"
+    report += f"\n\nthe training loader's collate, one --max-tokens 8192 batch ({n} sentence pairs): {ms:.2f} ms"
     print(report)
     if args.out:
         with open(args.out, "w") as fh:
