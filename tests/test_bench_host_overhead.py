@@ -68,7 +68,7 @@ def test_a_row_of_positive_times_per_backend(tmp_path):
     aten, fills, cast, multi, ours, launches = rows["triton"]
     assert aten > 0 and cast <= 2 and multi == 0 and ours > 0 and launches > 0, decoding
     assert all(r[0] > r[2] > cast and r[4] == r[5] == 0 for b, r in rows.items() if b != "triton"), decoding
-    collate = re.search(r"collate, one 8,192-token batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
+    collate = re.search(r"collate, one --max-tokens 8192 batch \((\d+) sentence pairs\): ([\d.]+) ms", out.read_text())
     assert collate and int(collate[1]) > 100 and float(collate[2]) > 0, out.read_text()
 
 
