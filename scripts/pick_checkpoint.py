@@ -21,7 +21,10 @@ or the decoding metric when that is the loss (accuracy, ROUGE-Lsum, BLEU): the p
 so they are judged decoded. A tie keeps best.pt, and the decoding without a tuned penalty; a run
 without scores for both checkpoints keeps best.pt (and prints no penalty). A folder that holds only
 one of the two, neither the other's file nor its scores (an unfinished GPU run's average, brought
-back alone: scripts/gpu/finish_on_cpu.sh), picks among that one's scores.
+back alone: scripts/gpu/finish_on_cpu.sh), picks among that one's scores, as does one whose other
+checkpoint's scoring failed (RUN/NAME.failed, which scripts/gpu/50_train.sh leaves: its scores at other
+penalties aside, it is no candidate; it counted as one unscored, and the pick fell back to best.pt
+without the tuned penalty, or to the best.pt whose scoring had failed).
 
 Refused, as one `error:` line naming the folder or file and exit status 2 (scripts/gpu/50_train.sh
 then decodes with best.pt; finish_on_cpu.sh stops): a run that is not a folder; one whose pick
@@ -110,8 +113,10 @@ def pick(run: Path) -> tuple[list[Path], float | None, str]:
     for a run that is not a folder, or whose pick would be a checkpoint that is not there."""
     if not run.is_dir():
         raise PickError(f"{run}: {'a file, not a' if run.exists() else 'no such'} run folder")
-    scores = candidates(run)
-    present = [c for c in CHECKPOINTS if (run / f"{c}.pt").is_file() or (run / c).is_dir()]  # a file or scores
+    # a checkpoint whose scoring failed (RUN/NAME.failed, 50_train.sh: out of memory, say) is no candidate
+    failed = {c for c in CHECKPOINTS if (run / f"{c}.failed").exists()}
+    scores = {name: s for name, s in candidates(run).items() if checkpoint_of(name) not in failed}
+    present = [c for c in CHECKPOINTS if c not in failed and ((run / f"{c}.pt").is_file() or (run / c).is_dir())]
     if not present or not set(present) <= scores.keys():
         have = f"validation scores for {', '.join(scores) or 'none'} of {', '.join(CHECKPOINTS)}"
         if not (run / "best.pt").is_file():  # what a run without scores for both keeps

@@ -221,6 +221,24 @@ def test_pick_checkpoint_with_the_average_alone(tmp_path):
     assert "validation bleu (beam4): averaged 40.00, averaged-lp1.3 41.00, averaged-lp1.6 40.50" in done.stderr
 
 
+@pytest.mark.parametrize("failed", ["averaged", "best"])
+def test_pick_checkpoint_leaves_out_a_checkpoint_whose_scoring_failed(tmp_path, failed):
+    """50_train.sh marks a checkpoint whose evaluation failed (out of memory, say) RUN/NAME.failed: the
+    pick is among the other's scores, its tuned penalty included. It counted as a candidate unscored:
+    the pick fell back to best.pt at penalty 1 (averaged failed), or to the best.pt that had failed."""
+    (tmp_path / "args.json").write_text(json.dumps({"best_metric": "bleu"}))
+    other = "best" if failed == "averaged" else "averaged"
+    for name in (failed, other):
+        (tmp_path / f"{name}.pt").write_bytes(b"")
+    for name, bleu, lp in ((other, 30.0, 1.0), (f"{other}-lp1.6", 32.0, 1.6), (f"{failed}-lp1.6", 35.0, 1.6)):
+        (tmp_path / name).mkdir()
+        scores = {"n": 9, "decoding": "beam4", "bleu": bleu, "length_penalty": lp}
+        (tmp_path / name / "metrics.validation.json").write_text(json.dumps(scores))
+    (tmp_path / f"{failed}.failed").write_bytes(b"")
+    done = _pick(tmp_path)
+    assert done.stdout.strip() == f"{tmp_path / f'{other}.pt'}\t1.6", done.stderr
+
+
 PICK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pick_checkpoint.py"
 _spec = importlib.util.spec_from_file_location("pick_checkpoint", PICK_SCRIPT)
 pick_checkpoint = importlib.util.module_from_spec(_spec)

@@ -380,6 +380,15 @@ def test_a_follow_up_call_on_a_fresh_machine_trains_nothing(tmp_path):
     _, log = step_archive(str(tmp_path / "o1"), "50_train.sh")
     assert call.returncode != 0 and "RESUME_ONLY=1: no run in" in log
     assert not (tmp_path / "runs" / "iwslt").exists() or not list((tmp_path / "runs" / "iwslt").glob("*.pt"))
+    # a grid's (multi30k-eager: a variant a folder) held on the machine: its checkpoints are a level down, and
+    # the call goes on to resume them (here to a checkpoint that is no checkpoint, refused at once)
+    variant = tmp_path / "runs" / "multi30k-eager" / "triton"
+    variant.mkdir(parents=True)
+    (variant / "last.pt").write_bytes(b"not a checkpoint")
+    call = dry_run("50_train.sh", str(tmp_path / "o2"), GPU_DATA=str(tmp_path / "data"),
+                    GPU_RUNS=str(tmp_path / "runs"), RECIPE="multi30k-eager", RESUME_ONLY="1", CUDA_GRAPHS="0")
+    _, log = step_archive(str(tmp_path / "o2"), "50_train.sh")
+    assert "RESUME_ONLY=1: no run in" not in log and "multi30k-eager" in log, log[-3000:]
 
 
 def test_train_step_leaves_the_scores_to_the_next_call_at_its_deadline(tmp_path, scoring_cut):

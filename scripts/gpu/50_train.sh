@@ -88,7 +88,8 @@ interim() { copy_run; pack && echo "== interim archive: $OUT/$STEP.tar.gz"; }
 
 # 1. train until the deadline less the start and the save (TRAIN_SECONDS overrides, for tests). RESUME_ONLY=1
 #    (a follow-up call): a machine without the run (given back between the calls) starts none, it stops
-if [ "${RESUME_ONLY:-0}" = 1 ] && ! finished && ! compgen -G "$RUN/*.pt" >/dev/null; then
+if [ "${RESUME_ONLY:-0}" = 1 ] && ! finished && ! compgen -G "$RUN/*.pt" >/dev/null \
+    && ! compgen -G "$RUN/*/*.pt" >/dev/null; then  # a run's checkpoints, or a grid's variants' (RUN/VARIANT/)
   echo "== RESUME_ONLY=1: no run in $RUN (a fresh machine: the last call's was given back); nothing trained"
   exit 1
 fi
