@@ -204,6 +204,20 @@ def test_a_variant_stopped_under_jobs_is_named_with_the_step_it_resumes_from(tmp
     assert f"=== ablation stopped in a at step {step} (a signal or --time-limit)" in capsys.readouterr().out
 
 
+def test_a_finished_variant_trained_on_and_stopped_under_jobs_is_stopped_not_finished(tmp_path, capsys):
+    """A finished grid given more steps trains its variants on; one stopped by --time-limit under --jobs
+    was reported finished with the final report of its earlier end (its metrics.final.json, still there),
+    and the grid wrote its summary from it. It is stopped at the step it resumes from, no summary written."""
+    grid = ["--out", str(tmp_path), "--jobs", "2", "--variants", "a=", "--", *TINY, "--no-plots", "--epochs", "100000"]
+    assert len(ablate.main([*grid, "--max-steps", "2"])) == 1 and (tmp_path / "ablation.json").exists()
+    (tmp_path / "ablation.json").unlink()
+    capsys.readouterr()
+    assert ablate.main([*grid, "--max-steps", "100000", "--time-limit", "2"]) == []
+    step = load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"]
+    assert step > 2 and f"=== ablation stopped in a at step {step}" in capsys.readouterr().out
+    assert not (tmp_path / "ablation.json").exists()
+
+
 def test_the_best_variant_has_the_lowest_loss_or_perplexity_else_the_highest_score():
     """The summary's best variant (the one a search recipe predicts with): by loss or ppl the lowest, by
     any other metric (bleu, accuracy) the highest; a variant without a number for it is never best."""

@@ -566,6 +566,20 @@ def test_resume_from_an_older_step_refuses_the_folder_and_goes_to_a_new_one(tmp_
     _best_is_its_own(branch)  # run's best.pt, if of step 4, is not the branch's: its best started afresh
 
 
+def test_a_branch_keeps_no_final_report_of_the_history_it_leaves(tmp_path):
+    """--resume R/step_0000002.pt --out B after R ended at step 4: R's final report (step 4, another
+    model) was copied into B's metrics.jsonl among its step-2 rows, as a row of no step; B's log holds
+    its own final report alone, its rows in step order."""
+    run, branch = tmp_path / "run", tmp_path / "branch"
+    T.main(TINY + ["--max-steps", "4", "--eval-every", "2", "--save-every", "1", "--keep-checkpoints", "4",
+                   "--out", str(run)])
+    T.main(["--resume", str(run / "step_0000002.pt"), "--out", str(branch), "--max-steps", "3", "--no-progress",
+            "--no-plots"])
+    rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "final"] == [3]
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+
+
 def test_a_branch_from_before_its_runs_best_starts_its_best_afresh(tmp_path):
     """--resume R/step_0000003.pt --out B, where R's best.pt is of step 4: that best.pt is not the
     branch's (not carried), so the branch's best starts afresh, and its first validation (step 4, here

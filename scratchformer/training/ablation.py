@@ -347,8 +347,10 @@ def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Pat
                     continue
                 del running[name]
                 if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
-                    finals[name] = _final(run_dir) or {"stopped": "a signal or --time-limit",
-                                                       "step": _resume_step(run_dir)}
+                    final, step = _final(run_dir), _resume_step(run_dir)
+                    if final is None or final.get("steps") != step:  # none, or of the run it went on from
+                        final = {"stopped": "a signal or --time-limit", "step": step}
+                    finals[name] = final
                     print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
                 else:
                     tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]

@@ -263,13 +263,15 @@ def _split_step(line: str) -> tuple | None:
 def _row_step(line: str, head: list[str] | None, valid: bool) -> tuple[bool, int]:
     """(whether it is a valid row, the step of a log row: -1 for a row kept at any step); a ValueError
     says what is wrong with it. `head`: a CSV file's columns (`valid`: valid.csv's); None for a
-    metrics.jsonl row."""
+    metrics.jsonl row: a final report's goes with the train rows of its step (a later step's is of the
+    history a resume from an older checkpoint leaves)."""
     if head is None:
         row = json.loads(line)  # a JSONDecodeError is a ValueError
         if not isinstance(row, dict):
             raise ValueError("not a JSON object")
         if row.get("split") not in ("train", "valid"):
-            return False, -1
+            value = row.get("step")
+            return False, value if row.get("split") == "final" and type(value) is int else -1
         value = row.get("step", 0)
         if type(value) is not int:
             raise ValueError(f"its step is {value!r}")
