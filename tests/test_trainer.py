@@ -467,9 +467,11 @@ def _ddp_gradients(rank: int, world: int, out: str) -> None:
         rows, trainer._bar = [], tqdm(disable=True)
         trainer.log.row = rows.append
         trainer._window = Window(loss, nll, ntok, time.time() - 1000.0)  # the step's, over 1000 s
-        trainer._log_train_row(gnorm)
+        trainer._log_train_row(gnorm)  # rank 0 writes it (`Dist.on_main`)
+        trainer._window = Window(loss, nll, ntok, time.time())  # a window not yet logged, as a checkpoint finds it
         torch.save({"group": group, "grads": {k: p.grad for k, p in trainer.model.named_parameters()},
-                    "sums": (float(loss), float(nll)), "row": rows[0]}, Path(out) / f"rank{rank}.pt")
+                    "sums": (float(loss), float(nll)), "rows": rows, "window": trainer.state_dict()["window"]},
+                   Path(out) / f"rank{rank}.pt")
         dist.barrier()  # both ranks' results are written
     except BaseException:
         traceback.print_exc()
@@ -514,13 +516,23 @@ def test_ddp_gradients_are_those_of_one_batch_of_every_ranks_tokens(tmp_path, mo
     for name, p in ref.model.named_parameters():
         torch.testing.assert_close(ranks[0]["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
         assert torch.equal(ranks[1]["grads"][name], ranks[0]["grads"][name])
-    # the train row is the job's, on every rank: its loss and NLL per target token of both ranks, and
+    # the train row is the job's, written by rank 0: its loss and NLL per target token of both ranks, and
     # both ranks' tokens a second (rank 0's share, counted as world x its tokens, was 26% off on another draw)
-    for rank in ranks:
-        row = rank["row"]
-        assert row["loss"] == pytest.approx((ranks[0]["sums"][0] + ranks[1]["sums"][0]) / sum(ntok), rel=1e-6)
-        assert row["nll"] == pytest.approx((ranks[0]["sums"][1] + ranks[1]["sums"][1]) / sum(ntok), rel=1e-6)
-        assert row["tokens_per_s"] == pytest.approx(sum(ntok) / 1000.0, rel=0.01)
+    assert len(ranks[0]["rows"]) == 1 and ranks[1]["rows"] == []
+    row = ranks[0]["rows"][0]
+    assert row["loss"] == pytest.approx((ranks[0]["sums"][0] + ranks[1]["sums"][0]) / sum(ntok), rel=1e-6)
+    assert row["nll"] == pytest.approx((ranks[0]["sums"][1] + ranks[1]["sums"][1]) / sum(ntok), rel=1e-6)
+    assert row["tokens_per_s"] == pytest.approx(sum(ntok) / 1000.0, rel=0.01)
+    # a checkpoint keeps each rank's unlogged sums (rank 0's alone were resumed on every rank: the next row
+    # counted rank 0's twice and rank 1's never), and a resumed rank takes its own
+    windows = ranks[0]["window"]
+    assert windows == ranks[1]["window"] and [w["tokens"] for w in windows] == ntok
+    for rank in range(2):
+        resumed = _trainer(tmp_path / f"resumed{rank}", *DDP_FLAGS)
+        ckpt = resumed.state_dict()
+        resumed.dist = Dist(rank=rank, world=2, local_rank=rank)
+        resumed.resume({**ckpt, "window": windows, "rng": [ckpt["rng"]] * 2})
+        assert resumed._resumed_window == windows[rank]
 
 
 def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
@@ -546,8 +558,13 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
 
         def tokenizers():
             return make_tokenizers(trainer.config, "translation", pairs, Path(out), trainer.dist, trainer.log)
+        trainer._bar = tqdm(disable=True)
+
+        def train_row():
+            trainer._window = Window(1.0, 1.0, 10, time.time() - 1.0)
+            trainer._log_train_row(torch.tensor(1.0))
         for name, call in (("save", lambda: trainer.save("step")), ("validate", trainer.validate),
-                           ("tokenizers", tokenizers)):
+                           ("tokenizers", tokenizers), ("train row", train_row)):
             try:
                 call()
             except OSError as e:
@@ -560,7 +577,7 @@ def _ddp_save_on_a_full_disk(rank: int, world: int, out: str) -> None:
 
 
 def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, monkeypatch):
-    """Rank 0 writes the checkpoints, the validation's rows and the tokenizers it trains. Its full
+    """Rank 0 writes the checkpoints, the validation's and train rows and the tokenizers it trains. Its full
     disk is now every rank's error (`Dist.on_main`), the same one line each; rank 1 went on into its
     next collective and died there with gloo's "Connection closed by peer" traceback (on GPUs, NCCL's
     wait until its timeout)."""
@@ -573,6 +590,7 @@ def test_under_ddp_a_write_that_fails_on_rank_0_fails_on_every_rank(tmp_path, mo
     assert [g["validate"] for g in got] == [[errno.ENOSPC, f"{rows}: No space left on device"]] * 2
     toks = tmp_path / "tokenizer.json"
     assert [g["tokenizers"] for g in got] == [[errno.ENOSPC, f"{toks}: No space left on device"]] * 2
+    assert [g["train row"] for g in got] == [[errno.ENOSPC, f"{rows}: No space left on device"]] * 2
 
 
 def test_under_ddp_stopping_is_agreed_every_few_steps(tmp_path):

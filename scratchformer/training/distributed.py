@@ -61,6 +61,15 @@ class Dist:
             raise error if self.main else shared
         return result
 
+    def per_rank(self, obj):
+        """What a checkpoint keeps of a rank's own `obj` (its RNG states, its train row's unlogged sums):
+        under DDP every rank's, in rank order (each rank calls it); without, `obj`. `own` reads it back."""
+        return self.gather(obj) if self.on else obj
+
+    def own(self, saved):
+        """This rank's of what `per_rank` saved (a list: a rank's each; else one for every rank)."""
+        return saved[self.rank] if isinstance(saved, list) else saved
+
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order."""
         if not self.on:

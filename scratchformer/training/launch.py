@@ -64,8 +64,10 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    log = Logger(out, dist_.main, config.tensorboard, ckpt["progress"] if resuming else None,
-                 history=path.parent if moved else None)  # a run resumed into a new folder: its logs go on there
+    made = []  # rank 0's logger, made there (a resumed run's logs rewritten): what it raises, every rank raises
+    dist_.on_main(lambda: made.append(Logger(out, True, config.tensorboard, ckpt["progress"] if resuming else None,
+                                             history=path.parent if moved else None)))  # moved: its logs go on here
+    log = made[0] if made else Logger(out, False)
     if warning:
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "

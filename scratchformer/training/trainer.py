@@ -111,14 +111,14 @@ class Trainer:
     # --- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """The checkpoint: everything `resume` needs. Every rank calls it (the RNG states are gathered)."""
-        rng = self.dist.gather(rng_state()) if self.dist.on else rng_state()
+        """The checkpoint: everything `resume` needs. Every rank calls it (its own states are gathered)."""
+        rng = self.dist.per_rank(rng_state())
         optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
         portable(optimizer, scheduler)  # plain numbers (--cuda-graphs keeps device tensors): any run resumes it
         return {
             "version": 1, **self.ema.checkpoint(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            "rng": rng, "progress": self.progress.to_dict(), "window": self._window.to_dict(),
+            "rng": rng, "progress": self.progress.to_dict(), "window": self.dist.per_rank(self._window.to_dict()),
             "config": self.model_config.to_dict(), "args": self.config.to_dict(), "data": self.data.source.to_dict(),
             "train_data": self.data.train_id, "valid_data": self.data.valid_id,
             "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
@@ -151,10 +151,9 @@ class Trainer:
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
-        self._resumed_window = ckpt.get("window")  # None in checkpoints before 2026-12-02: a new window
+        self._resumed_window = self.dist.own(ckpt.get("window"))  # None before 2026-12-02: a new window
         self.progress.resumed(self.config.time_budget, self.config.patience)  # larger ones go on
-        rng = ckpt["rng"]
-        set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # as many as ranks (`check_world`)
+        set_rng_state(self.dist.own(ckpt["rng"]))  # as many as ranks (`check_world`)
         p = self.progress
         self.log.info(f"resumed from {self.config.resume_path}: step {p.step}, epoch {p.epoch + 1}, batch {p.batch}")
 
@@ -328,7 +327,7 @@ class Trainer:
         dt = max(1e-9, time.time() - w.t0)
         row = {"split": "train", "step": prog.step, "epoch": prog.step_epoch, "loss": loss / max(1, tokens),
                "nll": nll / max(1, tokens), "lr": lr, "grad_norm": gnorm, "tokens_per_s": tokens / dt}
-        self.log.row(row)
+        self.dist.on_main(lambda: self.log.row(row))  # what rank 0 raises (a log it cannot write), every rank raises
         unit = {"classification": "ex", "extractive": "sent"}.get(self.data.task, "tok")
         self._bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{lr:.2e}", **{f"{unit}/s": f"{row['tokens_per_s']:.0f}"})
         self.log.info(f"step {prog.step:>6} | epoch {prog.step_epoch} | loss {row['loss']:.4f} | "
