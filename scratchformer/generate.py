@@ -126,6 +126,10 @@ def check_args(args) -> None:
         raise cli.UsageError(f"--save-every must be >= 0 seconds (0: after every batch), got {args.save_every}")
     if args.threads is not None and args.threads < 1:
         raise cli.UsageError(f"--threads must be >= 1, got {args.threads}")
+    reading = cli.given_flags(args, parser, ("--field", "--format"))
+    if reading and args.text:  # they read --input's records: --text's were ignored, silently
+        raise cli.UsageError(f"{', '.join(reading)} read{'s' if len(reading) == 1 else ''} the records of --input; "
+                             f"--text gives the text itself: drop {'it' if len(reading) == 1 else 'them'}")
     batch_only = cli.given_flags(args, parser, BATCH_FLAGS)
     if batch_only and not args.output:  # the text mode would decode without them, silently
         one = len(batch_only) == 1

@@ -1082,6 +1082,15 @@ def test_batch_inference_flags_without_output_are_refused(runs, monkeypatch, fla
         generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", *flags])
 
 
+@pytest.mark.parametrize("flags, named", [(["--field", "src"], "--field reads"),
+                                          (["--field", "x", "--format", "jsonl"], "--field, --format read")])
+def test_input_reading_flags_with_text_are_refused(runs, monkeypatch, flags, named):
+    """--field and --format read --input's records: with --text they were ignored, silently."""
+    monkeypatch.setattr(generate, "load_models", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+    with pytest.raises(cli.UsageError, match=re.escape(f"{named} the records of --input; --text gives the text")):
+        generate.main(["--checkpoint", str(runs["translation"]), "--text", "one", *flags])
+
+
 def test_batch_flags_spelled_out_with_their_default_values_are_taken_without_output(runs):
     """A flag counts as given when its value is not the parser's default (`cli.given_flags`): one
     written out with its default value (--max-tokens 4096, --save-every 60, not small ints that
