@@ -48,6 +48,7 @@ dispatcher.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 
 import torch
@@ -149,6 +150,23 @@ def check_flag(name: str, arg: str, value) -> None:
     """A flag: True or False. A truthy string such as "False" would be taken as True."""
     if not isinstance(value, bool):
         raise ValueError(f"{name}: {arg} must be a bool, got {value!r}")
+
+
+def check_number(name: str, arg: str, value) -> None:
+    """A real number (a bool, a tensor, None or a string refused by name: a comparison inside raised a
+    bare TypeError, or took True as 1); not checked inside a torch.compile trace, where it may be symbolic."""
+    if not torch.compiler.is_compiling() and (isinstance(value, (bool, torch.Tensor))
+                                              or not isinstance(value, numbers.Real)):
+        raise ValueError(f"{name}: {arg} must be a number, got {value!r}")
+
+
+def check_dropout(name: str, dropout_p, seed) -> None:
+    """dropout_p a number in [0, 1); seed None (drawn: `dropout_rng`) or an int (1.5 was read as 1)."""
+    check_number(name, "dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:  # NaN fails too
+        raise ValueError(f"{name}: dropout_p must be in [0, 1), got {dropout_p}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"{name}: seed must be an int or None (drawn), got {seed!r}")
 
 
 def check_device(name: str, *tensors: torch.Tensor | None) -> None:

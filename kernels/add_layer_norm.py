@@ -88,6 +88,7 @@ Liger-Kernel `ops/layer_norm.py`.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -102,8 +103,10 @@ from ._common import (
     call_op,
     cdiv,
     check_device,
+    check_dropout,
     check_dtype,
     check_flag,
+    check_number,
     check_tensors,
     define_op,
     dropout_keep,
@@ -411,7 +414,7 @@ def _block_m(rows: int, block_n: int) -> int:
     return max(1, min(budget // block_n, next_pow2(max(rows, 1))))
 
 
-def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_dtype=None):
+def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_dtype=None, seed=None):
     check_tensors("add_layer_norm", ("residual", "bias"), x=x, residual=residual, weight=weight, bias=bias)
     _check_device_dtype(x, residual, weight, bias)
     _check_out_dtypes(y_dtype, copy_dtype)
@@ -432,8 +435,7 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype=None, copy_
     if bias is not None and bias.dtype != weight.dtype:
         raise ValueError(f"add_layer_norm: weight {weight.dtype} and bias {bias.dtype} dtypes differ")
     _check_eps(eps)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+    check_dropout("add_layer_norm", dropout_p, seed)
 
 
 def check_limits(x, residual, weight, bias, eps=1e-5, *, y_dtype=None, copy_dtype=None, **_):
@@ -476,8 +478,9 @@ def _check_width(N):
 
 
 def _check_eps(eps):
-    if not eps > 0.0:
-        raise ValueError(f"add_layer_norm: eps must be > 0, got {eps}")
+    check_number("add_layer_norm", "eps", eps)
+    if not 0.0 < eps < math.inf:  # NaN fails too; inf made every row 0 (as op_checks refuses it)
+        raise ValueError(f"add_layer_norm: eps must be > 0 and finite, got {eps}")
 
 
 def add_layer_norm_fwd(
@@ -718,8 +721,9 @@ def add_layer_norm(
     return_dropout_mask, debug): y alone, or a tuple such as (y, s) or (y, copy). Raises ValueError
     naming a bad input.
     """
-    _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype, copy_dtype)
-    check_flag("add_layer_norm", "return_residual", return_residual)
+    _check_inputs(x, residual, weight, bias, eps, dropout_p, y_dtype, copy_dtype, seed)
+    for arg, flag in (("return_residual", return_residual), ("return_dropout_mask", return_dropout_mask)):
+        check_flag("add_layer_norm", arg, flag)
     return add_layer_norm_trusted(x, residual, weight, bias, eps, dropout_p=dropout_p, return_residual=return_residual,
                                   seed=seed, return_dropout_mask=return_dropout_mask, y_dtype=y_dtype,
                                   copy_dtype=copy_dtype)

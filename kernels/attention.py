@@ -92,8 +92,10 @@ from ._common import (
     call_op,
     cdiv,
     check_device,
+    check_dropout,
     check_dtype,
     check_flag,
+    check_number,
     check_tensors,
     define_op,
     dropout_keep,
@@ -742,7 +744,7 @@ def _check_lengths(name, lengths, B, L, device):
             raise ValueError(f"attention: {name} must lie in [0, {L}], got min {lo} max {hi}")
 
 
-def _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale):
+def _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed=None):
     """The entry point's checks."""
     check_tensors("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -756,8 +758,7 @@ def _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale)
         )
     _check_device_dtype_head_dim(q, k, v)
     check_flag("attention", "causal", causal)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    check_dropout("attention", dropout_p, seed)
     _check_scale(scale)
     _check_lengths("key_lengths", key_lengths, B, k.shape[2], q.device)
     _check_lengths("query_lengths", query_lengths, B, Lq, q.device)
@@ -780,6 +781,8 @@ def _check_device_dtype_head_dim(q, k, v):
 
 
 def _check_scale(scale):
+    if scale is not None:
+        check_number("attention", "scale", scale)
     if scale is not None and not 0.0 <= scale < math.inf:  # NaN fails too
         # the forward offsets each row by its maximum score times scale, the scaled maximum only for a
         # scale >= 0: a negative one would offset by the minimum, and exp2 overflows to NaN on wide rows
@@ -1023,7 +1026,9 @@ def attention(
     return_dropout_mask (debug) also the keep mask (B, H, Lq, Lk) bool, True = kept:
     out, or (out, lse), (out, mask), (out, lse, mask).
     """
-    _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale)
+    _check_inputs(q, k, v, key_lengths, query_lengths, causal, dropout_p, scale, seed)
+    for arg, flag in (("return_lse", return_lse), ("return_dropout_mask", return_dropout_mask)):
+        check_flag("attention", arg, flag)
     return attention_trusted(q, k, v, key_lengths=key_lengths, query_lengths=query_lengths, causal=causal,
                              dropout_p=dropout_p, scale=scale, return_lse=return_lse,
                              return_dropout_mask=return_dropout_mask, seed=seed)

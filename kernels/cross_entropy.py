@@ -51,6 +51,7 @@ from ._common import (
     call_op,
     check_device,
     check_dtype,
+    check_number,
     check_tensors,
     define_op,
     first_order,
@@ -134,6 +135,7 @@ def _check_inputs(x, weight, bias, target, label_smoothing, ignore_index):
         raise ValueError(f"{name}: want x (N, d), weight (V, d), bias (V,) or None and int64 target (N,); got x "
                          f"{tuple(x.shape)}, weight {tuple(weight.shape)}, bias "
                          f"{None if bias is None else tuple(bias.shape)}, target {target.dtype} {tuple(target.shape)}")
+    check_number(name, "label_smoothing", label_smoothing)
     integer = _is_integer(ignore_index)  # 1.5 was read as class 1
     if not (integer and 0 <= ignore_index < V and 0.0 <= label_smoothing < 1.0 and (label_smoothing == 0.0 or V >= 3)):
         raise ValueError(f"{name}: want ignore_index in [0, V) and label_smoothing in [0, 1) (V >= 3 to smooth); got "

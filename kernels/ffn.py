@@ -50,7 +50,9 @@ from ._common import (
     NONE_SHAPE,
     call_op,
     check_device,
+    check_dropout,
     check_dtype,
+    check_flag,
     check_tensors,
     define_op,
     dropout_rng,
@@ -63,7 +65,7 @@ MIN_DIM, MAX_DIM = 16, 16384
 WGRAD_KERNEL = "torch"  # "torch" (cuBLAS, split-K) or "triton" (our GEMM); see the docstring
 
 
-def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
+def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p, seed=None):
     check_tensors("ffn", ("b1", "b2"), x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check_device_dtype(x, w1, b1, w2, b2)
     if activation not in ("relu", "gelu"):
@@ -81,8 +83,7 @@ def _check_inputs(x, w1, b1, w2, b2, activation, dropout_p):
     if b2 is not None and b2.shape != (d_model,):
         raise ValueError(f"ffn: b2 must be ({d_model},), got {tuple(b2.shape)}")
     _check_widths(d_model, d_ff)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"ffn: dropout_p must be in [0, 1), got {dropout_p}")
+    check_dropout("ffn", dropout_p, seed)
 
 
 def check_limits(x, w1, b1, w2, b2, **_):
@@ -249,7 +250,8 @@ def ffn(
     Returns y (..., d_model) in x's dtype; with return_dropout_mask (debug), (y, mask) where mask
     (..., d_ff) bool is the keep mask (True = kept). Raises ValueError naming a bad input.
     """
-    _check_inputs(x, w1, b1, w2, b2, activation, dropout_p)
+    _check_inputs(x, w1, b1, w2, b2, activation, dropout_p, seed)
+    check_flag("ffn", "return_dropout_mask", return_dropout_mask)
     return ffn_trusted(x, w1, b1, w2, b2, activation=activation, dropout_p=dropout_p, seed=seed,
                        return_dropout_mask=return_dropout_mask)
 

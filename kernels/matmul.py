@@ -66,7 +66,9 @@ from ._common import (
     apply_dropout,
     cdiv,
     check_device,
+    check_dropout,
     check_dtype,
+    check_flag,
     check_tensors,
     dropout_rng,
     launch_tuned,
@@ -646,8 +648,9 @@ def matmul(
     N = b.shape[1]
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"matmul: dropout_p must be in [0, 1), got {dropout_p}")
+    check_dropout("matmul", dropout_p, seed)
+    for arg, flag in (("store_pre", store_pre), ("store_mask", store_mask)):
+        check_flag("matmul", arg, flag)
     rng = dropout_rng(dropout_p, seed, a.device)
     out = launch_matmul(a, b, bias, activation, dropout_p, rng, store_pre, store_mask)
     return out if len(out) > 1 else out[0]
@@ -678,7 +681,7 @@ def matmul_dact(
     M, N = a.shape[0], b.shape[1]
     if aux.shape != (M, N):
         raise ValueError(f"matmul_dact: aux must have shape ({M}, {N}), got {tuple(aux.shape)}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"matmul_dact: dropout_p must be in [0, 1), got {dropout_p}")
+    check_dropout("matmul_dact", dropout_p, seed)
+    check_flag("matmul_dact", "bias_grad", bias_grad)
     rng = dropout_rng(dropout_p, seed, a.device) if activation == "gelu" else None  # relu reads no mask
     return launch_matmul_dact(a, b, aux, activation, dropout_p, rng, bias_grad)

@@ -603,6 +603,29 @@ def test_the_kernels_entry_points_name_an_input_that_is_not_a_tensor_and_a_flag_
         with pytest.raises(ValueError, match=_esc(f"add_layer_norm: return_residual must be a bool, got {flag!r}")):
             add_layer_norm.add_layer_norm(x, x, torch.ones(16), None, return_residual=flag)
     torch.testing.assert_close(ops.select("triton", DEVICE).attention(q, k, v, causal=False), want, rtol=0, atol=0)
+    # every other flag, the seed, dropout_p, scale and eps: named, not taken as true, as 1, or a TypeError inside
+    for op, (call, args) in calls.items():
+        flags = {"attention": ("return_lse", "return_dropout_mask"), "add_layer_norm": ("return_dropout_mask",),
+                 "ffn": ("return_dropout_mask",), "matmul": ("store_pre", "store_mask"),
+                 "matmul_dact": ("bias_grad",)}.get(op, ())
+        for flag in flags:
+            with pytest.raises(ValueError, match=_esc(f"{op}: {flag} must be a bool, got 'no'")):
+                call({**args, flag: "no"})
+        if op == "linear_cross_entropy":
+            with pytest.raises(ValueError, match=_esc(f"{op}: label_smoothing must be a number, got '0.1'")):
+                call({**args, "label_smoothing": "0.1"})
+            continue
+        for bad in ("0.1", None, True, torch.tensor(0.1)):
+            with pytest.raises(ValueError, match=_esc(f"{op}: dropout_p must be a number, got {bad!r}")):
+                call({**args, "dropout_p": bad})
+        with pytest.raises(ValueError, match=_esc(f"{op}: seed must be an int or None (drawn), got 1.5")):
+            call({**args, "dropout_p": 0.1, "seed": 1.5})
+    for bad in ("1", True):
+        with pytest.raises(ValueError, match=_esc(f"attention: scale must be a number, got {bad!r}")):
+            attention.attention(q, k, v, scale=bad)
+    for bad, message in ((None, "eps must be a number, got None"), (float("inf"), "eps must be > 0 and finite")):
+        with pytest.raises(ValueError, match=_esc(f"add_layer_norm: {message}")):
+            add_layer_norm.add_layer_norm(x, x, torch.ones(16), None, eps=bad)
 
 
 # ---------------------------------------------------------------------------------------------
