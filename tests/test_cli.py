@@ -158,6 +158,16 @@ def test_classification_tsv_carves_validation(tmp_path, monkeypatch):
     assert 100.0 * sum(r["prediction"] == r["reference"] for r in rows) / len(rows) == pytest.approx(res["accuracy"])
     m = evaluate.main(["--checkpoint", str(run), "--split", "validation", "--overwrite"])  # the final report's
     assert m["n"] == 12 and 0.0 <= m["accuracy"] <= 100.0
+    # refused before --overwrite clears the run: a carve that leaves nothing to train on (the tokenizer was trained
+    # on no example and the run folder cleared before "no training batch"), and a classifier without an encoder
+    # layer (it read its [CLS] alone, one answer for every input, and its attention plot failed after training)
+    kept = sorted(p.name for p in run.iterdir())
+    for more, message in ((["--max-train-examples", "1"], "1 examples; carving 0.2 of them as validation leaves none "
+                                                          "to train on"),
+                          (["--encoder-layers", "0"], "--encoder-layers 0 makes no encoder; classification reads")):
+        with pytest.raises((DataError, ConfigError), match=re.escape(message)):
+            train.main([*flags, *more, "--overwrite"])
+        assert sorted(p.name for p in run.iterdir()) == kept
     # a label the model has no class for: named with the model's classes before any work (an IndexError in torch)
     bad = tmp_path / "bad_labels"
     bad.mkdir()

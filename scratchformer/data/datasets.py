@@ -363,6 +363,9 @@ def carve_validation(train: list[Example], fraction: float, seed: int,
     idx = list(range(len(train)))
     random.Random(seed).shuffle(idx)
     n_val = max(1, int(round(len(train) * fraction)))
+    if n_val >= len(train):  # refused here, before a run folder is made or cleared
+        raise DataError(f"{where}: {len(train)} examples; carving {fraction:g} of them as validation leaves none to "
+                        f"train on")
     val_idx = set(idx[:n_val])
     valid = [train[i] for i in sorted(val_idx)]
     check_unique_ids(valid, "validation", f"{where}, the validation examples carved from it")

@@ -182,8 +182,9 @@ def build_data(cfg: TrainConfig, source: D.DataSource, out: Path, dist_: Dist, l
                  f"{int(train_set.src.lengths().sum())} source tokens)")
     else:
         train_set, st = D.encode_examples(train_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
-    policy = ("sentences in order, each led by a marker, while they fit in max_src_len tokens" if task == "extractive"
-              else "keep the first max_src_len-1 source tokens + EOS, the first max_tgt_len-1 target tokens")
+    policy = {"extractive": "sentences in order, each led by a marker, while they fit in max_src_len tokens",
+              "classification": "keep the first max_src_len tokens (the model adds its [CLS])"}.get(
+        task, "keep the first max_src_len-1 source tokens + EOS, the first max_tgt_len-1 target tokens")
     log.info(f"train: {st} (policy: {policy})")
     valid_set, sv = D.encode_examples(valid_ex, task, toks.src, toks.tgt, cfg.max_src_len, cfg.max_tgt_len)
     log.info(f"valid: {sv}")

@@ -317,6 +317,8 @@ def check_for_task(cfg: TrainConfig, task: str) -> None:
         raise ConfigError(f"--best-metric {metric}: {task} validation computes {', '.join(names)}")
     if metric is not None and metric not in TEACHER_FORCED and not cfg.eval_decode_examples:
         raise ConfigError(f"--best-metric {metric} is a decoding metric: it needs --eval-decode-examples > 0")
+    if task in D.ENCODER_ONLY and cfg.encoder_layers == 0:  # the classifier read its [CLS] alone: one answer
+        raise ConfigError(f"--encoder-layers 0 makes no encoder; {task} reads its input through at least 1")
     if task in D.ENCODER_ONLY and cfg.copy:
         model = "a classifier" if task == "classification" else "an extractive summarizer"
         raise ConfigError(f"--copy is for sequence-to-sequence tasks; {model} has no target tokens to copy into")
