@@ -1379,7 +1379,7 @@ def test_resume_truncates_the_logs_atomically_and_drops_a_torn_last_row(tmp_path
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no history lost, no temp file left
     log = Logger(tmp_path, enabled=True, resume={"step": 3})
     log.close()
-    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == METRICS[:4]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == METRICS[:3]  # step 4's final report too
     assert (tmp_path / "train.csv").read_text().splitlines() == ["split,step,loss", "train,1,5.0", "train,3,3.0"]
     assert (tmp_path / "valid.csv").read_text().splitlines() == ["split,step,loss", "valid,2,4.0"]
     text = (tmp_path / "log.txt").read_text()
