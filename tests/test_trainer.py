@@ -817,6 +817,7 @@ def test_the_train_rows_throughput_counts_every_ranks_tokens(tmp_path):
     trainer.train_step(_batches(trainer, 1)[0])
     trainer.dist = Dist(rank=0, world=4)
     trainer.dist.sum = lambda values, device: [float(values[0]) + 3.0, float(values[1]) + 3.0, values[2] + 700]
+    trainer.dist.broadcast = lambda obj: obj  # rank 0 writes the row (`Dist.on_main`)
     trainer._window = Window(loss=1.0, nll=1.0, tokens=300, t0=time.time() - 10.0)
     trainer._log_train_row(torch.tensor(1.0))
     assert rows[0]["tokens_per_s"] == pytest.approx(100.0, rel=0.01)
@@ -926,7 +927,8 @@ class _SyncRecorder(torch.nn.Module):
 def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(tmp_path, monkeypatch, capsys):
     """A 2-process run, then its resume, played rank by rank in this process (`_play`): both ranks
     call the same collectives in the same order (rank 0 trains the tokenizers, then both read them;
-    every save gathers the RNG states on every rank; the validation's decisions are broadcast), rank 1
+    every save gathers each rank's RNG states and unlogged train-row sums; the validation's decisions are
+    broadcast), rank 1
     prints, writes and validates nothing (its tokenizers, config, log, lock and checkpoints are rank
     0's; resumed into a new folder, the best.pt it carries there too), only rank 0 reports, and both
     close the process group. Grad accumulation 2: the gradients
@@ -945,7 +947,7 @@ def test_under_ddp_the_ranks_call_the_same_collectives_and_rank_0_alone_writes(t
     monkeypatch.setattr("scratchformer.training.trainer.wrap_ddp", recorded)
     results, calls, sent = _play(flags, monkeypatch, capsys)
     assert results[0]["steps"] == 2 and results[1] == {}
-    assert calls.count("gather") == 2 and calls[-1] == "close"  # step 2's checkpoint, best.pt; the group ends
+    assert calls.count("gather") == 4 and calls[-1] == "close"  # step 2's checkpoint, best.pt; the group ends
     # what `Dist.on_main` sent: (result, exception); a validation's result is rank 0's progress
     broadcast = [obj[0] for call, obj in zip(calls, sent) if call == "broadcast"
                  and isinstance(obj, tuple) and isinstance(obj[0], dict) and "validated" in obj[0]]

@@ -22,7 +22,7 @@ from ..device import describe, resolve_device
 from ..model import PRESETS, ModelConfig, build_model, count_parameters
 from .build import Examples, build_data, examples_id, load_examples, longest_position, model_config, model_config_for
 from .config import METRICS, TEACHER_FORCED, ConfigError, TrainConfig, flag
-from .distributed import setup_distributed
+from .distributed import Dist, setup_distributed
 from .resume import check_init_from, load_resume_checkpoint, resumed
 from .runs import (
     Logger,
@@ -64,10 +64,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if config.threads:
         torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    made = []  # rank 0's logger, made there (a resumed run's logs rewritten): what it raises, every rank raises
-    dist_.on_main(lambda: made.append(Logger(out, True, config.tensorboard, ckpt["progress"] if resuming else None,
-                                             history=path.parent if moved else None)))  # moved: its logs go on here
-    log = made[0] if made else Logger(out, False)
+    log = _run_logger(out, config, dist_, ckpt["progress"] if resuming else None,
+                      path.parent if moved else None)  # a run resumed into a new folder: its logs go on there
     if warning:
         log.info(warning)
     log.info(f"device {device}{f' x{dist_.world} (DDP)' if dist_.on else ''} | task {source.task} | data "
@@ -308,6 +306,14 @@ def precision_for(precision: str, device: torch.device) -> str:
     if precision != "fp32" and device.type != "cuda":
         raise ConfigError(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
     return precision
+
+
+def _run_logger(out: Path, config: TrainConfig, dist_: Dist, progress: dict | None, history: Path | None) -> Logger:
+    """The run's logger, rank 0's made on rank 0 (a resumed run's logs rewritten there: `Logger`), what
+    it raises raised on every rank (`Dist.on_main`); the other ranks' log nothing."""
+    made = []
+    dist_.on_main(lambda: made.append(Logger(out, True, config.tensorboard, progress, history=history)))
+    return made[0] if made else Logger(out, False)
 
 
 def check_for_task(cfg: TrainConfig, task: str) -> None:
