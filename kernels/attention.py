@@ -781,9 +781,10 @@ def _check_device_dtype_head_dim(q, k, v):
 
 
 def _check_scale(scale):
-    if scale is not None:
-        check_number("attention", "scale", scale)
-    if scale is not None and not 0.0 <= scale < math.inf:  # NaN fails too
+    if scale is None:
+        return
+    check_number("attention", "scale", scale)
+    if not 0.0 <= scale < math.inf:  # NaN fails too
         # the forward offsets each row by its maximum score times scale, the scaled maximum only for a
         # scale >= 0: a negative one would offset by the minimum, and exp2 overflows to NaN on wide rows
         raise ValueError(f"attention: scale must be a finite number >= 0, got {scale}")

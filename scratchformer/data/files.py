@@ -118,13 +118,14 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 def read_json_lines(path: str | Path) -> Iterator[tuple[int, object]]:
     """(1-based line number, its JSON value) for every line of a JSON-lines file that is not blank,
     read as `read_lines` reads; DataError names the file and line of bad JSON."""
+    name = display_name(path)
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
+            raise DataError(f"{name}:{lineno}: bad JSON ({e.msg} at column {e.colno})") from None
 
 
 def read_json(path: str | Path) -> dict:
