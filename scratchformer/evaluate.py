@@ -45,7 +45,7 @@ from .evaluation.options import (
     check_options,
     check_task_options,
 )
-from .locks import Held, hold, release
+from .locks import Held, hold, make_folders, release, remove_made
 from .model import row_key
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
@@ -170,9 +170,9 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
     written takes no lock: its scores still come first, and the write fails after them. The folders
     made for the lock are removed again if the command ends before writing into them."""
     lock = out / f".evaluate.{stem}.lock"
-    made = [p for p in (out, *out.parents) if not p.exists()]  # the deepest first
+    made = []
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        made = make_folders(out)
         fd = hold(lock)
     except Held as e:
         raise cli.UsageError(f"{out / f'predictions.{stem}.jsonl'} and metrics.{stem}.json are being written by "
@@ -185,11 +185,7 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
     finally:
         if fd is not None:
             release(lock, fd)
-        for folder in made:  # an error before any file was written: nothing of ours is left
-            try:
-                folder.rmdir()
-            except OSError:  # written into (or not ours to remove)
-                break
+        remove_made(made)  # an error before any file was written: nothing of ours is left
 
 
 def check_class_names(source: D.DataSource, ckpt: dict) -> None:

@@ -65,3 +65,21 @@ def release(lock: Path, fd: int) -> None:
         lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Make `folder` and its missing parents, for an output's lock; returns the folders made, the
+    deepest first, for `remove_made` when the command ends before writing into them."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders `make_folders` made that are still empty, the deepest first: nothing of a
+    command that failed before writing is left behind."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # written into (or not ours to remove)
+            break

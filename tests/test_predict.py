@@ -362,6 +362,19 @@ def test_missing_and_bad_files(tmp_path):
         P.read_inputs(bad, "translation")
 
 
+def test_a_failure_before_writing_leaves_no_folder_it_made(runs, tmp_path):
+    """--output in folders that do not exist yet: made for its lock, and removed again when the input
+    fails before any line is written (they were left behind, empty); a folder that was there stays."""
+    (tmp_path / "kept").mkdir()
+    missing = tmp_path / "kept" / "new" / "deeper" / "p.jsonl"
+    with pytest.raises(DataError, match="no such file"):
+        P.predict_file(runs["translation"], tmp_path / "nope.jsonl", missing)
+    assert not (tmp_path / "kept" / "new").exists() and (tmp_path / "kept").is_dir()
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "src": "one"}])
+    P.predict_file(runs["translation"], src, missing)  # a run that writes keeps its folders
+    assert [p["id"] for p in _read(missing)] == ["a"]
+
+
 def test_stdin_that_is_not_utf8_names_the_line(monkeypatch):
     stdin = io.TextIOWrapper(io.BytesIO(b"one two\nr\xe9d house\n"), encoding="utf-8")
     monkeypatch.setattr("sys.stdin", stdin)

@@ -38,7 +38,7 @@ from .. import data as D
 from ..checkpoint import fsync_dir, weights_digest
 from ..data.extractive import MAX_ORACLE_SENTENCES
 from ..data.files import check_text, display_name, read_lines, uncompressed_name
-from ..locks import release
+from ..locks import make_folders, release, remove_made
 from ..model import Sampling, row_key
 from .evaluate import LEN_RATIO, predict_extracts, predict_labels, predict_seq2seq
 from .loading import load_models
@@ -327,13 +327,17 @@ def predict_file(checkpoint: str | Path | list, input: str | Path, output: str |
     FileExistsError for an existing output without resume/overwrite."""
     check_options(**predict_kw)
     output, part = check_output(output, input, resume, overwrite)
-    fd = hold_output(output, part, resume, overwrite)
+    made = make_folders(output.parent)
     try:
-        return _predict_file(checkpoint, input, output, part, field=field, fmt=fmt, resume=resume, overwrite=overwrite,
-                             save_every=save_every, device=device, kernel=kernel, compile=compile, progress=progress,
-                             decode_flags=decode_flags, **predict_kw)
+        fd = hold_output(output, part, resume, overwrite)
+        try:
+            return _predict_file(checkpoint, input, output, part, field=field, fmt=fmt, resume=resume,
+                                 overwrite=overwrite, save_every=save_every, device=device, kernel=kernel,
+                                 compile=compile, progress=progress, decode_flags=decode_flags, **predict_kw)
+        finally:
+            release(lock_path(output), fd)
     finally:
-        release(lock_path(output), fd)
+        remove_made(made)  # a failure before any line was written (a bad input, checkpoint): no empty folders
 
 
 def _predict_file(checkpoint, input, output: Path, part: Path, *, field, fmt, resume, overwrite, save_every, device,

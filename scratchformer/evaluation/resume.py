@@ -76,8 +76,8 @@ def check_output(output: str | Path, input: str | Path, resume: bool, overwrite:
 def hold_output(output: Path, part: Path, resume: bool, overwrite: bool) -> int:
     """Hold `output` for this process (`lock_path`; the descriptor to `release`): refused (OptionError)
     while another process writes it (both wrote: one's predictions were lost, or mixed into the other's);
-    then FileExistsError for an existing output or snapshot without resume or overwrite."""
-    output.parent.mkdir(parents=True, exist_ok=True)
+    then FileExistsError for an existing output or snapshot without resume or overwrite. Its folder
+    must exist (`locks.make_folders`)."""
     try:
         fd = hold(lock_path(output))
     except Held as e:
