@@ -119,6 +119,20 @@ void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset) {
               " and L ", x.size(-2));
 }
 
+// TORCH_CHECK naming the first out-of-range id of tokens (B, L), contiguous on the CPU, and where
+// it sits; one cheap serial pass.
+void check_token_ids(const at::Tensor& tokens, int64_t V, const char* op) {
+  const int64_t N = tokens.numel(), L = std::max<int64_t>(tokens.size(1), 1);
+  AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "check_token_ids", [&] {
+    const index_t* ids = tokens.const_data_ptr<index_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t v = static_cast<int64_t>(ids[n]);
+      TORCH_CHECK(v >= 0 && v < V, op, ": token id ", v, " at tokens[", n / L, ", ", n % L,
+                  "] is out of range for weight with ", V, " rows (valid ids are 0..", V - 1, ")");
+    }
+  });
+}
+
 namespace {
 
 // --------------------------------------------------------------------------------------------
@@ -201,15 +215,6 @@ void embed_bwd_cpu_kernel(const scalar_t* grad,  // (N, d) contiguous
   });
 }
 
-// TORCH_CHECK naming the first out-of-range id and where it sits; one cheap serial pass.
-template <typename index_t>
-void check_ids_in_range(const index_t* tokens, int64_t N, int64_t L, int64_t V, const char* op) {
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t v = static_cast<int64_t>(tokens[n]);
-    TORCH_CHECK(v >= 0 && v < V, op, ": token id ", v, " at tokens[", n / L, ", ", n % L,
-                "] is out of range for weight with ", V, " rows (valid ids are 0..", V - 1, ")");
-  }
-}
 
 // --------------------------------------------------------------------------------------------
 // CPU impls
@@ -226,8 +231,8 @@ at::Tensor embed_sinusoidal_cpu(const at::Tensor& tokens_in, const at::Tensor& w
   const int64_t B = tokens.size(0), L = tokens.size(1), V = weight.size(0), d = weight.size(1);
   at::Tensor out = at::empty({B, L, d}, weight.options());
   if (B * L == 0) return out;
+  check_token_ids(tokens, V, "embed_sinusoidal");
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "embed_sinusoidal_cpu", [&] {
-    check_ids_in_range(tokens.const_data_ptr<index_t>(), B * L, L, V, "embed_sinusoidal");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weight.scalar_type(),
                                     "embed_sinusoidal_cpu", [&] {
       embed_fwd_cpu_kernel<scalar_t, index_t>(
@@ -246,9 +251,8 @@ at::Tensor embed_sinusoidal_backward_cpu(const at::Tensor& grad_in, const at::Te
   const int64_t N = tokens.numel(), d = grad.size(2);
   const auto acc_type = at::toOpMathType(grad.scalar_type());
   at::Tensor acc = at::zeros({num_weights, d}, grad.options().dtype(acc_type));
+  check_token_ids(tokens, num_weights, "embed_sinusoidal_backward");
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "embed_sinusoidal_backward_cpu", [&] {
-    check_ids_in_range(tokens.const_data_ptr<index_t>(), N, std::max<int64_t>(tokens.size(1), 1),
-                       num_weights, "embed_sinusoidal_backward");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(),
                                     "embed_sinusoidal_backward_cpu", [&] {
       using opmath_t = at::opmath_type<scalar_t>;

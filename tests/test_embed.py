@@ -181,6 +181,11 @@ def test_strided_inputs_and_empty():
     )
     assert _ext.embed_sinusoidal(tokens[:0], weight, scale=2.0).shape == (0, 6, 32)
     assert _ext.embed_sinusoidal(tokens[:, :0], weight, scale=2.0).shape == (4, 0, 32)
+    bad = torch.tensor([[1, 20, 2]])  # no columns: the ids are still checked (the CUDA op checks them so too)
+    with pytest.raises(RuntimeError, match=r"embed_sinusoidal: token id 20 at tokens\[0, 1\] is out of range"):
+        OP.embed_sinusoidal(bad, weight[:, :0], 2.0, 0, True, None)
+    with pytest.raises(RuntimeError, match=r"embed_sinusoidal_backward: token id 20 at tokens\[0, 1\] is out of"):
+        OP.embed_sinusoidal_backward(torch.zeros(1, 3, 0), bad, 20, 2.0, -1)
 
 
 def test_weight_grad_of_an_empty_batch_is_zero():
@@ -695,6 +700,12 @@ def test_cuda_empty_inputs():
     assert _ext.embed_sinusoidal(tokens, weight[:, :0], scale=2.0).shape == (2, 3, 0)
     assert OP.embed_sinusoidal_backward(torch.zeros(2, 3, 0, device="cuda"), tokens, 10, 2.0, -1).shape == (10, 0)
     assert _ext.add_sinusoidal(torch.zeros(2, 0, 8, device="cuda")).shape == (2, 0, 8)
+    # no columns, no launch: the ids are still checked, as on the CPU (they were returned unread)
+    bad = torch.tensor([[1, 10, 2]], device="cuda")
+    with pytest.raises(RuntimeError, match=r"embed_sinusoidal: token id 10 at tokens\[0, 1\] is out of range"):
+        _ext.embed_sinusoidal(bad, weight[:, :0], scale=2.0)
+    with pytest.raises(RuntimeError, match=r"embed_sinusoidal_backward: token id 10 at tokens\[0, 1\] is out of"):
+        OP.embed_sinusoidal_backward(torch.zeros(1, 3, 0, device="cuda"), bad, 10, 2.0, -1)
 
 
 @requires_cuda

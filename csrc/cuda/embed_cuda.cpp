@@ -26,6 +26,7 @@ void check_embed_args(const at::Tensor& tokens, const at::Tensor& weight, int64_
 void check_embed_backward_args(const at::Tensor& grad, const at::Tensor& tokens,
                                int64_t num_weights, int64_t padding_idx);
 void check_add_sinusoidal_args(const at::Tensor& x, int64_t pos_offset);
+void check_token_ids(const at::Tensor& tokens, int64_t V, const char* op);  // tokens on the CPU
 
 namespace cuda {
 
@@ -91,7 +92,11 @@ at::Tensor embed_sinusoidal_cuda(const at::Tensor& tokens_in, const at::Tensor& 
   const at::Tensor weight = weight_in.stride(1) == 1 ? weight_in : weight_in.contiguous();
   const int64_t B = tokens.size(0), L = tokens.size(1), V = weight.size(0), d = weight.size(1);
   at::Tensor out = at::empty({B, L, d}, weight.options());
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) {
+    // No columns (d_model 0) launch nothing, so the kernel's id check is done here, as on the CPU.
+    if (B * L > 0) check_token_ids(tokens.cpu(), V, "embed_sinusoidal");
+    return out;
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(tokens.scalar_type(), "embed_sinusoidal_cuda", [&] {
     SCRATCHFORMER_DISPATCH_CUDA_FLOATS(weight.scalar_type(), "embed_sinusoidal_cuda", [&] {
@@ -114,7 +119,10 @@ at::Tensor embed_sinusoidal_backward_cuda(const at::Tensor& grad_in, const at::T
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor tokens = tokens_in.contiguous();
   const int64_t N = tokens.numel(), L = tokens.size(1), d = grad.size(2);
-  if (N == 0 || d == 0) return at::zeros({num_weights, d}, grad.options());
+  if (N == 0 || d == 0) {  // no launch: the ids are checked here (d_model 0), as on the CPU
+    if (N > 0) check_token_ids(tokens.cpu(), num_weights, "embed_sinusoidal_backward");
+    return at::zeros({num_weights, d}, grad.options());
+  }
   // The kernels sort 32-bit ids and positions (csrc/cuda/embed_kernels.cu).
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   TORCH_CHECK(N <= kMax, "embed_sinusoidal_backward on CUDA: at most ", kMax, " tokens, got ", N);
