@@ -123,6 +123,14 @@ def test_a_pool_of_processes_encodes_as_one_does():
     assert few[2:] == alone[2:]
 
 
+def test_the_pool_forks_once_cuda_is_initialised_too(monkeypatch):
+    """A GPU run has initialised CUDA before it builds its data (its precision, its device's description):
+    the pool is made then too (it fell back to one process, CNN/DM's articles ~100 s of a GPU window)."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with E._pool(2) as pool:
+        assert pool is not None and pool.starmap(len, [("ab",), ("c",)]) == [2, 1]
+
+
 @pytest.mark.parametrize("cores, ranks, workers", [(64, None, 16), (64, "8", 8), (12, "2", 6), (12, "1", 12),
                                                    (4, "8", 1), (1, None, 1)])
 def test_the_pool_takes_this_ranks_share_of_the_cores_at_most_16(monkeypatch, cores, ranks, workers):

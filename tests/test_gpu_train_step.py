@@ -16,7 +16,10 @@ import sys
 import tarfile
 
 import pytest
+import torch
 from gpu_steps import GPU, REPO, dry_run, step_archive, step_env
+
+from scratchformer.checkpoint import load_checkpoint, save_checkpoint
 
 
 def _translation_data(folder, broken_test_input: bool = False) -> list[str]:
@@ -452,6 +455,14 @@ def test_finish_on_cpu_goes_on_from_a_searchs_snapshot(tmp_path, scoring_cut):
     preds = [json.loads(line) for line in open(finish / "test_predictions.jsonl")]
     assert [p["id"] for p in preds] == ids and preds[2]["prediction"] == "vom GPU", preds
     assert "1 of them decoded on the GPU" in done.stdout
+    # weights shipped in bf16: the snapshot is not the model's, every input is decoded here, and said so
+    ck = load_checkpoint(weights)
+    ck["model"] = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in ck["model"].items()}
+    save_checkpoint(weights, ck)
+    done = _finish_on_cpu("iwslt-ensemble", weights, tmp_path / "finish-bf16", tmp_path / "data")
+    preds = [json.loads(line) for line in open(tmp_path / "finish-bf16" / "test_predictions.jsonl")]
+    assert [p["id"] for p in preds] == ids and preds[2]["prediction"] != "vom GPU", preds
+    assert "0 of them decoded on the GPU" in done.stdout and "came back in bf16" in done.stdout
 
 
 def test_train_step_falls_back_to_launched_steps(tmp_path):

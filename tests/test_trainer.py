@@ -33,7 +33,7 @@ from scratchformer.evaluation.evaluate import evaluate
 from scratchformer.kernels import attention
 from scratchformer.model import build_model, get_config
 from scratchformer.model.layers import FeedForward
-from scratchformer.training import cuda_graph, report
+from scratchformer.training import cuda_graph, launch, report
 from scratchformer.training import trainer as TR
 from scratchformer.training.build import build_data, make_tokenizers, model_config
 from scratchformer.training.config import ConfigError, parse_args
@@ -348,6 +348,20 @@ def test_time_limit_stops_saves_and_resume_finishes_like_one_run(tmp_path):
     cut, ref = _train_rows(tmp_path / "cut"), _train_rows(tmp_path / "whole")
     assert [r["step"] for r in cut] == [r["step"] for r in ref] == [str(i) for i in range(1, 7)]
     assert [r["loss"] for r in cut] == [r["loss"] for r in ref]
+
+
+def test_time_limit_counts_the_commands_setup(tmp_path, monkeypatch):
+    """--time-limit bounds the command: a setup (here data built in 2 s) that takes the limit leaves one
+    step, then the pause (it counted from the first step: the run trained its 40 steps past the limit)."""
+    build = launch.build_data
+
+    def slow_build(*a, **k):
+        time.sleep(2.0)
+        return build(*a, **k)
+
+    monkeypatch.setattr(launch, "build_data", slow_build)
+    stopped = T.main(TINY + ["--max-steps", "40", "--out", str(tmp_path / "r"), "--time-limit", "1.5"])
+    assert stopped == {"stopped": "--time-limit 1.5 s", "step": 1}
 
 
 def test_a_plateau_run_warms_up_and_resumes_in_its_warmup_like_one_run(tmp_path):

@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from .files import DataError
 from .ragged import Ragged
@@ -124,12 +123,15 @@ def _cores() -> int:
 
 @contextlib.contextmanager
 def _pool(processes: int):
-    """Forked workers, where the platform forks and no CUDA context is open (a forked child of one is
-    unsupported): they run pure Python on their copy of the documents; a spawned worker would
-    re-import the caller's main module, which a script without a main guard cannot take.
+    """Forked workers, where the platform forks: they run pure Python on their copy of the documents;
+    a spawned worker would re-import the caller's main module, which a script without a main guard
+    cannot take. Also once CUDA is initialised (a GPU run has, before its data is built: its
+    precision, its device's description), as torch's DataLoader forks its workers: they never call
+    CUDA, and torch's fork handler makes a call there an error. (Under CUDA they ran in one process:
+    CNN/DM's articles took ~100 s of a GPU window, not ~7.)
     TOKENIZERS_PARALLELISM is set while the workers fork, to its value, so that tokenizers does not
     warn in each child that it was forked after its threads ran (the children never tokenize)."""
-    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
+    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield None
         return
     before = os.environ.get("TOKENIZERS_PARALLELISM")

@@ -142,7 +142,8 @@ def _check_byte_level(tok: Tokenizer, path: Path) -> None:
     """ValueError naming `path` for a tokenizer file not laid out as `BPETokenizer.train`'s: a BPE model
     with ByteLevel pre-tokenizer and decoder (another, a WordLevel one, maps most text to <unk>: a model
     trained on it learns nothing of it, silently) and the special tokens registered as special (else
-    decoding keeps a "<pad>" in the text)."""
+    decoding keeps a "<pad>" in the text), normalising text by NFC alone (or not at all): another
+    normaliser (lower-casing, stripping accents) made every output differ from its reference, unsaid."""
     spec = json.loads(tok.to_str())
     kind = {part: (spec.get(part) or {}).get("type") for part in ("model", "pre_tokenizer", "decoder")}
     pre = spec.get("pre_tokenizer") or {}
@@ -159,6 +160,8 @@ def _check_byte_level(tok: Tokenizer, path: Path) -> None:
         faults.append(f"its decoder is {kind['decoder']}, not ByteLevel")
     if missing:
         faults.append(f"{', '.join(missing)} not registered as special tokens")
+    if (normalizer := (spec.get("normalizer") or {}).get("type")) not in (None, "NFC"):
+        faults.append(f"its normalizer is {normalizer}, not NFC (outputs would not be the references' text)")
     if faults:
         raise ValueError(f"{path}: not a byte-level BPE tokenizer as train makes them ({'; '.join(faults)}): "
                          "give a tokenizer.json of a scratchformer run, or drop --tokenizer to train one")

@@ -87,7 +87,7 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
              f"d_model {mcfg.d_model} heads {mcfg.n_heads} layers {mcfg.n_encoder_layers}+{mcfg.n_decoder_layers} "
              f"d_ff {mcfg.d_ff} norm {mcfg.norm} pos_encoding {mcfg.pos_encoding}{' copy' * mcfg.copy} | kernel "
              f"{mcfg.kernel} -> {model.ops.name}{' | layers recomputed in the backward' * model.encoder.recompute}")
-    trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_)
+    trainer = cls(config, model, data, model_config=mcfg, out=out, device=device, log=log, dist=dist_, started=t0)
     if resuming:
         trainer.resume(ckpt)
     for line in _describe(trainer):

@@ -55,7 +55,7 @@ class Trainer:
     (tests): the model on `device`, the run folder `out`, a Logger."""
 
     def __init__(self, config: TrainConfig, model: torch.nn.Module, data: TrainData, *, model_config: ModelConfig,
-                 out: Path, device: torch.device, log: Logger, dist: Dist | None = None):
+                 out: Path, device: torch.device, log: Logger, dist: Dist | None = None, started: float | None = None):
         config = dataclasses.replace(config, precision=precision_for(config.precision, device))  # "auto" -> a dtype
         self.config, self.model, self.data, self.model_config = config, model, data, model_config
         self.out, self.device, self.log, self.dist = out, device, log, dist or Dist()
@@ -91,7 +91,8 @@ class Trainer:
         self.last_saved: int = -1  # step of the last step checkpoint
         self.saved_progress: dict | None = None  # the progress last.pt holds
         self.stop_reason: str | None = None  # why fit() stopped before its end: --time-limit, SIGINT, SIGTERM
-        self._t_start: float = time.time()  # this session's start: --time-limit counts from it
+        self._t_start: float = time.time()  # this session's training start (--time-budget's clock)
+        self._started: float = self._t_start if started is None else started  # the command's: --time-limit's
         self._seconds_before: float = 0.0  # the run's training time before this session
         self.train_seconds: float = 0.0  # the run's training time, every session, when fit() returns
         self.eval_max_tokens: int = max(cfg.max_tokens or 0, 4096)
@@ -234,7 +235,7 @@ class Trainer:
         timed = cfg.time_budget or cfg.time_limit
         if self.dist.on and (not timed or (not force and prog.step % TIME_SYNC_EVERY)):
             return
-        if cfg.time_limit and self.stop_reason is None and time.time() - self._t_start >= cfg.time_limit:
+        if cfg.time_limit and self.stop_reason is None and time.time() - self._started >= cfg.time_limit:
             self.stop_reason = f"--time-limit {cfg.time_limit:g} s"
         spent = bool(cfg.time_budget) and not prog.out_of_time and self._elapsed() >= cfg.time_budget
         if self.dist.on:

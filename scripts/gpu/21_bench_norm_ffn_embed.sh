@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step 21, estimate 3 min (144 s on an H100 before the loss's group): add+LayerNorm, FFN, embedding and
+# Step 21, estimate 4 min (144 s on an H100 before the loss's group, which adds about a minute): add+LayerNorm, FFN, embedding and
 # the fused generator + loss (cross_entropy, new 2026-11-29, not yet run) benchmarks (autotuned GEMM),
 # each group its own JSON so a time-out loses at most one group. torch.compile's peers
 # compile afresh per case (10-20 s each; warm_bench compiles them side by side first), so by default

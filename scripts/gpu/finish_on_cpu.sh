@@ -67,7 +67,9 @@ print(int(any(v.dtype == torch.bfloat16 for v in load_checkpoint(sys.argv[1])['m
   fi
   "$PY" -m scratchformer.generate --checkpoint "$RUN/picked.pt" --input "$inputs" --output "$RUN/test_predictions.jsonl" \
     --resume --no-progress "${flags[@]}" "${CPU[@]}"
-  echo "== $RUN: test predictions from $name (picked.pt), $(wc -l < "$snapshot" 2>/dev/null || echo 0) of them decoded on the GPU"
+  # bf16 weights: the GPU's snapshot was not taken (it counted here all the same)
+  from_gpu=$([ "$halved" = 0 ] && wc -l < "$snapshot" 2>/dev/null || echo 0)
+  echo "== $RUN: test predictions from $name (picked.pt), $from_gpu of them decoded on the GPU"
   exit 0
 fi
 for lp in "" "${LENGTH_PENALTIES[@]}"; do
