@@ -153,7 +153,8 @@ def test_resume_keeps_the_run_config_except_given_flags():
     cfg = resumed(now, given, saved, "runs/y/last.pt")
     assert (cfg.max_steps, cfg.out, cfg.no_plots, cfg.resume, cfg.resume_path) == (
         99, "runs/y", True, "last", "runs/y/last.pt")
-    assert (cfg.lr, cfg.schedule, cfg.dataset, cfg.epochs, cfg.no_progress) == (1e-3, "cosine", "imdb", 4, True)
+    assert (cfg.lr, cfg.schedule, cfg.dataset, cfg.epochs) == (1e-3, "cosine", "imdb", 4)
+    assert not cfg.no_progress  # a command's own (`test_a_commands_own_options_are_not_taken_from_the_run`)
 
 
 # --- options refused by name, before any work -------------------------------------------------
@@ -315,6 +316,32 @@ def test_resume_refuses_flags_that_cannot_change():
         resumed(now, given, {**saved, "schedule": "plateau"}, "runs/y/last.pt")
     # a run started with --overwrite resumes (its saved overwrite is not a second wish to replace it)
     assert resumed(*parse_args(["--resume"]), {**saved, "overwrite": True}, "r/last.pt").overwrite is False
+
+
+def test_a_model_option_the_run_left_unset_is_compared_with_the_model_it_built():
+    """A run whose --dropout was unset (its preset's 0.1) resumed with --dropout 0.1: no change (it was
+    refused, "the run has unset"); another value is refused naming the built one."""
+    saved = {**json.loads(OLD_ARGS_JSON), "dropout": None, "norm": None, "tie_embeddings": None}
+    built = {"dropout": 0.1, "norm": "post", "tie_embeddings": "none", "d_model": 64}
+    now, given = parse_args(["--resume", "--dropout", "0.1", "--norm", "post", "--tie-embeddings", "none"])
+    assert resumed(now, given, saved, "r/last.pt", built).dropout == 0.1
+    now, given = parse_args(["--resume", "--dropout", "0.2", "--norm", "pre"])
+    with pytest.raises(ConfigError, match=r"--dropout 0\.2 \(the run has 0\.1\); --norm pre \(the run has post\) "
+                                          r"cannot change"):
+        resumed(now, given, saved, "r/last.pt", built)
+    with pytest.raises(ConfigError, match=r"--dropout 0\.1 \(the run has unset\)"):  # no model config: as before
+        resumed(*parse_args(["--resume", "--dropout", "0.1"]), saved, "r/last.pt")
+
+
+def test_a_commands_own_options_are_not_taken_from_the_run():
+    """--time-limit, --tensorboard and --no-progress are a command's: a resume takes them as given, else
+    their defaults (the run's --time-limit paused every resume, and nothing turned it off; a --tensorboard
+    run needed the package wherever it was resumed)."""
+    saved = {**json.loads(OLD_ARGS_JSON), "time_limit": 0.5, "tensorboard": True, "no_progress": True}
+    cfg = resumed(*parse_args(["--resume"]), saved, "r/last.pt")
+    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress) == (None, False, False)
+    cfg = resumed(*parse_args(["--resume", "--time-limit", "7", "--no-progress"]), saved, "r/last.pt")
+    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress) == (7, False, True)
 
 
 def test_a_resumed_runs_compile_options_are_checked_with_the_runs_and_may_be_turned_off():

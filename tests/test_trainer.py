@@ -6,6 +6,7 @@ import copy
 import errno
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ from scratchformer import train as T
 from scratchformer.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import plots
-from scratchformer.evaluation.evaluate import evaluate
+from scratchformer.evaluation.evaluate import Evaluation, evaluate
 from scratchformer.kernels import attention
 from scratchformer.model import build_model, get_config
 from scratchformer.model.layers import FeedForward
@@ -40,7 +41,7 @@ from scratchformer.training.config import ConfigError, parse_args
 from scratchformer.training.cuda_graph import ShapeGraphs
 from scratchformer.training.distributed import Dist, setup_distributed
 from scratchformer.training.launch import check_for_device, create_trainer
-from scratchformer.training.optim import batch_loss
+from scratchformer.training.optim import WarmupCosine, batch_loss
 from scratchformer.training.progress import Progress, Window
 from scratchformer.training.runs import Logger
 from scratchformer.training.stopping import Diverged, check_finite, stop_on_signals
@@ -374,6 +375,36 @@ def test_a_plateau_run_warms_up_and_resumes_in_its_warmup_like_one_run(tmp_path)
     cut, ref = _train_rows(tmp_path / "cut"), _train_rows(tmp_path / "whole")
     assert [float(r["lr"]) for r in ref][:5] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     assert [(r["lr"], r["loss"]) for r in cut] == [(r["lr"], r["loss"]) for r in ref]
+
+
+def test_a_grad_accum_changed_on_resume_recounts_the_cosines_length(tmp_path):
+    """--grad-accum 4 on resuming a cosine run bounded by --epochs: its length is the steps taken and
+    the rest at 4 batches a step (it counted every step at 4: the lr fell to --min-lr at once, "step 9
+    of 4"); a later resume keeps that count (the checkpoint's); the last step is the schedule's end."""
+    base = TINY + ["--batch-size", "4", "--epochs", "2", "--schedule", "cosine", "--min-lr", "1e-5", "--lr", "1e-3",
+                   "--warmup-steps", "1", "--eval-every", "100", "--seed", "3"]
+    run = tmp_path / "r"
+    T.main(base + ["--out", str(run), "--time-limit", "1e-9"])  # one step: 1 batch of 16 an epoch
+    T.main(["--resume", "--out", str(run), "--grad-accum", "4", "--time-limit", "1e-9"])
+    total = 1 + math.ceil(15 / 4) + 16 // 4  # epoch 1: 15 batches left, 4 a step (the last 3); epoch 2: 4
+    assert load_checkpoint(run / "last.pt")["total_steps"] == total == 9
+    T.main(["--resume", "--out", str(run)])
+    rows = _train_rows(run)
+    cosine = WarmupCosine(1, total, 1e-5 / 1e-3)
+    assert [int(r["step"]) for r in rows] == list(range(1, total + 1))
+    assert [float(r["lr"]) for r in rows] == pytest.approx([1e-3 * cosine(k) for k in range(total)], rel=1e-5)
+    assert 1e-5 < float(rows[2]["lr"]) < float(rows[1]["lr"])  # it decays from the resume on, not at the floor
+
+
+def test_a_plateau_run_whose_first_validation_is_nan_still_halves_only_on_no_gain(tmp_path, monkeypatch):
+    """--schedule plateau: a first validation of NaN (no best yet) is no gain; the losses after it
+    improve, so the lr stays (0.0 stood in for it, a best no loss beats: the lr halved every other
+    validation of an improving run)."""
+    losses = iter([math.nan, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.25])
+    monkeypatch.setattr(TR, "evaluate", lambda *a, **k: Evaluation({"loss": next(losses), "ppl": 1.0}))
+    T.main(TINY + ["--schedule", "plateau", "--plateau-patience", "1", "--warmup-steps", "0", "--lr", "1e-3",
+                   "--eval-every", "1", "--max-steps", "6", "--eval-decode-examples", "0", "--out", str(tmp_path)])
+    assert [float(r["lr"]) for r in _train_rows(tmp_path)] == [1e-3] * 6
 
 
 def test_time_budget_ends_the_run_where_it_stands(tmp_path):

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from .. import data as D
 from ..data.tokenizer import BPETokenizer, TokenizerPair
 from ..model import PRESETS, ModelConfig, get_config
-from .config import ConfigError, TrainConfig, flag
+from .config import MODEL_FIELDS, ConfigError, TrainConfig, flag
 from .distributed import Dist
 from .runs import Logger
 
@@ -222,11 +222,6 @@ def _split_file(source: D.DataSource, split: str) -> str:
     return f"{source.kind} dataset {source.name} ({split})"
 
 
-_MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="dropout", attn_dropout="attn_dropout",
-                     ffn_dropout="ffn_dropout", word_dropout="word_dropout", activation="activation", norm="norm",
-                     final_norm="final_norm", tie_embeddings="tie_embeddings")
-
-
 def model_config(cfg: TrainConfig, data: TrainData) -> ModelConfig:
     """The model's config: the preset, with the model options that were set."""
     toks = data.tokenizers
@@ -238,7 +233,7 @@ def model_config_for(cfg: TrainConfig, task: str, vocab: tuple[int, int], num_cl
     tokenizers are trained (`launch`, with the sizes they are trained to), so that what the model
     refuses is refused before the run folder is touched."""
     over = dict(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], kernel=cfg.kernel)
-    over.update({key: getattr(cfg, name) for name, key in _MODEL_FIELDS.items() if getattr(cfg, name) is not None})
+    over.update({key: getattr(cfg, name) for name, key in MODEL_FIELDS.items() if getattr(cfg, name) is not None})
     if cfg.layers is not None:
         over["n_encoder_layers"] = over["n_decoder_layers"] = cfg.layers
     if cfg.encoder_layers is not None:

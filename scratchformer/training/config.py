@@ -36,6 +36,10 @@ METRICS = {
 }
 METRICS["extractive"] = METRICS["summarization"]  # loss and ppl: of the sentences' binary cross-entropy
 TEACHER_FORCED = ("loss", "ppl", "accuracy")
+# The model options set as the ModelConfig field of the same value (option -> field); unset (None): the preset's.
+MODEL_FIELDS = dict(d_model="d_model", heads="n_heads", d_ff="d_ff", dropout="dropout", attn_dropout="attn_dropout",
+                    ffn_dropout="ffn_dropout", word_dropout="word_dropout", activation="activation", norm="norm",
+                    final_norm="final_norm", tie_embeddings="tie_embeddings")
 
 
 class ConfigError(ValueError):
@@ -138,7 +142,8 @@ class TrainConfig:
     warmup_steps: int | None = _optim(help="linear warmup to --lr (plateau: none unless given)", by_data=dict(
         synthetic=100, real=1000, classification=200))
     min_lr: float = _optim(default=0.0, help="floor of the cosine schedule (--schedule cosine)")
-    plateau_patience: int = _optim(default=2, help="evaluations without gain before halving (--schedule plateau)")
+    plateau_patience: int = _optim(default=2, help="evaluations without gain tolerated: the next halves the lr "
+                                   "(--schedule plateau)")
     weight_decay: float = _optim(default=0.01, help="AdamW decay (matrices only)")
     adam_betas: tuple[float, float] = _optim(default=(0.9, 0.98), help="AdamW betas", nargs=2, metavar=("B1", "B2"))
     adam_eps: float = _optim(default=1e-9, help="AdamW epsilon")

@@ -43,7 +43,8 @@ def create_trainer(cls, config: TrainConfig, given: frozenset[str]):
     if config.resume:
         folder = resume_folder(config.out, config.resume)
         path, ckpt, warning = load_resume_checkpoint(folder, config.resume)
-        config = dataclasses.replace(resumed(config, given, ckpt["args"], str(path)), out=str(folder))
+        config = resumed(config, given, ckpt["args"], str(path), ckpt.get("config"))
+        config = dataclasses.replace(config, out=str(folder))
     resuming, moved = ckpt is not None, path is not None and resumes_elsewhere(Path(config.out), path)
     config, init = _init_checkpoint(config, given)
     resolve_device(config.device)  # a clear error now, not torch's when the model moves

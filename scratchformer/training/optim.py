@@ -123,8 +123,9 @@ class Constant:
 class WarmupPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
     """ReduceLROnPlateau after a linear warmup to the peak lr (fairseq's reduce_lr_on_plateau):
     `step()` after each optimizer step ramps the lr, peak * (k + 1) / warmup at step k (0-based), as
-    the other schedules do; `step(metric)` after each validation halves it after `patience`
-    validations without gain, counting none before the warmup ends. warmup 0: from the peak."""
+    the other schedules do; `step(metric)` after each validation halves it once more
+    than `patience` validations in a row bring no gain (a NaN brings none), counting none before the
+    warmup ends. warmup 0: from the peak."""
 
     def __init__(self, optimizer, warmup: int, **kw):
         super().__init__(optimizer, **kw)
@@ -190,10 +191,11 @@ def load_optimizer(optimizer, state: dict) -> None:
     optimizer.load_state_dict({**state, "param_groups": groups})
 
 
-def load_scheduler(scheduler, state: dict, lr: float) -> None:
+def load_scheduler(scheduler, state: dict, lr: float, total: int | None = None) -> None:
     """Restore a schedule's position (a resume) but keep its settings as built now: the peak `lr`
-    and the warmup / total / floor of the schedule function (LambdaLR saves its callable
-    objects' fields, and would bring the checkpoint's back). With unchanged settings the lr is the
+    and the warmup / floor of the schedule function (LambdaLR saves its callable objects' fields,
+    and would bring the checkpoint's back); a cosine's length is `total` where given (the resumed
+    run's count: `progress.count_steps`). With unchanged settings the lr is the
     checkpoint's, bit for bit. Plateau restores its position (its lr continues, halvings included)
     but keeps the warmup as built now (a checkpoint from before plateau had one is past it)."""
     if isinstance(scheduler, WarmupPlateau):
@@ -202,6 +204,9 @@ def load_scheduler(scheduler, state: dict, lr: float) -> None:
         scheduler.ramp()
         return
     fns = scheduler.lr_lambdas
+    for fn in fns:
+        if isinstance(fn, WarmupCosine) and total is not None:
+            fn.total = max(1, total)
     # LambdaLR.load_state_dict updates its functions' fields in place from the state's: None skips that
     scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(fns)})
     scheduler.base_lrs = [lr for _ in scheduler.base_lrs]

@@ -4,6 +4,7 @@ and the `Window` of sums a train row logs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,6 +59,33 @@ class Progress:
             self.out_of_time = False
         if self.stopped_early and (not patience or self.bad_evals < patience):
             self.stopped_early = False
+
+
+def count_steps(batches_per_epoch, grad_accum: int, epochs: int | None, max_steps: int | None,
+                at: Progress | None = None) -> int:
+    """The steps a run comes to, for its schedule's length and its progress bar: --max-steps or the end
+    of its epochs, whichever comes first (epochs None: --max-steps). The epochs' steps are counted at
+    epoch 0's batches (`batches_per_epoch(epoch)`): an epoch's count may differ (BPE-dropout segments
+    each anew; --max-tokens packs them), so the epochs themselves end training, not this count (it cut
+    the last epoch short, or ran past it). `at`: a resumed run's place, its steps taken, then the rest of
+    its epoch and the epochs after it at today's `grad_accum` (a resume that changed it counted every
+    step at today's: a cosine decayed to its floor at once, or never reached it)."""
+    per_epoch = math.ceil(batches_per_epoch(0) / grad_accum)
+    if at is None:
+        steps = per_epoch * (epochs or math.inf)
+    else:
+        rest = per_epoch * max(0, epochs - at.epoch - 1) if epochs else math.inf
+        steps = at.step + math.ceil(max(0, batches_per_epoch(at.epoch) - at.batch) / grad_accum) + rest
+    return min(max_steps or math.inf, steps)
+
+
+def resumed_steps(ckpt: dict, cfg, batches_per_epoch, epochs: int | None, counted: int) -> int:
+    """A resumed run's steps (`count_steps`): as the run counted them while its --grad-accum, --epochs
+    and --max-steps stay (an earlier resume may have recounted them; `counted`, today's count, for a
+    checkpoint without one); else the steps taken, and the rest at today's settings."""
+    if any(ckpt["args"].get(k) != getattr(cfg, k) for k in ("grad_accum", "epochs", "max_steps")):
+        return count_steps(batches_per_epoch, cfg.grad_accum, epochs, cfg.max_steps, at=Progress(**ckpt["progress"]))
+    return ckpt.get("total_steps") or counted
 
 
 @dataclass

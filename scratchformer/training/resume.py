@@ -10,7 +10,7 @@ from pathlib import Path
 from ..checkpoint import RESUME_KEYS, CheckpointError, find_checkpoint, load_checkpoint, step_checkpoints
 from ..cli import shown
 from ..locks import holder
-from .config import TEACHER_FORCED, ConfigError, TrainConfig, flag
+from .config import MODEL_FIELDS, TEACHER_FORCED, ConfigError, TrainConfig, flag
 from .runs import IN_USE, LOCK, RunFolderError, resumes_elsewhere
 
 # What a resumed run cannot change: the data and its encoding, the tokenizer, the model, the
@@ -29,6 +29,10 @@ FIXED_ON_RESUME = (
     "activation", "norm", "final_norm", "tie_embeddings", "no_pos_encoding", "copy", "batch_size", "max_tokens",
     "pad_multiple", "schedule", "plateau_patience", "weight_decay", "adam_betas", "adam_eps", "seed", "best_metric",
 )
+# A command's own options: a resume takes them as given, not from the run (the --time-limit that paused
+# a run paused every resume of it, and no value turned it off; a --tensorboard run could not be resumed
+# where the package is missing).
+ONE_COMMAND = ("time_limit", "tensorboard", "no_progress")
 # And where the best metric is a decoding one (BLEU, ROUGE, ...): the examples decoded and an extractive
 # summary's size, which its value depends on (a teacher-forced best, the loss, does not).
 FIXED_FOR_A_DECODED_BEST = ("eval_decode_examples", "summary_sentences", "summary_words")
@@ -44,12 +48,16 @@ def check_init_from(given: frozenset[str], init_path: str) -> None:
                           f"{', '.join(taken)} (only --kernel may change)")
 
 
-def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str) -> TrainConfig:
-    """A resumed run's config: the checkpoint's, except the options given now (and --resume); its
-    --out is the caller's to set (the folder it resumes in). An option in FIXED_ON_RESUME given with
-    another value than the run's is refused by name."""
-    base = TrainConfig.from_dict({**saved, "overwrite": False, "resume": config.resume})
-    changed = fixed_changes(config, given, base)
+def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path: str,
+            built: dict | None = None) -> TrainConfig:
+    """A resumed run's config: the checkpoint's, except the options given now (and --resume) and
+    ONE_COMMAND's (as given now, or their defaults); its --out is the caller's to set (the folder it
+    resumes in). An option in FIXED_ON_RESUME given with another value than the run's (for a model
+    option the run left unset, the value its model was `built` with: the checkpoint's config) is
+    refused by name."""
+    own = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in ONE_COMMAND}
+    base = TrainConfig.from_dict({**saved, **own, "overwrite": False, "resume": config.resume})
+    changed = fixed_changes(config, given, base, built)
     if changed:
         raise ConfigError(f"--resume continues the run of {resume_path} as it was built: {'; '.join(changed)} "
                           f"cannot change; drop {'it' if len(changed) == 1 else 'them'}, or start a new run "
@@ -65,15 +73,20 @@ def resumed(config: TrainConfig, given: frozenset[str], saved: dict, resume_path
     return dataclasses.replace(base, **now, resume_path=resume_path)
 
 
-def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig) -> list[str]:
+def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig, built: dict | None = None) -> list[str]:
     """The options of FIXED_ON_RESUME (and FIXED_FOR_A_DECODED_BEST, for a run whose best metric is a
     decoding one; --data, for a run of a named dataset) given in `config` with another value than `run`'s,
-    each as "--flag NEW (the run has OLD)"."""
+    each as "--flag NEW (the run has OLD)". A model option the run left unset (its preset's value) has the
+    value of the model `built` (a ModelConfig's dict; `--dropout 0.1` was refused, "the run has unset")."""
     fixed = FIXED_ON_RESUME + (FIXED_FOR_A_DECODED_BEST if run.best_metric not in TEACHER_FORCED else ()) + (
         ("data",) if run.data is None else ())  # a run's folder may move; a run without one gets none
-    return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(getattr(run, k))}"
+    had = {k: getattr(run, k) for k in fixed}
+    for k, key in MODEL_FIELDS.items():
+        if had.get(k, 0) is None and key in (built or {}):
+            had[k] = tuple(built[key]) if isinstance(built[key], list) else built[key]
+    return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(had[k])}"
             f"{f'; its best {run.best_metric} depends on it' * (k in FIXED_FOR_A_DECODED_BEST)})"
-            for k in fixed if k in given and getattr(config, k) != getattr(run, k)]
+            for k in fixed if k in given and getattr(config, k) != had[k]]
 
 
 def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:

@@ -40,7 +40,7 @@ from .optim import (
     lr_taken,
     rdrop_loss,
 )
-from .progress import Progress, Window
+from .progress import Progress, Window, count_steps, resumed_steps
 from .report import final_report
 from .runs import Logger, release_run_folders
 from .stopping import check_finite, stop_on_signals
@@ -73,13 +73,9 @@ class Trainer:
         if self.sampler.batches_per_epoch(0) == 0:  # an epoch without a batch would loop for ever
             raise D.DataError(f"no training batch: {len(data.train_set)} training examples for {self.dist.world} "
                               f"process(es); check --max-train-examples and the train split")
-        # Training ends after --max-steps or --epochs, whichever comes first (neither: one epoch). The
-        # steps --epochs come to are counted at epoch 0's batches, for the schedule and the progress bar:
-        # an epoch's count may differ (BPE-dropout segments each anew; --max-tokens packs them), so the
-        # epochs themselves end training, not that count (it cut the last epoch short, or ran past it).
+        # Training ends after --max-steps or --epochs, whichever comes first (neither: one epoch).
         self.epochs: int | None = cfg.epochs or (None if cfg.max_steps else 1)
-        steps_per_epoch = math.ceil(self.sampler.batches_per_epoch(0) / cfg.grad_accum)
-        self.total_steps: int = min(cfg.max_steps or math.inf, steps_per_epoch * (self.epochs or math.inf))
+        self.total_steps: int = count_steps(self.sampler.batches_per_epoch, cfg.grad_accum, self.epochs, cfg.max_steps)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas, cfg.adam_eps,
                                          fused=device.type == "cuda")
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup_steps, total=self.total_steps,
@@ -120,6 +116,7 @@ class Trainer:
             "version": 1, **self.ema.checkpoint(), "optimizer": optimizer, "scheduler": scheduler,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng": rng, "progress": self.progress.to_dict(), "window": self.dist.per_rank(self._window.to_dict()),
+            "total_steps": self.total_steps,
             "config": self.model_config.to_dict(), "args": self.config.to_dict(), "data": self.data.source.to_dict(),
             "train_data": self.data.train_id, "valid_data": self.data.valid_id,
             "tokenizers": self.data.tokenizers.to_dict(), "task": self.data.task, "num_classes": self.data.num_classes,
@@ -145,17 +142,17 @@ class Trainer:
     def resume(self, checkpoint: dict | str | Path) -> None:
         """Continue from a checkpoint (a dict from `state_dict`, or its file): weights, optimizer,
         schedule, scaler, progress and this rank's RNG states."""
-        ckpt = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+        ckpt, cfg = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint), self.config
         self.ema.load(ckpt)  # the weights: the model's, and --ema's average
         load_optimizer(self.optimizer, ckpt["optimizer"])  # how it runs stays this run's (fused on a GPU)
-        load_scheduler(self.scheduler, ckpt["scheduler"], self.config.lr)  # today's --lr, --warmup-steps, --max-steps
+        self.progress = p = Progress(**ckpt["progress"])
+        self.total_steps = resumed_steps(ckpt, cfg, self.sampler.batches_per_epoch, self.epochs, self.total_steps)
+        load_scheduler(self.scheduler, ckpt["scheduler"], cfg.lr, self.total_steps)  # today's lr, warmup, length
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
-        self.progress = Progress(**ckpt["progress"])
         self._resumed_window = self.dist.own(ckpt.get("window"))  # None before 2026-12-02: a new window
-        self.progress.resumed(self.config.time_budget, self.config.patience)  # larger ones go on
+        p.resumed(cfg.time_budget, cfg.patience)  # larger ones go on
         set_rng_state(self.dist.own(ckpt["rng"]))  # as many as ranks (`check_world`)
-        p = self.progress
         self.log.info(f"resumed from {self.config.resume_path}: step {p.step}, epoch {p.epoch + 1}, batch {p.batch}")
 
     # --- the loop ---------------------------------------------------------------------------
@@ -361,7 +358,7 @@ class Trainer:
             for k, v in self.dist.on_main(on_rank_0).items():
                 setattr(prog, k, v)
         if cfg.schedule == "plateau":
-            self.scheduler.step(prog.best if prog.best is not None else 0.0)
+            self.scheduler.step(prog.best if prog.best is not None else math.nan)  # no best yet (NaN): no gain
         if prog.best_step == prog.step:
             self.save("best")
         self.model.train()
