@@ -196,7 +196,7 @@ def test_a_variant_stopped_under_jobs_is_named_with_the_step_it_resumes_from(tmp
     row's step (logged every --log-every steps: 600), while its last.pt, which it resumes from, held
     682. Now the step of that checkpoint."""
     grid = ["--out", str(tmp_path), "--jobs", "2", "--variants", "a=", "--", *TINY, "--max-steps", "100000",
-            "--epochs", "100000", "--log-every", "100000", "--time-limit", "2", "--no-plots"]
+            "--epochs", "100000", "--log-every", "100000", "--time-limit", "8", "--no-plots"]
     assert ablate.main(grid) == []
     step = load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"]
     rows = [json.loads(line)["step"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
@@ -212,10 +212,25 @@ def test_a_finished_variant_trained_on_and_stopped_under_jobs_is_stopped_not_fin
     assert len(ablate.main([*grid, "--max-steps", "2"])) == 1 and (tmp_path / "ablation.json").exists()
     (tmp_path / "ablation.json").unlink()
     capsys.readouterr()
-    assert ablate.main([*grid, "--max-steps", "100000", "--time-limit", "2"]) == []
+    assert ablate.main([*grid, "--max-steps", "100000", "--time-limit", "8"]) == []  # the command's 8 s
     step = load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"]
     assert step > 2 and f"=== ablation stopped in a at step {step}" in capsys.readouterr().out
     assert not (tmp_path / "ablation.json").exists()
+
+
+def test_a_finished_variant_trained_on_stopped_and_run_again_trains_on(tmp_path, capsys):
+    """The same command again after a finished variant, given more steps, was stopped on the way: it
+    trains on to its end (its earlier end's metrics.final.json was read back as the run's report, the
+    run never trained on, and the summary said 2 steps of a run at 3 with args.json asking 6)."""
+    grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--no-plots", "--epochs", "100000"]
+    ablate.main([*grid, "--max-steps", "2"])
+    assert ablate.main([*grid, "--max-steps", "6", "--time-limit", "1e-9"]) == []  # stopped at step 3
+    assert load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"] == 3
+    capsys.readouterr()
+    results = ablate.main([*grid, "--max-steps", "6"])
+    assert "resumed from" in capsys.readouterr().out
+    assert [r["final"]["steps"] for r in results] == [6]
+    assert json.loads((tmp_path / "ablation.json").read_text())["runs"][0]["final"]["steps"] == 6
 
 
 def test_the_best_variant_has_the_lowest_loss_or_perplexity_else_the_highest_score():

@@ -293,9 +293,15 @@ def _variant_argv(v: Variant, shared: list[str], log: Path | None = None) -> lis
 
 
 def _final(run_dir: Path) -> dict | None:
-    """A finished run's final report (metrics.final.json); None before its end."""
+    """A finished run's final report (metrics.final.json); None before its end, and for the report of an
+    earlier end of a run since given more steps and stopped on the way (its checkpoint is past it: the
+    report was read back as the run's, which never trained on). A run without checkpoints (removed
+    once it finished) has its report."""
     done = run_dir / "metrics.final.json"
-    return json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
+    if not done.is_file():
+        return None
+    final = json.loads(done.read_text(encoding="utf-8"))
+    return None if any(run_dir.glob("*.pt")) and final.get("steps") != _resume_step(run_dir) else final
 
 
 def _run_in_turn(planned: list[Variant], shared: list[str]) -> list[dict]:
@@ -347,9 +353,7 @@ def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Pat
                     continue
                 del running[name]
                 if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
-                    final, step = _final(run_dir), _resume_step(run_dir)
-                    if final is None or final.get("steps") != step:  # none, or of the run it went on from
-                        final = {"stopped": "a signal or --time-limit", "step": step}
+                    final = _final(run_dir) or {"stopped": "a signal or --time-limit", "step": _resume_step(run_dir)}
                     finals[name] = final
                     print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
                 else:
