@@ -365,6 +365,21 @@ def test_time_limit_counts_the_commands_setup(tmp_path, monkeypatch):
     assert stopped == {"stopped": "--time-limit 1.5 s", "step": 1}
 
 
+def test_a_resume_over_evaluates_outputs_is_refused_and_keeps_them(tmp_path):
+    """A stopped run evaluated into its folder (evaluate's default), then resumed: refused before any
+    work, naming the files (the final report replaced evaluate's predictions.validation.jsonl, its
+    metrics.validation.json left beside predictions they do not describe); the files are as they were."""
+    run = tmp_path / "r"
+    T.main(TINY + ["--max-steps", "4", "--out", str(run), "--time-limit", "1e-9"])
+    evaluate_cli.main(["--checkpoint", str(run), "--device", "cpu", "--beam-size", "1"])
+    preds = (run / "predictions.validation.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match=rf"{run} holds evaluate's predictions.validation.jsonl and "
+                                          r"metrics.validation.json: .* move them out of the folder"):
+        T.main(["--resume", "--out", str(run)])
+    assert (run / "predictions.validation.jsonl").read_bytes() == preds
+    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 1
+
+
 def test_a_plateau_run_warms_up_and_resumes_in_its_warmup_like_one_run(tmp_path):
     """--schedule plateau --warmup-steps 4 --lr 1e-3: the train rows show the ramp, 2.5e-4 per step to
     the peak at step 4; a run stopped at step 1 and resumed takes the same rates and losses."""

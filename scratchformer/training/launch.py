@@ -263,6 +263,7 @@ def _check_start(start: dict | None, resumed: Path | None, config: TrainConfig, 
     named = f"--resume {resumed}" if resuming else f"--init-from {config.init_from}"
     if resuming:
         _check_examples(named, start, examples, config.data)
+        _check_no_evaluation(Path(config.out))
     if start["task"] != task:
         raise ConfigError(f"{named} is a {start['task']} model; the data is {task}")
     if classes is not None and start["config"].get("num_classes") != classes:
@@ -274,6 +275,16 @@ def _check_start(start: dict | None, resumed: Path | None, config: TrainConfig, 
         raise ConfigError(f"{named} was written by {saved} process{'es' * (saved > 1)} and this run has {world}: "
                           f"its place in the epoch and its random streams are per process; resume with {how}, or "
                           "start a new run from its weights with --init-from")
+
+
+def _check_no_evaluation(out: Path) -> None:
+    """A resumed run's folder that holds evaluate's outputs on the validation split (of the stopped run,
+    say) is refused: the final report writes its own predictions.validation.jsonl, which replaced
+    evaluate's and left its metrics beside predictions they do not describe."""
+    if (out / "predictions.validation.jsonl").exists() and (out / "metrics.validation.json").exists():
+        raise ConfigError(f"{out} holds evaluate's predictions.validation.jsonl and metrics.validation.json: this "
+                          f"run's final report writes its own predictions.validation.jsonl over them; move them "
+                          f"out of the folder (or evaluate with --out DIR), then resume")
 
 
 def _check_examples(named: str, ckpt: dict, examples: Examples, data: str | None) -> None:
