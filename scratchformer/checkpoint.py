@@ -90,7 +90,7 @@ def _atomic(path: Path, tmp: Path, write, what: str = "") -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
-    except BaseException as e:  # a SIGKILL skips this: the next write overwrites the temp file
+    except BaseException as e:  # a SIGKILL skips this: the temp file stays (a run's: --overwrite deletes it)
         try:
             tmp.unlink(missing_ok=True)
         except OSError:  # a read-only folder: there is no temp file to remove

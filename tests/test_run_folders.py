@@ -233,10 +233,17 @@ def test_temp_files_of_a_killed_write_are_run_files(tmp_path, overwrite):
     assert not (run / ".args.json.4242.tmp").exists() and not (run / "tokenizer.json.tmp").exists()
     (run / ".metrics.final.json.4242.tmp").write_text("cut short")
     (run / ".evaluate.validation.lock").write_text("4242")  # the free lock of a killed evaluate
+    # and a plot's (evaluate's attention map, the run's curves): "files no run wrote" until 2026-12-07
+    plots = [run / ".attention.validation.0.png.4242.tmp", run / "plots" / ".curves.png.4242.tmp",
+             run / "plots" / ".attention.png.4242.tmp"]
+    (run / "plots").mkdir(exist_ok=True)
+    for path in plots:
+        path.write_bytes(b"cut short")
     with pytest.raises(RunFolderError, match="already holds a training run"):
         T.main(TINY + ["--max-steps", "1", "--out", str(run)])
     T.main(TINY + ["--max-steps", "1", "--eval-every", "1", "--out", str(run), "--overwrite"])
     assert not (run / ".metrics.final.json.4242.tmp").exists() and not (run / ".evaluate.validation.lock").exists()
+    assert not any(path.exists() for path in plots)
 
 
 def test_a_data_error_leaves_an_earlier_run_and_runs_latest_alone(tmp_path, monkeypatch):

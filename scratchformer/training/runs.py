@@ -27,10 +27,11 @@ RUNS_DIR = Path("runs")
 # --overwrite deletes these and nothing else.
 _EARLY_TEXT = r"metrics\.jsonl|train\.csv|valid\.csv|config\.json|args\.json"
 _TEXT = _EARLY_TEXT + r"|metrics\.(final|train|validation|test)\.json|predictions\.(train|validation|test)\.jsonl"
-RUN_FILE = re.compile(rf"(last|best|step_\d+|averaged)\.pt(\.tmp)?|log\.txt|{_TEXT}|\.({_TEXT})\.\d+\.tmp"
-                      r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|attention\.(train|validation|test)\.\d+\.png"
-                      r"|\.evaluate\.(train|validation|test)\.lock")
-RUN_SUBDIRS = {"plots": re.compile(r"curves\.png|attention\.png"), "tb": re.compile(r"events\.out\.tfevents\..+")}
+_PNG = r"attention\.(train|validation|test)\.\d+\.png"  # evaluate's (a plot's temp file: .NAME.PID.tmp)
+RUN_FILE = re.compile(rf"(last|best|step_\d+|averaged)\.pt(\.tmp)?|log\.txt|{_TEXT}|{_PNG}|\.({_TEXT}|{_PNG})\.\d+\.tmp"
+                      r"|tokenizer(\.src|\.tgt)?\.json(\.tmp)?|\.evaluate\.(train|validation|test)\.lock")
+RUN_SUBDIRS = {"plots": re.compile(r"(curves|attention)\.png|\.(curves|attention)\.png\.\d+\.tmp"),
+               "tb": re.compile(r"events\.out\.tfevents\..+")}
 CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
 # What a run writes before its first checkpoint: a folder holding only these (and no checkpoint)
 # is a run that stopped early (a data error, say); the next run there deletes them and starts afresh.
