@@ -60,14 +60,14 @@ def file_in_the_way(folder: str | Path) -> Path | None:
     return above if above is not None and not above.is_dir() else None
 
 
-def output_file_refusal(output: Path, holds: str, example: str) -> str | None:
-    """Why a command's --output FILE cannot be written, found before its work (the final rename would
-    fail after it), or None: a folder, or a path under a file. `holds`: what the file would hold, as the
-    message names it ("the checkpoint"); `example`: a file name to suggest in the folder."""
+def output_file_refusal(output: Path, holds: str, example: str, flag: str = "--output") -> str | None:
+    """Why a command's --output FILE (its `flag`) cannot be written, found before its work (the final
+    rename would fail after it), or None: a folder, or a path under a file. `holds`: what the file would
+    hold, as the message names it ("the checkpoint"); `example`: a file name to suggest in the folder."""
     if output.is_dir():
-        return f"--output {output} is a folder: name {holds} file (e.g. {output / example})"
+        return f"{flag} {output} is a folder: name {holds} file (e.g. {output / example})"
     if (above := file_in_the_way(output.parent)) is not None:
-        return f"--output {output}: {above} is a file, not a folder: {holds} cannot go under it"
+        return f"{flag} {output}: {above} is a file, not a folder: {holds} cannot go under it"
     return None
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import cli
-from .checkpoint import output_file_refusal, write_lines_atomic
+from .checkpoint import is_checkpoint, output_file_refusal, write_lines_atomic
 from .data.files import DataError, display_name, read_json_lines
 from .evaluation.significance import BINARY, METRICS, SEED, mcnemar, paired_bootstrap, statistics
 
@@ -123,8 +123,10 @@ def check_args(args) -> Path | None:
     out = Path(args.json)
     if out.resolve() in {Path(p).resolve() for p in args.predictions}:
         raise cli.UsageError(f"--json {out} is one of the predictions files to compare: write elsewhere")
-    if (refusal := output_file_refusal(out, "the comparison", "comparison.json")) is not None:
+    if (refusal := output_file_refusal(out, "the comparison", "comparison.json", "--json")) is not None:
         raise cli.UsageError(refusal)
+    if is_checkpoint(out):  # even with --overwrite: the model would be lost
+        raise cli.UsageError(f"--json {out} is a checkpoint: write the comparison elsewhere")
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or another --json")
     return out

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from scratchformer import compare
+from scratchformer.checkpoint import save_checkpoint
 from scratchformer.evaluation import metrics as M
 from scratchformer.evaluation.significance import Statistics, mcnemar
 
@@ -142,6 +144,15 @@ def test_the_json_report_and_the_table(tmp_path, capsys):
     assert compare.run([*paths, "--samples", "50", "--json", paths[1], "--overwrite"]) == 2
     assert "is one of the predictions files to compare" in capsys.readouterr().err
     assert Path(paths[1]).read_text() == kept
+    # nor a checkpoint (a model named by mistake: it was replaced by the report), nor a folder, named as --json
+    ckpt = tmp_path / "best.pt"
+    save_checkpoint(ckpt, {"model": {"w": torch.zeros(2)}})
+    model = ckpt.read_bytes()
+    assert compare.run([*paths, "--samples", "50", "--json", str(ckpt), "--overwrite"]) == 2
+    assert f"--json {ckpt} is a checkpoint: write the comparison elsewhere" in capsys.readouterr().err
+    assert ckpt.read_bytes() == model
+    assert compare.run([*paths, "--samples", "50", "--json", str(tmp_path)]) == 2
+    assert f"--json {tmp_path} is a folder" in capsys.readouterr().err
 
 
 def _refusal(capsys, argv) -> str:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 from gpu_steps import GPU, bench_json
@@ -109,6 +110,31 @@ def _run_json(commit, when, cases):
                            {"group": "add_layer_norm", "name": name, "fullname": f"bench/b.py::{name}", "params": {},
                             "stats": {"median": 1e-3}, "extra_info": {"date": when[:10], **extra}}
                            for name, extra in cases.items()]})
+
+
+def test_a_merge_cut_short_leaves_the_filed_cases_whole(tmp_path, monkeypatch):
+    """bench/results/<date>-<gpu>.json holds earlier windows' cases: a merge whose write is cut short
+    (a full disk, a kill) leaves it as it was, no temp file beside it (it was rewritten in place: a
+    truncated file lost them, and the next collect failed on its JSON)."""
+    monkeypatch.syspath_prepend(GPU)
+    import collect
+
+    filed, run = tmp_path / "filed.json", tmp_path / "run.json"
+    filed.write_text(_run_json("aaa", "2026-11-27T01:21:26+00:00", {"a": {}}))
+    run.write_text(_run_json("bbb", "2026-11-27T15:21:00+00:00", {"b": {}}))
+    before = filed.read_bytes()
+    real_write = Path.write_text
+
+    def full_disk(self, text, *a, **k):
+        real_write(self, text[: len(text) // 2], *a, **k)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        collect.merge([run], filed)
+    monkeypatch.undo()
+    assert filed.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["filed.json", "run.json"]
+    assert collect.merge([run], filed) == 2
 
 
 def test_collect_names_each_cases_run_and_every_run_merged(tmp_path, monkeypatch):

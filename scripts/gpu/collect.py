@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -105,7 +106,7 @@ def keep_triton_cache(files_at: list[Path], cache_dir: Path) -> Path | None:
         return None
     cache_dir.mkdir(parents=True, exist_ok=True)
     newest = max(found, key=lambda a: a.stat().st_mtime)
-    shutil.copyfile(newest, cache_dir / TRITON_CACHE)
+    _replace(cache_dir / TRITON_CACHE, lambda tmp: shutil.copyfile(newest, tmp))
     print(f"Triton cache of {newest.parent} kept in {cache_dir / TRITON_CACHE}: carry .gpu_cache next time")
     return cache_dir / TRITON_CACHE
 
@@ -165,8 +166,20 @@ def merge(jsons: list[Path], into: Path) -> int:
             merged.update({k: data[k] for k in ("commit_info", "datetime", "machine_info") if k in data})
         new = {b["fullname"] for b in data["benchmarks"]}
         merged["benchmarks"] = [b for b in merged["benchmarks"] if b["fullname"] not in new] + data["benchmarks"]
-    into.write_text(json.dumps(merged, indent=2) + "\n")
+    _replace(into, lambda tmp: tmp.write_text(json.dumps(merged, indent=2) + "\n"))
     return len(merged["benchmarks"])
+
+
+def _replace(path: Path, write) -> None:
+    """write(tmp) to a temp file beside `path`, then rename it over `path`: a kill or a full disk leaves
+    the old file whole (bench/results/<date>-<gpu>.json holds earlier windows' cases, which a write cut
+    short lost, and the next collect then failed on its JSON)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _run(data: dict) -> dict:
@@ -214,7 +227,7 @@ def file_benchmarks(steps: list[Path], bench_dir: Path) -> list[Path]:
             # under its own step's date and GPU (a window past midnight: two dates), else the call's
             for stem in sorted(own.get(report.parent, stems)):
                 written.append(bench_dir / f"{stem}-{report.name.replace('_', '-')}")
-                shutil.copyfile(report, written[-1])
+                _replace(written[-1], lambda tmp, report=report: shutil.copyfile(report, tmp))
     for stem in stems:
         jsons = [str(p) for p in (bench_dir / f"{stem}.json", bench_dir / f"{stem}-e2e.json") if p.exists()]
         targets = bench_dir / f"{stem}-targets.md"
