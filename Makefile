@@ -105,13 +105,18 @@ lint: install $(VENV)/bin/ruff
 # On a CPU machine the TRITON_MIN_SPEC lane follows the suite and runs the compile check in its
 # default mode with the GPU machines' Triton, so the suite's own (the CPU machines' Triton) is the
 # quick one: every kernel and flag combination, one config each (tests/test_triton_compile.py).
+# The sub-make on a line of its own: make runs a line naming $(MAKE) even under -n, so `make -n test`
+# ran the whole suite when the pytest line named it too.
 test: install lint cuda-check
 	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
-		SCRATCHFORMER_COMPILE_CHECK=$${SCRATCHFORMER_COMPILE_CHECK:-quick} $(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS) \
-			&& $(MAKE) --no-print-directory test-triton-min; \
+		SCRATCHFORMER_COMPILE_CHECK=$${SCRATCHFORMER_COMPILE_CHECK:-quick} $(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS); \
 	else \
-		$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS) \
-			&& echo "GPU machine: its own Triton ran the kernel tests above; skipping the $(TRITON_MIN_SPEC) lane"; \
+		$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS); \
+	fi
+	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
+		$(MAKE) --no-print-directory test-triton-min; \
+	else \
+		echo "GPU machine: its own Triton ran the kernel tests above; skipping the $(TRITON_MIN_SPEC) lane"; \
 	fi
 
 # TRITON_MIN_TESTS with TRITON_MIN_SPEC shadowing the venv's Triton (PYTHONPATH goes

@@ -393,7 +393,7 @@ def test_a_run_learns_the_lead_and_predicts_the_test_inputs(tmp_path, capsys, ca
     capsys.readouterr()
     got = generate.main(["--checkpoint", str(out), "--text", docs[0]["document"]])
     assert capsys.readouterr().out == rows[0]["prediction"].replace("\n", " ") + "\n"
-    assert got[0]["output"] == rows[0]["prediction"].replace("\n", " ")  # one line an input: --json's too
+    assert got[0]["output"] == rows[0]["prediction"]  # --json's as --output's: a sentence a line (it was one line)
     generate.main(["--checkpoint", str(out), "--text", docs[0]["document"], "--summary-sentences", "1"])
     assert capsys.readouterr().out == rows[0]["prediction"].split("\n")[0] + "\n"
     # it decodes no sequence: sequence decoding's flags are refused by name, as a classifier's are
