@@ -10,8 +10,9 @@ task's fields: src/tgt, document/summary). Output: one JSON line per pair, in in
 ``{"id", "score", "log_prob", "tokens"}`` (id: the record's, else its 1-based place), on stdout or
 written atomically to --output; a summary (pairs, tokens, the mean log-probability of a token and its
 perplexity) on stderr. score = log_prob / tokens ** --length-penalty, generate's scale: scoring
-generate's output gives the score its --json printed. A user error is one line on stderr and exit
-status 2; --debug keeps the traceback.
+generate's output gives the score its --json printed (an output that ended with EOS, of an input
+generate did not cut: a hypothesis stopped at its cap was scored without an EOS). A user error is
+one line on stderr and exit status 2; --debug keeps the traceback.
 """
 
 from __future__ import annotations

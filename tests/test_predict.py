@@ -27,7 +27,7 @@ from scratchformer.data.tokenizer import BPETokenizer, TokenizerPair
 from scratchformer.evaluation import evaluate as E
 from scratchformer.evaluation import loading, resume
 from scratchformer.evaluation import predict as P
-from scratchformer.evaluation.evaluate import decode_max_len, predict_labels
+from scratchformer.evaluation.evaluate import decode_batch, decode_max_len, predict_labels
 from scratchformer.evaluation.loading import load_models, load_run
 from scratchformer.evaluation.options import OptionError
 from scratchformer.model import EOS_ID, ModelConfig, Sampling, beam_search, build_model
@@ -159,6 +159,21 @@ def test_decode_max_len_ratio():
     assert decode_max_len("translation", Ls, 100, len_ratio=0) == 100  # no ratio
     assert decode_max_len("summarization", Ls, 100) == 100
     assert decode_max_len("summarization", Ls, 100, len_ratio=1.0).tolist() == [13, 15]
+    # --min-len M: no cap below M (an output of a short source stopped at its cap, short of M, unsaid)
+    assert decode_max_len("translation", Ls, 100, min_len=18).tolist() == [18, 20]
+    assert decode_max_len("translation", Ls, 17, min_len=50).tolist() == [17, 17]  # max_tgt_len still bounds
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_min_len_holds_where_the_length_ratio_caps_an_output_shorter(runs, beam_size):
+    """--min-len 30 on a two-token source, whose translation cap is 2 * 2 + 10 = 14, and a model that
+    ends every output at once (EOS favoured): the output holds 30 tokens (it stopped at the cap, 14)."""
+    model, toks, ck = load_run(runs["ends_early"])
+    src = torch.tensor([toks.src.encode("red")[:1] + [EOS_ID]])
+    out = decode_batch(model, src, torch.tensor([2]), "translation", max_tgt_len=40, beam_size=beam_size,
+                       min_len=30)
+    body = out[0].tolist()
+    assert len(body) >= 30 and EOS_ID not in body[:30], body
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -399,9 +414,14 @@ def test_too_long_inputs_truncated_with_warning_or_refused(runs, tmp_path, caplo
     with pytest.raises(DataError, match=r"in\.jsonl:2: input has \d+ tokens, more than the model's maximum of 15"):
         P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True)
     # a limit of --max-src-len is named as that flag's ("the model's maximum 2" for --max-src-len 3)
-    with pytest.raises(DataError, match=r"in\.jsonl:1: input has \d+ tokens, more than the 1 that --max-src-len 2 "
-                                        r"admits, its EOS aside \(--strict; 3 input\(s\)"):
+    with pytest.raises(DataError, match=r"in\.jsonl:1: input has \d+ tokens, more than the 1 tokens that "
+                                        r"--max-src-len 2 admits, its EOS aside \(--strict; 3 input\(s\)"):
         P.predict_file(runs["translation"], src, tmp_path / "strict.jsonl", strict=True, max_src_len=2)
+    caplog.clear()  # and its warning reads ("... its EOS aside tokens and were truncated")
+    with caplog.at_level(logging.WARNING, logger=P.__name__):
+        P.predict_records(model, toks, ck, _records(["one two three"]), device="cpu", beam_size=1, max_src_len=2)
+    assert "1 of 1 inputs are longer than the 1 tokens that --max-src-len 2 admits, its EOS aside, and were " \
+           "truncated (lines 1)" in caplog.text
     assert not (tmp_path / "strict.jsonl").exists()
     # An input of exactly the maximum is neither warned about nor refused.
     model, toks, ck = load_run(runs["translation"])

@@ -105,12 +105,14 @@ LEN_RATIO = {"translation": 2.0}
 
 
 def decode_max_len(task: str, src_lengths: torch.Tensor, max_tgt_len: int,
-                   len_ratio: float | None = None) -> int | torch.Tensor:
-    """Each row's cap, (B,): ceil(len_ratio * Ls) + 10 tokens, never more than max_tgt_len; len_ratio None =
-    the task's default (`LEN_RATIO`: translation 2), 0 = no ratio (max_tgt_len, one int for every row)."""
+                   len_ratio: float | None = None, min_len: int = 0) -> int | torch.Tensor:
+    """Each row's cap, (B,): ceil(len_ratio * Ls) + 10 tokens, never more than max_tgt_len nor fewer than
+    min_len (--min-len's outputs hold that many: a short source's cap ended them sooner, unsaid); len_ratio
+    None = the task's default (`LEN_RATIO`: translation 2), 0 = no ratio (max_tgt_len, one int for every row)."""
     ratio = LEN_RATIO.get(task) if len_ratio is None else len_ratio
     if ratio:
-        return (torch.ceil(src_lengths.double() * ratio).long() + 10).clamp(1, max_tgt_len)
+        return (torch.ceil(src_lengths.double() * ratio).long() + 10).clamp(min(max(1, min_len), max_tgt_len),
+                                                                            max_tgt_len)
     return max_tgt_len
 
 
@@ -138,7 +140,7 @@ def decode_batch(model, src, src_lengths, task: str, *, max_tgt_len: int, beam_s
         pick = torch.tensor([mbr_pick(texts[b * n:(b + 1) * n], mbr_utility or "chrf") for b in range(B)],
                             device=tokens.device)
         return (tokens[rows, pick][:, None], scores[rows, pick][:, None]) if nbest else tokens[rows, pick]
-    max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio)
+    max_len = decode_max_len(task, src_lengths, max_tgt_len, len_ratio, min_len)
     if sampling is not None:
         tokens, scores = sample_decode(model, src, src_lengths, max_len=max_len, n=max(nbest, 1), keys=keys,
                                        no_repeat_ngram=no_repeat_ngram, min_len=min_len, **asdict(sampling))
@@ -171,7 +173,7 @@ def predict_seq2seq(model, dataset: D.EncodedDataset, tokenizer, *, device, max_
                     mbr: int = 0, mbr_utility: str | None = None) -> list:
     """Decoded, detokenized outputs in dataset order. beam_size 1 = greedy; no_repeat_ngram n > 0:
     no n-gram twice in an output; min_len m: at least m tokens before EOS (`model.decoding`).
-    `len_ratio`: see `decode_max_len` (a row whose cap falls below min_len ends at its cap).
+    `len_ratio`: see `decode_max_len` (a row's cap is at least min_len).
     `on_batch(indices, outputs)`, if given, is called after every batch. nbest n > 0: each output is
     instead the search's n best hypotheses, best first, [{"output", "score"}] (`beam_search_nbest`'s
     score; `_hypotheses`). `sampling`: outputs drawn (`decode_batch`), example i's draws keyed by

@@ -160,16 +160,16 @@ def encode_records(records: list[InputRecord], task: str, toks, max_src_len: int
         lens = [len(ids) for ids in toks.src.encode_batch([records[i].text for i in cands])]
         over = [(records[i].line, n) for i, n in zip(cands, lens, strict=True) if n > limit]
         first_line, first_n = over[0]
-        most = f"the model's maximum of {limit}"
-        if from_flag:
-            most = f"the {limit} that --max-src-len {max_src_len} admits" + (", its EOS aside" if limit < max_src_len
-                                                                                else "")
+        most = f"the model's maximum of {limit} tokens"
+        if from_flag:  # "tokens" before the flag: after it, "... its EOS aside tokens and were truncated"
+            most = f"the {limit} tokens that --max-src-len {max_src_len} admits" + (
+                ", its EOS aside" if limit < max_src_len else "")
         if strict:
             raise D.DataError(f"{source}:{first_line}: input has {first_n} tokens, more than {most} (--strict; "
                               f"{len(over)} input(s) in all are too long)")
         shown = ", ".join(str(line) for line, _ in over[:5]) + (", ..." if len(over) > 5 else "")
-        log.warning(f"{len(over)} of {len(records)} inputs are longer than {most} tokens and were truncated (lines "
-                    f"{shown}); --strict refuses them instead")
+        log.warning(f"{len(over)} of {len(records)} inputs are longer than {most}{',' * most.endswith('aside')} "
+                    f"and were truncated (lines {shown}); --strict refuses them instead")
     return dataset
 
 

@@ -6,8 +6,9 @@ reference.
 A pair's score is on generate's scale: the sum of log p(token) over the target's tokens (its EOS
 counted), PAD and BOS ruled out of each distribution as decoding rules them out, divided by
 tokens ** length_penalty (1: the mean log-probability). So scoring a beam's hypothesis gives the
-score `generate --json` printed for it. Pairs longer than the model's positions are refused, not
-cut: a cut target's score would be another sentence's.
+score `generate --json` printed for it, when it ended with EOS and its input was not cut to the
+training max_src_len (a hypothesis stopped at its cap was scored without an EOS). Pairs longer than
+the model's positions are refused, not cut: a cut target's score would be another sentence's.
 """
 
 from __future__ import annotations
