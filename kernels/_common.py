@@ -96,12 +96,13 @@ def _capability(device: torch.device) -> int:
 def tma_rows_ok(t: torch.Tensor, row_stride: int, *offset_strides: int) -> bool:
     """Whether TMA can address t's rows: the last dim contiguous, the base, the descriptor's row
     stride and every stride that only moves its base (`offset_strides`; all in elements) multiples
-    of 16 bytes, the row stride above 0. A row stride of 0 (an operand expanded over its rows, such
-    as x.expand(M, d)) is a tensor map whose rows overlap, which CUDA's rules for one
+    of 16 bytes, the row stride at least a row's width (t.shape[-1]) and above 0. Rows that overlap,
+    a row stride of 0 (an operand expanded over its rows, such as x.expand(M, d)) or one below the
+    width (an unfold's windows: it was taken), make a tensor map CUDA's rules for one
     (cuTensorMapEncodeTiled: each stride at least the extent below it) do not admit; the pointer
     kernels take any strides."""
     es = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row_stride > 0
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row_stride > 0 and row_stride >= t.shape[-1]
             and all((s * es) % 16 == 0 for s in (row_stride, *offset_strides)))
 
 
@@ -167,6 +168,8 @@ def check_dropout(name: str, dropout_p, seed) -> None:
         raise ValueError(f"{name}: dropout_p must be in [0, 1), got {dropout_p}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"{name}: seed must be an int or None (drawn), got {seed!r}")
+    if seed is not None and not -(2**63) <= seed < 2**63:  # torch.tensor's int64 (an OverflowError naming no seed)
+        raise ValueError(f"{name}: seed must fit in 64 bits, in [-2**63, 2**63), got {seed}")
 
 
 def check_device(name: str, *tensors: torch.Tensor | None) -> None:

@@ -135,6 +135,8 @@ def test_tma_is_taken_only_where_tma_can_address_the_rows(monkeypatch):
     rows = torch.randn(2, 2, 8, 17, device=DEVICE)[..., :16]
     assert not A._tma(rows)  # rows 68 bytes apart
     assert not A._tma(torch.randn(2, 2, 1, 16, device=DEVICE).expand(2, 2, 8, 16))  # rows overlap: stride 0
+    windows = torch.randn(2 * 2 * 8 * 8 + 8, device=DEVICE).unfold(0, 16, 8).view(2, 2, 8, 16)[..., :16]
+    assert windows.stride(2) == 8 and not A._tma(windows)  # rows 8 apart, 16 wide: overlapping (it was taken)
     assert A._tma(torch.randn(1, 1, 8, 16, device=DEVICE).expand(2, 2, 8, 16))  # (batch, head) stride 0: a base
     monkeypatch.setattr(A, "TMA", None)  # auto: GPUs of Hopper and later, at head dim 128 only
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9

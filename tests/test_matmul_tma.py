@@ -43,6 +43,8 @@ def test_tma_is_taken_only_where_tma_can_address_the_operands(tma, monkeypatch):
     assert MM._tma_layout(torch.randn(64, 33, device=DEVICE)[:, :32], w.t()) is None  # row stride 132 bytes
     assert MM._tma_layout(a, torch.randn(48, 33, device=DEVICE)[:, 1:].t()) is None  # base, row stride unaligned
     assert MM._tma_layout(torch.randn(1, 32, device=DEVICE).expand(64, 32), w.t()) is None  # rows overlap: stride 0
+    windows = torch.randn(64 * 8 + 24, device=DEVICE).unfold(0, 32, 8)  # (65, 32), rows 8 apart: overlapping
+    assert windows.stride() == (8, 1) and MM._tma_layout(windows, w.t()) is None  # (it was taken)
     monkeypatch.setattr(MM, "TMA", False)
     assert MM._tma_layout(a, w.t()) is None
 

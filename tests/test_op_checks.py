@@ -620,6 +620,10 @@ def test_the_kernels_entry_points_name_an_input_that_is_not_a_tensor_and_a_flag_
                 call({**args, "dropout_p": bad})
         with pytest.raises(ValueError, match=_esc(f"{op}: seed must be an int or None (drawn), got 1.5")):
             call({**args, "dropout_p": 0.1, "seed": 1.5})
+        for big in (2**63, -(2**63) - 1):  # an OverflowError of torch.tensor's, naming no seed
+            message = f"{op}: seed must fit in 64 bits, in [-2**63, 2**63), got {big}"
+            with pytest.raises(ValueError, match=_esc(message)):
+                call({**args, "dropout_p": 0.1, "seed": big})
     for bad in ("1", True):
         with pytest.raises(ValueError, match=_esc(f"attention: scale must be a number, got {bad!r}")):
             attention.attention(q, k, v, scale=bad)
