@@ -5,21 +5,17 @@ do not parse (docs/failures.md, "Ablation grids")."""
 import dataclasses
 import json
 import re
+import time
 
 import pytest
 from conftest import TINY, translation_folder
 
 from scratchformer import ablate
-from scratchformer.checkpoint import load_checkpoint
-from scratchformer.training import ablation
-from scratchformer.training.ablation import (
-    VariantError,
-    _final_metric,
-    _variant_config,
-    best_variant,
-    variant_folders,
-)
+from scratchformer.checkpoint import load_checkpoint, save_checkpoint
+from scratchformer.training import variants as V
+from scratchformer.training.ablation import _final_metric, _variant_config, best_variant, variant_folders
 from scratchformer.training.config import ConfigError
+from scratchformer.training.variants import VariantError
 
 MODEL = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--vocab-size", "300"]
 
@@ -233,6 +229,41 @@ def test_a_finished_variant_trained_on_stopped_and_run_again_trains_on(tmp_path,
     assert json.loads((tmp_path / "ablation.json").read_text())["runs"][0]["final"]["steps"] == 6
 
 
+def test_a_finished_variant_whose_step_checkpoints_are_gone_is_read_back(tmp_path, capsys):
+    """A finished variant cleaned up to its best.pt (or with no checkpoint at all): its report is read
+    back, the run is not trained again from best.pt's earlier step (its report replaced)."""
+    grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--no-plots", "--max-steps", "4",
+            "--eval-every", "1", "--epochs", "100000"]
+    ablate.main(grid)
+    report = (tmp_path / "a" / "metrics.final.json").read_bytes()
+    best = load_checkpoint(tmp_path / "a" / "best.pt")
+    best["progress"]["step"] = 1  # as a run whose best was its first validation
+    save_checkpoint(tmp_path / "a" / "best.pt", best)
+    for kept in ("best.pt", None):
+        for p in (tmp_path / "a").glob("*.pt"):
+            if p.name != kept:
+                p.unlink()
+        capsys.readouterr()
+        assert [r["final"]["steps"] for r in ablate.main(grid)] == [4]
+        assert "read back from" in capsys.readouterr().out
+        assert (tmp_path / "a" / "metrics.final.json").read_bytes() == report
+
+
+def test_the_grids_time_limit_bounds_the_command_not_each_variant(tmp_path, monkeypatch):
+    """ablate --time-limit 30: each variant's train command gets what is left of the grid's 30 s when it
+    starts (each had the whole 30 s from its own start: a grid of n variants ran n times it)."""
+    limits = []
+
+    def train(config, given):
+        limits.append(config.time_limit)
+        time.sleep(1.0)
+        return {"stopped": "--time-limit", "step": 1} if len(limits) == 3 else {"loss": 1.0, "steps": 1}
+
+    monkeypatch.setattr(V, "train", train)
+    ablate.main(["--out", str(tmp_path), "--variants", "a=", "b=", "c=", "--", *TINY, "--time-limit", "30"])
+    assert len(limits) == 3 and 29 < limits[0] <= 30 and limits[1] <= limits[0] - 1 and limits[2] <= limits[1] - 1
+
+
 def test_the_best_variant_has_the_lowest_loss_or_perplexity_else_the_highest_score():
     """The summary's best variant (the one a search recipe predicts with): by loss or ppl the lowest, by
     any other metric (bleu, accuracy) the highest; a variant without a number for it is never best."""
@@ -252,10 +283,10 @@ def test_a_variant_failing_on_a_bug_stops_the_grid_with_its_traceback(tmp_path, 
         return train
 
     grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--max-steps", "1"]
-    monkeypatch.setattr(ablation, "train", fails(ConfigError("--lr too large")))
+    monkeypatch.setattr(V, "train", fails(ConfigError("--lr too large")))
     with pytest.raises(VariantError, match=r"variants failed, the others ran: a \(no log: .*\): --lr too large"):
         ablate.main(grid)
-    monkeypatch.setattr(ablation, "train", fails(RuntimeError("a bug")))
+    monkeypatch.setattr(V, "train", fails(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):
         ablate.main(grid)
 

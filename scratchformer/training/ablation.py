@@ -31,24 +31,17 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import data as D
-from ..checkpoint import CheckpointError, find_checkpoint, write_lines_atomic
-from ..cli import add_debug_flag, describe, is_user_error, shown
+from ..checkpoint import find_checkpoint, write_lines_atomic
+from ..cli import add_debug_flag, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
-from .resume import load_resume_checkpoint
-from .trainer import train
+from .variants import Variant, final_of, run_at_once, run_in_turn
 
 DEFAULT_GRID = ["baseline=", "no-pos-encoding=--no-pos-encoding", "heads-1=--heads 1", "layers-1=--layers 1",
                 "pre-norm=--norm pre", "grad-accum-2=--grad-accum 2"]
@@ -63,21 +56,6 @@ BUDGET = ("max_steps", "epochs", "time_budget")
 # What the grid writes into OUT beside the variants' folders, by name: no variant may be named so.
 SUMMARY, PLOT, LOGS = "ablation.json", "ablation.png", "logs"
 GRID_FILES = {SUMMARY: "summary", PLOT: "plot", LOGS: "console logs (--jobs)"}
-
-
-class VariantError(ValueError):
-    """Variants whose training failed, each named with its log (a user error: `cli` prints it, exit 2)."""
-
-    def __init__(self, failed: str):  # once the grid's other variants ran
-        super().__init__(f"ablation variants failed, the others ran: {failed}")
-
-
-class Variant(NamedTuple):
-    """A checked variant; `final`: its finished run's report, read back, or None to train (or resume) it."""
-    name: str
-    flags: str
-    folder: Path
-    final: dict | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,7 +193,7 @@ def _earlier_run(name: str, folder: Path, config: TrainConfig) -> dict | None:
     run = TrainConfig.from_dict(json.loads((folder / "args.json").read_text(encoding="utf-8")))
     if run.task is None and (run.dataset, run.data) == (config.dataset, config.data):
         run = dataclasses.replace(run, task=D.resolve_source(run.dataset, run.data).task)  # as `config`'s
-    final = _final(folder)
+    final = final_of(folder)
     changed = _changes(config, run, finished=final is not None)
     if changed:
         raise ConfigError(f"ablation {name}: {folder} holds a {'stopped' if final is None else 'finished'} run "
@@ -254,7 +232,10 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
     planned = variant_folders(out, variants, shared, metric)
-    finals = _run_in_turn(planned, shared) if jobs == 1 else _run_at_once(planned, shared, jobs, out / LOGS)
+    limit = parse_args(shared)[0].time_limit  # the grid command's: each variant is given what is left of it
+    deadline = time.monotonic() + limit if limit else None
+    finals = (run_in_turn(planned, shared, deadline) if jobs == 1
+              else run_at_once(planned, shared, jobs, out / LOGS, deadline))
     stopped = [(v.name, final) for v, final in zip(planned, finals) if "stopped" in final]
     if stopped:
         for name, final in stopped:
@@ -282,106 +263,6 @@ def best_variant(results: list[dict], metric: str) -> str | None:
         return math.inf if math.isnan(value) else (value if lower else -value)
     best = min(results, key=score)
     return best["folder"] if score(best) != math.inf else None
-
-
-def _variant_argv(v: Variant, shared: list[str], log: Path | None = None) -> list[str]:
-    """One variant's train flags, announced: resumed when its folder holds checkpoints."""
-    resume = ["--resume"] if list(v.folder.glob("*.pt")) else []
-    print(f"=== ablation {v.name}: {v.flags or '(shared flags only)'} -> {v.folder}{' (resumed)' if resume else ''}"
-          f"{f', log {log}' if log else ''}", flush=True)
-    return [*resume, *shared, *shlex.split(v.flags), "--out", str(v.folder), "--no-progress"]
-
-
-def _final(run_dir: Path) -> dict | None:
-    """A finished run's final report (metrics.final.json); None before its end, and for the report of an
-    earlier end of a run since given more steps and stopped on the way (its checkpoint is past it: the
-    report was read back as the run's, which never trained on). A run without checkpoints (removed
-    once it finished) has its report."""
-    done = run_dir / "metrics.final.json"
-    if not done.is_file():
-        return None
-    final = json.loads(done.read_text(encoding="utf-8"))
-    return None if any(run_dir.glob("*.pt")) and final.get("steps") != _resume_step(run_dir) else final
-
-
-def _run_in_turn(planned: list[Variant], shared: list[str]) -> list[dict]:
-    """Each variant's final report: read back, or trained one after the other in this process (resumed
-    when it has checkpoints). The first that stops before its end ({"stopped", "step"}) stops the grid;
-    one that fails with a user error leaves the others to train, then the grid fails naming it."""
-    finals, failed, first = [], [], None
-    for v in planned:
-        try:
-            final = v.final or train(*parse_args(_variant_argv(v, shared)))
-        except Exception as e:
-            if not is_user_error(e):
-                raise
-            log = v.folder / "log.txt"
-            failed.append(f"{v.name} ({log if log.is_file() else 'no log: its output is above'}): {describe(e)}")
-            first = first or e
-            continue
-        finals.append(final)
-        if "stopped" in final:
-            break
-    if failed:
-        raise VariantError("; ".join(failed)) from first
-    return finals
-
-
-def _run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Path) -> list[dict]:
-    """Each variant's final report, up to `jobs` trained at once in processes of their own; after a
-    signal (SIGINT, SIGTERM) none is started, and the ones running stop as the signal tells them."""
-    logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
-                                                                    os.environ.get("PYTHONPATH")])))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-    signalled: list[int] = []
-    on_main = threading.current_thread() is threading.main_thread()  # only it can take signals
-    previous = {s: signal.signal(s, lambda signum, frame: signalled.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
-    finals, running, failed = {}, {}, []
-    queue = list(planned)
-    try:
-        while running or (queue and not signalled):
-            while queue and len(running) < jobs and not signalled:
-                v = queue.pop(0)
-                finals[v.name] = v.final
-                if v.final is None:
-                    running[v.name] = _start(v, shared, env, logs / f"{v.folder.name}.txt")
-            time.sleep(0.2)
-            for name, (proc, run_dir, log) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                del running[name]
-                if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
-                    final = _final(run_dir) or {"stopped": "a signal or --time-limit", "step": _resume_step(run_dir)}
-                    finals[name] = final
-                    print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
-                else:
-                    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
-                    failed.append(f"{name} (exit {proc.returncode}; {log}):\n" + "\n".join(tail))
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if failed:
-        raise VariantError("\n".join(failed))
-    return [finals.get(v.name) or {"stopped": "a signal, before it started", "step": 0} for v in planned]
-
-
-def _start(v: Variant, shared: list[str], env: dict, log: Path):
-    """(the training process of one variant, its folder, its log); the log is appended to."""
-    argv = _variant_argv(v, shared, log)
-    with open(log, "a", encoding="utf-8") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "scratchformer.train", *argv], stdout=f,
-                                stderr=subprocess.STDOUT, env=env)
-    return proc, v.folder, log
-
-
-def _resume_step(run_dir: Path) -> int | str:
-    """The step a stopped variant resumes from: its checkpoint's, as `train --resume` picks it (0: none)."""
-    try:
-        return load_resume_checkpoint(run_dir, "last")[1]["progress"]["step"] if any(run_dir.glob("*.pt")) else 0
-    except (CheckpointError, ConfigError) as e:  # the grid's next command fails naming it
-        return f"? ({e})"
 
 
 def main(argv=None) -> list[dict]:

@@ -5,11 +5,12 @@
 # survives between calls while the machine is warm, so the same call, repeated, goes on where the
 # last one stopped:
 #   1. train: a new run, or --resume of the one there, to the end of its --time-budget (or
-#      --max-steps) and its final report, or until the call's deadline less 75 s for the start,
-#      the save and step 3's average (--time-limit: a pause, last.pt saved; the fifth window's
-#      run ended 15 s after its --time-limit, the average took ~5 s). A start slower than that, or a
-#      final report that outlasts the call, ends in the call's SIGINT, on which the trainer also
-#      saves: the next call goes on;
+#      --max-steps) and its final report, or until the call's deadline less 75 s for the interpreter's
+#      start, the save and step 3's average (--time-limit: a pause, last.pt saved; the fifth window's
+#      run ended 15 s after its --time-limit, the average took ~5 s). The run's setup (data,
+#      tokenizers, model) counts in its --time-limit since 2026-12-07 (it did not: a slow setup ran
+#      into the call's end); a final report that outlasts the call ends in the call's SIGINT, on
+#      which the trainer also saves: the next call goes on;
 #   2. once the run is finished: the test predictions (generate --resume: a call that ends midway
 #      leaves a snapshot the next one continues);
 #   3. a call that ends unfinished: the average of the newest step checkpoints beside the archive, in
