@@ -331,6 +331,17 @@ def test_a_model_option_the_run_left_unset_is_compared_with_the_model_it_built()
         resumed(now, given, saved, "r/last.pt", built)
     with pytest.raises(ConfigError, match=r"--dropout 0\.1 \(the run has unset\)"):  # no model config: as before
         resumed(*parse_args(["--resume", "--dropout", "0.1"]), saved, "r/last.pt")
+    # the layer counts too: --layers N where encoder and decoder have N each (an encoder-only model: its encoder's)
+    saved = {**saved, "layers": None, "encoder_layers": None, "decoder_layers": None}
+    for built, argv in (({"n_encoder_layers": 6, "n_decoder_layers": 6}, ["--layers", "6", "--decoder-layers", "6"]),
+                        ({"n_encoder_layers": 4, "n_decoder_layers": 0}, ["--layers", "4", "--encoder-layers", "4"])):
+        assert resumed(*parse_args(["--resume", *argv]), saved, "r/last.pt", built).layers == int(argv[1])
+    with pytest.raises(ConfigError, match=r"--layers 6 \(the run has unset\)"):  # 3 + 6: no one count
+        resumed(*parse_args(["--resume", "--layers", "6"]), saved, "r/last.pt", {"n_encoder_layers": 3,
+                                                                                "n_decoder_layers": 6})
+    with pytest.raises(ConfigError, match=r"--encoder-layers 2 \(the run has 3\)"):
+        resumed(*parse_args(["--resume", "--encoder-layers", "2"]), saved, "r/last.pt", {"n_encoder_layers": 3,
+                                                                                        "n_decoder_layers": 6})
 
 
 def test_a_commands_own_options_are_not_taken_from_the_run():

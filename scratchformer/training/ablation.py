@@ -41,6 +41,7 @@ from ..checkpoint import find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
+from .resume import ONE_COMMAND
 from .variants import Variant, final_of, run_at_once, run_in_turn
 
 DEFAULT_GRID = ["baseline=", "no-pos-encoding=--no-pos-encoding", "heads-1=--heads 1", "layers-1=--layers 1",
@@ -49,8 +50,8 @@ DEFAULT_GRID = ["baseline=", "no-pos-encoding=--no-pos-encoding", "heads-1=--hea
 GRID_FLAGS = ("out", "resume", "overwrite")
 # Options of one command, not of the run it trains: a variant's earlier run is read back or resumed
 # whatever they are now (a grid run in bounded commands gives each its own --time-limit).
-PER_COMMAND = (*GRID_FLAGS, "resume_path", "time_limit", "device", "threads", "num_workers", "no_progress",
-               "log_every", "tensorboard", "no_plots", "attention_example", "save_every", "keep_checkpoints")
+PER_COMMAND = (*GRID_FLAGS, *ONE_COMMAND, "resume_path", "device", "threads", "num_workers", "log_every", "no_plots",
+               "attention_example", "save_every", "keep_checkpoints")
 # How long a run trains: a finished run given more trains on (as `train --resume` does); less is refused.
 BUDGET = ("max_steps", "epochs", "time_budget")
 # What the grid writes into OUT beside the variants' folders, by name: no variant may be named so.

@@ -188,9 +188,9 @@ class TrainConfig:
                                      metavar="W")
     save_every: int = _run(default=0, help="write step_N.pt and last.pt every N steps (0: at validations)")
     keep_checkpoints: int = _run(default=3, help="step checkpoints kept, the newest (0: all)")
-    time_limit: float | None = _run(help="stop training once the command has run this many seconds (its setup "
-                                    "included), saving last.pt (no final evaluation); --resume continues: a long "
-                                    "run in chunks of bounded commands")
+    time_limit: float | None = _run(help="stop training once the run's setup (data, tokenizers, model) and "
+                                    "training have taken this many seconds, saving last.pt (no final evaluation); "
+                                    "--resume continues: a long run in chunks of bounded commands")
     init_from: str | None = _run(help="a new run from the weights, architecture and tokenizers of a checkpoint or "
                                  "run folder (best.pt): fine-tuning, a curriculum's next phase", metavar="CKPT")
     resume: str | None = _run(help="continue from a checkpoint or run folder (default: OUT/last.pt; without --out, "

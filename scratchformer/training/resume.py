@@ -81,12 +81,21 @@ def fixed_changes(config: TrainConfig, given: frozenset[str], run: TrainConfig, 
     fixed = FIXED_ON_RESUME + (FIXED_FOR_A_DECODED_BEST if run.best_metric not in TEACHER_FORCED else ()) + (
         ("data",) if run.data is None else ())  # a run's folder may move; a run without one gets none
     had = {k: getattr(run, k) for k in fixed}
-    for k, key in MODEL_FIELDS.items():
-        if had.get(k, 0) is None and key in (built or {}):
-            had[k] = tuple(built[key]) if isinstance(built[key], list) else built[key]
+    for k, value in _built_options(built or {}).items():
+        if had.get(k, 0) is None and value is not None:
+            had[k] = value
     return [f"{flag(k)} {shown(getattr(config, k))} (the run has {shown(had[k])}"
             f"{f'; its best {run.best_metric} depends on it' * (k in FIXED_FOR_A_DECODED_BEST)})"
             for k in fixed if k in given and getattr(config, k) != had[k]]
+
+
+def _built_options(built: dict) -> dict:
+    """The model options a ModelConfig's dict (`built`) was made with, by option name (--layers: its
+    encoder's and decoder's count when they are one, an encoder-only model's alone)."""
+    options = {k: built[key] for k, key in MODEL_FIELDS.items() if key in built}
+    enc, dec = built.get("n_encoder_layers"), built.get("n_decoder_layers")
+    options.update(encoder_layers=enc, decoder_layers=dec, layers=enc if dec in (0, enc) else None)
+    return options
 
 
 def load_resume_checkpoint(folder: Path, resume: str) -> tuple[Path, dict, str | None]:
