@@ -27,7 +27,7 @@ class Progress:
     validated: int = -1  # the step last validated: a resume does not validate it again (-1 in older checkpoints)
     stopped_early: bool = False
     out_of_time: bool = False  # --time-budget reached: training ended there
-    tokens: int = 0
+    tokens: int = 0  # target tokens trained on by the process that saved it (under DDP: rank 0's share)
     seconds: float = 0.0  # training time over every session of the run (--resume adds to it), as of last.pt
 
     def to_dict(self) -> dict:
@@ -95,7 +95,7 @@ class Window:
 
     loss: float | torch.Tensor = 0.0
     nll: float | torch.Tensor = 0.0
-    tokens: int = 0
+    tokens: int = 0  # target tokens trained on by the process that saved it (under DDP: rank 0's share)
     t0: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict:
