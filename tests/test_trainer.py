@@ -306,7 +306,8 @@ def test_run_folder_with_old_format_args_resumes_and_evaluates(tmp_path):
     args = json.loads((run / "args.json").read_text())
     (run / "args.json").write_text(json.dumps(_to_old_format(args), indent=2))
 
-    m = evaluate_cli.main(["--checkpoint", str(run), "--split", "validation", "--limit", "4", "--overwrite"])
+    m = evaluate_cli.main(["--checkpoint", str(run), "--split", "validation", "--limit", "4", "--out",
+                           str(tmp_path / "ev")])  # not into the run: its resume would be refused (evaluate's files)
     assert m["n"] == 4 and m["step"] == 3 and "bleu" in m
     T.main(["--resume", "--max-steps", "4", "--out", str(run), "--no-progress", "--no-plots"])
     ck = load_checkpoint(run / "last.pt")
