@@ -95,7 +95,7 @@ class Window:
 
     loss: float | torch.Tensor = 0.0
     nll: float | torch.Tensor = 0.0
-    tokens: int = 0  # target tokens trained on by the process that saved it (under DDP: rank 0's share)
+    tokens: int = 0
     t0: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict:
