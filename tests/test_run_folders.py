@@ -360,7 +360,7 @@ def test_ablation_json_is_written_atomically(tmp_path, monkeypatch):
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "metrics.jsonl").write_text('{"split": "valid", "step": 1, "loss": 2.0}\n')
-    monkeypatch.setattr(ablation, "_run_in_turn", lambda planned, shared: [{"loss": 2.0, "exact_match": 5.0}])
+    monkeypatch.setattr(ablation, "run_in_turn", lambda planned, shared, deadline: [{"loss": 2.0, "exact_match": 5.0}])
     monkeypatch.setattr(plots, "plot_ablation", lambda *a, **k: None)
     ablation.run_grid(tmp_path, ["a="], TINY)
     summary = (tmp_path / "ablation.json").read_text()
