@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint import CheckpointError
 from ..cli import describe, is_user_error
 from .config import ConfigError, parse_args
 from .resume import load_resume_checkpoint
@@ -50,7 +50,7 @@ def variant_argv(v: Variant, shared: list[str], log: Path | None = None, deadlin
 
 def final_of(run_dir: Path) -> dict | None:
     """A finished run's final report (metrics.final.json); None before its end, and for the report of an
-    earlier end of a run since given more steps and stopped on the way: its newest last.pt or step_N.pt is
+    earlier end of a run since given more steps and stopped on the way: its newest step_N.pt is
     past the report's step (the report was read back as the run's, which never trained on). A run whose
     step checkpoints are gone (best.pt kept, or none) has its report."""
     done = run_dir / "metrics.final.json"
@@ -62,14 +62,9 @@ def final_of(run_dir: Path) -> dict | None:
 
 
 def _newest_step(run_dir: Path) -> int | None:
-    """The step of a run's newest last.pt or step_N.pt; None without one (or with an unreadable last.pt alone)."""
-    steps = [int(p.stem[5:]) for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()]
-    if (run_dir / "last.pt").is_file():
-        try:
-            steps.append(load_checkpoint(run_dir / "last.pt")["progress"]["step"])
-        except CheckpointError:
-            pass
-    return max(steps, default=None)
+    """The step of a run's newest step_N.pt, by its name (each save writes one, then last.pt: no
+    checkpoint is read); None without one."""
+    return max((int(p.stem[5:]) for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()), default=None)
 
 
 def run_in_turn(planned: list[Variant], shared: list[str], deadline: float | None = None) -> list[dict]:
@@ -96,7 +91,7 @@ def run_in_turn(planned: list[Variant], shared: list[str], deadline: float | Non
 
 
 def run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Path,
-                 deadline: float | None = None) -> list[dict]:
+                deadline: float | None = None) -> list[dict]:
     """Each variant's final report, up to `jobs` trained at once in processes of their own; after a
     signal (SIGINT, SIGTERM) none is started, and the ones running stop as the signal tells them."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -122,8 +117,8 @@ def run_at_once(planned: list[Variant], shared: list[str], jobs: int, logs: Path
                     continue
                 del running[name]
                 if proc.returncode == 0 or (signalled and proc.returncode == 130):  # 130: stopped while starting
-                    final = final_of(run_dir) or {"stopped": "a signal or --time-limit", "step": resume_step(run_dir)}
-                    finals[name] = final
+                    finals[name] = final_of(run_dir) or {"stopped": "a signal or --time-limit",
+                                                         "step": _resume_step(run_dir)}
                     print(f"=== ablation {name}: {'stopped' if 'stopped' in finals[name] else 'finished'}", flush=True)
                 else:
                     tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
@@ -145,7 +140,7 @@ def _start(v: Variant, shared: list[str], env: dict, log: Path, deadline: float 
     return proc, v.folder, log
 
 
-def resume_step(run_dir: Path) -> int | str:
+def _resume_step(run_dir: Path) -> int | str:
     """The step a stopped variant resumes from: its checkpoint's, as `train --resume` picks it (0: none)."""
     try:
         return load_resume_checkpoint(run_dir, "last")[1]["progress"]["step"] if any(run_dir.glob("*.pt")) else 0
