@@ -606,6 +606,30 @@ def test_a_carved_validation_split_is_the_same_for_training_and_evaluation(tmp_p
         load_data(cfg, source, _SILENT)
 
 
+def test_data_options_that_would_do_nothing_are_refused_before_anything_is_written(tmp_path):
+    """--valid-fraction for data with a validation split of its own (the synthetic task's included), and
+    --synthetic-seed for data that is not the synthetic task: each did nothing, and args.json recorded it
+    as if it had. Refused by name before the run folder is made; without the validation split, the carve
+    is --valid-fraction's."""
+    d = tmp_path / "mt"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"src": f"s {i}", "tgt": f"t {i}"}) + "\n" for i in range(40)))
+    (d / "validation.jsonl").write_text(json.dumps({"src": "v", "tgt": "w"}) + "\n")
+    out = tmp_path / "run"
+    for argv, pattern in (
+            (["--data", str(d), "--valid-fraction", "0.2"], rf"^--valid-fraction carves .* {d.name} has a validation "
+                                                           r"split of its own: drop it$"),
+            (["--valid-fraction", "0.2"], r"^--valid-fraction carves .* synthetic has a validation split of its own"),
+            (["--data", str(d), "--synthetic-seed", "7"], rf"^--synthetic-seed draws the synthetic task's corpus; this "
+                                                         rf"run reads {d.name}: drop it$")):
+        with pytest.raises(ConfigError, match=pattern):
+            T.main([*argv, "--task", "translation", "--out", str(out), "--max-steps", "1"])
+        assert not out.exists()
+    (d / "validation.jsonl").unlink()
+    cfg, _ = parse_args(["--data", str(d), "--task", "translation", "--valid-fraction", "0.25"])
+    launch._check_data_options(D.resolve_source(cfg.dataset, cfg.data, cfg.task), frozenset({"valid_fraction"}))
+
+
 def test_a_carved_validation_split_whose_examples_share_an_id_is_refused(tmp_path):
     """A validation split carved from train is written by id like any other (predictions.validation.jsonl):
     two carved examples sharing an id are a DataError naming the train file and the id, in training's

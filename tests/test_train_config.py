@@ -345,14 +345,15 @@ def test_a_model_option_the_run_left_unset_is_compared_with_the_model_it_built()
 
 
 def test_a_commands_own_options_are_not_taken_from_the_run():
-    """--time-limit, --tensorboard and --no-progress are a command's: a resume takes them as given, else
-    their defaults (the run's --time-limit paused every resume, and nothing turned it off; a --tensorboard
-    run needed the package wherever it was resumed)."""
-    saved = {**json.loads(OLD_ARGS_JSON), "time_limit": 0.5, "tensorboard": True, "no_progress": True}
+    """--time-limit, --tensorboard, --no-progress and --no-plots are a command's: a resume takes them as
+    given, else their defaults (the run's --time-limit paused every resume, and nothing turned it off; a
+    --tensorboard run needed the package wherever it was resumed; no resume of a --no-plots run drew any)."""
+    saved = {**json.loads(OLD_ARGS_JSON), "time_limit": 0.5, "tensorboard": True, "no_progress": True,
+             "no_plots": True}
     cfg = resumed(*parse_args(["--resume"]), saved, "r/last.pt")
-    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress) == (None, False, False)
-    cfg = resumed(*parse_args(["--resume", "--time-limit", "7", "--no-progress"]), saved, "r/last.pt")
-    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress) == (7, False, True)
+    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress, cfg.no_plots) == (None, False, False, False)
+    cfg = resumed(*parse_args(["--resume", "--time-limit", "7", "--no-progress", "--no-plots"]), saved, "r/last.pt")
+    assert (cfg.time_limit, cfg.tensorboard, cfg.no_progress, cfg.no_plots) == (7, False, True, True)
 
 
 def test_a_resumed_runs_compile_options_are_checked_with_the_runs_and_may_be_turned_off():

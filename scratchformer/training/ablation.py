@@ -50,7 +50,7 @@ DEFAULT_GRID = ["baseline=", "no-pos-encoding=--no-pos-encoding", "heads-1=--hea
 GRID_FLAGS = ("out", "resume", "overwrite")
 # Options of one command, not of the run it trains: a variant's earlier run is read back or resumed
 # whatever they are now (a grid run in bounded commands gives each its own --time-limit).
-PER_COMMAND = (*GRID_FLAGS, *ONE_COMMAND, "resume_path", "device", "threads", "num_workers", "log_every", "no_plots",
+PER_COMMAND = (*GRID_FLAGS, *ONE_COMMAND, "resume_path", "device", "threads", "num_workers", "log_every",
                "attention_example", "save_every", "keep_checkpoints")
 # How long a run trains: a finished run given more trains on (as `train --resume` does); less is refused.
 BUDGET = ("max_steps", "epochs", "time_budget")

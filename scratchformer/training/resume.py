@@ -31,8 +31,8 @@ FIXED_ON_RESUME = (
 )
 # A command's own options: a resume takes them as given, not from the run (the --time-limit that paused
 # a run paused every resume of it, and no value turned it off; a --tensorboard run could not be resumed
-# where the package is missing).
-ONE_COMMAND = ("time_limit", "tensorboard", "no_progress")
+# where the package is missing; a --no-plots run had no plots after any resume of it).
+ONE_COMMAND = ("time_limit", "tensorboard", "no_progress", "no_plots")
 # And where the best metric is a decoding one (BLEU, ROUGE, ...): the examples decoded and an extractive
 # summary's size, which its value depends on (a teacher-forced best, the loss, does not).
 FIXED_FOR_A_DECODED_BEST = ("eval_decode_examples", "summary_sentences", "summary_words")
