@@ -173,10 +173,13 @@ def merge(jsons: list[Path], into: Path) -> int:
 def _replace(path: Path, write) -> None:
     """write(tmp) to a temp file beside `path`, then rename it over `path`: a kill or a full disk leaves
     the old file whole (bench/results/<date>-<gpu>.json holds earlier windows' cases, which a write cut
-    short lost, and the next collect then failed on its JSON)."""
+    short lost, and the next collect then failed on its JSON); fsync'd first, so a power cut after the rename
+    does not leave it empty."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
