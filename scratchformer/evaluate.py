@@ -45,10 +45,11 @@ from .evaluation.options import (
     check_options,
     check_task_options,
 )
-from .locks import Held, hold, make_folders, release, remove_made
+from .locks import Held, hold, holder, make_folders, release, remove_made
 from .model import row_key
 from .training.build import run_split
 from .training.config import KERNELS, TrainConfig
+from .training.runs import LOCK as RUN_LOCK
 
 SEQUENCE_FLAGS = (*DECODE_FLAGS, *O.MBR_FLAGS, *O.SAMPLING_FLAGS)  # what decoding a sequence reads
 
@@ -166,9 +167,10 @@ def check_outputs(out: Path, stem: str, overwrite: bool, attention: int | None =
 def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None = None):
     """`check_outputs` under a hold of out/.evaluate.<stem>.lock (`locks.hold`), kept until the files
     are written: a second evaluate of the same files is refused naming the first's pid (two at once both ran, and
-    one's predictions could end beside the other's metrics). A folder that cannot be
-    written takes no lock: its scores still come first, and the write fails after them. The folders
-    made for the lock are removed again if the command ends before writing into them."""
+    one's predictions could end beside the other's metrics), and so is one of the validation split into the
+    folder of a run that trains (its final report replaced the predictions, and left these metrics). A
+    folder that cannot be written takes no lock: its scores still come first, and the write fails after
+    them. The folders made for the lock are removed again if the command ends before writing into them."""
     lock = out / f".evaluate.{stem}.lock"
     made = []
     try:
@@ -180,6 +182,10 @@ def writing_outputs(out: Path, stem: str, overwrite: bool, attention: int | None
     except OSError:  # read-only
         fd = None
     try:
+        if stem == "validation" and (pid := holder(out / RUN_LOCK)) is not None:
+            raise cli.UsageError(f"{out} is the folder of a run that trains now (pid {pid}): its final report writes "
+                                 f"predictions.validation.jsonl there, over this evaluate's, beside its metrics; wait "
+                                 f"for it to end, or give --out DIR")
         check_outputs(out, stem, overwrite, attention)
         yield
     finally:

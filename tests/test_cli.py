@@ -33,6 +33,7 @@ from scratchformer.model import EOS_ID, ModelConfig, build_model, greedy_decode
 from scratchformer.training.ablation import build_parser as ablate_parser
 from scratchformer.training.config import ConfigError, TrainConfig
 from scratchformer.training.config import build_parser as train_parser
+from scratchformer.training.runs import RunFolderError, lock_run_folder, release_run_folders
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -682,6 +683,51 @@ def test_an_evaluation_another_evaluate_writes_is_refused_until_it_ends(tmp_path
         holder.wait()
     evaluate.main(args)
     assert (run / "metrics.validation.json").exists() and not lock.exists()
+
+
+def _held_by_another_process(lock: Path) -> subprocess.Popen:
+    """A process holding `lock` (`locks.hold`) until killed."""
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
+            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation_split(tmp_path):
+    """A train's final report writes predictions.validation.jsonl into its folder: an evaluate of the
+    validation split into the folder of a run that trains wrote its predictions and metrics, then the
+    report replaced the predictions and left evaluate's metrics beside another model's. Refused naming
+    the train's pid (another split is not the report's: it goes on). A train into a folder where an
+    evaluate writes is refused too, and its lock left alone (--overwrite deleted it)."""
+    run = _eval_run(tmp_path)
+    args = ["--checkpoint", str(run / "best.pt"), "--limit", "4", "--max-tokens", "64"]
+    shutil.copyfile(run.parent / "toy_mt" / "validation.jsonl.gz", run.parent / "toy_mt" / "test.jsonl.gz")
+    trainer = _held_by_another_process(run / ".lock")
+    try:
+        before = _snapshot(run)
+        with pytest.raises(cli.UsageError, match=rf"^{re.escape(str(run))} is the folder of a run that trains now "
+                                                 rf"\(pid {trainer.pid}\): its final report writes "
+                                                 r"predictions\.validation\.jsonl there"):
+            evaluate.main([*args, "--split", "validation"])
+        assert _snapshot(run) == before
+        evaluate.main([*args, "--split", "test"])
+        assert (run / "metrics.test.json").exists()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    lock = run / ".evaluate.validation.lock"
+    evaluator = _held_by_another_process(lock)
+    try:
+        with pytest.raises(RunFolderError, match=rf"--out {re.escape(str(run))} is in use: an evaluate "
+                                                 rf"\(pid {evaluator.pid}\) writes its validation predictions"):
+            train.main(["--out", str(run), "--overwrite", *TINY])
+        assert lock.exists() and (run / "best.pt").exists()
+    finally:
+        evaluator.kill()
+        evaluator.wait()
+    assert lock_run_folder(run) == run  # the evaluate ended (its lock file a stale one): the folder is free
+    release_run_folders()
 
 
 def test_evaluate_attention_index_past_the_split_is_refused_before_any_work(tmp_path, monkeypatch):

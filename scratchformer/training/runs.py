@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_lines_atomic
-from ..locks import Held, hold
+from ..locks import Held, hold, holder
 from .config import ConfigError
 from .distributed import Dist
 
@@ -54,16 +54,24 @@ def lock_run_folder(folder: Path) -> Path:
     """Hold `folder` for this process's run (an exclusive flock on FOLDER/.lock, which says its pid;
     the system drops it when the process ends, however it ends): a second run or resume into the
     folder while one trains there is refused, naming the holder (both ran: one run's checkpoints
-    and logs were lost, its rows mixed into the other's). This process may lock it again
+    and logs were lost, its rows mixed into the other's), as is one while an evaluate writes there (the final
+    report wrote over its predictions; --overwrite deleted its lock). This process may lock it again
     (`release_run_folders` ends its runs' locks)."""
     key = folder.resolve()
     if key in _HELD:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        _HELD[key] = hold(folder / LOCK)
+        fd = hold(folder / LOCK)
     except Held as e:
         raise RunFolderError(IN_USE.format(folder, e.pid)) from None
+    for lock in sorted(folder.glob(".evaluate.*.lock")):  # an evaluate writing there: its files would be ours
+        if (pid := holder(lock)) is not None:
+            os.close(fd)
+            raise RunFolderError(f"--out {folder} is in use: an evaluate (pid {pid}) writes its "
+                                 f"{lock.name.split('.')[2]} predictions and metrics there now; wait for it to end, "
+                                 f"or choose another --out")
+    _HELD[key] = fd
     return folder
 
 
