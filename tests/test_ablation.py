@@ -59,13 +59,14 @@ def test_a_stopped_variant_resumes_only_with_its_flags(tmp_path):
     """A variant stopped by --time-limit resumes in the next command (any --time-limit, more steps),
     but not with a flag that would make the rest of its run another one."""
     grid = ["--out", str(tmp_path), "--variants", "a=", "--", *TINY, "--max-steps", "3", "--eval-every", "3",
-            "--no-plots"]
+            "--no-plots", "--best-metric", "chrf"]
     assert ablate.main([*grid, "--time-limit", "0.001"]) == []
     with pytest.raises(ConfigError, match=r"ablation a: .*a holds a stopped run built otherwise: --warmup-steps 1 "
                                           r"\(the run has"):
         ablate.main([*grid, "--warmup-steps", "1", "--time-limit", "600"])
     assert [r["name"] for r in ablate.main([*grid, "--max-steps", "4", "--time-limit", "600"])] == ["a"]
     assert load_checkpoint(tmp_path / "a" / "last.pt")["progress"]["step"] == 4
+    assert json.loads((tmp_path / "ablation.json").read_text())["metric"] == "chrf"  # the runs' --best-metric
 
 
 def test_another_grids_summary_is_not_replaced(tmp_path):
@@ -294,13 +295,17 @@ def test_a_variant_failing_on_a_bug_stops_the_grid_with_its_traceback(tmp_path, 
 def test_the_grid_compares_greedy_decodings_scores_and_a_tasks_own_metric():
     """A variant's final report flattened for the summary: the teacher-forced numbers with greedy
     decoding's scores (not the beam's), or an extractive run's one decoding's; compared by the task's own
-    metric unless --metric names one: a classifier's accuracy, a seq2seq run's exact_match, else loss."""
+    metric unless --metric (or the shared --best-metric) names one: a classifier's accuracy, a summary's
+    ROUGE-Lsum (exact match: 0 for every variant, and the first "best"), a translation's exact_match, else loss."""
     final = {"loss": 2.0, "ppl": 7.4, "steps": 4, "greedy": {"bleu": 20.0, "exact_match": 5.0},
              "beam4": {"bleu": 22.0, "exact_match": 6.0}}
     assert _final_metric(final, None) == ("exact_match", {"loss": 2.0, "ppl": 7.4, "steps": 4, "bleu": 20.0,
                                                           "exact_match": 5.0})
     assert _final_metric(final, "bleu")[0] == "bleu"
     assert _final_metric({"loss": 0.7, "picks": {"rouge1": 40.0}}, None) == ("loss", {"loss": 0.7, "rouge1": 40.0})
+    summary = {"loss": 0.7, "greedy": {"bleu": 9.0, "exact_match": 0.0, "rouge1": 30.0, "rougeLsum": 27.0}}
+    assert _final_metric(summary, None)[0] == "rougeLsum"
+    assert _final_metric({"loss": 0.7, "picks": {"exact_match": 0.0, "rougeLsum": 26.0}}, None)[0] == "rougeLsum"
     assert _final_metric({"loss": 0.5, "ppl": 1.6, "accuracy": 80.0}, None)[0] == "accuracy"
 
 

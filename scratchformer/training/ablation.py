@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the runs, ablation.json and ablation.png (default: runs/ablate)")
     p.add_argument("--variants", nargs="+", default=DEFAULT_GRID, metavar="NAME=FLAGS",
                    help="variants; default: " + "; ".join(DEFAULT_GRID))
-    p.add_argument("--metric", help="metric of the bar chart and of the best variant (default: exact_match "
-                   "for seq2seq greedy, accuracy for classification)")
+    p.add_argument("--metric", help="metric of the bar chart and of the best variant (default: the shared "
+                   "--best-metric; else accuracy for classification, rougeLsum for summaries, greedy exact_match for "
+                   "translation)")
     p.add_argument("--jobs", type=int, default=1,
                    help="variants trained at once, each in a process of its own (default: 1)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="shared train flags, after --")
@@ -81,8 +82,8 @@ def _final_metric(final: dict, metric: str | None) -> tuple[str, dict]:
     flat = {k: v for k, v in final.items() if isinstance(v, (int, float))}
     decodings = {k: v for k, v in final.items() if isinstance(v, dict) and k != "scorers"}  # not the signatures
     flat.update(decodings.get("greedy") or next(iter(decodings.values()), {}))
-    if metric is None:
-        metric = "accuracy" if "accuracy" in flat else ("exact_match" if "exact_match" in flat else "loss")
+    if metric is None:  # a summary is never word for word its reference: exact_match 0 for every variant
+        metric = next(m for m in ("accuracy", "rougeLsum", "exact_match", "loss") if m in flat or m == "loss")
     return metric, flat
 
 
@@ -233,7 +234,9 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
     planned = variant_folders(out, variants, shared, metric)
-    limit = parse_args(shared)[0].time_limit  # the grid command's: each variant is given what is left of it
+    given = parse_args(shared)[0]
+    metric = metric or given.best_metric  # the runs' own choice of best.pt, when the shared flags make one
+    limit = given.time_limit  # the grid command's: each variant is given what is left of it
     deadline = time.monotonic() + limit if limit else None
     finals = (run_in_turn(planned, shared, deadline) if jobs == 1
               else run_at_once(planned, shared, jobs, out / LOGS, deadline))
