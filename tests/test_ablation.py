@@ -309,6 +309,15 @@ def test_the_grid_compares_greedy_decodings_scores_and_a_tasks_own_metric():
     assert _final_metric({"loss": 0.5, "ppl": 1.6, "accuracy": 80.0}, None)[0] == "accuracy"
 
 
+def test_ablate_under_torchrun_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """Under torchrun each variant's train ended the process group and the next one's rejoin hung (rank 0
+    in a broadcast, rank 1 in init_process_group), and --jobs would start every variant on every rank."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^ablate runs its variants in this process .* not in torchrun's processes"):
+        ablate.main(["--out", str(tmp_path / "ab"), "--variants", "a=", "--", *TINY])
+    assert not (tmp_path / "ab").exists()
+
+
 def test_jobs_below_one_is_refused_before_anything_runs(tmp_path):
     """--jobs 0 would start no variant (and share the CPU threads among none): refused by name first."""
     with pytest.raises(ConfigError, match=r"--jobs 0: must be at least 1"):

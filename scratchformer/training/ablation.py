@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
 import shlex
 import time
@@ -274,6 +275,10 @@ def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be at least 1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each train ended the process group the next one rejoined: a hang
+        raise ConfigError("ablate runs its variants in this process one after another (or --jobs N processes of its "
+                          "own), not in torchrun's processes: run it without torchrun, or each variant as "
+                          "`torchrun ... -m scratchformer.train FLAGS --out OUT/NAME`")
     shared = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     out = Path(args.out)
     metric, results = run_grid(out, args.variants, shared, args.metric, args.jobs)
