@@ -197,9 +197,10 @@ def load_checkpoint(path: str | Path, map_location="cpu", require: tuple[str, ..
     return state
 
 
-def rng_state() -> dict:
-    """This process's random states, for an exact resume; "seed" (the seed torch's stream started
-    from: per rank under DDP) is a record, not restored."""
+def rng_state(device: torch.device | None = None) -> dict:
+    """This process's random states, for an exact resume, and on a CUDA `device` that device's (every
+    visible GPU's were saved: a run resumed where fewer are visible failed restoring them); "seed" (the
+    seed torch's stream started from: per rank under DDP) is a record, not restored."""
     np_state = np.random.get_state()
     state = {
         "seed": torch.initial_seed(),
@@ -207,19 +208,22 @@ def rng_state() -> dict:
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = [torch.cuda.get_rng_state(device)]
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore `rng_state`'s states; its CUDA one on a CUDA `device` (of a checkpoint that saved every
+    visible GPU's, before 2026-12-07, the one of the device's index where it has one, else the first)."""
     version, keys, gauss_next = state["python"]  # lists come back as lists from torch.load
     random.setstate((version, tuple(keys), gauss_next))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("cuda") and device is not None and device.type == "cuda":
+        states, index = state["cuda"], device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_rng_state(states[index] if index < len(states) else states[0], device)
 
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")

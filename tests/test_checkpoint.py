@@ -233,6 +233,32 @@ def test_unpickling_arbitrary_objects_refused(tmp_path):
     assert "\n" not in str(e.value) and "weights_only" not in str(e.value)
 
 
+def test_the_cuda_random_state_is_the_training_devices_alone(monkeypatch):
+    """Every visible GPU's CUDA state was saved (`get_rng_state_all`) and all restored: a run resumed
+    where fewer GPUs are visible (an 8-GPU machine's on a 1-GPU one) failed in torch's set_rng_state with
+    an IndexError, after the run folder was rewritten. Now the training device's alone; a list saved
+    before gives the device's index where it has one, else its first. A CPU run saves none."""
+    states = {i: torch.full((4,), i, dtype=torch.uint8) for i in range(8)}
+    restored = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: states[torch.device(device).index])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), device)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    saved = C.rng_state(torch.device("cuda", 3))
+    assert [int(t[0]) for t in saved["cuda"]] == [3]
+    assert "cuda" not in C.rng_state(torch.device("cpu")) and "cuda" not in C.rng_state()
+    for device, cuda_states, want in ((torch.device("cuda", 0), saved["cuda"], 3),  # resumed on another index
+                                      (torch.device("cuda", 1), [states[0], states[1]], 1),  # the old list: its own
+                                      (torch.device("cuda", 0), list(states.values()), 0),
+                                      (torch.device("cuda", 5), [states[0], states[1]], 0),
+                                      (torch.device("cuda"), [states[2], states[6]], 2)):  # the current device's
+        restored.clear()
+        C.set_rng_state({**saved, "cuda": cuda_states}, device)
+        assert restored == [(want, device)]
+    restored.clear()
+    C.set_rng_state(saved, torch.device("cpu"))  # a GPU run resumed on a CPU: no CUDA state to set
+    assert restored == []
+
+
 def test_rng_state_round_trip(tmp_path):
     C.save_checkpoint(tmp_path / "r.pt", {"rng": C.rng_state()})
     a = (random.random(), float(np.random.rand()), torch.rand(3))

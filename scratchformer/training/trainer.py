@@ -109,7 +109,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """The checkpoint: everything `resume` needs. Every rank calls it (its own states are gathered)."""
-        rng = self.dist.per_rank(rng_state())
+        rng = self.dist.per_rank(rng_state(self.device))
         optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
         portable(optimizer, scheduler)  # plain numbers (--cuda-graphs keeps device tensors): any run resumes it
         return {
@@ -152,7 +152,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self._resumed_window = self.dist.own(ckpt.get("window"))  # None before 2026-12-02: a new window
         p.resumed(cfg.time_budget, cfg.patience)  # larger ones go on
-        set_rng_state(self.dist.own(ckpt["rng"]))  # as many as ranks (`check_world`)
+        set_rng_state(self.dist.own(ckpt["rng"]), self.device)  # as many as ranks (`check_world`)
         self.log.info(f"resumed from {self.config.resume_path}: step {p.step}, epoch {p.epoch + 1}, batch {p.batch}")
 
     # --- the loop ---------------------------------------------------------------------------
