@@ -48,7 +48,7 @@ ENSEMBLE = "ensemble"  # after them
 DECODING_METRICS = ("accuracy", "rougeLsum", "bleu")
 LOWER_IS_BETTER = ("loss", "ppl")
 SAME = ("n", "decoding", "no_repeat_ngram", "min_len")  # what the candidates' scores must share
-UNSET = {"min_len": 0, "length_penalty": 1.0}  # scores written before evaluate had these flags
+UNSET = {"min_len": 0, "length_penalty": 1.0, "no_repeat_ngram": 0}  # scores written before evaluate had these flags
 SCORES = "metrics.validation.json"
 
 
