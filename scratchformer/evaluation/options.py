@@ -156,7 +156,9 @@ def check_search_flags(args, given: Sequence[str]) -> None:
 
 def check_decode_flags(task: str, given: list[str]) -> None:
     """OptionError naming `given` (flags of sequence decoding set on a command line: `DECODE_FLAGS`, and
-    generate's --max-len and --len-ratio) for a model that decodes none."""
+    generate's --max-len and --len-ratio) for a model that decodes none. A --beam-size beside --sample is the
+    one it set (`check_search_flags`: given, it was refused), not named."""
+    given = [f for f in given if not (f == "--beam-size" and "--sample" in given)]
     if task in D.ENCODER_ONLY and given:
         raise OptionError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for decoding a sequence; this "
                           f"model is {task} and decodes none: drop {'it' if len(given) == 1 else 'them'}")
