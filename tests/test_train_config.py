@@ -18,7 +18,7 @@ from scratchformer.training.config import (
     build_parser,
     parse_args,
 )
-from scratchformer.training.launch import check_for_device, check_for_task
+from scratchformer.training.launch import check_for_device, check_for_task, precision_for
 from scratchformer.training.resume import check_init_from, resumed
 
 # The train command's options before TrainConfig existed (argparse written by hand), plus the ones
@@ -385,6 +385,13 @@ def test_reduce_overhead_is_refused_off_a_gpu():
         check_for_device(cfg, "cpu", 1)
     check_for_device(cfg, "cuda", 1)
     check_for_device(parse_args(["--compile", "--compile-mode", "max-autotune"])[0], "cpu", 1)
+    # a resumed GPU run's options are not the command line's: each refusal names the flag that turns its option off
+    for argv, off in ((["--compile", "--compile-mode", "reduce-overhead"], "--compile-mode default"),
+                      (["--cuda-graphs"], "--no-cuda-graphs")):
+        with pytest.raises(ConfigError, match=f"give {off} \\(a resumed run's"):
+            check_for_device(parse_args(argv)[0], "cpu", 1)
+    with pytest.raises(ConfigError, match=r"^--precision bf16 needs a GPU; give --precision fp32 on cpu"):
+        precision_for("bf16", torch.device("cpu"))
 
 
 @pytest.mark.parametrize("flag, value, was", [("--max-src-len", "256", "512"), ("--max-tgt-len", "8", "2"),

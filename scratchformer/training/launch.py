@@ -327,7 +327,8 @@ def precision_for(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     if precision != "fp32" and device.type != "cuda":
-        raise ConfigError(f"--precision {precision} needs a GPU; use fp32 on {device.type}")
+        raise ConfigError(f"--precision {precision} needs a GPU; give --precision fp32 on {device.type} (a resumed "
+                          f"GPU run's too)")
     return precision
 
 
@@ -376,11 +377,13 @@ def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
         summary_writer()
     if cfg.compile_mode == "reduce-overhead" and device_type != "cuda":  # inductor skips the graphs unsaid
         raise ConfigError(f"--compile-mode reduce-overhead replays CUDA graphs: it needs a GPU, and the device is "
-                          f"{device_type}; drop it (--compile alone compiles the step)")
+                          f"{device_type}; drop it (--compile alone compiles the step), or give --compile-mode "
+                          f"default (a resumed run's; none: no compiling)")
     if not cfg.cuda_graphs:
         return
     if device_type != "cuda":
-        raise ConfigError(f"--cuda-graphs records CUDA graphs: it needs a GPU, and the device is {device_type}")
+        raise ConfigError(f"--cuda-graphs records CUDA graphs: it needs a GPU, and the device is {device_type}; "
+                          f"drop it, or give --no-cuda-graphs (a resumed run's)")
     if cfg.precision == "fp16":
         raise ConfigError("--cuda-graphs with --precision fp16: its loss scaling reads on the host, every step, "
                           "whether the gradients are finite, which a graph cannot hold; use bf16 or fp32")
