@@ -87,7 +87,9 @@ def test_abbreviations_end_no_sentence():
 
 
 @pytest.mark.parametrize("title", ["mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "gen", "gov", "sen", "rep", "lt",
-                                   "col", "sgt", "capt", "rev", "vs"])
+                                   "col", "sgt", "capt", "rev", "vs", "maj", "cpl", "pvt", "spc", "det", "adm", "cmdr",
+                                   "supt", "insp", "inc", "co", "corp", "ltd", "bros", "jan", "feb", "mar", "apr",
+                                   "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "ave", "blvd", "mt", "ft"])
 def test_every_title_and_a_long_run_of_initials_end_no_sentence(title):
     """The titles the splitter knows (sentences.py's list: mr. ... capt., rev., vs.), whatever their length, and
     initials of any count (u.s.a., j.r.r.) are abbreviations, not sentence ends; a newline ends a sentence all
@@ -99,6 +101,27 @@ def test_every_title_and_a_long_run_of_initials_end_no_sentence(title):
         "the u.s.a. team won .", "the j.r.r. tolkien fans cheered ."]
     assert M.split_sentences(f"Amanda: see you at 5 p.m.\nJerry: ok, {title}.\nAmanda: bye") == [
         "Amanda: see you at 5 p.m.", f"Jerry: ok, {title}.", "Amanda: bye"]
+
+
+def test_a_companys_a_months_and_a_numbers_abbreviation_end_no_sentence_and_a_capital_after_i_or_pm_does():
+    """CNN/DM (tokenized: a sentence ends in ' . ') cut 'inc.', 'sept. 20' and 'the world no. 1' as sentence
+    ends (83 wrong splits in 57 of its 4,368 validation articles, Lead-3 changed in 11); 'no.' is a number's
+    only before a digit (SAMSum's 'No. I can't' ends one). Where case is kept, 'I.' and 'p.m.' before a
+    capital end a sentence (SAMSum joined 'at 7 p.m. She will ...'); an initial before a capital does not."""
+    for text, want in (
+            ("( cnn ) amy 's kitchen inc. says it 's recalling 74,000 cases . it said so .",
+             ["( cnn ) amy 's kitchen inc. says it 's recalling 74,000 cases .", "it said so ."]),
+            ("he is the world no. 1 in tennis . he won again .",
+             ["he is the world no. 1 in tennis .", "he won again ."]),
+            ("the show airs on sept. 20 on fox .", ["the show airs on sept. 20 on fox ."]),
+            ("No. I can't. Sorry!", ["No.", "I can't.", "Sorry!"]),
+            ("i said no. then i left .", ["i said no.", "then i left ."]),
+            ("Helen will meet John at 7 p.m. She will bring it.",
+             ["Helen will meet John at 7 p.m.", "She will bring it."]),
+            ("Amy: Neither do I. So practice it is.", ["Amy: Neither do I.", "So practice it is."]),
+            ("see you at 5 a.m. tomorrow. ok", ["see you at 5 a.m. tomorrow.", "ok"]),
+            ("George W. Bush left. He did.", ["George W. Bush left.", "He did."])):
+        assert M.split_sentences(text) == want, text
 
 
 def test_a_newline_ends_a_sentence_and_takes_no_quote_mark_along():

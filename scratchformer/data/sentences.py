@@ -8,9 +8,16 @@ import re
 # a sentence end: whitespace after . ! or ? (or after a quote or bracket right behind one: untokenized
 # 'he said "no." then'), or newlines
 _SENT_END = re.compile(r"""(?:(?<=[.!?])|(?<=[.!?]["'’”)]))\s+|\n+""")
-# a word whose period ends no sentence: initials and letter-dot abbreviations (j. u.s. p.m.) and titles
+# a word whose period ends no sentence: initials and letter-dot abbreviations (j. u.s. p.m.), titles and
+# ranks, a company's (inc. co. corp. ltd. bros.), a month's (sept. 20) and a street's or a mountain's
 _ABBREVIATION = re.compile(r"(?:^|\s)(?:(?:[a-z]\.)+|(?:mr|mrs|ms|dr|prof|st|jr|sr|gen|gov|sen|rep|lt|col|sgt|"
-                           r"capt|rev|vs)\.)$", re.IGNORECASE)
+                           r"capt|rev|vs|maj|cpl|pvt|spc|det|adm|cmdr|supt|insp|inc|co|corp|ltd|bros|jan|feb|mar|apr|"
+                           r"jun|jul|aug|sep|sept|oct|nov|dec|ave|blvd|mt|ft)\.)$", re.IGNORECASE)
+# ... and 'no.' before a number (CNN/DM's 'the world no. 1'; SAMSum's 'No. I can't' ends one)
+_NUMBER_SIGN = re.compile(r"(?:^|\s)no\.$", re.IGNORECASE)
+# where case is kept (SAMSum), 'I.' and 'a.m.' / 'p.m.' before a capital do end one: 'Neither do I. So ...',
+# 'at 7 p.m. She will ...' (an initial's 'W. Bush' does not)
+_ENDS_BEFORE_A_CAPITAL = re.compile(r"(?:^|\s)(?:I|[ap]\.m)\.$")
 # a quotation mark standing as a token of its own (tokenized text: CNN/DM's ' " ', Daily Mail's ' ‘ ' and ' ’ ')
 _QUOTE_TOKEN = re.compile(r"""(?<!\S)["'‘’“”](?!\S)""")
 _OPENING = {'"': '"', "'": "'", "’": "‘", "”": "“"}  # a closing quote token -> the token that opens it
@@ -25,7 +32,7 @@ _WORD = re.compile(r"\w")
 
 def split_sentences(text: str) -> list[str]:
     """A simple sentence splitter: newlines, and whitespace after . ! or ?, except after a word
-    whose period is an abbreviation's (`_ABBREVIATION`). In CNN/DM's tokenized text sentences end
+    whose period is an abbreviation's (`_abbreviation`). In CNN/DM's tokenized text sentences end
     in ' . ' and 'the u.s. treasury' is one sentence; in SAMSum's, 'at 5 p.m. tomorrow' is.
 
     A quotation mark token right after a sentence end closes that sentence's quote when one is open
@@ -37,7 +44,7 @@ def split_sentences(text: str) -> list[str]:
     pieces, start = [], 0
     for m in _SENT_END.finditer(text):
         stop = m.start() - (text[m.start() - 1] not in ".!?")  # the . ! ? itself ('u.s.)' ends in '.')
-        if "\n" not in m.group() and _ABBREVIATION.search(text, max(0, stop - 16), stop):
+        if "\n" not in m.group() and _abbreviation(text, stop, m.end()):
             continue
         end, after = m.start(), m.end()
         if "\n" not in m.group() and after in quotes and _closes(quotes, after):
@@ -52,6 +59,17 @@ def split_sentences(text: str) -> list[str]:
         else:
             sentences.append(piece)
     return sentences
+
+
+def _abbreviation(text: str, stop: int, after: int) -> bool:
+    """Whether the period at text[stop - 1] is an abbreviation's, not a sentence end; `after`: where the
+    next sentence would begin."""
+    start, following = max(0, stop - 16), text[after:after + 1]
+    if _NUMBER_SIGN.search(text, start, stop):
+        return following.isdigit()
+    if following.isupper() and _ENDS_BEFORE_A_CAPITAL.search(text, start, stop):
+        return False
+    return _ABBREVIATION.search(text, start, stop) is not None
 
 
 def _closes(quotes: dict[int, str], at: int) -> bool:
