@@ -3,10 +3,13 @@
     pytest bench/bench_attention.py --benchmark-only [--benchmark-json bench/results/<name>.json]
 
 Kernels (all through `scratchformer.ops.select(kernel, "cuda").attention` unless said otherwise):
-- triton:    ours (kernels/attention.py) on its pointer kernels, lengths as key_lengths;
-- triton-tma: ours with the blocks streamed through tensor descriptors (`SCRATCHFORMER_ATTENTION_TMA=1`;
-             the default, `auto`, takes them at head dim 128 on Hopper and later, where they won
-             this race): here at L 4k, dense (not causal) and padded, Hopper and later;
+- triton:    ours (kernels/attention.py), lengths as key_lengths, on the path the model takes
+             (`SCRATCHFORMER_ATTENTION_TMA`'s default, `auto`: the blocks streamed through tensor
+             descriptors at head dim 128 on Hopper and later; `extra_info["tma"]` says whether they
+             were; until 2026-12-07 this case pinned the pointer kernels, so its head dim 128 rows judged
+             a path the model does not run there);
+- triton-ptr: ours on the pointer kernels, raced where `triton` takes the TMA path: L 4k, dense
+             (not causal) and padded (before 2026-12-07, `triton-tma` raced the TMA path the other way);
 - sdpa_flash, sdpa_cudnn, sdpa_efficient: F.scaled_dot_product_attention held to one backend by
              name (torch.nn.attention.sdpa_kernel), dense batches only (is_causal for causal); a
              backend that cannot take the case (torch's "No available kernel") is skipped with its
@@ -46,7 +49,7 @@ KERNELS = ["triton", *SDPA_BACKENDS, "sdpa", "sdpa_mask", "eager"]
 # "No available kernel. Aborting execution." on CUDA (sdp_utils.cpp), "No viable backend for
 # scaled_dot_product_attention was found." on the CPU. A RuntimeError like any other, OutOfMemoryError too.
 UNAVAILABLE = re.compile(r"No available kernel|No viable backend for scaled_dot_product_attention")
-TMA_LENGTHS = [4096]  # where triton-tma is raced (each case autotunes anew)
+TMA_LENGTHS = [4096]  # where triton-ptr is raced (each case autotunes anew)
 MODES = ["fwd", "fwd+bwd"]
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 HEADS = pytest.mark.parametrize("H, D", [(16, 64), (8, 128)], ids=["h16d64", "h8d128"])
@@ -71,26 +74,27 @@ def _eager_fits(B, H, Lq, Lk, mode):
 
 
 @pytest.fixture
-def tma(request, monkeypatch) -> bool:
-    """Whether the case streams its blocks through tensor descriptors: triton pins the pointer
-    kernels, triton-tma switches SCRATCHFORMER_ATTENTION_TMA's path on (at TMA_LENGTHS, on Hopper
-    and later), whatever the environment's setting, so the two race at every head dim."""
+def pointer_kernels(request, monkeypatch) -> None:
+    """triton-ptr pins the pointer kernels (SCRATCHFORMER_ATTENTION_TMA off) for its case: raced at
+    TMA_LENGTHS, not causal, where triton's own path is the TMA one (elsewhere the two are one)."""
     from scratchformer.kernels import attention as A  # after requires_cuda: GPU only
 
-    if request.getfixturevalue("kernel") != "triton-tma":
-        monkeypatch.setattr(A, "TMA", False)  # the other kernels never read it
-        return False
+    if request.getfixturevalue("kernel") != "triton-ptr":
+        return
     if request.getfixturevalue("L") not in TMA_LENGTHS or "causal" in request.fixturenames and \
             request.getfixturevalue("causal"):
-        pytest.skip(f"triton-tma is raced at L in {TMA_LENGTHS}, not causal (each case autotunes anew)")
-    if not _hopper():
-        pytest.skip("tensor descriptors need Hopper or later")
-    monkeypatch.setattr(A, "TMA", True)
-    return True
+        pytest.skip(f"triton-ptr is raced at L in {TMA_LENGTHS}, not causal (each case autotunes anew)")
+    D, hopper = request.getfixturevalue("D"), torch.cuda.get_device_capability()[0] >= 9
+    if not (hopper and (A.TMA is True or A.TMA is None and D >= A.TMA_MIN_HEAD_DIM)):
+        pytest.skip("triton takes the pointer kernels here already")
+    monkeypatch.setattr(A, "TMA", False)
 
 
-def _hopper() -> bool:
-    return torch.cuda.get_device_capability()[0] >= 9
+def _took_tma(kernel, q, k, v) -> bool:
+    """Whether the case's kernels stream their blocks through tensor descriptors (`extra_info["tma"]`)."""
+    from scratchformer.kernels import attention as A
+
+    return kernel in ("triton", "triton-ptr") and A._tma(q, k, v)
 
 
 def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
@@ -114,7 +118,7 @@ def _attention_fn(kernel, q, k, v, *, key_lengths=None, causal=False):
         empty = ~mask.any(dim=-1, keepdim=True)
         mask = mask | empty  # rows with no key attend to everything, then are zeroed (as ops does)
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).masked_fill(empty, 0.0)
-    attention = ops.select({"sdpa": "torch", "triton-tma": "triton"}.get(kernel, kernel), q.device).attention
+    attention = ops.select({"sdpa": "torch", "triton-ptr": "triton"}.get(kernel, kernel), q.device).attention
     return lambda: attention(q, k, v, key_lengths=key_lengths, causal=causal)
 
 
@@ -149,24 +153,24 @@ def _bench(benchmark, kernel, mode, q, k, v, flops, *, key_lengths=None, causal=
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kernel", ["triton", "triton-tma", *KERNELS[1:]])
+@pytest.mark.parametrize("kernel", ["triton", "triton-ptr", *KERNELS[1:]])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @HEADS
 @pytest.mark.parametrize("L", LENGTHS)
-def test_dense(benchmark, tma, L, H, D, causal, kernel, mode):
+def test_dense(benchmark, pointer_kernels, L, H, D, causal, kernel, mode):
     B = TOKENS // L
     if kernel == "eager" and not _eager_fits(B, H, L, L, mode):
         pytest.skip(f"eager materialises {B}x{H}x{L}x{L} fp32 scores: does not fit")
     q, k, v = _qkv(B, L, H, D)
     flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
-    _bench(benchmark, kernel, mode, q, k, v, flops, causal=causal, tokens=B * L, tma=tma)
+    _bench(benchmark, kernel, mode, q, k, v, flops, causal=causal, tokens=B * L, tma=_took_tma(kernel, q, k, v))
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kernel", ["triton", "triton-tma", "sdpa", "sdpa_mask", "eager"])
+@pytest.mark.parametrize("kernel", ["triton", "triton-ptr", "sdpa", "sdpa_mask", "eager"])
 @HEADS
 @pytest.mark.parametrize("L", LENGTHS)
-def test_padded(benchmark, tma, L, H, D, kernel, mode):
+def test_padded(benchmark, pointer_kernels, L, H, D, kernel, mode):
     """A padded batch of 16k slots: key lengths uniform in [L/2, L], key padding only (encoder
     self-attention). TFLOP/s counts the useful work only."""
     B = TOKENS // L
@@ -177,7 +181,7 @@ def test_padded(benchmark, tma, L, H, D, kernel, mode):
     q, k, v = _qkv(B, L, H, D)
     flops = 4 * H * D * L * int(lengths.sum())  # useful work: every query row vs its valid keys
     _bench(benchmark, kernel, mode, q, k, v, flops, key_lengths=lengths, fill=float(lengths.float().mean() / L),
-           tma=tma)
+           tma=_took_tma(kernel, q, k, v))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -471,8 +471,8 @@ def test_attentions_tflops_count_the_work_its_masks_keep(monkeypatch):
     monkeypatch.setattr(ba, "peak_memory", lambda run: 0)
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **kw: self)
     for causal, mode in ((False, "fwd"), (True, "fwd"), (False, "fwd+bwd")):
-        ba.test_dense(None, tma=False, L=2048, H=16, D=64, causal=causal, kernel="triton", mode=mode)
-    ba.test_padded(None, tma=False, L=1024, H=8, D=128, kernel="triton", mode="fwd")
+        ba.test_dense(None, pointer_kernels=None, L=2048, H=16, D=64, causal=causal, kernel="triton", mode=mode)
+    ba.test_padded(None, pointer_kernels=None, L=1024, H=8, D=128, kernel="triton", mode="fwd")
     ba.test_memory_fwd_bwd(None, L=4096, kernel="triton")
     lengths = torch.randint(512, 1025, (16,), generator=torch.Generator().manual_seed(0))  # the padded batch's
     assert [c["flops"] for c in calls] == [2**37, 2**36, 3.5 * 2**37, sum(4 * 8 * 128 * 1024 * int(n) for n in lengths),
@@ -636,3 +636,40 @@ def test_a_step_benchmarks_batch_has_the_datas_lengths_with_eos_clipped_to_its_s
     sl, tl = bts.sample_lengths("small-samsum")
     assert sl.tolist() == [min(s, 256) for s, _ in drawn] and tl.tolist() == [min(t + 1, 64) for _, t in drawn]
     assert max(s for s, _ in drawn) > 256  # the source's clip at work
+
+
+def _params(fn) -> dict:
+    """A benchmark function's parametrize marks: {argnames: values}."""
+    return {m.args[0]: list(m.args[1]) for m in fn.pytestmark if m.name == "parametrize"}
+
+
+def test_the_targets_expected_grid_is_the_benchmarks(monkeypatch):
+    """bench/targets.py lists each target and case the issues ask for ("not measured" where a run lacks
+    one): the same grid as the benchmarks parametrize, so that neither drifts from the other."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import targets
+
+    want = {group: set(cases) for group, cases in targets.EXPECTED.items()}
+    att = _bench_module(monkeypatch, "bench_attention")
+    dense, padded = _params(att.test_dense), _params(att.test_padded)
+    heads = [d for _, d in dense["H, D"]]
+    assert want["attention"] == {
+        (f"attention {m} vs SDPA's fastest", f"dense L={L} D={D}{' causal' * c} {m}")
+        for L in dense["L"] if L >= 2048 for D in heads for c in dense["causal"] for m in dense["mode"]} | {
+        ("attention, padded vs SDPA + mask", f"padded L={L} D={D} {m}") for L in padded["L"]
+        for D in [d for _, d in padded["H, D"]] for m in padded["mode"]}
+    ln = _params(_bench_module(monkeypatch, "bench_add_layer_norm").test_add_layer_norm)
+    assert want["add_layer_norm"] == {(f"add+LayerNorm vs {peer}", f"{r} x {n} {m}") for r in ln["rows"]
+                                      for n in ln["N"] for m in ln["mode"] if m != "bwd"
+                                      for peer in ("copy bandwidth", "torch")}
+    ffn = _bench_module(monkeypatch, "bench_ffn")
+    assert want["ffn"] == {("FFN vs eager", f"{t} x {d} x {f} {m}") for t, d, f in ffn.CASES
+                           for m in _params(ffn.test_ffn)["mode"]} | {
+        ("FFN's GEMM vs cuBLAS", f"{t} x {d} x {f}") for t, d, f in ffn.CASES}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # its GPU cases (the CPU's are two smoke ones)
+    emb = _bench_module(monkeypatch, "bench_embed")
+    assert want["embed"] == {(f"embedding vs {peer}", f"{n} tokens d={d} {dtype} {m}") for n, d, dtype, m in emb.CASES
+                             for peer in ("copy bandwidth", "eager")}
+    step = _bench_module(monkeypatch, "bench_train_step")
+    assert want["train_step"] == {(f"training step {what}", shape) for shape in step.SHAPES
+                                  for what in ("vs eager", "vs torch", "vs compile", "peak memory vs eager")}
