@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
+
+PROBE_TRIES = 5  # a `hold` finding the lock held tries this many times, 10 ms apart (see `holder`)
 
 
 class Held(RuntimeError):
@@ -22,15 +25,20 @@ def hold(lock: Path) -> int:
     the returned descriptor is closed; the system drops it when the process ends, a kill included.
     Raises `Held` when another process holds it. A descriptor that locked a name since unlinked
     (`release`, between our open and our flock) is let go and the name opened again, so two
-    processes never both hold one name."""
+    processes never both hold one name. A lock found held is tried again for a few tens of milliseconds
+    first: a `holder` probe holds it for an instant."""
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise Held(lock, pid) from None
+        for tries in range(PROBE_TRIES):  # another command's `holder` probe holds it for an instant
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if tries == PROBE_TRIES - 1:
+                    pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise Held(lock, pid) from None
+                time.sleep(0.01)
         try:
             same = os.path.samestat(os.stat(lock), os.fstat(fd))
         except FileNotFoundError:
@@ -44,8 +52,7 @@ def hold(lock: Path) -> int:
 
 def holder(lock: Path) -> str | None:
     """The pid `lock` says when another process holds it (`hold`), else None: a probe that neither makes
-    nor removes the file, and holds it only for that instant (so it runs where a command fails anyway:
-    a `hold` starting in that instant would be refused)."""
+    nor removes the file, and holds it only for that instant (a `hold` in that instant tries again)."""
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:  # none (or one this process cannot read: it names no holder)

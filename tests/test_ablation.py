@@ -12,6 +12,7 @@ from conftest import TINY, translation_folder
 
 from scratchformer import ablate
 from scratchformer.checkpoint import load_checkpoint, save_checkpoint
+from scratchformer.training import ablation
 from scratchformer.training import variants as V
 from scratchformer.training.ablation import _final_metric, _variant_config, best_variant, variant_folders
 from scratchformer.training.config import ConfigError
@@ -316,6 +317,29 @@ def test_ablate_under_torchrun_is_refused_before_anything_runs(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=r"^ablate runs its variants in this process .* not in torchrun's processes"):
         ablate.main(["--out", str(tmp_path / "ab"), "--variants", "a=", "--", *TINY])
     assert not (tmp_path / "ab").exists()
+
+
+def test_a_variants_data_option_that_would_do_nothing_is_refused_before_the_first_run(tmp_path):
+    """--valid-fraction for data with a validation split (train refuses it) stopped a grid when it reached
+    that variant, after the ones before it had trained: refused by name before anything runs."""
+    with pytest.raises(ConfigError, match=r"^variant 'b': --valid-fraction carves validation examples from train"):
+        ablate.main(["--out", str(tmp_path / "ab"), "--variants", "a=", "b=--valid-fraction 0.2", "--", *TINY])
+    assert not (tmp_path / "ab").exists()
+
+
+def test_the_shared_best_metric_is_the_grids_when_its_variants_are_checked(tmp_path, monkeypatch):
+    """The default metric is the shared --best-metric, from the grid's planning on: variants of two tasks
+    with a shared --best-metric loss were refused ("give --metric"), though every task reports loss."""
+    seen = []
+
+    def planned(out, variants, shared, metric=None):
+        seen.append(metric)
+        raise ConfigError("planned")
+    monkeypatch.setattr(ablation, "variant_folders", planned)
+    for flags in (["--best-metric", "loss"], []):
+        with pytest.raises(ConfigError, match="^planned$"):
+            ablate.main(["--out", str(tmp_path / "ab"), "--variants", "a=", "--", *TINY, *flags])
+    assert seen == ["loss", None]
 
 
 def test_jobs_below_one_is_refused_before_anything_runs(tmp_path):

@@ -699,7 +699,8 @@ def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation
     validation split into the folder of a run that trains wrote its predictions and metrics, then the
     report replaced the predictions and left evaluate's metrics beside another model's. Refused naming
     the train's pid (another split is not the report's: it goes on). A train into a folder where an
-    evaluate writes is refused too, and its lock left alone (--overwrite deleted it)."""
+    evaluate of the validation split writes is refused too, and its lock left alone (--overwrite deleted
+    it); one of another split, only where it clears the folder (--overwrite)."""
     run = _eval_run(tmp_path)
     args = ["--checkpoint", str(run / "best.pt"), "--limit", "4", "--max-tokens", "64"]
     shutil.copyfile(run.parent / "toy_mt" / "validation.jsonl.gz", run.parent / "toy_mt" / "test.jsonl.gz")
@@ -728,6 +729,18 @@ def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation
         evaluator.wait()
     assert lock_run_folder(run) == run  # the evaluate ended (its lock file a stale one): the folder is free
     release_run_folders()
+    # an evaluate of another split (Lead-3's validation files too) keeps only a clearing run out (--overwrite)
+    for stem in ("test", "validation.lead3"):
+        evaluator = _held_by_another_process(run / f".evaluate.{stem}.lock")
+        try:
+            assert lock_run_folder(run) == run  # a resume writes none of its files
+            release_run_folders()
+            with pytest.raises(RunFolderError, match=rf"an evaluate \(pid {evaluator.pid}\) writes its {stem} "
+                                                     r"predictions and metrics there now"):
+                lock_run_folder(run, clearing=True)
+        finally:
+            evaluator.kill()
+            evaluator.wait()
 
 
 def test_evaluate_attention_index_past_the_split_is_refused_before_any_work(tmp_path, monkeypatch):

@@ -627,7 +627,7 @@ def test_data_options_that_would_do_nothing_are_refused_before_anything_is_writt
         assert not out.exists()
     (d / "validation.jsonl").unlink()
     cfg, _ = parse_args(["--data", str(d), "--task", "translation", "--valid-fraction", "0.25"])
-    launch._check_data_options(D.resolve_source(cfg.dataset, cfg.data, cfg.task), frozenset({"valid_fraction"}))
+    launch.check_data_options(D.resolve_source(cfg.dataset, cfg.data, cfg.task), frozenset({"valid_fraction"}))
 
 
 def test_a_carved_validation_split_whose_examples_share_an_id_is_refused(tmp_path):
@@ -1025,10 +1025,10 @@ def test_a_run_that_began_in_the_folder_while_this_one_locked_it_is_refused(tmp_
     run = tmp_path / "run"
     real = lock_run_folder
 
-    def another_run_saves_first(folder):
+    def another_run_saves_first(folder, clearing=False):
         folder.mkdir()
         (folder / "last.pt").write_bytes(b"the other run's checkpoint")
-        return real(folder)
+        return real(folder, clearing)
 
     monkeypatch.setattr("scratchformer.training.runs.lock_run_folder", another_run_saves_first)
     try:

@@ -9,10 +9,13 @@ import re
 # 'he said "no." then'), or newlines
 _SENT_END = re.compile(r"""(?:(?<=[.!?])|(?<=[.!?]["'’”)]))\s+|\n+""")
 # a word whose period ends no sentence: initials and letter-dot abbreviations (j. u.s. p.m.), titles and
-# ranks, a company's (inc. co. corp. ltd. bros.), a month's (sept. 20) and a street's or a mountain's
+# ranks (before a name), a mountain's and a fort's
 _ABBREVIATION = re.compile(r"(?:^|\s)(?:(?:[a-z]\.)+|(?:mr|mrs|ms|dr|prof|st|jr|sr|gen|gov|sen|rep|lt|col|sgt|"
-                           r"capt|rev|vs|maj|cpl|pvt|spc|det|adm|cmdr|supt|insp|inc|co|corp|ltd|bros|jan|feb|mar|apr|"
-                           r"jun|jul|aug|sep|sept|oct|nov|dec|ave|blvd|mt|ft)\.)$", re.IGNORECASE)
+                           r"capt|rev|vs|maj|cpl|pvt|spc|det|adm|cmdr|supt|insp|mt|ft)\.)$", re.IGNORECASE)
+# ... and a company's, a month's, a street's (inc. co. sept. ave.), which end one before a capital where case is
+# kept (SAMSum's 'on 5 Dec. Bye!'; CNN/DM is lowercased, and its sentences end in ' . ')
+_ABBREVIATION_BEFORE_LOWER = re.compile(r"(?:^|\s)(?:inc|co|corp|ltd|bros|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|"
+                                        r"nov|dec|ave|blvd)\.$", re.IGNORECASE)
 # ... and 'no.' before a number (CNN/DM's 'the world no. 1'; SAMSum's 'No. I can't' ends one)
 _NUMBER_SIGN = re.compile(r"(?:^|\s)no\.$", re.IGNORECASE)
 # where case is kept (SAMSum), 'I.' and 'a.m.' / 'p.m.' before a capital do end one: 'Neither do I. So ...',
@@ -69,6 +72,8 @@ def _abbreviation(text: str, stop: int, after: int) -> bool:
         return following.isdigit()
     if following.isupper() and _ENDS_BEFORE_A_CAPITAL.search(text, start, stop):
         return False
+    if not following.isupper() and _ABBREVIATION_BEFORE_LOWER.search(text, start, stop):
+        return True
     return _ABBREVIATION.search(text, start, stop) is not None
 
 

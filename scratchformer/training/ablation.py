@@ -42,6 +42,7 @@ from ..checkpoint import find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, shown
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
+from .launch import check_data_options
 from .resume import ONE_COMMAND
 from .variants import Variant, final_of, run_at_once, run_in_turn
 
@@ -149,8 +150,9 @@ def _variant_config(name: str, flags: str, shared: list[str], folder: Path) -> t
         raise ConfigError(f"variant {name!r}: {e} in {flags!r}") from None
     _check_given(f"variant {name!r}", argv)
     try:
-        config, _ = parse_args([*shared, *argv, "--out", str(folder)])
+        config, given = parse_args([*shared, *argv, "--out", str(folder)])
         source = D.resolve_source(config.dataset, config.data, config.task)
+        check_data_options(source, given)  # refused when training reached it, after the variants before it ran
         config = dataclasses.replace(config.resolved(source.task, source.kind == "synthetic"), task=source.task)
         if source.kind == "local":  # the hub's is read when training (a download)
             D.load_split(source, "train", limit=1)
@@ -234,9 +236,10 @@ def run_grid(out: Path, variants: list[str], shared: list[str], metric: str | No
     variant); no results when a variant stopped before its end."""
     from ..evaluation.plots import plot_ablation, read_metrics  # matplotlib: only when plotting
 
-    planned = variant_folders(out, variants, shared, metric)
+    _check_given("the shared flags (after --)", shared)
     given = parse_args(shared)[0]
     metric = metric or given.best_metric  # the runs' own choice of best.pt, when the shared flags make one
+    planned = variant_folders(out, variants, shared, metric)
     limit = given.time_limit  # the grid command's: each variant is given what is left of it
     deadline = time.monotonic() + limit if limit else None
     finals = (run_in_turn(planned, shared, deadline) if jobs == 1

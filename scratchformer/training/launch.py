@@ -148,7 +148,7 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
     (or a stopped run's reuse) clears, and a data error (a bad line, a label), a model size the model
     refuses or a backend that cannot run it on `device` (`ops.select`: a head dim triton's attention
     does not run, kernels that do not load) must leave an earlier run there as it was."""
-    _check_data_options(source, given)
+    check_data_options(source, given)
     reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
     examples = load_examples(config, source)
     if not config.no_plots and config.attention_example >= len(examples.valid):
@@ -202,7 +202,7 @@ def _check_ignored_options(cfg: TrainConfig, given: frozenset[str]) -> None:
                           "none: drop one")
 
 
-def _check_data_options(source: D.DataSource, given: frozenset[str]) -> None:
+def check_data_options(source: D.DataSource, given: frozenset[str]) -> None:
     """--synthetic-seed for data that is not the synthetic task, --valid-fraction for data with a validation
     split of its own (a hub dataset's is known only when asked for): refused, they would do nothing."""
     if "synthetic_seed" in given and source.kind != "synthetic":

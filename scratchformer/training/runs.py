@@ -50,13 +50,14 @@ IN_USE = "--out {} is in use: another process (pid {}) trains there now; wait fo
 _HELD: dict[Path, int] = {}  # this process's locks: folder -> the file descriptor holding it
 
 
-def lock_run_folder(folder: Path) -> Path:
+def lock_run_folder(folder: Path, clearing: bool = False) -> Path:
     """Hold `folder` for this process's run (an exclusive flock on FOLDER/.lock, which says its pid;
     the system drops it when the process ends, however it ends): a second run or resume into the
     folder while one trains there is refused, naming the holder (both ran: one run's checkpoints
-    and logs were lost, its rows mixed into the other's), as is one while an evaluate writes there (the final
-    report wrote over its predictions; --overwrite deleted its lock). This process may lock it again
-    (`release_run_folders` ends its runs' locks)."""
+    and logs were lost, its rows mixed into the other's), as is one while an evaluate writes its validation
+    split's files there (the final report wrote over its predictions) or, `clearing` it (--overwrite), any
+    files (it deleted them and the evaluate's lock). This process may lock it again (`release_run_folders`
+    ends its runs' locks)."""
     key = folder.resolve()
     if key in _HELD:
         return folder
@@ -65,12 +66,12 @@ def lock_run_folder(folder: Path) -> Path:
         fd = hold(folder / LOCK)
     except Held as e:
         raise RunFolderError(IN_USE.format(folder, e.pid)) from None
-    for lock in sorted(folder.glob(".evaluate.*.lock")):  # an evaluate writing there: its files would be ours
-        if (pid := holder(lock)) is not None:
+    for lock in sorted(folder.glob(".evaluate.*.lock") if clearing else [folder / ".evaluate.validation.lock"]):
+        if (pid := holder(lock)) is not None:  # an evaluate writing there: its files would be ours
             os.close(fd)
             raise RunFolderError(f"--out {folder} is in use: an evaluate (pid {pid}) writes its "
-                                 f"{lock.name.split('.')[2]} predictions and metrics there now; wait for it to end, "
-                                 f"or choose another --out")
+                                 f"{lock.name[len('.evaluate.'):-len('.lock')]} predictions and metrics there now; "
+                                 f"wait for it to end, or choose another --out")
     _HELD[key] = fd
     return folder
 
@@ -192,7 +193,7 @@ def _take_folder(folder: Path, overwrite: bool, resume: Path | None) -> None:
     """Rank 0's part of `fresh_run_folder` for an explicit --out: checked, held, and cleared of an
     earlier run's files where that is allowed (`check_out`)."""
     check_out(folder, overwrite, resume)  # then again, held: a run that started in between holds it now
-    check_out(lock_run_folder(folder), overwrite, resume)
+    check_out(lock_run_folder(folder, clearing=overwrite), overwrite, resume)
     for name in run_files(folder):  # all of them (--overwrite), or a stopped run's (see check_out)
         if overwrite or EARLY_FILE.fullmatch(name):
             (folder / name).unlink()
