@@ -3,9 +3,11 @@
 
     python bench/profile_train_step.py --shape base-cnndm --out bench/results/<date>-<gpu>-profile.txt
 
-For each backend: the GPU kernels' time sorted into attention, LayerNorm, GEMM (every matmul:
-projections, the FFN, and the eager backend's attention products, which no kernel name tells
-apart), embedding, loss, optimizer and other, by kernel name (`CATEGORIES`); the top kernels; and
+For each backend: the GPU kernels' time sorted into attention, LayerNorm, GEMM (the projections
+and the eager backend's attention products, which no kernel name tells apart), embedding, loss,
+optimizer and other, by kernel name (`CATEGORIES`), and the FFN (`ffn_moves`: the GEMM and other
+kernels of every op with an input of the model's d_ff, which only the FFN has, forward and backward,
+whatever the backend; until 2026-12-07 its GEMMs were in the GEMM's share); the top kernels; and
 the host-device synchronisations per step (the CUDA runtime's synchronize calls and blocking
 copies, from the CPU side of the trace); and the host's side: the step's wall time unprofiled
 against the GPU kernels' time (the share the GPU idles), and the CPU-side events (ops, CUDA API
@@ -69,8 +71,31 @@ def step_syncs(averages, device: str) -> int:
     return syncs - (device == "cuda")
 
 
+def _has_dim(shapes, n: int) -> bool:
+    """Whether a profiled op's input shapes (lists of dims, nested for a list of tensors) hold a dim n."""
+    return any(_has_dim(x, n) for x in shapes) if isinstance(shapes, (list, tuple)) else shapes == n
+
+
+def ffn_moves(events, d_ff: int, device: str) -> dict[str, float]:
+    """The FFN's time, by the category its kernels' names put it in (gemm, other: the share it leaves):
+    the kernels (on a CPU, the self time) of every op with an input of a d_ff-sized dim, which only the
+    FFN has (its weights, its hidden activations, their gradients), so every backend's FFN, forward and
+    backward, alike; a kernel named as another category's (the optimizer's over every weight) stays."""
+    moved = defaultdict(float)
+    for e in events:
+        if e.device_type != DeviceType.CPU or e.is_user_annotation or not _has_dim(e.input_shapes, d_ff):
+            continue
+        for name, t in ([(k.name, k.duration) for k in e.kernels] if device == "cuda"
+                        else [(e.name, e.self_cpu_time_total)]):
+            if category(name) in ("gemm", "other"):
+                moved[category(name)] += t
+    return moved
+
+
 def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: int = 3) -> str:
-    from bench_train_step import training_step
+    from bench_train_step import SHAPES, training_step
+
+    from scratchformer.model import get_config
 
     step, _ = training_step(shape, kernel, device)
     for _ in range(warmup):  # autotuning, compiling, allocator
@@ -83,7 +108,7 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
     sync()
     wall_ms = (time.perf_counter() - start) / steps * 1e3
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:  # the shapes tell the FFN's ops
         for _ in range(steps):
             step()
         sync()  # this sync is the report's, not the steps': not counted below
@@ -97,6 +122,9 @@ def profile_backend(kernel: str, shape: str, device: str, steps: int, warmup: in
     shares = defaultdict(float)
     for name, t, _ in timed:
         shares[category(name)] += t
+    for cat, t in ffn_moves(prof.events(), get_config(SHAPES[shape]["preset"]).d_ff, device).items():
+        shares[cat] -= t
+        shares["ffn"] += t
     syncs = step_syncs(averages, device)
     lines = [f"== {kernel}: {total / steps / 1e3:.2f} ms of {unit} per step, {syncs / steps:g} host-device syncs "
              f"per step ({', '.join(SYNCS)})",
