@@ -27,6 +27,7 @@ from scratchformer.training.ablation import best_variant, variant_folders
 from scratchformer.training.build import (
     Examples,
     build_data,
+    check_data_options,
     class_count,
     examples_id,
     load_data,
@@ -627,7 +628,7 @@ def test_data_options_that_would_do_nothing_are_refused_before_anything_is_writt
         assert not out.exists()
     (d / "validation.jsonl").unlink()
     cfg, _ = parse_args(["--data", str(d), "--task", "translation", "--valid-fraction", "0.25"])
-    launch.check_data_options(D.resolve_source(cfg.dataset, cfg.data, cfg.task), frozenset({"valid_fraction"}))
+    check_data_options(D.resolve_source(cfg.dataset, cfg.data, cfg.task), frozenset({"valid_fraction"}))
 
 
 def test_a_carved_validation_split_whose_examples_share_an_id_is_refused(tmp_path):

@@ -40,9 +40,9 @@ from pathlib import Path
 from .. import data as D
 from ..checkpoint import find_checkpoint, write_lines_atomic
 from ..cli import add_debug_flag, shown
+from .build import check_data_options
 from .config import METRICS, ConfigError, TrainConfig, flag, parse_args
 from .config import build_parser as train_parser
-from .launch import check_data_options
 from .resume import ONE_COMMAND
 from .variants import Variant, final_of, run_at_once, run_in_turn
 

@@ -55,6 +55,16 @@ def examples_id(examples: list[D.Example]) -> dict:
     return {"examples": len(examples), "digest": h.hexdigest()}
 
 
+def check_data_options(source: D.DataSource, given: frozenset[str]) -> None:
+    """--synthetic-seed for data that is not the synthetic task, --valid-fraction for data with a validation
+    split of its own (a hub dataset's is known only when asked for): refused, they would do nothing."""
+    if "synthetic_seed" in given and source.kind != "synthetic":
+        raise ConfigError(f"--synthetic-seed draws the synthetic task's corpus; this run reads {source.name}: drop it")
+    if "valid_fraction" in given and source.kind != "hub" and D.has_split(source, "validation"):
+        raise ConfigError(f"--valid-fraction carves validation examples from train for data that has none; "
+                          f"{source.name} has a validation split of its own: drop it")
+
+
 def load_data(cfg: TrainConfig, source: D.DataSource, log: Logger) -> tuple[list[D.Example], list[D.Example]]:
     """Train and validation examples (validation carved from train when the data has none)."""
     seed_kw = dict(synthetic_seed=cfg.synthetic_seed)
@@ -153,9 +163,10 @@ class Examples(NamedTuple):
     notes: list[str]  # the lines to log about them
 
 
-def load_examples(cfg: TrainConfig, source: D.DataSource) -> Examples:
+def load_examples(cfg: TrainConfig, source: D.DataSource, given: frozenset[str] = frozenset()) -> Examples:
     """The examples of both splits and the classifier's class count: what a data error stops, read
-    before the run folder is made or cleared."""
+    before the run folder is made or cleared; the data options `given` that would do nothing refused first."""
+    check_data_options(source, given)
     notes: list[str] = []
     train_ex, valid_ex = load_data(cfg, source, SimpleNamespace(info=notes.append))
     num_classes = class_count(source, train_ex, valid_ex) if source.task == "classification" else None

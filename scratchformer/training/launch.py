@@ -148,9 +148,8 @@ def _read_before_the_folder(config: TrainConfig, source: D.DataSource, start: di
     (or a stopped run's reuse) clears, and a data error (a bad line, a label), a model size the model
     refuses or a backend that cannot run it on `device` (`ops.select`: a head dim triton's attention
     does not run, kernels that do not load) must leave an earlier run there as it was."""
-    check_data_options(source, given)
     reused = TokenizerPair.load(config.tokenizer) if config.tokenizer and start is None else None
-    examples = load_examples(config, source)
+    examples = load_examples(config, source, given)
     if not config.no_plots and config.attention_example >= len(examples.valid):
         raise ConfigError(f"--attention-example {config.attention_example}: the validation split has "
                           f"{len(examples.valid)} examples (0 to {len(examples.valid) - 1})")
@@ -200,16 +199,6 @@ def _check_ignored_options(cfg: TrainConfig, given: frozenset[str]) -> None:
     if "attention_example" in given and cfg.no_plots:
         raise ConfigError("--attention-example picks the example plots/attention.png draws, and --no-plots draws "
                           "none: drop one")
-
-
-def check_data_options(source: D.DataSource, given: frozenset[str]) -> None:
-    """--synthetic-seed for data that is not the synthetic task, --valid-fraction for data with a validation
-    split of its own (a hub dataset's is known only when asked for): refused, they would do nothing."""
-    if "synthetic_seed" in given and source.kind != "synthetic":
-        raise ConfigError(f"--synthetic-seed draws the synthetic task's corpus; this run reads {source.name}: drop it")
-    if "valid_fraction" in given and source.kind != "hub" and D.has_split(source, "validation"):
-        raise ConfigError(f"--valid-fraction carves validation examples from train for data that has none; "
-                          f"{source.name} has a validation split of its own: drop it")
 
 
 # the options of a target sequence, its decoder and its decoding: an encoder-only task has no use for them
@@ -328,7 +317,7 @@ def precision_for(precision: str, device: torch.device) -> str:
         return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     if precision != "fp32" and device.type != "cuda":
         raise ConfigError(f"--precision {precision} needs a GPU; give --precision fp32 on {device.type} (a resumed "
-                          f"GPU run's too)")
+                          "run's too)")
     return precision
 
 
@@ -378,7 +367,7 @@ def check_for_device(cfg: TrainConfig, device_type: str, world: int) -> None:
     if cfg.compile_mode == "reduce-overhead" and device_type != "cuda":  # inductor skips the graphs unsaid
         raise ConfigError(f"--compile-mode reduce-overhead replays CUDA graphs: it needs a GPU, and the device is "
                           f"{device_type}; drop it (--compile alone compiles the step), or give --compile-mode "
-                          f"default (a resumed run's; none: no compiling)")
+                          "default (a resumed run's)")
     if not cfg.cuda_graphs:
         return
     if device_type != "cuda":
