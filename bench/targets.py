@@ -238,7 +238,7 @@ def recomputed(rows) -> list[str]:
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", *lines]
 
 
-# The issues' grid, as bench/*.py parametrize it (tests/test_bench_targets.py holds the two together):
+# The issues' grid, as bench/*.py parametrize it (tests/test_bench_run.py holds the two together):
 # each target and case ours is judged on, by benchmark group. One a run of that group lacks (a case that
 # failed, was skipped or was never run) is listed "not measured": its row vanished, and the count with it.
 _FFN = [(4096, 512, 2048), (16384, 512, 2048), (65536, 512, 2048), (16384, 1024, 4096), (8192, 4096, 4096)]
@@ -268,7 +268,7 @@ def _not_measured(rows, found) -> tuple[list[dict], list[str]]:
     have = {(r["target"].replace(" (TMA)", ""), r["case"]) for r in found if not r.get("aside")}
     groups = {r.get("group") for r in rows}
     missing = [{"target": target, "case": case, "ours": "", "peer": "", "ratio": "", "goal": "", "met": None,
-                "verdict": "not measured", "basis": "", "wall": None, "measured": False}
+                "verdict": "not measured", "basis": "", "wall": None}
                for group, expected in EXPECTED.items() if group in groups
                for target, case in expected if (target, case) not in have]
     return missing, [name for group, name in GROUP_NAMES.items() if group not in groups]
