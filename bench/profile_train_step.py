@@ -87,8 +87,8 @@ def ffn_moves(events, d_ff: int, device: str) -> dict[str, float]:
             continue
         for name, t in ([(k.name, k.duration) for k in e.kernels] if device == "cuda"
                         else [(e.name, e.self_cpu_time_total)]):
-            if category(name) in ("gemm", "other"):
-                moved[category(name)] += t
+            if (cat := category(name)) in ("gemm", "other"):
+                moved[cat] += t
     return moved
 
 
