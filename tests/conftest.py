@@ -154,6 +154,18 @@ TINY_CLASSIFIER = TINY[:16] + TINY[20:]
 assert "--beam-size" not in TINY_CLASSIFIER and "--eval-decode-examples" not in TINY_CLASSIFIER
 
 
+def held_by_another_process(lock: Path):
+    """A process holding `lock` (`scratchformer.locks.hold`) until killed: its Popen, once it holds it."""
+    import subprocess
+    import sys
+
+    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
+            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 def translation_folder(root: Path) -> Path:
     """A toy En->De word-for-word data folder (48 train, 12 validation pairs) under root."""
     d = root / "toy_mt"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, translation_folder
+from conftest import TINY, held_by_another_process, translation_folder
 
 from scratchformer import ablate, average, cli, evaluate, generate, score, train
 from scratchformer import checkpoint as checkpoint_io
@@ -665,12 +665,9 @@ def test_an_evaluation_another_evaluate_writes_is_refused_until_it_ends(tmp_path
     (a kill too) the next goes on and leaves no lock file."""
     run = _eval_run(tmp_path)
     args = ["--checkpoint", str(run / "best.pt"), "--split", "validation", "--limit", "4", "--max-tokens", "64"]
-    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
-            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
     lock = run / ".evaluate.validation.lock"
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    holder = held_by_another_process(lock)
     try:
-        assert holder.stdout.readline().strip() == "held"
         before = _snapshot(run)
         for flags in ([], ["--overwrite"]):
             with pytest.raises(cli.UsageError, match=rf"{re.escape(str(run / 'predictions.validation.jsonl'))} and "
@@ -685,15 +682,6 @@ def test_an_evaluation_another_evaluate_writes_is_refused_until_it_ends(tmp_path
     assert (run / "metrics.validation.json").exists() and not lock.exists()
 
 
-def _held_by_another_process(lock: Path) -> subprocess.Popen:
-    """A process holding `lock` (`locks.hold`) until killed."""
-    hold = ("import sys, time; from pathlib import Path; from scratchformer.locks import hold; "
-            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation_split(tmp_path):
     """A train's final report writes predictions.validation.jsonl into its folder: an evaluate of the
     validation split into the folder of a run that trains wrote its predictions and metrics, then the
@@ -704,7 +692,7 @@ def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation
     run = _eval_run(tmp_path)
     args = ["--checkpoint", str(run / "best.pt"), "--limit", "4", "--max-tokens", "64"]
     shutil.copyfile(run.parent / "toy_mt" / "validation.jsonl.gz", run.parent / "toy_mt" / "test.jsonl.gz")
-    trainer = _held_by_another_process(run / ".lock")
+    trainer = held_by_another_process(run / ".lock")
     try:
         before = _snapshot(run)
         with pytest.raises(cli.UsageError, match=rf"^{re.escape(str(run))} is the folder of a run that trains now "
@@ -718,7 +706,7 @@ def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation
         trainer.kill()
         trainer.wait()
     lock = run / ".evaluate.validation.lock"
-    evaluator = _held_by_another_process(lock)
+    evaluator = held_by_another_process(lock)
     try:
         with pytest.raises(RunFolderError, match=rf"--out {re.escape(str(run))} is in use: an evaluate "
                                                  rf"\(pid {evaluator.pid}\) writes its validation predictions"):
@@ -731,7 +719,7 @@ def test_a_run_folder_is_not_shared_by_a_train_and_an_evaluate_of_its_validation
     release_run_folders()
     # an evaluate of another split (Lead-3's validation files too) keeps only a clearing run out (--overwrite)
     for stem in ("test", "validation.lead3"):
-        evaluator = _held_by_another_process(run / f".evaluate.{stem}.lock")
+        evaluator = held_by_another_process(run / f".evaluate.{stem}.lock")
         try:
             assert lock_run_folder(run) == run  # a resume writes none of its files
             release_run_folders()
